@@ -1,0 +1,101 @@
+/**
+ * WebGPU adapter and device acquisition with the adapter's maximum limits.
+ * @module
+ */
+import { GpuError } from "../errors.ts";
+
+/** A device plus what was granted, as every GPU-using part of the engine needs it. */
+export interface Gpu {
+  /** The adapter the device came from. */
+  readonly adapter: GPUAdapter;
+  /** The device, created with the adapter's maximum buffer, binding and workgroup limits. */
+  readonly device: GPUDevice;
+  /** Whether `shader-f16` was enabled. */
+  readonly f16: boolean;
+  /** Whether `timestamp-query` was enabled. */
+  readonly timestamps: boolean;
+  /** One-line description for logs: adapter, backend hints and key limits. */
+  readonly summary: string;
+}
+
+/** Limits raised to the adapter's maximum: big weights and fused kernels need all of them. */
+const RAISED_LIMITS = [
+  "maxBufferSize",
+  "maxStorageBufferBindingSize",
+  "maxComputeWorkgroupStorageSize",
+  "maxComputeInvocationsPerWorkgroup",
+  "maxComputeWorkgroupSizeX",
+  "maxComputeWorkgroupSizeY",
+  "maxComputeWorkgroupSizeZ",
+  "maxComputeWorkgroupsPerDimension",
+  "maxStorageBuffersPerShaderStage",
+  "maxBindingsPerBindGroup",
+  "maxUniformBufferBindingSize",
+] as const;
+
+/**
+ * Acquires the high-performance adapter and a device with its maximum limits, `shader-f16` and
+ * `timestamp-query` when present. Device loss is logged, never silent.
+ *
+ * @throws {GpuError} when no adapter is found (says what to install) or the device request fails
+ * @example
+ * ```ts
+ * const gpu = await acquireGpu();
+ * console.log(gpu.summary);
+ * ```
+ */
+export async function acquireGpu(): Promise<Gpu> {
+  if (typeof navigator === "undefined" || !("gpu" in navigator)) {
+    throw new GpuError("WebGPU is not available in this runtime: run under Deno 2.9 or newer");
+  }
+  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (!adapter) {
+    throw new GpuError(
+      "No WebGPU adapter found: install a Vulkan driver (on Debian without a GPU: " +
+        "`apt-get install mesa-vulkan-drivers` for the lavapipe software adapter; with a GPU: its vendor's " +
+        "Vulkan ICD), or set VK_DRIVER_FILES to the driver's ICD json",
+    );
+  }
+  const requiredLimits: Record<string, number> = {};
+  for (const name of RAISED_LIMITS) {
+    const v = (adapter.limits as unknown as Record<string, number | undefined>)[name];
+    if (typeof v === "number") requiredLimits[name] = v;
+  }
+  const features: GPUFeatureName[] = [];
+  for (const f of ["shader-f16", "timestamp-query"] as const) {
+    if (adapter.features.has(f)) features.push(f);
+  }
+  let device: GPUDevice;
+  try {
+    device = await adapter.requestDevice({ requiredFeatures: features, requiredLimits });
+  } catch (e) {
+    throw new GpuError(`Requesting a WebGPU device from ${describe(adapter)} failed: ${String(e)}`, {
+      cause: e,
+    });
+  }
+  device.lost.then((info) => {
+    if (info.reason !== "destroyed") console.error(`GPU device lost: ${info.message}`);
+  });
+  const l = device.limits;
+  const summary = `${describe(adapter)}; f16=${features.includes("shader-f16")}` +
+    `; maxBinding=${fmtBytes(l.maxStorageBufferBindingSize)}; maxBuffer=${fmtBytes(l.maxBufferSize)}` +
+    `; wgStorage=${l.maxComputeWorkgroupStorageSize}B`;
+  return {
+    adapter,
+    device,
+    f16: features.includes("shader-f16"),
+    timestamps: features.includes("timestamp-query"),
+    summary,
+  };
+}
+
+function describe(adapter: GPUAdapter): string {
+  const i = adapter.info;
+  const name = i.description || i.device || "unknown adapter";
+  return `${name} (vendor ${i.vendor || "?"}${i.architecture ? ", " + i.architecture : ""})`;
+}
+
+function fmtBytes(n: number): string {
+  if (n >= 2 ** 30) return `${(n / 2 ** 30).toFixed(1)}GiB`;
+  return `${(n / 2 ** 20).toFixed(0)}MiB`;
+}

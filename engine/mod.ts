@@ -1,0 +1,42 @@
+/**
+ * The engine's public surface: GGUF access, quantized types, GPU device and kernels, models.
+ * Other folders import the engine only through this module.
+ *
+ * @example
+ * ```ts
+ * import { acquireGpu } from "./engine/mod.ts";
+ * const gpu = await acquireGpu();
+ * console.log(gpu.summary);
+ * ```
+ * @module
+ */
+export { acquireGpu, type Gpu } from "./gpu/device.ts";
+export {
+  bindGroup,
+  type Binding,
+  buildSource,
+  type ConstType,
+  type ConstValues,
+  type KernelSpec,
+  PipelineCache,
+  variantKey,
+} from "./gpu/kernel.ts";
+export { assert, GgufError, type GgufErrorCode, GpuError } from "./errors.ts";
+export {
+  GGML_TYPES,
+  type GgmlTypeInfo,
+  type GgmlTypeName,
+  rowBytes,
+  TYPE_ID,
+  typeInfo,
+} from "./quant/types.ts";
+export {
+  ARCH_KEYS,
+  archKey,
+  type ArchKeyId,
+  KEYS,
+  parseTensorName,
+  type TensorId,
+  tensorName,
+  TENSORS,
+} from "./names.ts";

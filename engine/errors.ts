@@ -26,6 +26,7 @@ export class GgufError extends Error {
   readonly offsetBytes: number | undefined;
 
   /**
+   * Creates the error; the message must already name the file and offset.
    * @param code stable reason
    * @param message full human message (already names file and offset)
    * @param opts file, offset and cause
@@ -46,6 +47,7 @@ export class GgufError extends Error {
 /** No usable WebGPU adapter or device could be acquired. */
 export class GpuError extends Error {
   /**
+   * Creates the error.
    * @param message what failed and what to install or change
    * @param opts cause
    */

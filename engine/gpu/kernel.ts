@@ -98,7 +98,10 @@ export class PipelineCache {
   readonly #f16: boolean;
   readonly #pipelines = new Map<string, GPUComputePipeline>();
 
-  /** @param opts.f16 enable `shader-f16` in every module (only when the device has it) */
+  /**
+   * Creates an empty cache for `device`.
+   * @param opts.f16 enable `shader-f16` in every module (only when the device has it)
+   */
   constructor(device: GPUDevice, opts: { f16?: boolean } = {}) {
     this.#device = device;
     this.#f16 = opts.f16 ?? false;

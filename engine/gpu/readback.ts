@@ -29,6 +29,7 @@ export class ReadbackRing {
   readonly slotBytes: number;
 
   /**
+   * Allocates the staging buffers.
    * @param opts.slots number of staging buffers (8 in flight cost about one readback floor)
    * @param opts.slotBytes capacity of each, a multiple of 4
    */

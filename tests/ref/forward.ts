@@ -1,0 +1,479 @@
+/**
+ * The float64 reference forward pass of `qwen3next` and `qwen35moe` (spec `qwen3next.md` §5-§11): every
+ * weight dequantized to `Float64Array`, the layer loop composed from `ops.ts`, per-sequence state, an
+ * optional layer range for pipeline stages, and named intermediates for debugging. Slow on purpose:
+ * meant for the tiny fixture models.
+ * @module
+ */
+import type { GgufFile } from "../../engine/gguf.ts";
+import { archOf, convChannels, type DeltaNetLayout, type Hparams } from "../../engine/models/mod.ts";
+import { type TensorId, tensorName } from "../../engine/names.ts";
+import { dequantize } from "../../engine/quant/dequant.ts";
+import type { GgmlTypeName } from "../../engine/quant/types.ts";
+import {
+  attention,
+  conv1dStep,
+  deltaNetChunked,
+  deltaNetStep,
+  expertFfn,
+  l2Norm,
+  matvec,
+  moeRoute,
+  rmsNorm,
+  rmsNormGated,
+  ropeNeox,
+  sigmoid,
+  silu,
+  softplus,
+} from "./ops.ts";
+
+/**
+ * Names of the recorded per-layer intermediates, one row per token (shared with the engine's forward):
+ * - `attn_norm`: mixer input (RMSNorm of the residual), `ne=[nEmbd]`;
+ * - `attn_out`: full-attention mixer output (attention layers), `ne=[nEmbd]`;
+ * - `ssm_conv`: DeltaNet conv output after SiLU, `ne=[C]`;
+ * - `ssm_core`: DeltaNet core output before the gated norm, `ne=[dV, nV]`;
+ * - `ssm_out`: DeltaNet mixer output (DeltaNet layers), `ne=[nEmbd]`;
+ * - `ffn_inp`: residual after the mixer; `ffn_norm`: its RMSNorm (MoE input);
+ * - `ffn_out`: MoE output (routed + gated shared expert); `l_out`: the layer's output residual.
+ */
+export type IntermediateName =
+  | "attn_norm"
+  | "attn_out"
+  | "ssm_conv"
+  | "ssm_core"
+  | "ssm_out"
+  | "ffn_inp"
+  | "ffn_norm"
+  | "ffn_out"
+  | "l_out";
+
+/** Options of {@linkcode RefModel.load}. */
+export interface RefModelOptions {
+  /**
+   * Layer range `[a, b)` this model runs (default: all decoder layers). `a = 0` embeds tokens; `b = nLayer`
+   * produces logits; otherwise the model maps hidden rows to hidden rows (a pipeline stage).
+   */
+  readonly layers?: readonly [number, number];
+  /** Record the named intermediates of each forward call (see {@linkcode RefModel.intermediate}). */
+  readonly record?: boolean;
+  /** DeltaNet core: token-by-token recurrence (default, spec §8.5) or the chunked form (§8.6). */
+  readonly deltaNet?: "recurrent" | "chunked";
+  /** Debugging only: replaces the architecture's κ (spec §9), to try the alternative mapping. */
+  readonly kvGroupOfVHead?: (h: number) => number;
+}
+
+/** Dequantized weights of one layer (absent entries belong to the other layer kind or layout). */
+type LayerWeights = Partial<Record<TensorId, Float64Array>>;
+
+/** Per-sequence state of one layer. */
+interface LayerState {
+  /** Attention: rotated keys, `ne=[headDim, nHeadKv, nPast]` as a list of per-position rows. */
+  k: Float64Array[];
+  /** Attention: values, same layout as `k`. */
+  v: Float64Array[];
+  /** DeltaNet: the previous ssmConv − 1 conv inputs, oldest first, `ne=[C, ssmConv − 1]`. */
+  conv: Float64Array;
+  /** DeltaNet: recurrent state, `ne=[dK, dV, nV]` (transposed per head, see `deltaNetStep`). */
+  ssm: Float64Array;
+}
+
+/** A copy of a model's per-sequence state (see {@linkcode RefModel.snapshot}). */
+export interface RefState {
+  /** Positions consumed so far. */
+  readonly nPast: number;
+  /** Per layer of the range, deep copies. */
+  readonly layers: readonly LayerState[];
+}
+
+/**
+ * A whole model (or a layer range of it) in float64, with one sequence's state.
+ * @example
+ * ```ts
+ * const file = await openGguf("tiny-qwen3next.q8_0.gguf");
+ * const model = await RefModel.load(file);
+ * const logits = model.forward([1, 2, 3]); // one Float64Array(nVocab) per token
+ * ```
+ */
+export class RefModel {
+  /** Hyper-parameters of the file. */
+  readonly hp: Hparams;
+  /** The layer range `[a, b)` this model runs. */
+  readonly layers: readonly [number, number];
+  readonly #w: LayerWeights[];
+  readonly #layouts: readonly (DeltaNetLayout | undefined)[];
+  readonly #global: { embd?: Float64Array; outNorm?: Float64Array; output?: Float64Array };
+  readonly #record: boolean;
+  readonly #core: "recurrent" | "chunked";
+  #state: LayerState[] = [];
+  #nPast = 0;
+  #rec = new Map<string, Float64Array[]>();
+
+  private constructor(
+    hp: Hparams,
+    parts: {
+      layers: readonly [number, number];
+      w: LayerWeights[];
+      layouts: readonly (DeltaNetLayout | undefined)[];
+      global: { embd?: Float64Array; outNorm?: Float64Array; output?: Float64Array };
+      opts: RefModelOptions;
+    },
+  ) {
+    this.hp = hp;
+    this.layers = parts.layers;
+    this.#w = parts.w;
+    this.#layouts = parts.layouts;
+    this.#global = parts.global;
+    this.#record = parts.opts.record ?? false;
+    this.#core = parts.opts.deltaNet ?? "recurrent";
+    this.reset();
+  }
+
+  /**
+   * Reads hyper-parameters, checks the tensor list, and dequantizes every weight the layer range needs.
+   * @throws {GgufError} when the file is not a valid model of a supported architecture
+   * @throws {RangeError} when `layers` is not a range within `[0, nLayer]`
+   */
+  static async load(file: GgufFile, opts: RefModelOptions = {}): Promise<RefModel> {
+    const arch = archOf(file.metadata);
+    const read = arch.readHparams(file.metadata);
+    const hp = opts.kvGroupOfVHead === undefined ? read : { ...read, kvGroupOfVHead: opts.kvGroupOfVHead };
+    const check = arch.checkTensors(file, hp);
+    const [a, b] = opts.layers ?? [0, hp.nLayer];
+    if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
+      throw new RangeError(`Layer range [${a}, ${b}) is not a non-empty range within [0, ${hp.nLayer})`);
+    }
+    const load = async (name: string): Promise<Float64Array> => {
+      const t = file.tensor(name);
+      return dequantize(t.type.name as GgmlTypeName, await file.readTensor(name), t.nElems);
+    };
+    const global: { embd?: Float64Array; outNorm?: Float64Array; output?: Float64Array } = {};
+    if (a === 0) global.embd = await load(tensorName("token_embd"));
+    if (b === hp.nLayer) {
+      global.outNorm = await load(tensorName("output_norm"));
+      global.output = check.tiedOutput
+        ? (global.embd ?? await load(tensorName("token_embd")))
+        : await load(tensorName("output"));
+    }
+    const w: LayerWeights[] = [];
+    for (let layer = a; layer < b; layer++) {
+      const lw: LayerWeights = {};
+      for (const [name, spec] of check.specs) {
+        if (spec.layer === layer) lw[spec.id] = await load(name);
+      }
+      w.push(lw);
+    }
+    return new RefModel(hp, { layers: [a, b], w, layouts: check.layouts, global, opts });
+  }
+
+  /** Positions consumed since the last reset. */
+  get nPast(): number {
+    return this.#nPast;
+  }
+
+  /** Starts a new sequence: empty KV caches, zero conv and recurrent states. */
+  reset(): void {
+    const hp = this.hp;
+    this.#nPast = 0;
+    this.#state = [];
+    for (let layer = this.layers[0]; layer < this.layers[1]; layer++) {
+      const dn = !hp.isAttention[layer];
+      this.#state.push({
+        k: [],
+        v: [],
+        conv: new Float64Array(dn ? convChannels(hp) * (hp.ssmConv - 1) : 0),
+        ssm: new Float64Array(dn ? hp.ssmState * hp.ssmState * hp.ssmDtRank : 0),
+      });
+    }
+  }
+
+  /** A deep copy of the per-sequence state, for {@linkcode RefModel.restore}. */
+  snapshot(): RefState {
+    return { nPast: this.#nPast, layers: this.#state.map(copyState) };
+  }
+
+  /** Returns to a state taken by {@linkcode RefModel.snapshot} (the snapshot stays reusable). */
+  restore(s: RefState): void {
+    if (s.layers.length !== this.#state.length) throw new RangeError(`Snapshot of another layer range`);
+    this.#nPast = s.nPast;
+    this.#state = s.layers.map(copyState);
+  }
+
+  /**
+   * Runs tokens through the first stage (layer range starting at 0), advancing the state.
+   * @returns per token: logits `ne=[nVocab]` when the range ends at the last layer, else hidden rows
+   *   `ne=[nEmbd]`
+   */
+  forward(tokens: readonly number[]): Float64Array[] {
+    const embd = this.#global.embd;
+    if (embd === undefined) {
+      throw new RangeError(`forward(tokens) needs a range starting at layer 0, this one is [${this.layers}]`);
+    }
+    const D = this.hp.nEmbd;
+    const rows = tokens.map((t) => {
+      if (!Number.isInteger(t) || t < 0 || t >= this.hp.nVocab) {
+        throw new RangeError(`Token id ${t} is outside the vocabulary [0, ${this.hp.nVocab})`);
+      }
+      return embd.slice(t * D, (t + 1) * D);
+    });
+    return this.#run(rows);
+  }
+
+  /**
+   * Runs hidden rows (the previous stage's output, `ne=[nEmbd]` each) through this layer range.
+   * @returns logits or hidden rows, as {@linkcode RefModel.forward}
+   */
+  forwardHidden(rows: readonly Float64Array[]): Float64Array[] {
+    for (const r of rows) {
+      if (r.length !== this.hp.nEmbd) {
+        throw new RangeError(`Hidden row of ${r.length}, want ${this.hp.nEmbd}`);
+      }
+    }
+    return this.#run(rows.map((r) => Float64Array.from(r)));
+  }
+
+  /**
+   * Rows (one per token) of intermediate `name` of `layer` from the last forward call; needs `record`.
+   * @throws {RangeError} when nothing was recorded under that name and layer
+   */
+  intermediate(name: IntermediateName, layer: number): Float64Array[] {
+    const rows = this.#rec.get(`${layer}/${name}`);
+    if (rows === undefined) {
+      throw new RangeError(
+        `No intermediate ${name} of layer ${layer} was recorded (record: ${this.#record}, layers ` +
+          `[${this.layers}]; ${name} exists only on its layer kind)`,
+      );
+    }
+    return rows;
+  }
+
+  #put(name: IntermediateName, layer: number, rows: readonly Float64Array[]): void {
+    if (this.#record) this.#rec.set(`${layer}/${name}`, rows.map((r) => Float64Array.from(r)));
+  }
+
+  #run(h: Float64Array[]): Float64Array[] {
+    const hp = this.hp;
+    this.#rec = new Map();
+    const pos = h.map((_, i) => this.#nPast + i);
+    for (let layer = this.layers[0]; layer < this.layers[1]; layer++) {
+      const w = this.#w[layer - this.layers[0]]!;
+      const st = this.#state[layer - this.layers[0]]!;
+      const a = h.map((x) => rmsNorm(x, need(w, "attn_norm", layer), { eps: hp.rmsEps }));
+      this.#put("attn_norm", layer, a);
+      let mix: Float64Array[];
+      if (hp.isAttention[layer]) {
+        mix = this.#attention(layer, w, st, a, pos);
+        this.#put("attn_out", layer, mix);
+      } else {
+        mix = this.#deltaNet(layer, w, st, a);
+        this.#put("ssm_out", layer, mix);
+      }
+      h = h.map((x, t) => add(x, mix[t]!));
+      this.#put("ffn_inp", layer, h);
+      const m = h.map((x) => rmsNorm(x, need(w, "post_attention_norm", layer), { eps: hp.rmsEps }));
+      this.#put("ffn_norm", layer, m);
+      const f = m.map((x) => this.#moe(layer, w, x));
+      this.#put("ffn_out", layer, f);
+      h = h.map((x, t) => add(x, f[t]!));
+      this.#put("l_out", layer, h);
+    }
+    this.#nPast += h.length;
+    const { outNorm, output } = this.#global;
+    if (outNorm === undefined || output === undefined) return h;
+    return h.map((x) => matvec(output, rmsNorm(x, outNorm, { eps: hp.rmsEps })));
+  }
+
+  /** Spec §7: q/gate interleaved per head, QK-norm, partial NeoX rope, causal GQA, sigmoid gate. */
+  #attention(
+    layer: number,
+    w: LayerWeights,
+    st: LayerState,
+    a: Float64Array[],
+    pos: number[],
+  ): Float64Array[] {
+    const hp = this.hp;
+    const hd = hp.headDim;
+    const nT = a.length;
+    const q = new Float64Array(hd * hp.nHead * nT);
+    const gate = new Float64Array(hd * hp.nHead * nT);
+    const kNew = new Float64Array(hd * hp.nHeadKv * nT);
+    const vNew = new Float64Array(hd * hp.nHeadKv * nT);
+    for (let t = 0; t < nT; t++) {
+      const qf = matvec(need(w, "attn_q", layer), a[t]!);
+      for (let h = 0; h < hp.nHead; h++) {
+        q.set(qf.subarray(2 * hd * h, 2 * hd * h + hd), (t * hp.nHead + h) * hd);
+        gate.set(qf.subarray(2 * hd * h + hd, 2 * hd * (h + 1)), (t * hp.nHead + h) * hd);
+      }
+      kNew.set(matvec(need(w, "attn_k", layer), a[t]!), t * hd * hp.nHeadKv);
+      vNew.set(matvec(need(w, "attn_v", layer), a[t]!), t * hd * hp.nHeadKv);
+    }
+    const rope = { headDim: hd, nRot: hp.ropeDim, base: hp.ropeBase, pos };
+    const qr = ropeNeox(rmsNorm(q, need(w, "attn_q_norm", layer), { eps: hp.rmsEps, n: hd }), rope);
+    const kr = ropeNeox(rmsNorm(kNew, need(w, "attn_k_norm", layer), { eps: hp.rmsEps, n: hd }), rope);
+    const kvRow = hd * hp.nHeadKv;
+    for (let t = 0; t < nT; t++) {
+      st.k.push(kr.slice(t * kvRow, (t + 1) * kvRow));
+      st.v.push(vNew.slice(t * kvRow, (t + 1) * kvRow));
+    }
+    const o = attention(qr, {
+      k: concat(st.k),
+      v: concat(st.v),
+      gate,
+      headDim: hd,
+      nHead: hp.nHead,
+      nHeadKv: hp.nHeadKv,
+      scale: hp.attnScale,
+    });
+    const out = need(w, "attn_output", layer);
+    const qRow = hd * hp.nHead;
+    return a.map((_, t) => matvec(out, o.subarray(t * qRow, (t + 1) * qRow)));
+  }
+
+  /** Spec §8: projections (per layout), conv + SiLU, L2 norms, gates, the DeltaNet core, gated norm, out. */
+  #deltaNet(layer: number, w: LayerWeights, st: LayerState, a: Float64Array[]): Float64Array[] {
+    const hp = this.hp;
+    const nK = hp.ssmGroups, nV = hp.ssmDtRank, dK = hp.ssmState, dV = hp.ssmInner / nV, r = nV / nK;
+    const C = convChannels(hp);
+    const nT = a.length;
+    const x = new Float64Array(C * nT);
+    const z = new Float64Array(nV * dV * nT);
+    const b = new Float64Array(nV * nT);
+    const al = new Float64Array(nV * nT);
+    const layout = this.#layouts[layer];
+    for (let t = 0; t < nT; t++) {
+      const ai = a[t]!;
+      switch (layout) {
+        case "ssm_in": {
+          // §8.1 variant A: nK groups of [q_g | k_g | v_{rg..rg+r-1} | z_{rg..rg+r-1}]
+          const p = matvec(need(w, "ssm_in", layer), ai);
+          const gs = 2 * dK + 2 * r * dV;
+          for (let g = 0; g < nK; g++) {
+            const o = g * gs;
+            x.set(p.subarray(o, o + dK), t * C + g * dK);
+            x.set(p.subarray(o + dK, o + 2 * dK), t * C + nK * dK + g * dK);
+            x.set(p.subarray(o + 2 * dK, o + 2 * dK + r * dV), t * C + 2 * nK * dK + g * r * dV);
+            z.set(p.subarray(o + 2 * dK + r * dV, o + gs), t * nV * dV + g * r * dV);
+          }
+          break;
+        }
+        case "qkv_ba":
+        case "qkv_beta_alpha":
+          x.set(matvec(need(w, "attn_qkv", layer), ai), t * C);
+          z.set(matvec(need(w, "attn_gate", layer), ai), t * nV * dV);
+          break;
+        case undefined:
+          throw new Error(`Internal error: layer ${layer} is DeltaNet but has no layout`);
+      }
+      if (layout === "qkv_beta_alpha") {
+        b.set(matvec(need(w, "ssm_beta", layer), ai), t * nV);
+        al.set(matvec(need(w, "ssm_alpha", layer), ai), t * nV);
+      } else {
+        // §8.1: nK groups of 2r: [b_{rg..rg+r-1} | a_{rg..rg+r-1}]
+        const u = matvec(need(w, "ssm_ba", layer), ai);
+        for (let g = 0; g < nK; g++) {
+          for (let j = 0; j < r; j++) {
+            b[t * nV + r * g + j] = u[2 * r * g + j]!;
+            al[t * nV + r * g + j] = u[2 * r * g + r + j]!;
+          }
+        }
+      }
+    }
+    // §8.3 conv + SiLU
+    const cv = conv1dStep(x, { state: st.conv, w: need(w, "ssm_conv1d", layer), nCh: C });
+    st.conv = cv.state;
+    const y = cv.y.map(silu);
+    this.#put("ssm_conv", layer, rowsOf(y, C));
+    // §8.4 split and L2-normalize (q is scaled inside the core)
+    const q = new Float64Array(dK * nK * nT);
+    const k = new Float64Array(dK * nK * nT);
+    const v = new Float64Array(dV * nV * nT);
+    for (let t = 0; t < nT; t++) {
+      q.set(y.subarray(t * C, t * C + nK * dK), t * nK * dK);
+      k.set(y.subarray(t * C + nK * dK, t * C + 2 * nK * dK), t * nK * dK);
+      v.set(y.subarray(t * C + 2 * nK * dK, (t + 1) * C), t * nV * dV);
+    }
+    // §8.2 gates
+    const ssmA = need(w, "ssm_a", layer), dt = need(w, "ssm_dt", layer);
+    const beta = b.map(sigmoid);
+    const g = al.map((v, i) => ssmA[i % nV]! * softplus(v + dt[i % nV]!));
+    const core = this.#core === "chunked" ? deltaNetChunked : deltaNetStep;
+    const res = core(st.ssm, {
+      dK,
+      dV,
+      nK,
+      nV,
+      kHeadOf: hp.kvGroupOfVHead,
+      q: l2Norm(q, { eps: hp.rmsEps, n: dK }),
+      k: l2Norm(k, { eps: hp.rmsEps, n: dK }),
+      v,
+      beta,
+      g,
+    });
+    st.ssm = res.state;
+    this.#put("ssm_core", layer, rowsOf(res.o, nV * dV));
+    // §8.7 gated norm per value head, then the output projection
+    const on = rmsNormGated(res.o, need(w, "ssm_norm", layer), { z, eps: hp.rmsEps, n: dV });
+    const out = need(w, "ssm_out", layer);
+    return rowsOf(on, nV * dV).map((row) => matvec(out, row));
+  }
+
+  /** Spec §10: routed top-k experts plus the sigmoid-gated shared expert. */
+  #moe(layer: number, w: LayerWeights, m: Float64Array): Float64Array {
+    const hp = this.hp;
+    const D = hp.nEmbd, F = hp.nFfExp;
+    const route = moeRoute(matvec(need(w, "ffn_gate_inp", layer), m), {
+      nUsed: hp.nExpertUsed,
+      weightsScale: hp.expertWeightsScale,
+    });
+    const gateExps = need(w, "ffn_gate_exps", layer);
+    const upExps = need(w, "ffn_up_exps", layer);
+    const downExps = need(w, "ffn_down_exps", layer);
+    const out = new Float64Array(D);
+    route.ids.forEach((e, i) => {
+      const y = expertFfn(m, {
+        gate: gateExps.subarray(e * D * F, (e + 1) * D * F),
+        up: upExps.subarray(e * D * F, (e + 1) * D * F),
+        down: downExps.subarray(e * F * D, (e + 1) * F * D),
+      });
+      for (let d = 0; d < D; d++) out[d] = out[d]! + route.weights[i]! * y[d]!;
+    });
+    const shared = expertFfn(m, {
+      gate: need(w, "ffn_gate_shexp", layer),
+      up: need(w, "ffn_up_shexp", layer),
+      down: need(w, "ffn_down_shexp", layer),
+    });
+    const gam = sigmoid(matvec(need(w, "ffn_gate_inp_shexp", layer), m)[0]!);
+    for (let d = 0; d < D; d++) out[d] = out[d]! + gam * shared[d]!;
+    return out;
+  }
+}
+
+function need(w: LayerWeights, id: TensorId, layer: number): Float64Array {
+  const t = w[id];
+  if (t === undefined) throw new Error(`Internal error: tensor ${tensorName(id, layer)} was not loaded`);
+  return t;
+}
+
+function add(x: Float64Array, y: Float64Array): Float64Array {
+  return x.map((v, i) => v + y[i]!);
+}
+
+function concat(rows: readonly Float64Array[]): Float64Array {
+  const n = rows[0]?.length ?? 0;
+  const out = new Float64Array(n * rows.length);
+  rows.forEach((r, i) => out.set(r, i * n));
+  return out;
+}
+
+function rowsOf(x: Float64Array, n: number): Float64Array[] {
+  return Array.from({ length: x.length / n }, (_, t) => x.slice(t * n, (t + 1) * n));
+}
+
+function copyState(s: LayerState): LayerState {
+  return {
+    k: s.k.map((r) => r.slice()),
+    v: s.v.map((r) => r.slice()),
+    conv: s.conv.slice(),
+    ssm: s.ssm.slice(),
+  };
+}

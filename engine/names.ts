@@ -104,6 +104,8 @@ export const KEYS = {
   tokPad: "tokenizer.ggml.padding_token_id",
   tokAddBos: "tokenizer.ggml.add_bos_token",
   chatTemplate: "tokenizer.chat_template",
+  tokEot: "tokenizer.ggml.eot_token_id",
+  tokEom: "tokenizer.ggml.eom_token_id",
 } as const;
 
 /** Architecture-prefixed metadata keys: the full key is `${arch}.${suffix}`. */

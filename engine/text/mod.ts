@@ -1,0 +1,28 @@
+/**
+ * Text side of the engine: the tokenizer built from a GGUF's `tokenizer.ggml.*` metadata (byte-level BPE,
+ * `qwen2`/`qwen35` pre-tokenizers, added tokens, end-of-generation ids) and the streaming decoder.
+ *
+ * @example
+ * ```ts
+ * import { openGguf } from "../gguf.ts";
+ * import { Tokenizer } from "./mod.ts";
+ * const tok = Tokenizer.fromGguf((await openGguf("vocab-qwen3.gguf")).metadata);
+ * const ids = tok.encode("<|im_start|>user\nhi<|im_end|>", { parseSpecial: true });
+ * const dec = tok.incrementalDecoder();
+ * let text = "";
+ * for (const id of ids) text += dec.push(id);
+ * text += dec.flush();
+ * ```
+ * @module
+ */
+export {
+  type DecodeOptions,
+  type EncodeOptions,
+  IncrementalDecoder,
+  PRE_TOKENIZERS,
+  type PreTokenizerName,
+  TOKEN_TYPE,
+  Tokenizer,
+  type TokenizerVocab,
+  type TokenType,
+} from "./tokenizer.ts";

@@ -1,0 +1,1313 @@
+/**
+ * Validating, lazy GGUF v2/v3 reader with split-file support (spec `gguf.md`).
+ *
+ * The header (metadata and tensor infos) is parsed from a buffer that starts at 1 MiB and grows as needed;
+ * tensor data stays on disk and is read on demand by positioned reads from kept-open handles, serialized per
+ * handle. Every count, length and offset is bounded by the bytes left in the file before anything is
+ * allocated or read, so a corrupt file fails with a {@linkcode GgufError} naming the file, the byte offset,
+ * what was expected and what was found.
+ *
+ * @example
+ * ```ts
+ * import { openGguf } from "./gguf.ts";
+ * const gguf = await openGguf("model-00001-of-00003.gguf");
+ * const emb = gguf.tensor("token_embd.weight");
+ * const firstRow = await gguf.readTensor(emb.name, { sizeBytes: 64 });
+ * gguf.close();
+ * ```
+ * @module
+ */
+import { GgufError, type GgufErrorCode } from "./errors.ts";
+import { KEYS } from "./names.ts";
+import { GGML_TYPES, type GgmlTypeInfo } from "./quant/types.ts";
+
+/** GGUF metadata value type ids (spec §2.2). */
+export const GGUF_VALUE_TYPE = {
+  UINT8: 0,
+  INT8: 1,
+  UINT16: 2,
+  INT16: 3,
+  UINT32: 4,
+  INT32: 5,
+  FLOAT32: 6,
+  BOOL: 7,
+  STRING: 8,
+  ARRAY: 9,
+  UINT64: 10,
+  INT64: 11,
+  FLOAT64: 12,
+} as const;
+
+/** A GGUF metadata value type id. */
+export type GgufValueType = (typeof GGUF_VALUE_TYPE)[keyof typeof GGUF_VALUE_TYPE];
+
+/**
+ * Decoded elements of a GGUF array: numeric arrays as the typed array of their element type, bool arrays as
+ * `boolean[]`, string arrays as `string[]`, nested arrays as `GgufArray[]`.
+ */
+export type GgufArrayValues =
+  | Uint8Array
+  | Int8Array
+  | Uint16Array
+  | Int16Array
+  | Uint32Array
+  | Int32Array
+  | Float32Array
+  | Float64Array
+  | BigUint64Array
+  | BigInt64Array
+  | boolean[]
+  | string[]
+  | GgufArray[];
+
+/**
+ * A decoded metadata value. Scalars: integers and floats as `number`, except 64-bit integers that are not
+ * safe integers, which are `bigint`.
+ */
+export type GgufValue = number | bigint | boolean | string | GgufArray;
+
+/** A decoded GGUF array value. */
+export interface GgufArray {
+  /** Type of every element. */
+  readonly elemType: GgufValueType;
+  /** The elements (see {@linkcode GgufArrayValues} for the representation per type). */
+  readonly values: GgufArrayValues;
+}
+
+/** One metadata key's value with its stored type. */
+export interface GgufKv {
+  /** Stored value type. */
+  readonly type: GgufValueType;
+  /** Decoded value. */
+  readonly value: GgufValue;
+}
+
+/** Where one tensor lives and what it is. */
+export interface GgufTensorInfo {
+  /** GGUF tensor name. */
+  readonly name: string;
+  /** ggml type (may be one the engine does not support; the loader checks that). */
+  readonly type: GgmlTypeInfo;
+  /** Dimensions as stored, 1..4 entries, innermost first. */
+  readonly ne: readonly number[];
+  /** Product of `ne`. */
+  readonly nElems: number;
+  /** Bytes of the tensor's data. */
+  readonly nbytes: number;
+  /** 0-based index into {@linkcode GgufFile.parts}. */
+  readonly part: number;
+  /** Offset relative to the part's data start, as stored. */
+  readonly offsetBytes: number;
+  /** Absolute offset in its part file. */
+  readonly absOffsetBytes: number;
+}
+
+/** One file of a (possibly split) GGUF model. */
+export interface GgufPart {
+  /** Path as opened. */
+  readonly path: string;
+  /** File size when opened. */
+  readonly sizeBytes: number;
+  /** GGUF version (2 or 3). */
+  readonly version: number;
+  /** Data alignment (`general.alignment`, default 32). */
+  readonly alignment: number;
+  /** Absolute offset of the data section. */
+  readonly dataStartBytes: number;
+  /** Tensors listed in this part. */
+  readonly tensorCount: number;
+}
+
+/** Largest header (metadata + tensor infos) the reader accepts; real models have ~10 MB. */
+export const MAX_HEADER_BYTES = 256 * 1024 * 1024;
+/** Bytes read first when parsing a header; the buffer grows 4x until the header fits. */
+const INITIAL_READ_BYTES = 1 << 20;
+/** Deepest array nesting accepted (arrays of arrays of ...); bounds recursion on corrupt input. */
+const MAX_ARRAY_DEPTH = 8;
+const DEFAULT_ALIGNMENT = 32;
+const GGUF_MAGIC = 0x46554747;
+const REDOWNLOAD = "re-download or re-export the file";
+
+const TYPE_NAMES: Readonly<Record<GgufValueType, string>> = {
+  0: "u8",
+  1: "i8",
+  2: "u16",
+  3: "i16",
+  4: "u32",
+  5: "i32",
+  6: "f32",
+  7: "bool",
+  8: "string",
+  9: "array",
+  10: "u64",
+  11: "i64",
+  12: "f64",
+};
+
+/** Byte size of each fixed-size value type (string and array are variable). */
+const FIXED_SIZE: Readonly<Partial<Record<GgufValueType, number>>> = {
+  0: 1,
+  1: 1,
+  2: 2,
+  3: 2,
+  4: 4,
+  5: 4,
+  6: 4,
+  7: 1,
+  10: 8,
+  11: 8,
+  12: 8,
+};
+
+const INTEGER_TYPES: ReadonlySet<number> = new Set([0, 1, 2, 3, 4, 5, 10, 11]);
+
+const HOST_LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+const SPLIT_RE = /^(.*)-(\d{5})-of-(\d{5})\.gguf$/;
+
+/** Human name of a value type id, e.g. `u32` (or `type 99` for an invalid id). */
+export function valueTypeName(type: number): string {
+  return TYPE_NAMES[type as GgufValueType] ?? `type ${type}`;
+}
+
+/** The path of split part `no` (1-based) of `count`: `<prefix>-0000N-of-0000M.gguf` (spec §5). */
+export function splitPartPath(prefix: string, no: number, count: number): string {
+  if (
+    !Number.isInteger(count) || count < 1 || count > 99999 || !Number.isInteger(no) || no < 1 || no > count
+  ) {
+    throw new RangeError(
+      `Split part ${no} of ${count} is out of range: expected 1 <= part <= count <= 99999`,
+    );
+  }
+  return `${prefix}-${String(no).padStart(5, "0")}-of-${String(count).padStart(5, "0")}.gguf`;
+}
+
+/** Parses a split part path into prefix, 1-based part number and count, or undefined for other names. */
+export function parseSplitPath(path: string): { prefix: string; no: number; count: number } | undefined {
+  const m = SPLIT_RE.exec(path);
+  if (!m) return undefined;
+  return { prefix: m[1]!, no: Number(m[2]), count: Number(m[3]) };
+}
+
+function describe(kv: GgufKv): string {
+  return kv.type === GGUF_VALUE_TYPE.ARRAY
+    ? `array of ${valueTypeName((kv.value as GgufArray).elemType)}`
+    : valueTypeName(kv.type);
+}
+
+/** Metadata of a GGUF file: typed getters over the decoded key/value map. */
+export class GgufMetadata {
+  /** Every key in file order. */
+  readonly entries: ReadonlyMap<string, GgufKv>;
+  /** File the metadata came from (for error messages). */
+  readonly path: string;
+
+  /**
+   * @param entries decoded key/value pairs
+   * @param path file they came from
+   */
+  constructor(entries: ReadonlyMap<string, GgufKv>, path: string) {
+    this.entries = entries;
+    this.path = path;
+  }
+
+  /** True when `key` is present. */
+  has(key: string): boolean {
+    return this.entries.has(key);
+  }
+
+  #bad(key: string, expected: string, kv: GgufKv | undefined): GgufError {
+    const found = kv === undefined ? "it is missing" : `it is ${describe(kv)} ${preview(kv.value)}`;
+    return new GgufError(
+      "bad_value",
+      `Metadata key ${key} in ${this.path}: expected ${expected} but ${found}: ` +
+        `use a GGUF exported for this engine or fix the key`,
+      { path: this.path },
+    );
+  }
+
+  /**
+   * An integer stored with any integer type (u8..i64).
+   * @throws {GgufError} `bad_value` when missing (and no fallback), not an integer type, or not a safe integer
+   */
+  getInt(key: string, fallback?: number): number {
+    const kv = this.entries.get(key);
+    if (kv === undefined && fallback !== undefined) return fallback;
+    if (kv === undefined || !INTEGER_TYPES.has(kv.type) || typeof kv.value !== "number") {
+      throw this.#bad(key, "an integer (u8..i64) that is a safe integer", kv);
+    }
+    return kv.value;
+  }
+
+  /**
+   * A float stored as f32 or f64 (integers are accepted too).
+   * @throws {GgufError} `bad_value` when missing (and no fallback) or not numeric
+   */
+  getFloat(key: string, fallback?: number): number {
+    const kv = this.entries.get(key);
+    if (kv === undefined && fallback !== undefined) return fallback;
+    if (
+      kv === undefined || typeof kv.value !== "number" ||
+      !(INTEGER_TYPES.has(kv.type) || kv.type === GGUF_VALUE_TYPE.FLOAT32 ||
+        kv.type === GGUF_VALUE_TYPE.FLOAT64)
+    ) {
+      throw this.#bad(key, "a number (f32, f64 or integer)", kv);
+    }
+    return kv.value;
+  }
+
+  /**
+   * A string value.
+   * @throws {GgufError} `bad_value` when missing (and no fallback) or not a string
+   */
+  getString(key: string, fallback?: string): string {
+    const kv = this.entries.get(key);
+    if (kv === undefined && fallback !== undefined) return fallback;
+    if (kv === undefined || typeof kv.value !== "string") throw this.#bad(key, "a string", kv);
+    return kv.value;
+  }
+
+  /**
+   * A bool value.
+   * @throws {GgufError} `bad_value` when missing (and no fallback) or not a bool
+   */
+  getBool(key: string, fallback?: boolean): boolean {
+    const kv = this.entries.get(key);
+    if (kv === undefined && fallback !== undefined) return fallback;
+    if (kv === undefined || typeof kv.value !== "boolean") throw this.#bad(key, "a bool", kv);
+    return kv.value;
+  }
+
+  /**
+   * An array value of any element type.
+   * @throws {GgufError} `bad_value` when missing or not an array
+   */
+  getArray(key: string): GgufArray {
+    const kv = this.entries.get(key);
+    if (kv === undefined || kv.type !== GGUF_VALUE_TYPE.ARRAY) throw this.#bad(key, "an array", kv);
+    return kv.value as GgufArray;
+  }
+
+  /**
+   * An integer array, or an integer scalar returned as `[v]` (per-layer keys may be either).
+   * @throws {GgufError} `bad_value` when missing, of another type, or holding an unsafe 64-bit value
+   */
+  getIntArray(key: string): number[] {
+    const kv = this.entries.get(key);
+    if (kv !== undefined && INTEGER_TYPES.has(kv.type)) return [this.getInt(key)];
+    const expected = "an integer array or integer scalar";
+    if (kv === undefined || kv.type !== GGUF_VALUE_TYPE.ARRAY) throw this.#bad(key, expected, kv);
+    const arr = kv.value as GgufArray;
+    if (!INTEGER_TYPES.has(arr.elemType)) throw this.#bad(key, expected, kv);
+    const out: number[] = [];
+    for (const v of Array.from(arr.values as ArrayLike<number | bigint>)) {
+      const n = Number(v);
+      if (!Number.isSafeInteger(n)) throw this.#bad(key, `${expected} of safe integers (found ${v})`, kv);
+      out.push(n);
+    }
+    return out;
+  }
+
+  /**
+   * A float array (f32, f64 or integer elements), or a numeric scalar returned as `[v]`.
+   * @throws {GgufError} `bad_value` when missing or of another type
+   */
+  getFloatArray(key: string): number[] {
+    const kv = this.entries.get(key);
+    if (kv !== undefined && kv.type !== GGUF_VALUE_TYPE.ARRAY) return [this.getFloat(key)];
+    const expected = "a numeric array or numeric scalar";
+    if (kv === undefined) throw this.#bad(key, expected, kv);
+    const arr = kv.value as GgufArray;
+    const t = arr.elemType;
+    if (!(INTEGER_TYPES.has(t) || t === GGUF_VALUE_TYPE.FLOAT32 || t === GGUF_VALUE_TYPE.FLOAT64)) {
+      throw this.#bad(key, expected, kv);
+    }
+    return Array.from(arr.values as ArrayLike<number | bigint>, Number);
+  }
+
+  /**
+   * A bool array, or a bool scalar returned as `[v]`.
+   * @throws {GgufError} `bad_value` when missing or of another type
+   */
+  getBoolArray(key: string): boolean[] {
+    const kv = this.entries.get(key);
+    if (kv !== undefined && kv.type === GGUF_VALUE_TYPE.BOOL) return [kv.value as boolean];
+    if (
+      kv === undefined || kv.type !== GGUF_VALUE_TYPE.ARRAY ||
+      (kv.value as GgufArray).elemType !== GGUF_VALUE_TYPE.BOOL
+    ) {
+      throw this.#bad(key, "a bool array or bool scalar", kv);
+    }
+    return (kv.value as GgufArray).values as boolean[];
+  }
+
+  /**
+   * A string array.
+   * @throws {GgufError} `bad_value` when missing or of another type
+   */
+  getStringArray(key: string): string[] {
+    const kv = this.entries.get(key);
+    if (
+      kv === undefined || kv.type !== GGUF_VALUE_TYPE.ARRAY ||
+      (kv.value as GgufArray).elemType !== GGUF_VALUE_TYPE.STRING
+    ) {
+      throw this.#bad(key, "a string array", kv);
+    }
+    return (kv.value as GgufArray).values as string[];
+  }
+}
+
+function preview(v: GgufValue): string {
+  if (typeof v === "string") return JSON.stringify(v.length > 40 ? v.slice(0, 40) + "..." : v);
+  if (typeof v === "object") return `[${v.values.length} elements]`;
+  return String(v);
+}
+
+/** One open part file; reads are serialized because seek + read is not atomic. */
+class PartHandle {
+  readonly path: string;
+  readonly sizeBytes: number;
+  #file: Deno.FsFile | undefined;
+  #tail: Promise<void> = Promise.resolve();
+
+  constructor(path: string, file: Deno.FsFile, sizeBytes: number) {
+    this.path = path;
+    this.#file = file;
+    this.sizeBytes = sizeBytes;
+  }
+
+  /** Fills `dst` from absolute offset `posBytes`; queued behind earlier reads of this handle. */
+  read(posBytes: number, dst: Uint8Array): Promise<void> {
+    const run = this.#tail.then(() => this.#readNow(posBytes, dst));
+    // The chain only orders reads; each caller gets its own failure through `run`.
+    this.#tail = run.then(() => undefined, () => undefined);
+    return run;
+  }
+
+  async #readNow(posBytes: number, dst: Uint8Array): Promise<void> {
+    const file = this.#file;
+    if (file === undefined) {
+      throw new GgufError("io", `Cannot read ${this.path}: the GGUF file was closed: open it again`, {
+        path: this.path,
+        offsetBytes: posBytes,
+      });
+    }
+    let done = 0;
+    try {
+      await file.seek(posBytes, Deno.SeekMode.Start);
+      while (done < dst.length) {
+        const n = await file.read(dst.subarray(done));
+        if (n === null) break;
+        done += n;
+      }
+    } catch (e) {
+      throw new GgufError(
+        "io",
+        `Reading ${dst.length} bytes at byte ${posBytes} of ${this.path} failed: ${(e as Error).message}: ` +
+          `check the disk and the file`,
+        { path: this.path, offsetBytes: posBytes + done, cause: e },
+      );
+    }
+    if (done < dst.length) {
+      throw new GgufError(
+        "truncated",
+        `GGUF file ${this.path} ended at byte ${
+          posBytes + done
+        } while reading ${dst.length} bytes from byte ` +
+          `${posBytes}: the file shrank after it was opened or is truncated: ${REDOWNLOAD}`,
+        { path: this.path, offsetBytes: posBytes + done },
+      );
+    }
+  }
+
+  close(): void {
+    this.#file?.close();
+    this.#file = undefined;
+  }
+}
+
+/** Raised inside the synchronous parser when the buffer is too short; the driver reads more and resumes. */
+class NeedMore extends Error {
+  readonly endBytes: number;
+  constructor(endBytes: number) {
+    super("need more header bytes");
+    this.endBytes = endBytes;
+  }
+}
+
+interface RawTensor {
+  name: string;
+  infoOffsetBytes: number;
+  ne: number[];
+  type: GgmlTypeInfo;
+  nElems: number;
+  nbytes: number;
+  offsetBytes: number;
+}
+
+interface ParsedPart {
+  handle: PartHandle;
+  version: number;
+  alignment: number;
+  dataStartBytes: number;
+  kvs: Map<string, GgufKv>;
+  tensors: RawTensor[];
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: false });
+
+/**
+ * Synchronous header parser over a prefix of the file. Progress is committed after each whole KV pair and
+ * tensor info, so when it runs out of buffer ({@linkcode NeedMore}) the driver grows the buffer and resumes
+ * from the last committed item.
+ */
+class HeaderParser {
+  readonly path: string;
+  readonly fileSize: number;
+  #buf: Uint8Array = new Uint8Array(0);
+  #dv: DataView = new DataView(new ArrayBuffer(0));
+  #pos = 0;
+
+  version = 0;
+  tensorCount = -1;
+  kvCount = -1;
+  readonly kvs = new Map<string, GgufKv>();
+  readonly tensors: RawTensor[] = [];
+  /** Offset just past the last committed item. */
+  committed = 0;
+
+  constructor(path: string, fileSize: number) {
+    this.path = path;
+    this.fileSize = fileSize;
+  }
+
+  setBuffer(buf: Uint8Array): void {
+    this.#buf = buf;
+    this.#dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  }
+
+  #err(code: GgufErrorCode, at: number, msg: string): GgufError {
+    return new GgufError(code, `GGUF file ${this.path} at byte ${at}: ${msg}`, {
+      path: this.path,
+      offsetBytes: at,
+    });
+  }
+
+  /** Ensures `n` more bytes are available at the cursor, failing on the file end or the header cap. */
+  #need(n: number, what: string): void {
+    const end = this.#pos + n;
+    if (end <= this.#buf.length) return;
+    if (end > this.fileSize) {
+      throw this.#err(
+        "truncated",
+        this.#pos,
+        `expected ${n} bytes for ${what} but the file ends at byte ${this.fileSize}: ${REDOWNLOAD}`,
+      );
+    }
+    if (end > MAX_HEADER_BYTES) {
+      throw this.#err(
+        "bad_value",
+        this.#pos,
+        `${what} would make the header (metadata and tensor infos) larger than ${MAX_HEADER_BYTES} bytes ` +
+          `(needs bytes up to ${end}): the file is corrupt: ${REDOWNLOAD}`,
+      );
+    }
+    throw new NeedMore(end);
+  }
+
+  /**
+   * Rejects a count or length whose smallest possible encoding cannot fit in the rest of the file, before
+   * anything is allocated for it.
+   */
+  #bound(count: number, minElemBytes: number, what: string, at: number, onlyAbsurd = false): void {
+    const needed = count * minElemBytes;
+    const left = this.fileSize - this.#pos;
+    if (needed <= left || (onlyAbsurd && needed <= this.fileSize)) return;
+    const code = needed > this.fileSize ? "bad_value" : "truncated";
+    throw this.#err(
+      code,
+      at,
+      `${what} is ${count}, which needs at least ${needed} bytes but only ${left} bytes are left in the file: ` +
+        `the count is corrupt or the file is truncated: ${REDOWNLOAD}`,
+    );
+  }
+
+  #u8(what: string): number {
+    this.#need(1, what);
+    return this.#buf[this.#pos++]!;
+  }
+
+  #u32(what: string): number {
+    this.#need(4, what);
+    const v = this.#dv.getUint32(this.#pos, true);
+    this.#pos += 4;
+    return v;
+  }
+
+  /** A u64 as a number: exact up to 2^53, approximate above (callers reject those by bound checks). */
+  #u64n(what: string): number {
+    this.#need(8, what);
+    const lo = this.#dv.getUint32(this.#pos, true);
+    const hi = this.#dv.getUint32(this.#pos + 4, true);
+    this.#pos += 8;
+    return hi * 0x1_0000_0000 + lo;
+  }
+
+  /** A u64 count or length that must be a safe integer. */
+  #count(what: string): number {
+    const at = this.#pos;
+    const v = this.#u64n(what);
+    if (!Number.isSafeInteger(v)) {
+      throw this.#err(
+        "bad_value",
+        at,
+        `${what} is ${
+          this.#dv.getBigUint64(at, true)
+        }, larger than any file: the file is corrupt: ${REDOWNLOAD}`,
+      );
+    }
+    return v;
+  }
+
+  #string(what: string): string {
+    const at = this.#pos;
+    const len = this.#count(`length of ${what}`);
+    this.#bound(len, 1, `length of ${what}`, at);
+    this.#need(len, what);
+    const s = utf8.decode(this.#buf.subarray(this.#pos, this.#pos + len));
+    this.#pos += len;
+    return s;
+  }
+
+  #value(type: number, what: string, depth: number): GgufValue {
+    const at = this.#pos;
+    const dv = this.#dv;
+    switch (type) {
+      case GGUF_VALUE_TYPE.UINT8:
+        return this.#u8(what);
+      case GGUF_VALUE_TYPE.INT8:
+        this.#need(1, what);
+        return dv.getInt8(this.#pos++);
+      case GGUF_VALUE_TYPE.UINT16:
+        this.#need(2, what);
+        this.#pos += 2;
+        return dv.getUint16(at, true);
+      case GGUF_VALUE_TYPE.INT16:
+        this.#need(2, what);
+        this.#pos += 2;
+        return dv.getInt16(at, true);
+      case GGUF_VALUE_TYPE.UINT32:
+        return this.#u32(what);
+      case GGUF_VALUE_TYPE.INT32:
+        this.#need(4, what);
+        this.#pos += 4;
+        return dv.getInt32(at, true);
+      case GGUF_VALUE_TYPE.FLOAT32:
+        this.#need(4, what);
+        this.#pos += 4;
+        return dv.getFloat32(at, true);
+      case GGUF_VALUE_TYPE.BOOL: {
+        const b = this.#u8(what);
+        if (b > 1) {
+          throw this.#err("bad_value", at, `${what} is a bool byte ${b}, expected 0 or 1: ${REDOWNLOAD}`);
+        }
+        return b === 1;
+      }
+      case GGUF_VALUE_TYPE.STRING:
+        return this.#string(what);
+      case GGUF_VALUE_TYPE.ARRAY:
+        return this.#array(what, depth + 1);
+      case GGUF_VALUE_TYPE.UINT64: {
+        this.#need(8, what);
+        this.#pos += 8;
+        const v = dv.getBigUint64(at, true);
+        return v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+      }
+      case GGUF_VALUE_TYPE.INT64: {
+        this.#need(8, what);
+        this.#pos += 8;
+        const v = dv.getBigInt64(at, true);
+        return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(v) : v;
+      }
+      case GGUF_VALUE_TYPE.FLOAT64:
+        this.#need(8, what);
+        this.#pos += 8;
+        return dv.getFloat64(at, true);
+      default:
+        throw this.#err(
+          "bad_value",
+          at,
+          `${what} has value type ${type}, expected one of 0..12 (u8..f64): the file is corrupt: ${REDOWNLOAD}`,
+        );
+    }
+  }
+
+  #array(what: string, depth: number): GgufArray {
+    const typeAt = this.#pos;
+    const elemType = this.#u32(`element type of ${what}`);
+    if (elemType > 12) {
+      throw this.#err(
+        "bad_value",
+        typeAt,
+        `${what} is an array of value type ${elemType}, expected one of 0..12 (u8..f64): ` +
+          `the file is corrupt: ${REDOWNLOAD}`,
+      );
+    }
+    if (elemType === GGUF_VALUE_TYPE.ARRAY && depth >= MAX_ARRAY_DEPTH) {
+      throw this.#err(
+        "bad_value",
+        typeAt,
+        `${what} nests arrays deeper than ${MAX_ARRAY_DEPTH} levels: the file is corrupt: ${REDOWNLOAD}`,
+      );
+    }
+    const countAt = this.#pos;
+    const count = this.#count(`element count of ${what}`);
+    const t = elemType as GgufValueType;
+    const fixed = FIXED_SIZE[t];
+    // Smallest encodings: a string is at least its u64 length, an array its u32 type + u64 count.
+    const minBytes = fixed ?? (t === GGUF_VALUE_TYPE.STRING ? 8 : 12);
+    this.#bound(count, minBytes, `element count of ${what} (${valueTypeName(t)})`, countAt);
+    if (t === GGUF_VALUE_TYPE.STRING) return { elemType: t, values: this.#stringArray(count, what) };
+    if (t === GGUF_VALUE_TYPE.ARRAY) {
+      const values: GgufArray[] = [];
+      for (let i = 0; i < count; i++) values.push(this.#array(`${what}[${i}]`, depth + 1));
+      return { elemType: t, values };
+    }
+    if (fixed === undefined) throw new Error(`Internal error: no size for value type ${t}`);
+    const n = count * fixed;
+    this.#need(n, `${count} elements of ${what}`);
+    const start = this.#pos;
+    this.#pos += n;
+    if (t === GGUF_VALUE_TYPE.BOOL) {
+      const values: boolean[] = new Array(count);
+      for (let i = 0; i < count; i++) {
+        const b = this.#buf[start + i]!;
+        if (b > 1) {
+          throw this.#err(
+            "bad_value",
+            start + i,
+            `${what}[${i}] is a bool byte ${b}, expected 0 or 1: ${REDOWNLOAD}`,
+          );
+        }
+        values[i] = b === 1;
+      }
+      return { elemType: t, values };
+    }
+    return { elemType: t, values: numericArray(t, this.#buf, start, count) };
+  }
+
+  /** Decodes `count` strings in one pass: one DataView and one TextDecoder over subarrays. */
+  #stringArray(count: number, what: string): string[] {
+    const values: string[] = [];
+    const buf = this.#buf;
+    const dv = this.#dv;
+    const end = buf.length;
+    let pos = this.#pos;
+    for (let i = 0; i < count; i++) {
+      if (pos + 8 > end) {
+        this.#pos = pos;
+        this.#need(8, `length of ${what}[${i}]`);
+      }
+      const lo = dv.getUint32(pos, true);
+      const hi = dv.getUint32(pos + 4, true);
+      const len = hi * 0x1_0000_0000 + lo;
+      if (hi !== 0 || pos + 8 + len > end) {
+        this.#pos = pos;
+        const s = this.#string(`${what}[${i}]`);
+        values.push(s);
+        pos = this.#pos;
+        continue;
+      }
+      pos += 8;
+      values.push(utf8.decode(buf.subarray(pos, pos + len)));
+      pos += len;
+    }
+    this.#pos = pos;
+    return values;
+  }
+
+  /** Parses from the last committed item to the end of the tensor infos; throws NeedMore to get more bytes. */
+  parse(): void {
+    this.#pos = this.committed;
+    if (this.tensorCount < 0) this.#fixedHeader();
+    while (this.kvs.size < this.kvCount) {
+      const i = this.kvs.size;
+      const keyAt = this.#pos;
+      const key = this.#string(`key of metadata pair #${i}`);
+      const typeAt = this.#pos;
+      const type = this.#u32(`value type of key ${key}`);
+      if (type > 12) {
+        throw this.#err(
+          "bad_value",
+          typeAt,
+          `key ${key} has value type ${type}, expected one of 0..12 (u8..f64): the file is corrupt: ${REDOWNLOAD}`,
+        );
+      }
+      const value = this.#value(type, `value of key ${key}`, 0);
+      if (this.kvs.has(key)) {
+        throw this.#err(
+          "bad_value",
+          keyAt,
+          `metadata key ${key} appears twice, expected unique keys: ${REDOWNLOAD}`,
+        );
+      }
+      this.kvs.set(key, { type: type as GgufValueType, value });
+      this.committed = this.#pos;
+    }
+    while (this.tensors.length < this.tensorCount) {
+      this.tensors.push(this.#tensorInfo(this.tensors.length));
+      this.committed = this.#pos;
+    }
+  }
+
+  #fixedHeader(): void {
+    this.#need(24, "the 24-byte GGUF header");
+    const magic = this.#dv.getUint32(0, true);
+    if (magic !== GGUF_MAGIC) {
+      const found = Array.from(this.#buf.subarray(0, 4), (b) => b.toString(16).padStart(2, "0")).join(" ");
+      throw this.#err(
+        "bad_magic",
+        0,
+        `expected magic bytes 47 47 55 46 ("GGUF") but found ${found}: this is not a GGUF file`,
+      );
+    }
+    const version = this.#dv.getUint32(4, true);
+    const swapped = this.#dv.getUint32(4, false);
+    if (version !== 2 && version !== 3) {
+      const hint = swapped >= 1 && swapped <= 3
+        ? `this is a big-endian GGUF (version ${swapped} byte-swapped), which is not supported: ` +
+          `use a little-endian export`
+        : version === 1
+        ? `GGUF v1 used 32-bit counts and is not supported: re-export the model with a current llama.cpp`
+        : `re-export the model with a llama.cpp that writes GGUF v3`;
+      throw this.#err("bad_version", 4, `unsupported GGUF version ${version}, expected 2 or 3: ${hint}`);
+    }
+    this.version = version;
+    this.#pos = 8;
+    const tensorCount = this.#count("tensor count");
+    const kvCount = this.#count("metadata pair count");
+    // A KV needs at least 8 (key length) + 4 (type) + 1 bytes, a tensor info 8 + 4 + 8 + 4 + 8. Counts that
+    // cannot fit in the whole file fail here; merely truncated files fail at the first item past the end,
+    // which names it. Nothing is allocated per count, so the loops end at the file end either way.
+    this.#bound(kvCount, 13, "metadata pair count", 16, true);
+    this.#bound(tensorCount, 32, "tensor count", 8, true);
+    this.tensorCount = tensorCount;
+    this.kvCount = kvCount;
+    this.committed = this.#pos;
+  }
+
+  #tensorInfo(i: number): RawTensor {
+    const at = this.#pos;
+    const name = this.#string(`name of tensor info #${i}`);
+    const what = `tensor ${name} (info #${i})`;
+    const bad = (off: number, msg: string) => this.#err("bad_tensor", off, `${what}: ${msg}: ${REDOWNLOAD}`);
+    const nDimsAt = this.#pos;
+    const nDims = this.#u32(`n_dims of ${what}`);
+    if (nDims < 1 || nDims > 4) throw bad(nDimsAt, `n_dims is ${nDims}, expected 1..4`);
+    const ne: number[] = [];
+    let nElems = 1;
+    for (let d = 0; d < nDims; d++) {
+      const dimAt = this.#pos;
+      const v = this.#u64n(`ne[${d}] of ${what}`);
+      if (v === 0) throw bad(dimAt, `ne[${d}] is 0, expected a dimension >= 1`);
+      nElems *= v;
+      if (!Number.isSafeInteger(nElems) || nElems > this.fileSize * 8) {
+        throw bad(
+          dimAt,
+          `ne[${d}] is ${this.#dv.getBigUint64(dimAt, true)}, which makes more elements than the ` +
+            `${this.fileSize}-byte file can hold`,
+        );
+      }
+      ne.push(v);
+    }
+    const typeAt = this.#pos;
+    const typeId = this.#u32(`type of ${what}`);
+    const type = GGML_TYPES.get(typeId);
+    if (type === undefined) {
+      throw bad(typeAt, `ggml type id ${typeId} is unknown or retired (ids 4, 5, 31-33, 36-38 are retired)`);
+    }
+    const ne0 = ne[0]!;
+    if (ne0 % type.blockElems !== 0) {
+      throw bad(
+        nDimsAt + 4,
+        `ne[0] = ${ne0} is not a multiple of the ${type.name} block size ${type.blockElems}`,
+      );
+    }
+    const nbytes = (nElems / type.blockElems) * type.blockBytes;
+    const offsetBytes = this.#u64n(`data offset of ${what}`);
+    return { name, infoOffsetBytes: at, ne, type, nElems, nbytes, offsetBytes };
+  }
+
+  get pos(): number {
+    return this.#pos;
+  }
+}
+
+function numericArray(t: GgufValueType, buf: Uint8Array, start: number, count: number): GgufArrayValues {
+  const size = FIXED_SIZE[t]!;
+  // slice() copies into a fresh, aligned ArrayBuffer; on a little-endian host it is already the decoded array.
+  const bytes = buf.slice(start, start + count * size).buffer;
+  const out = makeTyped(t, bytes);
+  if (!HOST_LITTLE_ENDIAN) {
+    const dv = new DataView(buf.buffer, buf.byteOffset + start, count * size);
+    const set = out as unknown as { [i: number]: number | bigint };
+    for (let i = 0; i < count; i++) set[i] = readLe(dv, t, i * size);
+  }
+  return out;
+}
+
+function makeTyped(t: GgufValueType, b: ArrayBuffer): GgufArrayValues {
+  switch (t) {
+    case GGUF_VALUE_TYPE.UINT8:
+      return new Uint8Array(b);
+    case GGUF_VALUE_TYPE.INT8:
+      return new Int8Array(b);
+    case GGUF_VALUE_TYPE.UINT16:
+      return new Uint16Array(b);
+    case GGUF_VALUE_TYPE.INT16:
+      return new Int16Array(b);
+    case GGUF_VALUE_TYPE.UINT32:
+      return new Uint32Array(b);
+    case GGUF_VALUE_TYPE.INT32:
+      return new Int32Array(b);
+    case GGUF_VALUE_TYPE.FLOAT32:
+      return new Float32Array(b);
+    case GGUF_VALUE_TYPE.FLOAT64:
+      return new Float64Array(b);
+    case GGUF_VALUE_TYPE.UINT64:
+      return new BigUint64Array(b);
+    case GGUF_VALUE_TYPE.INT64:
+      return new BigInt64Array(b);
+    case GGUF_VALUE_TYPE.BOOL:
+    case GGUF_VALUE_TYPE.STRING:
+    case GGUF_VALUE_TYPE.ARRAY:
+      throw new Error(`Internal error: value type ${t} is not numeric`);
+    default: {
+      const never: never = t;
+      throw new Error(`Internal error: unknown value type ${never}`);
+    }
+  }
+}
+
+function readLe(dv: DataView, t: GgufValueType, off: number): number | bigint {
+  switch (t) {
+    case GGUF_VALUE_TYPE.UINT16:
+      return dv.getUint16(off, true);
+    case GGUF_VALUE_TYPE.INT16:
+      return dv.getInt16(off, true);
+    case GGUF_VALUE_TYPE.UINT32:
+      return dv.getUint32(off, true);
+    case GGUF_VALUE_TYPE.INT32:
+      return dv.getInt32(off, true);
+    case GGUF_VALUE_TYPE.FLOAT32:
+      return dv.getFloat32(off, true);
+    case GGUF_VALUE_TYPE.FLOAT64:
+      return dv.getFloat64(off, true);
+    case GGUF_VALUE_TYPE.UINT64:
+      return dv.getBigUint64(off, true);
+    case GGUF_VALUE_TYPE.INT64:
+      return dv.getBigInt64(off, true);
+    default:
+      return dv.getUint8(off);
+  }
+}
+
+async function openHandle(path: string, missing: () => GgufError): Promise<PartHandle> {
+  let file: Deno.FsFile;
+  try {
+    file = await Deno.open(path, { read: true });
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) throw missing();
+    throw new GgufError("io", `Cannot open GGUF file ${path}: ${(e as Error).message}: check the path`, {
+      path,
+      cause: e,
+    });
+  }
+  try {
+    const st = await file.stat();
+    if (!st.isFile) {
+      throw new GgufError("io", `GGUF path ${path} is not a regular file: pass the .gguf file itself`, {
+        path,
+      });
+    }
+    return new PartHandle(path, file, st.size);
+  } catch (e) {
+    file.close();
+    throw e;
+  }
+}
+
+/** Reads and validates the header of one part (no tensor data is read). */
+async function parsePart(handle: PartHandle, initialReadBytes: number): Promise<ParsedPart> {
+  const { path, sizeBytes } = handle;
+  const parser = new HeaderParser(path, sizeBytes);
+  let buf = new Uint8Array(0);
+  let want = Math.min(sizeBytes, Math.max(initialReadBytes, 24));
+  for (;;) {
+    if (want > buf.length) {
+      const next = new Uint8Array(want);
+      next.set(buf);
+      await handle.read(buf.length, next.subarray(buf.length));
+      buf = next;
+      parser.setBuffer(buf);
+    }
+    try {
+      parser.parse();
+      break;
+    } catch (e) {
+      if (!(e instanceof NeedMore)) throw e;
+      // Growing 4x keeps the re-parse of a partly read array (restarted from its key) cheap in total.
+      want = Math.min(sizeBytes, MAX_HEADER_BYTES, Math.max(buf.length * 4, e.endBytes));
+    }
+  }
+  const metadata = new GgufMetadata(parser.kvs, path);
+  let alignment = DEFAULT_ALIGNMENT;
+  if (metadata.has(KEYS.alignment)) {
+    const kvAlign = metadata.entries.get(KEYS.alignment)!;
+    const a = INTEGER_TYPES.has(kvAlign.type) && typeof kvAlign.value === "number" ? kvAlign.value : NaN;
+    if (!(a > 0 && a % 8 === 0)) {
+      throw new GgufError(
+        "bad_value",
+        `GGUF file ${path}: ${KEYS.alignment} is ${describe(kvAlign)} ${
+          preview(kvAlign.value)
+        }, expected a ` +
+          `positive multiple of 8 (default 32): ${REDOWNLOAD}`,
+        { path },
+      );
+    }
+    alignment = a;
+  }
+  const infoEnd = parser.pos;
+  const dataStartBytes = infoEnd + (alignment - (infoEnd % alignment)) % alignment;
+  if (parser.tensors.length > 0 && dataStartBytes > sizeBytes) {
+    throw new GgufError(
+      "truncated",
+      `GGUF file ${path} at byte ${infoEnd}: the data section of ${parser.tensors.length} tensors starts at ` +
+        `byte ${dataStartBytes} but the file ends at byte ${sizeBytes}: the file is truncated: ${REDOWNLOAD}`,
+      { path, offsetBytes: infoEnd },
+    );
+  }
+  const seen = new Map<string, RawTensor>();
+  for (const t of parser.tensors) {
+    const what = `GGUF file ${path} at byte ${t.infoOffsetBytes}: tensor ${t.name}`;
+    const at = { path, offsetBytes: t.infoOffsetBytes };
+    const prev = seen.get(t.name);
+    if (prev !== undefined) {
+      throw new GgufError(
+        "bad_tensor",
+        `${what} is listed twice (first at byte ${prev.infoOffsetBytes}), expected unique names: ${REDOWNLOAD}`,
+        at,
+      );
+    }
+    seen.set(t.name, t);
+    if (t.offsetBytes % alignment !== 0) {
+      throw new GgufError(
+        "bad_tensor",
+        `${what} has data offset ${t.offsetBytes}, expected a multiple of the alignment ${alignment}: ` +
+          REDOWNLOAD,
+        at,
+      );
+    }
+    const abs = dataStartBytes + t.offsetBytes;
+    if (abs > sizeBytes) {
+      throw new GgufError(
+        "bad_tensor",
+        `${what} has data offset ${t.offsetBytes} (absolute byte ${abs}) beyond the end of the ` +
+          `${sizeBytes}-byte file: ${REDOWNLOAD}`,
+        at,
+      );
+    }
+    if (abs + t.nbytes > sizeBytes) {
+      throw new GgufError(
+        "truncated",
+        `${what} (${t.type.name}, ne=[${t.ne.join(", ")}]) needs ${t.nbytes} bytes from byte ${abs} to ` +
+          `${
+            abs + t.nbytes
+          } but the file ends at byte ${sizeBytes}: the tensor data is truncated: ${REDOWNLOAD}`,
+        at,
+      );
+    }
+  }
+  return {
+    handle,
+    version: parser.version,
+    alignment,
+    dataStartBytes,
+    kvs: parser.kvs,
+    tensors: parser.tensors,
+  };
+}
+
+/** Options of {@linkcode openGguf}. */
+export interface OpenGgufOptions {
+  /** First header read size in bytes (default 1 MiB; tests use tiny values to exercise buffer growth). */
+  readonly initialReadBytes?: number;
+}
+
+/** One logical GGUF model: all its split parts, their merged tensor table and part 1's metadata. */
+export class GgufFile {
+  /** Path of the first part. */
+  readonly path: string;
+  /** Every part in order (one for an unsplit file). */
+  readonly parts: readonly GgufPart[];
+  /** Metadata of part 1 (split parts 2.. carry only split keys, which are ignored here). */
+  readonly metadata: GgufMetadata;
+  /** Every tensor of every part by name, in file order. */
+  readonly tensors: ReadonlyMap<string, GgufTensorInfo>;
+  readonly #handles: readonly PartHandle[];
+
+  /** Use {@linkcode openGguf}. */
+  constructor(
+    parts: readonly GgufPart[],
+    metadata: GgufMetadata,
+    tensors: ReadonlyMap<string, GgufTensorInfo>,
+    handles: readonly PartHandle[],
+  ) {
+    this.path = parts[0]?.path ?? "";
+    this.parts = parts;
+    this.metadata = metadata;
+    this.tensors = tensors;
+    this.#handles = handles;
+  }
+
+  /**
+   * The info of tensor `name`.
+   * @throws {GgufError} `bad_tensor` when the file has no such tensor
+   */
+  tensor(name: string): GgufTensorInfo {
+    const t = this.tensors.get(name);
+    if (t === undefined) {
+      const where = this.parts.length > 1
+        ? `${this.path} (and its ${this.parts.length - 1} other parts)`
+        : this.path;
+      throw new GgufError(
+        "bad_tensor",
+        `GGUF file ${where} has no tensor ${name} (it has ${this.tensors.size} tensors): ` +
+          `the file does not match the expected model: use a GGUF of the right architecture`,
+        { path: this.path },
+      );
+    }
+    return t;
+  }
+
+  #range(name: string, offsetBytes: number, sizeBytes: number): { t: GgufTensorInfo; abs: number } {
+    const t = this.tensor(name);
+    if (
+      !Number.isSafeInteger(offsetBytes) || !Number.isSafeInteger(sizeBytes) || offsetBytes < 0 ||
+      sizeBytes < 0 ||
+      offsetBytes + sizeBytes > t.nbytes
+    ) {
+      throw new RangeError(
+        `Read of ${sizeBytes} bytes at offset ${offsetBytes} of tensor ${name} is outside its ${t.nbytes} bytes`,
+      );
+    }
+    return { t, abs: t.absOffsetBytes + offsetBytes };
+  }
+
+  /**
+   * Reads the bytes of tensor `name` (or the sub-range `offsetBytes`..`offsetBytes + sizeBytes`) from disk.
+   * @throws {RangeError} when the range is outside the tensor
+   * @throws {GgufError} `io`/`truncated` when the read fails
+   */
+  async readTensor(
+    name: string,
+    opts: { offsetBytes?: number; sizeBytes?: number } = {},
+  ): Promise<Uint8Array> {
+    const t = this.tensor(name);
+    const offsetBytes = opts.offsetBytes ?? 0;
+    const sizeBytes = opts.sizeBytes ?? t.nbytes - offsetBytes;
+    const { abs } = this.#range(name, offsetBytes, sizeBytes);
+    const dst = new Uint8Array(sizeBytes);
+    await this.#handles[t.part]!.read(abs, dst);
+    return dst;
+  }
+
+  /**
+   * Fills `dst` with `dst.length` bytes of tensor `name` starting at `offsetBytes` within the tensor (for
+   * streaming uploads through a reusable staging buffer).
+   * @throws {RangeError} when the range is outside the tensor
+   * @throws {GgufError} `io`/`truncated` when the read fails
+   */
+  async readTensorInto(name: string, dst: Uint8Array, offsetBytes: number): Promise<void> {
+    const { t, abs } = this.#range(name, offsetBytes, dst.length);
+    await this.#handles[t.part]!.read(abs, dst);
+  }
+
+  /** Closes every part's file handle; later reads fail with `GgufError` `io`. */
+  close(): void {
+    for (const h of this.#handles) h.close();
+  }
+
+  /** Same as {@linkcode close}, for `using`. */
+  [Symbol.dispose](): void {
+    this.close();
+  }
+}
+
+function splitErr(path: string, msg: string): GgufError {
+  return new GgufError("bad_split", msg, { path });
+}
+
+/** Reads a split key with the any-integer rule, or undefined when absent. */
+function splitKey(p: ParsedPart, key: string): number | undefined {
+  const md = new GgufMetadata(p.kvs, p.handle.path);
+  return md.has(key) ? md.getInt(key) : undefined;
+}
+
+/**
+ * Opens a GGUF model and validates its header; tensor data stays on disk. A split part path
+ * (`<prefix>-0000N-of-0000M.gguf`) opens the whole set from part 1, checking every part (spec §5).
+ * @throws {GgufError} on a missing, malformed, truncated or inconsistent file or part (see its `code`)
+ */
+export async function openGguf(path: string, opts: OpenGgufOptions = {}): Promise<GgufFile> {
+  const initial = opts.initialReadBytes ?? INITIAL_READ_BYTES;
+  const split = parseSplitPath(path);
+  const parsed: ParsedPart[] = [];
+  try {
+    if (split !== undefined) {
+      const { prefix, no, count } = split;
+      if (count < 1 || no < 1 || no > count) {
+        throw splitErr(
+          path,
+          `GGUF split name ${path} says part ${no} of ${count}, expected 1 <= part <= count: rename the file`,
+        );
+      }
+      for (let i = 1; i <= count; i++) {
+        const p = splitPartPath(prefix, i, count);
+        const handle = await openHandle(
+          p,
+          () =>
+            splitErr(
+              p,
+              `GGUF split part ${i} of ${count} is missing: expected file ${p} (opened via ${path}): ` +
+                `download all ${count} parts into the same folder`,
+            ),
+        );
+        try {
+          parsed.push(await parsePart(handle, initial));
+        } catch (e) {
+          handle.close();
+          throw e;
+        }
+        checkPart(parsed[i - 1]!, i, count);
+      }
+    } else {
+      const handle = await openHandle(
+        path,
+        () => new GgufError("io", `GGUF file ${path} does not exist: check the path`, { path }),
+      );
+      try {
+        parsed.push(await parsePart(handle, initial));
+      } catch (e) {
+        handle.close();
+        throw e;
+      }
+      const count = splitKey(parsed[0]!, KEYS.splitCount);
+      if (count !== undefined && count > 1) {
+        throw splitErr(
+          path,
+          `GGUF file ${path} is part of a ${count}-part split (${KEYS.splitCount} = ${count}) but its name ` +
+            `does not end in -0000N-of-${String(count).padStart(5, "0")}.gguf: restore the names ` +
+            `gguf-split gave the parts`,
+        );
+      }
+      checkPart(parsed[0]!, 1, 1);
+    }
+    return assemble(parsed);
+  } catch (e) {
+    for (const p of parsed) p.handle.close();
+    throw e;
+  }
+}
+
+/** Checks a part's split keys against its position `no` (1-based) of `count`. */
+function checkPart(p: ParsedPart, no: number, count: number): void {
+  const path = p.handle.path;
+  const splitNo = splitKey(p, KEYS.splitNo);
+  const splitCount = splitKey(p, KEYS.splitCount);
+  if (count === 1 && splitNo === undefined && splitCount === undefined) return;
+  if (splitCount !== count) {
+    throw splitErr(
+      path,
+      `GGUF split part ${path} has ${KEYS.splitCount} = ${splitCount ?? "(missing)"} but its name says ` +
+        `${count} parts: the parts come from different splits or were renamed: re-download the whole set`,
+    );
+  }
+  if (splitNo !== no - 1) {
+    throw splitErr(
+      path,
+      `GGUF split part ${path} has ${KEYS.splitNo} = ${
+        splitNo ?? "(missing)"
+      } but its name says part ${no} ` +
+        `of ${count} (expected ${KEYS.splitNo} = ${no - 1}): the parts come from different splits or were ` +
+        `renamed: re-download the whole set`,
+    );
+  }
+}
+
+function assemble(parsed: readonly ParsedPart[]): GgufFile {
+  const first = parsed[0]!;
+  const firstPath = first.handle.path;
+  const tensors = new Map<string, GgufTensorInfo>();
+  const parts: GgufPart[] = [];
+  parsed.forEach((p, part) => {
+    parts.push({
+      path: p.handle.path,
+      sizeBytes: p.handle.sizeBytes,
+      version: p.version,
+      alignment: p.alignment,
+      dataStartBytes: p.dataStartBytes,
+      tensorCount: p.tensors.length,
+    });
+    for (const t of p.tensors) {
+      const prev = tensors.get(t.name);
+      if (prev !== undefined) {
+        throw new GgufError(
+          "bad_tensor",
+          `GGUF split part ${p.handle.path} at byte ${t.infoOffsetBytes}: tensor ${t.name} is also in part ` +
+            `${prev.part + 1} (${
+              parsed[prev.part]!.handle.path
+            }), expected each tensor in exactly one part: ` +
+            `re-split the model`,
+          { path: p.handle.path, offsetBytes: t.infoOffsetBytes },
+        );
+      }
+      tensors.set(t.name, {
+        name: t.name,
+        type: t.type,
+        ne: t.ne,
+        nElems: t.nElems,
+        nbytes: t.nbytes,
+        part,
+        offsetBytes: t.offsetBytes,
+        absOffsetBytes: p.dataStartBytes + t.offsetBytes,
+      });
+    }
+  });
+  const total = splitKey(first, KEYS.splitTensorsCount);
+  if (parsed.length > 1 && total === undefined) {
+    throw splitErr(
+      firstPath,
+      `GGUF split part ${firstPath} has no ${KEYS.splitTensorsCount}, expected the total tensor count of ` +
+        `the ${parsed.length} parts: re-split the model with gguf-split`,
+    );
+  }
+  if (total !== undefined && total !== tensors.size) {
+    throw splitErr(
+      firstPath,
+      `GGUF file ${firstPath} has ${KEYS.splitTensorsCount} = ${total} but its ${parsed.length} part(s) list ` +
+        `${tensors.size} tensors: a part is from another split or damaged: re-download the whole set`,
+    );
+  }
+  for (const p of parsed.slice(1)) {
+    const t = splitKey(p, KEYS.splitTensorsCount);
+    if (t !== undefined && t !== total) {
+      throw splitErr(
+        p.handle.path,
+        `GGUF split part ${p.handle.path} has ${KEYS.splitTensorsCount} = ${t} but part 1 has ${total}: ` +
+          `the parts come from different splits: re-download the whole set`,
+      );
+    }
+  }
+  return new GgufFile(parts, new GgufMetadata(first.kvs, firstPath), tensors, parsed.map((p) => p.handle));
+}

@@ -1,0 +1,34 @@
+/**
+ * Test helpers shared by the kernel tests in this folder (private): output checks with guard bands and
+ * small float64 references for ops that `tests/ref/ops.ts` does not cover.
+ * @module
+ */
+import { assertClose, assertPoisoned, type Tolerance } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32 } from "../tests/util/gpu.ts";
+
+/**
+ * Checks the first `ref.length` f32 values of `buf` (starting at word `offsetWords`) against `ref`, and that
+ * the `GUARD_WORDS` words after them are still poisoned when `guard` is set.
+ */
+export function checkF32(
+  buf: ArrayBuffer,
+  ref: ArrayLike<number>,
+  tol: Tolerance,
+  ctx: { what: string; seed: number; offsetWords?: number; guard?: boolean },
+): void {
+  const off = ctx.offsetWords ?? 0;
+  const got = new Float32Array(buf, off * 4, ref.length);
+  assertClose(got, ref, tol, ctx);
+  if (ctx.guard ?? true) {
+    assertPoisoned(
+      new Uint32Array(buf, (off + ref.length) * 4, GUARD_WORDS),
+      POISON_F32,
+      `${ctx.what} (seed ${ctx.seed})`,
+    );
+  }
+}
+
+/** Rounds every element to f32 (what the kernel reads) and returns it as a Float32Array. */
+export function f32(values: ArrayLike<number>): Float32Array {
+  return Float32Array.from(values);
+}

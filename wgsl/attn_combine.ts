@@ -1,0 +1,76 @@
+/**
+ * Host twin of `attn_combine.wgsl`: merges `attn_decode`'s split partials and applies the sigmoid output
+ * gate (spec §7 steps 6-7) for one query token.
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { checkBinding, checkInt, checkShape, isPow2 } from "./_twin.ts";
+
+/** Constants of `attn_combine.wgsl`: query heads, headDim, split count (as in attn_decode), workgroup size. */
+export type AttnCombineConstants = {
+  readonly H_Q: number;
+  readonly D_H: number;
+  readonly N_SPLIT: number;
+  readonly WG: number;
+};
+
+/** Kernel spec of `attn_combine.wgsl`. */
+export const ATTN_COMBINE: KernelSpec = {
+  name: "attn_combine",
+  url: new URL("./attn_combine.wgsl", import.meta.url),
+  lib: [],
+  constants: { H_Q: "u32", D_H: "u32", N_SPLIT: "u32", WG: "u32" },
+};
+
+/**
+ * Binding order: partO f32 ne=[D_H, H_Q, N_SPLIT]; partMl f32 ne=[2, H_Q, N_SPLIT];
+ * qf f32 ne=[2*D_H, H_Q] (gates); o f32 ne=[D_H, H_Q].
+ */
+export const ATTN_COMBINE_BINDINGS = ["partO", "partMl", "qf", "o"] as const;
+
+/** Buffers of one `attn_combine` dispatch, by binding name. */
+export type AttnCombineBuffers = Readonly<Record<(typeof ATTN_COMBINE_BINDINGS)[number], Binding>>;
+
+/**
+ * Checks constants against the kernel's limits.
+ * @throws {RangeError} naming the offending value
+ */
+export function checkAttnCombine(c: AttnCombineConstants): void {
+  checkInt("attn_combine: H_Q", c.H_Q, 1, 65535);
+  checkInt("attn_combine: D_H", c.D_H, 1, 4096);
+  checkInt("attn_combine: N_SPLIT", c.N_SPLIT, 1, 4096);
+  checkShape(isPow2(c.WG) && c.WG <= 256, `attn_combine: WG must be a power of two <= 256, got ${c.WG}`);
+}
+
+/**
+ * The bind group of one dispatch, after checking every buffer against its `ne`.
+ * @throws {RangeError} when a constant is out of range or a buffer too small
+ */
+export function attnCombineBindGroup(
+  device: GPUDevice,
+  opts: { pipeline: GPUComputePipeline; constants: AttnCombineConstants; buffers: AttnCombineBuffers },
+): GPUBindGroup {
+  const { constants: c, buffers: b } = opts;
+  checkAttnCombine(c);
+  const k = "attn_combine";
+  checkBinding(k, "partO", b.partO, [c.D_H, c.H_Q, c.N_SPLIT]);
+  checkBinding(k, "partMl", b.partMl, [2, c.H_Q, c.N_SPLIT]);
+  checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q]);
+  checkBinding(k, "o", b.o, [c.D_H, c.H_Q]);
+  return bindGroup(device, opts.pipeline, ATTN_COMBINE_BINDINGS.map((name) => b[name]));
+}
+
+/** Dispatch grid: one workgroup per query head. */
+export function attnCombineGrid(c: AttnCombineConstants): [number, number, number] {
+  return [c.H_Q, 1, 1];
+}
+
+/** Records one `attn_combine` dispatch into `pass` (the bind group was checked when it was built). */
+export function encodeAttnCombine(
+  pass: GPUComputePassEncoder,
+  opts: { pipeline: GPUComputePipeline; bindGroup: GPUBindGroup; constants: AttnCombineConstants },
+): void {
+  pass.setPipeline(opts.pipeline);
+  pass.setBindGroup(0, opts.bindGroup);
+  pass.dispatchWorkgroups(...attnCombineGrid(opts.constants));
+}

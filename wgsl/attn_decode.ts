@@ -1,0 +1,118 @@
+/**
+ * Host twin of `attn_decode.wgsl`: split-K GQA attention of one query token over the KV cache, writing
+ * per-split partials (O, m, l) that `attn_combine` merges. The grid is constant (`N_SPLIT` by `H_KV`)
+ * whatever the position, so a decode step can be pre-encoded.
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { ATTN_PARAMS_WORDS } from "./attn_params.ts";
+import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+
+/**
+ * Constants of `attn_decode.wgsl`: heads, headDim, cache capacity, split count, positions per tile,
+ * workgroup size, score scale (1/sqrt(headDim) unless the model gives one).
+ */
+export type AttnDecodeConstants = {
+  readonly H_Q: number;
+  readonly H_KV: number;
+  readonly D_H: number;
+  readonly P_MAX: number;
+  readonly N_SPLIT: number;
+  readonly TILE: number;
+  readonly WG: number;
+  readonly SCALE: number;
+};
+
+/** Kernel spec of `attn_decode.wgsl`. */
+export const ATTN_DECODE: KernelSpec = {
+  name: "attn_decode",
+  url: new URL("./attn_decode.wgsl", import.meta.url),
+  lib: [],
+  constants: {
+    H_Q: "u32",
+    H_KV: "u32",
+    D_H: "u32",
+    P_MAX: "u32",
+    N_SPLIT: "u32",
+    TILE: "u32",
+    WG: "u32",
+    SCALE: "f32",
+  },
+};
+
+/**
+ * Binding order: params AttnParams; q f32 ne=[D_H, H_Q]; kCache, vCache f32 ne=[D_H, P_MAX, H_KV];
+ * partO f32 ne=[D_H, H_Q, N_SPLIT]; partMl f32 ne=[2, H_Q, N_SPLIT].
+ */
+export const ATTN_DECODE_BINDINGS = ["params", "q", "kCache", "vCache", "partO", "partMl"] as const;
+
+/** Buffers of one `attn_decode` dispatch, by binding name. */
+export type AttnDecodeBuffers = Readonly<Record<(typeof ATTN_DECODE_BINDINGS)[number], Binding>>;
+
+/** Workgroup memory of one variant in bytes (must fit the device's maxComputeWorkgroupStorageSize). */
+export function attnDecodeWorkgroupBytes(c: AttnDecodeConstants): number {
+  const g = c.H_Q / c.H_KV;
+  return 4 * (g * c.D_H + c.TILE * c.D_H + g * c.TILE + 3 * g);
+}
+
+/**
+ * Checks constants against the kernel's limits; `maxWorkgroupBytes` is the device's workgroup storage.
+ * @throws {RangeError} naming the offending value
+ */
+export function checkAttnDecode(c: AttnDecodeConstants, maxWorkgroupBytes: number): void {
+  checkInt("attn_decode: H_KV", c.H_KV, 1, MAX_WORKGROUPS_PER_DIM);
+  checkShape(
+    Number.isInteger(c.H_Q) && c.H_Q >= c.H_KV && c.H_Q % c.H_KV === 0,
+    `attn_decode: H_Q (${c.H_Q}) must be a multiple of H_KV (${c.H_KV})`,
+  );
+  checkInt("attn_decode: D_H", c.D_H, 1, 4096);
+  checkInt("attn_decode: P_MAX", c.P_MAX, 1, 2 ** 24);
+  checkInt("attn_decode: N_SPLIT", c.N_SPLIT, 1, MAX_WORKGROUPS_PER_DIM);
+  checkInt("attn_decode: TILE", c.TILE, 1, 256);
+  checkShape(isPow2(c.WG) && c.WG <= 256, `attn_decode: WG must be a power of two <= 256, got ${c.WG}`);
+  checkShape(
+    (c.H_Q / c.H_KV * c.D_H) % c.WG === 0,
+    `attn_decode: G * D_H (${c.H_Q / c.H_KV} * ${c.D_H}) must be a multiple of WG (${c.WG})`,
+  );
+  checkShape(c.SCALE > 0, `attn_decode: SCALE must be > 0, got ${c.SCALE}`);
+  const bytes = attnDecodeWorkgroupBytes(c);
+  checkShape(
+    bytes <= maxWorkgroupBytes,
+    `attn_decode: workgroup memory ${bytes} bytes exceeds the device's ${maxWorkgroupBytes}: lower TILE`,
+  );
+}
+
+/**
+ * The bind group of one dispatch, after checking constants and every buffer against its `ne`.
+ * @throws {RangeError} when a constant is out of range or a buffer too small
+ */
+export function attnDecodeBindGroup(
+  device: GPUDevice,
+  opts: { pipeline: GPUComputePipeline; constants: AttnDecodeConstants; buffers: AttnDecodeBuffers },
+): GPUBindGroup {
+  const { constants: c, buffers: b } = opts;
+  checkAttnDecode(c, device.limits.maxComputeWorkgroupStorageSize);
+  const k = "attn_decode";
+  checkBinding(k, "params", b.params, [ATTN_PARAMS_WORDS]);
+  checkBinding(k, "q", b.q, [c.D_H, c.H_Q]);
+  checkBinding(k, "kCache", b.kCache, [c.D_H, c.P_MAX, c.H_KV]);
+  checkBinding(k, "vCache", b.vCache, [c.D_H, c.P_MAX, c.H_KV]);
+  checkBinding(k, "partO", b.partO, [c.D_H, c.H_Q, c.N_SPLIT]);
+  checkBinding(k, "partMl", b.partMl, [2, c.H_Q, c.N_SPLIT]);
+  return bindGroup(device, opts.pipeline, ATTN_DECODE_BINDINGS.map((name) => b[name]));
+}
+
+/** Dispatch grid: N_SPLIT splits by H_KV KV heads. */
+export function attnDecodeGrid(c: AttnDecodeConstants): [number, number, number] {
+  return [c.N_SPLIT, c.H_KV, 1];
+}
+
+/** Records one `attn_decode` dispatch into `pass` (the bind group was checked when it was built). */
+export function encodeAttnDecode(
+  pass: GPUComputePassEncoder,
+  opts: { pipeline: GPUComputePipeline; bindGroup: GPUBindGroup; constants: AttnDecodeConstants },
+): void {
+  pass.setPipeline(opts.pipeline);
+  pass.setBindGroup(0, opts.bindGroup);
+  pass.dispatchWorkgroups(...attnDecodeGrid(opts.constants));
+}

@@ -1,0 +1,137 @@
+// Split-K decode attention, one query token at position p = params.pos0 (spec §7 step 6, GQA):
+//   for q head h, KV head g = h / (H_Q / H_KV), positions t in this split's range of 0..p:
+//   s_t = SCALE * q_h . K[g][t];  m = max_t s_t;  l = sum_t exp(s_t - m);  O = sum_t exp(s_t - m) V[g][t]
+// The partials (O unnormalised, m, l) per (split, head) are merged by attn_combine.
+// Split ranges: per = roundup(ceil((p + 1) / N_SPLIT), TILE); split s covers [s * per, min((s + 1) * per, p + 1)).
+// The grid is constant whatever p is (pre-encodable); a split with an empty range writes O = 0, m = NEG, l = 0.
+// Bindings:
+//   params   AttnParams { pos0: u32, n_tokens: u32 }   only pos0 is read (the cache holds 0..pos0)
+//   q        f32 ne=[D_H, H_Q]                 normed, roped queries (attn_qk_rope q_out, token 0)
+//   k_cache  f32 ne=[D_H, P_MAX, H_KV]         K[g][t][d]
+//   v_cache  f32 ne=[D_H, P_MAX, H_KV]         V[g][t][d]
+//   part_o   f32 ne=[D_H, H_Q, N_SPLIT]        unnormalised O per split and head
+//   part_ml  f32 ne=[2, H_Q, N_SPLIT]          (m, l) per split and head
+// Grid (N_SPLIT, H_KV): workgroup (s, g) owns split s for the G = H_Q / H_KV query heads of KV head g, so
+// each K/V row is read once for all G heads. Per tile of TILE positions: stage K in workgroup memory,
+// G * TILE invocations each take one full q.k dot, G invocations update the online softmax, stage V, then
+// invocation i accumulates outputs o = i + j * WG (head o / D_H, dim o % D_H) in registers.
+// Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, WG: u32; const SCALE: f32.
+// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; G * TILE <= WG is not required; workgroup memory
+// 4 * (G * D_H + TILE * D_H + G * TILE + 3 * G) bytes <= device limit (32 KiB on lavapipe).
+struct AttnParams {
+  pos0: u32,
+  n_tokens: u32,
+}
+
+@group(0) @binding(0) var<storage, read> params: AttnParams;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k_cache: array<f32>;
+@group(0) @binding(3) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(4) var<storage, read_write> part_o: array<f32>;
+@group(0) @binding(5) var<storage, read_write> part_ml: array<f32>;
+
+const G: u32 = H_Q / H_KV;
+const OPI: u32 = G * D_H / WG;
+// Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qs: array<f32, G * D_H>;
+var<workgroup> kv: array<f32, TILE * D_H>;
+var<workgroup> sc: array<f32, G * TILE>;
+var<workgroup> m_s: array<f32, G>;
+var<workgroup> l_s: array<f32, G>;
+var<workgroup> corr: array<f32, G>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
+  let split = wid.x;
+  let g = wid.y;
+  let ctx = min(params.pos0 + 1u, P_MAX);
+  let per = ((ctx + N_SPLIT - 1u) / N_SPLIT + TILE - 1u) / TILE * TILE;
+  let begin = split * per;
+  let end = min(begin + per, ctx);
+  let kv_base = g * P_MAX * D_H;
+
+  for (var i = lid; i < G * D_H; i += WG) {
+    qs[i] = q[g * G * D_H + i];
+  }
+  for (var h = lid; h < G; h += WG) {
+    m_s[h] = NEG;
+    l_s[h] = 0.0;
+  }
+  var acc: array<f32, OPI>;
+  workgroupBarrier();
+
+  for (var t0 = begin; t0 < end; t0 += TILE) {
+    for (var i = lid; i < TILE * D_H; i += WG) {
+      let tp = t0 + i / D_H;
+      var x = 0.0;
+      if (tp < end) {
+        x = k_cache[kv_base + tp * D_H + i % D_H];
+      }
+      kv[i] = x;
+    }
+    workgroupBarrier();
+    for (var i = lid; i < G * TILE; i += WG) {
+      let h = i / TILE;
+      let tt = i % TILE;
+      var s = NEG;
+      if (t0 + tt < end) {
+        var dot = 0.0;
+        for (var d = 0u; d < D_H; d++) {
+          dot += qs[h * D_H + d] * kv[tt * D_H + d];
+        }
+        s = dot * SCALE;
+      }
+      sc[i] = s;
+    }
+    workgroupBarrier();
+    for (var h = lid; h < G; h += WG) {
+      var mx = NEG;
+      for (var tt = 0u; tt < TILE; tt++) {
+        mx = max(mx, sc[h * TILE + tt]);
+      }
+      let m_new = max(m_s[h], mx);
+      var sum = 0.0;
+      for (var tt = 0u; tt < TILE; tt++) {
+        let pr = exp(sc[h * TILE + tt] - m_new);
+        sc[h * TILE + tt] = pr;
+        sum += pr;
+      }
+      let c = exp(m_s[h] - m_new);
+      l_s[h] = l_s[h] * c + sum;
+      m_s[h] = m_new;
+      corr[h] = c;
+    }
+    for (var i = lid; i < TILE * D_H; i += WG) {
+      let tp = t0 + i / D_H;
+      var x = 0.0;
+      if (tp < end) {
+        x = v_cache[kv_base + tp * D_H + i % D_H];
+      }
+      kv[i] = x;
+    }
+    workgroupBarrier();
+    for (var j = 0u; j < OPI; j++) {
+      let o = lid + j * WG;
+      let h = o / D_H;
+      let d = o % D_H;
+      var a = acc[j] * corr[h];
+      for (var tt = 0u; tt < TILE; tt++) {
+        a += sc[h * TILE + tt] * kv[tt * D_H + d];
+      }
+      acc[j] = a;
+    }
+    workgroupBarrier();
+  }
+
+  let out_head0 = split * H_Q + g * G;
+  for (var j = 0u; j < OPI; j++) {
+    let o = lid + j * WG;
+    part_o[out_head0 * D_H + o] = acc[j];
+  }
+  for (var h = lid; h < G; h += WG) {
+    part_ml[(out_head0 + h) * 2u] = m_s[h];
+    part_ml[(out_head0 + h) * 2u + 1u] = l_s[h];
+  }
+}

@@ -1,0 +1,185 @@
+import assert from "node:assert/strict";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { attention } from "../tests/ref/ops.ts";
+import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { Rng } from "../tests/util/rng.ts";
+import {
+  ATTN_COMBINE,
+  attnCombineBindGroup,
+  type AttnCombineConstants,
+  encodeAttnCombine,
+} from "./attn_combine.ts";
+import {
+  ATTN_DECODE,
+  attnDecodeBindGroup,
+  type AttnDecodeConstants,
+  encodeAttnDecode,
+} from "./attn_decode.ts";
+import { packAttnParams } from "./attn_params.ts";
+import { checkF32 } from "./_test_util.ts";
+
+/**
+ * f32 dots of 256 terms (~1e-6 relative on scores of size ~1), exp and sums over up to 3001 positions in an
+ * online softmax and a split merge: ~1e-5 relative on the output, with headroom.
+ */
+const TOL = { atol: 2e-6, rtol: 5e-5 };
+
+/** Cache `ne=[D_H, P_MAX, H_KV]` (kernel layout) → `ne=[D_H, H_KV, nKv]` (reference layout). */
+function toRefLayout(cache: Float32Array, dH: number, pMax: number, hKv: number, nKv: number): Float64Array {
+  const out = new Float64Array(dH * hKv * nKv);
+  for (let p = 0; p < nKv; p++) {
+    for (let g = 0; g < hKv; g++) {
+      for (let d = 0; d < dH; d++) out[(p * hKv + g) * dH + d] = cache[(g * pMax + p) * dH + d]!;
+    }
+  }
+  return out;
+}
+
+interface Dims {
+  hQ: number;
+  hKv: number;
+  dH: number;
+}
+const REAL: Dims = { hQ: 16, hKv: 2, dH: 256 };
+const TINY: Dims = { hQ: 4, hKv: 1, dH: 256 };
+
+Deno.test("attn_decode + attn_combine match the float64 reference at positions 0, 1, 37, 3000", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: [Dims, number, number][] = [
+    [REAL, 0, 64],
+    [REAL, 1, 64],
+    [REAL, 37, 64],
+    [REAL, 3000, 64], // per split 64 positions: 47 splits non-empty, 17 empty
+    [TINY, 37, 8],
+    [TINY, 127, 8], // every split full, the last one included
+    [TINY, rng.int(0, 700), 16],
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs = [];
+  for (const [dims, pos, nSplit] of cases) {
+    const { hQ, hKv, dH } = dims;
+    const pMax = pos + 1 + rng.int(0, 40);
+    const dc: AttnDecodeConstants = {
+      H_Q: hQ,
+      H_KV: hKv,
+      D_H: dH,
+      P_MAX: pMax,
+      N_SPLIT: nSplit,
+      TILE: 16,
+      WG: 256,
+      SCALE: 1 / Math.sqrt(dH),
+    };
+    const cc: AttnCombineConstants = { H_Q: hQ, D_H: dH, N_SPLIT: nSplit, WG: 64 };
+    const q = rng.normals(dH * hQ);
+    const qf = rng.normals(2 * dH * hQ, 2); // only the gate halves are read
+    const kc = rng.normals(dH * pMax * hKv);
+    const vc = rng.normals(dH * pMax * hKv);
+    const b = {
+      params: upload(device, packAttnParams(pos, 1)),
+      q: upload(device, q),
+      kCache: upload(device, kc),
+      vCache: upload(device, vc),
+      partO: poisoned(device, dH * hQ * nSplit),
+      partMl: poisoned(device, 2 * hQ * nSplit),
+      qf: upload(device, qf),
+      o: poisoned(device, dH * hQ),
+    };
+    const pd = await cache.get(ATTN_DECODE, dc);
+    const pc = await cache.get(ATTN_COMBINE, cc);
+    const bgD = attnDecodeBindGroup(device, { pipeline: pd, constants: dc, buffers: b });
+    const bgC = attnCombineBindGroup(device, { pipeline: pc, constants: cc, buffers: b });
+    encodeAttnDecode(pass, { pipeline: pd, bindGroup: bgD, constants: dc });
+    encodeAttnCombine(pass, { pipeline: pc, bindGroup: bgC, constants: cc });
+    const gate = new Float64Array(dH * hQ);
+    for (let h = 0; h < hQ; h++) {
+      for (let d = 0; d < dH; d++) gate[h * dH + d] = qf[h * 2 * dH + dH + d]!;
+    }
+    const common = {
+      k: toRefLayout(kc, dH, pMax, hKv, pos + 1),
+      v: toRefLayout(vc, dH, pMax, hKv, pos + 1),
+      gate,
+      headDim: dH,
+      nHead: hQ,
+      nHeadKv: hKv,
+      scale: dc.SCALE,
+    };
+    const ref = attention(q, common);
+    runs.push({ dc, pos, b, ref, q, common });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, runs.flatMap((r) => [r.b.o, r.b.partMl]));
+  runs.forEach((r, i) => {
+    const { dc, pos } = r;
+    const what = `attn_decode+combine H_Q=${dc.H_Q} H_KV=${dc.H_KV} N_SPLIT=${dc.N_SPLIT} pos=${pos}`;
+    const o = outs[2 * i]!;
+    checkF32(o, r.ref, TOL, { what, seed: rng.seed });
+    // Split bookkeeping: the splits that must be empty report l = 0; the others cover all positions.
+    const ml = new Float32Array(outs[2 * i + 1]!, 0, 2 * dc.H_Q * dc.N_SPLIT);
+    const per = Math.ceil(Math.ceil((pos + 1) / dc.N_SPLIT) / dc.TILE) * dc.TILE;
+    const nonEmpty = Math.ceil((pos + 1) / per);
+    for (let s = 0; s < dc.N_SPLIT; s++) {
+      const l = ml[(s * dc.H_Q) * 2 + 1]!;
+      assert.ok(s < nonEmpty ? l > 0 : l === 0, `${what} (seed ${rng.seed}): split ${s} has l=${l}`);
+    }
+    if (pos === 3000) assert.ok(nonEmpty > 1 && nonEmpty < dc.N_SPLIT, "long case must mix empty and full");
+    // GQA: the data must tell the right grouping from a wrong one (h % H_KV), or the test proves nothing.
+    if (dc.H_KV > 1 && pos > 0) {
+      const wrong = attention(r.q, {
+        ...r.common,
+        nHead: dc.H_Q,
+        nHeadKv: dc.H_KV,
+        k: swapGroups(r.common.k, dc),
+        v: swapGroups(r.common.v, dc),
+      });
+      assert.throws(() => checkF32(o, wrong, TOL, { what, seed: rng.seed }), /out of tolerance/);
+    }
+    Object.values(r.b).forEach((buf) => buf.destroy());
+  });
+});
+
+/** Exchanges KV heads so that query head h meets the KV head a wrong grouping (h % H_KV) would give. */
+function swapGroups(kv: Float64Array, dc: AttnDecodeConstants): Float64Array {
+  const out = Float64Array.from(kv);
+  const nKv = kv.length / (dc.D_H * dc.H_KV);
+  for (let p = 0; p < nKv; p++) {
+    for (let g = 0; g < dc.H_KV; g++) {
+      const src = (p * dc.H_KV + ((g + 1) % dc.H_KV)) * dc.D_H;
+      out.set(kv.subarray(src, src + dc.D_H), (p * dc.H_KV + g) * dc.D_H);
+    }
+  }
+  return out;
+}
+
+Deno.test("attn_decode shape check throws before encoding", async () => {
+  const { device } = await testGpu();
+  const dc: AttnDecodeConstants = {
+    H_Q: 16,
+    H_KV: 2,
+    D_H: 256,
+    P_MAX: 64,
+    N_SPLIT: 8,
+    TILE: 16,
+    WG: 256,
+    SCALE: 0.0625,
+  };
+  const pipeline = await new PipelineCache(device).get(ATTN_DECODE, dc);
+  const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
+  const b = { params: small, q: small, kCache: small, vCache: small, partO: small, partMl: small };
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: dc, buffers: b }),
+    /binding q holds 1024/,
+  );
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, TILE: 64 }, buffers: b }),
+    /workgroup memory/,
+  );
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, H_Q: 15 }, buffers: b }),
+    /multiple of H_KV/,
+  );
+  small.destroy();
+});

@@ -1,0 +1,206 @@
+/**
+ * Twin of `matvec.wgsl`: `y[b][n] = Σ_k W[n][k]·x[b][k]` for 1..8 columns, reading packed weights of any
+ * supported type straight from their GGUF block bytes, accumulating in f32.
+ *
+ * Weight layout decision: raw GGUF blocks, no repacking at upload. The misaligned types (Q8_0's 34-byte and
+ * Q6_K's 210-byte blocks) are read through a two-word funnel shift (`lib/common.wgsl`); the H200 measurement
+ * in docs/PERF.md ("matvec vs streaming read") shows how close each type gets to the streaming-read ceiling,
+ * which is what a repack could at most recover. So there is no `repackWeights`: the loader uploads bytes as
+ * they are.
+ *
+ * Uniform `Params` (32 bytes, 8 × u32, in struct order): 0 k, 4 n, 8 row_bytes, 12 w_off (bytes),
+ * 16 x_off, 20 y_off, 24 x_stride, 28 y_stride (elements). Bindings: 0 params, 1 weights, 2 x, 3 y.
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec, PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
+import { bindingBytes, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
+
+/** Kernel description of `matvec.wgsl`. */
+export const MATVEC: KernelSpec = {
+  name: "matvec",
+  url: new URL("./matvec.wgsl", import.meta.url),
+  lib: QUANT_LIBS,
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32" },
+};
+
+/** Constants of one matvec variant. */
+export interface MatvecConstants {
+  /** ggml type id of the weights. */
+  readonly TYPE: number;
+  /** Invocations per row team (power of two, 1..256). */
+  readonly TEAM: number;
+  /** Rows per team (1..8). */
+  readonly ROWS: number;
+  /** Input columns (1..8). */
+  readonly BATCH: number;
+  [key: string]: number;
+}
+
+/** Size of the uniform params block in bytes. */
+export const MATVEC_PARAMS_BYTES = 32;
+
+/** Largest batch: accumulators are ROWS·BATCH registers per invocation. */
+export const MATVEC_MAX_BATCH = 8;
+
+/** One matvec problem: W ne=[k, n] of `type`, x ne=[k, batch], y ne=[n, batch], as slices of bindings. */
+export interface MatvecShape {
+  /** Weight type. */
+  readonly type: GgmlTypeName;
+  /** Row length K (a multiple of 32 and of the type's block). */
+  readonly k: number;
+  /** Rows N. */
+  readonly n: number;
+  /** Columns (1..8). */
+  readonly batch: number;
+  /** Byte offset of row 0 in the weight binding (multiple of 4; default 0). */
+  readonly wOffsetBytes?: number;
+  /** Element offset of x[0][0] in the x binding (multiple of 4; default 0). */
+  readonly xOffset?: number;
+  /** Element offset of y[0][0] in the y binding (default 0). */
+  readonly yOffset?: number;
+  /** Elements between x columns (multiple of 4, ≥ k; default k). */
+  readonly xStride?: number;
+  /** Elements between y columns (≥ n; default n). */
+  readonly yStride?: number;
+}
+
+/** The four bindings in binding order. */
+export interface MatvecBindings {
+  /** Uniform params (MATVEC_PARAMS_BYTES, from {@linkcode matvecParams}); offset a multiple of 256. */
+  readonly params: Binding;
+  /** Weight bytes (storage, read). */
+  readonly weights: Binding;
+  /** Input columns, f32 (storage, read). */
+  readonly x: Binding;
+  /** Output columns, f32 (storage, read_write). */
+  readonly y: Binding;
+}
+
+/** A checked, ready-to-encode matvec: pipeline, bind group and grid. */
+export interface MatvecOp {
+  /** The variant's pipeline. */
+  readonly pipeline: GPUComputePipeline;
+  /** Bind group 0. */
+  readonly bindGroup: GPUBindGroup;
+  /** Workgroups in x and y. */
+  readonly grid: readonly [number, number];
+}
+
+/**
+ * The default variant for a shape: TEAM = the largest power of two ≤ min(64, K/32) (each invocation gets at
+ * least one chunk; K = 2048 → 64), ROWS = 2 (8 rows per workgroup at TEAM 64, KERNELS.md §1).
+ */
+export function matvecConstants(
+  shape: MatvecShape,
+  opts: { team?: number; rows?: number } = {},
+): MatvecConstants {
+  const chunks = Math.floor(shape.k / 32);
+  let team = 1;
+  while (team * 2 <= Math.min(64, chunks)) team *= 2;
+  return { TYPE: TYPE_ID[shape.type], TEAM: opts.team ?? team, ROWS: opts.rows ?? 2, BATCH: shape.batch };
+}
+
+/** Rows one workgroup owns. */
+export function matvecRowsPerWorkgroup(c: MatvecConstants): number {
+  return (256 / c.TEAM) * c.ROWS;
+}
+
+/** The uniform params of `shape` (write them at a 256-byte-aligned offset of a uniform buffer). */
+export function matvecParams(shape: MatvecShape): Uint32Array<ArrayBuffer> {
+  const rowBytes = checkWeightRows("matvec", shape.type, shape.k, shape.wOffsetBytes ?? 0);
+  return new Uint32Array([
+    shape.k,
+    shape.n,
+    rowBytes,
+    shape.wOffsetBytes ?? 0,
+    shape.xOffset ?? 0,
+    shape.yOffset ?? 0,
+    shape.xStride ?? shape.k,
+    shape.yStride ?? shape.n,
+  ]);
+}
+
+/** Workgroups in x and y: rows split into workgroups, the count folded into 2-D past 65535. */
+export function matvecGrid(shape: MatvecShape, c: MatvecConstants): [number, number] {
+  const wgs = Math.ceil(shape.n / matvecRowsPerWorkgroup(c));
+  const gx = Math.min(wgs, MAX_WORKGROUPS_PER_DIM);
+  return [gx, Math.ceil(wgs / gx)];
+}
+
+/**
+ * Throws before anything is encoded when the shape, constants and bindings do not fit together.
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBindings): void {
+  const rowBytes = checkWeightRows("matvec", shape.type, shape.k, shape.wOffsetBytes ?? 0);
+  checkShape(
+    c.TYPE === TYPE_ID[shape.type],
+    `Kernel matvec: TYPE=${c.TYPE} but the shape says ${shape.type}`,
+  );
+  checkShape(isPow2(c.TEAM) && c.TEAM <= 256, `Kernel matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`);
+  checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
+  checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
+  checkShape(
+    4 * 256 * c.ROWS * c.BATCH <= 32768,
+    `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,
+  );
+  checkShape(shape.batch === c.BATCH, `Kernel matvec: shape batch ${shape.batch} but BATCH=${c.BATCH}`);
+  checkInt("Kernel matvec: n", shape.n, 1, 2 ** 31);
+  const xOff = shape.xOffset ?? 0;
+  const xStride = shape.xStride ?? shape.k;
+  const yOff = shape.yOffset ?? 0;
+  const yStride = shape.yStride ?? shape.n;
+  checkShape(
+    Number.isInteger(xOff) && xOff >= 0 && xOff % 4 === 0 && Number.isInteger(xStride) &&
+      xStride >= shape.k &&
+      xStride % 4 === 0,
+    `Kernel matvec: x offset ${xOff} and stride ${xStride} must be multiples of 4 (vec4 loads), stride ≥ K=${shape.k}`,
+  );
+  checkShape(
+    Number.isInteger(yOff) && yOff >= 0 && Number.isInteger(yStride) && yStride >= shape.n,
+    `Kernel matvec: y offset ${yOff} must be ≥ 0 and stride ${yStride} ≥ N=${shape.n}`,
+  );
+  const [gx, gy] = matvecGrid(shape, c);
+  checkShape(
+    gy <= MAX_WORKGROUPS_PER_DIM,
+    `Kernel matvec: N=${shape.n} needs ${gx}×${gy} workgroups: split it`,
+  );
+  const need = (what: string, bind: Binding, bytes: number) =>
+    checkShape(
+      bindingBytes(bind) >= bytes,
+      `Kernel matvec: binding ${what} holds ${bindingBytes(bind)} bytes but ${shape.type} ne=[${shape.k}, ` +
+        `${shape.n}] batch ${shape.batch} needs ${bytes}: allocate or slice it for this shape`,
+    );
+  need("params", b.params, MATVEC_PARAMS_BYTES);
+  need("weights", b.weights, Math.ceil(((shape.wOffsetBytes ?? 0) + shape.n * rowBytes) / 4) * 4);
+  need("x", b.x, 4 * (xOff + (shape.batch - 1) * xStride + shape.k));
+  need("y", b.y, 4 * (yOff + (shape.batch - 1) * yStride + shape.n));
+}
+
+/**
+ * Checks the problem, compiles (or reuses) its variant and builds its bind group.
+ * @throws {RangeError} from {@linkcode checkMatvec}
+ */
+export async function prepareMatvec(
+  cache: PipelineCache,
+  opts: { device: GPUDevice; shape: MatvecShape; bindings: MatvecBindings; constants?: MatvecConstants },
+): Promise<MatvecOp> {
+  const c = opts.constants ?? matvecConstants(opts.shape);
+  checkMatvec(opts.shape, c, opts.bindings);
+  const pipeline = await cache.get(MATVEC, c);
+  const b = opts.bindings;
+  return {
+    pipeline,
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y]),
+    grid: matvecGrid(opts.shape, c),
+  };
+}
+
+/** Records one matvec dispatch into a caller-owned compute pass. */
+export function encodeMatvec(pass: GPUComputePassEncoder, op: MatvecOp): void {
+  pass.setPipeline(op.pipeline);
+  pass.setBindGroup(0, op.bindGroup);
+  pass.dispatchWorkgroups(op.grid[0], op.grid[1]);
+}

@@ -1,0 +1,165 @@
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
+import { Rng } from "../tests/util/rng.ts";
+import { assertPoisoned } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { assertDotClose, randomWeights, refProduct } from "./_quant_testing.ts";
+import { QUANT_TYPES } from "./_quant.ts";
+import {
+  checkMatvec,
+  encodeMatvec,
+  MATVEC_PARAMS_BYTES,
+  matvecConstants,
+  matvecParams,
+  type MatvecShape,
+  prepareMatvec,
+} from "./matvec.ts";
+import assert from "node:assert/strict";
+
+interface Case {
+  shape: MatvecShape;
+  what: string;
+}
+
+/** The cases of one type: debug, one block, odd row counts, every batch size, slices with offsets. */
+function cases(rng: Rng, type: GgmlTypeName): Case[] {
+  const be = Math.max(32, typeInfo(type).blockElems);
+  const shapes: MatvecShape[] = [
+    { type, k: be, n: 1, batch: 1 }, // debug: one block, one row
+    { type, k: be, n: 13, batch: 3 }, // N not a multiple of the rows per workgroup
+    { type, k: 4 * be, n: 9, batch: 8 },
+    { type, k: 2 * be, n: 37, batch: 1 },
+    // Random; batch from the sizes above, so that lavapipe compiles few variants (the batch loops are
+    // unrolled code, the same for every size).
+    { type, k: be * rng.int(1, 5), n: rng.int(1, 80), batch: [1, 3, 8][rng.int(0, 3)]! },
+    // A slice: rows at a byte offset, x and y columns with offsets and padded strides.
+    {
+      type,
+      k: be,
+      n: 5,
+      batch: 3,
+      wOffsetBytes: 4 * rng.int(1, 40),
+      xOffset: 8,
+      xStride: be + 4,
+      yOffset: 3,
+      yStride: 7,
+    },
+  ];
+  // The other batch sizes, one type each (every size runs every run; each size is its own variant).
+  const other = [2, 4, 5, 6, 7][QUANT_TYPES.indexOf(type) % 5]!;
+  shapes.push({ type, k: 2 * be, n: 11, batch: other });
+  if (type === "IQ4_XS" || type === "Q8_0") shapes.push({ type, k: 2048, n: 24, batch: 1 }); // real K, TEAM 64
+  return shapes.map((shape) => ({
+    shape,
+    what: `matvec ${type} ne=[${shape.k}, ${shape.n}] batch ${shape.batch}`,
+  }));
+}
+
+Deno.test("matvec matches the float64 reference for every type, batch 1..8 and odd shapes", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const all = QUANT_TYPES.flatMap((t) => cases(rng, t));
+  const params = device.createBuffer({
+    size: 256 * all.length,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  const created: GPUBuffer[] = [params];
+  const checks: { c: Case; y: GPUBuffer; ref: Float64Array; mag: Float64Array; yWords: number }[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  for (const [i, c] of all.entries()) {
+    const s = c.shape;
+    const bytes = randomWeights(rng, s.type, s.k, s.n);
+    const wOff = s.wOffsetBytes ?? 0;
+    const wAll = new Uint8Array(wOff + bytes.length + 4);
+    wAll.set(bytes, wOff);
+    const xStride = s.xStride ?? s.k;
+    const xOff = s.xOffset ?? 0;
+    const xDense = rng.normals(s.k * s.batch);
+    const xAll = new Float32Array(xOff + xStride * s.batch).fill(Number.NaN); // gaps must not be read
+    for (let b = 0; b < s.batch; b++) xAll.set(xDense.subarray(b * s.k, (b + 1) * s.k), xOff + b * xStride);
+    const yStride = s.yStride ?? s.n;
+    const yOff = s.yOffset ?? 0;
+    const yWords = yOff + yStride * (s.batch - 1) + s.n;
+    const wBuf = upload(device, wAll, "weights");
+    const xBuf = upload(device, xAll, "x");
+    const yBuf = poisoned(device, yWords);
+    created.push(wBuf, xBuf, yBuf);
+    device.queue.writeBuffer(params, 256 * i, matvecParams(s));
+    const op = await prepareMatvec(cache, {
+      device,
+      shape: s,
+      bindings: {
+        params: { buffer: params, offset: 256 * i, size: MATVEC_PARAMS_BYTES },
+        weights: wBuf,
+        x: xBuf,
+        y: { buffer: yBuf, offset: 0, size: 4 * yWords },
+      },
+    });
+    encodeMatvec(pass, op);
+    checks.push({
+      c,
+      y: yBuf,
+      yWords,
+      ...refProduct(s.type, bytes, { k: s.k, n: s.n, cols: s.batch, x: xDense }),
+    });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, checks.map((k) => k.y));
+  const failures: string[] = [];
+  for (const [i, { c, ref, mag, yWords }] of checks.entries()) {
+    try {
+      checkCase(i, c, ref, mag, yWords);
+    } catch (e) {
+      failures.push((e as Error).message);
+    }
+  }
+  created.forEach((b) => b.destroy());
+  if (failures.length > 0) {
+    throw new Error(`${failures.length} of ${checks.length} cases failed:\n${failures.join("\n")}`);
+  }
+
+  function checkCase(i: number, c: Case, ref: Float64Array, mag: Float64Array, yWords: number): void {
+    const s = c.shape;
+    const all = new Float32Array(outs[i]!);
+    const got = new Float32Array(s.n * s.batch);
+    const yStride = s.yStride ?? s.n;
+    const yOff = s.yOffset ?? 0;
+    for (let b = 0; b < s.batch; b++) {
+      got.set(all.subarray(yOff + b * yStride, yOff + b * yStride + s.n), b * s.n);
+      // Between columns the padding must stay poisoned too.
+      const gap = new Uint32Array(
+        outs[i]!,
+        4 * (yOff + b * yStride + s.n),
+        b + 1 < s.batch ? yStride - s.n : 0,
+      );
+      assertPoisoned(gap, POISON_F32, `${c.what} column gap ${b} (seed ${rng.seed})`);
+    }
+    const key = JSON.stringify(matvecConstants(s));
+    assertDotClose(got, ref, mag, { what: `${c.what} ${key}`, seed: rng.seed });
+    assertPoisoned(
+      new Uint32Array(outs[i]!, 4 * yWords, GUARD_WORDS),
+      POISON_F32,
+      `${c.what} (seed ${rng.seed})`,
+    );
+    assertPoisoned(new Uint32Array(outs[i]!, 0, yOff), POISON_F32, `${c.what} head (seed ${rng.seed})`);
+  }
+});
+
+Deno.test("matvec shape check throws before encoding", () => {
+  const dummy = { size: 1 << 20 } as unknown as GPUBuffer;
+  Object.setPrototypeOf(dummy, GPUBuffer.prototype);
+  const shape: MatvecShape = { type: "IQ4_XS", k: 512, n: 4, batch: 1 };
+  const b = { params: dummy, weights: dummy, x: dummy, y: dummy };
+  assert.throws(() => checkMatvec({ ...shape, k: 480 }, matvecConstants(shape), b), /K=480/);
+  assert.throws(() => checkMatvec(shape, matvecConstants({ ...shape, batch: 2 }), b), /batch 1 but BATCH=2/);
+  assert.throws(() => checkMatvec({ ...shape, xOffset: 2 }, matvecConstants(shape), b), /multiples of 4/);
+  const small = { size: 100 } as unknown as GPUBuffer;
+  Object.setPrototypeOf(small, GPUBuffer.prototype);
+  assert.throws(
+    () => checkMatvec(shape, matvecConstants(shape), { ...b, weights: small }),
+    /binding weights/,
+  );
+});

@@ -1,0 +1,205 @@
+/**
+ * Host twin of `gdn_step.wgsl`: one gated DeltaNet layer over n tokens of one sequence (decode: n = 1), from
+ * the in-projection outputs to the gated-RMSNorm output ô (spec qwen3next.md §8.2-§8.5, §8.7).
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+
+/** Specialisation constants of `gdn_step` (GDN hyper-parameters of one architecture). */
+export interface GdnStepConstants {
+  /** Key heads n_k (`ssm.group_count`). */
+  readonly N_K: number;
+  /** Value heads n_v (`ssm.time_step_rank`), a multiple of N_K. */
+  readonly N_V: number;
+  /** Key head dim d_k (`ssm.state_size`), a multiple of 64, at most 256. */
+  readonly D_K: number;
+  /** Value head dim d_v (`ssm.inner_size / n_v`), a multiple of 16, at most 256. */
+  readonly D_V: number;
+  /** Conv taps (`ssm.conv_kernel`). */
+  readonly K_CONV: number;
+  /** RMS eps; also the floor of the q/k L2 norms (spec §8.4). */
+  readonly EPS: number;
+  /** κ(h) = h mod N_K (`qwen35moe`) when true, floor(h / (N_V/N_K)) (`qwen3next`) when false (spec §9). */
+  readonly KAPPA_TILED: boolean;
+  /** b and a are both the raw `ssm_ba` output in qwen3next's grouped order (spec §8.1). */
+  readonly BA_GROUPED: boolean;
+}
+
+/** Kernel spec of `gdn_step`. */
+export const GDN_STEP: KernelSpec = {
+  name: "gdn_step",
+  url: new URL("./gdn_step.wgsl", import.meta.url),
+  lib: [],
+  constants: {
+    N_K: "u32",
+    N_V: "u32",
+    D_K: "u32",
+    D_V: "u32",
+    K_CONV: "u32",
+    EPS: "f32",
+    KAPPA_TILED: "bool",
+    BA_GROUPED: "bool",
+  },
+};
+
+/** Binding order of `gdn_step` (binding i = entry i). */
+export const GDN_STEP_BINDINGS = [
+  "params",
+  "xQkv",
+  "z",
+  "b",
+  "a",
+  "convW",
+  "dtBias",
+  "ssmA",
+  "normW",
+  "convRing",
+  "state",
+  "y",
+] as const;
+
+/** The buffers of one `gdn_step` dispatch, named as in {@linkcode GDN_STEP_BINDINGS}. */
+export type GdnStepBindings = Readonly<Record<(typeof GDN_STEP_BINDINGS)[number], Binding>>;
+
+/** Words of the params buffer shared by `gdn_step` and `gdn_conv_ring`: u32 ne=[2]. */
+export const GDN_PARAMS_WORDS = 2;
+
+/**
+ * Packs the params words: word 0 = position of the dispatch's first token (`pos0`), word 1 = token count.
+ * @throws {RangeError} on a negative or non-integer position, or a token count below 1
+ */
+export function packGdnParams(pos0: number, nTokens: number): Uint32Array {
+  if (!Number.isInteger(pos0) || pos0 < 0 || pos0 > 0xffffffff) {
+    throw new RangeError(`GDN position must be a u32, got ${pos0}`);
+  }
+  if (!Number.isInteger(nTokens) || nTokens < 1) {
+    throw new RangeError(`GDN token count must be a positive integer, got ${nTokens}`);
+  }
+  return new Uint32Array([pos0, nTokens]);
+}
+
+/** Derived sizes of one GDN layer, in f32 elements. */
+export interface GdnDims {
+  /** Conv channels C = 2·N_K·D_K + N_V·D_V (length of one x_qkv vector). */
+  readonly convCh: number;
+  /** Elements of one token's z and y: N_V·D_V. */
+  readonly inner: number;
+  /** Elements of the conv ring: ne=[C, K_CONV]. */
+  readonly convRing: number;
+  /** Elements of the recurrent state: ne=[D_K, D_V, N_V]. */
+  readonly state: number;
+}
+
+/** Sizes derived from the constants (the engine allocates conv ring and state per slot and layer from these). */
+export function gdnDims(c: GdnStepConstants): GdnDims {
+  const convCh = 2 * c.N_K * c.D_K + c.N_V * c.D_V;
+  return {
+    convCh,
+    inner: c.N_V * c.D_V,
+    convRing: convCh * c.K_CONV,
+    state: c.N_V * c.D_V * c.D_K,
+  };
+}
+
+/** Bytes of a binding: its explicit size, else the rest of the buffer after its offset. */
+export function bindingBytes(b: Binding): number {
+  if (b instanceof GPUBuffer) return b.size;
+  return b.size ?? b.buffer.size - (b.offset ?? 0);
+}
+
+/**
+ * Checks the constants against the kernel's limits.
+ * @throws {RangeError} naming the constant, its value and the limit
+ */
+export function checkGdnConstants(c: GdnStepConstants): void {
+  const ints: Array<[string, number]> = [
+    ["N_K", c.N_K],
+    ["N_V", c.N_V],
+    ["D_K", c.D_K],
+    ["D_V", c.D_V],
+    ["K_CONV", c.K_CONV],
+  ];
+  for (const [name, v] of ints) {
+    if (!Number.isInteger(v) || v < 1) {
+      throw new RangeError(`gdn_step: ${name} must be a positive integer, got ${v}`);
+    }
+  }
+  if (c.N_V % c.N_K !== 0) {
+    throw new RangeError(`gdn_step: N_V=${c.N_V} is not a multiple of N_K=${c.N_K}`);
+  }
+  if (c.D_K % 64 !== 0 || c.D_K > 256) {
+    throw new RangeError(`gdn_step: D_K=${c.D_K} must be a multiple of 64 and at most 256`);
+  }
+  if (c.D_V % 16 !== 0 || c.D_V > 256) {
+    throw new RangeError(`gdn_step: D_V=${c.D_V} must be a multiple of 16 and at most 256`);
+  }
+  if (c.N_V > 65535) throw new RangeError(`gdn_step: N_V=${c.N_V} exceeds 65535 workgroups`);
+  if (!(c.EPS > 0)) throw new RangeError(`gdn_step: EPS must be positive, got ${c.EPS}`);
+}
+
+/**
+ * Checks constants and every binding's size for dispatches of up to `maxTokens` tokens.
+ * @throws {RangeError} naming the binding, its bytes, the bytes it needs and its `ne`
+ */
+export function checkGdnStep(
+  c: GdnStepConstants,
+  opts: { bindings: GdnStepBindings; maxTokens: number },
+): void {
+  checkGdnConstants(c);
+  const n = opts.maxTokens;
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`gdn_step: maxTokens must be >= 1, got ${n}`);
+  const d = gdnDims(c);
+  const ba = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+  const need: Record<(typeof GDN_STEP_BINDINGS)[number], [number, string]> = {
+    params: [GDN_PARAMS_WORDS, "u32 ne=[2]"],
+    xQkv: [d.convCh * n, `ne=[${d.convCh}, ${n}]`],
+    z: [d.inner * n, `ne=[${d.inner}, ${n}]`],
+    b: [ba * n, `ne=[${ba}, ${n}]`],
+    a: [ba * n, `ne=[${ba}, ${n}]`],
+    convW: [c.K_CONV * d.convCh, `ne=[${c.K_CONV}, ${d.convCh}]`],
+    dtBias: [c.N_V, `ne=[${c.N_V}]`],
+    ssmA: [c.N_V, `ne=[${c.N_V}]`],
+    normW: [c.D_V, `ne=[${c.D_V}]`],
+    convRing: [d.convRing, `ne=[${d.convCh}, ${c.K_CONV}]`],
+    state: [d.state, `ne=[${c.D_K}, ${c.D_V}, ${c.N_V}]`],
+    y: [d.inner * n, `ne=[${d.inner}, ${n}]`],
+  };
+  for (const name of GDN_STEP_BINDINGS) {
+    const [words, ne] = need[name];
+    const got = bindingBytes(opts.bindings[name]);
+    if (got < words * 4) {
+      throw new RangeError(
+        `gdn_step binding ${name} has ${got} bytes but needs ${words * 4} (${ne}, 4-byte elements): ` +
+          `allocate it for ${n} token(s)`,
+      );
+    }
+  }
+}
+
+/** Dispatch grid of `gdn_step`: one workgroup per v-head. */
+export function gdnStepGrid(c: GdnStepConstants): [number, number, number] {
+  return [c.N_V, 1, 1];
+}
+
+/**
+ * Records one `gdn_step` dispatch into a caller-supplied compute pass. The token count and position come from
+ * the params buffer (GPU-side); `maxTokens` is what the bindings were sized for. When the params may say
+ * n > 1, record `encodeGdnConvRing` right after it in the same pass.
+ * @throws {RangeError} from {@linkcode checkGdnStep}, before anything is recorded
+ */
+export function encodeGdnStep(
+  pass: GPUComputePassEncoder,
+  opts: {
+    device: GPUDevice;
+    pipeline: GPUComputePipeline;
+    constants: GdnStepConstants;
+    bindings: GdnStepBindings;
+    maxTokens: number;
+  },
+): void {
+  checkGdnStep(opts.constants, opts);
+  const group = bindGroup(opts.device, opts.pipeline, GDN_STEP_BINDINGS.map((k) => opts.bindings[k]));
+  pass.setPipeline(opts.pipeline);
+  pass.setBindGroup(0, group);
+  pass.dispatchWorkgroups(...gdnStepGrid(opts.constants));
+}

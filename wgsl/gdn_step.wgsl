@@ -1,0 +1,232 @@
+// gdn_step: n tokens of one gated DeltaNet layer (spec qwen3next.md §8.2-§8.5, §8.7), one sequence, in order:
+//   per v-head h and token t:  ô_h,t = RMSNorm(o_h,t, ssm_norm) ⊙ silu(z_h,t)  with o from the recurrence §8.5
+// Decode is n = 1; prefill is the same code over n tokens, so a prefill of n equals n decode steps bit for bit.
+//
+// Bindings (f32 unless noted; ne innermost first; t = token of this dispatch, 0 <= t < n):
+//   0 params    u32 ne=[2]: [pos0 (position of token 0), n (token count, >= 1)]
+//   1 x_qkv     ne=[C, n]  pre-conv in-projection output, C = 2·N_K·D_K + N_V·D_V, canonical order q|k|v
+//   2 z         ne=[N_V·D_V, n]  gate input of the gated norm
+//   3 b         ne=[N_V, n] (β logits); BA_GROUPED: ne=[2·N_V, n], the raw qwen3next ssm_ba output U
+//   4 a         ne=[N_V, n] (α logits); BA_GROUPED: the same U as b (bind the buffer twice)
+//   5 conv_w    ne=[K_CONV, C]  ssm_conv1d: W[ch][k] = conv_w[k + K_CONV·ch], tap K_CONV-1 = current token
+//   6 dt_bias   ne=[N_V]   ssm_dt.bias
+//   7 ssm_a     ne=[N_V]   ssm_a (= -exp(A_log), negative)
+//   8 norm_w    ne=[D_V]   ssm_norm.weight, shared by all heads
+//   9 conv_ring ne=[C, K_CONV] read_write: slot s = pos mod K_CONV holds the pre-conv x_qkv of that position.
+//                 Reads: slots of pos0-K_CONV+1 .. pos0-1 (zero for a fresh sequence: the engine clears it).
+//                 Writes: only when n == 1, slot pos0 mod K_CONV (read by no one in this step); for n > 1 run
+//                 gdn_conv_ring after this dispatch. Each q/k channel has one writer workgroup (see below).
+//  10 state     ne=[D_K, D_V, N_V] read_write, transposed: state[(h·D_V + j)·D_K + i] = S_h[i][j] (spec §8.5)
+//  11 y         ne=[N_V·D_V, n]  ô, v-heads in file order (input of ssm_out)
+//
+// Constants: N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32 (RMS eps, also the L2-norm floor);
+//   KAPPA_TILED: bool (true: κ(h) = h mod N_K, qwen35moe; false: κ(h) = floor(h / (N_V/N_K)), qwen3next, §9);
+//   BA_GROUPED: bool (true: b[h] = U[2r·floor(h/r) + h mod r], a[h] = U[2r·floor(h/r) + r + h mod r], §8.1).
+// Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % 16 == 0, D_V <= 256; K_CONV >= 1.
+//
+// Grid (N_V, 1, 1): workgroup h owns v-head h for all n tokens. It computes the conv + SiLU of its key head's
+// 2·D_K q/k channels (repeated by the r workgroups sharing κ(h); the one with h mod r == 0, or h < N_K when
+// tiled, writes their ring slot) and of its D_V v channels. 256 invocations; invocation (il = lid % 16,
+// jg = lid / 16) holds S_h columns j = jg + 16·c (c < D_V/16), rows i in the vec4s il + 16·m (m < D_K/64),
+// in registers for the whole token loop; dots over i are summed across the 16 lanes in workgroup memory.
+// Recurrence order per token exactly as spec §8.5: decay, u = Sᵀk̂, δ = β(v − u), S += k̂δᵀ, o = Sᵀq.
+
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+@group(0) @binding(1) var<storage, read> x_qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> z: array<f32>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> a: array<f32>;
+@group(0) @binding(5) var<storage, read> conv_w: array<f32>;
+@group(0) @binding(6) var<storage, read> dt_bias: array<f32>;
+@group(0) @binding(7) var<storage, read> ssm_a: array<f32>;
+@group(0) @binding(8) var<storage, read> norm_w: array<f32>;
+@group(0) @binding(9) var<storage, read_write> conv_ring: array<f32>;
+@group(0) @binding(10) var<storage, read_write> state: array<vec4<f32>>;
+@group(0) @binding(11) var<storage, read_write> y: array<f32>;
+
+const WG: u32 = 256u;
+const LANES: u32 = 16u;
+const JG: u32 = WG / LANES;
+const NJ: u32 = D_V / JG;
+const M4: u32 = D_K / (4u * LANES);
+const R: u32 = N_V / N_K;
+const C_CH: u32 = 2u * N_K * D_K + N_V * D_V;
+const Y_W: u32 = N_V * D_V;
+const LOC_CH: u32 = 2u * D_K + D_V;
+const RED_W: u32 = D_V + 1u; // padded row of the lane partials: spreads the lanes over memory banks
+
+var<workgroup> qs: array<f32, D_K>;
+var<workgroup> ks: array<f32, D_K>;
+var<workgroup> vs: array<f32, D_V>;
+var<workgroup> delta: array<f32, D_V>;
+var<workgroup> red: array<f32, LANES * RED_W>;
+var<workgroup> sum_a: array<vec2<f32>, WG>;
+var<workgroup> sum_b: array<vec2<f32>, 16>;
+
+// Sum of v over the workgroup, returned to every invocation. Two barriers; safe to call back to back: sum_a
+// is rewritten only after all its readers passed the second barrier, sum_b only after the next first one.
+fn wg_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
+  sum_a[lid] = v;
+  workgroupBarrier();
+  if (lid < 16u) {
+    var s = vec2<f32>(0.0);
+    for (var i = 0u; i < 16u; i++) {
+      s += sum_a[lid * 16u + i];
+    }
+    sum_b[lid] = s;
+  }
+  workgroupBarrier();
+  var t = vec2<f32>(0.0);
+  for (var i = 0u; i < 16u; i++) {
+    t += sum_b[i];
+  }
+  return t;
+}
+
+fn softplus(x: f32) -> f32 {
+  if (x > 20.0) {
+    return x;
+  }
+  return log(1.0 + exp(x));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let h = wid.x;
+  let pos0 = params[0];
+  let n = params[1];
+  var g = h / R;
+  var qk_writer = h % R == 0u;
+  if (KAPPA_TILED) {
+    g = h % N_K;
+    qk_writer = h < N_K;
+  }
+  let il = lid % LANES;
+  let jg = lid / LANES;
+
+  var st: array<vec4<f32>, NJ * M4>;
+  for (var c = 0u; c < NJ; c++) {
+    let row = (h * D_V + jg + JG * c) * (D_K / 4u) + il;
+    for (var m = 0u; m < M4; m++) {
+      st[c * M4 + m] = state[row + LANES * m];
+    }
+  }
+  let dtb = dt_bias[h];
+  let sa = ssm_a[h];
+
+  for (var t = 0u; t < n; t++) {
+    let p = pos0 + t;
+    // §8.3 conv + SiLU over [ring history | x_qkv]; window tap k is position p - (K_CONV-1) + k, whose ring
+    // slot is (p + k + 1) mod K_CONV; it comes from this dispatch's input once t + k + 1 >= K_CONV.
+    var sq = vec2<f32>(0.0);
+    for (var lc = lid; lc < LOC_CH; lc += WG) {
+      var ch: u32;
+      if (lc < D_K) {
+        ch = g * D_K + lc;
+      } else if (lc < 2u * D_K) {
+        ch = N_K * D_K + g * D_K + (lc - D_K);
+      } else {
+        ch = 2u * N_K * D_K + h * D_V + (lc - 2u * D_K);
+      }
+      var acc = 0.0;
+      for (var k = 0u; k < K_CONV; k++) {
+        var xv: f32;
+        if (t + k + 1u < K_CONV) {
+          xv = conv_ring[((p + k + 1u) % K_CONV) * C_CH + ch];
+        } else {
+          xv = x_qkv[(t + k + 1u - K_CONV) * C_CH + ch];
+        }
+        acc += conv_w[ch * K_CONV + k] * xv;
+      }
+      let yv = acc / (1.0 + exp(-acc));
+      if (lc < D_K) {
+        qs[lc] = yv;
+        sq.x += yv * yv;
+      } else if (lc < 2u * D_K) {
+        ks[lc - D_K] = yv;
+        sq.y += yv * yv;
+      } else {
+        vs[lc - 2u * D_K] = yv;
+      }
+      if (n == 1u && (lc >= 2u * D_K || qk_writer)) {
+        conv_ring[(p % K_CONV) * C_CH + ch] = x_qkv[t * C_CH + ch];
+      }
+    }
+    // §8.4: q̂ = q/max(‖q‖, ε)/√D_K, k̂ = k/max(‖k‖, ε); folded into the lane's register copies below.
+    let ss = wg_sum(sq, lid);
+    let rq = 1.0 / (max(sqrt(ss.x), EPS) * sqrt(f32(D_K)));
+    let rk = 1.0 / max(sqrt(ss.y), EPS);
+
+    // §8.2 gates
+    var bv: f32;
+    var av: f32;
+    if (BA_GROUPED) {
+      let u0 = t * 2u * N_V + 2u * R * (h / R) + h % R;
+      bv = b[u0];
+      av = a[u0 + R];
+    } else {
+      bv = b[t * N_V + h];
+      av = a[t * N_V + h];
+    }
+    let beta = 1.0 / (1.0 + exp(-bv));
+    let decay = exp(sa * softplus(av + dtb));
+
+    var k4: array<vec4<f32>, M4>;
+    var q4: array<vec4<f32>, M4>;
+    for (var m = 0u; m < M4; m++) {
+      let i = 4u * (il + LANES * m);
+      k4[m] = vec4<f32>(ks[i], ks[i + 1u], ks[i + 2u], ks[i + 3u]) * rk;
+      q4[m] = vec4<f32>(qs[i], qs[i + 1u], qs[i + 2u], qs[i + 3u]) * rq;
+    }
+    // (1) decay, (2) u = Sᵀk̂: lane partials
+    for (var c = 0u; c < NJ; c++) {
+      var u = 0.0;
+      for (var m = 0u; m < M4; m++) {
+        st[c * M4 + m] *= decay;
+        u += dot(st[c * M4 + m], k4[m]);
+      }
+      red[il * RED_W + jg + JG * c] = u;
+    }
+    workgroupBarrier();
+    // (3) δ = β(v − u)
+    if (lid < D_V) {
+      var u = 0.0;
+      for (var l = 0u; l < LANES; l++) {
+        u += red[l * RED_W + lid];
+      }
+      delta[lid] = beta * (vs[lid] - u);
+    }
+    workgroupBarrier();
+    // (4) S += k̂δᵀ, then (5) o = Sᵀq after the write: lane partials
+    for (var c = 0u; c < NJ; c++) {
+      let d = delta[jg + JG * c];
+      var o = 0.0;
+      for (var m = 0u; m < M4; m++) {
+        st[c * M4 + m] += k4[m] * d;
+        o += dot(st[c * M4 + m], q4[m]);
+      }
+      red[il * RED_W + jg + JG * c] = o;
+    }
+    workgroupBarrier();
+    var o = 0.0;
+    if (lid < D_V) {
+      for (var l = 0u; l < LANES; l++) {
+        o += red[l * RED_W + lid];
+      }
+    }
+    // §8.7 gated RMSNorm
+    let so = wg_sum(vec2<f32>(o * o, 0.0), lid);
+    if (lid < D_V) {
+      let inv_rms = 1.0 / sqrt(so.x / f32(D_V) + EPS);
+      let zi = z[t * Y_W + h * D_V + lid];
+      y[t * Y_W + h * D_V + lid] = o * inv_rms * norm_w[lid] * (zi / (1.0 + exp(-zi)));
+    }
+  }
+
+  for (var c = 0u; c < NJ; c++) {
+    let row = (h * D_V + jg + JG * c) * (D_K / 4u) + il;
+    for (var m = 0u; m < M4; m++) {
+      state[row + LANES * m] = st[c * M4 + m];
+    }
+  }
+}

@@ -1,0 +1,382 @@
+import assert from "node:assert/strict";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { assertClose, assertPoisoned } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { Rng } from "../tests/util/rng.ts";
+import { conv1dStep, deltaNetStep, l2Norm, rmsNormGated, sigmoid, silu, softplus } from "../tests/ref/ops.ts";
+import {
+  checkGdnStep,
+  encodeGdnStep,
+  GDN_STEP,
+  gdnDims,
+  type GdnStepBindings,
+  type GdnStepConstants,
+  packGdnParams,
+} from "./gdn_step.ts";
+import { encodeGdnConvRing, GDN_CONV_RING } from "./gdn_conv_ring.ts";
+
+// ô is O(1) after the RMSNorm; f32 128-long dots and an f32 state carried over up to 64 tokens gave errors
+// below 2e-6 on lavapipe (max over seeds): 10x headroom, and tight enough to see a term dropped anywhere.
+const Y_TOL = { atol: 3e-5, rtol: 3e-4 };
+// The state is O(1) (|k̂| = 1, |δ| ≲ |v| + |u|); same f32 accumulation argument as ô.
+const S_TOL = { atol: 3e-5, rtol: 3e-4 };
+// The ring holds copies of the f32 inputs: exact.
+const RING_TOL = { atol: 0, rtol: 0 };
+const EPS = 1e-6;
+
+interface Model {
+  readonly name: string;
+  readonly c: GdnStepConstants;
+}
+
+function model(name: string, nK: number, nV: number, d: number, tiled: boolean): Model {
+  return {
+    name,
+    // qwen3next (grouped κ) also takes its b/a in the raw ssm_ba layout, so both gathers are covered.
+    c: { N_K: nK, N_V: nV, D_K: d, D_V: d, K_CONV: 4, EPS, KAPPA_TILED: tiled, BA_GROUPED: !tiled },
+  };
+}
+
+const TINY_NEXT = model("tiny qwen3next", 2, 4, 128, false);
+const TINY_35 = model("tiny qwen35moe", 2, 4, 128, true);
+const REAL_NEXT = model("real qwen3next", 16, 32, 128, false);
+const REAL_35 = model("real qwen35moe", 16, 32, 128, true);
+
+/** Inputs of a whole token sequence, f32 as the kernel reads them. */
+interface Inputs {
+  readonly m: Model;
+  readonly nTokens: number;
+  readonly pos0: number;
+  readonly x: Float32Array; // ne=[C, T]
+  readonly z: Float32Array; // ne=[nV·dV, T]
+  readonly b: Float32Array; // ne=[nV, T], or ne=[2nV, T] (ssm_ba) when grouped
+  readonly a: Float32Array; // like b; the same array when grouped
+  readonly convW: Float32Array;
+  readonly dtBias: Float32Array;
+  readonly ssmA: Float32Array;
+  readonly normW: Float32Array;
+  readonly hist: Float32Array; // the K-1 inputs before pos0, oldest first, ne=[C, K-1]
+  readonly s0: Float32Array; // ne=[dK, dV, nV]
+}
+
+function makeInputs(rng: Rng, m: Model, opts: { nTokens: number; pos0: number; fresh: boolean }): Inputs {
+  const c = m.c;
+  const d = gdnDims(c);
+  const T = opts.nTokens;
+  const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+  const b = rng.normals(baW * T);
+  const ssmA = new Float32Array(c.N_V);
+  // Decays from ~0.2 to ~0.99 per token so that old state both fades and persists.
+  for (let h = 0; h < c.N_V; h++) ssmA[h] = -Math.exp(rng.normal() - 1.5);
+  const normW = new Float32Array(c.D_V);
+  for (let j = 0; j < c.D_V; j++) normW[j] = 1 + 0.2 * rng.normal();
+  return {
+    m,
+    nTokens: T,
+    pos0: opts.pos0,
+    x: rng.normals(d.convCh * T),
+    z: rng.normals(d.inner * T),
+    b,
+    a: c.BA_GROUPED ? b : rng.normals(baW * T),
+    convW: rng.normals(c.K_CONV * d.convCh, 0.5),
+    dtBias: rng.normals(c.N_V),
+    ssmA,
+    normW,
+    hist: opts.fresh ? new Float32Array(d.convCh * (c.K_CONV - 1)) : rng.normals(d.convCh * (c.K_CONV - 1)),
+    s0: opts.fresh ? new Float32Array(d.state) : rng.normals(d.state, 0.3),
+  };
+}
+
+interface Result {
+  readonly y: Float64Array | Float32Array; // ne=[nV·dV, T]
+  readonly state: Float64Array | Float32Array;
+  readonly hist: Float64Array | Float32Array; // last K-1 inputs, oldest first
+}
+
+/** Float64 reference from tests/ref/ops.ts, token by token from `hist` and `s0`. */
+function reference(inp: Inputs): Result {
+  const c = inp.m.c;
+  const { convCh, inner } = gdnDims(c);
+  const T = inp.nTokens;
+  const conv = conv1dStep(inp.x, { state: inp.hist, w: inp.convW, nCh: convCh });
+  const qkLen = c.N_K * c.D_K;
+  const q = new Float64Array(qkLen * T);
+  const k = new Float64Array(qkLen * T);
+  const v = new Float64Array(inner * T);
+  for (let t = 0; t < T; t++) {
+    const at = t * convCh;
+    for (let i = 0; i < qkLen; i++) {
+      q[t * qkLen + i] = silu(conv.y[at + i]!);
+      k[t * qkLen + i] = silu(conv.y[at + qkLen + i]!);
+    }
+    for (let i = 0; i < inner; i++) v[t * inner + i] = silu(conv.y[at + 2 * qkLen + i]!);
+  }
+  const beta = new Float64Array(c.N_V * T);
+  const g = new Float64Array(c.N_V * T);
+  const r = c.N_V / c.N_K;
+  for (let t = 0; t < T; t++) {
+    for (let h = 0; h < c.N_V; h++) {
+      let bv: number, av: number;
+      if (c.BA_GROUPED) { // spec §8.1: group κ = [b_{rκ} … | a_{rκ} …]
+        const u0 = t * 2 * c.N_V + 2 * r * Math.floor(h / r) + (h % r);
+        bv = inp.b[u0]!;
+        av = inp.b[u0 + r]!;
+      } else {
+        bv = inp.b[t * c.N_V + h]!;
+        av = inp.a[t * c.N_V + h]!;
+      }
+      beta[t * c.N_V + h] = sigmoid(bv);
+      g[t * c.N_V + h] = inp.ssmA[h]! * softplus(av + inp.dtBias[h]!);
+    }
+  }
+  const dn = deltaNetStep(inp.s0, {
+    dK: c.D_K,
+    dV: c.D_V,
+    nK: c.N_K,
+    nV: c.N_V,
+    kHeadOf: c.KAPPA_TILED ? (h) => h % c.N_K : (h) => Math.floor(h / r),
+    q: l2Norm(q, { eps: EPS, n: c.D_K }),
+    k: l2Norm(k, { eps: EPS, n: c.D_K }),
+    v,
+    beta,
+    g,
+  });
+  return {
+    y: rmsNormGated(dn.o, inp.normW, { z: inp.z, eps: EPS, n: c.D_V }),
+    state: dn.state,
+    hist: conv.state,
+  };
+}
+
+/** Records `inp` as dispatches of `schedule` token counts; returns the readback buffers and their decoder. */
+async function record(
+  device: GPUDevice,
+  cache: PipelineCache,
+  pass: GPUComputePassEncoder,
+  inp: Inputs,
+  schedule: readonly number[],
+  owned: GPUBuffer[],
+): Promise<{ read: GPUBuffer[]; decode: (bufs: ArrayBuffer[]) => Result }> {
+  const c = inp.m.c;
+  const d = gdnDims(c);
+  const K = c.K_CONV;
+  assert.equal(schedule.reduce((s, n) => s + n, 0), inp.nTokens, "schedule covers the inputs");
+  const step = await cache.get(GDN_STEP, { ...c });
+  const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
+  const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
+  const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
+  // Ring: slot s holds position ≡ s mod K; the one slot holding no live position (pos0-K) is poisoned, so a
+  // read of it turns everything NaN.
+  const ring0 = new Uint32Array(d.convRing + GUARD_WORDS).fill(POISON_F32);
+  const ring0f = new Float32Array(ring0.buffer);
+  for (let k = 0; k < K - 1; k++) {
+    const slot = (inp.pos0 - (K - 1) + k + K * 4) % K;
+    ring0f.set(inp.hist.subarray(k * d.convCh, (k + 1) * d.convCh), slot * d.convCh);
+  }
+  const ring = mk(upload(device, ring0, "conv_ring"));
+  const st0 = new Uint32Array(d.state + GUARD_WORDS).fill(POISON_F32);
+  new Float32Array(st0.buffer).set(inp.s0);
+  const state = mk(upload(device, st0, "state"));
+  const convW = mk(upload(device, inp.convW));
+  const dtBias = mk(upload(device, inp.dtBias));
+  const ssmA = mk(upload(device, inp.ssmA));
+  const normW = mk(upload(device, inp.normW));
+  const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+  const ys: GPUBuffer[] = [];
+  let t0 = 0;
+  for (const n of schedule) {
+    const params = mk(upload(device, packGdnParams(inp.pos0 + t0, n), "params"));
+    const xQkv = mk(upload(device, inp.x.subarray(t0 * d.convCh, (t0 + n) * d.convCh)));
+    const b = mk(upload(device, inp.b.subarray(t0 * baW, (t0 + n) * baW)));
+    const bindings: GdnStepBindings = {
+      params,
+      xQkv,
+      z: mk(upload(device, inp.z.subarray(t0 * d.inner, (t0 + n) * d.inner))),
+      b,
+      a: c.BA_GROUPED ? b : mk(upload(device, inp.a.subarray(t0 * baW, (t0 + n) * baW))),
+      convW,
+      dtBias,
+      ssmA,
+      normW,
+      convRing: { buffer: ring, size: d.convRing * 4 },
+      state: { buffer: state, size: d.state * 4 },
+      y: { buffer: mk(poisoned(device, d.inner * n, POISON_F32, "y")), size: d.inner * n * 4 },
+    };
+    ys.push((bindings.y as { buffer: GPUBuffer }).buffer);
+    encodeGdnStep(pass, { device, pipeline: step, constants: c, bindings, maxTokens: n });
+    if (n > 1) {
+      encodeGdnConvRing(pass, {
+        device,
+        pipeline: ringPipe,
+        constants: ringConsts,
+        bindings: { params, xQkv, convRing: bindings.convRing },
+        maxTokens: n,
+      });
+    }
+    t0 += n;
+  }
+  const what = `${inp.m.name} schedule [${schedule}] pos0 ${inp.pos0}`;
+  const decode = (bufs: ArrayBuffer[]): Result => {
+    const y = new Float32Array(d.inner * inp.nTokens);
+    let at = 0;
+    schedule.forEach((n, i) => {
+      const w = new Uint32Array(bufs[i]!);
+      assertPoisoned(w.subarray(d.inner * n), POISON_F32, `${what}: y of dispatch ${i}`);
+      y.set(new Float32Array(bufs[i]!, 0, d.inner * n), at);
+      at += d.inner * n;
+    });
+    const sb = bufs[schedule.length]!;
+    assertPoisoned(new Uint32Array(sb).subarray(d.state), POISON_F32, `${what}: state`);
+    const rb = bufs[schedule.length + 1]!;
+    assertPoisoned(new Uint32Array(rb).subarray(d.convRing), POISON_F32, `${what}: conv ring`);
+    const rf = new Float32Array(rb, 0, d.convRing);
+    const end = inp.pos0 + inp.nTokens;
+    const hist = new Float32Array(d.convCh * (K - 1));
+    for (let k = 0; k < K - 1; k++) {
+      const slot = (end - (K - 1) + k) % K;
+      hist.set(rf.subarray(slot * d.convCh, (slot + 1) * d.convCh), k * d.convCh);
+    }
+    return { y, state: new Float32Array(sb, 0, d.state), hist };
+  };
+  return { read: [...ys, state, ring], decode };
+}
+
+interface Run {
+  readonly inp: Inputs;
+  readonly schedule: readonly number[];
+}
+
+/** Runs all `runs` in one compute pass and one readback round; returns their results in order. */
+async function runAll(runs: readonly Run[]): Promise<Result[]> {
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const owned: GPUBuffer[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const recs = [];
+  for (const r of runs) recs.push(await record(device, cache, pass, r.inp, r.schedule, owned));
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const bufs = await readAll(device, recs.flatMap((r) => r.read));
+  const out: Result[] = [];
+  let at = 0;
+  for (const r of recs) {
+    out.push(r.decode(bufs.slice(at, at + r.read.length)));
+    at += r.read.length;
+  }
+  owned.forEach((b) => b.destroy());
+  return out;
+}
+
+function checkAgainstRef(got: Result, inp: Inputs, schedule: readonly number[], seed: number): void {
+  const ref = reference(inp);
+  const key = `${inp.m.name} ${JSON.stringify(inp.m.c)} schedule [${schedule}] pos0 ${inp.pos0}`;
+  assertClose(got.y, ref.y, Y_TOL, {
+    what: `gdn_step y ${key} ne=[${gdnDims(inp.m.c).inner}, ${inp.nTokens}]`,
+    seed,
+  });
+  assertClose(got.state, ref.state, S_TOL, { what: `gdn_step state ${key}`, seed });
+  assertClose(got.hist, ref.hist, RING_TOL, { what: `gdn_step conv ring ${key}`, seed });
+}
+
+function assertSame(a: Result, b: Result, what: string, seed: number): void {
+  for (const part of ["y", "state", "hist"] as const) {
+    const x = a[part];
+    const y = b[part];
+    assert.equal(x.length, y.length);
+    for (let i = 0; i < x.length; i++) {
+      if (!Object.is(x[i], y[i])) {
+        throw new Error(`${what} (seed ${seed}): ${part}[${i}] differs: ${x[i]} vs ${y[i]}`);
+      }
+    }
+  }
+}
+
+Deno.test("gdn_step: decode steps from zero state, both κ mappings and b/a layouts (tiny dims)", async () => {
+  const rng = new Rng();
+  const runs = [TINY_NEXT, TINY_35].map((m) => ({
+    inp: makeInputs(rng, m, { nTokens: 6, pos0: 0, fresh: true }),
+    schedule: [1, 1, 1, 1, 1, 1],
+  }));
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
+});
+
+Deno.test("gdn_step: real dims, decode from a random state at a large position, both κ", async () => {
+  const rng = new Rng();
+  const runs = [REAL_NEXT, REAL_35].map((m) => ({
+    inp: makeInputs(rng, m, { nTokens: 3, pos0: 1_000_001 + rng.int(0, 4), fresh: false }),
+    schedule: [1, 1, 1],
+  }));
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
+});
+
+Deno.test("gdn_step + gdn_conv_ring: prefill of 1, 7 and 64 tokens equals the reference and n decode steps", async () => {
+  const rng = new Rng();
+  const i7 = makeInputs(rng, TINY_35, { nTokens: 7, pos0: 0, fresh: true });
+  const i1 = makeInputs(rng, TINY_NEXT, { nTokens: 1, pos0: 5 + rng.int(0, 4), fresh: false });
+  const mixed = makeInputs(rng, TINY_NEXT, { nTokens: 10, pos0: 2 + rng.int(0, 4), fresh: false });
+  const i64 = makeInputs(rng, REAL_NEXT, { nTokens: 64, pos0: 0, fresh: true });
+  const runs: Run[] = [
+    { inp: i7, schedule: [7] },
+    { inp: i7, schedule: Array(7).fill(1) },
+    { inp: i1, schedule: [1] },
+    // prefill, decode, and a prefill shorter than the conv window (ring kernel with n < K-1)
+    { inp: mixed, schedule: [7, 1, 2] },
+    { inp: mixed, schedule: Array(10).fill(1) },
+    { inp: i64, schedule: [64] },
+    { inp: i64, schedule: Array(64).fill(1) },
+  ];
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
+  // The per-token code is the same, and the ring holds exact copies: prefill and decode agree bit for bit.
+  assertSame(got[0]!, got[1]!, "prefill 7 vs 7 decode steps", rng.seed);
+  assertSame(got[3]!, got[4]!, "prefill 7+1+2 vs 10 decode steps", rng.seed);
+  assertSame(got[5]!, got[6]!, "prefill 64 vs 64 decode steps", rng.seed);
+});
+
+Deno.test("gdn_step: shape checks throw before encoding", async () => {
+  const { device } = await testGpu();
+  const c = TINY_35.c;
+  const d = gdnDims(c);
+  const bufs: GPUBuffer[] = [];
+  const buf = (words: number) => {
+    const b = device.createBuffer({ size: words * 4, usage: GPUBufferUsage.STORAGE });
+    bufs.push(b);
+    return b;
+  };
+  const bindings: GdnStepBindings = {
+    params: buf(2),
+    xQkv: buf(d.convCh * 2),
+    z: buf(d.inner * 2),
+    b: buf(c.N_V * 2),
+    a: buf(c.N_V * 2),
+    convW: buf(c.K_CONV * d.convCh),
+    dtBias: buf(c.N_V),
+    ssmA: buf(c.N_V),
+    normW: buf(c.D_V),
+    convRing: buf(d.convRing),
+    state: buf(d.state),
+    y: buf(d.inner * 2),
+  };
+  checkGdnStep(c, { bindings, maxTokens: 2 });
+  assert.throws(() => checkGdnStep(c, { bindings, maxTokens: 3 }), /binding xQkv has .* bytes but needs/);
+  assert.throws(
+    () =>
+      checkGdnStep(c, {
+        bindings: { ...bindings, state: { buffer: bindings.state as GPUBuffer, size: 64 } },
+        maxTokens: 1,
+      }),
+    /binding state has 64 bytes/,
+  );
+  assert.throws(() => checkGdnStep({ ...c, BA_GROUPED: true }, { bindings, maxTokens: 2 }), /binding b has/);
+  assert.throws(
+    () => checkGdnStep({ ...c, D_K: 96 }, { bindings, maxTokens: 1 }),
+    /D_K=96 must be a multiple of 64/,
+  );
+  assert.throws(() => checkGdnStep({ ...c, N_V: 5 }, { bindings, maxTokens: 1 }), /N_V=5 is not a multiple/);
+  assert.throws(() => packGdnParams(0, 0), /token count must be a positive integer/);
+  assert.deepEqual([...packGdnParams(7, 3)], [7, 3]);
+  bufs.forEach((b) => b.destroy());
+});

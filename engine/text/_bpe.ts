@@ -3,28 +3,30 @@
  *
  * Symbols are integers: vocabulary ids, plus "virtual" ids past the vocabulary for merge operands or
  * results that are not tokens themselves (none in the Qwen vocabularies, but the merge list alone defines
- * BPE, so they are kept). A merge table maps the pair (left, right) to (rank, result), so merging never
- * builds strings. Each word is merged with a binary heap over the pairs of a doubly linked list of its
+ * BPE, so they are kept). An open-addressing table over typed arrays maps the pair (left, right) to (rank,
+ * result), so merging never builds strings. Each word is merged with a binary heap over the pairs of a doubly linked list of its
  * symbols, keyed by rank then position (ties: leftmost first), O(n log n) per word; results are cached per
  * pre-token string.
  * @module
  */
 import { BYTE_TO_CODE_POINT } from "./_byte_level.ts";
 
-/** Symbol ids (vocabulary plus virtual) must stay below this; it packs pairs and (rank, result) in doubles. */
-const SYM_STRIDE = 2 ** 22;
+/** Symbol ids (vocabulary plus virtual) must stay below this (they are stored in Int32Array slots). */
+const MAX_SYMBOLS = 2 ** 30;
 /** Heap keys are rank * POS_STRIDE + left position. */
 const POS_STRIDE = 2 ** 32;
 /** The per-word cache is cleared when it reaches this many entries, bounding memory on endless input. */
 const CACHE_LIMIT = 200_000;
+/** Longer pre-tokens (whitespace runs, long scripts without spaces) are not cached: they rarely repeat. */
+const CACHE_MAX_WORD = 256;
 
 /** Byte-level BPE model: merge table, byte symbols and a word cache. */
 export class Bpe {
   readonly #nVocab: number;
   /** Texts of virtual symbols; symbol `nVocab + i` is `#virtualText[i]`. */
   readonly #virtualText: string[] = [];
-  /** (left * SYM_STRIDE + right) -> rank * SYM_STRIDE + result. */
-  readonly #merges = new Map<number, number>();
+  /** The merge table: open addressing over (left, right) with linear probing; see #lookup. */
+  readonly #mergeTable: MergeTable;
   /** Symbol of each byte value; ne=[256]. */
   readonly #byteSym = new Int32Array(256);
   readonly #tokenIds: ReadonlyMap<string, number>;
@@ -57,6 +59,7 @@ export class Bpe {
       this.#byteSym[b] = id;
     }
     const virtualIds = new Map<string, number>();
+    const table = newMergeTable(merges.length);
     const intern = (text: string): number => {
       const id = tokenIds.get(text) ?? virtualIds.get(text);
       if (id !== undefined) return id;
@@ -77,14 +80,14 @@ export class Bpe {
       }
       const left = m.slice(0, sp);
       const right = m.slice(sp + 1);
-      const key = intern(left) * SYM_STRIDE + intern(right);
       // A repeated pair keeps its first (lowest) rank.
-      if (!this.#merges.has(key)) this.#merges.set(key, rank * SYM_STRIDE + intern(left + right));
+      insertMerge(table, intern(left), intern(right), rank, intern(left + right));
     }
-    if (nVocab + this.#virtualText.length >= SYM_STRIDE) {
+    this.#mergeTable = table;
+    if (nVocab + this.#virtualText.length >= MAX_SYMBOLS) {
       throw new RangeError(
         `Vocabulary of ${nVocab} tokens plus ${this.#virtualText.length} merge-only symbols exceeds ` +
-          `${SYM_STRIDE} symbols this BPE supports`,
+          `${MAX_SYMBOLS} symbols this BPE supports`,
       );
     }
   }
@@ -99,8 +102,10 @@ export class Bpe {
     let ids = this.#cache.get(word);
     if (ids === undefined) {
       ids = this.#bpe(word);
-      if (this.#cache.size >= CACHE_LIMIT) this.#cache.clear();
-      this.#cache.set(word, ids);
+      if (word.length <= CACHE_MAX_WORD) {
+        if (this.#cache.size >= CACHE_LIMIT) this.#cache.clear();
+        this.#cache.set(word, ids);
+      }
     }
     for (let i = 0; i < ids.length; i++) out.push(ids[i]!);
   }
@@ -141,6 +146,7 @@ export class Bpe {
 
   #bpe(word: string): Int32Array {
     const n = this.#utf8(word);
+    if (n === 0) return new Int32Array(0);
     if (this.#sym.length < n) {
       const size = Math.max(n, this.#sym.length * 2);
       this.#sym = new Int32Array(size);
@@ -153,10 +159,11 @@ export class Bpe {
       prev[i] = i - 1;
       next[i] = i + 1 < n ? i + 1 : -1;
     }
+    const t = this.#mergeTable;
     let heapSize = 0;
     for (let i = 0; i + 1 < n; i++) {
-      const v = this.#merges.get(sym[i]! * SYM_STRIDE + sym[i + 1]!);
-      if (v !== undefined) heapSize = this.#push(heapSize, Math.floor(v / SYM_STRIDE) * POS_STRIDE + i);
+      const slot = lookupMerge(t, sym[i]!, sym[i + 1]!);
+      if (slot >= 0) heapSize = this.#push(heapSize, t.rank[slot]! * POS_STRIDE + i);
     }
     while (heapSize > 0) {
       const heap = this.#heap;
@@ -171,10 +178,9 @@ export class Bpe {
       if (right < 0) continue;
       // A popped entry is stale when either side has merged since it was pushed; the current pair at this
       // position is then merged only if it carries exactly this rank (otherwise its own entry handles it).
-      const v = this.#merges.get(sl * SYM_STRIDE + sym[right]!);
-      if (v === undefined) continue;
-      const result = v % SYM_STRIDE;
-      if ((v - result) / SYM_STRIDE !== rank) continue;
+      const slot = lookupMerge(t, sl, sym[right]!);
+      if (slot < 0 || t.rank[slot] !== rank) continue;
+      const result = t.result[slot]!;
       sym[left] = result;
       sym[right] = -1;
       const after = next[right]!;
@@ -182,14 +188,12 @@ export class Bpe {
       if (after >= 0) prev[after] = left;
       const before = prev[left]!;
       if (before >= 0) {
-        const w = this.#merges.get(sym[before]! * SYM_STRIDE + result);
-        if (w !== undefined) {
-          heapSize = this.#push(heapSize, Math.floor(w / SYM_STRIDE) * POS_STRIDE + before);
-        }
+        const w = lookupMerge(t, sym[before]!, result);
+        if (w >= 0) heapSize = this.#push(heapSize, t.rank[w]! * POS_STRIDE + before);
       }
       if (after >= 0) {
-        const w = this.#merges.get(result * SYM_STRIDE + sym[after]!);
-        if (w !== undefined) heapSize = this.#push(heapSize, Math.floor(w / SYM_STRIDE) * POS_STRIDE + left);
+        const w = lookupMerge(t, result, sym[after]!);
+        if (w >= 0) heapSize = this.#push(heapSize, t.rank[w]! * POS_STRIDE + left);
       }
     }
     const out: number[] = [];
@@ -239,5 +243,58 @@ export class Bpe {
       i = c;
     }
     heap[i] = key;
+  }
+}
+
+/**
+ * Merge table: open addressing with linear probing over (left, right) symbol pairs; `left` -1 marks an
+ * empty slot. A typed-array table avoids hashing boxed doubles in a Map on the hot path.
+ */
+interface MergeTable {
+  readonly mask: number;
+  readonly left: Int32Array;
+  readonly right: Int32Array;
+  readonly rank: Int32Array;
+  readonly result: Int32Array;
+}
+
+function newMergeTable(nMerges: number): MergeTable {
+  // Load factor at most 1/2.
+  let size = 16;
+  while (size < nMerges * 2) size *= 2;
+  return {
+    mask: size - 1,
+    left: new Int32Array(size).fill(-1),
+    right: new Int32Array(size),
+    rank: new Int32Array(size),
+    result: new Int32Array(size),
+  };
+}
+
+function hashPair(left: number, right: number): number {
+  return Math.imul(left ^ Math.imul(right, 0x9e3779b1), 0x85ebca6b) ^ (right >>> 7);
+}
+
+/** Inserts (left, right) -> (rank, result) unless the pair is already present (an earlier rank wins). */
+function insertMerge(t: MergeTable, left: number, right: number, rank: number, result: number): void {
+  for (let i = hashPair(left, right) & t.mask;; i = (i + 1) & t.mask) {
+    const l = t.left[i]!;
+    if (l === -1) {
+      t.left[i] = left;
+      t.right[i] = right;
+      t.rank[i] = rank;
+      t.result[i] = result;
+      return;
+    }
+    if (l === left && t.right[i] === right) return;
+  }
+}
+
+/** The slot of pair (left, right), or -1 when it has no merge. */
+function lookupMerge(t: MergeTable, left: number, right: number): number {
+  for (let i = hashPair(left, right) & t.mask;; i = (i + 1) & t.mask) {
+    const l = t.left[i]!;
+    if (l === -1) return -1;
+    if (l === left && t.right[i] === right) return i;
   }
 }

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { GgufError } from "../errors.ts";
-import { type GgufKv, GgufMetadata, openGguf } from "../gguf.ts";
+import { GGUF_VALUE_TYPE, type GgufKv, GgufMetadata, openGguf } from "../gguf.ts";
 import { KEYS } from "../names.ts";
 import { Rng } from "../../tests/util/rng.ts";
 import { command as tokenizeCommand } from "../../cli/tokenize.ts";
@@ -265,7 +265,7 @@ Deno.test("incremental decode equals full decode at every split point", () => {
 Deno.test("fromGguf rejects an unknown pre-tokenizer or model with a GgufError naming the key", () => {
   const withKey = (key: string, value: string): GgufMetadata => {
     const entries = new Map<string, GgufKv>(gguf.metadata.entries);
-    entries.set(key, { type: 8, value });
+    entries.set(key, { type: GGUF_VALUE_TYPE.STRING, value });
     return new GgufMetadata(entries, "patched.gguf");
   };
   assert.throws(

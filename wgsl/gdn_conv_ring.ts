@@ -6,13 +6,13 @@
 import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
 import { bindingBytes, GDN_PARAMS_WORDS } from "./gdn_step.ts";
 
-/** Specialisation constants of `gdn_conv_ring`. */
-export interface GdnConvRingConstants {
+/** Specialisation constants of `gdn_conv_ring` (a type alias, so it is assignable to `ConstValues`). */
+export type GdnConvRingConstants = {
   /** Conv channels C = 2·n_k·d_k + n_v·d_v (see `gdnDims`). */
   readonly CONV_CH: number;
   /** Conv taps (`ssm.conv_kernel`); the ring has K_CONV slots. */
   readonly K_CONV: number;
-}
+};
 
 /** Kernel spec of `gdn_conv_ring`. */
 export const GDN_CONV_RING: KernelSpec = {

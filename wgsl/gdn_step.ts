@@ -5,8 +5,8 @@
  */
 import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
 
-/** Specialisation constants of `gdn_step` (GDN hyper-parameters of one architecture). */
-export interface GdnStepConstants {
+/** Specialisation constants of `gdn_step`: GDN hyper-parameters (a type alias, so it is assignable to `ConstValues`). */
+export type GdnStepConstants = {
   /** Key heads n_k (`ssm.group_count`). */
   readonly N_K: number;
   /** Value heads n_v (`ssm.time_step_rank`), a multiple of N_K. */
@@ -23,7 +23,7 @@ export interface GdnStepConstants {
   readonly KAPPA_TILED: boolean;
   /** b and a are both the raw `ssm_ba` output in qwen3next's grouped order (spec §8.1). */
   readonly BA_GROUPED: boolean;
-}
+};
 
 /** Kernel spec of `gdn_step`. */
 export const GDN_STEP: KernelSpec = {

@@ -161,7 +161,7 @@ async function record(
   const d = gdnDims(c);
   const K = c.K_CONV;
   assert.equal(schedule.reduce((s, n) => s + n, 0), inp.nTokens, "schedule covers the inputs");
-  const step = await cache.get(GDN_STEP, { ...c });
+  const step = await cache.get(GDN_STEP, c);
   const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);

@@ -327,11 +327,20 @@ Deno.test("BPE merges through symbols that are not tokens, and ties go to the le
 
 Deno.test("fromVocab rejects malformed vocabularies with what is wrong", () => {
   const ok = tinyVocab("qwen2", ["a b"]);
-  assert.throws(() => Tokenizer.fromVocab({ ...ok, pre: "gpt-4o" }), /tokenizer\.ggml\.pre is "gpt-4o"/);
-  assert.throws(() => Tokenizer.fromVocab({ ...ok, model: "llama" }), /tokenizer\.ggml\.model is "llama"/);
-  assert.throws(() => Tokenizer.fromVocab({ ...ok, merges: ["ab"] }), /Merge 0 "ab" has no space/);
-  assert.throws(() => Tokenizer.fromVocab({ ...ok, tokenTypes: [1, 2] }), /token_type has 2 entries/);
-  assert.throws(() => Tokenizer.fromVocab({ ...ok, eosId: 99999 }), /eos_token_id is 99999/);
+  const rejects = (v: TokenizerVocab, expected: string): void => {
+    assert.throws(
+      () => Tokenizer.fromVocab(v),
+      (e: unknown) => e instanceof RangeError && e.message.includes(expected),
+      `expected a RangeError containing ${JSON.stringify(expected)}`,
+    );
+  };
+  rejects({ ...ok, pre: "gpt-4o" }, `${KEYS.tokPre} is "gpt-4o"`);
+  rejects({ ...ok, model: "llama" }, `${KEYS.tokModel} is "llama"`);
+  rejects({ ...ok, merges: ["ab"] }, `Merge 0 "ab" has no space`);
+  rejects({ ...ok, tokenTypes: [1, 2] }, `${KEYS.tokTypes} has 2 entries`);
+  rejects({ ...ok, tokenTypes: ok.tokens.map(() => 9) }, `${KEYS.tokTypes}[0] is 9`);
+  rejects({ ...ok, eosId: 99999 }, `${KEYS.tokEos} is 99999`);
+  rejects({ ...ok, tokens: [] }, `${KEYS.tokTokens} is empty`);
   assert.throws(
     () => Tokenizer.fromVocab({ ...ok, tokens: ok.tokens.slice(1), tokenTypes: undefined, eosId: 0 }),
     /no token for byte 0x00/,

@@ -1,0 +1,124 @@
+/**
+ * Streams GGUF tensors into GPU storage buffers through one reusable staging chunk; never holds a whole
+ * model (or a whole large tensor) in JS memory. A tensor larger than the device's binding limit is split
+ * along its slowest dimension into row ranges, each its own buffer (row ranges are byte-contiguous).
+ * @module
+ */
+import type { GgufFile, GgufTensorInfo } from "../gguf.ts";
+import type { GgmlTypeInfo } from "../quant/types.ts";
+
+/** One GPU buffer holding rows `[firstRow, firstRow + nRows)` of a tensor (rows = everything past ne0). */
+export interface GpuTensorPart {
+  /** The buffer (STORAGE | COPY_DST | COPY_SRC), sized to a multiple of 4 bytes. */
+  readonly buffer: GPUBuffer;
+  /** First row (flattened over ne1..ne3) stored in this part. */
+  readonly firstRow: number;
+  /** Rows in this part. */
+  readonly nRows: number;
+  /** Bytes of tensor data in this part (before padding to 4). */
+  readonly sizeBytes: number;
+}
+
+/** A tensor resident on the GPU in its on-disk block layout. */
+export interface GpuTensor {
+  /** GGUF tensor name. */
+  readonly name: string;
+  /** Element type. */
+  readonly type: GgmlTypeInfo;
+  /** Shape, innermost first. */
+  readonly ne: readonly number[];
+  /** Bytes of one row of ne0 elements. */
+  readonly rowBytes: number;
+  /** The parts, in row order; one part unless the tensor exceeds the binding limit. */
+  readonly parts: readonly GpuTensorPart[];
+}
+
+/** Progress of an upload, reported after each chunk. */
+export interface UploadProgress {
+  /** Bytes uploaded so far. */
+  readonly doneBytes: number;
+  /** Bytes to upload in all. */
+  readonly totalBytes: number;
+  /** Tensors completed so far. */
+  readonly doneTensors: number;
+  /** Tensors to upload in all. */
+  readonly totalTensors: number;
+}
+
+/** Default staging chunk: large enough for full writeBuffer bandwidth, small enough to keep RSS low. */
+const DEFAULT_CHUNK_BYTES = 64 * 2 ** 20;
+
+/**
+ * Uploads `names` from `file` to `device`, in file order of the list.
+ *
+ * @param opts.maxPartBytes largest buffer per part (default: the device's maxStorageBufferBindingSize)
+ * @param opts.onProgress called after each chunk
+ * @throws {RangeError} when one row alone exceeds the part limit (the tensor cannot be bound)
+ */
+export async function uploadTensors(
+  device: GPUDevice,
+  file: GgufFile,
+  opts: {
+    names: readonly string[];
+    maxPartBytes?: number;
+    chunkBytes?: number;
+    onProgress?: (p: UploadProgress) => void;
+  },
+): Promise<Map<string, GpuTensor>> {
+  const infos = opts.names.map((n) => file.tensor(n));
+  const maxPart = Math.min(opts.maxPartBytes ?? Infinity, device.limits.maxStorageBufferBindingSize);
+  const chunkBytes = Math.max(4, Math.floor((opts.chunkBytes ?? DEFAULT_CHUNK_BYTES) / 4) * 4);
+  const staging = new Uint8Array(chunkBytes);
+  const totalBytes = infos.reduce((s, t) => s + t.nbytes, 0);
+  const out = new Map<string, GpuTensor>();
+  let doneBytes = 0;
+  for (const info of infos) {
+    const tensor = planParts(device, info, maxPart);
+    for (const part of tensor.parts) {
+      const base = part.firstRow * tensor.rowBytes;
+      for (let at = 0; at < part.sizeBytes; at += chunkBytes) {
+        const n = Math.min(chunkBytes, part.sizeBytes - at);
+        const view = staging.subarray(0, n);
+        await file.readTensorInto(info.name, view, base + at);
+        const padded = Math.ceil(n / 4) * 4;
+        if (padded !== n) staging.fill(0, n, padded);
+        device.queue.writeBuffer(part.buffer, at, staging, 0, padded);
+        doneBytes += n;
+        opts.onProgress?.({
+          doneBytes,
+          totalBytes,
+          doneTensors: out.size,
+          totalTensors: infos.length,
+        });
+      }
+    }
+    out.set(info.name, tensor);
+  }
+  opts.onProgress?.({ doneBytes, totalBytes, doneTensors: out.size, totalTensors: infos.length });
+  return out;
+}
+
+function planParts(device: GPUDevice, info: GgufTensorInfo, maxPartBytes: number): GpuTensor {
+  const ne0 = info.ne[0] ?? 1;
+  const rowBytes = (ne0 / info.type.blockElems) * info.type.blockBytes;
+  const nRows = info.nElems / ne0;
+  if (rowBytes > maxPartBytes) {
+    throw new RangeError(
+      `Tensor ${info.name}: one row of ${rowBytes} bytes exceeds the GPU binding limit of ${maxPartBytes} bytes: ` +
+        `this adapter cannot run this model`,
+    );
+  }
+  const rowsPerPart = Math.max(1, Math.floor(maxPartBytes / rowBytes));
+  const parts: GpuTensorPart[] = [];
+  for (let first = 0; first < nRows; first += rowsPerPart) {
+    const rows = Math.min(rowsPerPart, nRows - first);
+    const sizeBytes = rows * rowBytes;
+    const buffer = device.createBuffer({
+      label: parts.length === 0 && first + rows >= nRows ? info.name : `${info.name}[rows ${first}+${rows}]`,
+      size: Math.max(4, Math.ceil(sizeBytes / 4) * 4),
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC,
+    });
+    parts.push({ buffer, firstRow: first, nRows: rows, sizeBytes });
+  }
+  return { name: info.name, type: info.type, ne: info.ne, rowBytes, parts };
+}

@@ -209,3 +209,56 @@ Deno.test("dequantizeRow picks one row of a 3-D tensor and checks its arguments"
   assert.throws(() => dequantizeRow("Q5_K", bytes, 384, 0), /ne0=384/);
   assert.throws(() => dequantizeRow("Q5_K", bytes.subarray(1), ne0, 0), /not a whole number of rows/);
 });
+
+Deno.test("every sub-block scale field maps to its documented elements (distinct values, signs)", () => {
+  // IQ4_XS: all codes 0 (kvalue −127), d = 1: sub-block ib decodes to (ls(ib) − 32)·(−127).
+  const ls = [0, 63, 17, 46, 31, 32, 5, 50];
+  const xs = new Uint8Array(136);
+  xs[1] = 0x3c;
+  let scalesH = 0;
+  ls.forEach((v, ib) => {
+    scalesH |= (v >> 4) << (2 * ib);
+    xs[4 + (ib >> 1)]! |= (v & 0xf) << (4 * (ib & 1));
+  });
+  xs[2] = scalesH & 0xff;
+  xs[3] = scalesH >> 8;
+  assertValues(
+    "IQ4_XS",
+    dequantize("IQ4_XS", xs, 256),
+    ranges(256, ls.map((v, ib) => [32 * ib, 32 * ib + 32, (v - 32) * -127])),
+  );
+
+  // Q4_K / Q5_K: d = dmin = 1, every code 1 (Q5_K: plus the fifth bit, 17): sub-block j is code·sc[j] − m[j].
+  const sc = [10, 17, 24, 31, 38, 45, 52, 59];
+  const m = [60, 55, 50, 45, 40, 35, 30, 25];
+  const packed = new Uint8Array(12);
+  for (let j = 0; j < 4; j++) {
+    packed[j] = sc[j]! | ((sc[j + 4]! >> 4) << 6);
+    packed[j + 4] = m[j]! | ((m[j + 4]! >> 4) << 6);
+    packed[j + 8] = (sc[j + 4]! & 0xf) | ((m[j + 4]! & 0xf) << 4);
+  }
+  for (const type of ["Q4_K", "Q5_K"] as const) {
+    const b = new Uint8Array(type === "Q4_K" ? 144 : 176);
+    b.set([0x00, 0x3c, 0x00, 0x3c], 0);
+    b.set(packed, 4);
+    const code = type === "Q4_K" ? 1 : 17;
+    if (type === "Q5_K") b.fill(0xff, 16, 48);
+    b.fill(0x11, type === "Q4_K" ? 16 : 48);
+    assertValues(
+      type,
+      dequantize(type, b, 256),
+      ranges(256, sc.map((s, j) => [32 * j, 32 * j + 32, code * s - m[j]!])),
+    );
+  }
+
+  // Q6_K: d = 1, every code 0 (q = −32): scale k (int8, odd ones negative) covers y[16k .. 16k+15].
+  const s6 = Array.from({ length: 16 }, (_, k) => (k & 1 ? -(k + 1) * 8 : k * 8 + 1));
+  const b6 = new Uint8Array(210);
+  s6.forEach((v, k) => (b6[192 + k] = v & 0xff));
+  b6[209] = 0x3c;
+  assertValues(
+    "Q6_K",
+    dequantize("Q6_K", b6, 256),
+    ranges(256, s6.map((v, k) => [16 * k, 16 * k + 16, -32 * v])),
+  );
+});

@@ -114,6 +114,10 @@ export interface DecodeOptions {
 }
 
 const UTF8 = new TextEncoder();
+const REEXPORT = "the tokenizer metadata is inconsistent: re-export the GGUF with a current llama.cpp";
+
+/** Builds the error for a malformed vocabulary (GgufError for a file, RangeError for an in-memory vocab). */
+type Fail = (msg: string, cause?: unknown) => Error;
 
 /** Byte-level BPE tokenizer of one vocabulary. */
 export class Tokenizer {
@@ -146,7 +150,7 @@ export class Tokenizer {
   readonly #specialIds = new Map<string, number>();
 
   /** Use {@linkcode Tokenizer.fromGguf} or {@linkcode Tokenizer.fromVocab}. */
-  private constructor(vocab: TokenizerVocab, pre: PreTokenizerName, fail: (msg: string) => Error) {
+  private constructor(vocab: TokenizerVocab, pre: PreTokenizerName, fail: Fail) {
     const n = vocab.tokens.length;
     this.nVocab = n;
     this.pre = pre;
@@ -156,12 +160,14 @@ export class Tokenizer {
     this.#types = new Uint8Array(n).fill(TOKEN_TYPE.normal);
     if (vocab.tokenTypes !== undefined) {
       if (vocab.tokenTypes.length !== n) {
-        throw fail(`${KEYS.tokTypes} has ${vocab.tokenTypes.length} entries but ${KEYS.tokTokens} has ${n}`);
+        throw fail(
+          `${KEYS.tokTypes} has ${vocab.tokenTypes.length} entries but ${KEYS.tokTokens} has ${n}: ${REEXPORT}`,
+        );
       }
       for (let i = 0; i < n; i++) {
         const t = vocab.tokenTypes[i]!;
         if (!Number.isInteger(t) || t < TOKEN_TYPE.normal || t > TOKEN_TYPE.byte) {
-          throw fail(`${KEYS.tokTypes}[${i}] is ${t}, expected a token type 1..6`);
+          throw fail(`${KEYS.tokTypes}[${i}] is ${t}, expected a token type 1..6: ${REEXPORT}`);
         }
         this.#types[i] = t;
       }
@@ -176,7 +182,7 @@ export class Tokenizer {
 
     const checkId = (what: string, id: number | undefined): number | undefined => {
       if (id !== undefined && !(Number.isInteger(id) && id >= 0 && id < n)) {
-        throw fail(`${what} is ${id}, outside the vocabulary of ${n} tokens`);
+        throw fail(`${what} is ${id}, outside the vocabulary of ${n} tokens: ${REEXPORT}`);
       }
       return id;
     };
@@ -197,7 +203,7 @@ export class Tokenizer {
     try {
       this.#bpe = new Bpe(ids, n, vocab.merges);
     } catch (e) {
-      throw fail(e instanceof Error ? e.message : String(e));
+      throw fail(`${e instanceof Error ? e.message : String(e)}: ${REEXPORT}`, e);
     }
 
     // Decode bytes: normal tokens through the inverse byte-level map, added tokens as their raw UTF-8.
@@ -253,7 +259,8 @@ export class Tokenizer {
     };
     return Tokenizer.#build(
       vocab,
-      (msg) => new GgufError("bad_value", `Tokenizer in ${meta.path}: ${msg}`, { path: meta.path }),
+      (msg, cause) =>
+        new GgufError("bad_value", `Tokenizer in ${meta.path}: ${msg}`, { path: meta.path, cause }),
     );
   }
 
@@ -262,10 +269,13 @@ export class Tokenizer {
    * @throws {RangeError} when the vocabulary is malformed or its model or pre-tokenizer is not supported
    */
   static fromVocab(vocab: TokenizerVocab): Tokenizer {
-    return Tokenizer.#build(vocab, (msg) => new RangeError(`Tokenizer: ${msg}`));
+    return Tokenizer.#build(
+      vocab,
+      (msg, cause) => new RangeError(`Tokenizer: ${msg}`, cause === undefined ? undefined : { cause }),
+    );
   }
 
-  static #build(vocab: TokenizerVocab, fail: (msg: string) => Error): Tokenizer {
+  static #build(vocab: TokenizerVocab, fail: Fail): Tokenizer {
     if (!(MODELS as readonly string[]).includes(vocab.model)) {
       throw fail(
         `${KEYS.tokModel} is "${vocab.model}" but only ${MODELS.map((m) => `"${m}"`).join(", ")} ` +
@@ -280,7 +290,7 @@ export class Tokenizer {
           `are supported: use a Qwen3-Next or Qwen3.5 GGUF, or add the pre-tokenizer's regex`,
       );
     }
-    if (vocab.tokens.length === 0) throw fail(`${KEYS.tokTokens} is empty`);
+    if (vocab.tokens.length === 0) throw fail(`${KEYS.tokTokens} is empty: ${REEXPORT}`);
     return new Tokenizer(vocab, vocab.pre, fail);
   }
 

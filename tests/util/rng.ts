@@ -41,14 +41,14 @@ export class Rng {
   }
 
   /** `n` normals scaled by `scale`, rounded to f32. */
-  normals(n: number, scale = 1): Float32Array {
+  normals(n: number, scale = 1): Float32Array<ArrayBuffer> {
     const out = new Float32Array(n);
     for (let i = 0; i < n; i++) out[i] = this.normal() * scale;
     return out;
   }
 
   /** `n` random bytes. */
-  bytes(n: number): Uint8Array {
+  bytes(n: number): Uint8Array<ArrayBuffer> {
     const out = new Uint8Array(n);
     for (let i = 0; i < n; i++) out[i] = this.u32() & 0xff;
     return out;

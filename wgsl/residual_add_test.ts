@@ -1,0 +1,71 @@
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import {
+  checkResidualAdd,
+  RESIDUAL_ADD,
+  RESIDUAL_ADD_BINDINGS,
+  type ResidualAddConstants,
+  residualAddGrid,
+} from "./residual_add.ts";
+import { checkF32 } from "./_test_util.ts";
+import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { Rng } from "../tests/util/rng.ts";
+
+// A sum of at most 11 f32 terms plus one exp: a few ulps of the largest term.
+const TOL = { atol: 1e-6, rtol: 1e-5 };
+
+Deno.test("residual_add: plain add and the weighted MoE sum with the gated shared expert", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: (ResidualAddConstants & { n: number; maxTokens: number })[] = [
+    { D: 300, N_TERMS: 1, WEIGHTED: false, SHARED: false, n: 3, maxTokens: 4 },
+    { D: 256, N_TERMS: 8, WEIGHTED: true, SHARED: true, n: 1, maxTokens: 1 },
+    { D: 2048, N_TERMS: 10, WEIGHTED: true, SHARED: true, n: 5, maxTokens: 7 },
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const outs: GPUBuffer[] = [];
+  const refs: Float64Array[] = [];
+  for (const c of cases) {
+    const e = rng.normals(c.D * c.N_TERMS * c.maxTokens);
+    const w = rng.normals(c.N_TERMS * c.maxTokens);
+    const sh = rng.normals(c.D * c.maxTokens);
+    const g = rng.normals(c.maxTokens, 3);
+    const h0 = rng.normals(c.D * c.maxTokens);
+    const h = poisoned(device, c.D * c.maxTokens);
+    device.queue.writeBuffer(h, 0, h0);
+    const ref = Float64Array.from(h0);
+    for (let t = 0; t < c.n; t++) {
+      for (let d = 0; d < c.D; d++) {
+        let acc = 0;
+        for (let s = 0; s < c.N_TERMS; s++) {
+          acc += (c.WEIGHTED ? w[t * c.N_TERMS + s]! : 1) * e[(t * c.N_TERMS + s) * c.D + d]!;
+        }
+        if (c.SHARED) acc += sh[t * c.D + d]! / (1 + Math.exp(-g[t]!));
+        ref[t * c.D + d] = h0[t * c.D + d]! + acc;
+      }
+    }
+    const b = {
+      params: upload(device, Uint32Array.of(c.n, 0)),
+      e: upload(device, e),
+      weights: upload(device, w),
+      sh: upload(device, sh),
+      g: upload(device, g),
+      h: { buffer: h, size: 4 * c.D * c.maxTokens },
+    };
+    const consts = { D: c.D, N_TERMS: c.N_TERMS, WEIGHTED: c.WEIGHTED, SHARED: c.SHARED };
+    checkResidualAdd(consts, b, c.maxTokens);
+    const p = await cache.get(RESIDUAL_ADD, consts);
+    pass.setPipeline(p);
+    pass.setBindGroup(0, bindGroup(device, p, RESIDUAL_ADD_BINDINGS.map((n) => b[n])));
+    pass.dispatchWorkgroups(...residualAddGrid(consts, c.maxTokens));
+    outs.push(h);
+    refs.push(ref);
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const got = await readAll(device, outs);
+  cases.forEach((c, i) =>
+    checkF32(got[i]!, refs[i]!, TOL, { what: `residual_add ${JSON.stringify(c)}`, seed: rng.seed })
+  );
+});

@@ -32,3 +32,34 @@ export function checkF32(
 export function f32(values: ArrayLike<number>): Float32Array {
   return Float32Array.from(values);
 }
+
+/**
+ * Like `assertClose`, with a per-element allowance: element i passes when
+ * `|got[i] - ref[i]| <= atol + rtol * |ref[i]| + extra[i]`. Prints seed, first bad index and the count.
+ */
+export function assertCloseEach(
+  got: ArrayLike<number>,
+  ref: ArrayLike<number>,
+  extra: ArrayLike<number>,
+  tol: Tolerance,
+  ctx: { what: string; seed: number },
+): void {
+  let bad = 0;
+  let first = -1;
+  for (let i = 0; i < ref.length; i++) {
+    const g = got[i]!;
+    const r = ref[i]!;
+    if (!Number.isFinite(g) || !(Math.abs(g - r) <= tol.atol + tol.rtol * Math.abs(r) + extra[i]!)) {
+      bad++;
+      if (first < 0) first = i;
+    }
+  }
+  if (bad > 0) {
+    throw new Error(
+      `${ctx.what} (seed ${ctx.seed}): ${bad}/${ref.length} elements out of tolerance; first at [${first}]: ` +
+        `got ${got[first]} ref ${ref[first]} allowed ${
+          tol.atol + tol.rtol * Math.abs(ref[first]!) + extra[first]!
+        }`,
+    );
+  }
+}

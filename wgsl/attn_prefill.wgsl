@@ -1,0 +1,151 @@
+// Causal gated attention for a chunk of nTok new tokens at positions p_t = pos0 + t, over the cache
+// (positions 0..pos0-1 from earlier chunks, pos0.. written by attn_qk_rope for this chunk); spec §7 steps 6-7:
+//   o[t][h] = sum_{u <= p_t} softmax_u(SCALE * q[t][h] . K[g][u]) V[g][u] * sigmoid(gate[t][h]),  g = h / (H_Q / H_KV)
+// Flash-attention form: one pass over the keys with an online softmax in f32.
+// Bindings:
+//   params   AttnParams { pos0: u32, n_tokens: u32 }   tokens present (<= BQ * grid.x)
+//   q        f32 ne=[D_H, H_Q, nTok]        normed, roped queries (attn_qk_rope q_out)
+//   qf       f32 ne=[2*D_H, H_Q, nTok]      attn_q output; gate_h = qf[t][h][D_H..2*D_H)
+//   k_cache  f32 ne=[D_H, P_MAX, H_KV]      K[g][u][d], holding positions 0..pos0+n_tokens-1
+//   v_cache  f32 ne=[D_H, P_MAX, H_KV]      V likewise
+//   o        f32 ne=[D_H, H_Q, nTok]        gated attention output
+// Grid (ceil(nTok / BQ), H_KV): workgroup (b, g) owns R = BQ * G query rows: tokens b*BQ .. b*BQ+BQ-1 times
+// the G = H_Q / H_KV heads of KV head g (row r = token (r / G), head g*G + r % G), so every K/V row is read
+// once for all of them. Keys run from 0 to the block's last position in tiles of TILE: stage K, R * TILE
+// invocations each take one full dot (masked when u > p_t), R invocations update the online softmax, stage
+// V, then invocation i accumulates outputs o = i + j * WG (row o / D_H, dim o % D_H) in registers.
+// Constants: const H_Q, H_KV, D_H, P_MAX, BQ, TILE, WG: u32; const SCALE: f32.
+// Limits: H_Q % H_KV == 0; BQ * G * D_H % WG == 0; workgroup memory
+// 4 * (R * D_H + TILE * D_H + R * TILE + 3 * R) bytes <= device limit (32 KiB on lavapipe).
+struct AttnParams {
+  pos0: u32,
+  n_tokens: u32,
+}
+
+@group(0) @binding(0) var<storage, read> params: AttnParams;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> qf: array<f32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<f32>;
+@group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(5) var<storage, read_write> o: array<f32>;
+
+const G: u32 = H_Q / H_KV;
+const R: u32 = BQ * G;
+const OPI: u32 = R * D_H / WG;
+// Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qs: array<f32, R * D_H>;
+var<workgroup> kv: array<f32, TILE * D_H>;
+var<workgroup> sc: array<f32, R * TILE>;
+var<workgroup> m_s: array<f32, R>;
+var<workgroup> l_s: array<f32, R>;
+var<workgroup> corr: array<f32, R>;
+
+// Token of row r, clamped to the last present token so padding rows read valid data (never written).
+fn row_token(blk: u32, r: u32, n: u32) -> u32 {
+  return min(blk * BQ + r / G, n - 1u);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
+  let blk = wid.x;
+  let g = wid.y;
+  let n = params.n_tokens;
+  let pos0 = params.pos0;
+  // Uniform per workgroup: no barrier is skipped unevenly.
+  if (blk * BQ >= n) {
+    return;
+  }
+  let end = min(pos0 + min(blk * BQ + BQ, n), P_MAX);
+  let kv_base = g * P_MAX * D_H;
+
+  for (var i = lid; i < R * D_H; i += WG) {
+    let r = i / D_H;
+    let t = row_token(blk, r, n);
+    qs[i] = q[(t * H_Q + g * G + r % G) * D_H + i % D_H];
+  }
+  for (var r = lid; r < R; r += WG) {
+    m_s[r] = NEG;
+    l_s[r] = 0.0;
+  }
+  var acc: array<f32, OPI>;
+  workgroupBarrier();
+
+  for (var t0 = 0u; t0 < end; t0 += TILE) {
+    for (var i = lid; i < TILE * D_H; i += WG) {
+      let u = t0 + i / D_H;
+      var x = 0.0;
+      if (u < end) {
+        x = k_cache[kv_base + u * D_H + i % D_H];
+      }
+      kv[i] = x;
+    }
+    workgroupBarrier();
+    for (var i = lid; i < R * TILE; i += WG) {
+      let r = i / TILE;
+      let tt = i % TILE;
+      let qpos = pos0 + row_token(blk, r, n);
+      var s = NEG;
+      if (t0 + tt <= qpos && t0 + tt < end) {
+        var dot = 0.0;
+        for (var d = 0u; d < D_H; d++) {
+          dot += qs[r * D_H + d] * kv[tt * D_H + d];
+        }
+        s = dot * SCALE;
+      }
+      sc[i] = s;
+    }
+    workgroupBarrier();
+    for (var r = lid; r < R; r += WG) {
+      var mx = NEG;
+      for (var tt = 0u; tt < TILE; tt++) {
+        mx = max(mx, sc[r * TILE + tt]);
+      }
+      // Every row sees position 0 in the first tile, so m_new is a real score from then on.
+      let m_new = max(m_s[r], mx);
+      var sum = 0.0;
+      for (var tt = 0u; tt < TILE; tt++) {
+        let pr = exp(sc[r * TILE + tt] - m_new);
+        sc[r * TILE + tt] = pr;
+        sum += pr;
+      }
+      let c = exp(m_s[r] - m_new);
+      l_s[r] = l_s[r] * c + sum;
+      m_s[r] = m_new;
+      corr[r] = c;
+    }
+    for (var i = lid; i < TILE * D_H; i += WG) {
+      let u = t0 + i / D_H;
+      var x = 0.0;
+      if (u < end) {
+        x = v_cache[kv_base + u * D_H + i % D_H];
+      }
+      kv[i] = x;
+    }
+    workgroupBarrier();
+    for (var j = 0u; j < OPI; j++) {
+      let oi = lid + j * WG;
+      let r = oi / D_H;
+      let d = oi % D_H;
+      var a = acc[j] * corr[r];
+      for (var tt = 0u; tt < TILE; tt++) {
+        a += sc[r * TILE + tt] * kv[tt * D_H + d];
+      }
+      acc[j] = a;
+    }
+    workgroupBarrier();
+  }
+
+  for (var j = 0u; j < OPI; j++) {
+    let oi = lid + j * WG;
+    let r = oi / D_H;
+    let d = oi % D_H;
+    let t = blk * BQ + r / G;
+    if (t < n) {
+      let h = g * G + r % G;
+      let gate = qf[(t * H_Q + h) * 2u * D_H + D_H + d];
+      o[(t * H_Q + h) * D_H + d] = acc[j] / l_s[r] / (1.0 + exp(-gate));
+    }
+  }
+}

@@ -1,0 +1,173 @@
+import assert from "node:assert/strict";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { attention } from "../tests/ref/ops.ts";
+import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { Rng } from "../tests/util/rng.ts";
+import {
+  ATTN_PREFILL,
+  attnPrefillBindGroup,
+  type AttnPrefillConstants,
+  encodeAttnPrefill,
+} from "./attn_prefill.ts";
+import {
+  ATTN_QK_ROPE,
+  attnQkRopeBindGroup,
+  type AttnQkRopeConstants,
+  encodeAttnQkRope,
+} from "./attn_qk_rope.ts";
+import { packAttnParams } from "./attn_params.ts";
+import { checkF32 } from "./_test_util.ts";
+
+/**
+ * The reference runs on the kernel's own q_out and K cache (attn_qk_rope is tested on its own), so only
+ * attention's f32 error counts: 256-term dots, online softmax over <= 200 positions: ~1e-5 relative.
+ */
+const TOL = { atol: 2e-6, rtol: 5e-5 };
+
+interface Case {
+  hQ: number;
+  hKv: number;
+  pos0: number;
+  nTokens: number; // AttnParams.n_tokens
+  nGrid: number; // capacity the grids cover
+  bq: number;
+  tile: number;
+}
+
+Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache match the reference", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const dH = 256;
+  const cases: Case[] = [
+    { hQ: 16, hKv: 2, pos0: 37, nTokens: 1, nGrid: 1, bq: 2, tile: 8 },
+    { hQ: 16, hKv: 2, pos0: 5, nTokens: 7, nGrid: 8, bq: 2, tile: 8 }, // grid covers one absent token
+    { hQ: 16, hKv: 2, pos0: 100, nTokens: 64, nGrid: 64, bq: 2, tile: 8 },
+    { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, tile: 8 },
+    { hQ: 4, hKv: 1, pos0: rng.int(1, 90), nTokens: rng.int(1, 30), nGrid: 30, bq: 1, tile: 16 },
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs = [];
+  for (const k of cases) {
+    const { hQ, hKv, pos0, nGrid } = k;
+    const pMax = pos0 + nGrid + rng.int(0, 20);
+    const rc: AttnQkRopeConstants = {
+      H_Q: hQ,
+      H_KV: hKv,
+      D_H: dH,
+      N_ROT: 64,
+      P_MAX: pMax,
+      WG: 64,
+      ROPE_THETA: 1e7,
+      EPS: 1e-6,
+    };
+    const pc: AttnPrefillConstants = {
+      H_Q: hQ,
+      H_KV: hKv,
+      D_H: dH,
+      P_MAX: pMax,
+      BQ: k.bq,
+      TILE: k.tile,
+      WG: 256,
+      SCALE: 1 / Math.sqrt(dH),
+    };
+    const qf = rng.normals(2 * dH * hQ * nGrid, 2);
+    // Earlier chunks' K/V (rows < pos0); attn_qk_rope appends this chunk's rows.
+    const kc = rng.normals(dH * pMax * hKv);
+    const vc = rng.normals(dH * pMax * hKv);
+    const b = {
+      params: upload(device, packAttnParams(pos0, k.nTokens)),
+      qf: upload(device, qf),
+      k: upload(device, rng.normals(dH * hKv * nGrid, 2)),
+      v: upload(device, rng.normals(dH * hKv * nGrid, 2)),
+      qNorm: upload(device, Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x)),
+      kNorm: upload(device, Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x)),
+      qOut: poisoned(device, dH * hQ * nGrid),
+      kCache: upload(device, kc),
+      vCache: upload(device, vc),
+      o: poisoned(device, dH * hQ * nGrid),
+    };
+    const pr = await cache.get(ATTN_QK_ROPE, rc);
+    const pp = await cache.get(ATTN_PREFILL, pc);
+    const bgR = attnQkRopeBindGroup(device, { pipeline: pr, constants: rc, nTokens: nGrid, buffers: b });
+    const bgP = attnPrefillBindGroup(device, {
+      pipeline: pp,
+      constants: pc,
+      nTokens: nGrid,
+      buffers: { ...b, q: b.qOut },
+    });
+    encodeAttnQkRope(pass, { pipeline: pr, bindGroup: bgR, constants: rc, nTokens: nGrid });
+    encodeAttnPrefill(pass, { pipeline: pp, bindGroup: bgP, constants: pc, nTokens: nGrid });
+    runs.push({ k, pc, b, qf });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, runs.flatMap((r) => [r.b.o, r.b.qOut, r.b.kCache, r.b.vCache]));
+  runs.forEach((r, i) => {
+    const { k, pc } = r;
+    const n = k.nTokens;
+    const nKv = k.pos0 + n;
+    const q = new Float32Array(outs[4 * i + 1]!, 0, dH * k.hQ * n);
+    const kc = new Float32Array(outs[4 * i + 2]!);
+    const vc = new Float32Array(outs[4 * i + 3]!);
+    const refK = new Float64Array(dH * k.hKv * nKv);
+    const refV = new Float64Array(dH * k.hKv * nKv);
+    for (let p = 0; p < nKv; p++) {
+      for (let g = 0; g < k.hKv; g++) {
+        const src = (g * pc.P_MAX + p) * dH;
+        refK.set(kc.subarray(src, src + dH), (p * k.hKv + g) * dH);
+        refV.set(vc.subarray(src, src + dH), (p * k.hKv + g) * dH);
+      }
+    }
+    const gate = new Float64Array(dH * k.hQ * n);
+    for (let row = 0; row < k.hQ * n; row++) {
+      gate.set(r.qf.subarray(row * 2 * dH + dH, row * 2 * dH + 2 * dH), row * dH);
+    }
+    const opts = { k: refK, v: refV, gate, headDim: dH, nHead: k.hQ, nHeadKv: k.hKv, scale: pc.SCALE };
+    const what = `attn_prefill H_Q=${k.hQ} H_KV=${k.hKv} BQ=${k.bq} TILE=${k.tile} pos0=${k.pos0} ` +
+      `nTokens=${n}/${k.nGrid}`;
+    // The guard band after token n-1 covers an absent grid token's output too.
+    checkF32(outs[4 * i]!, attention(q, opts), TOL, { what, seed: rng.seed });
+    if (k.hKv > 1) {
+      // A wrong grouping (h % H_KV instead of h / G) must not pass: swap the KV heads in the reference.
+      const swap = (kv: Float64Array) => {
+        const out = Float64Array.from(kv);
+        for (let p = 0; p < nKv; p++) {
+          out.set(kv.subarray((p * 2 + 1) * dH, (p * 2 + 2) * dH), p * 2 * dH);
+          out.set(kv.subarray(p * 2 * dH, (p * 2 + 1) * dH), (p * 2 + 1) * dH);
+        }
+        return out;
+      };
+      const wrong = attention(q, { ...opts, k: swap(refK), v: swap(refV) });
+      assert.throws(() => checkF32(outs[4 * i]!, wrong, TOL, { what, seed: rng.seed }), /out of tolerance/);
+    }
+    Object.values(r.b).forEach((buf) => buf.destroy());
+  });
+});
+
+Deno.test("attn_prefill shape check throws before encoding", async () => {
+  const { device } = await testGpu();
+  const pc: AttnPrefillConstants = {
+    H_Q: 16,
+    H_KV: 2,
+    D_H: 256,
+    P_MAX: 64,
+    BQ: 2,
+    TILE: 8,
+    WG: 256,
+    SCALE: 0.0625,
+  };
+  const pipeline = await new PipelineCache(device).get(ATTN_PREFILL, pc);
+  const big = device.createBuffer({ size: 1 << 20, usage: GPUBufferUsage.STORAGE });
+  const b = { params: big, q: big, qf: big, kCache: big, vCache: big, o: big };
+  assert.throws(
+    () => attnPrefillBindGroup(device, { pipeline, constants: pc, nTokens: 64, buffers: b }),
+    /binding qf holds 1048576 bytes but ne=\[512, 16, 64\]/,
+  );
+  assert.throws(
+    () => attnPrefillBindGroup(device, { pipeline, constants: { ...pc, BQ: 4 }, nTokens: 1, buffers: b }),
+    /workgroup memory/,
+  );
+  big.destroy();
+});

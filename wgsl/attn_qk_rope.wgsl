@@ -1,0 +1,145 @@
+// Attention prologue for nTok tokens at positions p = pos0 + t (spec §7 steps 3-5):
+//   q_out[t][h] = rope(RMSNorm(q_h, q_norm), p);  k_cache[g][p] = rope(RMSNorm(k_g, k_norm), p);  v_cache[g][p] = v_g
+// rope: NeoX pairs (j, j + N_ROT/2) over dims 0..N_ROT-1, phi = p * ROPE_THETA^(-2j/N_ROT) in f32 (as llama.cpp);
+// dims N_ROT..D_H-1 pass through. The gate halves of qf are not touched (attn_combine/attn_prefill read them).
+// Bindings:
+//   params   AttnParams { pos0: u32, n_tokens: u32 }  position of token 0, tokens present (<= grid.y)
+//   qf       f32 ne=[2*D_H, H_Q, nTok]   attn_q output; head h holds [q_h (D_H) | gate_h (D_H)] (spec §7.1)
+//   k        f32 ne=[D_H, H_KV, nTok]    attn_k output
+//   v        f32 ne=[D_H, H_KV, nTok]    attn_v output
+//   q_norm   f32 ne=[D_H]                attn_q_norm weight
+//   k_norm   f32 ne=[D_H]                attn_k_norm weight
+//   q_out    f32 ne=[D_H, H_Q, nTok]     normed, roped queries
+//   k_cache  f32 ne=[D_H, P_MAX, H_KV]   this (slot, layer)'s K cache: K[g][p][d]; row p of each head written
+//   v_cache  f32 ne=[D_H, P_MAX, H_KV]   V likewise
+// Grid (H_Q + H_KV, nTok): workgroup (j, t) owns q head j of token t when j < H_Q, else KV head j - H_Q
+// (norm, rope, K and V append). Invocation i owns dims i, i + WG, ...; the row sits in workgroup memory
+// because a rope pair spans two invocations. Tokens with t >= n_tokens or p >= P_MAX write nothing.
+// Constants: const H_Q, H_KV, D_H, N_ROT, P_MAX, WG: u32; const ROPE_THETA, EPS: f32.
+// Limits: N_ROT even, N_ROT <= D_H; WG a power of two <= 256; phases < 2^18 * pi/2 (p < 4e5).
+struct AttnParams {
+  pos0: u32,
+  n_tokens: u32,
+}
+
+@group(0) @binding(0) var<storage, read> params: AttnParams;
+@group(0) @binding(1) var<storage, read> qf: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(5) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
+
+const HALF_ROT: u32 = N_ROT / 2u;
+// Phase reduction by pi/2 (Cody-Waite): pi/2 = PIO2_HI + PIO2_MID + PIO2_LO where HI and MID have 6
+// significant bits, so n * HI and n * MID are exact for n < 2^18 (phases up to ~4e5 rad). Then sin/cos by
+// Taylor polynomials on |r| <= pi/4 (error < 1e-9): Vulkan only bounds the built-in sin/cos to an absolute
+// 2^-11 on [-pi, pi], so the built-ins would make rope differ between devices; this keeps the f32 phase's
+// accuracy on every device.
+const PIO2_HI: f32 = 1.5625;
+const PIO2_MID: f32 = 0.00830078125;
+const PIO2_LO: f32 = -4.454454938240815e-06;
+const TWO_OVER_PI: f32 = 0.6366197723675814;
+
+var<workgroup> xs: array<f32, D_H>;
+var<workgroup> red: array<f32, WG>;
+
+// (cos phi, sin phi) for phi >= 0.
+fn rope_cos_sin(phi: f32) -> vec2f {
+  let n = round(phi * TWO_OVER_PI);
+  let r = ((phi - n * PIO2_HI) - n * PIO2_MID) - n * PIO2_LO;
+  let r2 = r * r;
+  let s = r + r * r2 * (-1.0 / 6.0 + r2 * (1.0 / 120.0 + r2 * (-1.0 / 5040.0 + r2 * (1.0 / 362880.0))));
+  let c = 1.0 + r2 * (-0.5 + r2 * (1.0 / 24.0 + r2 * (-1.0 / 720.0 + r2 * (1.0 / 40320.0 + r2 * (-1.0 / 3628800.0)))));
+  switch (u32(n) & 3u) {
+    case 0u: {
+      return vec2f(c, s);
+    }
+    case 1u: {
+      return vec2f(-s, c);
+    }
+    case 2u: {
+      return vec2f(-c, -s);
+    }
+    default: {
+      return vec2f(s, -c);
+    }
+  }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
+  let t = wid.y;
+  let head = wid.x;
+  let pos = params.pos0 + t;
+  // Uniform per workgroup (workgroup id and a read-only storage value), so no barrier is skipped unevenly.
+  if (t >= params.n_tokens || pos >= P_MAX) {
+    return;
+  }
+  let is_q = head < H_Q;
+  let kv_head = head - H_Q;
+  var src_base: u32;
+  var dst_base: u32;
+  if (is_q) {
+    src_base = (t * H_Q + head) * 2u * D_H;
+    dst_base = (t * H_Q + head) * D_H;
+  } else {
+    src_base = (t * H_KV + kv_head) * D_H;
+    dst_base = (kv_head * P_MAX + pos) * D_H;
+  }
+
+  var s = 0.0;
+  for (var i = lid; i < D_H; i += WG) {
+    var x: f32;
+    if (is_q) {
+      x = qf[src_base + i];
+    } else {
+      x = k[src_base + i];
+    }
+    xs[i] = x;
+    s += x * x;
+  }
+  red[lid] = s;
+  workgroupBarrier();
+  for (var o = WG / 2u; o > 0u; o >>= 1u) {
+    if (lid < o) {
+      red[lid] += red[lid + o];
+    }
+    workgroupBarrier();
+  }
+  let scale = 1.0 / sqrt(red[0] / f32(D_H) + EPS);
+  for (var i = lid; i < D_H; i += WG) {
+    var w: f32;
+    if (is_q) {
+      w = q_norm[i];
+    } else {
+      w = k_norm[i];
+    }
+    xs[i] = xs[i] * scale * w;
+  }
+  workgroupBarrier();
+
+  for (var i = lid; i < D_H; i += WG) {
+    var y = xs[i];
+    if (i < N_ROT) {
+      let j = i % HALF_ROT;
+      let freq = pow(ROPE_THETA, -2.0 * f32(j) / f32(N_ROT));
+      let cs = rope_cos_sin(f32(pos) * freq);
+      let x0 = xs[j];
+      let x1 = xs[j + HALF_ROT];
+      if (i < HALF_ROT) {
+        y = x0 * cs.x - x1 * cs.y;
+      } else {
+        y = x0 * cs.y + x1 * cs.x;
+      }
+    }
+    if (is_q) {
+      q_out[dst_base + i] = y;
+    } else {
+      k_cache[dst_base + i] = y;
+      v_cache[dst_base + i] = v[src_base + i];
+    }
+  }
+}

@@ -1,0 +1,231 @@
+import assert from "node:assert/strict";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { rmsNorm, ropeNeox } from "../tests/ref/ops.ts";
+import { POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { Rng } from "../tests/util/rng.ts";
+import {
+  ATTN_QK_ROPE,
+  attnQkRopeBindGroup,
+  type AttnQkRopeConstants,
+  encodeAttnQkRope,
+} from "./attn_qk_rope.ts";
+import { packAttnParams } from "./attn_params.ts";
+import { assertCloseEach, checkF32 } from "./_test_util.ts";
+
+/** f32 norm over 256 values (sum of squares, sqrt, two multiplies): a few ulp. */
+const TOL_NORM = { atol: 1e-6, rtol: 4e-6 };
+
+/**
+ * Rotated dims: the phase phi_j = p * theta^(-2j/n_rot) is computed in f32 (as llama.cpp does): half an ulp
+ * of the product plus pow's error, ~1e-6 * phi_j rad at most, so the allowance scales with each pair's phase;
+ * plus the kernel's sin/cos (f32 polynomial after an f32 reduction, a few e-8 absolute).
+ */
+const PHASE_REL = 2e-6;
+const SINCOS_ABS = 2e-7;
+
+/** Per-element rope allowance on top of TOL_NORM: (PHASE_REL * phi_j + SINCOS_ABS) * (|x_j| + |x_j+half|). */
+function ropeAllowance(
+  normed: Float64Array,
+  opts: { dH: number; nRot: number; base: number; pos: readonly number[] },
+): Float64Array {
+  const { dH, nRot, base, pos } = opts;
+  const half = nRot / 2;
+  const out = new Float64Array(normed.length);
+  const perToken = normed.length / pos.length;
+  for (let o = 0; o < normed.length; o += dH) {
+    const p = pos[Math.floor(o / perToken)]!;
+    for (let j = 0; j < half; j++) {
+      const e = (PHASE_REL * p * Math.pow(base, (-2 * j) / nRot) + SINCOS_ABS) *
+        (Math.abs(normed[o + j]!) + Math.abs(normed[o + j + half]!));
+      out[o + j] = e;
+      out[o + j + half] = e;
+    }
+  }
+  return out;
+}
+
+interface Case {
+  c: AttnQkRopeConstants;
+  pos0: number;
+  nTokens: number; // present tokens (AttnParams.n_tokens)
+  nGrid: number; // tokens the grid covers (>= nTokens)
+}
+
+function constants(hQ: number, hKv: number, pMax: number): AttnQkRopeConstants {
+  return { H_Q: hQ, H_KV: hKv, D_H: 256, N_ROT: 64, P_MAX: pMax, WG: 64, ROPE_THETA: 1e7, EPS: 1e-6 };
+}
+
+Deno.test("attn_qk_rope matches norm + NeoX rope references and appends K/V at the right rows", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: Case[] = [
+    { c: constants(16, 2, 40), pos0: 0, nTokens: 1, nGrid: 1 },
+    { c: constants(16, 2, 40), pos0: 1, nTokens: 1, nGrid: 1 },
+    { c: constants(16, 2, 48), pos0: 37, nTokens: 7, nGrid: 8 }, // grid covers one token more
+    { c: constants(16, 2, 3010), pos0: 3000, nTokens: 1, nGrid: 1 },
+    { c: { ...constants(4, 1, 700), WG: 256, ROPE_THETA: 5e6 }, pos0: rng.int(0, 600), nTokens: 3, nGrid: 3 },
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs = [];
+  for (const k of cases) {
+    const { c, pos0, nTokens, nGrid } = k;
+    const dH = c.D_H;
+    const qf = rng.normals(2 * dH * c.H_Q * nGrid, 2);
+    const kIn = rng.normals(dH * c.H_KV * nGrid, 2);
+    const vIn = rng.normals(dH * c.H_KV * nGrid, 2);
+    const qNorm = Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x);
+    const kNorm = Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x);
+    // Cache rows before pos0 hold earlier tokens and must survive; rows from pos0 + nTokens stay poisoned.
+    const cacheWords = dH * c.P_MAX * c.H_KV;
+    const kc0 = new Uint32Array(cacheWords).fill(POISON_F32);
+    const vc0 = new Uint32Array(cacheWords).fill(POISON_F32);
+    for (let g = 0; g < c.H_KV; g++) {
+      for (let i = 0; i < pos0 * dH; i++) {
+        kc0[g * c.P_MAX * dH + i] = rng.u32() & 0x3fffffff; // finite, not the poison pattern
+        vc0[g * c.P_MAX * dH + i] = rng.u32() & 0x3fffffff;
+      }
+    }
+    const b = {
+      params: upload(device, packAttnParams(pos0, nTokens)),
+      qf: upload(device, qf),
+      k: upload(device, kIn),
+      v: upload(device, vIn),
+      qNorm: upload(device, qNorm),
+      kNorm: upload(device, kNorm),
+      qOut: poisoned(device, dH * c.H_Q * nGrid),
+      kCache: upload(device, kc0),
+      vCache: upload(device, vc0),
+    };
+    const pipeline = await cache.get(ATTN_QK_ROPE, c);
+    const bg = attnQkRopeBindGroup(device, { pipeline, constants: c, nTokens: nGrid, buffers: b });
+    encodeAttnQkRope(pass, { pipeline, bindGroup: bg, constants: c, nTokens: nGrid });
+
+    const pos = Array.from({ length: nTokens }, (_, t) => pos0 + t);
+    const qRaw = new Float64Array(dH * c.H_Q * nTokens);
+    for (let r = 0; r < c.H_Q * nTokens; r++) qRaw.set(qf.subarray(r * 2 * dH, r * 2 * dH + dH), r * dH);
+    const qNormed = rmsNorm(qRaw, qNorm, { eps: c.EPS, n: dH });
+    const kNormed = rmsNorm(kIn.subarray(0, dH * c.H_KV * nTokens), kNorm, { eps: c.EPS, n: dH });
+    const ropeOpts = { headDim: dH, nRot: c.N_ROT, base: c.ROPE_THETA, pos };
+    runs.push({
+      k,
+      b,
+      kc0,
+      vc0,
+      vIn,
+      qNormed,
+      kNormed,
+      qRef: ropeNeox(qNormed, ropeOpts),
+      kRef: ropeNeox(kNormed, ropeOpts),
+    });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, runs.flatMap((r) => [r.b.qOut, r.b.kCache, r.b.vCache]));
+  runs.forEach((r, i) => {
+    const { c, pos0, nTokens, nGrid } = r.k;
+    const dH = c.D_H;
+    const seed = rng.seed;
+    const what = `attn_qk_rope H_Q=${c.H_Q} H_KV=${c.H_KV} pos0=${pos0} nTokens=${nTokens}/${nGrid}`;
+    const ropeOpts = {
+      dH,
+      nRot: c.N_ROT,
+      base: c.ROPE_THETA,
+      pos: Array.from({ length: nTokens }, (_, t) => pos0 + t),
+    };
+    const qGot = new Float32Array(outs[3 * i]!, 0, r.qRef.length);
+    assertCloseEach(qGot, r.qRef, ropeAllowance(r.qNormed, ropeOpts), TOL_NORM, {
+      what: `${what} q_out`,
+      seed,
+    });
+    // The token past n_tokens (grid padding) must stay poisoned.
+    checkF32(outs[3 * i]!, [], TOL_NORM, {
+      what: `${what} q_out past n_tokens`,
+      seed,
+      offsetWords: r.qRef.length,
+    });
+    // Dims past N_ROT are the normed values unrotated, at the norm's tolerance.
+    const pass1 = (a: ArrayLike<number>, ref: Float64Array, label: string) => {
+      const g: number[] = [];
+      const rf: number[] = [];
+      for (let j = 0; j < ref.length; j++) {
+        if (j % dH >= c.N_ROT) {
+          g.push(a[j]!);
+          rf.push(ref[j]!);
+        }
+      }
+      checkF32(new Float32Array(g).buffer, rf, TOL_NORM, {
+        what: `${what} ${label} dims >= N_ROT`,
+        seed,
+        guard: false,
+      });
+    };
+    pass1(qGot, r.qNormed, "q");
+    const kc = new Float32Array(outs[3 * i + 1]!);
+    const kcU = new Uint32Array(outs[3 * i + 1]!);
+    const vcU = new Uint32Array(outs[3 * i + 2]!);
+    const kGot = new Float64Array(dH * c.H_KV * nTokens);
+    const vWant = new Uint32Array(r.vIn.buffer);
+    for (let t = 0; t < nTokens; t++) {
+      for (let g = 0; g < c.H_KV; g++) {
+        const row = (g * c.P_MAX + pos0 + t) * dH;
+        kGot.set(kc.subarray(row, row + dH), (t * c.H_KV + g) * dH);
+        for (let d = 0; d < dH; d++) {
+          assert.equal(
+            vcU[row + d],
+            vWant[(t * c.H_KV + g) * dH + d],
+            `${what} (seed ${seed}): v_cache[${g}][${pos0 + t}][${d}]`,
+          );
+        }
+      }
+    }
+    assertCloseEach(kGot, r.kRef, ropeAllowance(r.kNormed, ropeOpts), TOL_NORM, {
+      what: `${what} k_cache rows`,
+      seed,
+    });
+    pass1(new Float32Array(kGot), r.kNormed, "k");
+    // Every other cache row is exactly as before (earlier tokens kept, later rows still poisoned).
+    for (let g = 0; g < c.H_KV; g++) {
+      for (let p = 0; p < c.P_MAX; p++) {
+        if (p >= pos0 && p < pos0 + nTokens) continue;
+        for (let d = 0; d < dH; d++) {
+          const w = (g * c.P_MAX + p) * dH + d;
+          if (kcU[w] !== r.kc0[w] || vcU[w] !== r.vc0[w]) {
+            assert.fail(`${what} (seed ${seed}): cache row ${p} of head ${g} changed at dim ${d}`);
+          }
+        }
+      }
+    }
+    Object.values(r.b).forEach((buf) => buf.destroy());
+  });
+});
+
+Deno.test("attn_qk_rope shape check throws before encoding", async () => {
+  const { device } = await testGpu();
+  const c = constants(16, 2, 64);
+  const pipeline = await new PipelineCache(device).get(ATTN_QK_ROPE, c);
+  const big = device.createBuffer({ size: 1 << 20, usage: GPUBufferUsage.STORAGE });
+  const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
+  const b = {
+    params: big,
+    qf: big,
+    k: big,
+    v: big,
+    qNorm: big,
+    kNorm: big,
+    qOut: big,
+    kCache: small,
+    vCache: big,
+  };
+  assert.throws(
+    () => attnQkRopeBindGroup(device, { pipeline, constants: c, nTokens: 1, buffers: b }),
+    /binding kCache holds 1024 bytes but ne=\[256, 64, 2\]/,
+  );
+  assert.throws(
+    () => attnQkRopeBindGroup(device, { pipeline, constants: { ...c, N_ROT: 65 }, nTokens: 1, buffers: b }),
+    /N_ROT must be even/,
+  );
+  big.destroy();
+  small.destroy();
+});

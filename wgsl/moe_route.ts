@@ -1,0 +1,97 @@
+/**
+ * Host twin of `moe_route.wgsl`: router logits → softmax → top-k expert ids (ties to the lower index) and
+ * renormalised weights (spec §10), left in GPU buffers for the expert matvecs.
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+
+/**
+ * Constants of `moe_route.wgsl`: nExpert, nExpertUsed, workgroup size, weights scale (1 when the model has
+ * no `expert_weights_scale` or it is 0; see {@linkcode moeWeightsScale}).
+ */
+export type MoeRouteConstants = {
+  readonly N_EXPERT: number;
+  readonly N_EXPERT_USED: number;
+  readonly WG: number;
+  readonly W_SCALE: number;
+};
+
+/** Kernel spec of `moe_route.wgsl`. */
+export const MOE_ROUTE: KernelSpec = {
+  name: "moe_route",
+  url: new URL("./moe_route.wgsl", import.meta.url),
+  lib: [],
+  constants: { N_EXPERT: "u32", N_EXPERT_USED: "u32", WG: "u32", W_SCALE: "f32" },
+};
+
+/**
+ * Binding order: logits f32 ne=[N_EXPERT, nTokens]; ids u32 ne=[N_EXPERT_USED, nTokens];
+ * weights f32 ne=[N_EXPERT_USED, nTokens].
+ */
+export const MOE_ROUTE_BINDINGS = ["logits", "ids", "weights"] as const;
+
+/** Buffers of one `moe_route` dispatch, by binding name. */
+export type MoeRouteBuffers = Readonly<Record<(typeof MOE_ROUTE_BINDINGS)[number], Binding>>;
+
+/** The W_SCALE constant for a model's optional `expert_weights_scale` (absent or 0 means no scaling). */
+export function moeWeightsScale(expertWeightsScale: number | undefined): number {
+  return expertWeightsScale === undefined || expertWeightsScale === 0 ? 1 : expertWeightsScale;
+}
+
+/**
+ * Checks constants and the token count against the kernel's limits.
+ * @throws {RangeError} naming the offending value
+ */
+export function checkMoeRoute(c: MoeRouteConstants, nTokens: number): void {
+  checkInt("moe_route: N_EXPERT", c.N_EXPERT, 1, 4096);
+  checkInt("moe_route: N_EXPERT_USED", c.N_EXPERT_USED, 1, Math.min(c.N_EXPERT, 256));
+  checkShape(isPow2(c.WG) && c.WG <= 256, `moe_route: WG must be a power of two <= 256, got ${c.WG}`);
+  checkShape(Number.isFinite(c.W_SCALE) && c.W_SCALE !== 0, `moe_route: W_SCALE must be finite and non-zero`);
+  checkInt("moe_route: nTokens", nTokens, 1, MAX_WORKGROUPS_PER_DIM);
+}
+
+/**
+ * The bind group of one dispatch, after checking every buffer against its `ne`.
+ * @throws {RangeError} when a constant is out of range or a buffer too small
+ */
+export function moeRouteBindGroup(
+  device: GPUDevice,
+  opts: {
+    pipeline: GPUComputePipeline;
+    constants: MoeRouteConstants;
+    nTokens: number;
+    buffers: MoeRouteBuffers;
+  },
+): GPUBindGroup {
+  const { constants: c, nTokens: n, buffers: b } = opts;
+  checkMoeRoute(c, n);
+  checkBinding("moe_route", "logits", b.logits, [c.N_EXPERT, n]);
+  checkBinding("moe_route", "ids", b.ids, [c.N_EXPERT_USED, n]);
+  checkBinding("moe_route", "weights", b.weights, [c.N_EXPERT_USED, n]);
+  return bindGroup(device, opts.pipeline, MOE_ROUTE_BINDINGS.map((name) => b[name]));
+}
+
+/** Dispatch grid: one workgroup per token. */
+export function moeRouteGrid(nTokens: number): [number, number, number] {
+  return [nTokens, 1, 1];
+}
+
+/**
+ * Records one `moe_route` dispatch into `pass`.
+ * @throws {RangeError} on constants or a token count the kernel cannot handle
+ */
+export function encodeMoeRoute(
+  pass: GPUComputePassEncoder,
+  opts: {
+    pipeline: GPUComputePipeline;
+    bindGroup: GPUBindGroup;
+    constants: MoeRouteConstants;
+    nTokens: number;
+  },
+): void {
+  checkMoeRoute(opts.constants, opts.nTokens);
+  pass.setPipeline(opts.pipeline);
+  pass.setBindGroup(0, opts.bindGroup);
+  pass.dispatchWorkgroups(...moeRouteGrid(opts.nTokens));
+}

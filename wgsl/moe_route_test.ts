@@ -1,0 +1,121 @@
+import assert from "node:assert/strict";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { moeRoute } from "../tests/ref/ops.ts";
+import { assertPoisoned } from "../tests/util/close.ts";
+import { GUARD_WORDS, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { Rng } from "../tests/util/rng.ts";
+import {
+  encodeMoeRoute,
+  MOE_ROUTE,
+  moeRouteBindGroup,
+  type MoeRouteConstants,
+  moeWeightsScale,
+} from "./moe_route.ts";
+import { checkF32 } from "./_test_util.ts";
+
+/** f32 exp and a sum over <= 512 experts, then a ratio of two f32 sums: a few ulp relative. */
+const TOL = { atol: 1e-7, rtol: 2e-6 };
+const POISON_U32 = 0xffffffff;
+
+interface Case {
+  nExpert: number;
+  nUsed: number;
+  nTokens: number;
+  wg: number;
+  ties: boolean; // logits from a handful of values: many exact ties, also across the k-th place
+  scale?: number;
+}
+
+Deno.test("moe_route: ids and weights match the reference, ties to the lower index", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: Case[] = [
+    { nExpert: 8, nUsed: 2, nTokens: 1, wg: 64, ties: false }, // debug
+    { nExpert: 256, nUsed: 8, nTokens: 3, wg: 256, ties: false }, // qwen35moe
+    { nExpert: 512, nUsed: 10, nTokens: 2, wg: 256, ties: false }, // qwen3next
+    { nExpert: 256, nUsed: 8, nTokens: 4, wg: 128, ties: true },
+    { nExpert: 100, nUsed: 7, nTokens: 2, wg: 64, ties: true, scale: 2.5 }, // not a multiple of WG
+    { nExpert: 33, nUsed: 1, nTokens: 1, wg: 32, ties: true },
+    { nExpert: 5, nUsed: 5, nTokens: 1, wg: 64, ties: true }, // all experts used
+    { nExpert: rng.int(2, 600), nUsed: 0, nTokens: rng.int(1, 4), wg: 256, ties: rng.float() < 0.5 },
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs = [];
+  for (const k of cases) {
+    const nUsed = k.nUsed || rng.int(1, Math.min(k.nExpert, 16) + 1);
+    const c: MoeRouteConstants = {
+      N_EXPERT: k.nExpert,
+      N_EXPERT_USED: nUsed,
+      WG: k.wg,
+      W_SCALE: moeWeightsScale(k.scale),
+    };
+    const logits = k.ties
+      ? Float32Array.from({ length: k.nExpert * k.nTokens }, () => rng.int(-3, 4) * 0.75)
+      : rng.normals(k.nExpert * k.nTokens, 3);
+    const b = {
+      logits: upload(device, logits),
+      ids: poisoned(device, nUsed * k.nTokens, POISON_U32),
+      weights: poisoned(device, nUsed * k.nTokens),
+    };
+    const pipeline = await cache.get(MOE_ROUTE, c);
+    const bg = moeRouteBindGroup(device, { pipeline, constants: c, nTokens: k.nTokens, buffers: b });
+    encodeMoeRoute(pass, { pipeline, bindGroup: bg, constants: c, nTokens: k.nTokens });
+    const refIds: number[] = [];
+    const refW: number[] = [];
+    for (let t = 0; t < k.nTokens; t++) {
+      const r = moeRoute(logits.subarray(t * k.nExpert, (t + 1) * k.nExpert), {
+        nUsed,
+        weightsScale: k.scale,
+      });
+      refIds.push(...r.ids);
+      refW.push(...r.weights);
+    }
+    runs.push({ k, c, b, refIds, refW });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, runs.flatMap((r) => [r.b.ids, r.b.weights]));
+  runs.forEach((r, i) => {
+    const what = `moe_route N_EXPERT=${r.c.N_EXPERT} N_EXPERT_USED=${r.c.N_EXPERT_USED} WG=${r.c.WG} ` +
+      `nTokens=${r.k.nTokens} ties=${r.k.ties}`;
+    const n = r.refIds.length;
+    const ids = new Uint32Array(outs[2 * i]!);
+    assert.deepEqual(Array.from(ids.subarray(0, n)), r.refIds, `${what} (seed ${rng.seed}): ids`);
+    assertPoisoned(ids.subarray(n, n + GUARD_WORDS), POISON_U32, `${what} (seed ${rng.seed}) ids`);
+    checkF32(outs[2 * i + 1]!, r.refW, TOL, { what: `${what} weights`, seed: rng.seed });
+    Object.values(r.b).forEach((buf) => buf.destroy());
+  });
+});
+
+Deno.test("moe_route shape check throws before encoding", async () => {
+  const { device } = await testGpu();
+  const c: MoeRouteConstants = { N_EXPERT: 256, N_EXPERT_USED: 8, WG: 256, W_SCALE: 1 };
+  const pipeline = await new PipelineCache(device).get(MOE_ROUTE, c);
+  const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
+  assert.throws(
+    () =>
+      moeRouteBindGroup(device, {
+        pipeline,
+        constants: c,
+        nTokens: 2,
+        buffers: { logits: small, ids: small, weights: small },
+      }),
+    /binding logits holds 1024 bytes but ne=\[256, 2\]/,
+  );
+  assert.throws(
+    () =>
+      moeRouteBindGroup(device, {
+        pipeline,
+        constants: { ...c, N_EXPERT_USED: 300 },
+        nTokens: 1,
+        buffers: { logits: small, ids: small, weights: small },
+      }),
+    /N_EXPERT_USED must be an integer in \[1, 256\]/,
+  );
+  assert.equal(moeWeightsScale(undefined), 1);
+  assert.equal(moeWeightsScale(0), 1);
+  assert.equal(moeWeightsScale(2.5), 2.5);
+  small.destroy();
+});

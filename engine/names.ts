@@ -146,3 +146,9 @@ export type ArchKeyId = keyof typeof ARCH_KEYS;
 export function archKey(arch: string, id: ArchKeyId): string {
   return `${arch}.${ARCH_KEYS[id]}`;
 }
+
+/** The layer index of any `blk.N.` tensor name, known to the registry or not (undefined for globals). */
+export function tensorLayer(name: string): number | undefined {
+  const m = /^blk\.(\d+)\./.exec(name);
+  return m ? Number(m[1]) : undefined;
+}

@@ -1,0 +1,52 @@
+/**
+ * `mod.ts inspect`: architecture, hyper-parameters, layer pattern, tensor table and memory per layer of a
+ * GGUF (split sets and the fixtures included).
+ * @module
+ */
+import type { Command } from "../mod.ts";
+import { parseArgs } from "node:util";
+import { openGguf } from "../engine/gguf.ts";
+import { formatReport, inspectModel } from "../engine/inspect.ts";
+
+const USAGE = `Usage: deno run -A mod.ts inspect FILE.gguf [--ctx N] [--slots S] [--json]
+  --ctx N     positions of KV cache per slot for the memory table (default 4096)
+  --slots S   concurrent sequences for the memory table (default 1)
+  --json      print the report as JSON`;
+
+function int(flag: string, value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`--${flag} ${value} must be a positive integer`);
+  return n;
+}
+
+/** The `inspect` command; exits 1 when the file fails its architecture's tensor check. */
+export const command: Command = {
+  summary: "print a GGUF's hyper-parameters, tensors and memory per layer (KV and recurrent state)",
+  async run(argv: string[]): Promise<number> {
+    const { values, positionals } = parseArgs({
+      args: argv,
+      options: {
+        ctx: { type: "string", default: "4096" },
+        slots: { type: "string", default: "1" },
+        json: { type: "boolean", default: false },
+        debug: { type: "boolean", default: false },
+        help: { type: "boolean", default: false },
+      },
+      allowPositionals: true,
+      strict: true,
+    });
+    if (values.help) {
+      console.log(USAGE);
+      return 0;
+    }
+    const [path, ...extra] = positionals;
+    if (path === undefined || extra.length > 0) {
+      console.error(`${USAGE}\nerror: give exactly one GGUF path`);
+      return 2;
+    }
+    using file = await openGguf(path);
+    const report = inspectModel(file, { nCtx: int("ctx", values.ctx), nSlots: int("slots", values.slots) });
+    console.log(values.json ? JSON.stringify(report, null, 2) : formatReport(report));
+    return report.check.ok ? 0 : 1;
+  },
+};

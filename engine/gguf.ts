@@ -17,6 +17,7 @@
  * ```
  * @module
  */
+import { decodeStringRun, UTF8 } from "./_gguf_strings.ts";
 import { GgufError, type GgufErrorCode } from "./errors.ts";
 import { KEYS } from "./names.ts";
 import { GGML_TYPES, type GgmlTypeInfo } from "./quant/types.ts";
@@ -454,8 +455,6 @@ interface ParsedPart {
   tensors: RawTensor[];
 }
 
-const utf8 = new TextDecoder("utf-8", { fatal: false });
-
 /**
  * Synchronous header parser over a prefix of the file. Progress is committed after each whole KV pair and
  * tensor info, so when it runs out of buffer ({@linkcode NeedMore}) the driver grows the buffer and resumes
@@ -574,7 +573,7 @@ class HeaderParser {
     const len = this.#count(`length of ${what}`);
     this.#bound(len, 1, `length of ${what}`, at);
     this.#need(len, what);
-    const s = utf8.decode(this.#buf.subarray(this.#pos, this.#pos + len));
+    const s = UTF8.decode(this.#buf.subarray(this.#pos, this.#pos + len));
     this.#pos += len;
     return s;
   }
@@ -696,34 +695,33 @@ class HeaderParser {
     return { elemType: t, values: numericArray(t, this.#buf, start, count) };
   }
 
-  /** Decodes `count` strings in one pass: one DataView and one TextDecoder over subarrays. */
+  /**
+   * Decodes `count` strings with one decode call when they are all in the buffer; otherwise scans their
+   * lengths with every check, which reports the bad one or asks for more bytes.
+   */
   #stringArray(count: number, what: string): string[] {
-    const values: string[] = [];
-    const buf = this.#buf;
-    const dv = this.#dv;
-    const end = buf.length;
-    let pos = this.#pos;
-    for (let i = 0; i < count; i++) {
-      if (pos + 8 > end) {
-        this.#pos = pos;
-        this.#need(8, `length of ${what}[${i}]`);
-      }
-      const lo = dv.getUint32(pos, true);
-      const hi = dv.getUint32(pos + 4, true);
-      const len = hi * 0x1_0000_0000 + lo;
-      if (hi !== 0 || pos + 8 + len > end) {
-        this.#pos = pos;
-        const s = this.#string(`${what}[${i}]`);
-        values.push(s);
-        pos = this.#pos;
-        continue;
-      }
-      pos += 8;
-      values.push(utf8.decode(buf.subarray(pos, pos + len)));
-      pos += len;
+    const run = decodeStringRun(this.#buf, this.#pos, count);
+    if (run !== undefined) {
+      this.#pos = run.endBytes;
+      return run.values;
     }
-    this.#pos = pos;
-    return values;
+    // Not all in the buffer, or a bad length: find which without decoding; this throws NeedMore or the error.
+    const end = this.#buf.length;
+    for (let i = 0; i < count; i++) {
+      const at = this.#pos;
+      if (at + 8 <= end && this.#dv.getUint32(at + 4, true) === 0) {
+        const lo = this.#dv.getUint32(at, true);
+        if (lo <= end - at - 8) {
+          this.#pos = at + 8 + lo;
+          continue;
+        }
+      }
+      const len = this.#count(`length of ${what}[${i}]`);
+      this.#bound(len, 1, `length of ${what}[${i}]`, at);
+      this.#need(len, `${what}[${i}]`);
+      this.#pos += len;
+    }
+    throw new Error(`Internal error: ${what} fits the buffer but the string decoder refused it`);
   }
 
   /** Parses from the last committed item to the end of the tensor infos; throws NeedMore to get more bytes. */

@@ -27,6 +27,7 @@ function randomString(rng: Rng): string {
 
 function allValueKvs(rng: Rng): Array<readonly [string, GgufKv]> {
   const tokens = Array.from({ length: 200_000 }, () => randomString(rng));
+  tokens[7] = "\uFEFF";
   const inner = (n: number) => kv.arr(T.INT16, Array.from({ length: n }, () => rng.int(-0x8000, 0x8000)));
   return [
     ["test.u8", kv.u8(255)],
@@ -40,6 +41,7 @@ function allValueKvs(rng: Rng): Array<readonly [string, GgufKv]> {
     ["test.bool_f", kv.bool(false)],
     ["test.str", kv.str("héllo wörld ✓ 𝄞")],
     ["test.str_empty", kv.str("")],
+    ["test.str_bom", kv.str("\uFEFFstarts with U+FEFF")],
     ["test.u64_small", kv.u64(12345)],
     ["test.u64_big", kv.u64((1n << 64n) - 1n)],
     ["test.i64_small", kv.i64(-12345)],

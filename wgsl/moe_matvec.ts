@@ -1,0 +1,123 @@
+/**
+ * Twin of `moe_matvec.wgsl`: expert mat-vecs whose expert comes from a GPU id buffer (routed experts), and
+ * the shared expert through the same kernel with zero ids. Gate and up must share one weight binding.
+ * @module
+ */
+import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
+import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
+
+/** Kernel description of `moe_matvec.wgsl`. */
+export const MOE_MATVEC: KernelSpec = {
+  name: "moe_matvec",
+  url: new URL("./moe_matvec.wgsl", import.meta.url),
+  lib: QUANT_LIBS,
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", GATE_UP: "bool" },
+};
+
+/** Constants of one variant. */
+export type MoeMatvecConstants = {
+  readonly TYPE: number;
+  readonly TEAM: number;
+  readonly ROWS: number;
+  readonly GATE_UP: boolean;
+};
+
+/** Binding order of `moe_matvec.wgsl`. */
+export const MOE_MATVEC_BINDINGS = ["params", "ids", "weights", "x", "y"] as const;
+
+/** Buffers of one dispatch by binding name. */
+export type MoeMatvecBindings = Readonly<Record<(typeof MOE_MATVEC_BINDINGS)[number], Binding>>;
+
+/** One expert mat-vec problem: per expert W ne=[k, n]; `nCols` output columns; x column = col / xDiv. */
+export interface MoeMatvecShape {
+  /** Weight type (gate and up share it). */
+  readonly type: GgmlTypeName;
+  /** Row length K. */
+  readonly k: number;
+  /** Rows N per expert. */
+  readonly n: number;
+  /** Experts in the tensor (ids must be below it). */
+  readonly nExpert: number;
+  /** Output columns (tokens × experts used). */
+  readonly nCols: number;
+  /** Columns per x column (experts used per token for gate/up; 1 for down). */
+  readonly xDiv: number;
+  /** Byte offset of the gate (or only) tensor in the weight binding. */
+  readonly offGateBytes: number;
+  /** Byte offset of the up tensor (GATE_UP only). */
+  readonly offUpBytes?: number;
+  /** Whether y = silu(gate·x)·(up·x). */
+  readonly gateUp: boolean;
+}
+
+/** Default constants: TEAM = largest power of two ≤ min(64, K/32), ROWS 2 (as matvec). */
+export function moeMatvecConstants(shape: MoeMatvecShape): MoeMatvecConstants {
+  let team = 1;
+  while (team * 2 <= Math.min(64, shape.k / 32)) team *= 2;
+  return { TYPE: TYPE_ID[shape.type], TEAM: team, ROWS: 2, GATE_UP: shape.gateUp };
+}
+
+/** The params words of `shape`. */
+export function moeMatvecParams(shape: MoeMatvecShape): Uint32Array<ArrayBuffer> {
+  const rowBytes = checkWeightRows("moe_matvec", shape.type, shape.k, shape.offGateBytes);
+  return new Uint32Array([
+    shape.k,
+    shape.n,
+    rowBytes,
+    rowBytes * shape.n,
+    shape.offGateBytes,
+    shape.offUpBytes ?? 0,
+    shape.nCols,
+    shape.xDiv,
+  ]);
+}
+
+/** Dispatch grid: row blocks × columns. */
+export function moeMatvecGrid(shape: MoeMatvecShape, c: MoeMatvecConstants): [number, number, number] {
+  return [Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)), shape.nCols, 1];
+}
+
+/**
+ * Throws before encoding when shape, constants and bindings do not fit.
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkMoeMatvec(shape: MoeMatvecShape, c: MoeMatvecConstants, b: MoeMatvecBindings): void {
+  const rowBytes = checkWeightRows("moe_matvec", shape.type, shape.k, shape.offGateBytes);
+  checkShape(
+    c.TYPE === TYPE_ID[shape.type],
+    `Kernel moe_matvec: TYPE=${c.TYPE} but the shape says ${shape.type}`,
+  );
+  checkShape(
+    c.GATE_UP === shape.gateUp,
+    `Kernel moe_matvec: GATE_UP=${c.GATE_UP} but the shape says ${shape.gateUp}`,
+  );
+  checkShape(
+    isPow2(c.TEAM) && c.TEAM <= 256,
+    `Kernel moe_matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`,
+  );
+  checkInt("Kernel moe_matvec: ROWS", c.ROWS, 1, 8);
+  checkInt("Kernel moe_matvec: nCols", shape.nCols, 1, MAX_WORKGROUPS_PER_DIM);
+  checkInt("Kernel moe_matvec: xDiv", shape.xDiv, 1, shape.nCols);
+  checkShape(
+    shape.nCols % shape.xDiv === 0,
+    `Kernel moe_matvec: nCols ${shape.nCols} not a multiple of xDiv`,
+  );
+  checkShape(
+    Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)) <= MAX_WORKGROUPS_PER_DIM,
+    `Kernel moe_matvec: N=${shape.n} needs too many workgroups: split it`,
+  );
+  const expertBytes = rowBytes * shape.n * shape.nExpert;
+  const ends = [shape.offGateBytes + expertBytes];
+  if (shape.gateUp) {
+    const up = shape.offUpBytes ?? -1;
+    checkShape(up >= 0 && up % 4 === 0, `Kernel moe_matvec: GATE_UP needs offUpBytes, a multiple of 4`);
+    ends.push(up + expertBytes);
+  }
+  checkBinding("moe_matvec", "params", b.params, [8]);
+  checkBinding("moe_matvec", "ids", b.ids, [shape.nCols]);
+  checkBinding("moe_matvec", "weights", b.weights, [Math.ceil(Math.max(...ends) / 4)]);
+  checkBinding("moe_matvec", "x", b.x, [shape.k, shape.nCols / shape.xDiv]);
+  checkBinding("moe_matvec", "y", b.y, [shape.n, shape.nCols]);
+}

@@ -1,8 +1,9 @@
 /**
- * Throughput of `fillRandomBlocks` per type: fills a `--mb` MiB buffer `--reps` times (after one warm-up)
- * and prints one JSON line per type with MB/s (1 MB = 1e6 bytes).
+ * Throughput of `fillRandomBlocks` per type, as a streaming writer uses it: fills a `--mb` MiB buffer in
+ * `--chunk-mb` MiB chunks (whole blocks), `--reps` times after one warm-up pass, and prints one JSON line
+ * per type with MB/s (1 MB = 1e6 bytes) and the 1-minute load average (the machine is shared).
  *
- * Run: `deno run -A bench/quant_random.ts [--mb 64] [--reps 5] [--types IQ4_XS,Q8_0,Q6_K]`
+ * Run: `deno run -A bench/quant_random.ts [--mb 64] [--chunk-mb 4] [--reps 5] [--types IQ4_XS,Q8_0,Q6_K]`
  * @module
  */
 
@@ -31,34 +32,44 @@ function main(): void {
     args: Deno.args,
     options: {
       mb: { type: "string", default: "64" },
+      "chunk-mb": { type: "string", default: "4" },
       reps: { type: "string", default: "5" },
       types: { type: "string", default: ALL.join(",") },
     },
   });
   const mib = Number(values.mb);
   const reps = Number(values.reps);
+  const chunkMib = Number(values["chunk-mb"]);
   const types = values.types.split(",");
   const rev = commit();
   for (const name of types) {
     if (!isTypeName(name)) throw new TypeError(`Unknown type ${name}: expected one of ${ALL.join(", ")}`);
     const bs = typeInfo(name).blockBytes;
     const buf = new Uint8Array(Math.floor((mib * 2 ** 20) / bs) * bs);
+    const chunk = Math.max(1, Math.floor((chunkMib * 2 ** 20) / bs)) * bs;
     const state = new RandomState(1);
     const scale = name === "IQ4_XS" ? 2e-5 : 1e-3;
-    fillRandomBlocks(name, buf, { scale, state });
+    const pass = () => {
+      for (let o = 0; o < buf.length; o += chunk) {
+        fillRandomBlocks(name, buf.subarray(o, Math.min(buf.length, o + chunk)), { scale, state });
+      }
+    };
+    pass();
     const t0 = performance.now();
-    for (let r = 0; r < reps; r++) fillRandomBlocks(name, buf, { scale, state });
+    for (let r = 0; r < reps; r++) pass();
     const s = (performance.now() - t0) / 1000;
     console.log(JSON.stringify({
       bench: "quant_random",
       commit: rev,
-      command: `deno run -A bench/quant_random.ts --mb ${mib} --reps ${reps}`,
+      command: `deno run -A bench/quant_random.ts --mb ${mib} --chunk-mb ${chunkMib} --reps ${reps}`,
       type: name,
       sizeBytes: buf.length,
+      chunkBytes: chunk,
       reps,
       scale,
       seconds: Number(s.toFixed(4)),
       mbPerS: Math.round((buf.length * reps) / s / 1e6),
+      loadAvg1m: Deno.loadavg()[0],
     }));
   }
 }

@@ -87,12 +87,14 @@ export interface InspectReport {
 }
 
 /** KV cache bytes per position of one attention layer: K and V, f16, nHeadKv·headDim each. */
-export function kvBytesPerPosition(hp: Hparams): number {
+export function kvBytesPerPosition(hp: Pick<Hparams, "nHeadKv" | "headDim">): number {
   return 2 * hp.nHeadKv * hp.headDim * 2;
 }
 
 /** Per-sequence state bytes of one DeltaNet layer: f32 conv window (K_conv − 1)·C plus f32 n_v·d_k·d_v. */
-export function recurrentBytesPerSlot(hp: Hparams): number {
+export function recurrentBytesPerSlot(
+  hp: Pick<Hparams, "ssmConv" | "ssmGroups" | "ssmState" | "ssmInner" | "ssmDtRank">,
+): number {
   return 4 * ((hp.ssmConv - 1) * convChannels(hp) + hp.ssmDtRank * hp.ssmState * hp.ssmState);
 }
 

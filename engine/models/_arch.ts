@@ -90,7 +90,7 @@ export interface Hparams {
 }
 
 /** Conv channels C = 2·n_k·d_k + n_v·d_v of a DeltaNet layer (spec §8.1). */
-export function convChannels(hp: Hparams): number {
+export function convChannels(hp: Pick<Hparams, "ssmGroups" | "ssmState" | "ssmInner">): number {
   return 2 * hp.ssmGroups * hp.ssmState + hp.ssmInner;
 }
 

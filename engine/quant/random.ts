@@ -254,28 +254,30 @@ function fillBytes(dst: Uint8Array, state: RandomState): void {
   }
 }
 
-/** Normal-ish floats of std `scale`: (sum of a word's 4 bytes − 510) / SUM4_STD · scale. */
+/**
+ * Normal-ish floats of std `scale`: (sum of a word's 4 bytes − 510) / SUM4_STD · scale, rounded to f32 and
+ * then to the element type. The sum takes only 1021 values, so their encodings come from a table.
+ */
 function fillFloats(type: "F32" | "F16" | "BF16", dst: Uint8Array, scale: number, state: RandomState): void {
+  const k = scale / SUM4_STD;
+  const values = new Float32Array(1021);
+  for (let v = 0; v < 1021; v++) values[v] = (v - 510) * k;
+  const table = type === "F32" ? values : new Uint16Array(1021);
+  if (table instanceof Uint16Array) {
+    for (let v = 0; v < 1021; v++) table[v] = type === "F16" ? f32ToF16(values[v]!) : f32ToBf16(values[v]!);
+  }
   const eb = type === "F32" ? 4 : 2;
   const n = dst.length / eb;
   const words = new Uint32Array(Math.min(n, SCRATCH_BYTES));
-  const f = new Float32Array(words.length);
-  const k = scale / SUM4_STD;
+  const out = type === "F32" ? new Float32Array(words.length) : new Uint16Array(words.length);
+  const outBytes = new Uint8Array(out.buffer);
   for (let pos = 0; pos < n; pos += words.length) {
     const m = Math.min(words.length, n - pos);
     state.fillWords(words, 0, m);
     for (let i = 0; i < m; i++) {
       const w = words[i]!;
-      f[i] = ((w & 255) + ((w >>> 8) & 255) + ((w >>> 16) & 255) + (w >>> 24) - 510) * k;
+      out[i] = table[(w & 255) + ((w >>> 8) & 255) + ((w >>> 16) & 255) + (w >>> 24)]!;
     }
-    if (type === "F32") {
-      dst.set(new Uint8Array(f.buffer, 0, 4 * m), 4 * pos);
-    } else {
-      for (let i = 0; i < m; i++) {
-        const bits = type === "F16" ? f32ToF16(f[i]!) : f32ToBf16(f[i]!);
-        dst[2 * (pos + i)] = bits;
-        dst[2 * (pos + i) + 1] = bits >> 8;
-      }
-    }
+    dst.set(outBytes.subarray(0, eb * m), eb * pos);
   }
 }

@@ -18,7 +18,7 @@ const IQ4_NTRY = 7;
 /**
  * Quantizes `values` (ne=[n], n a whole number of blocks) to `type` block bytes.
  * @throws {RangeError} when `values.length` is not a whole number of blocks, a quantized type gets a
- *   non-finite value, or a block's scale overflows f16
+ *   non-finite value, a block's scale overflows f16, or a finite value overflows F16/BF16
  * @example
  * ```ts
  * const bytes = quantize("Q8_0", new Float32Array(64).fill(1)); // 2 blocks, 68 bytes
@@ -38,10 +38,17 @@ export function quantize(type: GgmlTypeName, values: Float32Array): Uint8Array {
       out.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
       return out;
     case "F16":
-      for (let i = 0; i < values.length; i++) putU16(out, 2 * i, f32ToF16(values[i]!));
-      return out;
     case "BF16":
-      for (let i = 0; i < values.length; i++) putU16(out, 2 * i, f32ToBf16(values[i]!));
+      for (let i = 0; i < values.length; i++) {
+        const bits = type === "F16" ? f32ToF16(values[i]!) : f32ToBf16(values[i]!);
+        // Inf and NaN inputs are kept; a finite value that rounds to inf is an error, not a silent inf.
+        if ((bits & 0x7fff) === (type === "F16" ? 0x7c00 : 0x7f80) && Number.isFinite(values[i]!)) {
+          throw new RangeError(
+            `${type}: value ${values[i]} at index ${i} overflows ${type}: scale the values down`,
+          );
+        }
+        putU16(out, 2 * i, bits);
+      }
       return out;
     default:
       break;

@@ -308,4 +308,14 @@ Deno.test("quantize rejects partial blocks, non-finite values and f16 scale over
   x[5] = NaN;
   assert.throws(() => quantize("Q8_0", x), /Q8_0: value NaN at index 5 is not finite/);
   assert.throws(() => quantize("Q8_0", new Float32Array(32).fill(1e8)), /overflows f16/);
+  assert.throws(
+    () => quantize("F16", new Float32Array([1, 65520])),
+    /F16: value 65520 at index 1 overflows F16/,
+  );
+  const special = quantize("F16", new Float32Array([Infinity, NaN, 65519]));
+  assert.deepEqual(
+    [...special],
+    [0x00, 0x7c, 0x00, 0x7e, 0xff, 0x7b],
+    "inf, NaN and the largest finite pass",
+  );
 });

@@ -7,10 +7,12 @@
 import type { GgufFile, GgufTensorInfo } from "../gguf.ts";
 import type { GgmlTypeInfo } from "../quant/types.ts";
 
-/** One GPU buffer holding rows `[firstRow, firstRow + nRows)` of a tensor (rows = everything past ne0). */
+/** One GPU buffer range holding rows `[firstRow, firstRow + nRows)` of a tensor (rows = everything past ne0). */
 export interface GpuTensorPart {
   /** The buffer (STORAGE | COPY_DST | COPY_SRC), sized to a multiple of 4 bytes. */
   readonly buffer: GPUBuffer;
+  /** Byte offset of row `firstRow` in `buffer` (non-zero only for tensors packed with others). */
+  readonly offsetBytes: number;
   /** First row (flattened over ne1..ne3) stored in this part. */
   readonly firstRow: number;
   /** Rows in this part. */
@@ -48,18 +50,28 @@ export interface UploadProgress {
 /** Default staging chunk: large enough for full writeBuffer bandwidth, small enough to keep RSS low. */
 const DEFAULT_CHUNK_BYTES = 64 * 2 ** 20;
 
+/** Alignment of each tensor inside a pack: the storage-buffer offset alignment WebGPU guarantees. */
+export const PACK_ALIGN_BYTES = 256;
+
 /**
- * Uploads `names` from `file` to `device`, in file order of the list.
+ * Uploads `names` from `file` to `device`, in the order of the list.
  *
+ * @param opts.packs groups of names stored back to back in ONE buffer (each at a 256-byte aligned offset),
+ *   for kernels that read several tensors through one binding (expert gate and up); every name of a pack
+ *   must also be in `names`, and a pack must fit the part limit
+ * @param opts.rowOrder per tensor, the source row of each stored row (a lossless permutation, e.g. the
+ *   legacy `ssm_in` rows gathered into canonical order); such a tensor is read whole, so keep it small
  * @param opts.maxPartBytes largest buffer per part (default: the device's maxStorageBufferBindingSize)
  * @param opts.onProgress called after each chunk
- * @throws {RangeError} when one row alone exceeds the part limit (the tensor cannot be bound)
+ * @throws {RangeError} when one row alone, or a pack, exceeds the part limit (it cannot be bound)
  */
 export async function uploadTensors(
   device: GPUDevice,
   file: GgufFile,
   opts: {
     names: readonly string[];
+    packs?: readonly (readonly string[])[];
+    rowOrder?: ReadonlyMap<string, Uint32Array>;
     maxPartBytes?: number;
     chunkBytes?: number;
     onProgress?: (p: UploadProgress) => void;
@@ -70,32 +82,90 @@ export async function uploadTensors(
   const chunkBytes = Math.max(4, Math.floor((opts.chunkBytes ?? DEFAULT_CHUNK_BYTES) / 4) * 4);
   const staging = new Uint8Array(chunkBytes);
   const totalBytes = infos.reduce((s, t) => s + t.nbytes, 0);
+  const planned = new Map<string, GpuTensor>();
+  for (const pack of opts.packs ?? []) {
+    for (const [name, t] of planPack(device, pack.map((n) => file.tensor(n)), maxPart)) planned.set(name, t);
+  }
   const out = new Map<string, GpuTensor>();
   let doneBytes = 0;
+  const progress = () =>
+    opts.onProgress?.({ doneBytes, totalBytes, doneTensors: out.size, totalTensors: infos.length });
   for (const info of infos) {
-    const tensor = planParts(device, info, maxPart);
+    const tensor = planned.get(info.name) ?? planParts(device, info, maxPart);
+    const order = opts.rowOrder?.get(info.name);
+    const whole = order
+      ? permuteRows(await file.readTensor(info.name), tensor.rowBytes, order, info.name)
+      : undefined;
     for (const part of tensor.parts) {
       const base = part.firstRow * tensor.rowBytes;
       for (let at = 0; at < part.sizeBytes; at += chunkBytes) {
         const n = Math.min(chunkBytes, part.sizeBytes - at);
-        const view = staging.subarray(0, n);
-        await file.readTensorInto(info.name, view, base + at);
+        if (whole) staging.set(whole.subarray(base + at, base + at + n));
+        else await file.readTensorInto(info.name, staging.subarray(0, n), base + at);
         const padded = Math.ceil(n / 4) * 4;
         if (padded !== n) staging.fill(0, n, padded);
-        device.queue.writeBuffer(part.buffer, at, staging, 0, padded);
+        device.queue.writeBuffer(part.buffer, part.offsetBytes + at, staging, 0, padded);
         doneBytes += n;
-        opts.onProgress?.({
-          doneBytes,
-          totalBytes,
-          doneTensors: out.size,
-          totalTensors: infos.length,
-        });
+        progress();
       }
     }
     out.set(info.name, tensor);
   }
-  opts.onProgress?.({ doneBytes, totalBytes, doneTensors: out.size, totalTensors: infos.length });
+  progress();
   return out;
+}
+
+function permuteRows(bytes: Uint8Array, rowBytes: number, order: Uint32Array, name: string): Uint8Array {
+  const nRows = bytes.length / rowBytes;
+  if (order.length !== nRows) {
+    throw new Error(
+      `Internal error: row order of ${name} has ${order.length} rows but the tensor has ${nRows}`,
+    );
+  }
+  const out = new Uint8Array(bytes.length);
+  for (let r = 0; r < nRows; r++) {
+    const src = order[r]!;
+    if (src >= nRows) throw new Error(`Internal error: row order of ${name} names row ${src} of ${nRows}`);
+    out.set(bytes.subarray(src * rowBytes, (src + 1) * rowBytes), r * rowBytes);
+  }
+  return out;
+}
+
+function planPack(
+  device: GPUDevice,
+  infos: readonly GgufTensorInfo[],
+  maxPartBytes: number,
+): Map<string, GpuTensor> {
+  let size = 0;
+  const offsets = infos.map((info) => {
+    const at = size;
+    size = Math.ceil((at + info.nbytes) / PACK_ALIGN_BYTES) * PACK_ALIGN_BYTES;
+    return at;
+  });
+  const names = infos.map((i) => i.name).join(" + ");
+  if (size > maxPartBytes) {
+    throw new RangeError(
+      `Tensors ${names} (${size} bytes together) exceed the GPU binding limit of ${maxPartBytes} bytes: ` +
+        `this adapter cannot run this model`,
+    );
+  }
+  const buffer = device.createBuffer({
+    label: names,
+    size: Math.max(4, size),
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC,
+  });
+  return new Map(infos.map((info, i) => {
+    const ne0 = info.ne[0] ?? 1;
+    const rowBytes = (ne0 / info.type.blockElems) * info.type.blockBytes;
+    const part = {
+      buffer,
+      offsetBytes: offsets[i]!,
+      firstRow: 0,
+      nRows: info.nElems / ne0,
+      sizeBytes: info.nbytes,
+    };
+    return [info.name, { name: info.name, type: info.type, ne: info.ne, rowBytes, parts: [part] }];
+  }));
 }
 
 function planParts(device: GPUDevice, info: GgufTensorInfo, maxPartBytes: number): GpuTensor {
@@ -118,7 +188,7 @@ function planParts(device: GPUDevice, info: GgufTensorInfo, maxPartBytes: number
       size: Math.max(4, Math.ceil(sizeBytes / 4) * 4),
       usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC,
     });
-    parts.push({ buffer, firstRow: first, nRows: rows, sizeBytes });
+    parts.push({ buffer, offsetBytes: 0, firstRow: first, nRows: rows, sizeBytes });
   }
   return { name: info.name, type: info.type, ne: info.ne, rowBytes, parts };
 }

@@ -14,17 +14,15 @@ import {
   attention,
   conv1dStep,
   deltaNetChunked,
+  deltaNetGates,
   deltaNetStep,
-  expertFfn,
   l2Norm,
   matvec,
-  moeRoute,
+  moeFfn,
   rmsNorm,
   rmsNormGated,
   ropeNeox,
-  sigmoid,
   silu,
-  softplus,
 } from "./ops.ts";
 
 /**
@@ -59,6 +57,8 @@ export interface RefModelOptions {
   readonly record?: boolean;
   /** DeltaNet core: token-by-token recurrence (default, spec §8.5) or the chunked form (§8.6). */
   readonly deltaNet?: "recurrent" | "chunked";
+  /** Chunk size of the chunked DeltaNet core (default 64, spec §8.6). */
+  readonly chunk?: number;
   /** Debugging only: replaces the architecture's κ (spec §9), to try the alternative mapping. */
   readonly kvGroupOfVHead?: (h: number) => number;
 }
@@ -105,6 +105,7 @@ export class RefModel {
   readonly #global: { embd?: Float64Array; outNorm?: Float64Array; output?: Float64Array };
   readonly #record: boolean;
   readonly #core: "recurrent" | "chunked";
+  readonly #chunk: number;
   #state: LayerState[] = [];
   #nPast = 0;
   #rec = new Map<string, Float64Array[]>();
@@ -126,6 +127,7 @@ export class RefModel {
     this.#global = parts.global;
     this.#record = parts.opts.record ?? false;
     this.#core = parts.opts.deltaNet ?? "recurrent";
+    this.#chunk = parts.opts.chunk ?? 64;
     this.reset();
   }
 
@@ -393,11 +395,14 @@ export class RefModel {
       v.set(y.subarray(t * C + 2 * nK * dK, (t + 1) * C), t * nV * dV);
     }
     // §8.2 gates
-    const ssmA = need(w, "ssm_a", layer), dt = need(w, "ssm_dt", layer);
-    const beta = b.map(sigmoid);
-    const g = al.map((v, i) => ssmA[i % nV]! * softplus(v + dt[i % nV]!));
+    const { beta, g } = deltaNetGates(b, {
+      a: al,
+      ssmA: need(w, "ssm_a", layer),
+      dtBias: need(w, "ssm_dt", layer),
+    });
     const core = this.#core === "chunked" ? deltaNetChunked : deltaNetStep;
     const res = core(st.ssm, {
+      chunk: this.#chunk,
       dK,
       dV,
       nK,
@@ -419,32 +424,19 @@ export class RefModel {
 
   /** Spec §10: routed top-k experts plus the sigmoid-gated shared expert. */
   #moe(layer: number, w: LayerWeights, m: Float64Array): Float64Array {
-    const hp = this.hp;
-    const D = hp.nEmbd, F = hp.nFfExp;
-    const route = moeRoute(matvec(need(w, "ffn_gate_inp", layer), m), {
-      nUsed: hp.nExpertUsed,
-      weightsScale: hp.expertWeightsScale,
+    return moeFfn(m, {
+      gateInp: need(w, "ffn_gate_inp", layer),
+      gateExps: need(w, "ffn_gate_exps", layer),
+      upExps: need(w, "ffn_up_exps", layer),
+      downExps: need(w, "ffn_down_exps", layer),
+      gateInpShexp: need(w, "ffn_gate_inp_shexp", layer),
+      gateShexp: need(w, "ffn_gate_shexp", layer),
+      upShexp: need(w, "ffn_up_shexp", layer),
+      downShexp: need(w, "ffn_down_shexp", layer),
+      nExpert: this.hp.nExpert,
+      nUsed: this.hp.nExpertUsed,
+      weightsScale: this.hp.expertWeightsScale,
     });
-    const gateExps = need(w, "ffn_gate_exps", layer);
-    const upExps = need(w, "ffn_up_exps", layer);
-    const downExps = need(w, "ffn_down_exps", layer);
-    const out = new Float64Array(D);
-    route.ids.forEach((e, i) => {
-      const y = expertFfn(m, {
-        gate: gateExps.subarray(e * D * F, (e + 1) * D * F),
-        up: upExps.subarray(e * D * F, (e + 1) * D * F),
-        down: downExps.subarray(e * F * D, (e + 1) * F * D),
-      });
-      for (let d = 0; d < D; d++) out[d] = out[d]! + route.weights[i]! * y[d]!;
-    });
-    const shared = expertFfn(m, {
-      gate: need(w, "ffn_gate_shexp", layer),
-      up: need(w, "ffn_up_shexp", layer),
-      down: need(w, "ffn_down_shexp", layer),
-    });
-    const gam = sigmoid(matvec(need(w, "ffn_gate_inp_shexp", layer), m)[0]!);
-    for (let d = 0; d < D; d++) out[d] = out[d]! + gam * shared[d]!;
-    return out;
   }
 }
 

@@ -7,6 +7,8 @@
  * `i0 + n0 * (i1 + n1 * i2)`.
  * @module
  */
+import { dequantizeRow } from "../../engine/quant/dequant.ts";
+import { type GgmlTypeName, rowBytes } from "../../engine/quant/types.ts";
 
 /** ggml's lower bound on the sum of the selected routing probabilities before renormalizing (L5). */
 export const MOE_WEIGHT_SUM_MIN = 6.1035e-5;
@@ -117,6 +119,32 @@ export function matvec(
   for (let r = 0; r < ne1; r++) {
     let acc = 0;
     for (let c = 0; c < ne0; c++) acc += w[r * ne0 + c]! * x[c]!;
+    y[r] = acc;
+  }
+  return y;
+}
+
+/**
+ * Matrix-vector product over a quantized matrix: each row's block bytes decoded by the reference
+ * dequantizer, then {@linkcode matvec}'s sum.
+ * @param w matrix `ne=[ne0, ne1]` of type `w.type`, all ne1 rows of bytes
+ * @param x vector `ne=[ne0]`
+ * @returns `ne=[ne1]`
+ */
+export function matvecQuant(
+  w: { type: GgmlTypeName; bytes: Uint8Array },
+  x: ArrayLike<number>,
+): Float64Array {
+  const ne0 = x.length;
+  const ne1 = w.bytes.length / rowBytes(w.type, ne0);
+  if (!Number.isInteger(ne1)) {
+    throw new RangeError(`matvecQuant: ${w.bytes.length} bytes of ${w.type} are not whole rows of ${ne0}`);
+  }
+  const y = new Float64Array(ne1);
+  for (let r = 0; r < ne1; r++) {
+    const row = dequantizeRow(w.type, w.bytes, ne0, r);
+    let acc = 0;
+    for (let c = 0; c < ne0; c++) acc += row[c]! * x[c]!;
     y[r] = acc;
   }
   return y;
@@ -254,6 +282,28 @@ export function conv1dStep(
   return { y, state: all.slice(all.length - state.length) };
 }
 
+/**
+ * DeltaNet gates of spec §8.2 for every value head of every token: `β = sigmoid(b)` and
+ * `g = ssmA · softplus(a + dtBias)` (ssmA = −exp(A_log) < 0 as stored in GGUF, so g ≤ 0).
+ * @param b beta logits `ne=[nV, nTokens]`
+ * @param opts `a`: alpha logits `ne=[nV, nTokens]`; `ssmA`, `dtBias`: `ne=[nV]`
+ * @returns `beta` and `g`, both `ne=[nV, nTokens]`
+ */
+export function deltaNetGates(
+  b: ArrayLike<number>,
+  opts: { a: ArrayLike<number>; ssmA: ArrayLike<number>; dtBias: ArrayLike<number> },
+): { beta: Float64Array; g: Float64Array } {
+  const nV = opts.ssmA.length;
+  if (opts.a.length !== b.length || b.length % nV !== 0 || opts.dtBias.length !== nV) {
+    throw new RangeError(
+      `deltaNetGates: b ${b.length}, a ${opts.a.length}, ssmA ${nV}, dtBias ${opts.dtBias.length}`,
+    );
+  }
+  const beta = Float64Array.from(b, sigmoid);
+  const g = Float64Array.from(opts.a, (v, i) => opts.ssmA[i % nV]! * softplus(v + opts.dtBias[i % nV]!));
+  return { beta, g };
+}
+
 /** Shapes and head mapping of a gated DeltaNet call. */
 export interface DeltaNetShape {
   /** Key head dim (`ssmState`). */
@@ -350,38 +400,39 @@ export function deltaNetChunked(
     // S[i][j] = Snew[so + j*dK + i]
     for (let c0 = 0; c0 < nTokens; c0 += cs) {
       const n = Math.min(cs, nTokens - c0);
-      const K = (t: number, i: number) => k[((c0 + t) * nK + kh) * dK + i]!;
-      const Q = (t: number, i: number) => q[((c0 + t) * nK + kh) * dK + i]! * scale;
-      const Vm = (t: number, j: number) => v[((c0 + t) * nV + h) * dV + j]!;
-      const B = (t: number) => beta[(c0 + t) * nV + h]!;
-      const G = new Float64Array(n);
-      for (let t = 0, acc = 0; t < n; t++) G[t] = acc += g[(c0 + t) * nV + h]!;
-      const dot = (
-        a: (t: number, i: number) => number,
-        ta: number,
-        b: (t: number, i: number) => number,
-        tb: number,
-      ) => {
+      // this chunk's rows of head h: K, Q (scaled) ne=[dK, n]; Vm ne=[dV, n]; β, g per token
+      const K = new Float64Array(n * dK), Q = new Float64Array(n * dK), Vm = new Float64Array(n * dV);
+      const B = new Float64Array(n), G = new Float64Array(n);
+      for (let t = 0, acc = 0; t < n; t++) {
+        for (let i = 0; i < dK; i++) {
+          K[t * dK + i] = k[((c0 + t) * nK + kh) * dK + i]!;
+          Q[t * dK + i] = q[((c0 + t) * nK + kh) * dK + i]! * scale;
+        }
+        for (let j = 0; j < dV; j++) Vm[t * dV + j] = v[((c0 + t) * nV + h) * dV + j]!;
+        B[t] = beta[(c0 + t) * nV + h]!;
+        G[t] = acc += g[(c0 + t) * nV + h]!; // cumulative log-decay within the chunk
+      }
+      const dot = (a: Float64Array, ta: number, b: Float64Array, tb: number) => {
         let s = 0;
-        for (let i = 0; i < dK; i++) s += a(ta, i) * b(tb, i);
+        for (let i = 0; i < dK; i++) s += a[ta * dK + i]! * b[tb * dK + i]!;
         return s;
       };
       // M[t][s] = β_t (k_t·k_s) e^{G_t-G_s}, s < t
       const M = new Float64Array(n * n);
       for (let t = 0; t < n; t++) {
-        for (let s = 0; s < t; s++) M[t * n + s] = B(t) * dot(K, t, K, s) * Math.exp(G[t]! - G[s]!);
+        for (let s = 0; s < t; s++) M[t * n + s] = B[t]! * dot(K, t, K, s) * Math.exp(G[t]! - G[s]!);
       }
       // (I + M) U = diag(β) Vm and (I + M) Wk = diag(β e^G) K by forward substitution
       const U = new Float64Array(n * dV);
       const Wk = new Float64Array(n * dK);
       for (let t = 0; t < n; t++) {
         for (let j = 0; j < dV; j++) {
-          let acc = B(t) * Vm(t, j);
+          let acc = B[t]! * Vm[t * dV + j]!;
           for (let s = 0; s < t; s++) acc -= M[t * n + s]! * U[s * dV + j]!;
           U[t * dV + j] = acc;
         }
         for (let i = 0; i < dK; i++) {
-          let acc = B(t) * Math.exp(G[t]!) * K(t, i);
+          let acc = B[t]! * Math.exp(G[t]!) * K[t * dK + i]!;
           for (let s = 0; s < t; s++) acc -= M[t * n + s]! * Wk[s * dK + i]!;
           Wk[t * dK + i] = acc;
         }
@@ -402,7 +453,7 @@ export function deltaNetChunked(
         for (let s = 0; s <= t; s++) qk[s] = dot(Q, t, K, s) * Math.exp(G[t]! - G[s]!);
         for (let j = 0; j < dV; j++) {
           let inter = 0;
-          for (let i = 0; i < dK; i++) inter += Q(t, i) * Snew[so + j * dK + i]!;
+          for (let i = 0; i < dK; i++) inter += Q[t * dK + i]! * Snew[so + j * dK + i]!;
           let intra = 0;
           for (let s = 0; s <= t; s++) intra += qk[s]! * Vp[s * dV + j]!;
           o[((c0 + t) * nV + h) * dV + j] = eg * inter + intra;
@@ -413,7 +464,7 @@ export function deltaNetChunked(
       for (let j = 0; j < dV; j++) {
         for (let i = 0; i < dK; i++) {
           let acc = Math.exp(gl) * Snew[so + j * dK + i]!;
-          for (let t = 0; t < n; t++) acc += Math.exp(gl - G[t]!) * K(t, i) * Vp[t * dV + j]!;
+          for (let t = 0; t < n; t++) acc += Math.exp(gl - G[t]!) * K[t * dK + i]! * Vp[t * dV + j]!;
           Snew[so + j * dK + i] = acc;
         }
       }
@@ -467,6 +518,63 @@ export function expertFfn(
   const hid = new Float64Array(a.length);
   for (let i = 0; i < a.length; i++) hid[i] = silu(a[i]!) * b[i]!;
   return matvec(opts.down, hid);
+}
+
+/** Weights of one MoE FFN block (spec §4, §10), dequantized. */
+export interface MoeWeights {
+  /** Router `ne=[nEmbd, nExpert]`. */
+  readonly gateInp: ArrayLike<number>;
+  /** Expert gate and up projections `ne=[nEmbd, nFf, nExpert]`. */
+  readonly gateExps: Float64Array;
+  /** See `gateExps`. */
+  readonly upExps: Float64Array;
+  /** Expert down projections `ne=[nFf, nEmbd, nExpert]`. */
+  readonly downExps: Float64Array;
+  /** Shared-expert gate logit weights `ne=[nEmbd]`. */
+  readonly gateInpShexp: ArrayLike<number>;
+  /** Shared expert gate and up projections `ne=[nEmbd, nFfShexp]`. */
+  readonly gateShexp: ArrayLike<number>;
+  /** See `gateShexp`. */
+  readonly upShexp: ArrayLike<number>;
+  /** Shared expert down projection `ne=[nFfShexp, nEmbd]`. */
+  readonly downShexp: ArrayLike<number>;
+}
+
+/**
+ * The MoE FFN of spec §10: routed experts ({@linkcode moeRoute}, {@linkcode expertFfn}) weighted and summed,
+ * plus the shared expert scaled by `sigmoid(gateInpShexp · x)`.
+ * @param x input `ne=[nEmbd]` (the post-attention RMSNorm output)
+ * @returns `ne=[nEmbd]`
+ */
+export function moeFfn(
+  x: ArrayLike<number>,
+  opts: MoeWeights & { nExpert: number; nUsed: number; weightsScale?: number },
+): Float64Array {
+  const D = x.length;
+  const F = opts.gateExps.length / (D * opts.nExpert);
+  if (
+    !Number.isInteger(F) || opts.upExps.length !== opts.gateExps.length ||
+    opts.downExps.length !== F * D * opts.nExpert
+  ) {
+    throw new RangeError(
+      `moeFfn: expert tensors ${opts.gateExps.length}/${opts.upExps.length}/${opts.downExps.length} do not ` +
+        `fit nEmbd ${D} and nExpert ${opts.nExpert}`,
+    );
+  }
+  const route = moeRoute(matvec(opts.gateInp, x, { ne1: opts.nExpert }), opts);
+  const out = new Float64Array(D);
+  route.ids.forEach((e, i) => {
+    const y = expertFfn(x, {
+      gate: opts.gateExps.subarray(e * D * F, (e + 1) * D * F),
+      up: opts.upExps.subarray(e * D * F, (e + 1) * D * F),
+      down: opts.downExps.subarray(e * F * D, (e + 1) * F * D),
+    });
+    for (let d = 0; d < D; d++) out[d] = out[d]! + route.weights[i]! * y[d]!;
+  });
+  const shared = expertFfn(x, { gate: opts.gateShexp, up: opts.upShexp, down: opts.downShexp });
+  const gam = sigmoid(matvec(opts.gateInpShexp, x, { ne1: 1 })[0]!);
+  for (let d = 0; d < D; d++) out[d] = out[d]! + gam * shared[d]!;
+  return out;
 }
 
 function checkRows(what: string, len: number, n: number): void {

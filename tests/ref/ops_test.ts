@@ -5,12 +5,15 @@ import {
   attention,
   conv1dStep,
   deltaNetChunked,
+  deltaNetGates,
   type DeltaNetInputs,
   type DeltaNetShape,
   deltaNetStep,
   expertFfn,
   l2Norm,
   matvec,
+  matvecQuant,
+  moeFfn,
   moeRoute,
   rmsNorm,
   rmsNormGated,
@@ -209,4 +212,47 @@ Deno.test("norms, activations, matvec and expertFfn on hand cases", () => {
   // gate = up = identity 2x2, down rows (1, 1) and (0, 1)
   const y = expertFfn([1, 2], { gate: [1, 0, 0, 1], up: [1, 0, 0, 1], down: [1, 1, 0, 1] });
   assertClose(y, [silu(1) * 1 + silu(2) * 2, silu(2) * 2], F64, { what: "expertFfn", seed: 0 });
+});
+
+Deno.test("matvecQuant decodes Q8_0 blocks (f16 scale, int8 values) and F32 rows", () => {
+  // two Q8_0 rows of 32: row 0 scale 0.5 (f16 0x3800) with q = 1..32; row 1 scale -2 (0xC000) with q = -1
+  const bytes = new Uint8Array(2 * 34);
+  bytes.set([0x00, 0x38], 0);
+  for (let i = 0; i < 32; i++) bytes[2 + i] = i + 1;
+  bytes.set([0x00, 0xc0], 34);
+  for (let i = 0; i < 32; i++) bytes[36 + i] = 0xff;
+  const x = Float64Array.from({ length: 32 }, (_, i) => (i % 2 === 0 ? 1 : 0));
+  // row 0: 0.5 · (1 + 3 + ... + 31) = 0.5 · 256; row 1: (-2)(-1) · 16
+  assertClose(matvecQuant({ type: "Q8_0", bytes }, x), [128, 32], F64, { what: "Q8_0", seed: 0 });
+  const f32 = new Uint8Array(new Float32Array([1.5, -2, 0.25, 4]).buffer);
+  assertClose(matvecQuant({ type: "F32", bytes: f32 }, [2, 1]), [1, 4.5], F64, { what: "F32", seed: 0 });
+});
+
+Deno.test("deltaNetGates: beta = sigmoid(b), g = ssmA · softplus(a + dtBias) per value head", () => {
+  const r = deltaNetGates([0, Math.log(3), 0, 0], { a: [0, 1, -1, 30], ssmA: [-2, -0.5], dtBias: [0, -1] });
+  assertClose(r.beta, [0.5, 0.75, 0.5, 0.5], F64, { what: "beta", seed: 0 });
+  assertClose(r.g, [-2 * Math.LN2, -0.5 * Math.LN2, -2 * softplus(-1), -0.5 * 29], F64, {
+    what: "g",
+    seed: 0,
+  });
+});
+
+Deno.test("moeFfn: routed experts weighted by renormalized probabilities plus the gated shared expert", () => {
+  // nEmbd 2, 3 experts of nFf 1, top-2. x = (1, 0): router logits (0, ln 3, ln 2) pick experts 1 and 2
+  // with weights 3/5 and 2/5. Every expert gate is silu(x0); up scales by 1, 2, 3; downs send expert 1
+  // to dim 0, expert 2 to dim 1 (expert 0 would add 5 to both). Shared: gate logit 0 → 0.5 · silu(1).
+  const y = moeFfn([1, 0], {
+    gateInp: [0, 0, Math.log(3), 0, Math.log(2), 0],
+    gateExps: Float64Array.from([1, 0, 1, 0, 1, 0]),
+    upExps: Float64Array.from([1, 0, 2, 0, 3, 0]),
+    downExps: Float64Array.from([5, 5, 1, 0, 0, 1]),
+    gateInpShexp: [0, 0],
+    gateShexp: [1, 0],
+    upShexp: [1, 0],
+    downShexp: [1, 1],
+    nExpert: 3,
+    nUsed: 2,
+  });
+  const s1 = silu(1);
+  assertClose(y, [s1 * (0.6 * 2 + 0.5), s1 * (0.4 * 3 + 0.5)], F64, { what: "moeFfn", seed: 0 });
 });

@@ -1,0 +1,278 @@
+/**
+ * Benchmark: matvec on 35B-A3B weight shapes against the streaming-read ceiling of the same bytes, in one run.
+ * Prints one JSON line per measurement (never asserts). Each timing is many dispatches inside one compute pass,
+ * timed with timestamp queries when the adapter has them (else wall clock around one submit), rotating over
+ * enough copies of the tensor that the set exceeds the GPU's L2 cache.
+ *
+ * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep]` (`--quick`: small sizes, for lavapipe; `--sweep`:
+ * also TEAM/ROWS variants). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, rowBytes } from "../engine/quant/types.ts";
+import {
+  encodeMatvec,
+  MATVEC_PARAMS_BYTES,
+  type MatvecConstants,
+  matvecConstants,
+  type MatvecOp,
+  matvecParams,
+  type MatvecShape,
+  prepareMatvec,
+} from "../wgsl/matvec.ts";
+import {
+  encodeStreamRead,
+  prepareStreamRead,
+  STREAM_READ_PARAMS_BYTES,
+  type StreamReadOp,
+  streamReadParams,
+} from "../wgsl/stream_read.ts";
+
+const { values: args } = parseArgs({
+  options: { quick: { type: "boolean", default: false }, sweep: { type: "boolean", default: false } },
+});
+const QUICK = args.quick ?? false;
+
+/** Bytes the rotation set must exceed (H200 L2 is 50 MiB; lavapipe: a CPU's last-level cache). */
+const MIN_SET_BYTES = QUICK ? 64 << 20 : 256 << 20;
+/** Bytes each timed pass reads in all (several ms on the H200). */
+const PASS_BYTES = QUICK ? 256 << 20 : 16e9;
+
+interface Case {
+  name: string;
+  type: GgmlTypeName;
+  k: number;
+  n: number;
+  batch: number;
+}
+
+const TYPES_MAIN: GgmlTypeName[] = ["IQ4_XS", "Q8_0"];
+const SHAPES = QUICK ? [{ name: "small", k: 2048, n: 4096 }] : [
+  { name: "ffn_up_exps", k: 2048, n: 512 * 256 },
+  { name: "ffn_down_exps", k: 512, n: 2048 * 256 },
+  { name: "attn_qkv", k: 2048, n: 8192 },
+  { name: "ssm_out", k: 4096, n: 2048 },
+  { name: "output", k: 2048, n: 248320 },
+];
+const CASES: Case[] = [];
+for (const s of SHAPES) {
+  for (const type of TYPES_MAIN) CASES.push({ ...s, type, batch: 1 });
+}
+CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
+for (const type of ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTypeName[]) {
+  CASES.push({ ...SHAPES[0]!, name: SHAPES[0]!.name, type, batch: 1 });
+}
+for (const batch of [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!, type: "IQ4_XS", batch });
+
+const gpu = await acquireGpu();
+const { device } = gpu;
+const cache = new PipelineCache(device, { f16: gpu.f16 });
+const adapter = gpu.adapter.info.description || gpu.adapter.info.device || "unknown";
+const commit = await gitCommit();
+
+const BUF_BYTES = Math.min(QUICK ? 128 << 20 : 1 << 30, device.limits.maxStorageBufferBindingSize);
+const weights = device.createBuffer({
+  label: "bench weights",
+  size: BUF_BYTES,
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+});
+{
+  // Random bytes (scales included): timing does not depend on the values.
+  const chunk = new Uint8Array(16 << 20);
+  for (let o = 0; o < chunk.length; o += 65536) crypto.getRandomValues(chunk.subarray(o, o + 65536));
+  for (let o = 0; o < BUF_BYTES; o += chunk.length) {
+    device.queue.writeBuffer(weights, o, chunk, 0, Math.min(chunk.length, BUF_BYTES - o));
+  }
+}
+const maxK = Math.max(...CASES.map((c) => c.k));
+const maxNB = Math.max(...CASES.map((c) => c.n * c.batch));
+const xBuf = device.createBuffer({
+  size: 4 * maxK * 8,
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+});
+device.queue.writeBuffer(xBuf, 0, new Float32Array(maxK * 8).map(() => Math.random() - 0.5));
+const yBuf = device.createBuffer({ size: 4 * maxNB, usage: GPUBufferUsage.STORAGE });
+const sink = device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
+const MAX_COPIES = 64;
+const params = device.createBuffer({
+  size: 256 * MAX_COPIES,
+  usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+});
+const sparams = device.createBuffer({
+  size: 256 * MAX_COPIES,
+  usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+});
+const querySet = gpu.timestamps ? device.createQuerySet({ type: "timestamp", count: 2 }) : undefined;
+const queryBuf = device.createBuffer({
+  size: 16,
+  usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+});
+const queryRead = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
+
+/** Seconds per dispatch of `ops` (rotated, `reps` in all) in one compute pass. */
+async function time(encode: (pass: GPUComputePassEncoder, i: number) => void, reps: number): Promise<number> {
+  const run = async (timed: boolean): Promise<number> => {
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass(
+      timed && querySet
+        ? { timestampWrites: { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } }
+        : undefined,
+    );
+    for (let i = 0; i < reps; i++) encode(pass, i);
+    pass.end();
+    if (timed && querySet) {
+      enc.resolveQuerySet(querySet, 0, 2, queryBuf, 0);
+      enc.copyBufferToBuffer(queryBuf, 0, queryRead, 0, 16);
+    }
+    const t0 = performance.now();
+    device.queue.submit([enc.finish()]);
+    await device.queue.onSubmittedWorkDone();
+    const wall = (performance.now() - t0) / 1000;
+    if (timed && querySet) {
+      await queryRead.mapAsync(GPUMapMode.READ);
+      const ts = new BigUint64Array(queryRead.getMappedRange().slice(0));
+      queryRead.unmap();
+      return Number(ts[1]! - ts[0]!) / 1e9;
+    }
+    return wall;
+  };
+  await run(false); // warm-up: pipelines, clocks
+  return (await run(true)) / reps;
+}
+
+function line(o: Record<string, unknown>): void {
+  console.log(JSON.stringify({ bench: "matvec", commit, adapter, ...o }));
+}
+
+line({ event: "start", summary: gpu.summary, timestamps: gpu.timestamps, quick: QUICK });
+
+for (const c of CASES) {
+  const tBytes = c.n * rowBytes(c.type, c.k);
+  const slot = Math.ceil(tBytes / 256) * 256;
+  const copies = Math.max(
+    1,
+    Math.min(MAX_COPIES, Math.floor(BUF_BYTES / slot), Math.ceil(MIN_SET_BYTES / slot)),
+  );
+  if (slot > BUF_BYTES) {
+    line({
+      event: "skip",
+      case: c.name,
+      type: c.type,
+      why: `tensor ${tBytes} B exceeds the ${BUF_BYTES} B buffer`,
+    });
+    continue;
+  }
+  const reps = Math.max(copies, Math.min(4000, Math.ceil(PASS_BYTES / tBytes)));
+  // Ceiling: the same bytes (same copies, same rotation) read by the streaming kernel.
+  const sops: StreamReadOp[] = [];
+  for (let i = 0; i < copies; i++) {
+    const shape = { offsetBytes: i * slot, sizeBytes: Math.floor(tBytes / 16) * 16 };
+    device.queue.writeBuffer(sparams, 256 * i, streamReadParams(shape));
+    sops.push(
+      await prepareStreamRead(cache, {
+        device,
+        shape,
+        bindings: {
+          params: { buffer: sparams, offset: 256 * i, size: STREAM_READ_PARAMS_BYTES },
+          src: weights,
+          out: sink,
+        },
+      }),
+    );
+  }
+  const tStream = await time((p, i) => encodeStreamRead(p, sops[i % copies]!), reps);
+  const ceiling = tBytes / tStream / 1e9;
+  line({
+    kernel: "stream_read",
+    case: c.name,
+    type: c.type,
+    bytes: tBytes,
+    copies,
+    reps,
+    ms: tStream * 1e3,
+    gbps: ceiling,
+  });
+  const variants: (MatvecConstants | undefined)[] = [undefined];
+  if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
+    for (const [team, rows] of [[64, 1], [64, 4], [32, 2], [32, 4], [16, 4]] as const) {
+      variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows }));
+    }
+  }
+  for (const v of variants) {
+    const ops: MatvecOp[] = [];
+    let constants: MatvecConstants | undefined;
+    for (let i = 0; i < copies; i++) {
+      const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch, wOffsetBytes: i * slot };
+      constants = v ?? matvecConstants(shape);
+      device.queue.writeBuffer(params, 256 * i, matvecParams(shape));
+      ops.push(
+        await prepareMatvec(cache, {
+          device,
+          shape,
+          constants,
+          bindings: {
+            params: { buffer: params, offset: 256 * i, size: MATVEC_PARAMS_BYTES },
+            weights,
+            x: xBuf,
+            y: yBuf,
+          },
+        }),
+      );
+    }
+    const t = await time((p, i) => encodeMatvec(p, ops[i % copies]!), reps);
+    const gbps = tBytes / t / 1e9;
+    line({
+      kernel: "matvec",
+      case: c.name,
+      type: c.type,
+      ne: [c.k, c.n],
+      batch: c.batch,
+      constants,
+      bytes: tBytes,
+      copies,
+      reps,
+      ms: t * 1e3,
+      gbps,
+      ceilingGbps: ceiling,
+      ofCeiling: gbps / ceiling,
+    });
+  }
+}
+// The marginal ceiling: one read of the whole buffer.
+{
+  device.queue.writeBuffer(sparams, 0, streamReadParams({ offsetBytes: 0, sizeBytes: BUF_BYTES }));
+  const op = await prepareStreamRead(cache, {
+    device,
+    shape: { offsetBytes: 0, sizeBytes: BUF_BYTES },
+    bindings: {
+      params: { buffer: sparams, offset: 0, size: STREAM_READ_PARAMS_BYTES },
+      src: weights,
+      out: sink,
+    },
+  });
+  const reps = Math.max(4, Math.ceil(PASS_BYTES / BUF_BYTES));
+  const t = await time((p) => encodeStreamRead(p, op), reps);
+  line({
+    kernel: "stream_read",
+    case: "whole_buffer",
+    bytes: BUF_BYTES,
+    reps,
+    ms: t * 1e3,
+    gbps: BUF_BYTES / t / 1e9,
+  });
+}
+device.destroy();
+
+async function gitCommit(): Promise<string> {
+  const env = Deno.env.get("BENCH_COMMIT");
+  if (env) return env;
+  try {
+    const out = await new Deno.Command("git", { args: ["rev-parse", "--short", "HEAD"], stderr: "null" })
+      .output();
+    return out.success ? new TextDecoder().decode(out.stdout).trim() : "unknown";
+  } catch {
+    return "unknown"; // no git on the machine (the lent GPU): pass BENCH_COMMIT
+  }
+}

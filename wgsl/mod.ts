@@ -1,0 +1,36 @@
+/**
+ * The WGSL kernels and their host twins: each twin owns its kernel's constants, binding order, uniform
+ * packing, dispatch grid and shape check, and records into a caller-owned compute pass.
+ *
+ * @example
+ * ```ts
+ * import { encodeMatvec, matvecParams, prepareMatvec } from "./wgsl/mod.ts";
+ * ```
+ * @module
+ */
+export {
+  checkMatvec,
+  encodeMatvec,
+  MATVEC,
+  MATVEC_MAX_BATCH,
+  MATVEC_PARAMS_BYTES,
+  type MatvecBindings,
+  type MatvecConstants,
+  matvecConstants,
+  matvecGrid,
+  type MatvecOp,
+  matvecParams,
+  matvecRowsPerWorkgroup,
+  type MatvecShape,
+  prepareMatvec,
+} from "./matvec.ts";
+export {
+  encodeStreamRead,
+  prepareStreamRead,
+  STREAM_READ,
+  STREAM_READ_PARAMS_BYTES,
+  STREAM_READ_WORKGROUPS,
+  type StreamReadOp,
+  streamReadParams,
+  type StreamReadShape,
+} from "./stream_read.ts";

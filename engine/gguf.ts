@@ -204,6 +204,7 @@ export class GgufMetadata {
   readonly path: string;
 
   /**
+   * Wraps decoded key/value pairs.
    * @param entries decoded key/value pairs
    * @param path file they came from
    */
@@ -1023,6 +1024,22 @@ async function parsePart(handle: PartHandle, initialReadBytes: number): Promise<
             abs + t.nbytes
           } but the file ends at byte ${sizeBytes}: the tensor data is truncated: ${REDOWNLOAD}`,
         at,
+      );
+    }
+  }
+  // Tensors may be stored in any order but must not share bytes: a corrupt yet aligned offset would
+  // otherwise silently alias another tensor's data.
+  const byOffset = [...parser.tensors].sort((a, b) => a.offsetBytes - b.offsetBytes);
+  for (let i = 1; i < byOffset.length; i++) {
+    const prev = byOffset[i - 1]!;
+    const t = byOffset[i]!;
+    if (prev.offsetBytes + prev.nbytes > t.offsetBytes) {
+      throw new GgufError(
+        "bad_tensor",
+        `GGUF file ${path} at byte ${t.infoOffsetBytes}: tensor ${t.name} has data offset ${t.offsetBytes}, ` +
+          `inside the data of tensor ${prev.name} (offset ${prev.offsetBytes}, ${prev.nbytes} bytes), ` +
+          `expected tensors not to overlap: ${REDOWNLOAD}`,
+        { path, offsetBytes: t.infoOffsetBytes },
       );
     }
   }

@@ -366,6 +366,15 @@ const CASES: readonly Case[] = [
     }),
   },
   {
+    name: "overlapping tensors",
+    patch: (_b, dv, l) => u64(dv, l.tensor("tensor.b").offAt, 32n),
+    want: (l) => ({
+      code: "bad_tensor",
+      has: ["tensor tensor.b has data offset 32, inside the data of tensor tensor.a (offset 0, 64 bytes)"],
+      offsetBytes: l.tensor("tensor.b").at,
+    }),
+  },
+  {
     name: "duplicate tensor names",
     patch: (b, _dv, l) => b.set(enc.encode("tensor.a"), l.tensor("tensor.b").at + 8),
     want: (l) => ({

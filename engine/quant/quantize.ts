@@ -213,16 +213,17 @@ function quantQ6K(x: Float32Array, out: Uint8Array, o: number): void {
 }
 
 /**
- * Best real scale for IQ4 codebook fitting of `x`: candidates map the largest element near either end of
- * the codebook (ids (t − 127)/max and (t + 113)/max, |t| <= 7, as ggml's search), each refit by least
- * squares; every candidate is passed through `round` (f16 for a stored scale) and scored by the squared
- * error of nearest-code decoding. The first candidate, max/−127, wins ties.
+ * Best real scale for IQ4 codebook fitting of `x`, as ggml searches: candidates map the largest element
+ * near either end of the codebook (ids (t − 127)/max and (t + 113)/max, |t| <= 7), each refit by least
+ * squares and ranked by that fit's error Σx² − (Σqx)²/Σq² (i.e. the largest (Σqx)²/Σq²). The winner and
+ * d0 = max/−127 are then passed through `round` (f16 for a stored scale) and scored by the squared error
+ * of nearest-code decoding; d0 wins ties, so the result is never worse than d0.
  */
 function fitIq4(x: Float32Array, round: (d: number) => number): number {
   const max = signedMax(x);
   if (max === 0) return 0;
-  let best = round(max / -127);
-  let bestErr = sseIq4(x, best);
+  let bestD = 0;
+  let bestScore = -1;
   for (const end of [-127, 113]) {
     for (let t = -IQ4_NTRY; t <= IQ4_NTRY; t++) {
       const id = (end + t) / max;
@@ -233,16 +234,15 @@ function fitIq4(x: Float32Array, round: (d: number) => number): number {
         sumQx += q * x[j]!;
         sumQ2 += q * q;
       }
-      if (sumQ2 === 0) continue;
-      const d = round(sumQx / sumQ2);
-      const err = sseIq4(x, d);
-      if (err < bestErr) {
-        best = d;
-        bestErr = err;
+      if (sumQ2 > 0 && (sumQx * sumQx) / sumQ2 > bestScore) {
+        bestScore = (sumQx * sumQx) / sumQ2;
+        bestD = sumQx / sumQ2;
       }
     }
   }
-  return best;
+  const d0 = round(max / -127);
+  const d1 = round(bestD);
+  return sseIq4(x, d1) < sseIq4(x, d0) ? d1 : d0;
 }
 
 function sseIq4(x: Float32Array, d: number): number {
@@ -257,13 +257,29 @@ function sseIq4(x: Float32Array, d: number): number {
 /** Midpoints between consecutive codebook entries, for the nearest-entry search. */
 const IQ4_MID: readonly number[] = KVALUES_IQ4NL.slice(1).map((v, i) => (v + KVALUES_IQ4NL[i]!) / 2);
 
+/**
+ * Nearest codebook index for v = x/d in half-unit buckets [h/2, (h+1)/2), h = floor(2v) in −231..202:
+ * every midpoint is a multiple of 1/2, so no bucket straddles one (a v exactly on a midpoint, an exact tie,
+ * goes to the upper entry). Outside (−115.5, 101] the answer is index 0 or 15.
+ */
+const IQ4_LUT: Uint8Array = (() => {
+  const lut = new Uint8Array(434);
+  for (let h = -231; h <= 202; h++) {
+    const v = (h + 0.5) / 2;
+    let k = 0;
+    while (k < 15 && v > IQ4_MID[k]!) k++;
+    lut[h + 231] = k;
+  }
+  return lut;
+})();
+
 /** Index of the codebook entry k minimizing |x − d·kvalues[k]| (index 8, value d·1, when d = 0). */
 function nearestIq4(x: number, d: number): number {
   if (d === 0) return 8;
   const v = x / d;
-  let k = 0;
-  while (k < 15 && v > IQ4_MID[k]!) k++;
-  return k;
+  if (v <= -115.5) return 0;
+  if (v > 101) return 15;
+  return IQ4_LUT[Math.floor(2 * v) + 231]!;
 }
 
 /** Affine fit x ≈ scale·q − min, q in 0..nmax, scale >= 0, min >= 0 (0 inside the range). */

@@ -46,6 +46,37 @@ export type IntermediateName =
   | "ffn_out"
   | "l_out";
 
+/** Every intermediate name in the order a layer computes them (each layer has a subset: its kind's). */
+export const INTERMEDIATE_ORDER: readonly IntermediateName[] = [
+  "attn_norm",
+  "ssm_conv",
+  "ssm_core",
+  "ssm_out",
+  "attn_out",
+  "ffn_inp",
+  "ffn_norm",
+  "ffn_out",
+  "l_out",
+];
+
+/** Where two forwards first disagree (see {@linkcode firstMismatch}). */
+export interface Mismatch {
+  /** Layer index. */
+  readonly layer: number;
+  /** Intermediate name. */
+  readonly name: IntermediateName;
+  /** Token (row) within the forward call. */
+  readonly token: number;
+  /** Element within the row. */
+  readonly index: number;
+  /** The other forward's value. */
+  readonly got: number;
+  /** The reference value. */
+  readonly want: number;
+  /** Elements of that row out of tolerance. */
+  readonly nBad: number;
+}
+
 /** Options of {@linkcode RefModel.load}. */
 export interface RefModelOptions {
   /**
@@ -438,6 +469,49 @@ export class RefModel {
       weightsScale: this.hp.expertWeightsScale,
     });
   }
+}
+
+/**
+ * The first intermediate (layer by layer, then in {@linkcode INTERMEDIATE_ORDER}) where another forward's
+ * rows differ from the reference's recording of the same call beyond `|got − want| <= atol + rtol·|want|`
+ * (NaN never passes); undefined when every intermediate `got` provides agrees. `got` returns undefined for
+ * intermediates the other forward does not expose, which are skipped.
+ * @param ref a model loaded with `record: true`, after the forward call to compare
+ */
+export function firstMismatch(
+  ref: RefModel,
+  got: (name: IntermediateName, layer: number) => readonly ArrayLike<number>[] | undefined,
+  tol: { atol: number; rtol: number },
+): Mismatch | undefined {
+  for (let layer = ref.layers[0]; layer < ref.layers[1]; layer++) {
+    for (const name of INTERMEDIATE_ORDER) {
+      const rows = got(name, layer);
+      if (rows === undefined) continue;
+      const want = ref.intermediate(name, layer);
+      if (rows.length !== want.length) {
+        throw new RangeError(
+          `Intermediate ${name} of layer ${layer}: ${rows.length} rows, want ${want.length}`,
+        );
+      }
+      for (let t = 0; t < want.length; t++) {
+        const g = rows[t]!, w = want[t]!;
+        if (g.length !== w.length) {
+          throw new RangeError(
+            `Intermediate ${name} of layer ${layer} row ${t}: ${g.length} values, want ${w.length}`,
+          );
+        }
+        let first = -1, nBad = 0;
+        for (let i = 0; i < w.length; i++) {
+          if (!(Math.abs(g[i]! - w[i]!) <= tol.atol + tol.rtol * Math.abs(w[i]!))) {
+            nBad++;
+            if (first < 0) first = i;
+          }
+        }
+        if (nBad > 0) return { layer, name, token: t, index: first, got: g[first]!, want: w[first]!, nBad };
+      }
+    }
+  }
+  return undefined;
 }
 
 function need(w: LayerWeights, id: TensorId, layer: number): Float64Array {

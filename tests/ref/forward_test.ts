@@ -6,7 +6,7 @@ import { dequantize } from "../../engine/quant/dequant.ts";
 import type { GgmlTypeName } from "../../engine/quant/types.ts";
 import { assertClose } from "../util/close.ts";
 import { Rng } from "../util/rng.ts";
-import { RefModel } from "./forward.ts";
+import { firstMismatch, RefModel } from "./forward.ts";
 import { matvec, rmsNorm } from "./ops.ts";
 
 const FIXTURES = "/work/shared/fixtures";
@@ -104,6 +104,20 @@ for (const name of MODELS) {
     const last = model.intermediate("l_out", hp.nLayer - 1);
     const want = last.map((x) => matvec(output, rmsNorm(x, outNorm, { eps: hp.rmsEps })));
     assertRows(logits, want, SAME, `${name} logits from l_out`, rng.seed);
+    // firstMismatch: none against itself; a perturbed ffn_norm of layer 2 is found there, not later
+    const same = (n: Parameters<typeof model.intermediate>[0], l: number) => {
+      const ssm = n === "ssm_out" || n === "ssm_conv" || n === "ssm_core";
+      const otherKind = hp.isAttention[l] ? ssm : n === "attn_out";
+      return otherKind ? undefined : model.intermediate(n, l);
+    };
+    assert.equal(firstMismatch(model, same, SAME), undefined);
+    const bent = (n: Parameters<typeof model.intermediate>[0], l: number) => {
+      const rows = same(n, l)?.map((r) => r.slice());
+      if (rows !== undefined && l === 2 && n === "ffn_norm") rows[1]![7] = rows[1]![7]! + 1e-3;
+      return rows;
+    };
+    const m = firstMismatch(model, bent, SAME);
+    assert.deepEqual(m && [m.layer, m.name, m.token, m.index, m.nBad], [2, "ffn_norm", 1, 7, 1]);
   });
 }
 

@@ -1204,7 +1204,7 @@ export async function openGguf(path: string, opts: OpenGgufOptions = {}): Promis
           handle.close();
           throw e;
         }
-        checkPart(parsed[i - 1]!, i, count);
+        checkPart(parsed[i - 1]!, i, count, true);
       }
     } else {
       const handle = await openHandle(
@@ -1226,7 +1226,7 @@ export async function openGguf(path: string, opts: OpenGgufOptions = {}): Promis
             `gguf-split gave the parts`,
         );
       }
-      checkPart(parsed[0]!, 1, 1);
+      checkPart(parsed[0]!, 1, 1, false);
     }
     return assemble(parsed);
   } catch (e) {
@@ -1235,28 +1235,34 @@ export async function openGguf(path: string, opts: OpenGgufOptions = {}): Promis
   }
 }
 
-/** Checks a part's split keys against its position `no` (1-based) of `count`. */
-function checkPart(p: ParsedPart, no: number, count: number): void {
+/**
+ * Checks a part's split keys against its position `no` (1-based) of `count`, which come from its name, or
+ * are 1 of 1 for a file opened under a plain name (split keys optional there, as in unsplit files).
+ */
+function checkPart(p: ParsedPart, no: number, count: number, named: boolean): void {
   const path = p.handle.path;
   const splitNo = splitKey(p, KEYS.splitNo);
   const splitCount = splitKey(p, KEYS.splitCount);
-  if (count === 1 && splitNo === undefined && splitCount === undefined) return;
+  if (count === 1 && splitCount === undefined && (splitNo === undefined || !named)) return;
+  const how = named ? `its name says part ${no} of ${count}` : "it was opened as an unsplit file";
+  const fix = named
+    ? "the parts come from different splits or were renamed: re-download the whole set"
+    : "open it by its split name or re-export the model";
   if (splitCount !== count) {
     throw splitErr(
       path,
-      `GGUF split part ${path} has ${KEYS.splitCount} = ${splitCount ?? "(missing)"} but its name says ` +
-        `${count} parts: the parts come from different splits or were renamed: re-download the whole set`,
+      `GGUF split part ${path} has ${KEYS.splitCount} = ${splitCount ?? "(missing)"} but ${how} ` +
+        `(expected ${KEYS.splitCount} = ${count}): ${fix}`,
     );
   }
-  if (splitNo !== no - 1) {
-    throw splitErr(
-      path,
-      `GGUF split part ${path} has ${KEYS.splitNo} = ${
-        splitNo ?? "(missing)"
-      } but its name says part ${no} ` +
-        `of ${count} (expected ${KEYS.splitNo} = ${no - 1}): the parts come from different splits or were ` +
-        `renamed: re-download the whole set`,
-    );
+  if (splitNo !== undefined || named) {
+    if (splitNo !== no - 1) {
+      throw splitErr(
+        path,
+        `GGUF split part ${path} has ${KEYS.splitNo} = ${splitNo ?? "(missing)"} but ${how} ` +
+          `(expected ${KEYS.splitNo} = ${no - 1}): ${fix}`,
+      );
+    }
   }
 }
 

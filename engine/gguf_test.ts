@@ -589,7 +589,7 @@ Deno.test("openGguf rejects missing, mismatched and misnamed split parts", async
     await expectError(badCount[0]!, {
       code: "bad_split",
       path: badCount[2]!,
-      has: [`${KEYS.splitCount} = 4`, "3 parts"],
+      has: [`${KEYS.splitCount} = 4`, "its name says part 3 of 3", `expected ${KEYS.splitCount} = 3`],
     }, "wrong split.count");
 
     const badTotal = await fresh("badtotal");
@@ -634,13 +634,24 @@ Deno.test("openGguf rejects missing, mismatched and misnamed split parts", async
     await Deno.copyFile(ok[2]!, beyond);
     await expectError(beyond, { code: "bad_split", has: ["part 4 of 3"] }, "part number beyond count");
 
+    // An unsplit file whose split.no says it is not the first part.
+    const lone = `${dir}/lone.gguf`;
+    await writeGguf(lone, { kv: [[KEYS.splitNo, kv.u16(1)], [KEYS.splitCount, kv.u16(1)]], tensors: [] });
+    await expectError(lone, {
+      code: "bad_split",
+      has: [`${KEYS.splitNo} = 1`, "opened as an unsplit file", `expected ${KEYS.splitNo} = 0`],
+    }, "unsplit file with split.no = 1");
+    const lone0 = `${dir}/lone0.gguf`;
+    await writeGguf(lone0, { kv: [[KEYS.splitNo, kv.u16(0)], [KEYS.splitCount, kv.u16(1)]], tensors: [] });
+    (await openGguf(lone0)).close();
+
     // Plain files named as split parts but without split keys.
     const plain = [1, 2].map((i) => splitPartPath(`${dir}/plain`, i, 2));
     for (const p of plain) await writeGguf(p, { kv: kvs, tensors: [] });
     await expectError(plain[1]!, {
       code: "bad_split",
       path: plain[0]!,
-      has: [`${KEYS.splitCount} = (missing)`, "2 parts"],
+      has: [`${KEYS.splitCount} = (missing)`, `expected ${KEYS.splitCount} = 2`],
     }, "split name without split keys");
   });
 });

@@ -54,6 +54,8 @@ export interface GgufWriteSpec {
   readonly alignment?: number;
 }
 
+const FIXED_INT_TYPES: readonly number[] = [0, 1, 2, 3, 4, 5, 10, 11];
+
 /** Size of the reusable write buffer; chunks at least this large are written directly. */
 const CHUNK_BYTES = 16 * 1024 * 1024;
 const DEFAULT_ALIGNMENT = 32;
@@ -509,6 +511,11 @@ class ChunkWriter {
 function resolveAlignment(spec: GgufWriteSpec): { alignment: number; kvs: Array<readonly [string, GgufKv]> } {
   const kvs = spec.kv.map(([k, v]) => [k, v] as const);
   const given = kvs.find(([k]) => k === KEYS.alignment)?.[1];
+  if (given !== undefined && (typeof given.value !== "number" || FIXED_INT_TYPES.indexOf(given.type) < 0)) {
+    throw new RangeError(
+      `Metadata ${KEYS.alignment} must be an integer (u32), got ${valueTypeName(given.type)}`,
+    );
+  }
   const fromKv = given === undefined ? undefined : Number(given.value);
   const alignment = spec.alignment ?? fromKv ?? DEFAULT_ALIGNMENT;
   if (!Number.isSafeInteger(alignment) || alignment <= 0 || alignment % 8 !== 0) {

@@ -289,6 +289,7 @@ Deno.test("writeGguf validates the spec before writing", async () => {
       [{ kv: [["a", { type: T.UINT8, value: 256 }]], tensors: [] }, /expected a u8 integer in 0\.\.255/],
       [{ kv: [], tensors: [], alignment: 12 }, /Alignment 12 is not a positive multiple of 8/],
       [{ kv: [[KEYS.alignment, kv.u32(64)]], tensors: [], alignment: 32 }, /disagrees/],
+      [{ kv: [[KEYS.alignment, kv.str("64")]], tensors: [] }, /must be an integer \(u32\), got string/],
     ];
     for (const [spec, re] of cases) {
       await assert.rejects(writeGguf(path, spec), re);

@@ -190,6 +190,16 @@ function scaleTable(type: GgmlTypeName, scale: number, mul: number): Uint16Array
 
 /** Sets the f16 `d` at byte `at` of every `bs`-byte block from its own random low byte and sign bit. */
 function patchD(dst: Uint8Array, bs: number, at: number, table: Uint16Array): void {
+  if ((dst.byteOffset & 1) === 0) {
+    // Block sizes and `at` are even, so every d is one aligned little-endian u16: one load, one store.
+    const h = new Uint16Array(dst.buffer, dst.byteOffset, dst.length >> 1);
+    const step = bs >> 1;
+    for (let i = at >> 1; i < h.length; i += step) {
+      const v = h[i]!;
+      h[i] = table[v & 0xff]! | (v & 0x8000);
+    }
+    return;
+  }
   for (let o = at; o < dst.length; o += bs) {
     const bits = table[dst[o]!]! | ((dst[o + 1]! & 0x80) << 8);
     dst[o] = bits;

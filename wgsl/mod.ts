@@ -9,6 +9,21 @@
  * @module
  */
 export {
+  checkMatmul,
+  encodeMatmul,
+  MATMUL,
+  MATMUL_PARAMS_BYTES,
+  MATMUL_TILE,
+  type MatmulBindings,
+  type MatmulConstants,
+  matmulConstants,
+  matmulGrid,
+  type MatmulOp,
+  matmulParams,
+  type MatmulShape,
+  prepareMatmul,
+} from "./matmul.ts";
+export {
   checkMatvec,
   encodeMatvec,
   MATVEC,

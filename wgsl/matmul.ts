@@ -1,0 +1,178 @@
+/**
+ * Twin of `matmul.wgsl`: prefill product `Y[m][n] = Σ_k W[n][k]·X[m][k]` for any M ≥ 1 tokens and any N,
+ * reading packed weights of any supported type straight from their GGUF block bytes (same raw layout as
+ * `matvec.ts`, no repacking): 64×64 register tiles, weights dequantized into f32 workgroup memory per
+ * 32-element chunk, f32 accumulation.
+ *
+ * Uniform `Params` (48 bytes, 12 × u32, in struct order): 0 k, 4 n, 8 m, 12 row_bytes, 16 w_off (bytes),
+ * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36..47 padding. Bindings: 0 params, 1 weights,
+ * 2 x, 3 y.
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
+import { bindingBytes, checkInt, checkShape, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
+
+/** Kernel description of `matmul.wgsl`. */
+export const MATMUL: KernelSpec = {
+  name: "matmul",
+  url: new URL("./matmul.wgsl", import.meta.url),
+  lib: QUANT_LIBS,
+  constants: { TYPE: "u32" },
+};
+
+/** Constants of one matmul variant. */
+export interface MatmulConstants {
+  /** ggml type id of the weights. */
+  readonly TYPE: number;
+  [key: string]: number;
+}
+
+/** Size of the uniform params block in bytes. */
+export const MATMUL_PARAMS_BYTES = 48;
+
+/** Rows and tokens of one workgroup's output tile. */
+export const MATMUL_TILE = 64;
+
+/** One matmul problem: W ne=[k, n] of `type`, X ne=[k, m], Y ne=[n, m], as slices of bindings. */
+export interface MatmulShape {
+  /** Weight type. */
+  readonly type: GgmlTypeName;
+  /** Row length K (a multiple of 32 and of the type's block). */
+  readonly k: number;
+  /** Rows N. */
+  readonly n: number;
+  /** Tokens M. */
+  readonly m: number;
+  /** Byte offset of row 0 in the weight binding (multiple of 4; default 0). */
+  readonly wOffsetBytes?: number;
+  /** Element offset of X[0][0] in the x binding (multiple of 4; default 0). */
+  readonly xOffset?: number;
+  /** Element offset of Y[0][0] in the y binding (default 0). */
+  readonly yOffset?: number;
+  /** Elements between tokens in x (multiple of 4, ≥ k; default k). */
+  readonly xStride?: number;
+  /** Elements between tokens in y (≥ n; default n). */
+  readonly yStride?: number;
+}
+
+/** The four bindings in binding order. */
+export interface MatmulBindings {
+  /** Uniform params (MATMUL_PARAMS_BYTES, from {@linkcode matmulParams}); offset a multiple of 256. */
+  readonly params: Binding;
+  /** Weight bytes (storage, read). */
+  readonly weights: Binding;
+  /** Input tokens, f32 (storage, read). */
+  readonly x: Binding;
+  /** Output, f32 (storage, read_write). */
+  readonly y: Binding;
+}
+
+/** A checked, ready-to-encode matmul: pipeline, bind group and grid. */
+export interface MatmulOp {
+  /** The variant's pipeline. */
+  readonly pipeline: GPUComputePipeline;
+  /** Bind group 0. */
+  readonly bindGroup: GPUBindGroup;
+  /** Workgroups in x (row tiles) and y (token tiles). */
+  readonly grid: readonly [number, number];
+}
+
+/** The variant of a shape. */
+export function matmulConstants(shape: MatmulShape): MatmulConstants {
+  return { TYPE: TYPE_ID[shape.type] };
+}
+
+/** The uniform params of `shape` (write them at a 256-byte-aligned offset of a uniform buffer). */
+export function matmulParams(shape: MatmulShape): Uint32Array<ArrayBuffer> {
+  const rowBytes = checkWeightRows("matmul", shape.type, shape.k, shape.wOffsetBytes ?? 0);
+  return new Uint32Array([
+    shape.k,
+    shape.n,
+    shape.m,
+    rowBytes,
+    shape.wOffsetBytes ?? 0,
+    shape.xOffset ?? 0,
+    shape.yOffset ?? 0,
+    shape.xStride ?? shape.k,
+    shape.yStride ?? shape.n,
+    0,
+    0,
+    0,
+  ]);
+}
+
+/** Workgroups: row tiles in x, token tiles in y. */
+export function matmulGrid(shape: MatmulShape): [number, number] {
+  return [Math.ceil(shape.n / MATMUL_TILE), Math.ceil(shape.m / MATMUL_TILE)];
+}
+
+/**
+ * Throws before anything is encoded when the shape, constants and bindings do not fit together.
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkMatmul(shape: MatmulShape, c: MatmulConstants, b: MatmulBindings): void {
+  const rowBytes = checkWeightRows("matmul", shape.type, shape.k, shape.wOffsetBytes ?? 0);
+  checkShape(
+    c.TYPE === TYPE_ID[shape.type],
+    `Kernel matmul: TYPE=${c.TYPE} but the shape says ${shape.type}`,
+  );
+  checkInt("Kernel matmul: n", shape.n, 1, 2 ** 31);
+  checkInt("Kernel matmul: m", shape.m, 1, 2 ** 31);
+  const xOff = shape.xOffset ?? 0;
+  const xStride = shape.xStride ?? shape.k;
+  const yOff = shape.yOffset ?? 0;
+  const yStride = shape.yStride ?? shape.n;
+  checkShape(
+    Number.isInteger(xOff) && xOff >= 0 && xOff % 4 === 0 && Number.isInteger(xStride) &&
+      xStride >= shape.k &&
+      xStride % 4 === 0,
+    `Kernel matmul: x offset ${xOff} and stride ${xStride} must be multiples of 4 (vec4 loads), stride ≥ K=${shape.k}`,
+  );
+  checkShape(
+    Number.isInteger(yOff) && yOff >= 0 && Number.isInteger(yStride) && yStride >= shape.n,
+    `Kernel matmul: y offset ${yOff} must be ≥ 0 and stride ${yStride} ≥ N=${shape.n}`,
+  );
+  const [gx, gy] = matmulGrid(shape);
+  checkShape(
+    gx <= MAX_WORKGROUPS_PER_DIM && gy <= MAX_WORKGROUPS_PER_DIM,
+    `Kernel matmul: N=${shape.n}, M=${shape.m} need ${gx}×${gy} workgroups (each ≤ 65535): split the problem`,
+  );
+  const need = (what: string, bind: Binding, bytes: number) =>
+    checkShape(
+      bindingBytes(bind) >= bytes,
+      `Kernel matmul: binding ${what} holds ${bindingBytes(bind)} bytes but ${shape.type} ne=[${shape.k}, ` +
+        `${shape.n}] with M=${shape.m} needs ${bytes}: allocate or slice it for this shape`,
+    );
+  need("params", b.params, MATMUL_PARAMS_BYTES);
+  need("weights", b.weights, Math.ceil(((shape.wOffsetBytes ?? 0) + shape.n * rowBytes) / 4) * 4);
+  need("x", b.x, 4 * (xOff + (shape.m - 1) * xStride + shape.k));
+  need("y", b.y, 4 * (yOff + (shape.m - 1) * yStride + shape.n));
+}
+
+/**
+ * Checks the problem, compiles (or reuses) its variant and builds its bind group.
+ * @throws {RangeError} from {@linkcode checkMatmul}
+ */
+export async function prepareMatmul(
+  cache: PipelineCache,
+  opts: { device: GPUDevice; shape: MatmulShape; bindings: MatmulBindings },
+): Promise<MatmulOp> {
+  const c = matmulConstants(opts.shape);
+  checkMatmul(opts.shape, c, opts.bindings);
+  const pipeline = await cache.get(MATMUL, c);
+  const b = opts.bindings;
+  return {
+    pipeline,
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y]),
+    grid: matmulGrid(opts.shape),
+  };
+}
+
+/** Records one matmul dispatch into a caller-owned compute pass. */
+export function encodeMatmul(pass: GPUComputePassEncoder, op: MatmulOp): void {
+  pass.setPipeline(op.pipeline);
+  pass.setBindGroup(0, op.bindGroup);
+  pass.dispatchWorkgroups(op.grid[0], op.grid[1]);
+}

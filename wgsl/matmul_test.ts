@@ -1,0 +1,137 @@
+import assert from "node:assert/strict";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
+import { Rng } from "../tests/util/rng.ts";
+import { assertPoisoned } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { assertDotClose, randomWeights, refProduct } from "./_quant_testing.ts";
+import { QUANT_TYPES } from "./_quant.ts";
+import {
+  checkMatmul,
+  encodeMatmul,
+  MATMUL_PARAMS_BYTES,
+  matmulConstants,
+  matmulParams,
+  type MatmulShape,
+  prepareMatmul,
+} from "./matmul.ts";
+
+/** The cases of one type: debug, odd N and M around the 64×64 tile, a slice with offsets, a random shape. */
+function cases(rng: Rng, type: GgmlTypeName): MatmulShape[] {
+  const be = Math.max(32, typeInfo(type).blockElems);
+  return [
+    { type, k: be, n: 1, m: 1 }, // debug: one block, one row, one token
+    { type, k: 2 * be, n: 13, m: 7 },
+    { type, k: be, n: 65, m: 33 }, // one row past a tile
+    { type, k: be, n: 3, m: 70 }, // tokens past a tile
+    // A slice: rows at a byte offset, tokens with offsets and padded strides.
+    {
+      type,
+      k: be,
+      n: 5,
+      m: 3,
+      wOffsetBytes: 4 * rng.int(1, 40),
+      xOffset: 4,
+      xStride: be + 8,
+      yOffset: 5,
+      yStride: 9,
+    },
+    { type, k: be * rng.int(1, 4), n: rng.int(1, 140), m: rng.int(1, 80) }, // random
+  ];
+}
+
+Deno.test("matmul matches the float64 reference for every type and odd N, M", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const all = QUANT_TYPES.flatMap((t) => cases(rng, t));
+  const params = device.createBuffer({
+    size: 256 * all.length,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  const created: GPUBuffer[] = [params];
+  const checks: { s: MatmulShape; y: GPUBuffer; ref: Float64Array; mag: Float64Array; yWords: number }[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  for (const [i, s] of all.entries()) {
+    const bytes = randomWeights(rng, s.type, s.k, s.n);
+    const wOff = s.wOffsetBytes ?? 0;
+    const wAll = new Uint8Array(wOff + bytes.length + 4);
+    wAll.set(bytes, wOff);
+    const xStride = s.xStride ?? s.k;
+    const xOff = s.xOffset ?? 0;
+    const xDense = rng.normals(s.k * s.m);
+    const xAll = new Float32Array(xOff + xStride * s.m).fill(Number.NaN); // gaps must not be read
+    for (let m = 0; m < s.m; m++) xAll.set(xDense.subarray(m * s.k, (m + 1) * s.k), xOff + m * xStride);
+    const yStride = s.yStride ?? s.n;
+    const yOff = s.yOffset ?? 0;
+    const yWords = yOff + yStride * (s.m - 1) + s.n;
+    const wBuf = upload(device, wAll, "weights");
+    const xBuf = upload(device, xAll, "x");
+    const yBuf = poisoned(device, yWords);
+    created.push(wBuf, xBuf, yBuf);
+    device.queue.writeBuffer(params, 256 * i, matmulParams(s));
+    const op = await prepareMatmul(cache, {
+      device,
+      shape: s,
+      bindings: {
+        params: { buffer: params, offset: 256 * i, size: MATMUL_PARAMS_BYTES },
+        weights: wBuf,
+        x: xBuf,
+        y: { buffer: yBuf, offset: 0, size: 4 * yWords },
+      },
+    });
+    encodeMatmul(pass, op);
+    checks.push({
+      s,
+      y: yBuf,
+      yWords,
+      ...refProduct(s.type, bytes, { k: s.k, n: s.n, cols: s.m, x: xDense }),
+    });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, checks.map((k) => k.y));
+  created.forEach((b) => b.destroy());
+  const failures: string[] = [];
+  for (const [i, { s, ref, mag, yWords }] of checks.entries()) {
+    const what = `matmul ${s.type} ne=[${s.k}, ${s.n}] M=${s.m} ${JSON.stringify(matmulConstants(s))}`;
+    try {
+      const buf = outs[i]!;
+      const f = new Float32Array(buf);
+      const got = new Float32Array(s.n * s.m);
+      const yStride = s.yStride ?? s.n;
+      const yOff = s.yOffset ?? 0;
+      for (let m = 0; m < s.m; m++) {
+        got.set(f.subarray(yOff + m * yStride, yOff + m * yStride + s.n), m * s.n);
+        const gap = m + 1 < s.m ? yStride - s.n : 0;
+        assertPoisoned(
+          new Uint32Array(buf, 4 * (yOff + m * yStride + s.n), gap),
+          POISON_F32,
+          `${what} gap ${m}`,
+        );
+      }
+      assertDotClose(got, ref, mag, { what, seed: rng.seed });
+      assertPoisoned(new Uint32Array(buf, 4 * yWords, GUARD_WORDS), POISON_F32, `${what} (seed ${rng.seed})`);
+      assertPoisoned(new Uint32Array(buf, 0, yOff), POISON_F32, `${what} head (seed ${rng.seed})`);
+    } catch (e) {
+      failures.push((e as Error).message);
+    }
+  }
+  if (failures.length > 0) {
+    throw new Error(`${failures.length} of ${checks.length} cases failed:\n${failures.join("\n")}`);
+  }
+});
+
+Deno.test("matmul shape check throws before encoding", () => {
+  const big = Object.setPrototypeOf({ size: 1 << 20 }, GPUBuffer.prototype) as GPUBuffer;
+  const small = Object.setPrototypeOf({ size: 16 }, GPUBuffer.prototype) as GPUBuffer;
+  const shape: MatmulShape = { type: "Q6_K", k: 512, n: 4, m: 3 };
+  const b = { params: big, weights: big, x: big, y: big };
+  const c = matmulConstants(shape);
+  assert.throws(() => checkMatmul({ ...shape, k: 300 }, c, b), /K=300/);
+  assert.throws(() => checkMatmul({ ...shape, m: 0 }, c, b), /m must be/);
+  assert.throws(() => checkMatmul({ ...shape, xStride: 510 }, c, b), /stride/);
+  assert.throws(() => checkMatmul(shape, c, { ...b, y: small }), /binding y/);
+  assert.throws(() => checkMatmul(shape, { TYPE: 23 }, b), /TYPE=23/);
+});

@@ -22,6 +22,9 @@ import { type GgmlTypeName, typeInfo } from "./types.ts";
 /** Bytes per chunk when `dst` is not 4-byte aligned (filled through an aligned scratch buffer). */
 const SCRATCH_BYTES = 1 << 16;
 
+/** True on little-endian hosts, where a Uint16Array view reads the LE f16 fields directly. */
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
 /** Standard deviation of the sum of 4 independent uniform bytes: sqrt(4·(256² − 1)/12). */
 const SUM4_STD = Math.sqrt((4 * (256 * 256 - 1)) / 12);
 
@@ -190,7 +193,7 @@ function scaleTable(type: GgmlTypeName, scale: number, mul: number): Uint16Array
 
 /** Sets the f16 `d` at byte `at` of every `bs`-byte block from its own random low byte and sign bit. */
 function patchD(dst: Uint8Array, bs: number, at: number, table: Uint16Array): void {
-  if ((dst.byteOffset & 1) === 0) {
+  if (LITTLE_ENDIAN && (dst.byteOffset & 1) === 0) {
     // Block sizes and `at` are even, so every d is one aligned little-endian u16: one load, one store.
     const h = new Uint16Array(dst.buffer, dst.byteOffset, dst.length >> 1);
     const step = bs >> 1;

@@ -619,6 +619,8 @@ async function writeTensorData(w: ChunkWriter, p: PlannedTensor, path: string): 
  */
 function distribute(nbytes: readonly number[], parts: number): number[] {
   const n = nbytes.length;
+  // Fewer tensors than parts: one tensor per leading part, the trailing parts hold none.
+  if (n < parts) return nbytes.map((_, i) => i);
   const total = nbytes.reduce((a, b) => a + b, 0);
   const out: number[] = [];
   let k = 0;
@@ -629,11 +631,9 @@ function distribute(nbytes: readonly number[], parts: number): number[] {
     start += nbytes[i]!;
     const byBytes = total > 0 ? Math.floor((mid * parts) / total) : Math.floor((i * parts) / n);
     let target = Math.max(k, Math.min(parts - 1, byBytes));
-    if (n >= parts) {
-      if (inK === 0) target = k;
-      else if (n - i <= parts - 1 - k) target = k + 1;
-      else target = Math.min(target, k + 1);
-    }
+    if (inK === 0) target = k;
+    else if (n - i <= parts - 1 - k) target = k + 1;
+    else target = Math.min(target, k + 1);
     if (target !== k) {
       k = target;
       inK = 0;

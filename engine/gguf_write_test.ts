@@ -389,3 +389,31 @@ Deno.test("GgufFile reads concurrently and rejects ranges outside a tensor and r
     );
   });
 });
+
+Deno.test("writeGgufSplit distributes tensors by bytes and allows more parts than tensors", async () => {
+  const rng = new Rng();
+  const f32 = (name: string, n: number): GgufWriteTensor => ({
+    name,
+    type: "F32",
+    ne: [n],
+    data: rng.bytes(4 * n),
+  });
+  await withTempDir(async (dir) => {
+    const big = await writeGgufSplit(`${dir}/big`, {
+      kv: [],
+      tensors: [f32("big", 1000), f32("s1", 10), f32("s2", 10), f32("s3", 10)],
+    }, 2);
+    const g = await openGguf(big[1]!);
+    assert.deepEqual([...g.tensors.values()].map((t) => t.part), [0, 1, 1, 1]);
+    g.close();
+    const few = await writeGgufSplit(
+      `${dir}/few`,
+      { kv: [["test.k", kv.u8(1)]], tensors: [f32("only", 8)] },
+      3,
+    );
+    const h = await openGguf(few[2]!);
+    assert.deepEqual(h.parts.map((p) => p.tensorCount), [1, 0, 0]);
+    assert.equal(h.metadata.getInt("test.k"), 1);
+    h.close();
+  });
+});

@@ -67,6 +67,7 @@ export const command: Command = {
       return 2;
     }
     if (!isArchName(values.arch)) throw new RangeError(`--arch ${values.arch} is not qwen35moe or qwen3next`);
+    const parts = int("split-parts", values["split-parts"], 1);
     const plan = planModel({
       arch: values.arch,
       preset: pick<Preset>("preset", values.preset, PRESETS),
@@ -75,7 +76,6 @@ export const command: Command = {
       layout: pick("layout", values.layout, ["current", "legacy"] as const),
       mtp: values.mtp,
     });
-    const parts = int("split-parts", values["split-parts"], 1);
     console.log(
       `synth ${values.arch} ${values.preset} ${values.quant}: ${plan.tensors.length} tensors, ` +
         `${formatBytes(plan.totalBytes)} of data, DeltaNet layout ${plan.layout}`,

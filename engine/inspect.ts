@@ -208,7 +208,9 @@ export function formatReport(r: InspectReport): string {
   );
   out.push(`pattern      ${r.pattern} (A attention, D DeltaNet, M MTP block, not loaded)`);
   out.push(
-    `dims         nEmbd ${hp.nEmbd}  nVocab ${hp.nVocab}  nCtxTrain ${hp.nCtxTrain}  rmsEps ${hp.rmsEps}`,
+    `dims         nEmbd ${hp.nEmbd}  nVocab ${hp.nVocab}  nCtxTrain ${hp.nCtxTrain}  rmsEps ${
+      Number(hp.rmsEps.toPrecision(6))
+    }`,
     `attention    nHead ${hp.nHead}  nHeadKv ${hp.nHeadKv}  headDim ${hp.headDim}  ropeDim ${hp.ropeDim}  ` +
       `ropeBase ${hp.ropeBase}${
         hp.ropeSections.length ? `  ropeSections [${hp.ropeSections.join(", ")}]` : ""

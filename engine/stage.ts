@@ -1,0 +1,1063 @@
+/**
+ * A pipeline stage: the forward pass of layers `[a, b)` of a `qwen35moe` / `qwen3next` model on the GPU,
+ * with per-slot state (KV caches, conv rings, recurrent states) and snapshots.
+ *
+ * The first stage embeds token ids, the last produces logits; a middle or last stage takes hidden rows.
+ * A chunk of n tokens is one compute pass whose dispatches are built once per (slot, n, output) and cached:
+ * the per-step values (position, token count) live in GPU buffers, so the same dispatches serve every step.
+ *
+ * @example
+ * ```ts
+ * const gpu = await acquireGpu();
+ * const file = await openGguf("model.gguf");
+ * const stage = await Stage.load(gpu, file, { nCtx: 4096, nSlots: 1 });
+ * const logits = await stage.run(0, { tokens: [1, 2, 3] }, 0); // ne=[nVocab, 1]: the last position
+ * ```
+ * @module
+ */
+import type { Gpu } from "./gpu/device.ts";
+import { bindGroup, type Binding, type ConstValues, type KernelSpec, PipelineCache } from "./gpu/kernel.ts";
+import { type GpuTensor, type UploadProgress, uploadTensors } from "./gpu/weights.ts";
+import { SlotStates, type StateSpec } from "./state.ts";
+import type { GgufFile } from "./gguf.ts";
+import { type TensorId, tensorName } from "./names.ts";
+import { archOf, type DeltaNetLayout, type Hparams, type TensorCheck } from "./models/mod.ts";
+import type { GgmlTypeName } from "./quant/types.ts";
+import { assert } from "./errors.ts";
+import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../wgsl/get_rows.ts";
+import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../wgsl/rms_norm.ts";
+import { MATVEC, matvecConstants, matvecGrid, matvecParams, type MatvecShape } from "../wgsl/matvec.ts";
+import {
+  MOE_MATVEC,
+  moeMatvecConstants,
+  moeMatvecGrid,
+  moeMatvecParams,
+  type MoeMatvecShape,
+} from "../wgsl/moe_matvec.ts";
+import {
+  MOE_ROUTE,
+  moeRouteBindGroup,
+  type MoeRouteConstants,
+  moeRouteGrid,
+  moeWeightsScale,
+} from "../wgsl/moe_route.ts";
+import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../wgsl/residual_add.ts";
+import {
+  ATTN_QK_ROPE,
+  attnQkRopeBindGroup,
+  type AttnQkRopeConstants,
+  attnQkRopeGrid,
+} from "../wgsl/attn_qk_rope.ts";
+import {
+  ATTN_DECODE,
+  attnDecodeBindGroup,
+  type AttnDecodeConstants,
+  attnDecodeGrid,
+} from "../wgsl/attn_decode.ts";
+import {
+  ATTN_COMBINE,
+  attnCombineBindGroup,
+  type AttnCombineConstants,
+  attnCombineGrid,
+} from "../wgsl/attn_combine.ts";
+import {
+  ATTN_PREFILL,
+  attnPrefillBindGroup,
+  type AttnPrefillConstants,
+  attnPrefillGrid,
+} from "../wgsl/attn_prefill.ts";
+import {
+  checkGdnStep,
+  GDN_STEP,
+  GDN_STEP_BINDINGS,
+  gdnDims,
+  type GdnStepConstants,
+  gdnStepGrid,
+} from "../wgsl/gdn_step.ts";
+import {
+  checkGdnConvRing,
+  GDN_CONV_RING,
+  GDN_CONV_RING_BINDINGS,
+  type GdnConvRingConstants,
+  gdnConvRingGrid,
+} from "../wgsl/gdn_conv_ring.ts";
+
+/** One recorded dispatch: everything `pass.dispatchWorkgroups` needs. */
+export interface Op {
+  /** Kernel and layer, for debugging and per-op timing. */
+  readonly label: string;
+  /** Pipeline of the kernel variant. */
+  readonly pipeline: GPUComputePipeline;
+  /** Bind group 0. */
+  readonly bindGroup: GPUBindGroup;
+  /** Workgroups in x, y, z. */
+  readonly grid: readonly [number, number, number];
+}
+
+/** Records `ops` in order into `pass` (dispatches in one pass see each other's writes in order). */
+export function encodeOps(pass: GPUComputePassEncoder, ops: readonly Op[]): void {
+  for (const op of ops) {
+    pass.setPipeline(op.pipeline);
+    pass.setBindGroup(0, op.bindGroup);
+    pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
+  }
+}
+
+/** Options of {@linkcode Stage.load}. */
+export interface StageOptions {
+  /** Layer range `[a, b)` of the decoder layers (default: all). */
+  readonly layers?: readonly [number, number];
+  /** Positions per slot (KV cache capacity). */
+  readonly nCtx: number;
+  /** Concurrent sequences. */
+  readonly nSlots: number;
+  /** Tokens per prefill chunk (default 64). */
+  readonly maxChunk?: number;
+  /** Upload progress. */
+  readonly onProgress?: (p: UploadProgress) => void;
+}
+
+/** Input of one chunk: token ids (first stage) or hidden rows ne=[nEmbd, nTokens] (later stages). */
+export type StageInput = { readonly tokens: readonly number[] } | {
+  readonly hidden: Float32Array<ArrayBuffer>;
+  readonly nTokens: number;
+};
+
+/** What a run returns: logits of the last stage, or hidden rows for the next stage. */
+export interface StageOutput {
+  /** `logits` ne=[nVocab, rows] (last stage) or `hidden` ne=[nEmbd, rows]. */
+  readonly kind: "logits" | "hidden";
+  /** Values, f32. */
+  readonly data: Float32Array;
+  /** Rows in `data`: every input token, or only the last one. */
+  readonly rows: number;
+}
+
+/** Buffer usage of every activation and state buffer. */
+const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+/** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
+const ATTN_SPLITS = 32;
+
+interface LayerWeights {
+  readonly attention: boolean;
+  readonly layout: DeltaNetLayout | undefined;
+  readonly t: (id: TensorId) => GpuTensor;
+}
+
+/** The GPU forward pass of one layer range; see the module doc. */
+export class Stage {
+  /** Hyper-parameters of the whole model. */
+  readonly hp: Hparams;
+  /** Decoder layers `[a, b)` this stage runs. */
+  readonly layers: readonly [number, number];
+  /** Whether this stage embeds tokens (a == 0). */
+  readonly first: boolean;
+  /** Whether this stage produces logits (b == nLayer). */
+  readonly last: boolean;
+  /** Positions per slot. */
+  readonly nCtx: number;
+  /** Tokens per chunk. */
+  readonly maxChunk: number;
+  /** Slot state buffers (KV caches, conv rings, recurrent states) and snapshots. */
+  readonly states: SlotStates;
+  /** Bytes of weights on the GPU. */
+  readonly weightBytes: number;
+
+  readonly #gpu: Gpu;
+  readonly #cache: PipelineCache;
+  readonly #weights: ReadonlyMap<string, GpuTensor>;
+  readonly #layers: readonly LayerWeights[];
+  readonly #tiedOutput: boolean;
+  readonly #act: Record<string, GPUBuffer>;
+  readonly #posParams: readonly GPUBuffer[];
+  readonly #zeroIds: GPUBuffer;
+  readonly #graphs = new Map<string, Op[]>();
+  readonly #length: number[];
+  #destroyed = false;
+
+  private constructor(init: {
+    gpu: Gpu;
+    hp: Hparams;
+    layers: readonly [number, number];
+    nCtx: number;
+    maxChunk: number;
+    weights: Map<string, GpuTensor>;
+    check: TensorCheck;
+    nSlots: number;
+  }) {
+    const { gpu, hp } = init;
+    this.#gpu = gpu;
+    this.#cache = new PipelineCache(gpu.device, { f16: gpu.f16 });
+    this.hp = hp;
+    this.layers = init.layers;
+    this.first = init.layers[0] === 0;
+    this.last = init.layers[1] === hp.nLayer;
+    this.nCtx = init.nCtx;
+    this.maxChunk = init.maxChunk;
+    this.#weights = init.weights;
+    this.#tiedOutput = init.check.tiedOutput;
+    let wb = 0;
+    const seen = new Set<GPUBuffer>();
+    for (const t of init.weights.values()) {
+      for (const p of t.parts) {
+        if (!seen.has(p.buffer)) wb += p.buffer.size;
+        seen.add(p.buffer);
+      }
+    }
+    this.weightBytes = wb;
+    const ls: LayerWeights[] = [];
+    for (let l = init.layers[0]; l < init.layers[1]; l++) {
+      ls.push({
+        attention: hp.isAttention[l]!,
+        layout: init.check.layouts[l],
+        t: (id) => this.#tensor(tensorName(id, l)),
+      });
+    }
+    this.#layers = ls;
+    this.states = new SlotStates(gpu.device, { specs: this.#stateSpecs(), nSlots: init.nSlots });
+    this.#act = this.#allocActivations();
+    this.#posParams = Array.from(
+      { length: init.nSlots },
+      (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: 16, usage: STORAGE }),
+    );
+    this.#zeroIds = gpu.device.createBuffer({ label: "zero_ids", size: 4 * this.maxChunk, usage: STORAGE });
+    this.#length = new Array(init.nSlots).fill(0);
+  }
+
+  /**
+   * Validates the file against its architecture, uploads the weights of `opts.layers` and allocates the
+   * state of `opts.nSlots` slots of `opts.nCtx` positions.
+   * @throws {GgufError} when the file does not match its architecture
+   * @throws {RangeError} on a layer range, context or chunk size out of range, or a tensor the GPU cannot bind
+   */
+  static async load(gpu: Gpu, file: GgufFile, opts: StageOptions): Promise<Stage> {
+    const arch = archOf(file.metadata);
+    const hp = arch.readHparams(file.metadata);
+    const check = arch.checkTensors(file, hp);
+    const [a, b] = opts.layers ?? [0, hp.nLayer];
+    if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
+      throw new RangeError(
+        `Layer range ${a}:${b} is not within 0:${hp.nLayer} of ${file.path} (a < b required): pass --layers a:b`,
+      );
+    }
+    if (!Number.isInteger(opts.nCtx) || opts.nCtx < 1 || opts.nCtx > 2 ** 24) {
+      throw new RangeError(`Context of ${opts.nCtx} positions is out of range 1..${2 ** 24}`);
+    }
+    const maxChunk = opts.maxChunk ?? 64;
+    if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
+      throw new RangeError(`Chunk size ${maxChunk} is out of range 1..4096`);
+    }
+    const names: string[] = [];
+    const packs: string[][] = [];
+    const rowOrder = new Map<string, Uint32Array>();
+    const has = (n: string) => file.tensors.has(n);
+    if (a === 0) names.push(tensorName("token_embd"));
+    for (let l = a; l < b; l++) {
+      for (const [name, spec] of check.specs) {
+        if (spec.layer === l && !spec.mtp) names.push(name);
+      }
+      const gate = tensorName("ffn_gate_exps", l);
+      const up = tensorName("ffn_up_exps", l);
+      if (has(gate) && has(up)) packs.push([gate, up]);
+      packs.push([tensorName("ffn_gate_shexp", l), tensorName("ffn_up_shexp", l)]);
+      if (check.layouts[l] === "ssm_in") rowOrder.set(tensorName("ssm_in", l), legacyRowOrder(hp));
+    }
+    if (b === hp.nLayer) {
+      names.push(tensorName("output_norm"));
+      if (!check.tiedOutput) names.push(tensorName("output"));
+      else if (a !== 0) names.push(tensorName("token_embd"));
+    }
+    for (const [l, name] of packs.entries()) {
+      const [g, u] = name.map((n) => file.tensor(n));
+      if (g!.type.id !== u!.type.id) {
+        throw new RangeError(
+          `Tensors ${g!.name} (${g!.type.name}) and ${u!.name} (${u!.type.name}) differ in type; ` +
+            `this engine needs gate and up of one type (pack ${l}): re-quantize them alike`,
+        );
+      }
+    }
+    const weights = await uploadTensors(gpu.device, file, {
+      names: [...new Set(names)],
+      packs,
+      rowOrder,
+      onProgress: opts.onProgress,
+    });
+    return new Stage({
+      gpu,
+      hp,
+      layers: [a, b],
+      nCtx: opts.nCtx,
+      maxChunk,
+      weights,
+      check,
+      nSlots: opts.nSlots,
+    });
+  }
+
+  /** Tokens held by `slot`. */
+  length(slot: number): number {
+    this.#slotCheck(slot);
+    return this.#length[slot]!;
+  }
+
+  /**
+   * Runs `input` through the stage for `slot`, continuing its sequence at position `base` (`base == 0`
+   * resets the slot). Prefill runs in chunks of `maxChunk`. Returns logits (last stage) or hidden rows of
+   * every position (`all`) or only the last (`last`, the default).
+   * @throws {RangeError} on a base other than the slot's length (restore a snapshot first), a sequence
+   *   longer than the context, token ids out of the vocabulary, or an input of the wrong kind
+   */
+  async run(
+    slot: number,
+    input: StageInput,
+    base: number,
+    opts: { rows?: "all" | "last" } = {},
+  ): Promise<StageOutput> {
+    const { device } = this.#gpu;
+    this.#slotCheck(slot);
+    const nTokens = "tokens" in input ? input.tokens.length : input.nTokens;
+    this.#inputCheck(slot, input, base, nTokens);
+    const rows = opts.rows ?? "last";
+    const width = this.last ? this.hp.nVocab : this.hp.nEmbd;
+    const out = new Float32Array(width * (rows === "all" ? nTokens : 1));
+    if (base === 0) {
+      const enc = device.createCommandEncoder();
+      this.states.reset(enc, slot);
+      device.queue.submit([enc.finish()]);
+      this.#length[slot] = 0;
+    }
+    const staging = device.createBuffer({
+      size: out.byteLength,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
+    for (let at = 0; at < nTokens; at += this.maxChunk) {
+      const n = Math.min(this.maxChunk, nTokens - at);
+      const lastChunk = at + n === nTokens;
+      const outRows = rows === "all" ? "all" : lastChunk ? "last" : "none";
+      device.queue.writeBuffer(this.#posParams[slot]!, 0, Uint32Array.of(base + at, n));
+      if ("tokens" in input) {
+        device.queue.writeBuffer(this.#act.tokens!, 0, Uint32Array.from(input.tokens.slice(at, at + n)));
+      } else {
+        device.queue.writeBuffer(this.#act.h!, 0, input.hidden, at * this.hp.nEmbd, n * this.hp.nEmbd);
+      }
+      const ops = await this.#graph(slot, n, outRows);
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeOps(pass, ops);
+      pass.end();
+      if (outRows !== "none") {
+        const src = this.last ? this.#act.logits! : this.#act.h!;
+        const srcOff = !this.last && outRows === "last" ? (n - 1) * width * 4 : 0;
+        const size = (outRows === "all" ? n : 1) * width * 4;
+        const dstOff = outRows === "all" ? at * width * 4 : 0;
+        enc.copyBufferToBuffer(src, srcOff, staging, dstOff, size);
+      }
+      device.queue.submit([enc.finish()]);
+      this.#length[slot] = base + at + n;
+    }
+    await staging.mapAsync(GPUMapMode.READ);
+    out.set(new Float32Array(staging.getMappedRange()));
+    staging.unmap();
+    staging.destroy();
+    return { kind: this.last ? "logits" : "hidden", data: out, rows: rows === "all" ? nTokens : 1 };
+  }
+
+  /**
+   * Saves `slot`'s full state (as of the work submitted so far) to a new snapshot; returns its number.
+   */
+  snapshot(slot: number): number {
+    this.#slotCheck(slot);
+    const enc = this.#gpu.device.createCommandEncoder();
+    const id = this.states.snapshot(enc, slot, this.#length[slot]!);
+    this.#gpu.device.queue.submit([enc.finish()]);
+    return id;
+  }
+
+  /** Restores snapshot `id` into `slot`; the slot then holds the snapshot's tokens. */
+  restore(id: number, slot: number): void {
+    this.#slotCheck(slot);
+    const enc = this.#gpu.device.createCommandEncoder();
+    this.states.restore(enc, id, slot);
+    this.#gpu.device.queue.submit([enc.finish()]);
+    this.#length[slot] = this.states.snapshotLength(id);
+  }
+
+  /** Dispatches of one chunk of `n` tokens (for counting and benchmarks). */
+  graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<readonly Op[]> {
+    this.#slotCheck(slot);
+    return this.#graph(slot, n, rows);
+  }
+
+  /** Releases every GPU buffer of the stage. */
+  destroy(): void {
+    if (this.#destroyed) return;
+    this.#destroyed = true;
+    this.states.destroy();
+    for (const b of Object.values(this.#act)) b.destroy();
+    for (const b of this.#posParams) b.destroy();
+    this.#zeroIds.destroy();
+    const seen = new Set<GPUBuffer>();
+    for (const t of this.#weights.values()) for (const p of t.parts) seen.add(p.buffer);
+    for (const b of seen) b.destroy();
+  }
+
+  #slotCheck(slot: number): void {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.#length.length) {
+      throw new RangeError(`Slot ${slot} does not exist: this stage has ${this.#length.length} slots`);
+    }
+  }
+
+  #inputCheck(slot: number, input: StageInput, base: number, nTokens: number): void {
+    if (nTokens < 1) throw new RangeError("Input has no tokens: give at least one");
+    if (base !== 0 && base !== this.#length[slot]) {
+      throw new RangeError(
+        `Slot ${slot} holds ${this.#length[slot]} tokens but the run continues at position ${base}: ` +
+          `start at 0, continue at ${this.#length[slot]}, or restore a snapshot of length ${base} first`,
+      );
+    }
+    if (base + nTokens > this.nCtx) {
+      throw new RangeError(
+        `Sequence of ${
+          base + nTokens
+        } tokens does not fit the context of ${this.nCtx}: raise --ctx or shorten it`,
+      );
+    }
+    if ("tokens" in input) {
+      if (!this.first) {
+        throw new RangeError(`Layers ${this.layers.join(":")} take hidden rows, not token ids`);
+      }
+      for (const t of input.tokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= this.hp.nVocab) {
+          throw new RangeError(`Token id ${t} is outside the vocabulary 0..${this.hp.nVocab - 1}`);
+        }
+      }
+    } else {
+      if (this.first) throw new RangeError(`Layers ${this.layers.join(":")} start at 0 and take token ids`);
+      if (input.hidden.length !== nTokens * this.hp.nEmbd) {
+        throw new RangeError(
+          `Hidden input has ${input.hidden.length} values but ${nTokens} rows of ${this.hp.nEmbd} need ` +
+            `${nTokens * this.hp.nEmbd}`,
+        );
+      }
+    }
+  }
+
+  #tensor(name: string): GpuTensor {
+    const t = this.#weights.get(name);
+    assert(t, `tensor ${name} was not uploaded`);
+    return t;
+  }
+
+  #stateSpecs(): StateSpec[] {
+    const hp = this.hp;
+    const specs: StateSpec[] = [];
+    const posBytes = hp.headDim * 4;
+    for (let l = this.layers[0]; l < this.layers[1]; l++) {
+      if (hp.isAttention[l]) {
+        const size = hp.nHeadKv * this.nCtx * posBytes;
+        const liveRanges = (nPos: number) =>
+          Array.from({ length: hp.nHeadKv }, (_, h) => ({
+            offsetBytes: h * this.nCtx * posBytes,
+            sizeBytes: nPos * posBytes,
+          }));
+        specs.push({ layer: l, name: "k_cache", sizeBytes: size, liveRanges });
+        specs.push({ layer: l, name: "v_cache", sizeBytes: size, liveRanges });
+      } else {
+        const d = gdnDims(this.#gdnConstants(undefined));
+        specs.push({ layer: l, name: "conv", sizeBytes: d.convRing * 4 });
+        specs.push({ layer: l, name: "ssm", sizeBytes: d.state * 4 });
+      }
+    }
+    return specs;
+  }
+
+  #gdnConstants(layout: DeltaNetLayout | undefined): GdnStepConstants {
+    const hp = this.hp;
+    return {
+      N_K: hp.ssmGroups,
+      N_V: hp.ssmDtRank,
+      D_K: hp.ssmState,
+      D_V: hp.ssmInner / hp.ssmDtRank,
+      K_CONV: hp.ssmConv,
+      EPS: hp.rmsEps,
+      KAPPA_TILED: kappaTiled(hp),
+      BA_GROUPED: layout === "ssm_in" || layout === "qkv_ba",
+    };
+  }
+
+  #allocActivations(): Record<string, GPUBuffer> {
+    const hp = this.hp;
+    const T = this.maxChunk;
+    const d = gdnDims(this.#gdnConstants(undefined));
+    const K = hp.nExpertUsed;
+    const sizes: Record<string, number> = {
+      tokens: T,
+      h: hp.nEmbd * T,
+      a: hp.nEmbd * T,
+      t: hp.nEmbd * T,
+      m: hp.nEmbd * T,
+      xqkv: d.convCh * T,
+      z: d.inner * T,
+      ba: 2 * hp.ssmDtRank * T,
+      alpha: hp.ssmDtRank * T,
+      y: d.inner * T,
+      qf: 2 * hp.nHead * hp.headDim * T,
+      k: hp.nHeadKv * hp.headDim * T,
+      v: hp.nHeadKv * hp.headDim * T,
+      q: hp.nHead * hp.headDim * T,
+      o: hp.nHead * hp.headDim * T,
+      partO: hp.headDim * hp.nHead * ATTN_SPLITS,
+      partMl: 2 * hp.nHead * ATTN_SPLITS,
+      router: hp.nExpert * T,
+      ids: K * T,
+      wts: K * T,
+      act: hp.nFfExp * K * T,
+      eo: hp.nEmbd * K * T,
+      sact: hp.nFfShexp * T,
+      sho: hp.nEmbd * T,
+      gam: T,
+    };
+    if (this.last) sizes.logits = hp.nVocab * T;
+    const out: Record<string, GPUBuffer> = {};
+    for (const [name, words] of Object.entries(sizes)) {
+      out[name] = this.#gpu.device.createBuffer({
+        label: name,
+        size: Math.max(16, words * 4),
+        usage: STORAGE,
+      });
+    }
+    return out;
+  }
+
+  async #graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<Op[]> {
+    const key = `${slot}/${n}/${rows}`;
+    const hit = this.#graphs.get(key);
+    if (hit) return hit;
+    const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n).build({
+      stage: this,
+      slot,
+      rows,
+      act: this.#act,
+      pos: this.#posParams[slot]!,
+      zeroIds: this.#zeroIds,
+      layers: this.#layers,
+      firstLayer: this.layers[0],
+      gdn: (layout) => this.#gdnConstants(layout),
+      embd: this.first ? this.#tensor(tensorName("token_embd")) : undefined,
+      outNorm: this.last ? this.#tensor(tensorName("output_norm")) : undefined,
+      lmHead: this.last ? this.#tensor(tensorName(this.#tiedOutput ? "token_embd" : "output")) : undefined,
+    });
+    this.#graphs.set(key, ops);
+    return ops;
+  }
+}
+
+/** True when the file's κ is the modulo tiling (qwen35moe), false for the grouped one (qwen3next), spec §9. */
+function kappaTiled(hp: Hparams): boolean {
+  const nK = hp.ssmGroups;
+  const r = hp.ssmDtRank / nK;
+  let tiled = true;
+  let grouped = true;
+  for (let h = 0; h < hp.ssmDtRank; h++) {
+    const g = hp.kvGroupOfVHead(h);
+    if (g !== h % nK) tiled = false;
+    if (g !== Math.floor(h / r)) grouped = false;
+  }
+  assert(tiled || grouped, `${hp.arch}: the DeltaNet k-head mapping is neither tiled nor grouped`);
+  return tiled;
+}
+
+/**
+ * Source row of each canonical row of the legacy `ssm_in` (spec §8.1): canonical rows are
+ * [q_0..q_{nK-1} | k_0.. | v_0..v_{nV-1} | z_0..z_{nV-1}], the file groups them per key head g as
+ * [q_g | k_g | v_{rg}..v_{rg+r-1} | z_{rg}..z_{rg+r-1}].
+ */
+export function legacyRowOrder(hp: Hparams): Uint32Array {
+  const nK = hp.ssmGroups;
+  const nV = hp.ssmDtRank;
+  const dK = hp.ssmState;
+  const dV = hp.ssmInner / nV;
+  const r = nV / nK;
+  const G = 2 * dK + 2 * r * dV;
+  const order = new Uint32Array(nK * G);
+  let at = 0;
+  for (let g = 0; g < nK; g++) for (let i = 0; i < dK; i++) order[at++] = g * G + i;
+  for (let g = 0; g < nK; g++) for (let i = 0; i < dK; i++) order[at++] = g * G + dK + i;
+  for (let h = 0; h < nV; h++) {
+    const g = Math.floor(h / r);
+    const j = h % r;
+    for (let i = 0; i < dV; i++) order[at++] = g * G + 2 * dK + j * dV + i;
+  }
+  for (let h = 0; h < nV; h++) {
+    const g = Math.floor(h / r);
+    const j = h % r;
+    for (let i = 0; i < dV; i++) order[at++] = g * G + 2 * dK + r * dV + j * dV + i;
+  }
+  assert(at === order.length, "legacy ssm_in row order covers every row");
+  return order;
+}
+
+interface BuildContext {
+  readonly stage: Stage;
+  readonly slot: number;
+  readonly rows: "all" | "last" | "none";
+  readonly act: Record<string, GPUBuffer>;
+  readonly pos: GPUBuffer;
+  readonly zeroIds: GPUBuffer;
+  readonly layers: readonly LayerWeights[];
+  readonly firstLayer: number;
+  readonly gdn: (layout: DeltaNetLayout | undefined) => GdnStepConstants;
+  readonly embd: GpuTensor | undefined;
+  readonly outNorm: GpuTensor | undefined;
+  readonly lmHead: GpuTensor | undefined;
+}
+
+/** Builds the dispatch list of one chunk of `n` tokens. */
+class GraphBuilder {
+  readonly #device: GPUDevice;
+  readonly #cache: PipelineCache;
+  readonly #hp: Hparams;
+  readonly #n: number;
+  readonly #ops: Op[] = [];
+
+  constructor(device: GPUDevice, cache: PipelineCache, hp: Hparams, n: number) {
+    this.#device = device;
+    this.#cache = cache;
+    this.#hp = hp;
+    this.#n = n;
+  }
+
+  async build(cx: BuildContext): Promise<Op[]> {
+    const hp = this.#hp;
+    const n = this.#n;
+    const A = cx.act;
+    if (cx.embd) {
+      const shape = { type: typeName(cx.embd), k: hp.nEmbd, n: hp.nVocab, nTokens: n };
+      const c = getRowsConstants(shape);
+      await this.#push("get_rows", GET_ROWS, c, [
+        this.#storage(getRowsParams(shape)),
+        A.tokens!,
+        part0(cx.embd),
+        A.h!,
+      ], getRowsGrid(shape));
+    }
+    for (const [i, lw] of cx.layers.entries()) {
+      const l = cx.firstLayer + i;
+      await this.#rmsNorm(`L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!, n);
+      if (lw.attention) await this.#attention(cx, l, lw);
+      else await this.#deltaNet(cx, l, lw);
+      await this.#residual(`L${l}.residual_mixer`, A.t!, A.h!);
+      await this.#rmsNorm(`L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!, n);
+      await this.#moe(cx, l, lw);
+    }
+    if (cx.outNorm && cx.lmHead && cx.rows !== "none") {
+      const first = cx.rows === "all" ? 0 : n - 1;
+      const rows = cx.rows === "all" ? n : 1;
+      await this.#rmsNorm(
+        "output_norm",
+        sub(A.h!, first * hp.nEmbd, rows * hp.nEmbd),
+        cx.outNorm,
+        A.a!,
+        rows,
+      );
+      await this.#matvec("output", cx.lmHead, A.a!, A.logits!, rows);
+    }
+    return this.#ops;
+  }
+
+  async #push(
+    label: string,
+    spec: KernelSpec,
+    c: ConstValues,
+    bindings: readonly Binding[],
+    grid: readonly number[],
+  ) {
+    const pipeline = await this.#cache.get(spec, c);
+    this.#ops.push({
+      label,
+      pipeline,
+      bindGroup: bindGroup(this.#device, pipeline, bindings),
+      grid: [grid[0] ?? 1, grid[1] ?? 1, grid[2] ?? 1],
+    });
+  }
+
+  #storage(words: Uint32Array): GPUBuffer {
+    const buf = this.#device.createBuffer({
+      size: Math.max(16, words.byteLength),
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+      mappedAtCreation: true,
+    });
+    new Uint32Array(buf.getMappedRange()).set(words);
+    buf.unmap();
+    return buf;
+  }
+
+  async #rmsNorm(label: string, x: Binding, w: GpuTensor, y: GPUBuffer, rows: number) {
+    const c: RmsNormConstants = { N: this.#hp.nEmbd, EPS: this.#hp.rmsEps, WG: 256 };
+    const pipeline = await this.#cache.get(RMS_NORM, c);
+    const bg = rmsNormBindGroup(this.#device, {
+      pipeline,
+      constants: c,
+      nRows: rows,
+      buffers: { x, w: part0(w), y },
+    });
+    this.#ops.push({ label, pipeline, bindGroup: bg, grid: rmsNormGrid(rows) });
+  }
+
+  /** y[col][r] = W·x[col] for `cols` columns of x (stride K) into y (stride N), rows [rowStart, rowStart+rows). */
+  async #matvec(
+    label: string,
+    w: GpuTensor,
+    x: GPUBuffer,
+    y: GPUBuffer,
+    cols: number,
+    opts: { rowStart?: number; rows?: number } = {},
+  ) {
+    const k = w.ne[0]!;
+    const rowStart = opts.rowStart ?? 0;
+    const nRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - rowStart);
+    for (const p of w.parts) {
+      const lo = Math.max(rowStart, p.firstRow);
+      const hi = Math.min(rowStart + nRows, p.firstRow + p.nRows);
+      if (lo >= hi) continue;
+      for (let c0 = 0; c0 < cols; c0 += 8) {
+        const batch = Math.min(8, cols - c0);
+        const shape: MatvecShape = {
+          type: typeName(w),
+          k,
+          n: hi - lo,
+          batch,
+          wOffsetBytes: p.offsetBytes + (lo - p.firstRow) * w.rowBytes,
+          xOffset: c0 * k,
+          xStride: k,
+          yOffset: c0 * nRows + (lo - rowStart),
+          yStride: nRows,
+        };
+        const c = matvecConstants(shape);
+        const params = this.#uniform(matvecParams(shape));
+        await this.#push(label, MATVEC, c, [params, p.buffer, x, y], [...matvecGrid(shape, c), 1]);
+      }
+    }
+  }
+
+  #uniform(words: Uint32Array): GPUBuffer {
+    const buf = this.#device.createBuffer({
+      size: Math.max(32, words.byteLength),
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+      mappedAtCreation: true,
+    });
+    new Uint32Array(buf.getMappedRange()).set(words);
+    buf.unmap();
+    return buf;
+  }
+
+  async #residual(label: string, t: GPUBuffer, h: GPUBuffer) {
+    const c: ResidualAddConstants = { D: this.#hp.nEmbd, N_TERMS: 1, WEIGHTED: false, SHARED: false };
+    const params = this.#storage(Uint32Array.of(this.#n, 0));
+    await this.#push(label, RESIDUAL_ADD, c, [params, t, t, t, t, h], residualAddGrid(c, this.#n));
+  }
+
+  async #attention(cx: BuildContext, l: number, lw: LayerWeights) {
+    const hp = this.#hp;
+    const n = this.#n;
+    const A = cx.act;
+    await this.#matvec(`L${l}.attn_q`, lw.t("attn_q"), A.a!, A.qf!, n);
+    await this.#matvec(`L${l}.attn_k`, lw.t("attn_k"), A.a!, A.k!, n);
+    await this.#matvec(`L${l}.attn_v`, lw.t("attn_v"), A.a!, A.v!, n);
+    const kCache = cx.stage.states.buffer(cx.slot, l, "k_cache");
+    const vCache = cx.stage.states.buffer(cx.slot, l, "v_cache");
+    const rope: AttnQkRopeConstants = {
+      H_Q: hp.nHead,
+      H_KV: hp.nHeadKv,
+      D_H: hp.headDim,
+      N_ROT: hp.ropeDim,
+      P_MAX: cx.stage.nCtx,
+      WG: 64,
+      ROPE_THETA: hp.ropeBase,
+      EPS: hp.rmsEps,
+    };
+    let pipeline = await this.#cache.get(ATTN_QK_ROPE, rope);
+    this.#ops.push({
+      label: `L${l}.attn_qk_rope`,
+      pipeline,
+      bindGroup: attnQkRopeBindGroup(this.#device, {
+        pipeline,
+        constants: rope,
+        nTokens: n,
+        buffers: {
+          params: cx.pos,
+          qf: A.qf!,
+          k: A.k!,
+          v: A.v!,
+          qNorm: part0(lw.t("attn_q_norm")),
+          kNorm: part0(lw.t("attn_k_norm")),
+          qOut: A.q!,
+          kCache,
+          vCache,
+        },
+      }),
+      grid: attnQkRopeGrid(rope, n),
+    });
+    if (n === 1) {
+      const dc: AttnDecodeConstants = {
+        H_Q: hp.nHead,
+        H_KV: hp.nHeadKv,
+        D_H: hp.headDim,
+        P_MAX: cx.stage.nCtx,
+        N_SPLIT: ATTN_SPLITS,
+        TILE: 16,
+        WG: 256,
+        SCALE: hp.attnScale,
+      };
+      pipeline = await this.#cache.get(ATTN_DECODE, dc);
+      this.#ops.push({
+        label: `L${l}.attn_decode`,
+        pipeline,
+        bindGroup: attnDecodeBindGroup(this.#device, {
+          pipeline,
+          constants: dc,
+          buffers: { params: cx.pos, q: A.q!, kCache, vCache, partO: A.partO!, partMl: A.partMl! },
+        }),
+        grid: attnDecodeGrid(dc),
+      });
+      const cc: AttnCombineConstants = { H_Q: hp.nHead, D_H: hp.headDim, N_SPLIT: ATTN_SPLITS, WG: 64 };
+      pipeline = await this.#cache.get(ATTN_COMBINE, cc);
+      this.#ops.push({
+        label: `L${l}.attn_combine`,
+        pipeline,
+        bindGroup: attnCombineBindGroup(this.#device, {
+          pipeline,
+          constants: cc,
+          buffers: { partO: A.partO!, partMl: A.partMl!, qf: A.qf!, o: A.o! },
+        }),
+        grid: attnCombineGrid(cc),
+      });
+    } else {
+      const pc: AttnPrefillConstants = {
+        H_Q: hp.nHead,
+        H_KV: hp.nHeadKv,
+        D_H: hp.headDim,
+        P_MAX: cx.stage.nCtx,
+        BQ: 1,
+        TILE: 8,
+        WG: 256,
+        SCALE: hp.attnScale,
+      };
+      pipeline = await this.#cache.get(ATTN_PREFILL, pc);
+      this.#ops.push({
+        label: `L${l}.attn_prefill`,
+        pipeline,
+        bindGroup: attnPrefillBindGroup(this.#device, {
+          pipeline,
+          constants: pc,
+          nTokens: n,
+          buffers: { params: cx.pos, q: A.q!, qf: A.qf!, kCache, vCache, o: A.o! },
+        }),
+        grid: attnPrefillGrid(pc, n),
+      });
+    }
+    await this.#matvec(`L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, n);
+  }
+
+  async #deltaNet(cx: BuildContext, l: number, lw: LayerWeights) {
+    const n = this.#n;
+    const A = cx.act;
+    const c = cx.gdn(lw.layout);
+    const d = gdnDims(c);
+    if (lw.layout === "ssm_in") {
+      const w = lw.t("ssm_in");
+      await this.#matvec(`L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh });
+      await this.#matvec(`L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner });
+    } else {
+      await this.#matvec(`L${l}.attn_qkv`, lw.t("attn_qkv"), A.a!, A.xqkv!, n);
+      await this.#matvec(`L${l}.attn_gate`, lw.t("attn_gate"), A.a!, A.z!, n);
+    }
+    let b: GPUBuffer;
+    let a: GPUBuffer;
+    if (c.BA_GROUPED) {
+      await this.#matvec(`L${l}.ssm_ba`, lw.t("ssm_ba"), A.a!, A.ba!, n);
+      b = A.ba!;
+      a = A.ba!;
+    } else {
+      await this.#matvec(`L${l}.ssm_beta`, lw.t("ssm_beta"), A.a!, A.ba!, n);
+      await this.#matvec(`L${l}.ssm_alpha`, lw.t("ssm_alpha"), A.a!, A.alpha!, n);
+      b = A.ba!;
+      a = A.alpha!;
+    }
+    const convRing = cx.stage.states.buffer(cx.slot, l, "conv");
+    const state = cx.stage.states.buffer(cx.slot, l, "ssm");
+    const bindings = {
+      params: cx.pos,
+      xQkv: A.xqkv!,
+      z: A.z!,
+      b,
+      a,
+      convW: part0(lw.t("ssm_conv1d")),
+      dtBias: part0(lw.t("ssm_dt")),
+      ssmA: part0(lw.t("ssm_a")),
+      normW: part0(lw.t("ssm_norm")),
+      convRing,
+      state,
+      y: A.y!,
+    };
+    checkGdnStep(c, { bindings, maxTokens: n });
+    await this.#push(
+      `L${l}.gdn_step`,
+      GDN_STEP,
+      c,
+      GDN_STEP_BINDINGS.map((k) => bindings[k]),
+      gdnStepGrid(c),
+    );
+    if (n > 1) {
+      const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV };
+      const rb = { params: cx.pos, xQkv: A.xqkv!, convRing };
+      checkGdnConvRing(rc, { bindings: rb, maxTokens: n });
+      await this.#push(
+        `L${l}.gdn_conv_ring`,
+        GDN_CONV_RING,
+        rc,
+        GDN_CONV_RING_BINDINGS.map((k) => rb[k]),
+        gdnConvRingGrid(rc),
+      );
+    }
+    await this.#matvec(`L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, n);
+  }
+
+  async #moe(cx: BuildContext, l: number, lw: LayerWeights) {
+    const hp = this.#hp;
+    const n = this.#n;
+    const A = cx.act;
+    const K = hp.nExpertUsed;
+    await this.#matvec(`L${l}.ffn_gate_inp`, lw.t("ffn_gate_inp"), A.m!, A.router!, n);
+    const rc: MoeRouteConstants = {
+      N_EXPERT: hp.nExpert,
+      N_EXPERT_USED: K,
+      WG: 64,
+      W_SCALE: moeWeightsScale(hp.expertWeightsScale),
+    };
+    const pipeline = await this.#cache.get(MOE_ROUTE, rc);
+    this.#ops.push({
+      label: `L${l}.moe_route`,
+      pipeline,
+      bindGroup: moeRouteBindGroup(this.#device, {
+        pipeline,
+        constants: rc,
+        nTokens: n,
+        buffers: { logits: A.router!, ids: A.ids!, weights: A.wts! },
+      }),
+      grid: moeRouteGrid(n),
+    });
+    await this.#experts(`L${l}.ffn_exps`, {
+      gate: lw.t("ffn_gate_exps"),
+      up: lw.t("ffn_up_exps"),
+      down: lw.t("ffn_down_exps"),
+      ids: A.ids!,
+      used: K,
+      act: A.act!,
+      out: A.eo!,
+      nFf: hp.nFfExp,
+      nExpert: hp.nExpert,
+    }, cx);
+    await this.#experts(`L${l}.ffn_shexp`, {
+      gate: lw.t("ffn_gate_shexp"),
+      up: lw.t("ffn_up_shexp"),
+      down: lw.t("ffn_down_shexp"),
+      ids: cx.zeroIds,
+      used: 1,
+      act: A.sact!,
+      out: A.sho!,
+      nFf: hp.nFfShexp,
+      nExpert: 1,
+    }, cx);
+    await this.#matvec(`L${l}.ffn_gate_inp_shexp`, lw.t("ffn_gate_inp_shexp"), A.m!, A.gam!, n);
+    const c: ResidualAddConstants = { D: hp.nEmbd, N_TERMS: K, WEIGHTED: true, SHARED: true };
+    const params = this.#storage(Uint32Array.of(n, 0));
+    await this.#push(
+      `L${l}.moe_combine`,
+      RESIDUAL_ADD,
+      c,
+      [params, A.eo!, A.wts!, A.sho!, A.gam!, A.h!],
+      residualAddGrid(c, n),
+    );
+  }
+
+  async #experts(
+    label: string,
+    e: {
+      gate: GpuTensor;
+      up: GpuTensor;
+      down: GpuTensor;
+      ids: GPUBuffer;
+      used: number;
+      act: GPUBuffer;
+      out: GPUBuffer;
+      nFf: number;
+      nExpert: number;
+    },
+    cx: BuildContext,
+  ) {
+    const hp = this.#hp;
+    const n = this.#n;
+    const g = e.gate.parts[0]!;
+    const u = e.up.parts[0]!;
+    assert(
+      g.buffer === u.buffer && e.gate.parts.length === 1 && e.up.parts.length === 1,
+      `${label}: gate and up packed`,
+    );
+    const gu: MoeMatvecShape = {
+      type: typeName(e.gate),
+      k: hp.nEmbd,
+      n: e.nFf,
+      nExpert: e.nExpert,
+      nCols: e.used * n,
+      xDiv: e.used,
+      offGateBytes: g.offsetBytes,
+      offUpBytes: u.offsetBytes,
+      gateUp: true,
+    };
+    let c = moeMatvecConstants(gu);
+    await this.#push(
+      `${label}.gate_up`,
+      MOE_MATVEC,
+      c,
+      [this.#storage(moeMatvecParams(gu)), e.ids, g.buffer, cx.act.m!, e.act],
+      moeMatvecGrid(gu, c),
+    );
+    const dp = e.down.parts[0]!;
+    assert(e.down.parts.length === 1, `${label}: down in one binding`);
+    const dn: MoeMatvecShape = {
+      type: typeName(e.down),
+      k: e.nFf,
+      n: hp.nEmbd,
+      nExpert: e.nExpert,
+      nCols: e.used * n,
+      xDiv: 1,
+      offGateBytes: dp.offsetBytes,
+      gateUp: false,
+    };
+    c = moeMatvecConstants(dn);
+    await this.#push(
+      `${label}.down`,
+      MOE_MATVEC,
+      c,
+      [this.#storage(moeMatvecParams(dn)), e.ids, dp.buffer, e.act, e.out],
+      moeMatvecGrid(dn, c),
+    );
+  }
+}
+
+function typeName(t: GpuTensor): GgmlTypeName {
+  return t.type.name as GgmlTypeName;
+}
+
+/** The single binding of a small tensor (norm weights, conv taps): its one part. */
+function part0(t: GpuTensor): Binding {
+  assert(t.parts.length === 1, `tensor ${t.name} is in one part`);
+  const p = t.parts[0]!;
+  return { buffer: p.buffer, offset: p.offsetBytes, size: Math.ceil(p.sizeBytes / 4) * 4 };
+}
+
+/** A sub-range of `words` f32 words of a buffer from word `at` (a multiple of 64: 256-byte offsets). */
+function sub(buf: GPUBuffer, at: number, words: number): Binding {
+  return { buffer: buf, offset: at * 4, size: words * 4 };
+}

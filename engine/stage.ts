@@ -24,6 +24,21 @@ import { type TensorId, tensorName } from "./names.ts";
 import { archOf, type DeltaNetLayout, type Hparams, type TensorCheck } from "./models/mod.ts";
 import type { GgmlTypeName } from "./quant/types.ts";
 import { assert } from "./errors.ts";
+import { ReadbackRing } from "./gpu/readback.ts";
+import {
+  ARGMAX,
+  argmaxBindGroups,
+  type ArgmaxConstants,
+  argmaxGrids,
+  argmaxVariants,
+} from "../wgsl/argmax.ts";
+import {
+  ARGMAX_TOPK,
+  argmaxTopkBindGroups,
+  type ArgmaxTopkConstants,
+  argmaxTopkGrids,
+  argmaxTopkVariants,
+} from "../wgsl/argmax_topk.ts";
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../wgsl/get_rows.ts";
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../wgsl/rms_norm.ts";
 import { MATVEC, matvecConstants, matvecGrid, matvecParams, type MatvecShape } from "../wgsl/matvec.ts";
@@ -133,6 +148,32 @@ export interface StageOutput {
   readonly rows: number;
 }
 
+/** Options of {@linkcode Stage.generate}. */
+export interface GenerateOptions {
+  /** Tokens to generate (≥ 1). */
+  readonly nNew: number;
+  /** Also return the `top` highest logits of every step (1..64; 0 = none). */
+  readonly top?: number;
+  /** Token ids that end generation (included in the output); later tokens are dropped. */
+  readonly stopIds?: readonly number[];
+  /** Decode steps per readback (ids stream back in batches of this many; default 8). */
+  readonly batch?: number;
+  /** Called with each batch of new ids as they land. */
+  readonly onTokens?: (ids: readonly number[]) => void;
+}
+
+/** Result of {@linkcode Stage.generate}. */
+export interface GenerateResult {
+  /** Generated ids (greedy), ending at a stop id when one was hit. */
+  readonly tokens: number[];
+  /** Per generated token, the `top` highest `[id, logit]` pairs of its step, highest first. */
+  readonly top: [number, number][][];
+  /** Why generation ended. */
+  readonly reason: "length" | "stop" | "context";
+  /** Decode steps run (≥ tokens − 1: steps past a stop are dropped and the state is rewound). */
+  readonly steps: number;
+}
+
 /** Buffer usage of every activation and state buffer. */
 const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 /** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
@@ -172,6 +213,7 @@ export class Stage {
   readonly #posParams: readonly GPUBuffer[];
   readonly #zeroIds: GPUBuffer;
   readonly #graphs = new Map<string, Op[]>();
+  readonly #decoders = new Map<string, Decoder>();
   readonly #length: number[];
   #destroyed = false;
 
@@ -363,6 +405,139 @@ export class Stage {
   }
 
   /**
+   * Greedy generation on one slot without an awaited readback between decode steps: the prompt is
+   * prefilled, then each step is one compute pass whose argmax writes the next id straight into the next
+   * step's token buffer and into a GPU id ring; ids come back every `batch` steps through the readback
+   * ring while the next batch, encoded beforehand, runs. A stop id found late is exact: the slot is rewound
+   * to a snapshot taken at the start of that batch and re-fed only the accepted tokens.
+   * The slot afterwards holds the prompt and every generated token but the last (not yet fed).
+   * @throws {RangeError} as {@linkcode Stage.run}, and when the stage is not a whole model
+   */
+  async generate(slot: number, prompt: readonly number[], opts: GenerateOptions): Promise<GenerateResult> {
+    if (!this.first || !this.last) {
+      throw new RangeError(
+        `Layers ${this.layers.join(":")} are a partial stage: generation needs the whole model`,
+      );
+    }
+    const { device } = this.#gpu;
+    const top = opts.top ?? 0;
+    const S = opts.batch ?? 8;
+    if (!Number.isInteger(opts.nNew) || opts.nNew < 1) {
+      throw new RangeError(`--n must be >= 1, got ${opts.nNew}`);
+    }
+    if (!Number.isInteger(top) || top < 0 || top > 64) {
+      throw new RangeError(`--top must be in 0..64, got ${top}`);
+    }
+    if (!Number.isInteger(S) || S < 1 || S > 64) throw new RangeError(`Batch must be in 1..64, got ${S}`);
+    const stops = new Set(opts.stopIds ?? []);
+    const V = this.hp.nVocab;
+    const first = await this.run(slot, { tokens: prompt }, 0);
+    const tokens = [argmaxCpu(first.data)];
+    const tops: [number, number][][] = top > 0 ? [topCpu(first.data, top)] : [];
+    opts.onTokens?.([tokens[0]!]);
+    const room = this.nCtx - prompt.length;
+    let nNew = Math.min(opts.nNew, room + 1);
+    if (stops.has(tokens[0]!)) nNew = 1;
+    const steps = nNew - 1;
+    if (steps === 0) {
+      return {
+        tokens,
+        top: tops,
+        reason: stops.has(tokens[0]!) ? "stop" : nNew < opts.nNew ? "context" : "length",
+        steps: 0,
+      };
+    }
+    device.queue.writeBuffer(this.#act.tokens!, 0, Uint32Array.of(tokens[0]!));
+    const dec = await this.#decoder(slot, S, top);
+    const ring = new ReadbackRing(device, { slots: 2, slotBytes: S * 4 * (1 + 2 * top) });
+    const batchParams = [0, 1].map(() =>
+      device.createBuffer({ size: S * 16, usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST })
+    );
+    const snaps: number[] = [];
+    const encodeBatch = (b: number): { cbs: GPUCommandBuffer[]; slot: number; n: number } => {
+      const n = Math.min(S, steps - b * S);
+      const params = new Uint32Array(S * 4);
+      for (let j = 0; j < n; j++) params.set([prompt.length + b * S + j, 1, j, 0], j * 4);
+      const pb = batchParams[b % 2]!;
+      device.queue.writeBuffer(pb, 0, params);
+      const cbs: GPUCommandBuffer[] = [];
+      if (stops.size > 0) {
+        const enc = device.createCommandEncoder();
+        snaps.push(this.states.snapshot(enc, slot, prompt.length + b * S));
+        cbs.push(enc.finish());
+      }
+      let ringSlot = -1;
+      for (let j = 0; j < n; j++) {
+        const enc = device.createCommandEncoder();
+        enc.copyBufferToBuffer(pb, j * 16, this.#posParams[slot]!, 0, 8);
+        enc.copyBufferToBuffer(pb, j * 16 + 8, dec.argmaxParams, 0, 4);
+        const pass = enc.beginComputePass();
+        encodeOps(pass, dec.ops);
+        pass.end();
+        if (top > 0) enc.copyBufferToBuffer(dec.topResult, 0, dec.topBatch, j * 8 * top, 8 * top);
+        if (j === n - 1) {
+          const copies = [{ src: dec.idRing, srcOffsetBytes: 0, sizeBytes: 4 * S }];
+          if (top > 0) copies.push({ src: dec.topBatch, srcOffsetBytes: 0, sizeBytes: 8 * top * S });
+          ringSlot = ring.record(enc, copies) ?? -1;
+          assert(ringSlot >= 0, "a readback slot is free for each batch");
+        }
+        cbs.push(enc.finish());
+      }
+      return { cbs, slot: ringSlot, n };
+    };
+    const nBatches = Math.ceil(steps / S);
+    let cur = encodeBatch(0);
+    device.queue.submit(cur.cbs);
+    let reason: GenerateResult["reason"] = nNew < opts.nNew ? "context" : "length";
+    let stoppedAt = -1;
+    let ran = 0;
+    for (let b = 0; b < nBatches; b++) {
+      const next = b + 1 < nBatches ? encodeBatch(b + 1) : undefined;
+      // mapAsync blocks until the queue is idle: the next batch is encoded already and goes in right after.
+      const landed = ring.map(cur.slot);
+      if (next) device.queue.submit(next.cbs);
+      const bytes = await landed;
+      ran += cur.n;
+      const ids = new Uint32Array(bytes.buffer, 0, S);
+      const pairs = top > 0 ? new Uint32Array(bytes.buffer, 4 * S, 2 * top * S) : undefined;
+      const fresh: number[] = [];
+      for (let j = 0; j < cur.n && stoppedAt < 0; j++) {
+        const id = ids[j]!;
+        tokens.push(id);
+        fresh.push(id);
+        if (pairs) tops.push(pairsToTop(pairs, j, top));
+        if (stops.has(id)) {
+          stoppedAt = b * S + j;
+          reason = "stop";
+        }
+      }
+      if (fresh.length > 0) opts.onTokens?.(fresh);
+      if (stoppedAt >= 0) {
+        if (next) await ring.map(next.slot);
+        break;
+      }
+      cur = next ?? cur;
+    }
+    let length = prompt.length + steps;
+    if (stoppedAt >= 0) {
+      // Rewind: the batch that hit the stop started at a snapshot; re-feed only the accepted tokens of it.
+      const b = Math.floor(stoppedAt / S);
+      this.restore(snaps[b]!, slot);
+      const accepted = tokens.slice(b * S, stoppedAt + 1);
+      if (accepted.length > 0) {
+        await this.run(slot, { tokens: accepted }, prompt.length + b * S, { rows: "last" });
+      }
+      length = prompt.length + stoppedAt + 1;
+    }
+    for (const id of snaps) this.states.drop(id);
+    this.#length[slot] = length;
+    ring.destroy();
+    for (const pb of batchParams) pb.destroy();
+    assert(V > 0, "vocabulary");
+    return { tokens, top: tops, reason, steps: ran };
+  }
+
+  /**
    * Saves `slot`'s full state (as of the work submitted so far) to a new snapshot; returns its number.
    */
   snapshot(slot: number): number {
@@ -399,6 +574,76 @@ export class Stage {
     const seen = new Set<GPUBuffer>();
     for (const t of this.#weights.values()) for (const p of t.parts) seen.add(p.buffer);
     for (const b of seen) b.destroy();
+  }
+
+  async #decoder(slot: number, S: number, top: number): Promise<Decoder> {
+    const key = `${slot}/${S}/${top}`;
+    const hit = this.#decoders.get(key);
+    if (hit) return hit;
+    const { device } = this.#gpu;
+    const V = this.hp.nVocab;
+    const ops = [...await this.#graph(slot, 1, "last")];
+    const buf = (label: string, bytes: number) =>
+      device.createBuffer({ label, size: Math.max(16, bytes), usage: STORAGE });
+    const idRing = buf("id_ring", 4 * S);
+    const argmaxParams = buf("argmax_params", 16);
+    const ac: ArgmaxConstants = {
+      N_VOCAB: V,
+      N_BLOCK: Math.min(256, Math.ceil(V / 1024)),
+      WG: 256,
+      WRITE_IDS: true,
+    };
+    const av = argmaxVariants(ac);
+    const ap = {
+      partial: await this.#cache.get(ARGMAX, av.partial),
+      final: await this.#cache.get(ARGMAX, av.final),
+    };
+    const ab = argmaxBindGroups(device, {
+      pipelines: ap,
+      constants: ac,
+      buffers: {
+        logits: { buffer: this.#act.logits!, offset: 0, size: 4 * V },
+        pairs: buf("argmax_pairs", 8 * ac.N_BLOCK),
+        result: buf("argmax_result", 8),
+        params: argmaxParams,
+        nextToken: this.#act.tokens!,
+        ring: idRing,
+      },
+    });
+    const ag = argmaxGrids(ac);
+    ops.push({ label: "argmax.partial", pipeline: ap.partial, bindGroup: ab.partial, grid: ag.partial });
+    ops.push({ label: "argmax.final", pipeline: ap.final, bindGroup: ab.final, grid: ag.final });
+    const topResult = buf("top_result", 8 * Math.max(1, top));
+    const topBatch = buf("top_batch", 8 * Math.max(1, top) * S);
+    if (top > 0) {
+      const tc: ArgmaxTopkConstants = {
+        N_VOCAB: V,
+        K: top,
+        N_BLOCK: Math.min(64, Math.max(1, Math.ceil(V / 4096))),
+        WG: 256,
+        BUF: 2048,
+      };
+      const tv = argmaxTopkVariants(tc);
+      const tp = {
+        partial: await this.#cache.get(ARGMAX_TOPK, tv.partial),
+        final: await this.#cache.get(ARGMAX_TOPK, tv.final),
+      };
+      const tb = argmaxTopkBindGroups(device, {
+        pipelines: tp,
+        constants: tc,
+        buffers: {
+          logits: { buffer: this.#act.logits!, offset: 0, size: 4 * V },
+          pairs: buf("top_pairs", 8 * top * tc.N_BLOCK),
+          result: topResult,
+        },
+      });
+      const tg = argmaxTopkGrids(tc);
+      ops.push({ label: "topk.partial", pipeline: tp.partial, bindGroup: tb.partial, grid: tg.partial });
+      ops.push({ label: "topk.final", pipeline: tp.final, bindGroup: tb.final, grid: tg.final });
+    }
+    const dec: Decoder = { ops, idRing, argmaxParams, topResult, topBatch };
+    this.#decoders.set(key, dec);
+    return dec;
   }
 
   #slotCheck(slot: number): void {
@@ -550,6 +795,43 @@ export class Stage {
     this.#graphs.set(key, ops);
     return ops;
   }
+}
+
+/** The decode step of one slot: its dispatches (graph + argmax [+ top-k]) and the buffers they feed. */
+interface Decoder {
+  readonly ops: readonly Op[];
+  /** u32 ne=[batch]: the argmax's id of step j of a batch at word j. */
+  readonly idRing: GPUBuffer;
+  /** ArgmaxParams: the ring word of the current step (copied in at each step's start). */
+  readonly argmaxParams: GPUBuffer;
+  /** u32 ne=[2, top]: (value bits, id) pairs of the current step. */
+  readonly topResult: GPUBuffer;
+  /** u32 ne=[2, top, batch]: each step's pairs, copied out of `topResult` after its pass. */
+  readonly topBatch: GPUBuffer;
+}
+
+/** Index of the largest value, ties to the lowest index (as the GPU argmax). */
+export function argmaxCpu(v: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < v.length; i++) if (v[i]! > v[best]!) best = i;
+  return best;
+}
+
+/** The `k` largest `[index, value]` pairs, highest first, ties to the lowest index. */
+export function topCpu(v: ArrayLike<number>, k: number): [number, number][] {
+  const idx = Array.from({ length: v.length }, (_, i) => i);
+  idx.sort((a, b) => (v[b]! - v[a]!) || a - b);
+  return idx.slice(0, k).map((i) => [i, v[i]!]);
+}
+
+function pairsToTop(pairs: Uint32Array, step: number, top: number): [number, number][] {
+  const f = new Float32Array(pairs.buffer, pairs.byteOffset, pairs.length);
+  const out: [number, number][] = [];
+  for (let i = 0; i < top; i++) {
+    const at = (step * top + i) * 2;
+    out.push([pairs[at + 1]!, f[at]!]);
+  }
+  return out;
 }
 
 /** True when the file's κ is the modulo tiling (qwen35moe), false for the grouped one (qwen3next), spec §9. */

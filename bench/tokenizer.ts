@@ -6,7 +6,7 @@
  * Warm: encoding it again (every pre-token hits the per-word cache).
  *
  * ```sh
- * deno run -A bench/tokenizer.ts [--model /work/shared/fixtures/vocab-qwen3.gguf] [--mb 4]
+ * deno run -A bench/tokenizer.ts [--model tests/fixtures/vocab-qwen3.gguf] [--mb 4]
  * ```
  * @module
  */
@@ -15,7 +15,7 @@ import { openGguf } from "../engine/gguf.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { Rng } from "../tests/util/rng.ts";
 
-const DEFAULT_MODEL = "/work/shared/fixtures/vocab-qwen3.gguf";
+const DEFAULT_MODEL = "tests/fixtures/vocab-qwen3.gguf";
 const SEED = 1234;
 
 /** Common CJK characters and kana for synthetic Chinese/Japanese sentences. */

@@ -10,7 +10,7 @@ import {
 } from "./inspect.ts";
 import { planModel, synthesize } from "./synth.ts";
 
-const FIXTURES = new URL("../../shared/fixtures/", import.meta.url);
+import { FIXTURES } from "../tests/util/fixtures.ts";
 const fixture = (arch: string) => new URL(`tiny-${arch}.q8_0.gguf`, FIXTURES).pathname;
 
 /** Runs a CLI command and returns its exit code and what it printed. */

@@ -7,8 +7,9 @@ import type { GgmlTypeName } from "./quant/types.ts";
 import { planModel, type QuantPreset, synthesize, type SynthOptions } from "./synth.ts";
 import { synthVocab } from "./_synth_vocab.ts";
 import { Tokenizer } from "./text/mod.ts";
+import { RefModel } from "../tests/ref/forward.ts";
 
-const FIXTURES = new URL("../../shared/fixtures/", import.meta.url);
+import { FIXTURES } from "../tests/util/fixtures.ts";
 const SEED = Number(Deno.env.get("SEED") ?? crypto.getRandomValues(new Uint32Array(1))[0]) >>> 0;
 const tmp = await Deno.makeTempDir({ prefix: "synth_test_" });
 addEventListener("unload", () => Deno.removeSync(tmp, { recursive: true }));
@@ -268,5 +269,34 @@ Deno.test("synth vocabularies: valid byte-level BPE, specials where chat.md puts
       5,
     ]);
     assert.deepEqual([v.bos, v.eos, v.pad], [base, base + 2, pad]);
+  }
+});
+
+Deno.test("synth tiny models give non-degenerate logits under the float64 reference forward", async () => {
+  const tokens = [1021, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100];
+  for (const [arch, quant] of [["qwen3next", "q8_0"], ["qwen35moe", "iq4_xs"]] as const) {
+    using f = await synthOpen({ arch, preset: "tiny", quant, seed: SEED });
+    const model = await RefModel.load(f);
+    const logits = model.forward(tokens);
+    const argmaxes = new Set<number>();
+    let clearGaps = 0;
+    for (const [p, row] of logits.entries()) {
+      assert.ok(
+        row.every(Number.isFinite),
+        `${arch} ${quant} position ${p}: non-finite logits (seed ${SEED})`,
+      );
+      const mean = row.reduce((a, x) => a + x, 0) / row.length;
+      const std = Math.sqrt(row.reduce((a, x) => a + (x - mean) ** 2, 0) / row.length);
+      assert.ok(std > 0.3 && std < 10, `${arch} ${quant} position ${p}: logit std ${std} (seed ${SEED})`);
+      const sorted = [...row].sort((a, b) => b - a);
+      if (sorted[0]! - sorted[1]! > 0.05) clearGaps++;
+      argmaxes.add(row.indexOf(sorted[0]!));
+    }
+    // Greedy decoding needs clear winners most of the time, and the prediction must follow the input.
+    assert.ok(
+      clearGaps >= tokens.length / 2,
+      `${arch} ${quant}: only ${clearGaps} clear top-1 gaps (seed ${SEED})`,
+    );
+    assert.ok(argmaxes.size >= 3, `${arch} ${quant}: argmax barely depends on the input (seed ${SEED})`);
   }
 });

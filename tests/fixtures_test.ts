@@ -1,6 +1,6 @@
 /**
  * The float64 reference forward (`tests/ref/forward.ts`) against llama.cpp's own outputs on the tiny
- * fixture models (`/work/shared/fixtures/README.md`): teacher-forced logits at every position of every
+ * fixture models (`tests/fixtures/README.md`): teacher-forced logits at every position of every
  * turn, and greedy tokens up to the first certified near-tie. This is the independent check that our
  * reading of spec `qwen3next.md` is right for both architectures.
  * @module
@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf.ts";
 import { RefModel } from "./ref/forward.ts";
 
-const FIXTURES = "/work/shared/fixtures";
+const FIXTURES = new URL("./fixtures", import.meta.url).pathname;
 /**
  * Absolute logit tolerance: llama.cpp computes in f32, we in f64, both on the same dequantized weights;
  * a correct forward lands within ~1e-4, a real bug shows up as errors of order 1 (fixtures README).

@@ -14,7 +14,7 @@ import { ARCHES, type ArchName, archOf, type Hparams } from "./mod.ts";
 import { kvGroupOfVHead as kappa35 } from "./qwen35moe.ts";
 import { kvGroupOfVHead as kappaNext } from "./qwen3next.ts";
 
-const FIXTURES = new URL("../../../shared/fixtures/", import.meta.url);
+import { FIXTURES } from "../../tests/util/fixtures.ts";
 const fixturePath = (arch: ArchName) => new URL(`tiny-${arch}.q8_0.gguf`, FIXTURES).pathname;
 
 async function fixture(arch: ArchName): Promise<GgufFile> {

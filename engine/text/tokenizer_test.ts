@@ -7,7 +7,7 @@ import { command as tokenizeCommand } from "../../cli/tokenize.ts";
 import { byteChar } from "./_byte_level.ts";
 import { TOKEN_TYPE, Tokenizer, type TokenizerVocab } from "./tokenizer.ts";
 
-const FIXTURES = new URL("../../../shared/fixtures/", import.meta.url);
+import { FIXTURES } from "../../tests/util/fixtures.ts";
 const VOCAB_PATH = new URL("vocab-qwen3.gguf", FIXTURES).pathname;
 const CASES_PATH = new URL("vocab-qwen3.cases.json", FIXTURES).pathname;
 

@@ -9,7 +9,7 @@ import { Rng } from "../util/rng.ts";
 import { firstMismatch, RefModel } from "./forward.ts";
 import { matvec, rmsNorm } from "./ops.ts";
 
-const FIXTURES = "/work/shared/fixtures";
+const FIXTURES = new URL("../fixtures", import.meta.url).pathname;
 const MODELS = ["tiny-qwen3next", "tiny-qwen35moe"] as const;
 /** Same ops in the same order: only exact equality is expected; a hair of slack for summation order. */
 const SAME = { atol: 1e-12, rtol: 1e-12 };
@@ -189,6 +189,32 @@ Deno.test("tiny-qwen3next: the legacy ssm_in layout gives the same logits as att
     const b = await RefModel.load(legacy);
     const tokens = randomTokens(rng, 6, a.hp.nVocab);
     assertRows(b.forward(tokens), a.forward(tokens), SAME, "legacy layout logits", rng.seed);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("tiny-qwen35moe: without output.weight the LM head is tied to token_embd", async () => {
+  const rng = new Rng();
+  using file = await openGguf(`${FIXTURES}/tiny-qwen35moe.q8_0.gguf`);
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = `${dir}/tied.gguf`;
+    const tensors: GgufWriteTensor[] = [];
+    for (const [name, t] of file.tensors) {
+      if (name === tensorName("output")) continue;
+      tensors.push({ name, type: t.type.name as GgmlTypeName, ne: t.ne, data: await file.readTensor(name) });
+    }
+    await writeGguf(path, { kv: [...file.metadata.entries], tensors });
+    using tied = await openGguf(path);
+    const model = await RefModel.load(tied, { record: true });
+    const logits = model.forward(randomTokens(rng, 3, model.hp.nVocab));
+    const embd = await load(file, tensorName("token_embd"));
+    const outNorm = await load(file, tensorName("output_norm"));
+    const want = model.intermediate("l_out", model.hp.nLayer - 1).map((x) =>
+      matvec(embd, rmsNorm(x, outNorm, { eps: model.hp.rmsEps }))
+    );
+    assertRows(logits, want, SAME, "tied logits", rng.seed);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -281,8 +281,11 @@ function fmt(v: unknown): string {
 export interface HparamsOptions {
   /** κ of spec §9 for this architecture. */
   readonly kvGroupOfVHead: (hp: { ssmGroups: number; ssmDtRank: number }, h: number) => number;
-  /** Whether `rope.dimension_sections` is required (IMRoPE) or must be absent (NeoX). */
-  readonly ropeSections: "required" | "absent";
+  /**
+   * `rope.dimension_sections`: required (IMRoPE, qwen35moe) or optional (NeoX, qwen3next: absent in its
+   * files, accepted when present only if it reduces to NeoX like IMRoPE does for text).
+   */
+  readonly ropeSections: "required" | "optional";
 }
 
 /**
@@ -457,19 +460,12 @@ function readHeadCountKv(r: MetaReader, blockCount: number, isAttention: boolean
   return first;
 }
 
-/** IMRoPE sections: required and reducing to NeoX for text (qwen35moe), or absent (qwen3next). */
-function readRopeSections(r: MetaReader, mode: "required" | "absent", ropeDim: number): number[] {
-  if (mode === "absent") {
-    if (r.has("ropeSections")) {
-      throw r.bad(
-        "ropeSections",
-        r.intArray("ropeSections"),
-        "uses plain NeoX rope and has no rope sections",
-      );
-    }
-    return [];
+/** IMRoPE sections reducing to NeoX for text: required (qwen35moe) or optional (qwen3next, default none). */
+function readRopeSections(r: MetaReader, mode: "required" | "optional", ropeDim: number): number[] {
+  if (!r.has("ropeSections")) {
+    if (mode === "optional") return [];
+    throw r.bad("ropeSections", "missing", "requires IMRoPE sections");
   }
-  if (!r.has("ropeSections")) throw r.bad("ropeSections", "missing", "requires IMRoPE sections");
   const s = r.intArray("ropeSections");
   const sum = s.reduce((a, b) => a + b, 0);
   // Text-only input feeds one position to the t/h/w streams; the rotation equals NeoX exactly when the

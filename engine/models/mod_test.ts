@@ -147,7 +147,12 @@ Deno.test("readHparams rejects corrupted metadata with the key, the value and th
       [["ropeScalingType", str("yarn")]],
       /scaling\.type is yarn: .*without rope scaling/,
     ],
-    ["qwen3next", next.metadata, [["ropeSections", i32s([11, 11, 10, 0])]], /NeoX rope/],
+    [
+      "qwen3next",
+      next.metadata,
+      [["ropeSections", i32s([11, 11, 9, 0])]],
+      /summing to qwen3next\.rope\.dimension_count\/2 = 32/,
+    ],
     [
       "qwen35moe",
       moe.metadata,
@@ -207,6 +212,9 @@ Deno.test("readHparams: defaults, MTP count and the recurrent_layers override", 
   assert.equal(hp.attnScale, 0.125);
   hp = a.readHparams(withKeys(moe.metadata, "qwen35moe", [["headCountKv", i32s([0, 0, 0, 1])]]));
   assert.equal(hp.nHeadKv, 1);
+  using next = await fixture("qwen3next");
+  const sections = withKeys(next.metadata, "qwen3next", [["ropeSections", i32s([11, 11, 10, 0])]]);
+  assert.deepEqual(ARCHES.qwen3next.readHparams(sections).ropeSections, [11, 11, 10, 0]);
 });
 
 Deno.test("checkTensors names the wrong tensor, what it expected and why", async () => {

@@ -37,11 +37,11 @@ export function kvGroupOfVHead(hp: { ssmGroups: number; ssmDtRank: number }, h: 
 }
 
 /**
- * Reads qwen3next hyper-parameters (NeoX rope: `rope.dimension_sections` must be absent).
+ * Reads qwen3next hyper-parameters (NeoX rope: `rope.dimension_sections` is absent, or must reduce to NeoX).
  * @throws {GgufError} code `bad_value` naming the key, its value and the constraint it breaks
  */
 export function readHparams(meta: GgufMetadata): Hparams {
-  return readCommonHparams(meta, "qwen3next", { kvGroupOfVHead, ropeSections: "absent" });
+  return readCommonHparams(meta, "qwen3next", { kvGroupOfVHead, ropeSections: "optional" });
 }
 
 /** Every tensor a qwen3next file may hold, both DeltaNet layouts included (spec §4). */

@@ -174,7 +174,9 @@ export class RefModel {
     const check = arch.checkTensors(file, hp);
     const [a, b] = opts.layers ?? [0, hp.nLayer];
     if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
-      throw new RangeError(`Layer range [${a}, ${b}) is not a non-empty range within [0, ${hp.nLayer})`);
+      throw new RangeError(
+        `Layer range [${a}, ${b}) is not a range with 0 <= a < b <= nLayer = ${hp.nLayer}`,
+      );
     }
     const load = async (name: string): Promise<Float64Array> => {
       const t = file.tensor(name);

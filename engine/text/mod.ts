@@ -26,3 +26,29 @@ export {
   type TokenizerVocab,
   type TokenType,
 } from "./tokenizer.ts";
+export {
+  type ChatMessage,
+  type ChatRenderRequest,
+  type ChatRole,
+  ChatTemplate,
+  ChatTemplateError,
+  type ChatTemplateErrorCode,
+  type ChatToolCall,
+  type JsonSchema,
+  type ModelKind,
+  opensThinking,
+  QWEN3_TEMPLATE,
+  renderChat,
+  type ToolSpec,
+} from "./template.ts";
+export {
+  type ChatEvent,
+  type ChatOutput,
+  type ChatParseOptions,
+  ChatStreamParser,
+  convertParameter,
+  parseChatOutput,
+  type ParsedToolCall,
+  parseToolCallBody,
+} from "./tool_calls.ts";
+export { STOP_REASONS, StopMatcher, type StopPush, type StopReason } from "./stop.ts";

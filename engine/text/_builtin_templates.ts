@@ -1,0 +1,76 @@
+/**
+ * Built-in chat templates, used when a GGUF carries no `tokenizer.chat_template`.
+ *
+ * Written from spec/chat.md (not copied from a model repository); the ChatML frame, the tool header and
+ * the tool-call literals are the byte-exact constants the models were trained on. Rendered through the same
+ * Jinja interpreter as a file's own template, so both paths share one code path.
+ * @module
+ */
+
+/**
+ * Qwen3 (Qwen3-Next family) template: ChatML, Hermes-style JSON tool calls (§5.1, §5.2), earlier turns'
+ * reasoning dropped and the current turn's kept (§5.3), generation prompt `<|im_start|>assistant\n`, plus
+ * an empty think block when `enable_thinking` is false (the hybrid Qwen3 behaviour).
+ */
+export const QWEN3_TEMPLATE: string = [
+  // §5.1: a leading system message is folded into the header; the tools block comes after it.
+  "{%- set has_system = messages|length > 0 and messages[0].role == 'system' %}",
+  "{%- if tools %}",
+  "{{- '<|im_start|>system\\n' }}",
+  "{%- if has_system %}{{- messages[0].content + '\\n\\n' }}{%- endif %}",
+  "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n" +
+  "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}",
+  "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}",
+  "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments " +
+  'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": ' +
+  "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}",
+  "{%- elif has_system %}",
+  "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}",
+  "{%- endif %}",
+  // §5.3: the last real user query; tool results wrapped as user text do not count.
+  "{%- set q = namespace(index=messages|length - 1, found=false) %}",
+  "{%- for i in range(messages|length - 1, -1, -1) %}",
+  "{%- set m = messages[i] %}",
+  "{%- if not q.found and m.role == 'user' and not (m.content.startswith('<tool_response>') and " +
+  "m.content.endswith('</tool_response>')) %}",
+  "{%- set q.found = true %}{%- set q.index = i %}",
+  "{%- endif %}",
+  "{%- endfor %}",
+  "{%- for m in messages %}",
+  "{%- set i = loop.index0 %}",
+  "{%- if m.role == 'user' or (m.role == 'system' and i > 0) %}",
+  "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}",
+  "{%- elif m.role == 'assistant' %}",
+  "{%- set text = m.content %}",
+  "{%- set thought = '' %}",
+  "{%- if m.reasoning_content is string %}",
+  "{%- set thought = m.reasoning_content %}",
+  "{%- elif '</think>' in text %}",
+  "{%- set thought = text.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}",
+  "{%- set text = text.split('</think>')[-1].lstrip('\\n') %}",
+  "{%- endif %}",
+  "{%- if i > q.index and (loop.last or thought) %}",
+  "{{- '<|im_start|>assistant\\n<think>\\n' + thought.strip('\\n') + '\\n</think>\\n\\n' + text.lstrip('\\n') }}",
+  "{%- else %}",
+  "{{- '<|im_start|>assistant\\n' + text }}",
+  "{%- endif %}",
+  "{%- for call in (m.tool_calls or []) %}",
+  "{%- if not loop.first or text %}{{- '\\n' }}{%- endif %}",
+  "{%- set fn = call.function if call.function else call %}",
+  '{{- \'<tool_call>\\n{"name": "\' + fn.name + \'", "arguments": \' }}',
+  "{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}",
+  "{{- '}\\n</tool_call>' }}",
+  "{%- endfor %}",
+  "{{- '<|im_end|>\\n' }}",
+  "{%- elif m.role == 'tool' %}",
+  // §5.2: consecutive tool results share one user turn.
+  "{%- if i == 0 or messages[i - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}",
+  "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}",
+  "{%- if loop.last or messages[i + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}",
+  "{%- endif %}",
+  "{%- endfor %}",
+  "{%- if add_generation_prompt %}",
+  "{{- '<|im_start|>assistant\\n' }}",
+  "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}",
+  "{%- endif %}",
+].join("\n");

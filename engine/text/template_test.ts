@@ -1,0 +1,225 @@
+import assert from "node:assert/strict";
+import { GgufError } from "../errors.ts";
+import { GGUF_VALUE_TYPE, type GgufKv, GgufMetadata, openGguf } from "../gguf.ts";
+import { KEYS } from "../names.ts";
+import { CASES } from "../../tests/golden/chat_template_cases.ts";
+import {
+  ChatTemplate,
+  ChatTemplateError,
+  type ChatTemplateErrorCode,
+  opensThinking,
+  QWEN3_TEMPLATE,
+  renderChat,
+  type ToolSpec,
+} from "./template.ts";
+
+const VOCAB_PATH = new URL("../../../shared/fixtures/vocab-qwen3.gguf", import.meta.url).pathname;
+const GOLDEN_PATH = new URL("../../tests/golden/chat_template_qwen3.json", import.meta.url).pathname;
+
+const gguf = await openGguf(VOCAB_PATH);
+const fileTpl = ChatTemplate.fromGguf(gguf.metadata);
+const golden = JSON.parse(Deno.readTextFileSync(GOLDEN_PATH)) as { renders: Record<string, string> };
+
+function metaWithout(key: string, extra: [string, GgufKv][] = []): GgufMetadata {
+  const entries = new Map(gguf.metadata.entries);
+  entries.delete(key);
+  for (const [k, v] of extra) entries.set(k, v);
+  return new GgufMetadata(entries, "synthetic.gguf");
+}
+
+function assertTemplateError(fn: () => unknown, code: ChatTemplateErrorCode, ...needles: string[]): void {
+  assert.throws(fn, (e: unknown) => {
+    assert.ok(e instanceof ChatTemplateError, `expected ChatTemplateError, got ${String(e)}`);
+    assert.equal(e.code, code, e.message);
+    for (const n of needles) {
+      assert.ok(e.message.includes(n), `message lacks ${JSON.stringify(n)}: ${e.message}`);
+    }
+    return true;
+  });
+}
+
+Deno.test("golden: the GGUF's Qwen3 template renders every case as recorded", () => {
+  assert.equal(fileTpl.builtin, false);
+  assert.ok(fileTpl.origin.includes(VOCAB_PATH), fileTpl.origin);
+  assert.deepEqual(Object.keys(golden.renders).sort(), Object.keys(CASES).sort());
+  for (const [name, req] of Object.entries(CASES)) {
+    assert.equal(renderChat(fileTpl, req), golden.renders[name], `case ${name}`);
+  }
+});
+
+Deno.test("golden: the built-in Qwen3 template renders every case byte-identical to the GGUF's", () => {
+  const builtin = new ChatTemplate(QWEN3_TEMPLATE, { origin: "built-in qwen3", builtin: true });
+  for (const [name, req] of Object.entries(CASES)) {
+    assert.equal(builtin.render(req), golden.renders[name], `case ${name}`);
+  }
+});
+
+// Expected strings typed in from spec/chat.md, independent of any template source.
+Deno.test("hand-checked against chat.md §5: example, tool header, tool calls, tool results, thinking cues", () => {
+  assert.equal(
+    golden.renders.system_user_cue,
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+  );
+  const header =
+    "<|im_start|>system\nYou are helpful.\n\n# Tools\n\nYou may call one or more functions to assist " +
+    "with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" +
+    '\n{"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city", ' +
+    '"parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, ' +
+    '"required": ["city"]}}}' +
+    '\n{"type": "function", "function": {"name": "get_time", "description": "Heure locale à Zürich, 日本", ' +
+    '"parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}' +
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within " +
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": ' +
+    "<args-json-object>}\n</tool_call><|im_end|>\n";
+  const turns = "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n" +
+    "<|im_start|>assistant\nLet me check." +
+    '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>' +
+    '\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call><|im_end|>\n' +
+    "<|im_start|>user\n<tool_response>\n" + '{"temp": 18}' + "\n</tool_response>" +
+    "\n<tool_response>\n12:00\n</tool_response><|im_end|>\n" +
+    "<|im_start|>assistant\n18°C, noon.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n";
+  assert.equal(golden.renders.tools_calls_results, header + turns);
+  assert.equal(
+    golden.renders.tool_call_null_content_last!.split("<|im_start|>user\nWeather in Oslo?<|im_end|>\n")[1],
+    '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' +
+      "<|im_end|>\n<|im_start|>user\n<tool_response>\n-3\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+  );
+  assert.equal(
+    golden.renders.current_turn_reasoning,
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nGreet back.\n</think>\n\nHello!<|im_end|>\n",
+  );
+  assert.ok(
+    golden.renders.multi_turn!.includes("<|im_start|>assistant\n4<|im_end|>\n"),
+    "old reasoning dropped",
+  );
+  assert.ok(
+    golden.renders.multi_turn!.includes("<|im_start|>assistant\n6<|im_end|>\n"),
+    "old <think> dropped",
+  );
+  assert.ok(golden.renders.thinking_off!.endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  assert.ok(golden.renders.thinking_on!.endsWith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
+});
+
+Deno.test("built-in template is used when the GGUF has no chat template", () => {
+  const tpl = ChatTemplate.fromGguf(metaWithout(KEYS.chatTemplate));
+  assert.equal(tpl.builtin, true);
+  assert.equal(tpl.origin, "built-in qwen3");
+  assert.equal(tpl.source, QWEN3_TEMPLATE);
+  assert.equal(tpl.render(CASES.tools_calls_results!), golden.renders.tools_calls_results);
+  assert.equal(tpl.kind, "hybrid");
+});
+
+Deno.test("a chat template key that is not a string is a GgufError naming the key", () => {
+  const meta = metaWithout(KEYS.chatTemplate, [[KEYS.chatTemplate, {
+    type: GGUF_VALUE_TYPE.UINT32,
+    value: 7,
+  }]]);
+  assert.throws(
+    () => ChatTemplate.fromGguf(meta),
+    (e: unknown) => e instanceof GgufError && e.message.includes(KEYS.chatTemplate),
+  );
+});
+
+const CUE_INSTRUCT =
+  "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}" +
+  "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+const CUE_THINKING = CUE_INSTRUCT.replace(
+  "'<|im_start|>assistant\\n'",
+  "'<|im_start|>assistant\\n<think>\\n'",
+);
+// Qwen3.5 style: thinking on unless enable_thinking is false.
+const CUE_QWEN35 = CUE_INSTRUCT.replace(
+  "{{ '<|im_start|>assistant\\n' }}",
+  "{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}" +
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}",
+);
+
+Deno.test("generation cue and model kind: instruct, thinking, hybrid (Qwen3 and Qwen3.5 styles)", () => {
+  const instruct = new ChatTemplate(CUE_INSTRUCT);
+  assert.equal(instruct.kind, "instruct");
+  assert.equal(instruct.generationCue(), "<|im_start|>assistant\n");
+  assert.equal(instruct.generationCue({ enableThinking: false }), "<|im_start|>assistant\n");
+
+  const thinking = new ChatTemplate(CUE_THINKING);
+  assert.equal(thinking.kind, "thinking");
+  assert.equal(thinking.generationCue({ enableThinking: false }), "<|im_start|>assistant\n<think>\n");
+
+  const q35 = new ChatTemplate(CUE_QWEN35);
+  assert.equal(q35.kind, "hybrid");
+  assert.equal(q35.generationCue(), "<|im_start|>assistant\n<think>\n");
+  assert.equal(
+    q35.generationCue({ enableThinking: false }),
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+  );
+
+  assert.equal(fileTpl.kind, "hybrid");
+  assert.equal(fileTpl.generationCue(), "<|im_start|>assistant\n");
+  assert.equal(fileTpl.generationCue({ enableThinking: true }), "<|im_start|>assistant\n");
+  assert.equal(
+    fileTpl.generationCue({ enableThinking: false }),
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+  );
+
+  assert.equal(opensThinking(thinking.generationCue()), true);
+  assert.equal(opensThinking(q35.generationCue()), true);
+  assert.equal(opensThinking(q35.generationCue({ enableThinking: false })), false);
+  assert.equal(opensThinking(instruct.generationCue()), false);
+  assert.equal(opensThinking("<think>\na\n</think>\n\nb<think>"), true);
+});
+
+Deno.test("template errors: syntax, raise_exception, interpreter failure, cue not an append", () => {
+  assertTemplateError(
+    () => new ChatTemplate("{% for m in messages %}", { origin: "x.gguf" }),
+    "syntax",
+    "x.gguf",
+    "does not parse",
+  );
+  const strict =
+    "{% if messages[0].role != 'user' %}{{ raise_exception('First message must be from the user') }}" +
+    "{% endif %}" + CUE_INSTRUCT;
+  const tpl = new ChatTemplate(strict, { origin: "strict" });
+  assertTemplateError(
+    () => tpl.render({ messages: [{ role: "assistant", content: "x" }] }),
+    "rejected",
+    "First message must be from the user",
+    "strict",
+  );
+  // A probe render that fails makes the constructor fail, with the interpreter's reason.
+  assertTemplateError(
+    () => new ChatTemplate("{{ messages[0].content.nosuchmethod() }}"),
+    "render",
+    "failed to render",
+  );
+  assertTemplateError(
+    () => new ChatTemplate("{% if add_generation_prompt %}cue{% else %}other{% endif %}"),
+    "render",
+    "does not append its generation prompt",
+  );
+});
+
+Deno.test("tool-call arguments: JSON text is parsed, bad JSON and non-objects are bad_request", () => {
+  const req = (args: string) => ({
+    messages: [{ role: "user" as const, content: "x" }, {
+      role: "assistant" as const,
+      content: "",
+      toolCalls: [{ name: "f", arguments: args }],
+    }],
+  });
+  assert.ok(
+    fileTpl.render(req('{"a":[1,2],"b":"é"}')).includes(
+      '{"name": "f", "arguments": {"a": [1, 2], "b": "é"}}',
+    ),
+  );
+  assertTemplateError(
+    () => fileTpl.render(req("{bad")),
+    "bad_request",
+    "messages[1].tool_calls[0] (f)",
+    "not JSON",
+  );
+  assertTemplateError(() => fileTpl.render(req("[1]")), "bad_request", "expected a JSON object");
+});
+
+Deno.test("tools: an empty list renders no tool header", () => {
+  const tools: ToolSpec[] = [];
+  assert.equal(fileTpl.render({ ...CASES.system_user_cue!, tools }), golden.renders.system_user_cue);
+});

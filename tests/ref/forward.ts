@@ -97,8 +97,8 @@ export interface RefModelOptions {
 /** Dequantized weights of one layer (absent entries belong to the other layer kind or layout). */
 type LayerWeights = Partial<Record<TensorId, Float64Array>>;
 
-/** Per-sequence state of one layer. */
-interface LayerState {
+/** Per-sequence state of one layer (the arrays a snapshot copies). */
+export interface RefLayerState {
   /** Attention: rotated keys, `ne=[headDim, nHeadKv, nPast]` as a list of per-position rows. */
   k: Float64Array[];
   /** Attention: values, same layout as `k`. */
@@ -114,7 +114,7 @@ export interface RefState {
   /** Positions consumed so far. */
   readonly nPast: number;
   /** Per layer of the range, deep copies. */
-  readonly layers: readonly LayerState[];
+  readonly layers: readonly RefLayerState[];
 }
 
 /**
@@ -137,7 +137,7 @@ export class RefModel {
   readonly #record: boolean;
   readonly #core: "recurrent" | "chunked";
   readonly #chunk: number;
-  #state: LayerState[] = [];
+  #state: RefLayerState[] = [];
   #nPast = 0;
   #rec = new Map<string, Float64Array[]>();
 
@@ -322,7 +322,7 @@ export class RefModel {
   #attention(
     layer: number,
     w: LayerWeights,
-    st: LayerState,
+    st: RefLayerState,
     a: Float64Array[],
     pos: number[],
   ): Float64Array[] {
@@ -365,7 +365,7 @@ export class RefModel {
   }
 
   /** Spec §8: projections (per layout), conv + SiLU, L2 norms, gates, the DeltaNet core, gated norm, out. */
-  #deltaNet(layer: number, w: LayerWeights, st: LayerState, a: Float64Array[]): Float64Array[] {
+  #deltaNet(layer: number, w: LayerWeights, st: RefLayerState, a: Float64Array[]): Float64Array[] {
     const hp = this.hp;
     const nK = hp.ssmGroups, nV = hp.ssmDtRank, dK = hp.ssmState, dV = hp.ssmInner / nV, r = nV / nK;
     const C = convChannels(hp);
@@ -537,7 +537,7 @@ function rowsOf(x: Float64Array, n: number): Float64Array[] {
   return Array.from({ length: x.length / n }, (_, t) => x.slice(t * n, (t + 1) * n));
 }
 
-function copyState(s: LayerState): LayerState {
+function copyState(s: RefLayerState): RefLayerState {
   return {
     k: s.k.map((r) => r.slice()),
     v: s.v.map((r) => r.slice()),

@@ -380,7 +380,7 @@ export interface SynthesizeOptions {
   readonly onTensor?: (done: number, total: number, bytesDone: number) => void;
   /**
    * Matrices with at most this many elements get per-element N(0, 1/K) values, quantized; bigger ones and
-   * every IQ4_XS matrix are random blocks at the same std (default 4 Mi elements; tests pass 0 to exercise
+   * every IQ4_XS and IQ4_NL matrix are random blocks at the same std (default 4 Mi elements; tests pass 0 to exercise
    * the streaming path on `tiny`). Norms, conv, `ssm_a`, `ssm_dt` and routers are always drawn per element.
    */
   readonly explicitMaxElems?: number;
@@ -402,12 +402,17 @@ export interface SynthResult {
 
 /** Elements at or under which a tensor's values are drawn one by one and quantized (all of `tiny`). */
 const EXPLICIT_MAX_ELEMS = 1 << 22;
+/**
+ * Types whose reference quantizer searches scales per block (~1 µs a weight): even tiny's 8 M weights would
+ * take seconds, so their matrices are always streamed random blocks.
+ */
+const SEARCHING_QUANTIZERS: ReadonlySet<GgmlTypeName> = new Set<GgmlTypeName>(["IQ4_XS", "IQ4_NL"]);
 /** Chunk of random blocks streamed per write (two of them alternate so filling overlaps writing). */
 const CHUNK_BYTES = 16 * 1024 * 1024;
 
 /**
  * Writes the planned model with random weights. Norms, routers, conv taps and small matrices (all of `tiny`
- * except IQ4_XS ones) get values drawn per element and quantized; big matrices are streamed as random blocks
+ * except IQ4_XS and IQ4_NL ones) get values drawn per element and quantized; big matrices are streamed as random blocks
  * at a calibrated std, a chunk at a time, never holding a whole tensor in memory.
  */
 export async function synthesize(plan: SynthPlan, opts: SynthesizeOptions): Promise<SynthResult> {
@@ -457,9 +462,7 @@ async function produce(
   const nElems = t.spec.ne.reduce((a, b) => a * b, 1);
   const rs = new RandomState(seed);
   const isMatrix = t.init === "matrix" || t.init === "embedding" || t.init === "output";
-  // IQ4_XS quantization searches scales per sub-block (~1 µs a weight): even tiny's 8 M weights would take
-  // seconds, so IQ4_XS matrices are always streamed random blocks.
-  if (!isMatrix || (nElems <= opts.explicitMaxElems && t.type !== "IQ4_XS")) {
+  if (!isMatrix || (nElems <= opts.explicitMaxElems && !SEARCHING_QUANTIZERS.has(t.type))) {
     await sink(quantize(t.type, drawValues(t, nElems, rs)));
     return;
   }

@@ -28,7 +28,10 @@ function stockType(quant: QuantPreset, name: string, ne: readonly number[]): Ggm
   return id === "output" ? "Q6_K" : id === "attn_v" ? "Q5_K" : "IQ4_XS";
 }
 
-async function synthOpen(o: SynthOptions, extra: { splitParts?: number } = {}): Promise<GgufFile> {
+async function synthOpen(
+  o: SynthOptions,
+  extra: { splitParts?: number; explicitMaxElems?: number } = {},
+): Promise<GgufFile> {
   const out = `${tmp}/${o.arch}-${o.quant}-${o.layout ?? "current"}${o.mtp ? "-mtp" : ""}-${
     extra.splitParts ?? 1
   }.gguf`;
@@ -98,6 +101,30 @@ Deno.test("synth tiny: both archs × f32, q8_0, iq4_xs × layouts pass the archi
   );
 });
 
+Deno.test("synth tiny: every other quant recipe puts its type on the matrices and F32 elsewhere", async () => {
+  const matrixType: [QuantPreset, GgmlTypeName][] = [
+    ["f16", "F16"],
+    ["bf16", "BF16"],
+    ["q4_0", "Q4_0"],
+    ["q4_k", "Q4_K"],
+    ["q5_k", "Q5_K"],
+    ["q6_k", "Q6_K"],
+    ["iq4_nl", "IQ4_NL"],
+  ];
+  for (const [quant, type] of matrixType) {
+    const o: SynthOptions = { arch: "qwen35moe", preset: "tiny", quant, seed: SEED };
+    // Streamed random blocks (fast, and covers the calibrated path of every type).
+    using f = await synthOpen(o, { explicitMaxElems: 0 });
+    const a = archOf(f.metadata);
+    a.checkTensors(f, a.readHparams(f.metadata));
+    for (const t of f.tensors.values()) {
+      const id = parseTensorName(t.name)!.id;
+      const want = t.ne.length === 1 || id === "ffn_gate_inp" || id === "ssm_conv1d" ? "F32" : type;
+      assert.equal(t.type.name, want, `${quant}: ${t.name}`);
+    }
+  }
+});
+
 Deno.test("synth --mtp appends one MTP block (block_count 5, nextn_predict_layers 1) the check accepts", async () => {
   const o: SynthOptions = { arch: "qwen35moe", preset: "tiny", quant: "q8_0", seed: SEED, mtp: true };
   using f = await synthOpen(o);
@@ -123,9 +150,16 @@ Deno.test("synth --split-parts 3 writes three parts that open as one model", asy
 });
 
 Deno.test("synth values: per-element draws and streamed random blocks both give sane, seeded scales", async () => {
-  for (const explicitMaxElems of [undefined, 0]) {
-    const o: SynthOptions = { arch: "qwen35moe", preset: "tiny", quant: "q8_0", seed: SEED };
-    const out = `${tmp}/values-${explicitMaxElems}.gguf`;
+  const cases: [QuantPreset, number | undefined][] = [["q8_0", undefined], ["q8_0", 0], ["iq4_xs", 0], [
+    "q4_k",
+    0,
+  ], [
+    "q6_k",
+    0,
+  ], ["bf16", 0]];
+  for (const [quant, explicitMaxElems] of cases) {
+    const o: SynthOptions = { arch: "qwen35moe", preset: "tiny", quant, seed: SEED };
+    const out = `${tmp}/values-${quant}-${explicitMaxElems}.gguf`;
     await synthesize(planModel(o), { out, ...(explicitMaxElems === undefined ? {} : { explicitMaxElems }) });
     using f = await openGguf(out);
     const values = async (name: string) => {
@@ -137,7 +171,7 @@ Deno.test("synth values: per-element draws and streamed random blocks both give 
       const s = std(await values(name));
       assert.ok(
         Math.abs(s * 16 - 1) < 0.25,
-        `${name}: std ${s}, want ~1/16 (seed ${SEED}, ${explicitMaxElems})`,
+        `${quant} ${name}: std ${s}, want ~1/16 (seed ${SEED}, ${explicitMaxElems})`,
       );
     }
     const a = await values("blk.0.ssm_a");

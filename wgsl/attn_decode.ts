@@ -5,7 +5,7 @@
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
-import { ATTN_PARAMS_WORDS } from "./attn_params.ts";
+import { ATTN_PARAMS_WORDS, kvCacheWords } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /**
@@ -21,6 +21,7 @@ export type AttnDecodeConstants = {
   readonly TILE: number;
   readonly WG: number;
   readonly SCALE: number;
+  readonly KV_F16: boolean;
 };
 
 /** Kernel spec of `attn_decode.wgsl`. */
@@ -37,11 +38,13 @@ export const ATTN_DECODE: KernelSpec = {
     TILE: "u32",
     WG: "u32",
     SCALE: "f32",
+    KV_F16: "bool",
   },
 };
 
 /**
- * Binding order: params AttnParams; q f32 ne=[D_H, H_Q]; kCache, vCache f32 ne=[D_H, P_MAX, H_KV];
+ * Binding order: params AttnParams; q f32 ne=[D_H, H_Q]; kCache, vCache u32 words
+ * of ne=[D_H, P_MAX, H_KV] ({@linkcode kvCacheWords}: f32, or f16 pairs with KV_F16);
  * partO f32 ne=[D_H, H_Q, N_SPLIT]; partMl f32 ne=[2, H_Q, N_SPLIT].
  */
 export const ATTN_DECODE_BINDINGS = ["params", "q", "kCache", "vCache", "partO", "partMl"] as const;
@@ -95,8 +98,8 @@ export function attnDecodeBindGroup(
   const k = "attn_decode";
   checkBinding(k, "params", b.params, [ATTN_PARAMS_WORDS]);
   checkBinding(k, "q", b.q, [c.D_H, c.H_Q]);
-  checkBinding(k, "kCache", b.kCache, [c.D_H, c.P_MAX, c.H_KV]);
-  checkBinding(k, "vCache", b.vCache, [c.D_H, c.P_MAX, c.H_KV]);
+  checkBinding(k, "kCache", b.kCache, [kvCacheWords(c)]);
+  checkBinding(k, "vCache", b.vCache, [kvCacheWords(c)]);
   checkBinding(k, "partO", b.partO, [c.D_H, c.H_Q, c.N_SPLIT]);
   checkBinding(k, "partMl", b.partMl, [2, c.H_Q, c.N_SPLIT]);
   return bindGroup(device, opts.pipeline, ATTN_DECODE_BINDINGS.map((name) => b[name]));

@@ -7,15 +7,16 @@
 // Bindings:
 //   params   AttnParams { pos0: u32, n_tokens: u32 }   only pos0 is read (the cache holds 0..pos0)
 //   q        f32 ne=[D_H, H_Q]                 normed, roped queries (attn_qk_rope q_out, token 0)
-//   k_cache  f32 ne=[D_H, P_MAX, H_KV]         K[g][t][d]
-//   v_cache  f32 ne=[D_H, P_MAX, H_KV]         V[g][t][d]
+//   k_cache  u32 words of K[g][t][d], ne=[D_H, P_MAX, H_KV]: f32 bits, or with KV_F16 two f16 per word
+//            (low half = even d)
+//   v_cache  V[g][t][d] likewise
 //   part_o   f32 ne=[D_H, H_Q, N_SPLIT]        unnormalised O per split and head
 //   part_ml  f32 ne=[2, H_Q, N_SPLIT]          (m, l) per split and head
 // Grid (N_SPLIT, H_KV): workgroup (s, g) owns split s for the G = H_Q / H_KV query heads of KV head g, so
 // each K/V row is read once for all G heads. Per tile of TILE positions: stage K in workgroup memory,
 // G * TILE invocations each take one full q.k dot, G invocations update the online softmax, stage V, then
 // invocation i accumulates outputs o = i + j * WG (head o / D_H, dim o % D_H) in registers.
-// Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, WG: u32; const SCALE: f32.
+// Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, WG: u32; const SCALE: f32; const KV_F16: bool.
 // Limits: H_Q % H_KV == 0; G * D_H % WG == 0; G * TILE <= WG is not required; workgroup memory
 // 4 * (G * D_H + TILE * D_H + G * TILE + 3 * G) bytes <= device limit (32 KiB on lavapipe).
 struct AttnParams {
@@ -25,8 +26,8 @@ struct AttnParams {
 
 @group(0) @binding(0) var<storage, read> params: AttnParams;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k_cache: array<f32>;
-@group(0) @binding(3) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(2) var<storage, read> k_cache: array<u32>;
+@group(0) @binding(3) var<storage, read> v_cache: array<u32>;
 @group(0) @binding(4) var<storage, read_write> part_o: array<f32>;
 @group(0) @binding(5) var<storage, read_write> part_ml: array<f32>;
 
@@ -41,6 +42,21 @@ var<workgroup> sc: array<f32, G * TILE>;
 var<workgroup> m_s: array<f32, G>;
 var<workgroup> l_s: array<f32, G>;
 var<workgroup> corr: array<f32, G>;
+
+// Element e of the K (V) cache: f32 bits, or half of an f16 pair word (low half = even element).
+fn load_k(e: u32) -> f32 {
+  if (KV_F16) {
+    return unpack2x16float(k_cache[e >> 1u])[e & 1u];
+  }
+  return bitcast<f32>(k_cache[e]);
+}
+
+fn load_v(e: u32) -> f32 {
+  if (KV_F16) {
+    return unpack2x16float(v_cache[e >> 1u])[e & 1u];
+  }
+  return bitcast<f32>(v_cache[e]);
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
@@ -67,7 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       let tp = t0 + i / D_H;
       var x = 0.0;
       if (tp < end) {
-        x = k_cache[kv_base + tp * D_H + i % D_H];
+        x = load_k(kv_base + tp * D_H + i % D_H);
       }
       kv[i] = x;
     }
@@ -107,7 +123,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       let tp = t0 + i / D_H;
       var x = 0.0;
       if (tp < end) {
-        x = v_cache[kv_base + tp * D_H + i % D_H];
+        x = load_v(kv_base + tp * D_H + i % D_H);
       }
       kv[i] = x;
     }

@@ -47,19 +47,21 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  const cases: [Dims, number, number][] = [
-    [REAL, 0, 64],
-    [REAL, 1, 64],
-    [REAL, 37, 64],
-    [REAL, 3000, 64], // per split 64 positions: 47 splits non-empty, 17 empty
-    [TINY, 37, 8],
-    [TINY, 127, 8], // every split full, the last one included
-    [TINY, rng.int(0, 700), 16],
+  const cases: [Dims, number, number, boolean][] = [
+    [REAL, 0, 64, false],
+    [REAL, 1, 64, false],
+    [REAL, 37, 64, false],
+    [REAL, 3000, 64, false], // per split 64 positions: 47 splits non-empty, 17 empty
+    [TINY, 37, 8, false],
+    [TINY, 127, 8, false], // every split full, the last one included
+    [TINY, rng.int(0, 700), 16, false],
+    [REAL, 37, 64, true], // f16 cache
+    [TINY, 127, 8, true],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   const runs = [];
-  for (const [dims, pos, nSplit] of cases) {
+  for (const [dims, pos, nSplit, kvF16] of cases) {
     const { hQ, hKv, dH } = dims;
     const pMax = pos + 1 + rng.int(0, 40);
     const dc: AttnDecodeConstants = {
@@ -71,17 +73,21 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       TILE: 16,
       WG: 256,
       SCALE: 1 / Math.sqrt(dH),
+      KV_F16: kvF16,
     };
     const cc: AttnCombineConstants = { H_Q: hQ, D_H: dH, N_SPLIT: nSplit, WG: 64 };
     const q = rng.normals(dH * hQ);
     const qf = rng.normals(2 * dH * hQ, 2); // only the gate halves are read
-    const kc = rng.normals(dH * pMax * hKv);
-    const vc = rng.normals(dH * pMax * hKv);
+    // The reference reads what the cache holds: f16-rounded values in the f16 variant.
+    const kcStore = kvF16 ? new Float16Array(rng.normals(dH * pMax * hKv)) : rng.normals(dH * pMax * hKv);
+    const vcStore = kvF16 ? new Float16Array(rng.normals(dH * pMax * hKv)) : rng.normals(dH * pMax * hKv);
+    const kc = Float32Array.from(kcStore);
+    const vc = Float32Array.from(vcStore);
     const b = {
       params: upload(device, packAttnParams(pos, 1)),
       q: upload(device, q),
-      kCache: upload(device, kc),
-      vCache: upload(device, vc),
+      kCache: upload(device, kcStore),
+      vCache: upload(device, vcStore),
       partO: poisoned(device, dH * hQ * nSplit),
       partMl: poisoned(device, 2 * hQ * nSplit),
       qf: upload(device, qf),
@@ -114,7 +120,8 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
   const outs = await readAll(device, runs.flatMap((r) => [r.b.o, r.b.partMl]));
   runs.forEach((r, i) => {
     const { dc, pos } = r;
-    const what = `attn_decode+combine H_Q=${dc.H_Q} H_KV=${dc.H_KV} N_SPLIT=${dc.N_SPLIT} pos=${pos}`;
+    const what = `attn_decode+combine H_Q=${dc.H_Q} H_KV=${dc.H_KV} N_SPLIT=${dc.N_SPLIT} ` +
+      `KV_F16=${dc.KV_F16} pos=${pos}`;
     const o = outs[2 * i]!;
     checkF32(o, r.ref, TOL, { what, seed: rng.seed });
     // Split bookkeeping: the splits that must be empty report l = 0; the others cover all positions.
@@ -165,6 +172,7 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     TILE: 16,
     WG: 256,
     SCALE: 0.0625,
+    KV_F16: false,
   };
   const pipeline = await new PipelineCache(device).get(ATTN_DECODE, dc);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });

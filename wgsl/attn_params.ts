@@ -1,7 +1,7 @@
 /**
- * The per-step parameter block shared by the attention kernels (`attn_qk_rope`, `attn_decode`,
- * `attn_prefill`): a small storage buffer the engine (or the GPU) advances, so dispatch sizes stay constant
- * and decode steps can be pre-encoded.
+ * What the attention kernels (`attn_qk_rope`, `attn_decode`, `attn_prefill`) share: the per-step parameter
+ * block, a small storage buffer the engine (or the GPU) advances so dispatch sizes stay constant and decode
+ * steps can be pre-encoded; and the KV cache layout.
  * @module
  */
 
@@ -27,4 +27,17 @@ export function packAttnParams(pos0: number, nTokens: number): Uint32Array {
     throw new RangeError(`AttnParams nTokens must be a u32 >= 1, got ${nTokens}`);
   }
   return Uint32Array.of(pos0, nTokens);
+}
+
+/**
+ * 32-bit words of one KV cache binding (K or V of one slot and layer), layout `ne=[D_H, P_MAX, H_KV]`
+ * (K[g][p][d]): one f32 per word, or with `KV_F16` two f16 per word (dims 2w and 2w+1 in word w of a row,
+ * the even dim in the low half).
+ * @throws {RangeError} when KV_F16 is set and D_H is odd
+ */
+export function kvCacheWords(
+  c: { readonly D_H: number; readonly P_MAX: number; readonly H_KV: number; readonly KV_F16: boolean },
+): number {
+  if (c.KV_F16 && c.D_H % 2 !== 0) throw new RangeError(`KV cache: KV_F16 needs an even D_H, got ${c.D_H}`);
+  return (c.D_H * c.P_MAX * c.H_KV) / (c.KV_F16 ? 2 : 1);
 }

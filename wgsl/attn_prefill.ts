@@ -4,7 +4,7 @@
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
-import { ATTN_PARAMS_WORDS } from "./attn_params.ts";
+import { ATTN_PARAMS_WORDS, kvCacheWords } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /**
@@ -20,6 +20,7 @@ export type AttnPrefillConstants = {
   readonly TILE: number;
   readonly WG: number;
   readonly SCALE: number;
+  readonly KV_F16: boolean;
 };
 
 /** Kernel spec of `attn_prefill.wgsl`. */
@@ -36,12 +37,14 @@ export const ATTN_PREFILL: KernelSpec = {
     TILE: "u32",
     WG: "u32",
     SCALE: "f32",
+    KV_F16: "bool",
   },
 };
 
 /**
  * Binding order: params AttnParams; q f32 ne=[D_H, H_Q, nTokens]; qf f32 ne=[2*D_H, H_Q, nTokens];
- * kCache, vCache f32 ne=[D_H, P_MAX, H_KV]; o f32 ne=[D_H, H_Q, nTokens].
+ * kCache, vCache u32 words
+ * of ne=[D_H, P_MAX, H_KV] ({@linkcode kvCacheWords}: f32, or f16 pairs with KV_F16); o f32 ne=[D_H, H_Q, nTokens].
  */
 export const ATTN_PREFILL_BINDINGS = ["params", "q", "qf", "kCache", "vCache", "o"] as const;
 
@@ -102,8 +105,8 @@ export function attnPrefillBindGroup(
   checkBinding(k, "params", b.params, [ATTN_PARAMS_WORDS]);
   checkBinding(k, "q", b.q, [c.D_H, c.H_Q, n]);
   checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, n]);
-  checkBinding(k, "kCache", b.kCache, [c.D_H, c.P_MAX, c.H_KV]);
-  checkBinding(k, "vCache", b.vCache, [c.D_H, c.P_MAX, c.H_KV]);
+  checkBinding(k, "kCache", b.kCache, [kvCacheWords(c)]);
+  checkBinding(k, "vCache", b.vCache, [kvCacheWords(c)]);
   checkBinding(k, "o", b.o, [c.D_H, c.H_Q, n]);
   return bindGroup(device, opts.pipeline, ATTN_PREFILL_BINDINGS.map((name) => b[name]));
 }

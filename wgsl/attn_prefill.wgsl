@@ -6,15 +6,16 @@
 //   params   AttnParams { pos0: u32, n_tokens: u32 }   tokens present (<= BQ * grid.x)
 //   q        f32 ne=[D_H, H_Q, nTok]        normed, roped queries (attn_qk_rope q_out)
 //   qf       f32 ne=[2*D_H, H_Q, nTok]      attn_q output; gate_h = qf[t][h][D_H..2*D_H)
-//   k_cache  f32 ne=[D_H, P_MAX, H_KV]      K[g][u][d], holding positions 0..pos0+n_tokens-1
-//   v_cache  f32 ne=[D_H, P_MAX, H_KV]      V likewise
+//   k_cache  u32 words of K[g][u][d], ne=[D_H, P_MAX, H_KV], holding positions 0..pos0+n_tokens-1: f32 bits,
+//            or with KV_F16 two f16 per word (low half = even d)
+//   v_cache  V likewise
 //   o        f32 ne=[D_H, H_Q, nTok]        gated attention output
 // Grid (ceil(nTok / BQ), H_KV): workgroup (b, g) owns R = BQ * G query rows: tokens b*BQ .. b*BQ+BQ-1 times
 // the G = H_Q / H_KV heads of KV head g (row r = token (r / G), head g*G + r % G), so every K/V row is read
 // once for all of them. Keys run from 0 to the block's last position in tiles of TILE: stage K, R * TILE
 // invocations each take one full dot (masked when u > p_t), R invocations update the online softmax, stage
 // V, then invocation i accumulates outputs o = i + j * WG (row o / D_H, dim o % D_H) in registers.
-// Constants: const H_Q, H_KV, D_H, P_MAX, BQ, TILE, WG: u32; const SCALE: f32.
+// Constants: const H_Q, H_KV, D_H, P_MAX, BQ, TILE, WG: u32; const SCALE: f32; const KV_F16: bool.
 // Limits: H_Q % H_KV == 0; BQ * G * D_H % WG == 0; workgroup memory
 // 4 * (R * D_H + TILE * D_H + R * TILE + 3 * R) bytes <= device limit (32 KiB on lavapipe).
 struct AttnParams {
@@ -25,8 +26,8 @@ struct AttnParams {
 @group(0) @binding(0) var<storage, read> params: AttnParams;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> qf: array<f32>;
-@group(0) @binding(3) var<storage, read> k_cache: array<f32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
+@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
 
 const G: u32 = H_Q / H_KV;
@@ -45,6 +46,21 @@ var<workgroup> corr: array<f32, R>;
 // Token of row r, clamped to the last present token so padding rows read valid data (never written).
 fn row_token(blk: u32, r: u32, n: u32) -> u32 {
   return min(blk * BQ + r / G, n - 1u);
+}
+
+// Element e of the K (V) cache: f32 bits, or half of an f16 pair word (low half = even element).
+fn load_k(e: u32) -> f32 {
+  if (KV_F16) {
+    return unpack2x16float(k_cache[e >> 1u])[e & 1u];
+  }
+  return bitcast<f32>(k_cache[e]);
+}
+
+fn load_v(e: u32) -> f32 {
+  if (KV_F16) {
+    return unpack2x16float(v_cache[e >> 1u])[e & 1u];
+  }
+  return bitcast<f32>(v_cache[e]);
 }
 
 @compute @workgroup_size(WG)
@@ -77,7 +93,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       let u = t0 + i / D_H;
       var x = 0.0;
       if (u < end) {
-        x = k_cache[kv_base + u * D_H + i % D_H];
+        x = load_k(kv_base + u * D_H + i % D_H);
       }
       kv[i] = x;
     }
@@ -119,7 +135,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       let u = t0 + i / D_H;
       var x = 0.0;
       if (u < end) {
-        x = v_cache[kv_base + u * D_H + i % D_H];
+        x = load_v(kv_base + u * D_H + i % D_H);
       }
       kv[i] = x;
     }

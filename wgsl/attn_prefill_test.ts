@@ -32,6 +32,7 @@ interface Case {
   nGrid: number; // capacity the grids cover
   bq: number;
   tile: number;
+  kvF16?: boolean;
 }
 
 Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache match the reference", async () => {
@@ -45,6 +46,8 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
     { hQ: 16, hKv: 2, pos0: 100, nTokens: 64, nGrid: 64, bq: 2, tile: 8 },
     { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, tile: 8 },
     { hQ: 4, hKv: 1, pos0: rng.int(1, 90), nTokens: rng.int(1, 30), nGrid: 30, bq: 1, tile: 16 },
+    { hQ: 16, hKv: 2, pos0: 29, nTokens: 7, nGrid: 7, bq: 2, tile: 8, kvF16: true },
+    { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, tile: 8, kvF16: true },
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -61,6 +64,7 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
       WG: 64,
       ROPE_THETA: 1e7,
       EPS: 1e-6,
+      KV_F16: k.kvF16 ?? false,
     };
     const pc: AttnPrefillConstants = {
       H_Q: hQ,
@@ -71,11 +75,12 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
       TILE: k.tile,
       WG: 256,
       SCALE: 1 / Math.sqrt(dH),
+      KV_F16: k.kvF16 ?? false,
     };
     const qf = rng.normals(2 * dH * hQ * nGrid, 2);
     // Earlier chunks' K/V (rows < pos0); attn_qk_rope appends this chunk's rows.
-    const kc = rng.normals(dH * pMax * hKv);
-    const vc = rng.normals(dH * pMax * hKv);
+    const kc = k.kvF16 ? new Float16Array(rng.normals(dH * pMax * hKv)) : rng.normals(dH * pMax * hKv);
+    const vc = k.kvF16 ? new Float16Array(rng.normals(dH * pMax * hKv)) : rng.normals(dH * pMax * hKv);
     const b = {
       params: upload(device, packAttnParams(pos0, k.nTokens)),
       qf: upload(device, qf),
@@ -109,8 +114,9 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
     const n = k.nTokens;
     const nKv = k.pos0 + n;
     const q = new Float32Array(outs[4 * i + 1]!, 0, dH * k.hQ * n);
-    const kc = new Float32Array(outs[4 * i + 2]!);
-    const vc = new Float32Array(outs[4 * i + 3]!);
+    // The reference reads what the cache holds (f16 values in the f16 variant).
+    const kc = k.kvF16 ? new Float16Array(outs[4 * i + 2]!) : new Float32Array(outs[4 * i + 2]!);
+    const vc = k.kvF16 ? new Float16Array(outs[4 * i + 3]!) : new Float32Array(outs[4 * i + 3]!);
     const refK = new Float64Array(dH * k.hKv * nKv);
     const refV = new Float64Array(dH * k.hKv * nKv);
     for (let p = 0; p < nKv; p++) {
@@ -125,7 +131,8 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
       gate.set(r.qf.subarray(row * 2 * dH + dH, row * 2 * dH + 2 * dH), row * dH);
     }
     const opts = { k: refK, v: refV, gate, headDim: dH, nHead: k.hQ, nHeadKv: k.hKv, scale: pc.SCALE };
-    const what = `attn_prefill H_Q=${k.hQ} H_KV=${k.hKv} BQ=${k.bq} TILE=${k.tile} pos0=${k.pos0} ` +
+    const what = `attn_prefill H_Q=${k.hQ} H_KV=${k.hKv} BQ=${k.bq} TILE=${k.tile} KV_F16=${pc.KV_F16} ` +
+      `pos0=${k.pos0} ` +
       `nTokens=${n}/${k.nGrid}`;
     // The guard band after token n-1 covers an absent grid token's output too.
     checkF32(outs[4 * i]!, attention(q, opts), TOL, { what, seed: rng.seed });
@@ -157,6 +164,7 @@ Deno.test("attn_prefill shape check throws before encoding", async () => {
     TILE: 8,
     WG: 256,
     SCALE: 0.0625,
+    KV_F16: false,
   };
   const pipeline = await new PipelineCache(device).get(ATTN_PREFILL, pc);
   const big = device.createBuffer({ size: 1 << 20, usage: GPUBufferUsage.STORAGE });

@@ -4,7 +4,7 @@
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
-import { ATTN_PARAMS_WORDS } from "./attn_params.ts";
+import { ATTN_PARAMS_WORDS, kvCacheWords } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /**
@@ -20,6 +20,7 @@ export type AttnQkRopeConstants = {
   readonly WG: number;
   readonly ROPE_THETA: number;
   readonly EPS: number;
+  readonly KV_F16: boolean;
 };
 
 /** Kernel spec of `attn_qk_rope.wgsl`. */
@@ -36,12 +37,14 @@ export const ATTN_QK_ROPE: KernelSpec = {
     WG: "u32",
     ROPE_THETA: "f32",
     EPS: "f32",
+    KV_F16: "bool",
   },
 };
 
 /**
  * Binding order: params AttnParams; qf f32 ne=[2*D_H, H_Q, nTokens]; k, v f32 ne=[D_H, H_KV, nTokens];
- * qNorm, kNorm f32 ne=[D_H]; qOut f32 ne=[D_H, H_Q, nTokens]; kCache, vCache f32 ne=[D_H, P_MAX, H_KV].
+ * qNorm, kNorm f32 ne=[D_H]; qOut f32 ne=[D_H, H_Q, nTokens]; kCache, vCache u32 words
+ * of ne=[D_H, P_MAX, H_KV] ({@linkcode kvCacheWords}: f32, or f16 pairs with KV_F16).
  */
 export const ATTN_QK_ROPE_BINDINGS = [
   "params",
@@ -68,7 +71,10 @@ export function checkAttnQkRope(c: AttnQkRopeConstants, nTokens: number): void {
     Number.isInteger(c.H_Q) && c.H_Q >= c.H_KV && c.H_Q % c.H_KV === 0,
     `attn_qk_rope: H_Q (${c.H_Q}) must be a multiple of H_KV (${c.H_KV})`,
   );
-  checkInt("attn_qk_rope: D_H", c.D_H, 2, 4096);
+  checkShape(
+    Number.isInteger(c.D_H) && c.D_H >= 2 && c.D_H <= 4096 && c.D_H % 2 === 0,
+    `attn_qk_rope: D_H must be even and in [2, 4096], got ${c.D_H}`,
+  );
   checkShape(
     Number.isInteger(c.N_ROT) && c.N_ROT >= 2 && c.N_ROT % 2 === 0 && c.N_ROT <= c.D_H,
     `attn_qk_rope: N_ROT must be even and in [2, D_H=${c.D_H}], got ${c.N_ROT}`,
@@ -103,8 +109,8 @@ export function attnQkRopeBindGroup(
   checkBinding(k, "qNorm", b.qNorm, [c.D_H]);
   checkBinding(k, "kNorm", b.kNorm, [c.D_H]);
   checkBinding(k, "qOut", b.qOut, [c.D_H, c.H_Q, n]);
-  checkBinding(k, "kCache", b.kCache, [c.D_H, c.P_MAX, c.H_KV]);
-  checkBinding(k, "vCache", b.vCache, [c.D_H, c.P_MAX, c.H_KV]);
+  checkBinding(k, "kCache", b.kCache, [kvCacheWords(c)]);
+  checkBinding(k, "vCache", b.vCache, [kvCacheWords(c)]);
   return bindGroup(device, opts.pipeline, ATTN_QK_ROPE_BINDINGS.map((name) => b[name]));
 }
 

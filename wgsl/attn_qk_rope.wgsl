@@ -10,13 +10,15 @@
 //   q_norm   f32 ne=[D_H]                attn_q_norm weight
 //   k_norm   f32 ne=[D_H]                attn_k_norm weight
 //   q_out    f32 ne=[D_H, H_Q, nTok]     normed, roped queries
-//   k_cache  f32 ne=[D_H, P_MAX, H_KV]   this (slot, layer)'s K cache: K[g][p][d]; row p of each head written
-//   v_cache  f32 ne=[D_H, P_MAX, H_KV]   V likewise
+//   k_cache  u32 words of K[g][p][d], ne=[D_H, P_MAX, H_KV]: f32 bits, or with KV_F16 two f16 per word
+//            (dims 2w, 2w+1 in word w of a row, low half first); this (slot, layer)'s cache, row p written
+//   v_cache  V likewise
 // Grid (H_Q + H_KV, nTok): workgroup (j, t) owns q head j of token t when j < H_Q, else KV head j - H_Q
-// (norm, rope, K and V append). Invocation i owns dims i, i + WG, ...; the row sits in workgroup memory
-// because a rope pair spans two invocations. Tokens with t >= n_tokens or p >= P_MAX write nothing.
-// Constants: const H_Q, H_KV, D_H, N_ROT, P_MAX, WG: u32; const ROPE_THETA, EPS: f32.
-// Limits: N_ROT even, N_ROT <= D_H; WG a power of two <= 256; phases < 2^18 * pi/2 (p < 4e5).
+// (norm, rope, K and V append). Invocation i loads dims i, i + WG, ... and writes dim pairs (2w, 2w+1) for
+// w = i, i + WG, ... (one f16 word); the row sits in workgroup memory because a rope pair spans
+// invocations. Tokens with t >= n_tokens or p >= P_MAX write nothing.
+// Constants: const H_Q, H_KV, D_H, N_ROT, P_MAX, WG: u32; const ROPE_THETA, EPS: f32; const KV_F16: bool.
+// Limits: D_H and N_ROT even, N_ROT <= D_H; WG a power of two <= 256; phases < 2^18 * pi/2 (p < 4e5).
 struct AttnParams {
   pos0: u32,
   n_tokens: u32,
@@ -29,8 +31,8 @@ struct AttnParams {
 @group(0) @binding(4) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(5) var<storage, read> k_norm: array<f32>;
 @group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
-@group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(7) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(8) var<storage, read_write> v_cache: array<u32>;
 
 const HALF_ROT: u32 = N_ROT / 2u;
 // Phase reduction by pi/2 (Cody-Waite): pi/2 = PIO2_HI + PIO2_MID + PIO2_LO where HI and MID have 6
@@ -67,6 +69,22 @@ fn rope_cos_sin(phi: f32) -> vec2f {
       return vec2f(s, -c);
     }
   }
+}
+
+// Dim i of the normed row in xs after rope at position pos.
+fn rope_value(i: u32, pos: u32) -> f32 {
+  if (i >= N_ROT) {
+    return xs[i];
+  }
+  let j = i % HALF_ROT;
+  let freq = pow(ROPE_THETA, -2.0 * f32(j) / f32(N_ROT));
+  let cs = rope_cos_sin(f32(pos) * freq);
+  let x0 = xs[j];
+  let x1 = xs[j + HALF_ROT];
+  if (i < HALF_ROT) {
+    return x0 * cs.x - x1 * cs.y;
+  }
+  return x0 * cs.y + x1 * cs.x;
 }
 
 @compute @workgroup_size(WG)
@@ -121,25 +139,21 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   }
   workgroupBarrier();
 
-  for (var i = lid; i < D_H; i += WG) {
-    var y = xs[i];
-    if (i < N_ROT) {
-      let j = i % HALF_ROT;
-      let freq = pow(ROPE_THETA, -2.0 * f32(j) / f32(N_ROT));
-      let cs = rope_cos_sin(f32(pos) * freq);
-      let x0 = xs[j];
-      let x1 = xs[j + HALF_ROT];
-      if (i < HALF_ROT) {
-        y = x0 * cs.x - x1 * cs.y;
-      } else {
-        y = x0 * cs.y + x1 * cs.x;
-      }
-    }
+  for (var w = lid; w < D_H / 2u; w += WG) {
+    let d = 2u * w;
+    let y0 = rope_value(d, pos);
+    let y1 = rope_value(d + 1u, pos);
     if (is_q) {
-      q_out[dst_base + i] = y;
+      q_out[dst_base + d] = y0;
+      q_out[dst_base + d + 1u] = y1;
+    } else if (KV_F16) {
+      k_cache[(dst_base + d) / 2u] = pack2x16float(vec2f(y0, y1));
+      v_cache[(dst_base + d) / 2u] = pack2x16float(vec2f(v[src_base + d], v[src_base + d + 1u]));
     } else {
-      k_cache[dst_base + i] = y;
-      v_cache[dst_base + i] = v[src_base + i];
+      k_cache[dst_base + d] = bitcast<u32>(y0);
+      k_cache[dst_base + d + 1u] = bitcast<u32>(y1);
+      v_cache[dst_base + d] = bitcast<u32>(v[src_base + d]);
+      v_cache[dst_base + d + 1u] = bitcast<u32>(v[src_base + d + 1u]);
     }
   }
 }

@@ -9,7 +9,7 @@ import {
   type AttnQkRopeConstants,
   encodeAttnQkRope,
 } from "./attn_qk_rope.ts";
-import { packAttnParams } from "./attn_params.ts";
+import { kvCacheWords, packAttnParams } from "./attn_params.ts";
 import { assertCloseEach, checkF32 } from "./_test_util.ts";
 
 /** f32 norm over 256 values (sum of squares, sqrt, two multiplies): a few ulp. */
@@ -51,9 +51,23 @@ interface Case {
   nGrid: number; // tokens the grid covers (>= nTokens)
 }
 
-function constants(hQ: number, hKv: number, pMax: number): AttnQkRopeConstants {
-  return { H_Q: hQ, H_KV: hKv, D_H: 256, N_ROT: 64, P_MAX: pMax, WG: 64, ROPE_THETA: 1e7, EPS: 1e-6 };
+function constants(hQ: number, hKv: number, pMax: number, kvF16 = false): AttnQkRopeConstants {
+  return {
+    H_Q: hQ,
+    H_KV: hKv,
+    D_H: 256,
+    N_ROT: 64,
+    P_MAX: pMax,
+    WG: 64,
+    ROPE_THETA: 1e7,
+    EPS: 1e-6,
+    KV_F16: kvF16,
+  };
 }
+
+/** f16 cache storage: rounding to 11 significant bits (half an ulp, 2^-11 relative; subnormals 2^-25). */
+const F16_REL = 2 ** -11;
+const F16_ABS = 2 ** -25;
 
 Deno.test("attn_qk_rope matches norm + NeoX rope references and appends K/V at the right rows", async () => {
   const rng = new Rng();
@@ -65,6 +79,8 @@ Deno.test("attn_qk_rope matches norm + NeoX rope references and appends K/V at t
     { c: constants(16, 2, 48), pos0: 37, nTokens: 7, nGrid: 8 }, // grid covers one token more
     { c: constants(16, 2, 3010), pos0: 3000, nTokens: 1, nGrid: 1 },
     { c: { ...constants(4, 1, 700), WG: 256, ROPE_THETA: 5e6 }, pos0: rng.int(0, 600), nTokens: 3, nGrid: 3 },
+    { c: constants(16, 2, 48, true), pos0: 37, nTokens: 7, nGrid: 8 }, // f16 cache
+    { c: { ...constants(4, 1, 700, true), WG: 32 }, pos0: rng.int(0, 600), nTokens: 2, nGrid: 2 },
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -78,13 +94,16 @@ Deno.test("attn_qk_rope matches norm + NeoX rope references and appends K/V at t
     const qNorm = Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x);
     const kNorm = Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x);
     // Cache rows before pos0 hold earlier tokens and must survive; rows from pos0 + nTokens stay poisoned.
-    const cacheWords = dH * c.P_MAX * c.H_KV;
+    const cacheWords = kvCacheWords(c);
+    const rowWords = c.KV_F16 ? dH / 2 : dH;
     const kc0 = new Uint32Array(cacheWords).fill(POISON_F32);
     const vc0 = new Uint32Array(cacheWords).fill(POISON_F32);
     for (let g = 0; g < c.H_KV; g++) {
-      for (let i = 0; i < pos0 * dH; i++) {
-        kc0[g * c.P_MAX * dH + i] = rng.u32() & 0x3fffffff; // finite, not the poison pattern
-        vc0[g * c.P_MAX * dH + i] = rng.u32() & 0x3fffffff;
+      for (let i = 0; i < pos0 * rowWords; i++) {
+        // Finite (f32, or both f16 halves), never the poison pattern.
+        const mask = c.KV_F16 ? 0x3fff3fff : 0x3fffffff;
+        kc0[g * c.P_MAX * rowWords + i] = rng.u32() & mask;
+        vc0[g * c.P_MAX * rowWords + i] = rng.u32() & mask;
       }
     }
     const b = {
@@ -127,7 +146,8 @@ Deno.test("attn_qk_rope matches norm + NeoX rope references and appends K/V at t
     const { c, pos0, nTokens, nGrid } = r.k;
     const dH = c.D_H;
     const seed = rng.seed;
-    const what = `attn_qk_rope H_Q=${c.H_Q} H_KV=${c.H_KV} pos0=${pos0} nTokens=${nTokens}/${nGrid}`;
+    const what = `attn_qk_rope H_Q=${c.H_Q} H_KV=${c.H_KV} KV_F16=${c.KV_F16} pos0=${pos0} ` +
+      `nTokens=${nTokens}/${nGrid}`;
     const ropeOpts = {
       dH,
       nRot: c.N_ROT,
@@ -162,37 +182,40 @@ Deno.test("attn_qk_rope matches norm + NeoX rope references and appends K/V at t
       });
     };
     pass1(qGot, r.qNormed, "q");
-    const kc = new Float32Array(outs[3 * i + 1]!);
+    const kc = c.KV_F16 ? new Float16Array(outs[3 * i + 1]!) : new Float32Array(outs[3 * i + 1]!);
+    const vc = c.KV_F16 ? new Float16Array(outs[3 * i + 2]!) : new Float32Array(outs[3 * i + 2]!);
     const kcU = new Uint32Array(outs[3 * i + 1]!);
     const vcU = new Uint32Array(outs[3 * i + 2]!);
     const kGot = new Float64Array(dH * c.H_KV * nTokens);
-    const vWant = new Uint32Array(r.vIn.buffer);
+    const vGot = new Float64Array(dH * c.H_KV * nTokens);
     for (let t = 0; t < nTokens; t++) {
       for (let g = 0; g < c.H_KV; g++) {
         const row = (g * c.P_MAX + pos0 + t) * dH;
         kGot.set(kc.subarray(row, row + dH), (t * c.H_KV + g) * dH);
-        for (let d = 0; d < dH; d++) {
-          assert.equal(
-            vcU[row + d],
-            vWant[(t * c.H_KV + g) * dH + d],
-            `${what} (seed ${seed}): v_cache[${g}][${pos0 + t}][${d}]`,
-          );
-        }
+        vGot.set(vc.subarray(row, row + dH), (t * c.H_KV + g) * dH);
       }
     }
-    assertCloseEach(kGot, r.kRef, ropeAllowance(r.kNormed, ropeOpts), TOL_NORM, {
+    // V is copied: bit-exact in f32, rounded once to f16.
+    const tolStore = c.KV_F16 ? { atol: F16_ABS, rtol: F16_REL } : { atol: 0, rtol: 0 };
+    assertCloseEach(vGot, r.vIn.subarray(0, vGot.length), new Float64Array(vGot.length), tolStore, {
+      what: `${what} v_cache rows`,
+      seed,
+    });
+    const tolK = { atol: TOL_NORM.atol + tolStore.atol, rtol: TOL_NORM.rtol + tolStore.rtol };
+    assertCloseEach(kGot, r.kRef, ropeAllowance(r.kNormed, ropeOpts), tolK, {
       what: `${what} k_cache rows`,
       seed,
     });
-    pass1(new Float32Array(kGot), r.kNormed, "k");
+    if (!c.KV_F16) pass1(new Float32Array(kGot), r.kNormed, "k");
     // Every other cache row is exactly as before (earlier tokens kept, later rows still poisoned).
     for (let g = 0; g < c.H_KV; g++) {
       for (let p = 0; p < c.P_MAX; p++) {
         if (p >= pos0 && p < pos0 + nTokens) continue;
-        for (let d = 0; d < dH; d++) {
-          const w = (g * c.P_MAX + p) * dH + d;
+        const rowWords = c.KV_F16 ? dH / 2 : dH;
+        for (let d = 0; d < rowWords; d++) {
+          const w = (g * c.P_MAX + p) * rowWords + d;
           if (kcU[w] !== r.kc0[w] || vcU[w] !== r.vc0[w]) {
-            assert.fail(`${what} (seed ${seed}): cache row ${p} of head ${g} changed at dim ${d}`);
+            assert.fail(`${what} (seed ${seed}): cache row ${p} of head ${g} changed at word ${d}`);
           }
         }
       }
@@ -220,7 +243,7 @@ Deno.test("attn_qk_rope shape check throws before encoding", async () => {
   };
   assert.throws(
     () => attnQkRopeBindGroup(device, { pipeline, constants: c, nTokens: 1, buffers: b }),
-    /binding kCache holds 1024 bytes but ne=\[256, 64, 2\]/,
+    /binding kCache holds 1024 bytes but ne=\[32768\]/,
   );
   assert.throws(
     () => attnQkRopeBindGroup(device, { pipeline, constants: { ...c, N_ROT: 65 }, nTokens: 1, buffers: b }),

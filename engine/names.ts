@@ -51,7 +51,10 @@ export const TENSORS = {
   nextn_hnorm: { pattern: "blk.{L}.nextn.hnorm.weight", role: "MTP (not run)" },
   nextn_shared_head_norm: { pattern: "blk.{L}.nextn.shared_head_norm.weight", role: "MTP (not run)" },
   nextn_embed_tokens: { pattern: "blk.{L}.nextn.embed_tokens.weight", role: "MTP (not run, optional)" },
-  nextn_shared_head_head: { pattern: "blk.{L}.nextn.shared_head_head.weight", role: "MTP (not run, optional)" },
+  nextn_shared_head_head: {
+    pattern: "blk.{L}.nextn.shared_head_head.weight",
+    role: "MTP (not run, optional)",
+  },
 } as const;
 
 /** A tensor id of the registry. */

@@ -143,7 +143,7 @@ export interface StageOutput {
   /** `logits` ne=[nVocab, rows] (last stage) or `hidden` ne=[nEmbd, rows]. */
   readonly kind: "logits" | "hidden";
   /** Values, f32. */
-  readonly data: Float32Array;
+  readonly data: Float32Array<ArrayBuffer>;
   /** Rows in `data`: every input token, or only the last one. */
   readonly rows: number;
 }
@@ -1057,6 +1057,7 @@ class GraphBuilder {
       WG: 64,
       ROPE_THETA: hp.ropeBase,
       EPS: hp.rmsEps,
+      KV_F16: false,
     };
     let pipeline = await this.#cache.get(ATTN_QK_ROPE, rope);
     this.#ops.push({
@@ -1090,6 +1091,7 @@ class GraphBuilder {
         TILE: 16,
         WG: 256,
         SCALE: hp.attnScale,
+        KV_F16: false,
       };
       pipeline = await this.#cache.get(ATTN_DECODE, dc);
       this.#ops.push({
@@ -1124,6 +1126,7 @@ class GraphBuilder {
         TILE: 8,
         WG: 256,
         SCALE: hp.attnScale,
+        KV_F16: false,
       };
       pipeline = await this.#cache.get(ATTN_PREFILL, pc);
       this.#ops.push({

@@ -1,0 +1,298 @@
+/**
+ * The GPU forward pass (`engine/stage.ts`) against the float64 reference (`tests/ref/forward.ts`) on the
+ * synthesized tiny models of both architectures, and against llama.cpp's own outputs on the fixture models:
+ * teacher-forced logits, free-running greedy tokens up to a certified near-tie, chunked prefill, layer splits,
+ * interleaved slots and snapshots.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { openGguf } from "../engine/gguf.ts";
+import { planModel, type QuantPreset, synthesize } from "../engine/synth.ts";
+import { argmaxCpu, Stage } from "../engine/stage.ts";
+import type { ArchName } from "../engine/models/mod.ts";
+import { RefModel } from "./ref/forward.ts";
+import { testGpu } from "./util/gpu.ts";
+import { Rng } from "./util/rng.ts";
+import { fixturePath } from "./util/fixtures.ts";
+
+/**
+ * Logit tolerance against the float64 reference, relative to the position's largest |logit|: the GPU
+ * accumulates in f32 over rows of at most 512 and 4 layers, a few 1e-6 relative (measured ~1e-6); a wrong
+ * op shows up at 1e-1 or more.
+ */
+const REF_RTOL = 1e-3;
+/** Logit tolerance against llama.cpp (fixtures README: ~1e-4 for a correct f32 engine, bugs are O(1)). */
+const LLAMA_ATOL = 1e-2;
+/** Generated tokens compared per prompt. */
+const N_GEN = 32;
+
+const dir = await Deno.makeTempDir({ prefix: "forward_test_" });
+
+async function synthTiny(arch: ArchName, quant: QuantPreset, layout: "current" | "legacy", seed: number) {
+  const out = `${dir}/${arch}-${quant}-${layout}.gguf`;
+  await synthesize(planModel({ arch, preset: "tiny", quant, seed, layout }), { out });
+  return out;
+}
+
+/** Max |got - ref| over one position, and the tolerance for it. */
+function logitError(got: ArrayLike<number>, ref: ArrayLike<number>): { err: number; tol: number } {
+  let err = 0;
+  let mag = 0;
+  for (let i = 0; i < ref.length; i++) {
+    const e = Math.abs(got[i]! - ref[i]!);
+    if (!(e <= err)) err = Number.isNaN(e) ? Infinity : e;
+    mag = Math.max(mag, Math.abs(ref[i]!));
+  }
+  return { err, tol: REF_RTOL * mag };
+}
+
+/** Top-1 minus top-2 of a logit row. */
+function gap12(v: ArrayLike<number>): number {
+  let a = -Infinity;
+  let b = -Infinity;
+  for (let i = 0; i < v.length; i++) {
+    const x = v[i]!;
+    if (x > a) [a, b] = [x, a];
+    else if (x > b) b = x;
+  }
+  return a - b;
+}
+
+const MODELS: { arch: ArchName; quant: QuantPreset; layout: "current" | "legacy" }[] = [
+  { arch: "qwen35moe", quant: "f32", layout: "current" },
+  { arch: "qwen35moe", quant: "iq4_xs", layout: "current" },
+  { arch: "qwen3next", quant: "f32", layout: "legacy" },
+  { arch: "qwen3next", quant: "iq4_xs", layout: "current" },
+];
+
+for (const m of MODELS) {
+  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}, teacher-forced and greedy`, async () => {
+    const rng = new Rng();
+    const gpu = await testGpu();
+    const path = await synthTiny(m.arch, m.quant, m.layout, rng.u32());
+    using file = await openGguf(path);
+    const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk: 16 });
+    const ref = await RefModel.load(file);
+    try {
+      for (let p = 0; p < 2; p++) {
+        const prompt = Array.from({ length: rng.int(1, 20) }, () => rng.int(0, stage.hp.nVocab));
+        const what = `${m.arch} ${m.quant} ${m.layout} prompt ${prompt} (seed ${rng.seed})`;
+        ref.reset();
+        // Free-running reference greedy, recording each step's logits.
+        const refLogits: Float64Array[] = [ref.forward(prompt).at(-1)!];
+        const refTokens: number[] = [];
+        for (let i = 0; i < N_GEN; i++) {
+          const id = argmaxCpu(refLogits.at(-1)!);
+          refTokens.push(id);
+          if (i + 1 < N_GEN) refLogits.push(ref.forward([id]).at(-1)!);
+        }
+        const got = await stage.generate(0, prompt, { nNew: N_GEN, batch: 8, top: 2 });
+        assert.equal(got.tokens.length, N_GEN, what);
+        for (let i = 0; i < N_GEN; i++) {
+          if (got.tokens[i] === refTokens[i]) continue;
+          // Allowed only at a certified near-tie of the reference (gap below the logit tolerance).
+          const { tol } = logitError(refLogits[i]!, refLogits[i]!);
+          assert.ok(
+            gap12(refLogits[i]!) < 2 * tol,
+            `${what}: step ${i} GPU ${got.tokens[i]} ref ${refTokens[i]}`,
+          );
+          break;
+        }
+        // Teacher-forced with the reference history: every position's logits.
+        const history = [...prompt, ...refTokens.slice(0, -1)];
+        const tf = await stage.run(0, { tokens: history }, 0, { rows: "all" });
+        const V = stage.hp.nVocab;
+        for (let i = 0; i < N_GEN; i++) {
+          const at = prompt.length - 1 + i;
+          const { err, tol } = logitError(tf.data.subarray(at * V, (at + 1) * V), refLogits[i]!);
+          assert.ok(err <= tol, `${what}: position ${at} logit error ${err} > ${tol}`);
+        }
+      }
+    } finally {
+      stage.destroy();
+    }
+  });
+}
+
+Deno.test("chunked prefill (chunks 1, 7, 64) equals token-by-token feeding, bit for bit", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const tokens = Array.from({ length: 70 }, () => rng.int(0, 1021));
+  const results: Float32Array[] = [];
+  for (const maxChunk of [1, 7, 64]) {
+    const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk });
+    results.push((await stage.run(0, { tokens }, 0, { rows: "all" })).data);
+    stage.destroy();
+  }
+  // Different chunkings run different matvec batch variants; each output column is still the same
+  // f32 computation, so the logits agree to f32 rounding of the summation order at most.
+  for (const [i, r] of results.entries()) {
+    const { err, tol } = logitError(r, results[0]!);
+    assert.ok(err <= tol * 1e-2, `chunking ${[1, 7, 64][i]}: max error ${err} (seed ${rng.seed})`);
+  }
+});
+
+Deno.test("every layer boundary as a two-stage split equals the unsplit stage, bit for bit", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const whole = await Stage.load(gpu, file, { nCtx: 64, nSlots: 1, maxChunk: 8 });
+  const tokens = Array.from({ length: 12 }, () => rng.int(0, 1021));
+  const want = (await whole.run(0, { tokens }, 0, { rows: "all" })).data;
+  const nLayer = whole.hp.nLayer;
+  whole.destroy();
+  for (let cut = 1; cut < nLayer; cut++) {
+    const a = await Stage.load(gpu, file, { nCtx: 64, nSlots: 1, maxChunk: 8, layers: [0, cut] });
+    const b = await Stage.load(gpu, file, { nCtx: 64, nSlots: 1, maxChunk: 8, layers: [cut, nLayer] });
+    const hidden = await a.run(0, { tokens }, 0, { rows: "all" });
+    assert.equal(hidden.kind, "hidden");
+    const got = await b.run(0, { hidden: hidden.data, nTokens: tokens.length }, 0, { rows: "all" });
+    assert.deepEqual(got.data, want, `split at layer ${cut} (seed ${rng.seed})`);
+    a.destroy();
+    b.destroy();
+  }
+});
+
+Deno.test("two slots interleaved step by step equal their solo runs; snapshot, run on, restore, rerun", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 2, maxChunk: 8 });
+  try {
+    const prompts = [0, 1].map(() => Array.from({ length: rng.int(2, 10) }, () => rng.int(0, 1021)));
+    const solo: number[][] = [];
+    for (const p of prompts) solo.push((await stage.generate(0, p, { nNew: 12 })).tokens);
+    // Interleaved: prefill both, then one step each in turn (CPU-fed, through run()).
+    const seqs = prompts.map((p) => [...p]);
+    const gen: number[][] = [[], []];
+    for (const s of [0, 1]) gen[s]!.push(argmaxCpu((await stage.run(s, { tokens: seqs[s]! }, 0)).data));
+    for (let i = 1; i < 12; i++) {
+      for (const s of [0, 1]) {
+        const prev = gen[s]!.at(-1)!;
+        const out = await stage.run(s, { tokens: [prev] }, stage.length(s));
+        gen[s]!.push(argmaxCpu(out.data));
+      }
+    }
+    assert.deepEqual(gen, solo, `seed ${rng.seed}`);
+    // Snapshot after the prompt, run on, restore, rerun: the same tokens again.
+    await stage.run(1, { tokens: prompts[1]! }, 0);
+    const snap = stage.snapshot(1);
+    const first = await stage.run(1, { tokens: [solo[1]![0]!, solo[1]![1]!] }, prompts[1]!.length, {
+      rows: "all",
+    });
+    stage.restore(snap, 1);
+    assert.equal(stage.length(1), prompts[1]!.length);
+    const again = await stage.run(1, { tokens: [solo[1]![0]!, solo[1]![1]!] }, prompts[1]!.length, {
+      rows: "all",
+    });
+    assert.deepEqual(again.data, first.data, `seed ${rng.seed}`);
+    // Restoring into the other slot continues the same sequence there.
+    stage.restore(snap, 0);
+    const other = await stage.run(0, { tokens: [solo[1]![0]!, solo[1]![1]!] }, prompts[1]!.length, {
+      rows: "all",
+    });
+    assert.deepEqual(other.data, first.data, `seed ${rng.seed}`);
+    stage.states.drop(snap);
+  } finally {
+    stage.destroy();
+  }
+});
+
+Deno.test("bad runs fail with specific errors and lose nothing", async () => {
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 16, nSlots: 1, maxChunk: 8 });
+  try {
+    await stage.run(0, { tokens: [1, 2, 3] }, 0);
+    await assert.rejects(
+      stage.run(0, { tokens: [4] }, 1),
+      /Slot 0 holds 3 tokens but the run continues at position 1/,
+    );
+    await assert.rejects(
+      stage.run(0, { tokens: new Array(14).fill(1) }, 3),
+      /17 tokens does not fit the context of 16/,
+    );
+    await assert.rejects(
+      stage.run(0, { tokens: [1024] }, 3),
+      /Token id 1024 is outside the vocabulary 0..1023/,
+    );
+    await assert.rejects(stage.run(1, { tokens: [1] }, 0), /Slot 1 does not exist/);
+    assert.equal(stage.length(0), 3, "a rejected run leaves the slot as it was");
+    await assert.rejects(
+      Stage.load(gpu, file, { nCtx: 16, nSlots: 1, layers: [2, 9] }),
+      /Layer range 2:9 is not within 0:4/,
+    );
+  } finally {
+    stage.destroy();
+  }
+});
+
+/** One turn of a llama.cpp reference case (tests/fixtures/README.md). */
+interface Turn {
+  readonly input_ids: number[];
+  readonly prompt_top5: [number, number][][];
+  readonly generated: number[];
+  readonly gen_top5: [number, number][][];
+  readonly first_near_tie_step: number | null;
+}
+
+for (const name of ["tiny-qwen3next", "tiny-qwen35moe"]) {
+  Deno.test(`GPU forward reproduces llama.cpp on ${name}.q8_0: teacher-forced logits and greedy tokens`, async () => {
+    const gpu = await testGpu();
+    using file = await openGguf(fixturePath(`${name}.q8_0.gguf`));
+    const expect = JSON.parse(await Deno.readTextFile(fixturePath(`${name}.q8_0.expect.json`)));
+    const cases = expect.reference.cases as { name: string; turns: Turn[] }[];
+    assert.ok(cases.length > 0);
+    const stage = await Stage.load(gpu, file, { nCtx: 256, nSlots: 1, maxChunk: 32 });
+    const V = stage.hp.nVocab;
+    const checkTop = (row: Float32Array, top: [number, number][], what: string) => {
+      for (const [id, logit] of top) {
+        assert.ok(
+          Math.abs(row[id]! - logit) <= LLAMA_ATOL,
+          `${what}: logit of ${id} is ${row[id]}, llama.cpp ${logit}`,
+        );
+      }
+    };
+    try {
+      for (const c of cases) {
+        // Teacher-forced through every turn with the reference history.
+        let pos = 0;
+        for (const [t, turn] of c.turns.entries()) {
+          const fed = await stage.run(0, { tokens: turn.input_ids }, pos, { rows: "all" });
+          pos += turn.input_ids.length;
+          turn.prompt_top5.forEach((top, i) =>
+            checkTop(fed.data.subarray(i * V, (i + 1) * V), top, `${name} ${c.name} turn ${t} input ${i}`)
+          );
+          const hist = turn.generated.slice(0, -1);
+          if (hist.length > 0) {
+            const gen = await stage.run(0, { tokens: hist }, pos, { rows: "all" });
+            pos += hist.length;
+            for (let j = 1; j < turn.generated.length; j++) {
+              checkTop(
+                gen.data.subarray((j - 1) * V, j * V),
+                turn.gen_top5[j]!,
+                `${name} ${c.name} turn ${t} gen ${j}`,
+              );
+            }
+          }
+        }
+        // Free-running greedy from the first turn, up to the first certified near-tie.
+        const turn = c.turns[0]!;
+        const got = await stage.generate(0, turn.input_ids, { nNew: turn.generated.length, top: 2 });
+        const upTo = turn.first_near_tie_step ?? turn.generated.length;
+        assert.deepEqual(got.tokens.slice(0, upTo), turn.generated.slice(0, upTo), `${name} ${c.name}`);
+        if (upTo < turn.generated.length) {
+          const tied = turn.gen_top5[upTo]!.slice(0, 2).map(([id]) => id);
+          assert.ok(tied.includes(got.tokens[upTo]!), `${name} ${c.name}: near-tie step ${upTo}`);
+        }
+      }
+    } finally {
+      stage.destroy();
+    }
+  });
+}
+
+globalThis.addEventListener("unload", () => {
+  Deno.removeSync(dir, { recursive: true });
+});

@@ -89,17 +89,19 @@ export interface MatvecOp {
 }
 
 /**
- * The default variant for a shape: TEAM = the largest power of two ≤ min(64, K/32) (each invocation gets at
- * least one chunk; K = 2048 → 64), ROWS = 2 (8 rows per workgroup at TEAM 64, KERNELS.md §1).
+ * The default variant for a shape: TEAM = the largest power of two ≤ min(64, K/8) (every invocation gets at
+ * least one 8-weight unit per row), ROWS = 4 up to batch 4 and 2 above (each x quad loaded serves ROWS rows;
+ * more rows cost registers), so a workgroup owns 16 or 8 rows at TEAM 64 (KERNELS.md §1).
  */
 export function matvecConstants(
   shape: MatvecShape,
   opts: { team?: number; rows?: number } = {},
 ): MatvecConstants {
-  const chunks = Math.floor(shape.k / 32);
+  const units = Math.floor(shape.k / 8);
   let team = 1;
-  while (team * 2 <= Math.min(64, chunks)) team *= 2;
-  return { TYPE: TYPE_ID[shape.type], TEAM: opts.team ?? team, ROWS: opts.rows ?? 2, BATCH: shape.batch };
+  while (team * 2 <= Math.min(64, units)) team *= 2;
+  const rows = shape.batch <= 4 ? 4 : 2;
+  return { TYPE: TYPE_ID[shape.type], TEAM: opts.team ?? team, ROWS: opts.rows ?? rows, BATCH: shape.batch };
 }
 
 /** Rows one workgroup owns. */

@@ -6,11 +6,13 @@
 //   x       array<vec4<f32>>  ne=[K, BATCH]; element (k, b) at x_off + b·x_stride + k (x_off, x_stride % 4 == 0)
 //   y       array<f32>  ne=[N, BATCH]; element (n, b) at y_off + b·y_stride + n
 // A workgroup (256 invocations) owns WG_ROWS = (256 / TEAM) · ROWS consecutive rows; a team of TEAM invocations
-// owns ROWS rows, and invocation t of a team takes chunks t, t + TEAM, ... of those rows (consecutive
-// invocations read consecutive words: coalesced). Each invocation keeps ROWS·BATCH f32 accumulators; the team
-// partials go through workgroup memory and one invocation per output adds TEAM of them.
+// owns ROWS rows. A row is K/8 units of 8 weights (4 units per 32-weight chunk, lib/quant.wgsl); invocation t
+// of a team takes units t, t + TEAM, ... of all its rows, so the invocations of a warp read consecutive weight
+// words and neighbouring x quads (coalesced), and each x quad it loads serves ROWS rows from registers. Each
+// invocation keeps ROWS·BATCH f32 accumulators; the team partials are added in workgroup memory in two
+// levels of 8 (or fewer) so that all invocations share the work.
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
-// Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 4..256), const ROWS: u32 (1..8),
+// Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
 //   const BATCH: u32 (1..8). Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH bytes ≤ 32 KiB.
 
 struct Params {
@@ -31,8 +33,12 @@ struct Params {
 
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
+const OUTS: u32 = WG_ROWS * BATCH;
+// First reduction level: each of OUTS · GROUPS sums adds TEAM / GROUPS partials; the second adds GROUPS.
+const GROUPS: u32 = select(1u, TEAM / 8u, TEAM >= 8u);
+const GROUP_LEN: u32 = TEAM / GROUPS;
 
-// partial[(b · WG_ROWS + local row) · TEAM + t]
+// partial[(b · WG_ROWS + local row) · TEAM + t]; after level 1, group sums at partial[o · TEAM + g · GROUP_LEN].
 var<workgroup> partial: array<f32, WG * ROWS * BATCH>;
 
 fn weight_word(i: u32) -> u32 {
@@ -49,7 +55,7 @@ fn main(
   let team = lid / TEAM;
   let t = lid % TEAM;
   let row0 = wg * WG_ROWS + team * ROWS;
-  let n_chunks = params.k / 32u;
+  let n_units = params.k / 8u;
 
   // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.
   var rb: array<u32, ROWS>;
@@ -57,52 +63,30 @@ fn main(
     rb[r] = params.w_off + min(row0 + r, params.n - 1u) * params.row_bytes;
   }
   var acc: array<array<f32, BATCH>, ROWS>;
-
-  for (var c = t; c < n_chunks; c += TEAM) {
-    var sc: array<vec4<f32>, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-      sc[r] = quant_scales(rb[r], c);
-    }
-    // Zeroed explicitly each chunk: a `var` declared in a loop body is zero-initialised only once by some
-    // compilers (naga hoists it to the function entry; seen on lavapipe).
-    var plo: array<array<f32, BATCH>, ROWS>;
-    var phi: array<array<f32, BATCH>, ROWS>;
-    var sxlo: array<f32, BATCH>;
-    var sxhi: array<f32, BATCH>;
+  for (var r = 0u; r < ROWS; r++) {
     for (var b = 0u; b < BATCH; b++) {
-      sxlo[b] = 0.0;
-      sxhi[b] = 0.0;
-      for (var r = 0u; r < ROWS; r++) {
-        plo[r][b] = 0.0;
-        phi[r][b] = 0.0;
-      }
+      acc[r][b] = 0.0;
     }
-    for (var j = 0u; j < 4u; j++) {
-      let pos = quant_pos(c, j);
-      var q: array<array<vec4<f32>, 2>, ROWS>;
-      for (var r = 0u; r < ROWS; r++) {
-        q[r] = quant_q(rb[r], c, j);
-      }
-      for (var b = 0u; b < BATCH; b++) {
-        let xb = params.x_off + b * params.x_stride;
-        let xl = x[(xb + pos.x) >> 2u];
-        let xh = x[(xb + pos.y) >> 2u];
-        if (QUANT_HAS_MIN) {
-          sxlo[b] += dot(xl, vec4<f32>(1.0));
-          sxhi[b] += dot(xh, vec4<f32>(1.0));
-        }
-        for (var r = 0u; r < ROWS; r++) {
-          plo[r][b] += dot(q[r][0], xl);
-          phi[r][b] += dot(q[r][1], xh);
-        }
-      }
+  }
+
+  for (var u = t; u < n_units; u += TEAM) {
+    let c = u / 4u;
+    let j = u % 4u;
+    let pos = quant_pos(c, j);
+    var xl: array<vec4<f32>, BATCH>;
+    var xh: array<vec4<f32>, BATCH>;
+    for (var b = 0u; b < BATCH; b++) {
+      let xb = params.x_off + b * params.x_stride;
+      xl[b] = x[(xb + pos.x) >> 2u];
+      xh[b] = x[(xb + pos.y) >> 2u];
     }
     for (var r = 0u; r < ROWS; r++) {
-      let s = sc[r];
+      let s = quant_scales(rb[r], c);
+      let q = quant_q(rb[r], c, j);
       for (var b = 0u; b < BATCH; b++) {
-        var v = s.x * plo[r][b] + s.y * phi[r][b];
+        var v = s.x * dot(q[0], xl[b]) + s.y * dot(q[1], xh[b]);
         if (QUANT_HAS_MIN) {
-          v -= s.z * sxlo[b] + s.w * sxhi[b];
+          v -= s.z * dot(xl[b], vec4<f32>(1.0)) + s.w * dot(xh[b], vec4<f32>(1.0));
         }
         acc[r][b] += v;
       }
@@ -115,14 +99,24 @@ fn main(
     }
   }
   workgroupBarrier();
-  for (var o = lid; o < WG_ROWS * BATCH; o += WG) {
+  // Level 1: sum runs of GROUP_LEN partials in place (the walk starts at a rotating offset so that the
+  // invocations spread over the banks).
+  for (var i = lid; i < OUTS * GROUPS; i += WG) {
+    let base = i * GROUP_LEN;
+    var s = 0.0;
+    for (var e = 0u; e < GROUP_LEN; e++) {
+      s += partial[base + ((e + i) % GROUP_LEN)];
+    }
+    partial[base] = s;
+  }
+  workgroupBarrier();
+  for (var o = lid; o < OUTS; o += WG) {
     let b = o / WG_ROWS;
     let rl = o % WG_ROWS;
     let row = wg * WG_ROWS + rl;
-    // Start each output's walk at a different bank (o), so the invocations do not all hit one bank.
     var s = 0.0;
-    for (var i = 0u; i < TEAM; i++) {
-      s += partial[o * TEAM + ((i + o) & (TEAM - 1u))];
+    for (var g = 0u; g < GROUPS; g++) {
+      s += partial[o * TEAM + g * GROUP_LEN];
     }
     if (row < params.n) {
       y[params.y_off + b * params.y_stride + row] = s;

@@ -27,6 +27,7 @@ export {
   type TokenType,
 } from "./tokenizer.ts";
 export {
+  BUILTIN_TEMPLATES,
   type ChatMessage,
   type ChatRenderRequest,
   type ChatRole,
@@ -37,6 +38,7 @@ export {
   type JsonSchema,
   type ModelKind,
   opensThinking,
+  QWEN35_TEMPLATE,
   QWEN3_TEMPLATE,
   renderChat,
   type ToolSpec,

@@ -18,9 +18,19 @@
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import type { GgufMetadata } from "../gguf.ts";
 import { KEYS } from "../names.ts";
-import { QWEN3_TEMPLATE } from "./_builtin_templates.ts";
+import { QWEN35_TEMPLATE, QWEN3_TEMPLATE } from "./_builtin_templates.ts";
+import type { PreTokenizerName } from "./tokenizer.ts";
 
-export { QWEN3_TEMPLATE } from "./_builtin_templates.ts";
+export { QWEN35_TEMPLATE, QWEN3_TEMPLATE } from "./_builtin_templates.ts";
+
+/**
+ * Built-in template per pre-tokenizer (the vocabulary tells the model family apart), used when a GGUF
+ * carries no `tokenizer.chat_template`: `qwen2` → Qwen3 (Qwen3-Next, spec/chat.md §5), `qwen35` → Qwen3.5 (§6).
+ */
+export const BUILTIN_TEMPLATES: Readonly<Record<PreTokenizerName, { name: string; source: string }>> = {
+  qwen2: { name: "qwen3", source: QWEN3_TEMPLATE },
+  qwen35: { name: "qwen35", source: QWEN35_TEMPLATE },
+};
 
 /** Roles a chat message may have. */
 export type ChatRole = "system" | "user" | "assistant" | "tool";
@@ -146,7 +156,7 @@ export function opensThinking(prompt: string): boolean {
 export class ChatTemplate {
   /** The Jinja source. */
   readonly source: string;
-  /** Where the source came from, for messages: `"<path> tokenizer.chat_template"` or `"built-in qwen3"`. */
+  /** Where the source came from, for messages: `"<path> tokenizer.chat_template"` or `"built-in qwen35"`. */
   readonly origin: string;
   /** True when the built-in template is used because the file carries none. */
   readonly builtin: boolean;
@@ -183,13 +193,18 @@ export class ChatTemplate {
   }
 
   /**
-   * The template from the GGUF's `tokenizer.chat_template`, or the built-in Qwen3 one when the key is absent.
+   * The template from the GGUF's `tokenizer.chat_template`, or when the key is absent the built-in one for its
+   * pre-tokenizer ({@linkcode BUILTIN_TEMPLATES}; Qwen3 when that is absent or unknown too).
    * @throws {GgufError} when the key holds something other than a string
    * @throws {ChatTemplateError} when the template does not parse or cannot render a single user message
    */
   static fromGguf(meta: GgufMetadata): ChatTemplate {
     if (!meta.has(KEYS.chatTemplate)) {
-      return new ChatTemplate(QWEN3_TEMPLATE, { origin: "built-in qwen3", builtin: true });
+      const pre = meta.getString(KEYS.tokPre, "qwen2");
+      const b = Object.hasOwn(BUILTIN_TEMPLATES, pre)
+        ? BUILTIN_TEMPLATES[pre as PreTokenizerName]
+        : BUILTIN_TEMPLATES.qwen2;
+      return new ChatTemplate(b.source, { origin: `built-in ${b.name}`, builtin: true });
     }
     return new ChatTemplate(meta.getString(KEYS.chatTemplate), {
       origin: `${meta.path} ${KEYS.chatTemplate}`,
@@ -249,7 +264,8 @@ export class ChatTemplate {
       if (e instanceof Raised) {
         throw new ChatTemplateError(
           "rejected",
-          `Chat template (${this.origin}) rejected the conversation: ${e.message}: fix the request`,
+          `Chat template (${this.origin}) rejected the conversation: ${e.message.replace(/\.$/, "")}: ` +
+            `fix the request`,
         );
       }
       throw new ChatTemplateError(

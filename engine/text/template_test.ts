@@ -3,11 +3,15 @@ import { GgufError } from "../errors.ts";
 import { GGUF_VALUE_TYPE, type GgufKv, GgufMetadata, openGguf } from "../gguf.ts";
 import { KEYS } from "../names.ts";
 import { CASES } from "../../tests/golden/chat_template_cases.ts";
+import type { GoldenRender } from "../../tests/golden/gen_chat_template.ts";
 import {
+  BUILTIN_TEMPLATES,
+  type ChatRenderRequest,
   ChatTemplate,
   ChatTemplateError,
   type ChatTemplateErrorCode,
   opensThinking,
+  QWEN35_TEMPLATE,
   QWEN3_TEMPLATE,
   renderChat,
   type ToolSpec,
@@ -15,10 +19,24 @@ import {
 
 const VOCAB_PATH = new URL("../../../shared/fixtures/vocab-qwen3.gguf", import.meta.url).pathname;
 const GOLDEN_PATH = new URL("../../tests/golden/chat_template_qwen3.json", import.meta.url).pathname;
+const GOLDEN35_PATH = new URL("../../tests/golden/chat_template_qwen35.json", import.meta.url).pathname;
 
 const gguf = await openGguf(VOCAB_PATH);
 const fileTpl = ChatTemplate.fromGguf(gguf.metadata);
 const golden = JSON.parse(Deno.readTextFileSync(GOLDEN_PATH)) as { renders: Record<string, string> };
+const golden35 = JSON.parse(Deno.readTextFileSync(GOLDEN35_PATH)) as {
+  renders: Record<string, GoldenRender>;
+};
+const q35 = new ChatTemplate(QWEN35_TEMPLATE, { origin: "built-in qwen35", builtin: true });
+
+function renderOrError(tpl: ChatTemplate, req: ChatRenderRequest): GoldenRender {
+  try {
+    return tpl.render(req);
+  } catch (e) {
+    if (!(e instanceof ChatTemplateError)) throw e;
+    return { error: e.code, message: e.message };
+  }
+}
 
 function metaWithout(key: string, extra: [string, GgufKv][] = []): GgufMetadata {
   const entries = new Map(gguf.metadata.entries);
@@ -100,6 +118,69 @@ Deno.test("hand-checked against chat.md §5: example, tool header, tool calls, t
   assert.ok(golden.renders.thinking_on!.endsWith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
 });
 
+Deno.test("golden: the built-in Qwen3.5 template renders every case as recorded (refusals included)", () => {
+  assert.deepEqual(Object.keys(golden35.renders).sort(), Object.keys(CASES).sort());
+  for (const [name, req] of Object.entries(CASES)) {
+    assert.deepEqual(renderOrError(q35, req), golden35.renders[name], `case ${name}`);
+  }
+});
+
+// Expected strings typed in from spec/chat.md §6, independent of the template source.
+Deno.test("hand-checked against chat.md §6: example, tool header order, XML calls, empty think block", () => {
+  assert.equal(
+    golden35.renders.system_user_cue,
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n",
+  );
+  const tools = golden35.renders.tools_calls_results as string;
+  assert.ok(
+    tools.startsWith(
+      "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n",
+    ),
+  );
+  assert.ok(
+    tools.includes(
+      "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:",
+    ),
+  );
+  assert.ok(
+    tools.includes("not tell the user about function calls\n</IMPORTANT>\n\nYou are helpful.<|im_end|>\n"),
+  );
+  assert.ok(tools.includes(
+    "<|im_start|>assistant\nLet me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n" +
+      "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n" +
+      "<parameter=tz>\nEurope/Paris\n</parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>user\n" +
+      '<tool_response>\n{"temp": 18}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n',
+  ));
+  assert.ok(
+    (golden35.renders.tool_call_null_content_last as string).includes(
+      "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n",
+    ),
+    "the current turn keeps an empty think block and no blank line before the call",
+  );
+  assert.ok(
+    (golden35.renders.thinking_off as string).endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+  );
+  assert.deepEqual(golden35.renders.system_not_first, {
+    error: "rejected",
+    message:
+      "Chat template (built-in qwen35) rejected the conversation: System message must be at the beginning: " +
+      "fix the request",
+  });
+  assert.equal(q35.kind, "hybrid");
+  assertTemplateError(() => q35.render({ messages: [] }), "rejected", "No messages provided");
+  assertTemplateError(
+    () => q35.render({ messages: [{ role: "user", content: "<tool_response>\nx\n</tool_response>" }] }),
+    "rejected",
+    "No user query found",
+  );
+  const bogus = { role: "robot", content: "x" } as unknown as ChatRenderRequest["messages"][number];
+  assertTemplateError(
+    () => q35.render({ messages: [{ role: "user", content: "x" }, bogus] }),
+    "rejected",
+    "Unexpected message role: robot",
+  );
+});
+
 Deno.test("built-in template is used when the GGUF has no chat template", () => {
   const tpl = ChatTemplate.fromGguf(metaWithout(KEYS.chatTemplate));
   assert.equal(tpl.builtin, true);
@@ -107,6 +188,15 @@ Deno.test("built-in template is used when the GGUF has no chat template", () => 
   assert.equal(tpl.source, QWEN3_TEMPLATE);
   assert.equal(tpl.render(CASES.tools_calls_results!), golden.renders.tools_calls_results);
   assert.equal(tpl.kind, "hybrid");
+  // A Qwen3.5 vocabulary (pre-tokenizer qwen35) gets the Qwen3.5 template.
+  const pre35 = metaWithout(KEYS.chatTemplate, [[KEYS.tokPre, {
+    type: GGUF_VALUE_TYPE.STRING,
+    value: "qwen35",
+  }]]);
+  const tpl35 = ChatTemplate.fromGguf(pre35);
+  assert.equal(tpl35.origin, "built-in qwen35");
+  assert.equal(tpl35.source, BUILTIN_TEMPLATES.qwen35.source);
+  assert.equal(tpl35.render(CASES.system_user_cue!), golden35.renders.system_user_cue);
 });
 
 Deno.test("a chat template key that is not a string is a GgufError naming the key", () => {

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { Rng } from "../../tests/util/rng.ts";
-import type { ToolSpec } from "./template.ts";
+import { ChatTemplate, QWEN35_TEMPLATE, QWEN3_TEMPLATE, type ToolSpec } from "./template.ts";
 import {
   type ChatEvent,
   type ChatParseOptions,
@@ -287,5 +287,41 @@ Deno.test("fuzz: random tag soup never throws and streams like one push", () => 
       i += k;
     }
     assert.deepEqual(normalize(run(pieces, opts)), whole, `seed ${rng.seed} text ${JSON.stringify(text)}`);
+  }
+});
+
+Deno.test("round trip: calls rendered by both built-in templates parse back to the same calls", () => {
+  const args = {
+    query: "two\nlines",
+    limit: 3,
+    score: 1.5,
+    exact: false,
+    filters: { k: ["v"] },
+    tags: [],
+    cursor: null,
+  };
+  for (const [source, format] of [[QWEN3_TEMPLATE, "json"], [QWEN35_TEMPLATE, "xml"]] as const) {
+    const tpl = new ChatTemplate(source);
+    const prompt = tpl.render({
+      messages: [
+        { role: "user", content: "Find it" },
+        {
+          role: "assistant",
+          content: "Searching.",
+          toolCalls: [{ name: "search", arguments: args }, { name: "search", arguments: { query: "again" } }],
+        },
+      ],
+      tools: TOOLS,
+    });
+    const turn = prompt.slice(
+      prompt.lastIndexOf("<|im_start|>assistant\n") + 22,
+      prompt.lastIndexOf("<|im_end|>"),
+    );
+    const out = parseChatOutput(turn, { tools: TOOLS });
+    assert.equal(out.content, "Searching.", format);
+    assert.deepEqual(out.toolCalls, [
+      { name: "search", arguments: args, format },
+      { name: "search", arguments: { query: "again" }, format },
+    ], `${format}: ${JSON.stringify(turn)}`);
   }
 });

@@ -1,22 +1,46 @@
 /**
- * Regenerates `chat_template_qwen3.json`: every case of `chat_template_cases.ts` rendered with the real
- * Qwen3 template of `shared/fixtures/vocab-qwen3.gguf`. Run after a deliberate change, then review the diff:
+ * Regenerates the chat-template golden files from the cases in `chat_template_cases.ts`:
+ * `chat_template_qwen3.json` with the real Qwen3 template of `shared/fixtures/vocab-qwen3.gguf`, and
+ * `chat_template_qwen35.json` with the built-in Qwen3.5 template (no Qwen3.5 template fixture exists; those
+ * renders were hand-checked against spec/chat.md §6). A case the template refuses records its error.
+ * Run after a deliberate change, then review the diff:
  *
  *   deno run -A tests/golden/gen_chat_template.ts
  * @module
  */
 import { openGguf } from "../../engine/gguf.ts";
-import { ChatTemplate } from "../../engine/text/template.ts";
+import { ChatTemplate, ChatTemplateError, QWEN35_TEMPLATE } from "../../engine/text/template.ts";
 import { CASES } from "./chat_template_cases.ts";
 
 const VOCAB = new URL("../../../shared/fixtures/vocab-qwen3.gguf", import.meta.url).pathname;
-const OUT = new URL("./chat_template_qwen3.json", import.meta.url).pathname;
 
-const tpl = ChatTemplate.fromGguf((await openGguf(VOCAB)).metadata);
-const renders: Record<string, string> = {};
-for (const [name, req] of Object.entries(CASES)) renders[name] = tpl.render(req);
-Deno.writeTextFileSync(
-  OUT,
-  JSON.stringify({ source: "vocab-qwen3.gguf tokenizer.chat_template", renders }, null, 2) + "\n",
-);
-console.log(`wrote ${Object.keys(renders).length} renders to ${OUT}`);
+/** One golden entry: the rendered prompt, or the code and message of the template's refusal. */
+export type GoldenRender = string | { error: string; message: string };
+
+function write(file: string, source: string, tpl: ChatTemplate): void {
+  const renders: Record<string, GoldenRender> = {};
+  for (const [name, req] of Object.entries(CASES)) {
+    try {
+      renders[name] = tpl.render(req);
+    } catch (e) {
+      if (!(e instanceof ChatTemplateError)) throw e;
+      renders[name] = { error: e.code, message: e.message };
+    }
+  }
+  const path = new URL(file, import.meta.url).pathname;
+  Deno.writeTextFileSync(path, JSON.stringify({ source, renders }, null, 2) + "\n");
+  console.log(`wrote ${Object.keys(renders).length} renders to ${path}`);
+}
+
+if (import.meta.main) {
+  write(
+    "./chat_template_qwen3.json",
+    "vocab-qwen3.gguf tokenizer.chat_template",
+    ChatTemplate.fromGguf((await openGguf(VOCAB)).metadata),
+  );
+  write(
+    "./chat_template_qwen35.json",
+    "built-in qwen35 (engine/text/_builtin_templates.ts)",
+    new ChatTemplate(QWEN35_TEMPLATE, { origin: "built-in qwen35", builtin: true }),
+  );
+}

@@ -22,6 +22,7 @@ export interface Command {
 export const COMMANDS: Readonly<Record<string, () => Promise<Command>>> = {
   synth: async () => (await import("./cli/synth.ts")).command,
   inspect: async () => (await import("./cli/inspect.ts")).command,
+  generate: async () => (await import("./cli/generate.ts")).command,
   tokenize: async () => (await import("./cli/tokenize.ts")).command,
   gpu: async () => (await import("./cli/gpu.ts")).command,
 };

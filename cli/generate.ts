@@ -1,0 +1,137 @@
+/**
+ * `mod.ts generate`: greedy generation (and teacher-forced scoring with `--echo`) on the GPU, from a GGUF or,
+ * with no `--model`, from the embedded default: a tiny synthetic `qwen35moe` written to a temporary file.
+ * @module
+ */
+import type { Command } from "../mod.ts";
+import { parseArgs } from "node:util";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { openGguf } from "../engine/gguf.ts";
+import { Stage, topCpu } from "../engine/stage.ts";
+import { planModel, synthesize } from "../engine/synth.ts";
+import { Tokenizer } from "../engine/text/tokenizer.ts";
+
+const USAGE =
+  `Usage: deno run -A mod.ts generate [--model FILE.gguf] (--prompt TEXT | --tokens 1,2,3) [options]
+  --model F     GGUF (first part of a split set, or any part); default: a tiny synthetic qwen35moe
+  --prompt T    text, tokenized with the model's own vocabulary (special tokens parsed)
+  --tokens L    comma-separated token ids instead of text
+  --n N         tokens to generate (default 32; 0 with --echo only scores the prompt)
+  --top K       with --json: the K highest logits of every step (default 5, at most 64)
+  --echo        with --json: also "prompt_top", the top logits after every input position
+  --layers a:b  layer range; generation needs the whole model (0:nLayer)
+  --ctx N       context positions (default: prompt + n, at least 256)
+  --json        print {"tokens":[...], "top":[...]} (and "prompt_top" with --echo)`;
+
+function int(flag: string, value: string, min: number): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min) {
+    throw new RangeError(`--${flag} ${value} must be an integer >= ${min}`);
+  }
+  return n;
+}
+
+/** The embedded default model: written once per run into a temporary folder. */
+async function defaultModel(): Promise<string> {
+  const dir = await Deno.makeTempDir({ prefix: "llm_default_" });
+  const out = `${dir}/tiny-qwen35moe.gguf`;
+  await synthesize(planModel({ arch: "qwen35moe", preset: "tiny", quant: "q8_0", seed: 1 }), { out });
+  globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: true }));
+  console.error(`No --model given: serving the embedded default, a tiny synthetic qwen35moe (${out})`);
+  return out;
+}
+
+/** The `generate` command. */
+export const command: Command = {
+  summary: "greedy generation or prompt scoring on the GPU (--model F, --prompt T | --tokens 1,2,3)",
+  async run(argv: string[]): Promise<number> {
+    const { values } = parseArgs({
+      args: argv,
+      options: {
+        model: { type: "string" },
+        prompt: { type: "string" },
+        tokens: { type: "string" },
+        n: { type: "string", default: "32" },
+        top: { type: "string", default: "5" },
+        echo: { type: "boolean", default: false },
+        layers: { type: "string" },
+        ctx: { type: "string" },
+        json: { type: "boolean", default: false },
+        debug: { type: "boolean", default: false },
+        help: { type: "boolean", default: false },
+      },
+      strict: true,
+    });
+    if (values.help) {
+      console.log(USAGE);
+      return 0;
+    }
+    if ((values.prompt === undefined) === (values.tokens === undefined)) {
+      console.error(`${USAGE}\nerror: give exactly one of --prompt and --tokens`);
+      return 2;
+    }
+    const nNew = int("n", values.n, 0);
+    const top = int("top", values.top, 0);
+    if (nNew === 0 && !values.echo) {
+      throw new RangeError("--n 0 generates nothing: add --echo to score the prompt");
+    }
+    const path = values.model ?? await defaultModel();
+    using file = await openGguf(path);
+    const tok = file.metadata.has("tokenizer.ggml.tokens") ? Tokenizer.fromGguf(file.metadata) : undefined;
+    let ids: number[];
+    if (values.tokens !== undefined) {
+      ids = values.tokens.split(",").map((s) => int("tokens", s.trim(), 0));
+    } else {
+      if (!tok) throw new RangeError(`${path} has no tokenizer: pass --tokens instead of --prompt`);
+      ids = tok.encode(values.prompt!, { parseSpecial: true });
+    }
+    if (ids.length === 0) throw new RangeError("The prompt is empty: give at least one token");
+    const nCtx = values.ctx === undefined ? Math.max(256, ids.length + nNew) : int("ctx", values.ctx, 1);
+    const gpu = await acquireGpu();
+    let layers: [number, number] | undefined;
+    if (values.layers !== undefined) {
+      const m = /^(\d+):(\d+)$/.exec(values.layers);
+      if (!m) throw new RangeError(`--layers ${values.layers} must look like a:b`);
+      layers = [Number(m[1]), Number(m[2])];
+    }
+    const stage = await Stage.load(gpu, file, { nCtx, nSlots: 1, layers });
+    if (!stage.first || !stage.last) {
+      throw new RangeError(
+        `--layers ${values.layers} is a partial stage of 0:${stage.hp.nLayer}: generate needs the whole model ` +
+          `(partial stages serve the split pipeline)`,
+      );
+    }
+    const out: { tokens: number[]; top: [number, number][][]; prompt_top?: [number, number][][] } = {
+      tokens: [],
+      top: [],
+    };
+    if (values.echo) {
+      const scored = await stage.run(0, { tokens: ids }, 0, { rows: "all" });
+      const V = stage.hp.nVocab;
+      out.prompt_top = [];
+      for (let i = 0; i < ids.length; i++) {
+        out.prompt_top.push(topCpu(scored.data.subarray(i * V, (i + 1) * V), top));
+      }
+    }
+    if (nNew > 0) {
+      // Streams text as ids land; the incremental decoder never emits half a UTF-8 character.
+      const text = values.json || !tok ? undefined : tok.incrementalDecoder();
+      const enc = new TextEncoder();
+      const g = await stage.generate(0, ids, {
+        nNew,
+        top: values.json ? top : 0,
+        onTokens: text &&
+          ((fresh) => Deno.stdout.writeSync(enc.encode(fresh.map((id) => text.push(id)).join("")))),
+      });
+      if (text) Deno.stdout.writeSync(enc.encode(text.flush()));
+      out.tokens = g.tokens;
+      out.top = g.top;
+    }
+    if (values.json) console.log(JSON.stringify(out));
+    else if (tok) console.log();
+    else console.log(out.tokens.join(" "));
+    stage.destroy();
+    gpu.device.destroy();
+    return 0;
+  },
+};

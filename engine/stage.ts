@@ -42,6 +42,7 @@ import {
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../wgsl/get_rows.ts";
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../wgsl/rms_norm.ts";
 import { MATVEC, matvecConstants, matvecGrid, matvecParams, type MatvecShape } from "../wgsl/matvec.ts";
+import { MATMUL, matmulConstants, matmulGrid, matmulParams, type MatmulShape } from "../wgsl/matmul.ts";
 import {
   MOE_MATVEC,
   moeMatvecConstants,
@@ -176,6 +177,8 @@ export interface GenerateResult {
 
 /** Buffer usage of every activation and state buffer. */
 const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+/** Widest chunk the mat-vec kernel takes (its batch limit); wider chunks use the tiled matmul. */
+const MATVEC_MAX_COLS = 8;
 /** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
 const ATTN_SPLITS = 32;
 
@@ -1002,6 +1005,25 @@ class GraphBuilder {
       const lo = Math.max(rowStart, p.firstRow);
       const hi = Math.min(rowStart + nRows, p.firstRow + p.nRows);
       if (lo >= hi) continue;
+      if (cols > MATVEC_MAX_COLS) {
+        // Prefill: the register-tiled matmul reads each weight tile once per 64 tokens.
+        const shape: MatmulShape = {
+          type: typeName(w),
+          k,
+          n: hi - lo,
+          m: cols,
+          wOffsetBytes: p.offsetBytes + (lo - p.firstRow) * w.rowBytes,
+          xStride: k,
+          yOffset: lo - rowStart,
+          yStride: nRows,
+        };
+        const params = this.#uniform(matmulParams(shape));
+        await this.#push(label, MATMUL, matmulConstants(shape), [params, p.buffer, x, y], [
+          ...matmulGrid(shape),
+          1,
+        ]);
+        continue;
+      }
       for (let c0 = 0; c0 < cols; c0 += 8) {
         const batch = Math.min(8, cols - c0);
         const shape: MatvecShape = {

@@ -111,7 +111,8 @@ const QWEN35_TOOL_FORMAT = [
 /**
  * Qwen3.5/3.6 template: ChatML, XML-style tool calls, system prompt after the tool block, trimmed contents,
  * the current turn's reasoning always in a think block, thinking on unless `enable_thinking` is false (§6).
- * Written from spec/chat.md §6 only: not yet checked against a Qwen3.5 GGUF's own template.
+ * Written from spec/chat.md §6; tool-call argument values follow the model's own template (objects and arrays
+ * as JSON, other values through Python's `str`: `True`, `None`) where §6 simplifies to `tojson`.
  */
 export const QWEN35_TEMPLATE: string = [
   "{%- if not messages %}{{- raise_exception('No messages provided.') }}{%- endif %}",
@@ -165,7 +166,13 @@ export const QWEN35_TEMPLATE: string = [
   "{{- '<tool_call>\\n<function=' + fn.name + '>\\n' }}",
   "{%- for key, value in fn.arguments|items %}",
   "{{- '<parameter=' + key + '>\\n' }}",
-  "{%- if value is string %}{{- value }}{%- else %}{{- value | tojson }}{%- endif %}",
+  // Objects and arrays as JSON, other values as Python's str() gives them (True, None), as the model's own
+  // template renders them under transformers.
+  "{%- if value is string %}{{- value }}",
+  "{%- elif value is boolean %}{{- 'True' if value else 'False' }}",
+  "{%- elif value is none %}{{- 'None' }}",
+  "{%- elif value is mapping or value is sequence %}{{- value | tojson }}",
+  "{%- else %}{{- value | string }}{%- endif %}",
   "{{- '\\n</parameter>\\n' }}",
   "{%- endfor %}",
   "{{- '</function>\\n</tool_call>' }}",

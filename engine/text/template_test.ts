@@ -103,6 +103,12 @@ Deno.test("hand-checked against chat.md §5: example, tool header, tool calls, t
       "<|im_end|>\n<|im_start|>user\n<tool_response>\n-3\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
   );
   assert.equal(
+    golden.renders.typed_arguments,
+    "<|im_start|>user\nSearch<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n" +
+      '{"name": "search", "arguments": {"q": "two\\nlines", "n": 3, "x": 1.5, "ok": true, "no": false, ' +
+      '"none": null, "o": {"a": [1]}, "l": ["é"]}}\n</tool_call><|im_end|>\n',
+  );
+  assert.equal(
     golden.renders.current_turn_reasoning,
     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nGreet back.\n</think>\n\nHello!<|im_end|>\n",
   );
@@ -156,6 +162,14 @@ Deno.test("hand-checked against chat.md §6: example, tool header order, XML cal
       "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n",
     ),
     "the current turn keeps an empty think block and no blank line before the call",
+  );
+  assert.equal(
+    golden35.renders.typed_arguments,
+    "<|im_start|>user\nSearch<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n" +
+      "<function=search>\n<parameter=q>\ntwo\nlines\n</parameter>\n<parameter=n>\n3\n</parameter>\n" +
+      "<parameter=x>\n1.5\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n<parameter=no>\nFalse\n</parameter>\n" +
+      '<parameter=none>\nNone\n</parameter>\n<parameter=o>\n{"a": [1]}\n</parameter>\n<parameter=l>\n["é"]\n' +
+      "</parameter>\n</function>\n</tool_call><|im_end|>\n",
   );
   assert.ok(
     (golden35.renders.thinking_off as string).endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\n"),

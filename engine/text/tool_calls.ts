@@ -386,7 +386,9 @@ function schemaTypes(schema: unknown): KnownType[] {
  * Converts a raw XML-style parameter value to the JSON type its schema declares: `string` keeps the text;
  * `integer`, `number`, `boolean`, `null`, `object`, `array` parse it and keep the text when it does not fit;
  * with no schema, or only types not listed here, the text is parsed as JSON when it is JSON and kept otherwise
- * (spec/chat.md §6). For a union, `string` wins except for a literal `null` when `null` is allowed.
+ * (spec/chat.md §6). Python spellings the Qwen3.5 template writes (`True`, `None`) are accepted where the
+ * schema asks for a boolean or null. For a union, `string` wins except for a literal `null`/`None` when `null`
+ * is allowed.
  * @param raw the value text without its framing newlines
  * @param schema the parameter's JSON schema (`properties[key]`), if known
  */
@@ -397,7 +399,7 @@ export function convertParameter(raw: string, schema: unknown): unknown {
     const r = tryJson(t);
     return r.ok ? r.value : raw;
   }
-  if (types.includes("null") && t === "null") return null;
+  if (types.includes("null") && (t === "null" || t === "None")) return null;
   if (types.includes("string")) return raw;
   for (const type of types) {
     const v = convertAs(type, t);
@@ -411,7 +413,7 @@ function convertAs(type: KnownType, t: string): { ok: true; value: unknown } | {
     case "string":
       return { ok: true, value: t };
     case "null":
-      return t === "null" ? { ok: true, value: null } : { ok: false };
+      return t === "null" || t === "None" ? { ok: true, value: null } : { ok: false };
     case "boolean": {
       const l = t.toLowerCase();
       return l === "true" || l === "false" ? { ok: true, value: l === "true" } : { ok: false };

@@ -127,6 +127,12 @@ Deno.test("convertParameter: each schema type, fallbacks to the raw text, unions
   assert.equal(convertParameter("{bad", t("array")), "{bad");
   assert.equal(convertParameter("null", t(["string", "null"])), null);
   assert.equal(convertParameter("7", t(["string", "integer"])), "7", "string wins in a union");
+  assert.equal(
+    convertParameter("None", t(["integer", "null"])),
+    null,
+    "Python spelling from the Qwen3.5 template",
+  );
+  assert.equal(convertParameter("None", t("string")), "None");
   assert.equal(convertParameter("7", t(["boolean", "integer"])), 7);
   assert.equal(convertParameter("7", { anyOf: [{ type: "null" }, { type: "number" }] }), 7);
   // Unknown or missing types: JSON when it parses, else the raw text.

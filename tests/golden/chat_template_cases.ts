@@ -97,6 +97,28 @@ export const CASES: Readonly<Record<string, ChatRenderRequest>> = {
       { role: "assistant", content: "\n<think>\n\nGreet back.\n\n</think>\n\nHello!" },
     ],
   },
+  typed_arguments: {
+    messages: [
+      { role: "user", content: "Search" },
+      {
+        role: "assistant",
+        content: "",
+        toolCalls: [{
+          name: "search",
+          arguments: {
+            q: "two\nlines",
+            n: 3,
+            x: 1.5,
+            ok: true,
+            no: false,
+            none: null,
+            o: { a: [1] },
+            l: ["é"],
+          },
+        }],
+      },
+    ],
+  },
   system_not_first: {
     messages: [
       { role: "user", content: "Hi" },

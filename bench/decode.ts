@@ -1,0 +1,145 @@
+/**
+ * Benchmark: single-stream decode and prefill of a whole model on the GPU, beside the bandwidth roofline
+ * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
+ *
+ * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]`.
+ * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
+ * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
+ * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { openGguf } from "../engine/gguf.ts";
+import { parseTensorName } from "../engine/names.ts";
+import { Stage } from "../engine/stage.ts";
+import { planModel, synthesize } from "../engine/synth.ts";
+import { encodeStreamRead, prepareStreamRead, streamReadParams } from "../wgsl/stream_read.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    model: { type: "string" },
+    "synth-out": { type: "string", default: "/tmp/bench-35b-a3b-iq4_xs.gguf" },
+    prompt: { type: "string", default: "512" },
+    n: { type: "string", default: "256" },
+    prefill: { type: "string", default: "2048" },
+    chunk: { type: "string", default: "256" },
+  },
+});
+
+function emit(what: string, result: Record<string, unknown>): void {
+  console.log(JSON.stringify({ bench: "decode", what, adapter: gpu.summary, ...result }));
+}
+
+const gpu = await acquireGpu();
+let path = args.model;
+if (!path) {
+  path = args["synth-out"]!;
+  const exists = await Deno.stat(path).then(() => true, () => false);
+  if (!exists) {
+    const r = await synthesize(
+      planModel({ arch: "qwen35moe", preset: "35b-a3b", quant: "iq4_xs", seed: 7 }),
+      {
+        out: path,
+      },
+    );
+    emit("synth", { path, dataBytes: r.dataBytes, seconds: r.seconds, mbPerSecond: r.mbPerSecond });
+  }
+}
+const nPrompt = Number(args.prompt);
+const nNew = Number(args.n);
+const nPrefill = Number(args.prefill);
+const maxChunk = Number(args.chunk);
+using file = await openGguf(path);
+
+let t0 = performance.now();
+const stage = await Stage.load(gpu, file, {
+  nCtx: Math.max(nPrompt + nNew, nPrefill) + 8,
+  nSlots: 1,
+  maxChunk,
+});
+emit("load", { path, seconds: (performance.now() - t0) / 1000, weightBytes: stage.weightBytes });
+const hp = stage.hp;
+
+// Active bytes per decoded token: every weight the step reads (experts: k of E; embedding: one row).
+let activeBytes = 0;
+for (const t of file.tensors.values()) {
+  const id = parseTensorName(t.name);
+  if (id === undefined || t.name.includes("nextn")) continue;
+  if (id.id === "token_embd") activeBytes += t.nbytes / hp.nVocab;
+  else if (id.id.endsWith("_exps")) activeBytes += (t.nbytes * hp.nExpertUsed) / hp.nExpert;
+  else activeBytes += t.nbytes;
+}
+
+// Streaming ceiling over the same kind of buffer the kernels read (largest weight buffer, many passes).
+const { device } = gpu;
+const ceilingBytes = Math.min(1 << 30, Math.floor(device.limits.maxStorageBufferBindingSize / 65536) * 65536);
+const src = device.createBuffer({ size: ceilingBytes, usage: GPUBufferUsage.STORAGE });
+const out = device.createBuffer({ size: 256, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC });
+const params = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+device.queue.writeBuffer(params, 0, streamReadParams({ offsetBytes: 0, sizeBytes: ceilingBytes }));
+const sr = await prepareStreamRead(new PipelineCache(device), {
+  device,
+  shape: { offsetBytes: 0, sizeBytes: ceilingBytes },
+  bindings: { params, src, out },
+});
+const rb = device.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+async function streamPass(reps: number): Promise<number> {
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  for (let i = 0; i < reps; i++) encodeStreamRead(pass, sr);
+  pass.end();
+  enc.copyBufferToBuffer(out, 0, rb, 0, 16);
+  const t = performance.now();
+  device.queue.submit([enc.finish()]);
+  await rb.mapAsync(GPUMapMode.READ);
+  rb.unmap();
+  return performance.now() - t;
+}
+await streamPass(2);
+// Marginal rate: the difference of two pass lengths cancels the fixed readback floor.
+const tShort = await streamPass(4);
+const tLong = await streamPass(24);
+const ceilingGBs = (20 * ceilingBytes) / ((tLong - tShort) / 1000) / 1e9;
+emit("stream_ceiling", { gbPerSecond: ceilingGBs, bytesPerPass: ceilingBytes });
+src.destroy();
+
+// Decode: prompt, then nNew greedy tokens; time from the first id (prefill done) to the last.
+const rng = (i: number) => (Math.imul(i + 1, 2654435761) >>> 8) % (hp.nVocab - 300);
+const prompt = Array.from({ length: nPrompt }, (_, i) => rng(i));
+const ops = await stage.graph(0, 1, "last");
+await stage.generate(0, prompt.slice(0, 8), { nNew: 16 });
+let tFirst = 0;
+t0 = performance.now();
+const g = await stage.generate(0, prompt, {
+  nNew,
+  batch: 8,
+  onTokens: () => {
+    if (tFirst === 0) tFirst = performance.now();
+  },
+});
+const tEnd = performance.now();
+const decodeTokS = (g.tokens.length - 1) / ((tEnd - tFirst) / 1000);
+const rooflineTokS = (ceilingGBs * 1e9) / activeBytes;
+emit("decode", {
+  prompt: nPrompt,
+  newTokens: g.tokens.length,
+  tokPerSecond: decodeTokS,
+  msPerToken: 1000 / decodeTokS,
+  dispatchesPerStep: ops.length + 2,
+  activeBytesPerToken: activeBytes,
+  rooflineTokPerSecond: rooflineTokS,
+  fractionOfRoofline: decodeTokS / rooflineTokS,
+  prefillMs: tFirst - t0,
+  gpuBytes: stage.weightBytes + stage.states.totalBytes,
+});
+
+// Prefill: one prompt of nPrefill tokens in chunks of maxChunk.
+const long = Array.from({ length: nPrefill }, (_, i) => rng(i + 99));
+await stage.run(0, { tokens: long.slice(0, maxChunk) }, 0);
+t0 = performance.now();
+await stage.run(0, { tokens: long }, 0);
+const prefillS = (performance.now() - t0) / 1000;
+emit("prefill", { tokens: nPrefill, chunk: maxChunk, tokPerSecond: nPrefill / prefillS, seconds: prefillS });
+stage.destroy();

@@ -22,7 +22,7 @@ export const MATVEC: KernelSpec = {
   name: "matvec",
   url: new URL("./matvec.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32" },
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", UNROLL: "u32" },
 };
 
 /** Constants of one matvec variant. */
@@ -35,6 +35,8 @@ export interface MatvecConstants {
   readonly ROWS: number;
   /** Input columns (1..8). */
   readonly BATCH: number;
+  /** Units per loop step (1 or 2): 2 keeps twice the loads in flight. */
+  readonly UNROLL: number;
   [key: string]: number;
 }
 
@@ -91,17 +93,23 @@ export interface MatvecOp {
 /**
  * The default variant for a shape: TEAM = the largest power of two ≤ min(64, K/8) (every invocation gets at
  * least one 8-weight unit per row), ROWS = 4 up to batch 4 and 2 above (each x quad loaded serves ROWS rows;
- * more rows cost registers), so a workgroup owns 16 or 8 rows at TEAM 64 (KERNELS.md §1).
+ * more rows cost registers), so a workgroup owns 16 or 8 rows at TEAM 64 (KERNELS.md §1); UNROLL = 2.
  */
 export function matvecConstants(
   shape: MatvecShape,
-  opts: { team?: number; rows?: number } = {},
+  opts: { team?: number; rows?: number; unroll?: number } = {},
 ): MatvecConstants {
   const units = Math.floor(shape.k / 8);
   let team = 1;
   while (team * 2 <= Math.min(64, units)) team *= 2;
   const rows = shape.batch <= 4 ? 4 : 2;
-  return { TYPE: TYPE_ID[shape.type], TEAM: opts.team ?? team, ROWS: opts.rows ?? rows, BATCH: shape.batch };
+  return {
+    TYPE: TYPE_ID[shape.type],
+    TEAM: opts.team ?? team,
+    ROWS: opts.rows ?? rows,
+    BATCH: shape.batch,
+    UNROLL: opts.unroll ?? 2,
+  };
 }
 
 /** Rows one workgroup owns. */
@@ -144,6 +152,7 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkShape(isPow2(c.TEAM) && c.TEAM <= 256, `Kernel matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`);
   checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
+  checkInt("Kernel matvec: UNROLL", c.UNROLL, 1, 2);
   checkShape(
     4 * 256 * c.ROWS * c.BATCH <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,

@@ -13,7 +13,8 @@
 // levels of 8 (or fewer) so that all invocations share the work.
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
-//   const BATCH: u32 (1..8). Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH bytes ≤ 32 KiB.
+//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step).
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH bytes ≤ 32 KiB.
 
 struct Params {
   k: u32,
@@ -45,6 +46,31 @@ fn weight_word(i: u32) -> u32 {
   return weights[i];
 }
 
+// Adds unit u (8 weights) of each of the invocation's rows times the matching x quads to `acc`.
+fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, array<array<f32, BATCH>, ROWS>>) {
+  let c = u / 4u;
+  let j = u % 4u;
+  let pos = quant_pos(c, j);
+  var xl: array<vec4<f32>, BATCH>;
+  var xh: array<vec4<f32>, BATCH>;
+  for (var b = 0u; b < BATCH; b++) {
+    let xb = params.x_off + b * params.x_stride;
+    xl[b] = x[(xb + pos.x) >> 2u];
+    xh[b] = x[(xb + pos.y) >> 2u];
+  }
+  for (var r = 0u; r < ROWS; r++) {
+    let s = quant_scales((*rb)[r], c);
+    let q = quant_q((*rb)[r], c, j);
+    for (var b = 0u; b < BATCH; b++) {
+      var v = s.x * dot(q[0], xl[b]) + s.y * dot(q[1], xh[b]);
+      if (QUANT_HAS_MIN) {
+        v -= s.z * dot(xl[b], vec4<f32>(1.0)) + s.w * dot(xh[b], vec4<f32>(1.0));
+      }
+      (*acc)[r][b] += v;
+    }
+  }
+}
+
 @compute @workgroup_size(256)
 fn main(
   @builtin(local_invocation_index) lid: u32,
@@ -69,28 +95,17 @@ fn main(
     }
   }
 
-  for (var u = t; u < n_units; u += TEAM) {
-    let c = u / 4u;
-    let j = u % 4u;
-    let pos = quant_pos(c, j);
-    var xl: array<vec4<f32>, BATCH>;
-    var xh: array<vec4<f32>, BATCH>;
-    for (var b = 0u; b < BATCH; b++) {
-      let xb = params.x_off + b * params.x_stride;
-      xl[b] = x[(xb + pos.x) >> 2u];
-      xh[b] = x[(xb + pos.y) >> 2u];
+  // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
+  // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
+  var u = t;
+  if (UNROLL == 2u) {
+    for (; u + TEAM < n_units; u += 2u * TEAM) {
+      unit_acc(u, &rb, &acc);
+      unit_acc(u + TEAM, &rb, &acc);
     }
-    for (var r = 0u; r < ROWS; r++) {
-      let s = quant_scales(rb[r], c);
-      let q = quant_q(rb[r], c, j);
-      for (var b = 0u; b < BATCH; b++) {
-        var v = s.x * dot(q[0], xl[b]) + s.y * dot(q[1], xh[b]);
-        if (QUANT_HAS_MIN) {
-          v -= s.z * dot(xl[b], vec4<f32>(1.0)) + s.w * dot(xh[b], vec4<f32>(1.0));
-        }
-        acc[r][b] += v;
-      }
-    }
+  }
+  for (; u < n_units; u += TEAM) {
+    unit_acc(u, &rb, &acc);
   }
 
   for (var r = 0u; r < ROWS; r++) {

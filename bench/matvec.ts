@@ -196,8 +196,9 @@ for (const c of CASES) {
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
   if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
-    for (const [team, rows] of [[64, 1], [64, 2], [64, 8], [32, 4], [128, 4], [16, 8]] as const) {
-      variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows }));
+    const sweep = [[64, 4, 1], [64, 2, 2], [64, 8, 2], [32, 4, 2], [128, 4, 2], [16, 8, 2]] as const;
+    for (const [team, rows, unroll] of sweep) {
+      variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll }));
     }
   }
   for (const v of variants) {

@@ -91,6 +91,8 @@ export class ChatStreamParser {
   #thinkNl = "";
   #thinkFresh = true;
   #stripNewlines = false;
+  /** Length of the call-mode buffer already searched for tags without a match. */
+  #callScanned = 0;
   #lastWasCall = false;
   #ended = false;
   #out: ChatEvent[] = [];
@@ -216,8 +218,11 @@ export class ChatStreamParser {
           return;
         }
         case "call": {
-          const close = this.#buf.indexOf(CALL_CLOSE);
-          const reopen = this.#buf.indexOf(CALL_OPEN);
+          // A long call arrives over many pushes: rescan only what could complete a tag.
+          const from = Math.max(0, this.#callScanned - CALL_CLOSE.length + 1);
+          const close = this.#buf.indexOf(CALL_CLOSE, from);
+          const reopen = this.#buf.indexOf(CALL_OPEN, from);
+          this.#callScanned = 0;
           if (reopen >= 0 && (close < 0 || reopen < close)) {
             // A new span opened before this one closed: this one is abandoned text.
             this.#malformed(CALL_OPEN + this.#buf.slice(0, reopen));
@@ -242,7 +247,7 @@ export class ChatStreamParser {
             this.#malformed(CALL_OPEN + this.#buf);
             this.#buf = "";
             this.#mode = "text";
-          }
+          } else this.#callScanned = this.#buf.length;
           return;
         }
         default: {

@@ -40,3 +40,26 @@ export {
   tensorName,
   TENSORS,
 } from "./names.ts";
+export * from "./gguf.ts";
+export {
+  type GgufArrayInput,
+  type GgufChunkSink,
+  type GgufWriteSpec,
+  type GgufWriteTensor,
+  kv,
+  writeGguf,
+  writeGgufSplit,
+} from "./gguf_write.ts";
+export * from "./models/mod.ts";
+export * from "./synth.ts";
+export * from "./inspect.ts";
+export * from "./stage.ts";
+export { SlotStates, type StateSpec } from "./state.ts";
+export {
+  type GpuTensor,
+  type GpuTensorPart,
+  PACK_ALIGN_BYTES,
+  type UploadProgress,
+  uploadTensors,
+} from "./gpu/weights.ts";
+export { type ReadbackCopy, ReadbackRing } from "./gpu/readback.ts";

@@ -176,12 +176,11 @@ export class ChatTemplate {
     try {
       this.#template = new Template(source);
     } catch (e) {
+      const why = errText(e);
       throw new ChatTemplateError(
         "syntax",
-        `Chat template (${this.origin}) does not parse: ${
-          errText(e)
-        }: fix the template or re-export the GGUF ` +
-          `with a valid ${KEYS.chatTemplate}`,
+        `Chat template (${this.origin}) does not parse: ${why}: fix the template or re-export the GGUF with a ` +
+          `valid ${KEYS.chatTemplate}`,
         { cause: e },
       );
     }
@@ -223,13 +222,12 @@ export class ChatTemplate {
     const base = this.render({ messages, enableThinking: opts.enableThinking });
     const full = this.render({ messages, addGenerationPrompt: true, enableThinking: opts.enableThinking });
     if (!full.startsWith(base)) {
+      const [got, without] = [JSON.stringify(full), JSON.stringify(base)];
       throw new ChatTemplateError(
         "render",
-        `Chat template (${this.origin}) does not append its generation prompt: rendering with ` +
-          `add_generation_prompt gives ${
-            JSON.stringify(full)
-          }, which does not start with the render without ` +
-          `it, ${JSON.stringify(base)}: use a template whose generation prompt is a suffix`,
+        `Chat template (${this.origin}) does not append its generation prompt: with add_generation_prompt it ` +
+          `renders ${got}, which does not start with ${without} (the render without it): use a template whose ` +
+          `generation prompt is a suffix`,
       );
     }
     const cue = full.slice(base.length);
@@ -270,7 +268,8 @@ export class ChatTemplate {
       }
       throw new ChatTemplateError(
         "render",
-        `Chat template (${this.origin}) failed to render ${req.messages.length} messages: ${errText(e)}: ` +
+        `Chat template (${this.origin}) failed to render a conversation of ${req.messages.length} ` +
+          `message(s): ${errText(e)}: ` +
           `the template uses something the interpreter does not support or expects other message fields`,
         { cause: e },
       );

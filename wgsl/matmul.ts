@@ -26,6 +26,7 @@ export const MATMUL: KernelSpec = {
 export interface MatmulConstants {
   /** ggml type id of the weights. */
   readonly TYPE: number;
+  /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
 

@@ -37,6 +37,7 @@ export interface MatvecConstants {
   readonly BATCH: number;
   /** Units per loop step (1 or 2): 2 keeps twice the loads in flight. */
   readonly UNROLL: number;
+  /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
 

@@ -1,0 +1,115 @@
+/**
+ * The contract between the HTTP head (`server/*`) and the engine service that owns the GPU (`engine/service.ts`,
+ * running the model in a `Worker`). The head tokenizes and templates; the service schedules token ids onto
+ * slots, reuses cached prefixes and streams ids back. Types only.
+ * @module
+ */
+
+/** Sampling settings of one request (temperature 0: greedy, bit-identical to argmax). */
+export interface SamplingSettings {
+  /** 0 = greedy. */
+  readonly temperature: number;
+  /** 0 = off. */
+  readonly topK: number;
+  /** 1 = off. */
+  readonly topP: number;
+  /** 0 = off. */
+  readonly minP: number;
+  /** 1 = off. */
+  readonly repeatPenalty: number;
+  /** 0 = off. */
+  readonly presencePenalty: number;
+  /** 0 = off. */
+  readonly frequencyPenalty: number;
+  /** Seed of the request's random stream (same seed, same tokens). */
+  readonly seed: number;
+}
+
+/** One generation request, already tokenized by the head. */
+export interface GenerateRequest {
+  /** Prompt token ids (the rendered chat template, tokenized). */
+  readonly prompt: readonly number[];
+  /** Most tokens to generate (≥ 1). */
+  readonly maxTokens: number;
+  /** Sampling settings. */
+  readonly sampling: SamplingSettings;
+  /** Token ids that end generation (EOS/EOT); the id that ends it is reported, not streamed as text. */
+  readonly stopIds: readonly number[];
+  /** Aborts the request (client disconnect, a stop string matched by the head): frees the slot. */
+  readonly signal?: AbortSignal;
+  /** Called with each batch of new ids as they land on the CPU, in order. */
+  readonly onTokens?: (ids: readonly number[]) => void;
+}
+
+/** Why a generation ended. */
+export type FinishReason = "stop" | "length" | "context" | "cancelled";
+
+/** Outcome of one request. */
+export interface GenerateResult {
+  /** Every generated id, in order (the stop id included when `reason` is "stop"). */
+  readonly tokens: readonly number[];
+  /** Why it ended. */
+  readonly reason: FinishReason;
+  /** Prompt tokens. */
+  readonly promptTokens: number;
+  /** Prompt tokens served from a cached prefix (not prefilled again). */
+  readonly cachedTokens: number;
+  /** Milliseconds from admission to the first id. */
+  readonly timeToFirstTokenMs: number;
+}
+
+/** What the service reports for `/health`, `/v1/models` and `/metrics`. */
+export interface EngineStatus {
+  /** `loading` until the weights are on the GPU. */
+  readonly state: "loading" | "ready" | "failed";
+  /** Load progress in bytes (when loading). */
+  readonly loadedBytes: number;
+  /** Bytes to load in all. */
+  readonly totalBytes: number;
+  /** Model name (general.name or the file name) and architecture. */
+  readonly model: string;
+  /** `general.architecture`. */
+  readonly arch: string;
+  /** Positions per slot. */
+  readonly nCtx: number;
+  /** Slots. */
+  readonly nSlots: number;
+  /** Slots running a request now. */
+  readonly busySlots: number;
+  /** Requests waiting for a slot. */
+  readonly queued: number;
+  /** Counters since start. */
+  readonly counters: {
+    readonly requests: number;
+    readonly promptTokens: number;
+    readonly generatedTokens: number;
+    readonly prefixHits: number;
+    readonly cachedTokens: number;
+  };
+}
+
+/** Thrown by {@linkcode Engine.generate} when every slot is busy and the queue is full (HTTP 503). */
+export class QueueFullError extends Error {
+  /** Seconds a client should wait before retrying. */
+  readonly retryAfterSeconds: number;
+  /** Creates the error. */
+  constructor(message: string, retryAfterSeconds: number) {
+    super(message);
+    this.name = "QueueFullError";
+    this.retryAfterSeconds = retryAfterSeconds;
+  }
+}
+
+/** The engine as the head sees it. */
+export interface Engine {
+  /** Current status (cheap; no GPU work). */
+  status(): EngineStatus;
+  /**
+   * Admits the request into a free slot or the bounded FIFO queue and resolves when it ends.
+   * @throws {QueueFullError} when the queue is full
+   * @throws {RangeError} when the prompt plus one token does not fit the context (message has both numbers)
+   */
+  generate(req: GenerateRequest): Promise<GenerateResult>;
+  /** Stops admitting; finishes (or cancels, when `cancel`) running requests; releases the GPU. */
+  close(opts?: { cancel?: boolean }): Promise<void>;
+}

@@ -15,10 +15,11 @@
  * ```
  * @module
  */
-import { Environment, Interpreter, Template } from "@huggingface/jinja";
+import { Environment, Template } from "@huggingface/jinja";
 import type { GgufMetadata } from "../gguf.ts";
 import { KEYS } from "../names.ts";
 import { QWEN35_TEMPLATE, QWEN3_TEMPLATE } from "./_builtin_templates.ts";
+import { PyInterpreter } from "./_jinja.ts";
 import type { PreTokenizerName } from "./tokenizer.ts";
 
 export { QWEN35_TEMPLATE, QWEN3_TEMPLATE } from "./_builtin_templates.ts";
@@ -253,7 +254,7 @@ export class ChatTemplate {
       const env = new Environment();
       for (const [k, v] of Object.entries(GLOBALS)) env.set(k, v);
       for (const [k, v] of Object.entries(context)) env.set(k, v);
-      const out = new Interpreter(env).run(this.#template.parsed);
+      const out = new PyInterpreter(env).run(this.#template.parsed);
       if (typeof out.value !== "string") {
         throw new TypeError(`the template evaluated to a ${out.type}, expected a string`);
       }

@@ -327,3 +327,12 @@ Deno.test("tools: an empty list renders no tool header", () => {
   const tools: ToolSpec[] = [];
   assert.equal(fileTpl.render({ ...CASES.system_user_cue!, tools }), golden.renders.system_user_cue);
 });
+
+Deno.test("interpreter: |string spells booleans and none as Python does, other values unchanged", () => {
+  const tpl = new ChatTemplate(
+    "{{ true|string }}|{{ false|string }}|{{ none|string }}|{{ 3|string }}|{{ 1.5|string }}|{{ 'a'|string }}|" +
+      "{{ [1, 'b']|string }}|{{ true }}{% if add_generation_prompt %}>{% endif %}",
+  );
+  assert.equal(tpl.render({ messages: [] }), 'True|False|None|3|1.5|a|[1, "b"]|true');
+  assert.equal(tpl.generationCue(), ">");
+});

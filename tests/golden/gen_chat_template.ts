@@ -3,9 +3,8 @@
  * `chat_template_qwen3.json` with the real Qwen3 template of `shared/fixtures/vocab-qwen3.gguf`, and
  * `chat_template_qwen35.json` with the built-in Qwen3.5 template (no Qwen3.5 template fixture exists; those
  * renders were hand-checked against spec/chat.md §6, and compared outside the repo with the published
- * Qwen3.5-35B-A3B `chat_template.jinja`, sha256 a4aee8af…c715: identical on every case except
- * `typed_arguments`, where that template, run by this interpreter, fails on the null argument and writes
- * booleans as `true` where Python writes `True`). A case the template refuses records its error.
+ * Qwen3.5-35B-A3B `chat_template.jinja`, sha256 a4aee8af…c715, run by the same interpreter: identical on
+ * every case). A case the template refuses records its error.
  * Run after a deliberate change, then review the diff:
  *
  *   deno run -A tests/golden/gen_chat_template.ts

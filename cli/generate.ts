@@ -10,6 +10,7 @@ import { openGguf } from "../engine/gguf.ts";
 import { Stage, topCpu } from "../engine/stage.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
+import { KEYS } from "../engine/names.ts";
 
 const USAGE =
   `Usage: deno run -A mod.ts generate [--model FILE.gguf] (--prompt TEXT | --tokens 1,2,3) [options]
@@ -77,7 +78,7 @@ export const command: Command = {
     }
     const path = values.model ?? await defaultModel();
     using file = await openGguf(path);
-    const tok = file.metadata.has("tokenizer.ggml.tokens") ? Tokenizer.fromGguf(file.metadata) : undefined;
+    const tok = file.metadata.has(KEYS.tokTokens) ? Tokenizer.fromGguf(file.metadata) : undefined;
     let ids: number[];
     if (values.tokens !== undefined) {
       ids = values.tokens.split(",").map((s) => int("tokens", s.trim(), 0));

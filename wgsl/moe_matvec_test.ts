@@ -33,7 +33,7 @@ function makeCase(rng: Rng, type: GgmlTypeName, gateUp: boolean): Case {
   const nCols = used * tokens;
   const expertBytes = (k / typeInfo(type).blockElems) * typeInfo(type).blockBytes * n * nExpert;
   const offGate = 4 * rng.int(0, 8);
-  const offUp = gateUp ? offGate + expertBytes + 4 * rng.int(0, 8) : undefined;
+  const offUp = gateUp ? Math.ceil((offGate + expertBytes) / 4) * 4 + 4 * rng.int(0, 8) : undefined;
   const total = (offUp ?? offGate) + expertBytes;
   const w = new Uint8Array(total);
   w.set(randomWeights(rng, type, k, n * nExpert, 0.1), offGate);

@@ -135,6 +135,57 @@ emit("decode", {
   gpuBytes: stage.weightBytes + stage.states.totalBytes,
 });
 
+// Profile: each dispatch of the decode graph in its own pass with timestamps, summed by kernel.
+if (gpu.timestamps) {
+  const qs = device.createQuerySet({ type: "timestamp", count: 2 * ops.length });
+  const res = device.createBuffer({
+    size: 16 * ops.length,
+    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+  });
+  const read = device.createBuffer({
+    size: 16 * ops.length,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  const byKernel = new Map<string, { ms: number; count: number }>();
+  for (let rep = 0; rep < 3; rep++) {
+    const enc = device.createCommandEncoder();
+    ops.forEach((op, i) => {
+      const pass = enc.beginComputePass({
+        timestampWrites: { querySet: qs, beginningOfPassWriteIndex: 2 * i, endOfPassWriteIndex: 2 * i + 1 },
+      });
+      pass.setPipeline(op.pipeline);
+      pass.setBindGroup(0, op.bindGroup);
+      pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
+      pass.end();
+    });
+    enc.resolveQuerySet(qs, 0, 2 * ops.length, res, 0);
+    enc.copyBufferToBuffer(res, 0, read, 0, 16 * ops.length);
+    device.queue.submit([enc.finish()]);
+    await read.mapAsync(GPUMapMode.READ);
+    const t = new BigInt64Array(read.getMappedRange().slice(0));
+    read.unmap();
+    if (rep === 0) continue;
+    ops.forEach((op, i) => {
+      const kernel = op.label.replace(/^L\d+\./, "").replace(
+        /^(attn_q|attn_k|attn_v|attn_qkv|attn_gate|ssm_beta|ssm_alpha|ssm_ba|ssm_in\.\w+)$/,
+        "in_proj:$1",
+      );
+      const e = byKernel.get(kernel) ?? { ms: 0, count: 0 };
+      e.ms += Number(t[2 * i + 1]! - t[2 * i]!) / 1e6 / 2;
+      e.count += 1 / 2;
+      byKernel.set(kernel, e);
+    });
+  }
+  const total = [...byKernel.values()].reduce((a, e) => a + e.ms, 0);
+  const rows = [...byKernel.entries()].sort((a, b) => b[1].ms - a[1].ms).map(([k, e]) => ({
+    kernel: k,
+    ms: Number(e.ms.toFixed(4)),
+    dispatches: e.count,
+    share: Number((e.ms / total).toFixed(3)),
+  }));
+  emit("decode_profile", { gpuMsPerStep: total, kernels: rows });
+}
+
 // Prefill: one prompt of nPrefill tokens in chunks of maxChunk.
 const long = Array.from({ length: nPrefill }, (_, i) => rng(i + 99));
 await stage.run(0, { tokens: long.slice(0, maxChunk) }, 0);

@@ -1,0 +1,86 @@
+/**
+ * Messages between the engine service (`engine/service.ts`, main thread) and its Worker (`engine/worker.ts`,
+ * which owns the GPU device and the Stage), and the error codec both sides share.
+ * @module
+ */
+
+/** Main thread → worker. */
+export type ToWorker =
+  | {
+    readonly type: "init";
+    /** GGUF path; absent: synthesize the tiny default model. */
+    readonly model?: string;
+    readonly nCtx: number;
+    readonly nSlots: number;
+    /** Decode steps per readback (ids stream back in batches of this many). */
+    readonly batch: number;
+  }
+  | {
+    readonly type: "generate";
+    readonly id: number;
+    readonly prompt: readonly number[];
+    readonly maxTokens: number;
+    readonly stopIds: readonly number[];
+  }
+  | { readonly type: "cancel"; readonly id: number }
+  | { readonly type: "close" };
+
+/** Worker → main thread. */
+export type FromWorker =
+  | { readonly type: "log"; readonly line: string }
+  | { readonly type: "meta"; readonly model: string; readonly arch: string }
+  | { readonly type: "progress"; readonly loadedBytes: number; readonly totalBytes: number }
+  | { readonly type: "ready"; readonly nVocab: number }
+  | { readonly type: "failed"; readonly error: WireErrorValue }
+  | { readonly type: "tokens"; readonly id: number; readonly ids: readonly number[] }
+  | {
+    readonly type: "done";
+    readonly id: number;
+    readonly result: JobResult;
+  }
+  | { readonly type: "error"; readonly id: number; readonly error: WireErrorValue }
+  | { readonly type: "closed" };
+
+/** What the worker reports for one finished request. */
+export interface JobResult {
+  /** Every generated id (cancelled: those made before the cancel was seen). */
+  readonly tokens: readonly number[];
+  /** Why it ended. */
+  readonly reason: "stop" | "length" | "context" | "cancelled";
+  /** Slot it ran on. */
+  readonly slot: number;
+  /** Prompt tokens served from the slot's cached history. */
+  readonly cachedTokens: number;
+  /** Prompt tokens prefilled (prompt minus cached; 0 when cancelled before it started). */
+  readonly prefilledTokens: number;
+  /** Bytes held by Stage snapshots after the request (0 when nothing leaked). */
+  readonly snapshotBytes: number;
+}
+
+/** An error as it crosses `postMessage`: its class name (when a built-in the receiver rebuilds) and message. */
+export interface WireErrorValue {
+  readonly name: string;
+  readonly message: string;
+}
+
+/** Flattens `e` for `postMessage`. */
+export function encodeError(e: unknown): WireErrorValue {
+  if (e instanceof Error) return { name: e.name, message: e.message };
+  return { name: "Error", message: String(e) };
+}
+
+/** Rebuilds an error from {@linkcode encodeError}'s value: `RangeError` and `TypeError` keep their class. */
+export function decodeError(v: WireErrorValue, context?: string): Error {
+  const message = context ? `${context}: ${v.message}` : v.message;
+  switch (v.name) {
+    case "RangeError":
+      return new RangeError(message);
+    case "TypeError":
+      return new TypeError(message);
+    default: {
+      const e = new Error(message);
+      if (v.name !== "Error") e.name = v.name;
+      return e;
+    }
+  }
+}

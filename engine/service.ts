@@ -1,0 +1,463 @@
+/**
+ * The engine service: the main-thread side of {@linkcode Engine} (`server/engine_api.ts`). The model runs in a
+ * Worker (`engine/worker.ts`) that owns the GPU; this side validates requests, admits up to `nSlots` of them
+ * into the worker, holds the rest in a bounded FIFO queue, forwards streamed ids, turns an `AbortSignal` into
+ * a cancel and keeps the status and counters.
+ *
+ * Scheduling, this version: the worker runs one admitted request at a time (whole request, fast GPU-side
+ * decode loop), so `nSlots` bounds the requests admitted at once and the conversations whose state stays
+ * cached for prefix reuse; several slots in one GPU step is future work.
+ *
+ * @example
+ * ```ts
+ * const engine = startEngine({ model: "model.gguf", nCtx: 4096, nSlots: 4, queueSize: 16 });
+ * const r = await engine.generate({ prompt: [1, 2, 3], maxTokens: 16, sampling, stopIds: [2] });
+ * await engine.close();
+ * ```
+ * @module
+ */
+import {
+  type Engine,
+  type EngineStatus,
+  type FinishReason,
+  type GenerateRequest,
+  type GenerateResult,
+  QueueFullError,
+} from "../server/engine_api.ts";
+import { decodeError, type FromWorker, type JobResult, type ToWorker } from "./_service_protocol.ts";
+
+/** Options of {@linkcode startEngine}. */
+export interface EngineOptions {
+  /** GGUF path (first part of a split set); absent: a tiny synthetic qwen35moe written to a temp folder. */
+  readonly model?: string;
+  /** Positions per slot. */
+  readonly nCtx: number;
+  /** Slots: requests admitted at once, and cached conversations. */
+  readonly nSlots: number;
+  /** Requests that may wait for a slot; one more is refused with {@linkcode QueueFullError}. */
+  readonly queueSize: number;
+  /** Decode steps per readback: ids stream back in batches of this many, and a cancel lands within one (default 8). */
+  readonly batch?: number;
+  /** Log lines (model chosen, GPU, load summary); default `console.error`. */
+  readonly onLog?: (line: string) => void;
+}
+
+/** Service time assumed for the Retry-After estimate before any request has finished. */
+const DEFAULT_SERVICE_MS = 1000;
+/** Weight of the newest request in the service-time average. */
+const EWMA_ALPHA = 0.2;
+
+interface Pending {
+  readonly id: number;
+  readonly req: GenerateRequest;
+  readonly startMs: number;
+  readonly resolve: (r: GenerateResult) => void;
+  readonly reject: (e: unknown) => void;
+  /** Ids forwarded to `onTokens` so far. */
+  readonly tokens: number[];
+  firstMs: number;
+  sentMs: number;
+  aborted: boolean;
+  /** An error thrown by the request's `onTokens`: the request is cancelled and rejects with it. */
+  callbackError?: unknown;
+  detach: () => void;
+}
+
+/**
+ * Starts the engine: returns at once with status `loading` while the worker opens the GGUF (or synthesizes the
+ * default model) and uploads the weights.
+ * @throws {RangeError} on a context, slot count or queue size out of range
+ * @example
+ * ```ts
+ * const engine = startEngine({ nCtx: 256, nSlots: 2, queueSize: 4 }); // the tiny default model
+ * ```
+ */
+export function startEngine(opts: EngineOptions): EngineService {
+  return new EngineService(opts);
+}
+
+/** The engine service; see the module doc. Create it with {@linkcode startEngine}. */
+export class EngineService implements Engine {
+  readonly #worker: Worker;
+  readonly #nCtx: number;
+  readonly #nSlots: number;
+  readonly #queueSize: number;
+  readonly #log: (line: string) => void;
+  #state: EngineStatus["state"] = "loading";
+  #failure: Error | undefined;
+  #loadedBytes = 0;
+  #totalBytes = 0;
+  #model = "";
+  #arch = "";
+  #nVocab = 0;
+  #nextId = 1;
+  readonly #inflight = new Map<number, Pending>();
+  readonly #queue: Pending[] = [];
+  #closing = false;
+  #serviceMs = DEFAULT_SERVICE_MS;
+  #snapshotBytes = 0;
+  #idle: (() => void) | undefined;
+  /** Resolves when the worker has released the GPU (its "closed" message) or was terminated. */
+  readonly #closed: Promise<void>;
+  #onClosed: () => void = () => {};
+  #closeSent = false;
+  #terminated = false;
+  readonly #counters = { requests: 0, promptTokens: 0, generatedTokens: 0, prefixHits: 0, cachedTokens: 0 };
+  #prefilledTokens = 0;
+
+  /** Starts the worker; prefer {@linkcode startEngine}. */
+  constructor(opts: EngineOptions) {
+    for (
+      const [name, v, min] of [["nCtx", opts.nCtx, 2], ["nSlots", opts.nSlots, 1], [
+        "queueSize",
+        opts.queueSize,
+        0,
+      ]] as const
+    ) {
+      if (!Number.isInteger(v) || v < min) {
+        throw new RangeError(`Engine option ${name} must be an integer >= ${min}, got ${v}`);
+      }
+    }
+    const batch = opts.batch ?? 8;
+    if (!Number.isInteger(batch) || batch < 1 || batch > 64) {
+      throw new RangeError(`Engine option batch must be an integer in 1..64, got ${batch}`);
+    }
+    this.#nCtx = opts.nCtx;
+    this.#nSlots = opts.nSlots;
+    this.#queueSize = opts.queueSize;
+    this.#log = opts.onLog ?? ((line) => console.error(line));
+    this.#closed = new Promise<void>((resolve) => this.#onClosed = resolve);
+    this.#worker = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
+    this.#worker.onmessage = (e: MessageEvent<FromWorker>) => this.#onMessage(e.data);
+    this.#worker.onerror = (e: ErrorEvent) => {
+      e.preventDefault();
+      this.#fail(new Error(`The engine worker crashed: ${e.message}`), true);
+    };
+    this.#post({ type: "init", model: opts.model, nCtx: opts.nCtx, nSlots: opts.nSlots, batch });
+  }
+
+  /** Current status (no GPU work). */
+  status(): EngineStatus {
+    return {
+      state: this.#state,
+      loadedBytes: this.#loadedBytes,
+      totalBytes: this.#totalBytes,
+      model: this.#model,
+      arch: this.#arch,
+      nCtx: this.#nCtx,
+      nSlots: this.#nSlots,
+      busySlots: this.#inflight.size,
+      queued: this.#queue.length,
+      counters: { ...this.#counters },
+    };
+  }
+
+  /**
+   * Bytes held by Stage snapshots after the last finished request (0 unless something leaked) and prompt
+   * tokens actually prefilled (prompt tokens minus cached ones), for tests and `/metrics`.
+   */
+  internals(): { snapshotBytes: number; prefilledTokens: number } {
+    return { snapshotBytes: this.#snapshotBytes, prefilledTokens: this.#prefilledTokens };
+  }
+
+  /**
+   * Admits the request into a slot or the queue and resolves when it ends.
+   * @throws {QueueFullError} when every slot is busy and the queue is full, or the engine is closing
+   * @throws {RangeError} on a prompt that does not fit the context, a bad token id, length or sampling setting
+   * @throws {Error} when the model failed to load
+   */
+  async generate(req: GenerateRequest): Promise<GenerateResult> {
+    if (this.#closing) {
+      throw new QueueFullError("The engine is shutting down and admits no new requests: retry elsewhere", 1);
+    }
+    if (this.#state === "failed") throw new Error(`The model failed to load: ${this.#failure?.message}`);
+    this.#validate(req);
+    const startMs = performance.now();
+    if (req.signal?.aborted) return result(req, [], "cancelled", { cachedTokens: 0, ttftMs: 0 });
+    if (this.#inflight.size >= this.#nSlots && this.#queue.length >= this.#queueSize) {
+      const s = this.#retryAfterSeconds();
+      throw new QueueFullError(
+        `All ${this.#nSlots} slots are busy and the queue of ${this.#queueSize} is full: retry after ${s} s`,
+        s,
+      );
+    }
+    this.#counters.requests++;
+    return await new Promise<GenerateResult>((resolve, reject) => {
+      const p: Pending = {
+        id: this.#nextId++,
+        req,
+        startMs,
+        resolve,
+        reject,
+        tokens: [],
+        firstMs: -1,
+        sentMs: -1,
+        aborted: false,
+        detach: () => {},
+      };
+      if (req.signal) {
+        const onAbort = () => this.#abort(p);
+        req.signal.addEventListener("abort", onAbort, { once: true });
+        p.detach = () => req.signal!.removeEventListener("abort", onAbort);
+      }
+      if (this.#inflight.size < this.#nSlots) this.#send(p);
+      else this.#queue.push(p);
+    });
+  }
+
+  /**
+   * Stops admitting, lets admitted and queued requests finish (or cancels them all, with `cancel`), then
+   * destroys the stage and terminates the worker.
+   */
+  async close(opts: { cancel?: boolean } = {}): Promise<void> {
+    if (this.#terminated) return;
+    this.#closing = true;
+    if (opts.cancel) {
+      for (const p of this.#queue.splice(0)) this.#finishQueued(p);
+      for (const p of this.#inflight.values()) this.#abort(p);
+      if (this.#state === "loading") {
+        // Nothing ran yet: no need to wait for the upload to finish.
+        for (const p of [...this.#inflight.values()]) this.#settleCancelled(p);
+        this.#terminate();
+        return;
+      }
+    }
+    if (this.#inflight.size > 0 || this.#queue.length > 0) {
+      await new Promise<void>((resolve) => this.#idle = resolve);
+    }
+    this.#sendClose();
+    await this.#closed;
+    this.#terminate();
+  }
+
+  /** Asks the worker to destroy the stage, close the file and remove its temp folder. */
+  #sendClose(): void {
+    if (this.#closeSent || this.#terminated) return;
+    this.#closeSent = true;
+    this.#post({ type: "close" });
+  }
+
+  #validate(req: GenerateRequest): void {
+    const n = req.prompt.length;
+    if (n === 0) throw new RangeError("The prompt is empty: send at least one token");
+    if (n + 1 > this.#nCtx) {
+      throw new RangeError(`Prompt of ${n} tokens plus 1 does not fit the context of ${this.#nCtx}`);
+    }
+    const maxId = this.#nVocab > 0 ? this.#nVocab : 2 ** 32;
+    const badId = (ids: readonly number[]) =>
+      ids.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= maxId);
+    let at = badId(req.prompt);
+    if (at >= 0) {
+      throw new RangeError(
+        `Prompt token ${at} is ${req.prompt[at]}, not an id in 0..${
+          maxId - 1
+        }: tokenize with this model's vocabulary`,
+      );
+    }
+    at = badId(req.stopIds);
+    if (at >= 0) throw new RangeError(`Stop id ${req.stopIds[at]} is not an id in 0..${maxId - 1}`);
+    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) {
+      throw new RangeError(`maxTokens must be an integer >= 1, got ${req.maxTokens}`);
+    }
+    const s = req.sampling;
+    if (s.temperature !== 0) {
+      throw new RangeError(
+        `Sampling with temperature > 0 is not available in this build (got ${s.temperature}): use temperature 0`,
+      );
+    }
+    if (s.repeatPenalty !== 1 || s.presencePenalty !== 0 || s.frequencyPenalty !== 0) {
+      throw new RangeError(
+        `Repetition, presence and frequency penalties are not available in this build (got ` +
+          `${s.repeatPenalty}, ${s.presencePenalty}, ${s.frequencyPenalty}): leave them off (1, 0, 0)`,
+      );
+    }
+  }
+
+  #retryAfterSeconds(): number {
+    // One request runs at a time: the wait is about the work ahead times the mean service time.
+    const ahead = this.#inflight.size + this.#queue.length;
+    return Math.min(60, Math.max(1, Math.ceil((ahead * this.#serviceMs) / 1000)));
+  }
+
+  #send(p: Pending): void {
+    this.#inflight.set(p.id, p);
+    p.sentMs = performance.now();
+    this.#post({
+      type: "generate",
+      id: p.id,
+      prompt: [...p.req.prompt],
+      maxTokens: p.req.maxTokens,
+      stopIds: [...p.req.stopIds],
+    });
+  }
+
+  #abort(p: Pending): void {
+    if (p.aborted) return;
+    p.aborted = true;
+    const q = this.#queue.indexOf(p);
+    if (q >= 0) {
+      this.#queue.splice(q, 1);
+      this.#finishQueued(p);
+      this.#checkIdle();
+    } else if (this.#inflight.has(p.id) && !this.#terminated) {
+      this.#post({ type: "cancel", id: p.id });
+    }
+  }
+
+  /** A request cancelled before it reached the worker. */
+  #finishQueued(p: Pending): void {
+    p.aborted = true;
+    p.detach();
+    p.resolve(result(p.req, [], "cancelled", { cachedTokens: 0, ttftMs: 0 }));
+  }
+
+  #settleCancelled(p: Pending): void {
+    this.#inflight.delete(p.id);
+    p.detach();
+    p.resolve(result(p.req, p.tokens, "cancelled", { cachedTokens: 0, ttftMs: ttft(p) }));
+  }
+
+  #onMessage(m: FromWorker): void {
+    switch (m.type) {
+      case "log":
+        this.#log(m.line);
+        break;
+      case "meta":
+        this.#model = m.model;
+        this.#arch = m.arch;
+        break;
+      case "progress":
+        this.#loadedBytes = m.loadedBytes;
+        this.#totalBytes = m.totalBytes;
+        break;
+      case "ready":
+        this.#nVocab = m.nVocab;
+        this.#state = "ready";
+        this.#loadedBytes = this.#totalBytes;
+        break;
+      case "failed":
+        this.#fail(decodeError(m.error, "The model failed to load"));
+        break;
+      case "tokens": {
+        const p = this.#inflight.get(m.id);
+        if (!p || p.aborted) break;
+        if (p.firstMs < 0) p.firstMs = performance.now();
+        p.tokens.push(...m.ids);
+        try {
+          p.req.onTokens?.(m.ids);
+        } catch (e) {
+          p.callbackError = e;
+          this.#abort(p);
+        }
+        break;
+      }
+      case "done":
+        this.#done(m.id, m.result);
+        break;
+      case "error": {
+        const p = this.#inflight.get(m.id);
+        if (!p) break;
+        this.#inflight.delete(m.id);
+        p.detach();
+        p.reject(decodeError(m.error));
+        this.#next();
+        break;
+      }
+      case "closed":
+        this.#onClosed();
+        if (this.#state === "failed") this.#terminate();
+        break;
+      default: {
+        const never: never = m;
+        throw new TypeError(`Unknown message ${JSON.stringify(never)} from the engine worker`);
+      }
+    }
+  }
+
+  #done(id: number, r: JobResult): void {
+    const p = this.#inflight.get(id);
+    if (!p) return;
+    this.#inflight.delete(id);
+    p.detach();
+    const c = this.#counters;
+    c.promptTokens += p.req.prompt.length;
+    c.generatedTokens += r.tokens.length;
+    if (r.cachedTokens > 0) c.prefixHits++;
+    c.cachedTokens += r.cachedTokens;
+    this.#prefilledTokens += r.prefilledTokens;
+    this.#snapshotBytes = r.snapshotBytes;
+    const ms = performance.now() - p.sentMs;
+    this.#serviceMs += EWMA_ALPHA * (ms - this.#serviceMs);
+    if (p.callbackError !== undefined) p.reject(p.callbackError);
+    else if (p.aborted) {
+      p.resolve(result(p.req, p.tokens, "cancelled", { cachedTokens: r.cachedTokens, ttftMs: ttft(p) }));
+    } else {
+      if (p.firstMs < 0 && r.tokens.length > 0) p.firstMs = performance.now();
+      p.resolve(result(p.req, r.tokens, r.reason, { cachedTokens: r.cachedTokens, ttftMs: ttft(p) }));
+    }
+    this.#next();
+  }
+
+  /** Admits the head of the queue into the freed slot. */
+  #next(): void {
+    while (this.#inflight.size < this.#nSlots && this.#queue.length > 0 && !this.#terminated) {
+      this.#send(this.#queue.shift()!);
+    }
+    this.#checkIdle();
+  }
+
+  #checkIdle(): void {
+    if (this.#inflight.size === 0 && this.#queue.length === 0) {
+      const idle = this.#idle;
+      this.#idle = undefined;
+      idle?.();
+    }
+  }
+
+  /** Fails every request and the engine; a crashed worker is terminated, a live one asked to clean up. */
+  #fail(e: Error, crashed = false): void {
+    if (this.#state === "failed") return;
+    this.#state = "failed";
+    this.#failure = e;
+    this.#log(e.message);
+    for (const p of [...this.#queue.splice(0), ...this.#inflight.values()]) {
+      p.detach();
+      p.reject(e);
+    }
+    this.#inflight.clear();
+    this.#checkIdle();
+    if (crashed) this.#terminate();
+    else this.#sendClose();
+  }
+
+  #terminate(): void {
+    if (this.#terminated) return;
+    this.#terminated = true;
+    this.#worker.terminate();
+    this.#onClosed();
+    this.#checkIdle();
+  }
+
+  #post(m: ToWorker): void {
+    this.#worker.postMessage(m);
+  }
+}
+
+function ttft(p: Pending): number {
+  return p.firstMs < 0 ? 0 : p.firstMs - p.startMs;
+}
+
+function result(
+  req: GenerateRequest,
+  tokens: readonly number[],
+  reason: FinishReason,
+  o: { cachedTokens: number; ttftMs: number },
+): GenerateResult {
+  return {
+    tokens,
+    reason,
+    promptTokens: req.prompt.length,
+    cachedTokens: o.cachedTokens,
+    timeToFirstTokenMs: o.ttftMs,
+  };
+}

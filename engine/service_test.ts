@@ -1,0 +1,292 @@
+/**
+ * The engine service end to end (a real Worker on the test adapter): loading → ready, concurrent requests ≡
+ * their solo greedy runs, the bounded queue, context checks, cancellation, prefix reuse and close.
+ * Reference outputs come from a Stage in the test process (cold: the slot reset, the whole prompt prefilled).
+ * @module
+ */
+import assert from "node:assert/strict";
+import { openGguf } from "./gguf.ts";
+import { Stage } from "./stage.ts";
+import { type EngineService, startEngine } from "./service.ts";
+import { type GenerateResult, QueueFullError, type SamplingSettings } from "../server/engine_api.ts";
+import { testGpu } from "../tests/util/gpu.ts";
+import { fixturePath } from "../tests/util/fixtures.ts";
+import { Rng } from "../tests/util/rng.ts";
+
+const MODEL = fixturePath("tiny-qwen35moe.q8_0.gguf");
+const N_CTX = 96;
+const GREEDY: SamplingSettings = {
+  temperature: 0,
+  topK: 0,
+  topP: 1,
+  minP: 0,
+  repeatPenalty: 1,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  seed: 0,
+};
+
+/** Cold greedy reference: Stage.generate in this process, same context size as the engine. */
+const reference = await (async () => {
+  const gpu = await testGpu();
+  const file = await openGguf(MODEL);
+  const stage = await Stage.load(gpu, file, { nCtx: N_CTX, nSlots: 1 });
+  const nVocab = stage.hp.nVocab;
+  return {
+    nVocab,
+    async solo(prompt: readonly number[], nNew: number, stopIds: number[] = []): Promise<number[]> {
+      return (await stage.generate(0, prompt, { nNew, stopIds })).tokens;
+    },
+    close() {
+      stage.destroy();
+      file.close();
+    },
+  };
+})();
+
+globalThis.addEventListener("unload", () => reference.close());
+
+function randomPrompt(rng: Rng, n: number): number[] {
+  return Array.from({ length: n }, () => rng.int(0, reference.nVocab));
+}
+
+function engine(nSlots: number, queueSize: number, log: string[] = []): EngineService {
+  return startEngine({ model: MODEL, nCtx: N_CTX, nSlots, queueSize, onLog: (l) => log.push(l) });
+}
+
+/** Resolves when the engine reports ready (polling status, as /health would). */
+async function ready(e: EngineService): Promise<void> {
+  while (e.status().state === "loading") await new Promise((r) => setTimeout(r, 20));
+  assert.equal(e.status().state, "ready");
+}
+
+Deno.test("the default model: loading at once, synthesized and logged, then ready with its name and sizes", async () => {
+  const log: string[] = [];
+  const e = startEngine({ nCtx: 64, nSlots: 1, queueSize: 0, onLog: (l) => log.push(l) });
+  try {
+    const s0 = e.status();
+    assert.equal(s0.state, "loading");
+    assert.equal(s0.nCtx, 64);
+    assert.equal(s0.nSlots, 1);
+    await ready(e);
+    const s = e.status();
+    assert.equal(s.arch, "qwen35moe");
+    assert.ok(s.totalBytes > 0 && s.loadedBytes === s.totalBytes, JSON.stringify(s));
+    assert.ok(log.some((l) => /tiny synthetic qwen35moe/.test(l)), log.join("\n"));
+    const r = await e.generate({ prompt: [1, 2, 3], maxTokens: 4, sampling: GREEDY, stopIds: [] });
+    assert.equal(r.tokens.length, 4);
+    assert.equal(r.reason, "length");
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, streamed in order", async () => {
+  const rng = new Rng();
+  const e = engine(4, 0);
+  try {
+    const prompts = [0, 1, 2, 3].map(() => randomPrompt(rng, rng.int(1, 20)));
+    const n = 24;
+    const solo: number[][] = [];
+    for (const p of prompts) solo.push(await reference.solo(p, n));
+    // Requests 2 and 3 stop at an id their solo run makes mid-way: the same tokens, cut there.
+    const stops = prompts.map((_, i) => (i >= 2 ? [solo[i]![9]!] : []));
+    const want = solo.map((t, i) => {
+      const at = stops[i]!.length > 0 ? t.indexOf(stops[i]![0]!) : -1;
+      return at >= 0 ? t.slice(0, at + 1) : t;
+    });
+    const streamed: number[][] = prompts.map(() => []);
+    const got = await Promise.all(prompts.map((prompt, i) =>
+      e.generate({
+        prompt,
+        maxTokens: n,
+        sampling: GREEDY,
+        stopIds: stops[i]!,
+        onTokens: (ids) => streamed[i]!.push(...ids),
+      })
+    ));
+    for (const [i, r] of got.entries()) {
+      const what = `request ${i} prompt ${prompts[i]} (seed ${rng.seed})`;
+      assert.deepEqual(r.tokens, want[i], what);
+      assert.deepEqual(streamed[i], want[i], what);
+      assert.equal(r.reason, stops[i]!.length > 0 ? "stop" : "length", what);
+      assert.equal(r.promptTokens, prompts[i]!.length);
+    }
+    const c = e.status().counters;
+    assert.equal(c.requests, 4);
+    assert.equal(c.generatedTokens, want.reduce((a, t) => a + t.length, 0));
+    assert.equal(e.status().busySlots, 0);
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt that does not fit is a RangeError", async () => {
+  const rng = new Rng();
+  const e = engine(1, 1);
+  try {
+    const req = () => ({ prompt: randomPrompt(rng, 5), maxTokens: 6, sampling: GREEDY, stopIds: [] });
+    const a = e.generate(req());
+    const b = e.generate(req());
+    assert.equal(e.status().busySlots, 1);
+    assert.equal(e.status().queued, 1);
+    await assert.rejects(e.generate(req()), (err: unknown) => {
+      assert.ok(err instanceof QueueFullError, String(err));
+      assert.ok(err.retryAfterSeconds >= 1, String(err.retryAfterSeconds));
+      assert.match(err.message, /1 slots are busy and the queue of 1 is full/);
+      return true;
+    });
+    assert.equal((await a).tokens.length, 6);
+    assert.equal((await b).tokens.length, 6);
+    await assert.rejects(
+      e.generate({ ...req(), prompt: randomPrompt(rng, N_CTX) }),
+      new RangeError(`Prompt of ${N_CTX} tokens plus 1 does not fit the context of ${N_CTX}`),
+    );
+    await assert.rejects(e.generate({ ...req(), sampling: { ...GREEDY, temperature: 0.7 } }), RangeError);
+    await assert.rejects(e.generate({ ...req(), prompt: [reference.nVocab] }), /not an id in 0\.\./);
+    // Prompt and context exactly full: one token, reason "context".
+    const full = await e.generate({ ...req(), prompt: randomPrompt(rng, N_CTX - 1), maxTokens: 5 });
+    assert.equal(full.tokens.length, 2);
+    assert.equal(full.reason, "context");
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("abort stops a request at a batch boundary and frees the slot; a queued request aborts at once", async () => {
+  const rng = new Rng();
+  const e = engine(1, 1);
+  try {
+    const prompt = randomPrompt(rng, 6);
+    const ac = new AbortController();
+    let calls = 0;
+    // An unreachable stop id: Stage.generate then snapshots every batch, which a cancel must not leak.
+    const running = e.generate({
+      prompt,
+      maxTokens: 80,
+      sampling: GREEDY,
+      stopIds: [reference.nVocab - 1],
+      signal: ac.signal,
+      onTokens: () => {
+        if (++calls === 1) ac.abort();
+      },
+    });
+    const qc = new AbortController();
+    const queued = e.generate({ prompt, maxTokens: 4, sampling: GREEDY, stopIds: [], signal: qc.signal });
+    qc.abort();
+    const q = await queued;
+    assert.equal(q.reason, "cancelled");
+    assert.deepEqual(q.tokens, []);
+    const r = await running;
+    assert.equal(r.reason, "cancelled");
+    assert.equal(calls, 1, "no ids are streamed after the abort");
+    assert.equal(r.tokens.length, 1);
+    assert.equal(e.internals().snapshotBytes, 0, "a cancelled generate leaves no snapshot behind");
+    // The slot is free and clean: the next request runs and gives its solo output.
+    const next = randomPrompt(rng, 7);
+    const after = await e.generate({ prompt: next, maxTokens: 10, sampling: GREEDY, stopIds: [] });
+    assert.deepEqual(after.tokens, await reference.solo(next, 10), `seed ${rng.seed}`);
+    // An already aborted signal never reaches the worker.
+    const pre = await e.generate({
+      prompt: next,
+      maxTokens: 3,
+      sampling: GREEDY,
+      stopIds: [],
+      signal: ac.signal,
+    });
+    assert.equal(pre.reason, "cancelled");
+    assert.equal(e.status().busySlots, 0);
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("prefix reuse: a prompt extending a slot's history prefills only the new part, same tokens as cold", async () => {
+  const rng = new Rng();
+  const e = engine(2, 2);
+  try {
+    const p1 = randomPrompt(rng, rng.int(3, 12));
+    const t1 = (await e.generate({ prompt: p1, maxTokens: 8, sampling: GREEDY, stopIds: [] })).tokens;
+    // An unrelated request lands on the other (least recently used) slot and keeps turn 1's history.
+    const other = randomPrompt(rng, 5);
+    const o = await e.generate({ prompt: other, maxTokens: 3, sampling: GREEDY, stopIds: [] });
+    assert.equal(o.cachedTokens, 0);
+    // Turn 2: the history (prompt + generated ids but the last, which was never fed) plus new tokens.
+    const p2 = [...p1, ...t1, ...randomPrompt(rng, 4)];
+    const before = e.internals().prefilledTokens;
+    const cold = await reference.solo(p2, 12);
+    const r2 = await e.generate({ prompt: p2, maxTokens: 12, sampling: GREEDY, stopIds: [] });
+    const what = `p2 ${p2} (seed ${rng.seed})`;
+    assert.deepEqual(r2.tokens, cold, what);
+    assert.equal(r2.cachedTokens, p1.length + t1.length - 1, what);
+    assert.equal(e.internals().prefilledTokens - before, p2.length - r2.cachedTokens);
+    // Turn 3 extends turn 2 and stops at an id of its cold run: the stepwise path stops alike.
+    const p3 = [...p2, ...r2.tokens, ...randomPrompt(rng, 2)];
+    const cold3 = await reference.solo(p3, 10);
+    const stop = cold3[4]!;
+    const r3 = await e.generate({ prompt: p3, maxTokens: 10, sampling: GREEDY, stopIds: [stop] });
+    assert.deepEqual(r3.tokens, cold3.slice(0, cold3.indexOf(stop) + 1), what);
+    assert.equal(r3.reason, "stop");
+    assert.equal(r3.cachedTokens, p2.length + r2.tokens.length - 1);
+    // A prompt that diverges inside the history is a miss.
+    const p4 = [...p3];
+    p4[1] = (p4[1]! + 1) % reference.nVocab;
+    assert.equal(
+      (await e.generate({ prompt: p4, maxTokens: 2, sampling: GREEDY, stopIds: [] })).cachedTokens,
+      0,
+    );
+    const c = e.status().counters;
+    assert.equal(c.prefixHits, 2);
+    assert.equal(c.cachedTokens, r2.cachedTokens + r3.cachedTokens);
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("a cancel on the prefix-reuse path keeps the slot's history consistent", async () => {
+  const rng = new Rng();
+  const e = engine(1, 0);
+  try {
+    const p1 = randomPrompt(rng, 6);
+    const t1 = (await e.generate({ prompt: p1, maxTokens: 4, sampling: GREEDY, stopIds: [] })).tokens;
+    const p2 = [...p1, ...t1, ...randomPrompt(rng, 3)];
+    const ac = new AbortController();
+    const r2 = await e.generate({
+      prompt: p2,
+      maxTokens: 40,
+      sampling: GREEDY,
+      stopIds: [],
+      signal: ac.signal,
+      onTokens: () => ac.abort(),
+    });
+    assert.equal(r2.reason, "cancelled");
+    assert.ok(r2.cachedTokens > 0);
+    // Whatever the slot kept, a later turn on it gives the cold output.
+    const p3 = [...p2, ...r2.tokens, ...randomPrompt(rng, 2)];
+    const r3 = await e.generate({ prompt: p3, maxTokens: 6, sampling: GREEDY, stopIds: [] });
+    assert.deepEqual(r3.tokens, await reference.solo(p3, 6), `seed ${rng.seed}`);
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("close() finishes admitted and queued requests; close({cancel}) cancels them; then nothing is admitted", async () => {
+  const rng = new Rng();
+  const req = () => ({ prompt: randomPrompt(rng, 4), maxTokens: 6, sampling: GREEDY, stopIds: [] });
+  const e = engine(1, 2);
+  const a = e.generate(req());
+  const b = e.generate(req());
+  await e.close();
+  const results: GenerateResult[] = [await a, await b];
+  assert.deepEqual(results.map((r) => r.reason), ["length", "length"]);
+  await assert.rejects(e.generate(req()), QueueFullError);
+
+  const f = engine(1, 2);
+  await ready(f);
+  const c = f.generate({ ...req(), maxTokens: 60 });
+  const d = f.generate(req());
+  await f.close({ cancel: true });
+  assert.equal((await c).reason, "cancelled");
+  assert.equal((await d).reason, "cancelled");
+  assert.deepEqual((await d).tokens, []);
+});

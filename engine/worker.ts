@@ -1,0 +1,136 @@
+/**
+ * The engine service's Worker: owns the GPU device, the GGUF file and the {@linkcode Stage}, and runs the
+ * requests the main thread (`engine/service.ts`) admits, one at a time, through a {@linkcode SlotRunner}.
+ * A blocking `mapAsync` here never stalls the main thread's event loop. Messages: `_service_protocol.ts`.
+ * @module
+ */
+import { acquireGpu } from "./gpu/device.ts";
+import { type GgufFile, openGguf } from "./gguf.ts";
+import { KEYS } from "./names.ts";
+import { Stage } from "./stage.ts";
+import { planModel, synthesize } from "./synth.ts";
+import { SlotRunner } from "./_service_runner.ts";
+import { encodeError, type FromWorker, type ToWorker } from "./_service_protocol.ts";
+
+interface WorkerScope {
+  postMessage(message: FromWorker): void;
+  onmessage: ((e: MessageEvent<ToWorker>) => void) | null;
+}
+
+const scope = globalThis as unknown as WorkerScope;
+const post = (m: FromWorker) => scope.postMessage(m);
+
+type Job = Extract<ToWorker, { type: "generate" }>;
+
+let runner: SlotRunner | undefined;
+let stage: Stage | undefined;
+let file: GgufFile | undefined;
+let tempDir: string | undefined;
+const jobs: Job[] = [];
+const cancelled = new Set<number>();
+let running = false;
+/** Id of the job running now (-1: none). */
+let current = -1;
+
+/** The default model: the tiny synthetic qwen35moe (q8_0), written into a temporary folder. */
+async function synthDefault(): Promise<string> {
+  tempDir = await Deno.makeTempDir({ prefix: "llm_engine_" });
+  const out = `${tempDir}/tiny-qwen35moe.q8_0.gguf`;
+  await synthesize(planModel({ arch: "qwen35moe", preset: "tiny", quant: "q8_0", seed: 1 }), { out });
+  post({
+    type: "log",
+    line: `No model given: serving the embedded default, a tiny synthetic qwen35moe (q8_0) at ${out}`,
+  });
+  return out;
+}
+
+async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
+  try {
+    const path = m.model ?? await synthDefault();
+    file = await openGguf(path);
+    const meta = file.metadata;
+    const arch = meta.getString(KEYS.architecture);
+    const model = meta.getString(KEYS.name, path.split("/").at(-1)!.replace(/\.gguf$/, ""));
+    post({ type: "meta", model, arch });
+    const gpu = await acquireGpu();
+    post({ type: "log", line: `GPU: ${gpu.summary}` });
+    stage = await Stage.load(gpu, file, {
+      nCtx: m.nCtx,
+      nSlots: m.nSlots,
+      onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
+    });
+    if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);
+    runner = new SlotRunner(stage, { device: gpu.device, batch: m.batch });
+    post({
+      type: "log",
+      line: `Loaded ${model} (${arch}, ${(stage.weightBytes / 2 ** 20).toFixed(1)} MiB of weights, ` +
+        `${m.nSlots} slots of ${m.nCtx} positions, ${
+          (stage.states.totalBytes / 2 ** 20).toFixed(1)
+        } MiB of state)`,
+    });
+    post({ type: "ready", nVocab: stage.hp.nVocab });
+    void pump();
+  } catch (e) {
+    post({ type: "failed", error: encodeError(e) });
+  }
+}
+
+/** Runs queued jobs one at a time: the stage's activations are shared by all slots. */
+async function pump(): Promise<void> {
+  if (running || !runner) return;
+  running = true;
+  try {
+    for (let job = jobs.shift(); job; job = jobs.shift()) {
+      const id = job.id;
+      current = id;
+      try {
+        const result = await runner.run({
+          prompt: job.prompt,
+          maxTokens: job.maxTokens,
+          stopIds: job.stopIds,
+          isCancelled: () => cancelled.has(id),
+          onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
+        });
+        post({ type: "done", id, result });
+      } catch (e) {
+        post({ type: "error", id, error: encodeError(e) });
+      } finally {
+        cancelled.delete(id);
+        current = -1;
+      }
+    }
+  } finally {
+    running = false;
+  }
+}
+
+async function close(): Promise<void> {
+  stage?.destroy();
+  file?.close();
+  if (tempDir) await Deno.remove(tempDir, { recursive: true });
+  post({ type: "closed" });
+}
+
+scope.onmessage = (e: MessageEvent<ToWorker>) => {
+  const m = e.data;
+  switch (m.type) {
+    case "init":
+      void init(m);
+      break;
+    case "generate":
+      jobs.push(m);
+      void pump();
+      break;
+    case "cancel":
+      // A cancel can cross the job's own "done" message: remember only ids still queued or running.
+      if (m.id === current || jobs.some((j) => j.id === m.id)) cancelled.add(m.id);
+      break;
+    case "close":
+      void close();
+      break;
+    default: {
+      const never: never = m;
+      throw new TypeError(`Unknown message ${JSON.stringify(never)} sent to the engine worker`);
+    }
+  }
+};

@@ -1,0 +1,106 @@
+/**
+ * The head's HTTP app: Hono routes over an {@linkcode Engine}, the model's tokenizer and chat template.
+ * Middleware order: request id → metrics (counts every answer) → shutdown gate → API key → the endpoint.
+ * Every error leaves through one table (errors.ts) in the dialect of its path.
+ *
+ * @example
+ * ```ts
+ * import { createApp } from "./app.ts";
+ * const app = createApp({ engine, tokenizer, template, tempDefault: 0, tempCap: 2, bodyLimitBytes: 1 << 22 });
+ * Deno.serve({ hostname: "127.0.0.1", port: 8080 }, app.fetch);
+ * ```
+ * @module
+ */
+import { Hono } from "hono";
+import type { ChatTemplate } from "../engine/text/template.ts";
+import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import type { AppEnv, ServerDeps } from "./_generate.ts";
+import { auth } from "./auth.ts";
+import { chatCompletionsHandler } from "./chat_completions.ts";
+import { completionHandler } from "./completion.ts";
+import type { Engine } from "./engine_api.ts";
+import { ApiError, dialectOf, errorResponse } from "./errors.ts";
+import { healthHandler } from "./health.ts";
+import { messagesHandler } from "./messages.ts";
+import { Metrics, metricsHandler } from "./metrics.ts";
+import { modelsHandler } from "./models.ts";
+
+/** Default request body limit: 8 MiB (a long conversation with tool results fits easily). */
+export const DEFAULT_BODY_LIMIT_BYTES = 8 << 20;
+
+/** Options of {@linkcode createApp}. */
+export interface AppOptions {
+  /** The engine service. */
+  engine: Engine;
+  /** The model's tokenizer. */
+  tokenizer: Tokenizer;
+  /** The model's chat template. */
+  template: ChatTemplate;
+  /** Required API key (none: open). */
+  apiKey?: string;
+  /** Temperature when a request sends none (0: greedy). */
+  tempDefault: number;
+  /** Highest temperature a request gets. */
+  tempCap: number;
+  /** Request body limit in bytes (413 above). */
+  bodyLimitBytes: number;
+  /** Counters (a fresh set when absent). */
+  metrics?: Metrics;
+  /** True once the server is shutting down: generation endpoints answer 503 from then on. */
+  draining?: () => boolean;
+}
+
+const GENERATION_PATHS = new Set(["/v1/messages", "/v1/chat/completions", "/completion"]);
+const KNOWN_PATHS = new Set([...GENERATION_PATHS, "/v1/models", "/health", "/metrics"]);
+
+/** Builds the Hono app (serve it with `Deno.serve(app.fetch)`; test it with `app.request()`). */
+export function createApp(opts: AppOptions): Hono<AppEnv> {
+  const deps: ServerDeps = {
+    engine: opts.engine,
+    tokenizer: opts.tokenizer,
+    template: opts.template,
+    tempDefault: opts.tempDefault,
+    tempCap: opts.tempCap,
+    bodyLimitBytes: opts.bodyLimitBytes,
+    metrics: opts.metrics ?? new Metrics(),
+  };
+  const status = () => deps.engine.status();
+  const app = new Hono<AppEnv>();
+  app.use(async (c, next) => {
+    const id = c.req.header("x-request-id") ?? `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    c.set("requestId", id);
+    await next();
+    c.header("request-id", id);
+    deps.metrics.request(KNOWN_PATHS.has(c.req.path) ? c.req.path : "other", c.res.status);
+  });
+  app.use(async (c, next) => {
+    if (opts.draining?.() && GENERATION_PATHS.has(c.req.path)) {
+      const err = new ApiError(
+        "unavailable",
+        "Server is shutting down: retry on another server or after restart",
+        {
+          retryAfterSeconds: 5,
+        },
+      );
+      return errorResponse(err, dialectOf(c.req.path), c.get("requestId"));
+    }
+    await next();
+  });
+  app.use(auth(opts.apiKey));
+  app.post("/v1/messages", messagesHandler(deps));
+  app.post("/v1/chat/completions", chatCompletionsHandler(deps));
+  app.post("/completion", completionHandler(deps));
+  app.get("/v1/models", modelsHandler(status, new Date()));
+  app.get("/health", healthHandler(status));
+  app.get("/metrics", metricsHandler(deps.metrics, status));
+  app.notFound((c) => {
+    const err = new ApiError(
+      "not_found",
+      `No route ${c.req.method} ${c.req.path}: see GET /v1/models, POST /v1/messages, ` +
+        `POST /v1/chat/completions, POST /completion, GET /health, GET /metrics`,
+    );
+    return errorResponse(err, dialectOf(c.req.path), c.get("requestId") ?? "req_none");
+  });
+  app.onError((e, c) => errorResponse(e, dialectOf(c.req.path), c.get("requestId") ?? "req_none"));
+  return app;
+}

@@ -1,0 +1,120 @@
+/**
+ * `GET /metrics`: Prometheus text exposition (format 0.0.4) of the head's own counters (requests by
+ * endpoint and status, tokens in and out, generation throughput, time-to-first-token histogram) and the
+ * engine's live gauges (queue depth, busy slots) and counters (prefix-cache hits).
+ * @module
+ */
+import type { Context } from "hono";
+import type { EngineStatus } from "./engine_api.ts";
+
+/** Upper bounds (seconds) of the time-to-first-token histogram buckets. */
+export const TTFT_BUCKETS_S: readonly number[] = [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+
+/** What one finished generation adds to the counters. */
+export interface GenerationSample {
+  /** Prompt tokens. */
+  promptTokens: number;
+  /** Prompt tokens served from a cached prefix. */
+  cachedTokens: number;
+  /** Generated tokens. */
+  generatedTokens: number;
+  /** Milliseconds from admission to the first token (undefined when none came). */
+  timeToFirstTokenMs: number | undefined;
+  /** Milliseconds from the first token to the end. */
+  decodeMs: number;
+}
+
+/** The head's counters since start. */
+export class Metrics {
+  #requests = new Map<string, number>();
+  #promptTokens = 0;
+  #cachedTokens = 0;
+  #generatedTokens = 0;
+  #decodeSeconds = 0;
+  #ttftCounts: number[] = TTFT_BUCKETS_S.map(() => 0);
+  #ttftSum = 0;
+  #ttftCount = 0;
+
+  /** Counts one answered request. */
+  request(endpoint: string, status: number): void {
+    const key = `endpoint="${endpoint}",status="${status}"`;
+    this.#requests.set(key, (this.#requests.get(key) ?? 0) + 1);
+  }
+
+  /** Adds one finished generation. */
+  generation(s: GenerationSample): void {
+    this.#promptTokens += s.promptTokens;
+    this.#cachedTokens += s.cachedTokens;
+    this.#generatedTokens += s.generatedTokens;
+    this.#decodeSeconds += s.decodeMs / 1000;
+    if (s.timeToFirstTokenMs !== undefined) {
+      const t = s.timeToFirstTokenMs / 1000;
+      TTFT_BUCKETS_S.forEach((b, i) => {
+        if (t <= b) this.#ttftCounts[i]!++;
+      });
+      this.#ttftSum += t;
+      this.#ttftCount++;
+    }
+  }
+
+  /** The exposition text, with the engine's gauges from `status`. */
+  render(status: EngineStatus): string {
+    const out: string[] = [];
+    const metric = (name: string, type: string, help: string, lines: string[]) => {
+      out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, ...lines);
+    };
+    metric(
+      "llm_http_requests_total",
+      "counter",
+      "HTTP requests answered, by endpoint and status.",
+      [...this.#requests].map(([k, v]) => `llm_http_requests_total{${k}} ${v}`),
+    );
+    metric("llm_prompt_tokens_total", "counter", "Prompt tokens of finished generations.", [
+      `llm_prompt_tokens_total ${this.#promptTokens}`,
+    ]);
+    metric("llm_cached_prompt_tokens_total", "counter", "Prompt tokens served from a cached prefix.", [
+      `llm_cached_prompt_tokens_total ${this.#cachedTokens}`,
+    ]);
+    metric("llm_generated_tokens_total", "counter", "Generated tokens.", [
+      `llm_generated_tokens_total ${this.#generatedTokens}`,
+    ]);
+    metric("llm_decode_seconds_total", "counter", "Seconds spent generating after the first token.", [
+      `llm_decode_seconds_total ${this.#decodeSeconds}`,
+    ]);
+    const tps = this.#decodeSeconds > 0 ? this.#generatedTokens / this.#decodeSeconds : 0;
+    metric("llm_tokens_per_second", "gauge", "Generated tokens per decode second since start.", [
+      `llm_tokens_per_second ${tps}`,
+    ]);
+    const buckets = TTFT_BUCKETS_S.map((b, i) =>
+      `llm_time_to_first_token_seconds_bucket{le="${b}"} ${this.#ttftCounts[i]}`
+    );
+    buckets.push(`llm_time_to_first_token_seconds_bucket{le="+Inf"} ${this.#ttftCount}`);
+    buckets.push(`llm_time_to_first_token_seconds_sum ${this.#ttftSum}`);
+    buckets.push(`llm_time_to_first_token_seconds_count ${this.#ttftCount}`);
+    metric(
+      "llm_time_to_first_token_seconds",
+      "histogram",
+      "Time from admission to the first token.",
+      buckets,
+    );
+    metric("llm_queue_depth", "gauge", "Requests waiting for a slot.", [`llm_queue_depth ${status.queued}`]);
+    metric("llm_slots_busy", "gauge", "Slots running a request.", [`llm_slots_busy ${status.busySlots}`]);
+    metric("llm_slots_total", "gauge", "Slots.", [`llm_slots_total ${status.nSlots}`]);
+    metric("llm_engine_requests_total", "counter", "Requests the engine admitted.", [
+      `llm_engine_requests_total ${status.counters.requests}`,
+    ]);
+    metric("llm_prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.", [
+      `llm_prefix_cache_hits_total ${status.counters.prefixHits}`,
+    ]);
+    metric("llm_model_loaded_ratio", "gauge", "Fraction of the model's bytes on the GPU.", [
+      `llm_model_loaded_ratio ${status.totalBytes > 0 ? status.loadedBytes / status.totalBytes : 0}`,
+    ]);
+    return out.join("\n") + "\n";
+  }
+}
+
+/** The `GET /metrics` handler. */
+export function metricsHandler(metrics: Metrics, status: () => EngineStatus): (c: Context) => Response {
+  return (c) =>
+    c.body(metrics.render(status()), 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
+}

@@ -28,7 +28,7 @@ export type ToWorker =
 /** Worker → main thread. */
 export type FromWorker =
   | { readonly type: "log"; readonly line: string }
-  | { readonly type: "meta"; readonly model: string; readonly arch: string }
+  | { readonly type: "meta"; readonly path: string; readonly model: string; readonly arch: string }
   | { readonly type: "progress"; readonly loadedBytes: number; readonly totalBytes: number }
   | { readonly type: "ready"; readonly nVocab: number }
   | { readonly type: "failed"; readonly error: WireErrorValue }

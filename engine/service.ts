@@ -89,6 +89,10 @@ export class EngineService implements Engine {
   #totalBytes = 0;
   #model = "";
   #arch = "";
+  /** Resolves with the GGUF path once the worker has opened it (synthesized or given). */
+  readonly #path: Promise<string>;
+  #onPath: (path: string) => void = () => {};
+  #onPathFailed: (e: Error) => void = () => {};
   #nVocab = 0;
   #nextId = 1;
   readonly #inflight = new Map<number, Pending>();
@@ -127,6 +131,12 @@ export class EngineService implements Engine {
     this.#queueSize = opts.queueSize;
     this.#log = opts.onLog ?? ((line) => console.error(line));
     this.#closed = new Promise<void>((resolve) => this.#onClosed = resolve);
+    this.#path = new Promise<string>((resolve, reject) => {
+      this.#onPath = resolve;
+      this.#onPathFailed = reject;
+    });
+    // A failed load before the file opened is reported by every waiter of modelPath(), not as unhandled.
+    this.#path.catch(() => {});
     this.#worker = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
     this.#worker.onmessage = (e: MessageEvent<FromWorker>) => this.#onMessage(e.data);
     this.#worker.onerror = (e: ErrorEvent) => {
@@ -150,6 +160,15 @@ export class EngineService implements Engine {
       queued: this.#queue.length,
       counters: { ...this.#counters },
     };
+  }
+
+  /**
+   * The GGUF the worker serves (the synthesized default's temp path when no model was given), once opened;
+   * the head reads the tokenizer and chat template from it.
+   * @throws {Error} when the model failed to load before its file was opened
+   */
+  modelPath(): Promise<string> {
+    return this.#path;
   }
 
   /**
@@ -323,6 +342,7 @@ export class EngineService implements Engine {
         this.#log(m.line);
         break;
       case "meta":
+        this.#onPath(m.path);
         this.#model = m.model;
         this.#arch = m.arch;
         break;
@@ -419,6 +439,7 @@ export class EngineService implements Engine {
     if (this.#state === "failed") return;
     this.#state = "failed";
     this.#failure = e;
+    this.#onPathFailed(e);
     this.#log(e.message);
     for (const p of [...this.#queue.splice(0), ...this.#inflight.values()]) {
       p.detach();

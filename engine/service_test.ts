@@ -63,6 +63,7 @@ async function ready(e: EngineService): Promise<void> {
 Deno.test("the default model: loading at once, synthesized and logged, then ready with its name and sizes", async () => {
   const log: string[] = [];
   const e = startEngine({ nCtx: 64, nSlots: 1, queueSize: 0, onLog: (l) => log.push(l) });
+  let path = "";
   try {
     const s0 = e.status();
     assert.equal(s0.state, "loading");
@@ -73,12 +74,15 @@ Deno.test("the default model: loading at once, synthesized and logged, then read
     assert.equal(s.arch, "qwen35moe");
     assert.ok(s.totalBytes > 0 && s.loadedBytes === s.totalBytes, JSON.stringify(s));
     assert.ok(log.some((l) => /tiny synthetic qwen35moe/.test(l)), log.join("\n"));
+    path = await e.modelPath();
+    assert.ok(path.endsWith(".gguf") && (await Deno.stat(path)).isFile, path);
     const r = await e.generate({ prompt: [1, 2, 3], maxTokens: 4, sampling: GREEDY, stopIds: [] });
     assert.equal(r.tokens.length, 4);
     assert.equal(r.reason, "length");
   } finally {
     await e.close();
   }
+  await assert.rejects(Deno.stat(path), Deno.errors.NotFound, "close() removes the synthesized model");
 });
 
 Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, streamed in order", async () => {

@@ -51,7 +51,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
     const meta = file.metadata;
     const arch = meta.getString(KEYS.architecture);
     const model = meta.getString(KEYS.name, path.split("/").at(-1)!.replace(/\.gguf$/, ""));
-    post({ type: "meta", model, arch });
+    post({ type: "meta", path, model, arch });
     const gpu = await acquireGpu();
     post({ type: "log", line: `GPU: ${gpu.summary}` });
     stage = await Stage.load(gpu, file, {

@@ -161,6 +161,11 @@ export interface GenerateOptions {
   readonly batch?: number;
   /** Called with each batch of new ids as they land. */
   readonly onTokens?: (ids: readonly number[]) => void;
+  /**
+   * Ends generation after the batch that is landing when it fires (a stop string matched, a client left);
+   * the tokens emitted so far are kept and the slot state is rewound to match them exactly.
+   */
+  readonly signal?: AbortSignal;
 }
 
 /** Result of {@linkcode Stage.generate}. */
@@ -170,7 +175,7 @@ export interface GenerateResult {
   /** Per generated token, the `top` highest `[id, logit]` pairs of its step, highest first. */
   readonly top: [number, number][][];
   /** Why generation ended. */
-  readonly reason: "length" | "stop" | "context";
+  readonly reason: "length" | "stop" | "context" | "cancelled";
   /** Decode steps run (≥ tokens − 1: steps past a stop are dropped and the state is rewound). */
   readonly steps: number;
 }
@@ -433,22 +438,17 @@ export class Stage {
     }
     if (!Number.isInteger(S) || S < 1 || S > 64) throw new RangeError(`Batch must be in 1..64, got ${S}`);
     const stops = new Set(opts.stopIds ?? []);
-    const V = this.hp.nVocab;
     const first = await this.run(slot, { tokens: prompt }, 0);
     const tokens = [argmaxCpu(first.data)];
     const tops: [number, number][][] = top > 0 ? [topCpu(first.data, top)] : [];
     opts.onTokens?.([tokens[0]!]);
     const room = this.nCtx - prompt.length;
     let nNew = Math.min(opts.nNew, room + 1);
-    if (stops.has(tokens[0]!)) nNew = 1;
+    const early = stops.has(tokens[0]!) ? "stop" : opts.signal?.aborted ? "cancelled" : undefined;
+    if (early) nNew = 1;
     const steps = nNew - 1;
     if (steps === 0) {
-      return {
-        tokens,
-        top: tops,
-        reason: stops.has(tokens[0]!) ? "stop" : nNew < opts.nNew ? "context" : "length",
-        steps: 0,
-      };
+      return { tokens, top: tops, reason: early ?? (nNew < opts.nNew ? "context" : "length"), steps: 0 };
     }
     device.queue.writeBuffer(this.#act.tokens!, 0, Uint32Array.of(tokens[0]!));
     const dec = await this.#decoder(slot, S, top);
@@ -464,7 +464,7 @@ export class Stage {
       const pb = batchParams[b % 2]!;
       device.queue.writeBuffer(pb, 0, params);
       const cbs: GPUCommandBuffer[] = [];
-      if (stops.size > 0) {
+      if (stops.size > 0 || opts.signal) {
         const enc = device.createCommandEncoder();
         snaps.push(this.states.snapshot(enc, slot, prompt.length + b * S));
         cbs.push(enc.finish());
@@ -492,7 +492,7 @@ export class Stage {
     let cur = encodeBatch(0);
     device.queue.submit(cur.cbs);
     let reason: GenerateResult["reason"] = nNew < opts.nNew ? "context" : "length";
-    let stoppedAt = -1;
+    let ended = false;
     let ran = 0;
     for (let b = 0; b < nBatches; b++) {
       const next = b + 1 < nBatches ? encodeBatch(b + 1) : undefined;
@@ -504,39 +504,47 @@ export class Stage {
       const ids = new Uint32Array(bytes.buffer, 0, S);
       const pairs = top > 0 ? new Uint32Array(bytes.buffer, 4 * S, 2 * top * S) : undefined;
       const fresh: number[] = [];
-      for (let j = 0; j < cur.n && stoppedAt < 0; j++) {
+      for (let j = 0; j < cur.n && !ended; j++) {
         const id = ids[j]!;
         tokens.push(id);
         fresh.push(id);
         if (pairs) tops.push(pairsToTop(pairs, j, top));
         if (stops.has(id)) {
-          stoppedAt = b * S + j;
+          ended = true;
           reason = "stop";
         }
       }
       if (fresh.length > 0) opts.onTokens?.(fresh);
-      if (stoppedAt >= 0) {
-        if (next) await ring.map(next.slot);
+      if (!ended && opts.signal?.aborted && tokens.length < nNew) {
+        ended = true;
+        reason = "cancelled";
+      }
+      if (ended) {
+        if (next) {
+          await ring.map(next.slot);
+          ran += next.n;
+        }
         break;
       }
       cur = next ?? cur;
     }
+    // Kept tokens are fed up to all but the last; steps past that ran ahead and are rewound: restore the
+    // snapshot at the start of the batch holding the first unwanted step, re-feed the kept tokens of it.
+    const fed = tokens.length - 1;
     let length = prompt.length + steps;
-    if (stoppedAt >= 0) {
-      // Rewind: the batch that hit the stop started at a snapshot; re-feed only the accepted tokens of it.
-      const b = Math.floor(stoppedAt / S);
+    if (ended && ran > fed) {
+      const b = Math.min(Math.floor(fed / S), snaps.length - 1);
       this.restore(snaps[b]!, slot);
-      const accepted = tokens.slice(b * S, stoppedAt + 1);
-      if (accepted.length > 0) {
-        await this.run(slot, { tokens: accepted }, prompt.length + b * S, { rows: "last" });
+      const refeed = tokens.slice(b * S, fed);
+      if (refeed.length > 0) {
+        await this.run(slot, { tokens: refeed }, prompt.length + b * S, { rows: "last" });
       }
-      length = prompt.length + stoppedAt + 1;
     }
+    if (ended) length = prompt.length + fed;
     for (const id of snaps) this.states.drop(id);
     this.#length[slot] = length;
     ring.destroy();
     for (const pb of batchParams) pb.destroy();
-    assert(V > 0, "vocabulary");
     return { tokens, top: tops, reason, steps: ran };
   }
 

@@ -194,6 +194,29 @@ Deno.test("two slots interleaved step by step equal their solo runs; snapshot, r
     });
     assert.deepEqual(other.data, first.data, `seed ${rng.seed}`);
     stage.states.drop(snap);
+    // A run aborted mid-generation keeps what it emitted and rewinds the slot to match it exactly.
+    const full = await stage.generate(0, prompts[0]!, { nNew: 20, batch: 4 });
+    const ac = new AbortController();
+    let seen = 0;
+    const cut = await stage.generate(0, prompts[0]!, {
+      nNew: 20,
+      batch: 4,
+      signal: ac.signal,
+      onTokens: (ids) => {
+        seen += ids.length;
+        if (seen >= 6) ac.abort();
+      },
+    });
+    assert.equal(cut.reason, "cancelled");
+    assert.ok(cut.tokens.length < 20, `aborted run emitted ${cut.tokens.length}`);
+    assert.deepEqual(cut.tokens, full.tokens.slice(0, cut.tokens.length), `seed ${rng.seed}`);
+    assert.equal(stage.length(0), prompts[0]!.length + cut.tokens.length - 1);
+    const next = await stage.run(0, { tokens: [cut.tokens.at(-1)!] }, stage.length(0));
+    assert.equal(
+      argmaxCpu(next.data),
+      full.tokens[cut.tokens.length],
+      `state after abort (seed ${rng.seed})`,
+    );
   } finally {
     stage.destroy();
   }

@@ -1,0 +1,194 @@
+/**
+ * `mod.ts head`: the single-box HTTP server. Reads the tokenizer and chat template from the GGUF, starts the
+ * engine service (model in a Worker; `/health` answers `loading` meanwhile), serves the Hono app on
+ * `Deno.serve`, and on SIGINT/SIGTERM stops admitting, lets in-flight requests finish (cancelling them after a
+ * grace period, or at once on a second signal) and exits 0.
+ * @module
+ */
+import type { Command } from "../mod.ts";
+import { parseArgs } from "node:util";
+import { openGguf } from "../engine/gguf.ts";
+import { KEYS } from "../engine/names.ts";
+import { startEngine } from "../engine/service.ts";
+import { planModel, synthesize } from "../engine/synth.ts";
+import { ChatTemplate } from "../engine/text/template.ts";
+import { Tokenizer } from "../engine/text/tokenizer.ts";
+import { createApp, DEFAULT_BODY_LIMIT_BYTES } from "../server/app.ts";
+import type { Engine } from "../server/engine_api.ts";
+
+const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
+  --model F         GGUF (first part of a split set); default: a tiny synthetic qwen35moe
+  --host H          listen address (default 127.0.0.1)
+  --port N          listen port (default 8080; 0 picks a free one)
+  --slots N         requests admitted at once (default 4)
+  --ctx N           context positions per slot (default 8192)
+  --queue N         requests that may wait for a slot before 503 (default 16)
+  --api-key K       require this key (x-api-key or Authorization: Bearer); default: open
+  --temp-default T  temperature when a request sends none (default 0: greedy)
+  --temp-cap T      highest temperature a request gets (default 2)
+  --body-limit N    request body limit in bytes (default ${DEFAULT_BODY_LIMIT_BYTES})
+  --grace S         seconds in-flight requests may run after a shutdown signal (default 30)`;
+
+/** Seconds between progress lines while loading on a non-terminal. */
+const PROGRESS_EVERY_MS = 1000;
+
+function int(flag: string, value: string, min: number): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min) {
+    throw new RangeError(`--${flag} ${value} must be an integer >= ${min}`);
+  }
+  return n;
+}
+
+function num(flag: string, value: string, min: number, max: number): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < min || n > max) {
+    throw new RangeError(`--${flag} ${value} must be a number in [${min}, ${max}]`);
+  }
+  return n;
+}
+
+/** The embedded default model, written into a temporary folder removed at exit. */
+async function defaultModel(): Promise<{ path: string; dir: string }> {
+  const dir = await Deno.makeTempDir({ prefix: "llm_head_" });
+  const path = `${dir}/tiny-qwen35moe.gguf`;
+  await synthesize(planModel({ arch: "qwen35moe", preset: "tiny", quant: "q8_0", seed: 1 }), { out: path });
+  console.error(`No --model given: serving the embedded default, a tiny synthetic qwen35moe (${path})`);
+  return { path, dir };
+}
+
+/** Logs load progress until the engine is ready or failed: a bar on a terminal, plain lines otherwise. */
+async function showProgress(engine: Engine, stop: AbortSignal): Promise<void> {
+  const tty = Deno.stderr.isTerminal();
+  const enc = new TextEncoder();
+  let lastLine = 0;
+  while (!stop.aborted) {
+    const st = engine.status();
+    if (st.state !== "loading") {
+      if (tty) Deno.stderr.writeSync(enc.encode("\n"));
+      if (st.state === "failed") console.error(`Model ${st.model} failed to load: see the messages above`);
+      else console.error(`Model ${st.model} (${st.arch}) ready: ${st.nSlots} slots of ${st.nCtx} positions`);
+      return;
+    }
+    const frac = st.totalBytes > 0 ? st.loadedBytes / st.totalBytes : 0;
+    const mib = (b: number) => (b / 2 ** 20).toFixed(0);
+    const text = `Loading ${st.model || "model"}: ${mib(st.loadedBytes)}/${mib(st.totalBytes)} MiB`;
+    if (tty) {
+      const bar = "#".repeat(Math.round(frac * 30)).padEnd(30, ".");
+      Deno.stderr.writeSync(enc.encode(`\r[${bar}] ${(frac * 100).toFixed(0).padStart(3)}% ${text}`));
+    } else if (performance.now() - lastLine >= PROGRESS_EVERY_MS) {
+      lastLine = performance.now();
+      console.error(`${text} (${(frac * 100).toFixed(0)}%)`);
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** The `head` command. */
+export const command: Command = {
+  summary:
+    "HTTP server: Anthropic /v1/messages, OpenAI /v1/chat/completions, /completion (--model F --port N)",
+  async run(argv: string[]): Promise<number> {
+    const { values } = parseArgs({
+      args: argv,
+      options: {
+        model: { type: "string" },
+        host: { type: "string", default: "127.0.0.1" },
+        port: { type: "string", default: "8080" },
+        slots: { type: "string", default: "4" },
+        ctx: { type: "string", default: "8192" },
+        queue: { type: "string", default: "16" },
+        "api-key": { type: "string" },
+        "temp-default": { type: "string", default: "0" },
+        "temp-cap": { type: "string", default: "2" },
+        "body-limit": { type: "string", default: String(DEFAULT_BODY_LIMIT_BYTES) },
+        grace: { type: "string", default: "30" },
+        debug: { type: "boolean", default: false },
+        help: { type: "boolean", default: false },
+      },
+      strict: true,
+    });
+    if (values.help) {
+      console.log(USAGE);
+      return 0;
+    }
+    const port = int("port", values.port, 0);
+    const nSlots = int("slots", values.slots, 1);
+    const nCtx = int("ctx", values.ctx, 2);
+    const queueSize = int("queue", values.queue, 0);
+    const tempCap = num("temp-cap", values["temp-cap"], 0, 2);
+    const tempDefault = num("temp-default", values["temp-default"], 0, 2);
+    const bodyLimitBytes = int("body-limit", values["body-limit"], 1024);
+    const graceMs = num("grace", values.grace, 0, 86400) * 1000;
+    if (values["api-key"] === "") {
+      throw new RangeError("--api-key is empty: give a key or leave the flag out");
+    }
+
+    const synth = values.model === undefined ? await defaultModel() : undefined;
+    const path = values.model ?? synth!.path;
+    let tokenizer: Tokenizer, template: ChatTemplate;
+    {
+      using file = await openGguf(path);
+      if (!file.metadata.has(KEYS.tokTokens)) {
+        throw new RangeError(`${path} has no ${KEYS.tokTokens}: the head needs the model's tokenizer`);
+      }
+      tokenizer = Tokenizer.fromGguf(file.metadata);
+      template = ChatTemplate.fromGguf(file.metadata);
+    }
+    console.error(`Chat template: ${template.origin} (${template.kind})`);
+
+    const engine = startEngine({ model: path, nCtx, nSlots, queueSize });
+    const stopProgress = new AbortController();
+    const loaded = showProgress(engine, stopProgress.signal);
+    let draining = false;
+    const app = createApp({
+      engine,
+      tokenizer,
+      template,
+      apiKey: values["api-key"],
+      tempDefault,
+      tempCap,
+      bodyLimitBytes,
+      draining: () => draining,
+    });
+    const server = Deno.serve({
+      hostname: values.host,
+      port,
+      onListen: ({ hostname, port }) => console.error(`Listening on http://${hostname}:${port}`),
+    }, app.fetch);
+
+    let cancelTimer: ReturnType<typeof setTimeout> | undefined;
+    const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];
+    const onSignal = () => {
+      if (draining) {
+        console.error("Second signal: cancelling in-flight requests");
+        void engine.close({ cancel: true });
+        return;
+      }
+      draining = true;
+      const st = engine.status();
+      console.error(
+        `Shutting down: no new requests; ${st.busySlots} running and ${st.queued} queued may finish within ` +
+          `${graceMs / 1000} s`,
+      );
+      cancelTimer = setTimeout(() => {
+        console.error("Grace period over: cancelling in-flight requests");
+        void engine.close({ cancel: true });
+      }, graceMs);
+      void server.shutdown();
+    };
+    for (const s of signals) Deno.addSignalListener(s, onSignal);
+    try {
+      await server.finished;
+      await engine.close();
+    } finally {
+      stopProgress.abort();
+      await loaded;
+      clearTimeout(cancelTimer);
+      for (const s of signals) Deno.removeSignalListener(s, onSignal);
+      if (synth !== undefined) await Deno.remove(synth.dir, { recursive: true });
+    }
+    console.error("Stopped");
+    return 0;
+  },
+};

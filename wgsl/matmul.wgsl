@@ -10,7 +10,7 @@
 // dequantizes one unit (8 weights of one row) into workgroup memory `wt` and stages 8 inputs of one token into
 // `xt` (both f32, 8 KiB each, transposed so that the inner loop reads vec4s), then every invocation runs 32
 // rank-1 updates. Rows ≥ N and tokens ≥ M are computed from clamped or zero inputs and never stored.
-// Constants: const TYPE: u32 (ggml id). Limits: K % 32 == 0; workgroup memory 16 KiB.
+// Constants: const TYPE: u32 (ggml id). Limits: K % 32 == 0; workgroup memory 18 KiB (with the IQ4 table).
 
 struct Params {
   k: u32,
@@ -49,6 +49,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   let tx = lid % 16u; // token group
   let ty = lid / 16u; // row group
   let n_chunks = params.k / 32u;
+  if (QUANT_NEEDS_INIT) {
+    quant_init(lid);
+    workgroupBarrier();
+  }
 
   // Weight staging: row wr, unit wj. Input staging: token xm, unit xj.
   let wr = lid / 4u;

@@ -155,7 +155,7 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
   checkInt("Kernel matvec: UNROLL", c.UNROLL, 1, 2);
   checkShape(
-    4 * 256 * c.ROWS * c.BATCH <= 32768,
+    4 * 256 * c.ROWS * c.BATCH + 2048 <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,
   );
   checkShape(shape.batch === c.BATCH, `Kernel matvec: shape batch ${shape.batch} but BATCH=${c.BATCH}`);

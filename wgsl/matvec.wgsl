@@ -14,7 +14,7 @@
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
 //   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step).
-// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH bytes ≤ 32 KiB.
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) bytes ≤ 32 KiB.
 
 struct Params {
   k: u32,
@@ -82,6 +82,10 @@ fn main(
   let t = lid % TEAM;
   let row0 = wg * WG_ROWS + team * ROWS;
   let n_units = params.k / 8u;
+  if (QUANT_NEEDS_INIT) {
+    quant_init(lid);
+    workgroupBarrier();
+  }
 
   // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.
   var rb: array<u32, ROWS>;

@@ -1,7 +1,7 @@
 // iq4_xs: chunk decoding of IQ4_XS (type 23; 256 elements in 136 bytes: d f16, scales_h u16, scales_l[4],
 // qs[128]). Chunk c = sub-block ib = c % 8 of block c / 8; unit j = qs word j of the sub-block: elements
 // 32ib+4j..+3 (low nibbles, lo) and 32ib+16+4j..+3 (high nibbles, hi). Blocks are 8-byte aligned, so every word
-// load is a plain aligned load. Needs common.wgsl.
+// load is a plain aligned load. Needs common.wgsl and its table (quant_init).
 
 fn iq4xs_pos(c: u32, j: u32) -> vec2<u32> {
   let k = 32u * c + 4u * j;
@@ -21,5 +21,5 @@ fn iq4xs_scales(rb: u32, c: u32) -> vec4<f32> {
 
 fn iq4xs_q(rb: u32, c: u32, j: u32) -> array<vec4<f32>, 2> {
   let w = weight_word(((rb + 136u * (c >> 3u) + 8u) >> 2u) + 4u * (c & 7u) + j);
-  return array<vec4<f32>, 2>(common_kvalues_lo(w), common_kvalues_hi(w));
+  return common_kv_word(w);
 }

@@ -20,7 +20,7 @@ fn q5k_q(rb: u32, c: u32, j: u32) -> array<vec4<f32>, 2> {
   let l4 = 4u * (h & 1u) + j; // word index of l = 16e + 4j within qh[32] and within the group's 32 qs bytes
   let qh = weight_word(w0 + 4u + l4);
   let w = weight_word(w0 + 12u + 8u * g + l4);
-  let blo = vec4<f32>(unpack4xU8((qh >> (2u * g)) & 0x01010101u));
-  let bhi = vec4<f32>(unpack4xU8((qh >> (2u * g + 1u)) & 0x01010101u));
-  return array<vec4<f32>, 2>(common_lo4(w) + 16.0 * blo, common_hi4(w) + 16.0 * bhi);
+  let blo = ((qh >> (2u * g)) & 0x01010101u) << 4u;
+  let bhi = ((qh >> (2u * g + 1u)) & 0x01010101u) << 4u;
+  return array<vec4<f32>, 2>(common_u8x4((w & 0x0F0F0F0Fu) | blo), common_u8x4(((w >> 4u) & 0x0F0F0F0Fu) | bhi));
 }

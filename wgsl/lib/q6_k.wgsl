@@ -30,7 +30,5 @@ fn q6k_q(rb: u32, c: u32, j: u32) -> array<vec4<f32>, 2> {
   let qh = common_u32(b + 128u + 32u * n + l);
   let hlo = ((qh >> (2u * w2)) & 0x03030303u) << 4u;
   let hhi = ((qh >> (4u + 2u * w2)) & 0x03030303u) << 4u;
-  let lo = vec4<f32>(unpack4xU8((ql & 0x0F0F0F0Fu) | hlo));
-  let hi = vec4<f32>(unpack4xU8(((ql >> 4u) & 0x0F0F0F0Fu) | hhi));
-  return array<vec4<f32>, 2>(lo, hi);
+  return array<vec4<f32>, 2>(common_u8x4((ql & 0x0F0F0F0Fu) | hlo), common_u8x4(((ql >> 4u) & 0x0F0F0F0Fu) | hhi));
 }

@@ -14,7 +14,5 @@ fn q80_scales(rb: u32, c: u32) -> vec4<f32> {
 
 fn q80_q(rb: u32, c: u32, j: u32) -> array<vec4<f32>, 2> {
   let b = rb + 34u * c + 2u + 8u * j;
-  let lo = vec4<f32>(unpack4xI8(common_u32(b)));
-  let hi = vec4<f32>(unpack4xI8(common_u32(b + 4u)));
-  return array<vec4<f32>, 2>(lo, hi);
+  return array<vec4<f32>, 2>(common_i8x4(common_u32(b)), common_i8x4(common_u32(b + 4u)));
 }

@@ -50,5 +50,13 @@ fn quant_q(rb: u32, c: u32, j: u32) -> array<vec4<f32>, 2> {
   return f32_q(rb, c, j);
 }
 
+// Whether the kernel must call quant_init(lid) from 256 invocations, then workgroupBarrier(), before decoding.
+const QUANT_NEEDS_INIT: bool = TYPE == 20u || TYPE == 23u;
+
+// Fills the type's workgroup tables (the IQ4 codebook); lid < 256.
+fn quant_init(lid: u32) {
+  common_kv2_init(lid);
+}
+
 // Whether the quads carry a min (w = s·q − m with m ≠ 0): lets kernels skip the Σx terms at compile time.
 const QUANT_HAS_MIN: bool = TYPE == 2u || TYPE == 12u || TYPE == 13u || TYPE == 14u;

@@ -11,6 +11,8 @@ import { Stage, topCpu } from "../engine/stage.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { KEYS } from "../engine/names.ts";
+import { ChatTemplate } from "../engine/text/template.ts";
+import { StopMatcher } from "../engine/text/stop.ts";
 
 const USAGE =
   `Usage: deno run -A mod.ts generate [--model FILE.gguf] (--prompt TEXT | --tokens 1,2,3) [options]
@@ -22,7 +24,11 @@ const USAGE =
   --echo        with --json: also "prompt_top", the top logits after every input position
   --layers a:b  layer range; generation needs the whole model (0:nLayer)
   --ctx N       context positions (default: prompt + n, at least 256)
-  --json        print {"tokens":[...], "top":[...]} (and "prompt_top" with --echo)`;
+  --chat        treat --prompt as a user message: render the model's chat template (generation cue added)
+  --no-think    with --chat: thinking off (templates that support it)
+  --stop S      stop string (repeatable); the matched text is not printed
+  --ignore-eos  do not stop at the end-of-generation ids of the vocabulary
+  --json        print {"tokens":[...], "top":[...], "reason":...} (and "prompt_top" with --echo)`;
 
 function int(flag: string, value: string, min: number): number {
   const n = Number(value);
@@ -58,6 +64,10 @@ export const command: Command = {
         layers: { type: "string" },
         ctx: { type: "string" },
         json: { type: "boolean", default: false },
+        chat: { type: "boolean", default: false },
+        "no-think": { type: "boolean", default: false },
+        stop: { type: "string", multiple: true },
+        "ignore-eos": { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -84,7 +94,20 @@ export const command: Command = {
       ids = values.tokens.split(",").map((s) => int("tokens", s.trim(), 0));
     } else {
       if (!tok) throw new RangeError(`${path} has no tokenizer: pass --tokens instead of --prompt`);
-      ids = tok.encode(values.prompt!, { parseSpecial: true });
+      const text = values.chat
+        ? ChatTemplate.fromGguf(file.metadata).render({
+          messages: [{ role: "user", content: values.prompt! }],
+          addGenerationPrompt: true,
+          enableThinking: !values["no-think"],
+        })
+        : values.prompt!;
+      ids = tok.encode(text, { parseSpecial: true });
+    }
+    if (values.chat && values.tokens !== undefined) {
+      throw new RangeError("--chat needs --prompt, not --tokens");
+    }
+    if ((values.stop?.length ?? 0) > 0 && !tok) {
+      throw new RangeError(`--stop needs a vocabulary: ${path} has none`);
     }
     if (ids.length === 0) throw new RangeError("The prompt is empty: give at least one token");
     const nCtx = values.ctx === undefined ? Math.max(256, ids.length + nNew) : int("ctx", values.ctx, 1);
@@ -102,10 +125,13 @@ export const command: Command = {
           `(partial stages serve the split pipeline)`,
       );
     }
-    const out: { tokens: number[]; top: [number, number][][]; prompt_top?: [number, number][][] } = {
-      tokens: [],
-      top: [],
-    };
+    const out: {
+      tokens: number[];
+      top: [number, number][][];
+      reason?: string;
+      text?: string;
+      prompt_top?: [number, number][][];
+    } = { tokens: [], top: [] };
     if (values.echo) {
       const scored = await stage.run(0, { tokens: ids }, 0, { rows: "all" });
       const V = stage.hp.nVocab;
@@ -115,22 +141,40 @@ export const command: Command = {
       }
     }
     if (nNew > 0) {
-      // Streams text as ids land; the incremental decoder never emits half a UTF-8 character.
-      const text = values.json || !tok ? undefined : tok.incrementalDecoder();
+      // Text streams as ids land: the incremental decoder never emits half a UTF-8 character, and the stop
+      // matcher holds back only what could still start a stop string.
+      const decoder = tok?.incrementalDecoder();
+      const stops = new StopMatcher(values.stop ?? []);
+      const abort = new AbortController();
       const enc = new TextEncoder();
+      let text = "";
+      const emit = (piece: string) => {
+        text += piece;
+        if (!values.json) Deno.stdout.writeSync(enc.encode(piece));
+      };
       const g = await stage.generate(0, ids, {
         nNew,
         top: values.json ? top : 0,
-        onTokens: text &&
-          ((fresh) => Deno.stdout.writeSync(enc.encode(fresh.map((id) => text.push(id)).join("")))),
+        stopIds: values["ignore-eos"] || !tok ? [] : [...tok.eogIds],
+        signal: abort.signal,
+        onTokens: decoder && ((fresh) => {
+          if (stops.stopped) return;
+          const r = stops.push(
+            fresh.filter((id) => !tok!.eogIds.has(id)).map((id) => decoder.push(id)).join(""),
+          );
+          emit(r.text);
+          if (r.stop !== undefined) abort.abort();
+        }),
       });
-      if (text) Deno.stdout.writeSync(enc.encode(text.flush()));
+      if (decoder && !stops.stopped) emit(stops.push(decoder.flush()).text + stops.flush());
       out.tokens = g.tokens;
       out.top = g.top;
+      out.reason = stops.stopped ? "stop_string" : g.reason;
+      if (tok) out.text = text;
+      if (!values.json) console.error(`\n[${out.reason}: ${g.tokens.length} tokens]`);
     }
     if (values.json) console.log(JSON.stringify(out));
-    else if (tok) console.log();
-    else console.log(out.tokens.join(" "));
+    else if (!tok) console.log(out.tokens.join(" "));
     stage.destroy();
     gpu.device.destroy();
     return 0;

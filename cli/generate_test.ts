@@ -1,0 +1,69 @@
+import assert from "node:assert/strict";
+import { fixturePath } from "../tests/util/fixtures.ts";
+
+const MOD = new URL("../mod.ts", import.meta.url).pathname;
+
+async function generate(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MOD, "generate", ...args],
+    stdout: "piped",
+    stderr: "piped",
+    env: { XDG_RUNTIME_DIR: Deno.env.get("XDG_RUNTIME_DIR") ?? "/tmp", NO_COLOR: "1" },
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+Deno.test("generate --tokens --json --echo reproduces llama.cpp's greedy tokens and scores on a fixture", async () => {
+  const name = "tiny-qwen35moe.q8_0";
+  const expect = JSON.parse(await Deno.readTextFile(fixturePath(`${name}.expect.json`)));
+  // The case whose greedy run goes longest before a certified near-tie.
+  type Turn = { input_ids: number[]; generated: number[]; first_near_tie_step: number | null };
+  const turns: Turn[] = expect.reference.cases.map((c: { turns: Turn[] }) => c.turns[0]);
+  const reach = (t: Turn) => t.first_near_tie_step ?? t.generated.length;
+  const turn = turns.reduce((a, b) => (reach(b) > reach(a) ? b : a)) as Turn & {
+    prompt_top5: [number, number][][];
+  };
+  const upTo = reach(turn);
+  assert.ok(upTo >= 1, "a fixture case has at least one step before a near-tie");
+  const n = Math.max(1, Math.min(8, upTo));
+  const r = await generate([
+    "--model",
+    fixturePath(`${name}.gguf`),
+    "--tokens",
+    turn.input_ids.join(","),
+    "--n",
+    String(n),
+    "--top",
+    "3",
+    "--json",
+    "--echo",
+    "--ignore-eos",
+  ]);
+  assert.equal(r.code, 0, r.stderr);
+  const got = JSON.parse(r.stdout);
+  assert.deepEqual(got.tokens, turn.generated.slice(0, n));
+  assert.equal(got.top.length, n);
+  assert.equal(got.top[0].length, 3);
+  assert.equal(got.top[0][0][0], got.tokens[0], "top[0] leads with the generated id");
+  assert.equal(got.prompt_top.length, turn.input_ids.length);
+  // The last prompt position predicts the first generated token, as llama.cpp's prompt_top5 says.
+  const last = turn.prompt_top5.at(-1);
+  assert.equal(got.prompt_top.at(-1)[0][0], last[0][0]);
+  assert.ok(Math.abs(got.prompt_top.at(-1)[0][1] - last[0][1]) < 1e-2);
+});
+
+Deno.test("generate: bad arguments fail with a message and a non-zero exit", async () => {
+  const model = fixturePath("tiny-qwen3next.q8_0.gguf");
+  let r = await generate(["--model", model]);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /give exactly one of --prompt and --tokens/);
+  r = await generate(["--model", model, "--tokens", "1,99999"]);
+  assert.equal(r.code, 1);
+  assert.match(r.stderr, /Token id 99999 is outside the vocabulary 0..1023/);
+  r = await generate(["--model", model, "--tokens", "1", "--n", "0"]);
+  assert.match(r.stderr, /--n 0 generates nothing: add --echo/);
+  r = await generate(["--model", "/nonexistent.gguf", "--tokens", "1"]);
+  assert.equal(r.code, 1);
+  assert.match(r.stderr, /nonexistent\.gguf/);
+});

@@ -48,9 +48,9 @@ Deno.test("generate --tokens --json --echo reproduces llama.cpp's greedy tokens 
   assert.equal(got.top[0][0][0], got.tokens[0], "top[0] leads with the generated id");
   assert.equal(got.prompt_top.length, turn.input_ids.length);
   // The last prompt position predicts the first generated token, as llama.cpp's prompt_top5 says.
-  const last = turn.prompt_top5.at(-1);
-  assert.equal(got.prompt_top.at(-1)[0][0], last[0][0]);
-  assert.ok(Math.abs(got.prompt_top.at(-1)[0][1] - last[0][1]) < 1e-2);
+  const last = turn.prompt_top5.at(-1)!;
+  assert.equal(got.prompt_top.at(-1)[0][0], last[0]![0]);
+  assert.ok(Math.abs(got.prompt_top.at(-1)[0][1] - last[0]![1]) < 1e-2);
 });
 
 Deno.test("generate: bad arguments fail with a message and a non-zero exit", async () => {

@@ -213,6 +213,7 @@ export function testApp(
     tempCap?: number;
     bodyLimitBytes?: number;
     draining?: () => boolean;
+    template?: ChatTemplate;
   } = {},
 ): { app: ReturnType<typeof createApp>; engine: FakeEngine; tokenizer: Tokenizer } {
   const tokenizer = testTokenizer();
@@ -220,7 +221,7 @@ export function testApp(
   const app = createApp({
     engine,
     tokenizer,
-    template: testTemplate(),
+    template: opts.template ?? testTemplate(),
     apiKey: opts.apiKey,
     tempDefault: opts.tempDefault ?? 0,
     tempCap: opts.tempCap ?? 2,

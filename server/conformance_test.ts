@@ -3,6 +3,7 @@
  * every bad input's status and message, queue full, loading, disconnect, stop strings.
  */
 import assert from "node:assert/strict";
+import { ChatTemplate, QWEN35_TEMPLATE } from "../engine/text/template.ts";
 import { type FakeEngineOptions, parseSse, post, type Script, testApp } from "./_test_engine.ts";
 
 /** What a response means, independent of dialect and of streaming. */
@@ -389,5 +390,17 @@ for (const d of [anthropic, openai]) {
     assert.equal(s[1]!.topP, 0.9);
     assert.equal(s[1]!.topK, 20);
     assert.equal(s[2]!.temperature, 0);
+  });
+
+  Deno.test(`${d.name}: a conversation the chat template rejects is a 400 with the template's reason`, async () => {
+    const { app, engine } = testApp(() => "ok", { template: new ChatTemplate(QWEN35_TEMPLATE) });
+    const r = await post(app, d.path, d.body([{ role: "assistant", content: "I spoke first" }]));
+    assert.equal(r.status, 400);
+    const j = await r.json();
+    assert.match(
+      d.errorMessage(j),
+      /rejected the conversation: No user query found in messages: fix the request/,
+    );
+    assert.equal(engine.requests.length, 0);
   });
 }

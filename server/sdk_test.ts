@@ -10,7 +10,7 @@ import { type Script, testApp } from "./_test_engine.ts";
 
 const KEY = "test-key";
 
-async function serve(script: Script, opts: Parameters<typeof testApp>[1] = {}) {
+function serve(script: Script, opts: Parameters<typeof testApp>[1] = {}) {
   const t = testApp(script, { apiKey: KEY, ...opts });
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, t.app.fetch);
   const base = `http://127.0.0.1:${server.addr.port}`;
@@ -33,7 +33,7 @@ function toolScript(tokenizer: { decode(ids: readonly number[]): string }): Scri
 }
 
 Deno.test("@anthropic-ai/sdk: create, stream, tool-use round trip", async () => {
-  await using s = await serve(() => "Bonjour, monde!");
+  await using s = serve(() => "Bonjour, monde!");
   const params = {
     model: "fake-model",
     max_tokens: 64,
@@ -50,7 +50,7 @@ Deno.test("@anthropic-ai/sdk: create, stream, tool-use round trip", async () => 
 
   // Tool use round trip: the model calls get_weather, the client answers, the model replies.
   const tok = s.tokenizer;
-  await using t = await serve(toolScript(tok));
+  await using t = serve(toolScript(tok));
   const tools = [{
     name: "get_weather",
     description: "Weather for a city",
@@ -84,7 +84,7 @@ Deno.test("@anthropic-ai/sdk: create, stream, tool-use round trip", async () => 
 });
 
 Deno.test("openai: create, stream with usage, tool-call round trip", async () => {
-  await using s = await serve(() => "Hallo, Welt!");
+  await using s = serve(() => "Hallo, Welt!");
   const params = {
     model: "fake-model",
     messages: [{ role: "user" as const, content: "Say hello in German" }],
@@ -110,7 +110,7 @@ Deno.test("openai: create, stream with usage, tool-call round trip", async () =>
   assert.equal(usage?.completion_tokens, done.usage?.completion_tokens);
   assert.equal(usage?.prompt_tokens, done.usage?.prompt_tokens);
 
-  await using t = await serve(toolScript(s.tokenizer));
+  await using t = serve(toolScript(s.tokenizer));
   const tools = [{
     type: "function" as const,
     function: {
@@ -137,7 +137,7 @@ Deno.test("openai: create, stream with usage, tool-call round trip", async () =>
 });
 
 Deno.test("SDK error classes: 401, 400, 413, 503", async () => {
-  await using s = await serve(() => "x", { nCtx: 64, bodyLimitBytes: 4096, state: "ready" });
+  await using s = serve(() => "x", { nCtx: 64, bodyLimitBytes: 4096, state: "ready" });
   const bad = new Anthropic({ apiKey: "wrong", baseURL: s.base, maxRetries: 0 });
   await assert.rejects(
     bad.messages.create({ model: "m", max_tokens: 5, messages: [{ role: "user", content: "hi" }] }),

@@ -26,10 +26,14 @@
 //
 // Grid (N_V, 1, 1): workgroup h owns v-head h for all n tokens. It computes the conv + SiLU of its key head's
 // 2·D_K q/k channels (repeated by the r workgroups sharing κ(h); the one with h mod r == 0, or h < N_K when
-// tiled, writes their ring slot) and of its D_V v channels. 256 invocations; invocation (il = lid % 16,
+// tiled, writes their ring slot) and of its D_V v channels; local channel lc = lid + 256·i is owned by one
+// invocation for all tokens, which keeps its taps and conv window in registers. Invocation (il = lid % 16,
 // jg = lid / 16) holds S_h columns j = jg + 16·c (c < D_V/16), rows i in the vec4s il + 16·m (m < D_K/64),
 // in registers for the whole token loop; dots over i are summed across the 16 lanes in workgroup memory.
-// Recurrence order per token exactly as spec §8.5: decay, u = Sᵀk̂, δ = β(v − u), S += k̂δᵀ, o = Sᵀq.
+// The next token's inputs are loaded while the current one is processed (global latency off the chain).
+// Recurrence per token: one pass reads u = S_oldᵀk̂ and w = S_oldᵀq, then δ = β(v − decay·u),
+// o = decay·w + δ·(k̂·q), S = decay·S_old + k̂δᵀ: algebraically spec §8.5's order (decay, read, delta, write,
+// read after the write), as in llama.cpp's fused kernel; it saves one reduction round per token.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> x_qkv: array<f32>;
@@ -54,12 +58,14 @@ const C_CH: u32 = 2u * N_K * D_K + N_V * D_V;
 const Y_W: u32 = N_V * D_V;
 const LOC_CH: u32 = 2u * D_K + D_V;
 const RED_W: u32 = D_V + 1u; // padded row of the lane partials: spreads the lanes over memory banks
+const NCH: u32 = (LOC_CH + WG - 1u) / WG; // local channels per invocation
 
 var<workgroup> qs: array<f32, D_K>;
 var<workgroup> ks: array<f32, D_K>;
 var<workgroup> vs: array<f32, D_V>;
 var<workgroup> delta: array<f32, D_V>;
-var<workgroup> red: array<f32, LANES * RED_W>;
+var<workgroup> red: array<vec2<f32>, LANES * RED_W>;
+var<workgroup> red_kq: array<f32, LANES>;
 var<workgroup> sum_a: array<vec2<f32>, WG>;
 var<workgroup> sum_b: array<vec2<f32>, 16>;
 
@@ -71,7 +77,7 @@ fn wg_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
   if (lid < 16u) {
     var s = vec2<f32>(0.0);
     for (var i = 0u; i < 16u; i++) {
-      s += sum_a[lid * 16u + i];
+      s += sum_a[i * 16u + lid];
     }
     sum_b[lid] = s;
   }
@@ -90,6 +96,25 @@ fn softplus(x: f32) -> f32 {
   return log(1.0 + exp(x));
 }
 
+// Global channel of local channel lc of workgroup h (key head g): q of g, k of g, then v of h.
+fn channel(lc: u32, g: u32, h: u32) -> u32 {
+  if (lc < D_K) {
+    return g * D_K + lc;
+  }
+  if (lc < 2u * D_K) {
+    return N_K * D_K + g * D_K + (lc - D_K);
+  }
+  return 2u * N_K * D_K + h * D_V + (lc - 2u * D_K);
+}
+
+// Index of b[h] / a[h] of token t (spec §8.1 grouping when BA_GROUPED; a's is this plus R).
+fn ba_index(t: u32, h: u32) -> u32 {
+  if (BA_GROUPED) {
+    return t * 2u * N_V + 2u * R * (h / R) + h % R;
+  }
+  return t * N_V + h;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let h = wid.x;
@@ -103,7 +128,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   let il = lid % LANES;
   let jg = lid / LANES;
+  var a_off = 0u;
+  if (BA_GROUPED) {
+    a_off = R;
+  }
 
+  // Loads that do not depend on each other, issued together: state, conv taps and window, token 0's inputs.
   var st: array<vec4<f32>, NJ * M4>;
   for (var c = 0u; c < NJ; c++) {
     let row = (h * D_V + jg + JG * c) * (D_K / 4u) + il;
@@ -111,115 +141,130 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       st[c * M4 + m] = state[row + LANES * m];
     }
   }
+  var chs: array<u32, NCH>;
+  var taps: array<f32, NCH * K_CONV>;
+  var win: array<f32, NCH * K_CONV>; // win[i·K + k]: input at tap k of the current token's window
+  var xn: array<f32, NCH>;
+  for (var i = 0u; i < NCH; i++) {
+    let lc = lid + WG * i;
+    if (lc < LOC_CH) {
+      let ch = channel(lc, g, h);
+      chs[i] = ch;
+      for (var k = 0u; k < K_CONV; k++) {
+        taps[i * K_CONV + k] = conv_w[ch * K_CONV + k];
+      }
+      // tap k < K-1 of token 0 is position pos0 - (K-1) + k, in ring slot (pos0 + k + 1) mod K
+      for (var k = 0u; k + 1u < K_CONV; k++) {
+        win[i * K_CONV + k] = conv_ring[((pos0 + k + 1u) % K_CONV) * C_CH + ch];
+      }
+      xn[i] = x_qkv[ch];
+    }
+  }
   let dtb = dt_bias[h];
   let sa = ssm_a[h];
+  let jo = min(lid, D_V - 1u); // invocations past D_V load a valid element and never use it
+  let nw = norm_w[jo];
+  var bn = b[ba_index(0u, h)];
+  var an = a[ba_index(0u, h) + a_off];
+  var zn = z[h * D_V + jo];
 
   for (var t = 0u; t < n; t++) {
     let p = pos0 + t;
-    // §8.3 conv + SiLU over [ring history | x_qkv]; window tap k is position p - (K_CONV-1) + k, whose ring
-    // slot is (p + k + 1) mod K_CONV; it comes from this dispatch's input once t + k + 1 >= K_CONV.
-    var sq = vec2<f32>(0.0);
-    for (var lc = lid; lc < LOC_CH; lc += WG) {
-      var ch: u32;
-      if (lc < D_K) {
-        ch = g * D_K + lc;
-      } else if (lc < 2u * D_K) {
-        ch = N_K * D_K + g * D_K + (lc - D_K);
-      } else {
-        ch = 2u * N_K * D_K + h * D_V + (lc - 2u * D_K);
-      }
-      var acc = 0.0;
-      for (var k = 0u; k < K_CONV; k++) {
-        var xv: f32;
-        if (t + k + 1u < K_CONV) {
-          xv = conv_ring[((p + k + 1u) % K_CONV) * C_CH + ch];
-        } else {
-          xv = x_qkv[(t + k + 1u - K_CONV) * C_CH + ch];
+    let xc = xn;
+    let bv = bn;
+    let av = an;
+    let zc = zn;
+    if (t + 1u < n) {
+      for (var i = 0u; i < NCH; i++) {
+        if (lid + WG * i < LOC_CH) {
+          xn[i] = x_qkv[(t + 1u) * C_CH + chs[i]];
         }
-        acc += conv_w[ch * K_CONV + k] * xv;
       }
-      let yv = acc / (1.0 + exp(-acc));
-      if (lc < D_K) {
-        qs[lc] = yv;
-        sq.x += yv * yv;
-      } else if (lc < 2u * D_K) {
-        ks[lc - D_K] = yv;
-        sq.y += yv * yv;
-      } else {
-        vs[lc - 2u * D_K] = yv;
-      }
-      if (n == 1u && (lc >= 2u * D_K || qk_writer)) {
-        conv_ring[(p % K_CONV) * C_CH + ch] = x_qkv[t * C_CH + ch];
+      bn = b[ba_index(t + 1u, h)];
+      an = a[ba_index(t + 1u, h) + a_off];
+      zn = z[(t + 1u) * Y_W + h * D_V + jo];
+    }
+
+    // §8.3 conv + SiLU; the window then slides by one token
+    var sq = vec2<f32>(0.0);
+    for (var i = 0u; i < NCH; i++) {
+      let lc = lid + WG * i;
+      if (lc < LOC_CH) {
+        win[i * K_CONV + K_CONV - 1u] = xc[i];
+        var acc = 0.0;
+        for (var k = 0u; k < K_CONV; k++) {
+          acc += taps[i * K_CONV + k] * win[i * K_CONV + k];
+        }
+        for (var k = 0u; k + 1u < K_CONV; k++) {
+          win[i * K_CONV + k] = win[i * K_CONV + k + 1u];
+        }
+        let yv = acc / (1.0 + exp(-acc));
+        if (lc < D_K) {
+          qs[lc] = yv;
+          sq.x += yv * yv;
+        } else if (lc < 2u * D_K) {
+          ks[lc - D_K] = yv;
+          sq.y += yv * yv;
+        } else {
+          vs[lc - 2u * D_K] = yv;
+        }
+        if (n == 1u && (lc >= 2u * D_K || qk_writer)) {
+          conv_ring[(p % K_CONV) * C_CH + chs[i]] = xc[i];
+        }
       }
     }
     // §8.4: q̂ = q/max(‖q‖, ε)/√D_K, k̂ = k/max(‖k‖, ε); folded into the lane's register copies below.
     let ss = wg_sum(sq, lid);
     let rq = 1.0 / (max(sqrt(ss.x), EPS) * sqrt(f32(D_K)));
     let rk = 1.0 / max(sqrt(ss.y), EPS);
-
     // §8.2 gates
-    var bv: f32;
-    var av: f32;
-    if (BA_GROUPED) {
-      let u0 = t * 2u * N_V + 2u * R * (h / R) + h % R;
-      bv = b[u0];
-      av = a[u0 + R];
-    } else {
-      bv = b[t * N_V + h];
-      av = a[t * N_V + h];
-    }
     let beta = 1.0 / (1.0 + exp(-bv));
     let decay = exp(sa * softplus(av + dtb));
 
     var k4: array<vec4<f32>, M4>;
     var q4: array<vec4<f32>, M4>;
+    var kq = 0.0;
     for (var m = 0u; m < M4; m++) {
       let i = 4u * (il + LANES * m);
       k4[m] = vec4<f32>(ks[i], ks[i + 1u], ks[i + 2u], ks[i + 3u]) * rk;
       q4[m] = vec4<f32>(qs[i], qs[i + 1u], qs[i + 2u], qs[i + 3u]) * rq;
+      kq += dot(k4[m], q4[m]);
     }
-    // (1) decay, (2) u = Sᵀk̂: lane partials
+    if (jg == 0u) {
+      red_kq[il] = kq;
+    }
+    // lane partials of u = S_oldᵀk̂ and w = S_oldᵀq
     for (var c = 0u; c < NJ; c++) {
-      var u = 0.0;
+      var uw = vec2<f32>(0.0);
       for (var m = 0u; m < M4; m++) {
-        st[c * M4 + m] *= decay;
-        u += dot(st[c * M4 + m], k4[m]);
+        uw += vec2<f32>(dot(st[c * M4 + m], k4[m]), dot(st[c * M4 + m], q4[m]));
       }
-      red[il * RED_W + jg + JG * c] = u;
-    }
-    workgroupBarrier();
-    // (3) δ = β(v − u)
-    if (lid < D_V) {
-      var u = 0.0;
-      for (var l = 0u; l < LANES; l++) {
-        u += red[l * RED_W + lid];
-      }
-      delta[lid] = beta * (vs[lid] - u);
-    }
-    workgroupBarrier();
-    // (4) S += k̂δᵀ, then (5) o = Sᵀq after the write: lane partials
-    for (var c = 0u; c < NJ; c++) {
-      let d = delta[jg + JG * c];
-      var o = 0.0;
-      for (var m = 0u; m < M4; m++) {
-        st[c * M4 + m] += k4[m] * d;
-        o += dot(st[c * M4 + m], q4[m]);
-      }
-      red[il * RED_W + jg + JG * c] = o;
+      red[il * RED_W + jg + JG * c] = uw;
     }
     workgroupBarrier();
     var o = 0.0;
     if (lid < D_V) {
+      var uw = vec2<f32>(0.0);
+      var kq_all = 0.0;
       for (var l = 0u; l < LANES; l++) {
-        o += red[l * RED_W + lid];
+        uw += red[l * RED_W + lid];
+        kq_all += red_kq[l];
       }
+      let d = beta * (vs[lid] - decay * uw.x);
+      delta[lid] = d;
+      o = decay * uw.y + d * kq_all;
     }
-    // §8.7 gated RMSNorm
+    // §8.7 gated RMSNorm; the barriers inside also publish delta
     let so = wg_sum(vec2<f32>(o * o, 0.0), lid);
     if (lid < D_V) {
       let inv_rms = 1.0 / sqrt(so.x / f32(D_V) + EPS);
-      let zi = z[t * Y_W + h * D_V + lid];
-      y[t * Y_W + h * D_V + lid] = o * inv_rms * norm_w[lid] * (zi / (1.0 + exp(-zi)));
+      y[t * Y_W + h * D_V + lid] = o * inv_rms * nw * (zc / (1.0 + exp(-zc)));
+    }
+    for (var c = 0u; c < NJ; c++) {
+      let d = delta[jg + JG * c];
+      for (var m = 0u; m < M4; m++) {
+        st[c * M4 + m] = decay * st[c * M4 + m] + k4[m] * d;
+      }
     }
   }
 

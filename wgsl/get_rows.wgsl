@@ -23,6 +23,12 @@ fn weight_word(i: u32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  if (QUANT_NEEDS_INIT) {
+    for (var i = lid; i < 256u; i += WG) {
+      quant_init(i);
+    }
+    workgroupBarrier();
+  }
   let k = params[0];
   let n = params[1];
   let t = wid.x;

@@ -40,7 +40,7 @@ export interface MoeMatvecShape {
   readonly n: number;
   /** Experts in the tensor (ids must be below it). */
   readonly nExpert: number;
-  /** Output columns (tokens × experts used). */
+  /** Routed output columns (tokens × experts used); shared columns follow (see `sharedCols`). */
   readonly nCols: number;
   /** Columns per x column (experts used per token for gate/up; 1 for down). */
   readonly xDiv: number;
@@ -50,6 +50,12 @@ export interface MoeMatvecShape {
   readonly offUpBytes?: number;
   /** Whether y = silu(gate·x)·(up·x). */
   readonly gateUp: boolean;
+  /**
+   * Columns past the routed ones that run the shared expert (its matrices right after the routed experts',
+   * expert index nExpert): one per token; their x column is the token (col − routed) for gate·up, the column
+   * itself for down (the shared activations follow the routed ones).
+   */
+  readonly sharedCols?: number;
 }
 
 /** Default constants: TEAM = largest power of two ≤ min(64, K/32), ROWS 2 (as matvec). */
@@ -69,14 +75,17 @@ export function moeMatvecParams(shape: MoeMatvecShape): Uint32Array<ArrayBuffer>
     rowBytes * shape.n,
     shape.offGateBytes,
     shape.offUpBytes ?? 0,
-    shape.nCols,
+    shape.nCols + (shape.sharedCols ?? 0),
     shape.xDiv,
+    shape.nCols,
+    shape.nExpert,
+    shape.gateUp ? 0 : shape.nCols,
   ]);
 }
 
-/** Dispatch grid: row blocks × columns. */
+/** Dispatch grid: row blocks × columns (routed and shared). */
 export function moeMatvecGrid(shape: MoeMatvecShape, c: MoeMatvecConstants): [number, number, number] {
-  return [Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)), shape.nCols, 1];
+  return [Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)), shape.nCols + (shape.sharedCols ?? 0), 1];
 }
 
 /**
@@ -108,16 +117,25 @@ export function checkMoeMatvec(shape: MoeMatvecShape, c: MoeMatvecConstants, b: 
     Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)) <= MAX_WORKGROUPS_PER_DIM,
     `Kernel moe_matvec: N=${shape.n} needs too many workgroups: split it`,
   );
-  const expertBytes = rowBytes * shape.n * shape.nExpert;
+  const shared = shape.sharedCols ?? 0;
+  checkInt("Kernel moe_matvec: sharedCols", shared, 0, MAX_WORKGROUPS_PER_DIM - shape.nCols);
+  checkShape(
+    shared === 0 || (shape.gateUp ? shared * shape.xDiv === shape.nCols : shape.xDiv === 1),
+    `Kernel moe_matvec: ${shared} shared columns need one per token (gate·up) and xDiv 1 (down)`,
+  );
+  const expertBytes = rowBytes * shape.n * (shape.nExpert + (shared > 0 ? 1 : 0));
   const ends = [shape.offGateBytes + expertBytes];
   if (shape.gateUp) {
     const up = shape.offUpBytes ?? -1;
     checkShape(up >= 0 && up % 4 === 0, `Kernel moe_matvec: GATE_UP needs offUpBytes, a multiple of 4`);
     ends.push(up + expertBytes);
   }
-  checkBinding("moe_matvec", "params", b.params, [8]);
+  checkBinding("moe_matvec", "params", b.params, [11]);
   checkBinding("moe_matvec", "ids", b.ids, [shape.nCols]);
   checkBinding("moe_matvec", "weights", b.weights, [Math.ceil(Math.max(...ends) / 4)]);
-  checkBinding("moe_matvec", "x", b.x, [shape.k, shape.nCols / shape.xDiv]);
-  checkBinding("moe_matvec", "y", b.y, [shape.n, shape.nCols]);
+  checkBinding("moe_matvec", "x", b.x, [
+    shape.k,
+    shape.gateUp ? shape.nCols / shape.xDiv : shape.nCols + shared,
+  ]);
+  checkBinding("moe_matvec", "y", b.y, [shape.n, shape.nCols + shared]);
 }

@@ -1,15 +1,19 @@
 // moe_matvec: the expert mat-vecs of a MoE block, with the expert of each column read from a GPU id buffer
 // (no CPU round trip between router and experts; spec qwen3next.md §10):
-//   e = ids[col],  xc = col / X_DIV
+//   routed column (col < n_routed): e = ids[col],  xc = col / x_div
+//   shared column (col >= n_routed): e = shared_e, xc = col - n_routed + shared_x0
+//   (gate·up: shared_x0 = 0, the token; down: shared_x0 = n_routed, the shared column's own activations)
 //   GATE_UP: y[col][r] = silu(Σ_k G_e[r][k]·x[xc][k]) · (Σ_k U_e[r][k]·x[xc][k])
 //   else:    y[col][r] = Σ_k W_e[r][k]·x[xc][k]
 // where matrix M_e of a 3-D expert tensor ne=[K, N, E] starts at byte off_M + e·expert_bytes. Gate and up
 // live in ONE binding (the engine uploads them back to back), because the quant chunk interface reads one
-// binding through `weight_word`. The shared expert is the same kernel with an all-zero id buffer.
+// binding through `weight_word`. The shared expert rides along as extra columns when its matrices sit right
+// after the routed experts' in the same binding (expert index shared_e = E), or runs alone with zero ids.
 //
 // Bindings:
-//   0 params  array<u32> ne=[8]: [k, n, row_bytes, expert_bytes, off_g (bytes), off_u (bytes), n_cols, x_div]
-//   1 ids     array<u32> ne=[n_cols]
+//   0 params  array<u32> ne=[11]: [k, n, row_bytes, expert_bytes, off_g (bytes), off_u (bytes), n_cols, x_div,
+//             n_routed, shared_e, shared_x0]
+//   1 ids     array<u32> ne=[n_routed]
 //   2 weights array<u32> raw GGUF blocks of type TYPE
 //   3 x       array<vec4<f32>> ne=[K, n_cols / x_div]
 //   4 y       array<f32> ne=[N, n_cols]
@@ -41,14 +45,28 @@ fn silu(v: f32) -> f32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  // The IQ4 codebook table first: every invocation reaches this barrier (the column test below is not uniform
+  // in WGSL's analysis, since it reads storage).
+  if (QUANT_NEEDS_INIT) {
+    quant_init(lid);
+    workgroupBarrier();
+  }
   let k = params[0];
   let n = params[1];
   let col = wid.y;
   if (col >= params[6]) {
     return;
   }
-  let e = ids[col];
-  let xb = (col / params[7]) * k;
+  let n_routed = params[8];
+  var e = params[9];
+  var xc = col;
+  if (col < n_routed) {
+    e = ids[col];
+    xc = col / params[7];
+  } else {
+    xc = col - n_routed + params[10];
+  }
+  let xb = xc * k;
   let team = lid / TEAM;
   let t = lid % TEAM;
   let row0 = wid.x * WG_ROWS + team * ROWS;

@@ -30,9 +30,10 @@
 //               HIST ids (id k of all appended at hist[k % HIST]); read by the partial, written by the final
 //   next_token  u32 ne=[1]   (final pass)
 //   ring        u32 ne=[ring_slot + 1]   (final pass)
-// Grid: partial N_BLOCK workgroups, final 1. A workgroup keeps its K best of the values seen so far in slots
-// 0..K-1 of a BUF-entry list in workgroup memory; each round fills slots K..BUF-1 with the next BUF-K values
-// and bitonic-sorts all BUF (compare-exchange steps split over WG invocations, one barrier per step).
+// Grid: partial N_BLOCK workgroups, final 1. A partial workgroup keeps its K best of the values seen so far in
+// slots 0..K-1 of a BUF-entry list in workgroup memory; each round fills slots K..BUF-1 with the next BUF-K
+// values and bitonic-sorts all BUF (compare-exchange steps split over WG invocations, one barrier per step).
+// The final workgroup merges the sorted block lists by rank (binary searches, no sort; see main).
 // Constants: const N_VOCAB, N_BLOCK, K, WG, BUF, HIST: u32; const FINAL: bool. K <= 64; WG power of two;
 // BUF power of two >= 2K; HIST power of two (the penalty window cap); CHUNK <= 32768 (penalty bitmask).
 struct SampleParams {
@@ -126,12 +127,8 @@ fn lse_merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2f {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
-  var lo = 0u;
-  var hi = N_BLOCK * K;
-  if (!FINAL) {
-    lo = wid.x * CHUNK;
-    hi = min(lo + CHUNK, N_VOCAB);
-  }
+  let lo = wid.x * CHUNK;
+  let hi = min(lo + CHUNK, N_VOCAB);
   // Penalty window: the last n_pen ids into workgroup memory, and a bitmask of the ones in this block.
   let pen_on = !FINAL && params.penalty_last_n > 0u &&
     (params.repeat_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0);
@@ -161,17 +158,45 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   // This invocation's log-sum-exp partial over the finite values it reads (partial pass).
   var tm = LOW;
   var ts = 0.0;
-  for (var start = lo; start < hi; start += FILL) {
-    for (var i = lid; i < FILL; i += WG) {
-      let e = start + i;
-      var v = 0.0;
-      var id = NONE;
-      if (e < hi) {
-        if (FINAL) {
-          let p = (e / K) * (K + 1u) + e % K;
-          id = src[2u * p + 1u];
-          v = bitcast<f32>(src[2u * p]);
-        } else {
+  if (FINAL) {
+    // Each block's list is sorted, so a candidate's rank in the merge is its position in its own list plus,
+    // per other block, the number of entries that sort before it (a binary search); the K with rank < K
+    // land in their slot directly. The search stops once the rank reaches K.
+    for (var e = lid; e < N_BLOCK * K; e += WG) {
+      let b = e / K;
+      let p = b * (K + 1u) + e % K;
+      let id = src[2u * p + 1u];
+      let v = bitcast<f32>(src[2u * p]);
+      var rank = e % K;
+      for (var b2 = 0u; b2 < N_BLOCK && rank < K && id != NONE; b2++) {
+        if (b2 != b) {
+          var l = 0u;
+          var h = K;
+          while (l < h) {
+            let mid = (l + h) / 2u;
+            let q = b2 * (K + 1u) + mid;
+            if (before(bitcast<f32>(src[2u * q]), src[2u * q + 1u], v, id)) {
+              l = mid + 1u;
+            } else {
+              h = mid;
+            }
+          }
+          rank += l;
+        }
+      }
+      if (id != NONE && rank < K) {
+        sv[rank] = v;
+        si[rank] = id;
+      }
+    }
+    workgroupBarrier();
+  } else {
+    for (var start = lo; start < hi; start += FILL) {
+      for (var i = lid; i < FILL; i += WG) {
+        let e = start + i;
+        var v = 0.0;
+        var id = NONE;
+        if (e < hi) {
           let bits = src[e];
           let masked = use_mask && ((mask[e >> 5u] >> (e & 31u)) & 1u) != 0u;
           if (!is_nan(bits) && !masked) {
@@ -191,30 +216,30 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
             }
           }
         }
+        sv[K + i] = v;
+        si[K + i] = id;
       }
-      sv[K + i] = v;
-      si[K + i] = id;
-    }
-    workgroupBarrier();
-    for (var size = 2u; size <= BUF; size <<= 1u) {
-      for (var j = size >> 1u; j > 0u; j >>= 1u) {
-        for (var i = lid; i < BUF; i += WG) {
-          let l = i ^ j;
-          if (l > i) {
-            let av = sv[i];
-            let ai = si[i];
-            let bv = sv[l];
-            let bi = si[l];
-            // Runs with (i & size) == 0 end in final order, the others reversed: a bitonic merge of both.
-            if (select(before(av, ai, bv, bi), before(bv, bi, av, ai), (i & size) == 0u)) {
-              sv[i] = bv;
-              si[i] = bi;
-              sv[l] = av;
-              si[l] = ai;
+      workgroupBarrier();
+      for (var size = 2u; size <= BUF; size <<= 1u) {
+        for (var j = size >> 1u; j > 0u; j >>= 1u) {
+          for (var i = lid; i < BUF; i += WG) {
+            let l = i ^ j;
+            if (l > i) {
+              let av = sv[i];
+              let ai = si[i];
+              let bv = sv[l];
+              let bi = si[l];
+              // Runs with (i & size) == 0 end in final order, the others reversed: a bitonic merge of both.
+              if (select(before(av, ai, bv, bi), before(bv, bi, av, ai), (i & size) == 0u)) {
+                sv[i] = bv;
+                si[i] = bi;
+                sv[l] = av;
+                si[l] = ai;
+              }
             }
           }
+          workgroupBarrier();
         }
-        workgroupBarrier();
       }
     }
   }

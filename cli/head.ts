@@ -57,8 +57,11 @@ async function defaultModel(): Promise<{ path: string; dir: string }> {
   return { path, dir };
 }
 
-/** Logs load progress until the engine is ready or failed: a bar on a terminal, plain lines otherwise. */
-async function showProgress(engine: Engine, stop: AbortSignal): Promise<void> {
+/**
+ * Logs load progress until the engine is ready or failed (a bar on a terminal, plain lines otherwise);
+ * resolves to the final state, or undefined when stopped first.
+ */
+async function showProgress(engine: Engine, stop: AbortSignal): Promise<"ready" | "failed" | undefined> {
   const tty = Deno.stderr.isTerminal();
   const enc = new TextEncoder();
   let lastLine = 0;
@@ -68,7 +71,7 @@ async function showProgress(engine: Engine, stop: AbortSignal): Promise<void> {
       if (tty) Deno.stderr.writeSync(enc.encode("\n"));
       if (st.state === "failed") console.error(`Model ${st.model} failed to load: see the messages above`);
       else console.error(`Model ${st.model} (${st.arch}) ready: ${st.nSlots} slots of ${st.nCtx} positions`);
-      return;
+      return st.state;
     }
     const frac = st.totalBytes > 0 ? st.loadedBytes / st.totalBytes : 0;
     const mib = (b: number) => (b / 2 ** 20).toFixed(0);
@@ -82,6 +85,7 @@ async function showProgress(engine: Engine, stop: AbortSignal): Promise<void> {
     }
     await new Promise((r) => setTimeout(r, 200));
   }
+  return undefined;
 }
 
 /** The `head` command. */
@@ -178,6 +182,14 @@ export const command: Command = {
       void server.shutdown();
     };
     for (const s of signals) Deno.addSignalListener(s, onSignal);
+    let failed = false;
+    void loaded.then((state) => {
+      if (state !== "failed") return;
+      // A head that cannot generate should not linger: stop serving and report failure.
+      failed = true;
+      draining = true;
+      void server.shutdown();
+    });
     try {
       await server.finished;
       await engine.close();
@@ -187,6 +199,10 @@ export const command: Command = {
       clearTimeout(cancelTimer);
       for (const s of signals) Deno.removeSignalListener(s, onSignal);
       if (synth !== undefined) await Deno.remove(synth.dir, { recursive: true });
+    }
+    if (failed) {
+      console.error("Stopped: the model failed to load");
+      return 1;
     }
     console.error("Stopped");
     return 0;

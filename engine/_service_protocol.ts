@@ -14,6 +14,8 @@ export type ToWorker =
     readonly nSlots: number;
     /** Decode steps per readback (ids stream back in batches of this many). */
     readonly batch: number;
+    /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
+    readonly turnTokens: number;
   }
   | {
     readonly type: "generate";

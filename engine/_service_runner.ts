@@ -1,8 +1,10 @@
 /**
- * The worker side of the engine service, without the Worker: runs one request at a time on a {@linkcode Stage},
- * picks its slot (the slot whose cached history the prompt extends, else the least recently used one), reuses
- * that history instead of prefilling it again, streams ids in batches and stops at the next batch boundary
- * when the request is cancelled.
+ * The worker side of the engine service, without the Worker: runs the admitted requests on a
+ * {@linkcode Stage}'s slots in turns, one turn on the GPU at a time (the stage's activation buffers are shared
+ * by all slots). Each request gets a slot on its first turn: the free slot whose cached history its prompt
+ * extends (that history is not prefilled again), else the least recently used free slot. A turn generates at
+ * most `turnTokens` ids (0: the whole request), then the next active request takes its turn; ids stream in
+ * batches, and a cancel stops the request at the next batch boundary.
  *
  * Prefix reuse keeps the slot's live state instead of a snapshot: after a request the slot holds exactly its
  * history (prompt and generated ids but the last, see {@linkcode Stage.generate}), and no other request
@@ -22,35 +24,69 @@ export interface RunnerJob {
   readonly maxTokens: number;
   /** Ids that end generation (included in the output). */
   readonly stopIds: readonly number[];
-  /** Polled at every batch boundary: true stops the request there. */
+  /** Polled at every batch boundary and between turns: true stops the request there. */
   readonly isCancelled: () => boolean;
   /** Each batch of new ids, in order (never called after a cancel is seen). */
   readonly onTokens: (ids: readonly number[]) => void;
 }
 
+/** Options of {@linkcode SlotRunner}. */
+export interface SlotRunnerOptions {
+  /** The stage's device. */
+  readonly device: GPUDevice;
+  /** Decode steps per readback (1..64). */
+  readonly batch: number;
+  /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
+  readonly turnTokens: number;
+}
+
 /** Thrown from Stage.generate's `onTokens` to leave it at a batch boundary (it has no abort hook). */
 const CANCELLED: unique symbol = Symbol("cancelled");
 
-/** Runs requests on a Stage's slots with per-slot prefix reuse; see the module doc. */
+interface Active {
+  readonly job: RunnerJob;
+  readonly resolve: (r: JobResult) => void;
+  readonly reject: (e: unknown) => void;
+  /** Slot, from the first turn on (-1 before). */
+  slot: number;
+  /** Prompt tokens found in the slot's history. */
+  base: number;
+  /** Every id made so far, streamed or not. */
+  readonly made: number[];
+  /** Ids handed to `onTokens`. */
+  readonly got: number[];
+  /** Whether the slot holds exactly the first `stage.length(slot)` tokens of prompt ++ made. */
+  consistent: boolean;
+}
+
+/** Runs requests on a Stage's slots in turns, with per-slot prefix reuse; see the module doc. */
 export class SlotRunner {
   readonly #stage: Stage;
   readonly #device: GPUDevice;
   readonly #batch: number;
+  readonly #turnTokens: number;
   /** Tokens each slot's state holds exactly (empty: unknown, the next request resets it). */
   readonly #history: number[][];
   readonly #lastUsed: number[];
+  /** Slots of requests still running. */
+  readonly #owned = new Set<number>();
+  /** Requests waiting for their next turn, in turn order. */
+  readonly #ring: Active[] = [];
+  /** Requests submitted and not yet ended. */
+  #active = 0;
   #clock = 0;
+  #looping = false;
 
   /**
    * Wraps a loaded whole-model stage.
    * @param stage first and last stage (the whole model)
-   * @param opts `device`: the stage's device; `batch`: decode steps per readback (1..64)
    */
-  constructor(stage: Stage, opts: { device: GPUDevice; batch: number }) {
+  constructor(stage: Stage, opts: SlotRunnerOptions) {
     assert(stage.first && stage.last, "the service runs a whole-model stage");
     this.#stage = stage;
     this.#device = opts.device;
     this.#batch = opts.batch;
+    this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
     this.#history = Array.from({ length: stage.states.nSlots }, () => []);
     this.#lastUsed = new Array(stage.states.nSlots).fill(0);
   }
@@ -61,117 +97,177 @@ export class SlotRunner {
   }
 
   /**
-   * Runs `job` to its end (stop id, length, context or cancel).
+   * Adds `job` to the turn ring; resolves when it ends (stop id, length, context or cancel). The caller
+   * admits at most as many requests at once as the stage has slots.
    * @throws {RangeError} from the stage (a token id out of the vocabulary)
    */
-  async run(job: RunnerJob): Promise<JobResult> {
-    const stage = this.#stage;
-    const { slot, base } = this.#pick(job.prompt);
-    this.#lastUsed[slot] = ++this.#clock;
-    const history = this.#history[slot]!;
-    // Until the request ends cleanly the slot's contents are unknown: an error leaves it to be reset.
-    this.#history[slot] = [];
-    const got: number[] = [];
-    const done = (reason: JobResult["reason"], prefilled: number): JobResult => ({
-      tokens: got,
-      reason,
-      slot,
-      cachedTokens: base,
-      prefilledTokens: prefilled,
-      snapshotBytes: stage.states.snapshotBytes,
+  submit(job: RunnerJob): Promise<JobResult> {
+    assert(this.#active < this.#history.length, "at most nSlots requests at once");
+    this.#active++;
+    return new Promise<JobResult>((resolve, reject) => {
+      this.#ring.push({ job, resolve, reject, slot: -1, base: 0, made: [], got: [], consistent: false });
+      void this.#loop();
     });
-    if (job.isCancelled()) {
-      this.#history[slot] = history;
-      return done("cancelled", 0);
+  }
+
+  async #loop(): Promise<void> {
+    if (this.#looping) return;
+    this.#looping = true;
+    try {
+      for (let a = this.#ring.shift(); a; a = this.#ring.shift()) {
+        let out: JobResult | undefined;
+        try {
+          out = await this.#turn(a);
+        } catch (e) {
+          a.consistent = false;
+          this.#finish(a, "cancelled");
+          a.reject(e);
+          continue;
+        }
+        if (out) a.resolve(out);
+        else this.#ring.push(a);
+      }
+    } finally {
+      this.#looping = false;
     }
+  }
+
+  /** One turn of `a`; returns its result when the request has ended. */
+  async #turn(a: Active): Promise<JobResult | undefined> {
+    const { job } = a;
+    const stage = this.#stage;
+    if (job.isCancelled()) return this.#finish(a, "cancelled");
+    if (a.slot < 0) {
+      const { slot, base } = this.#pick(job.prompt);
+      [a.slot, a.base, a.consistent] = [slot, base, base > 0];
+      this.#owned.add(slot);
+      this.#lastUsed[slot] = ++this.#clock;
+      // Until the request ends cleanly the slot's contents belong to it: an error leaves the slot unknown.
+      this.#history[slot] = [];
+    }
+    // Ids this request can make in all: the context holds the prompt and all of them but the last.
+    const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
+    const nNew = Math.min(this.#turnTokens, limit - a.made.length);
     const emit = (ids: readonly number[]) => {
       if (job.isCancelled()) throw CANCELLED;
-      got.push(...ids);
+      a.got.push(...ids);
       job.onTokens(ids);
     };
-    const prefilled = job.prompt.length - base;
-    const made: number[] = [];
-    let reason: JobResult["reason"];
+    let stopped: boolean;
     try {
-      if (base === 0) {
-        reason = (await stage.generate(slot, job.prompt, {
-          nNew: job.maxTokens,
+      if (a.made.length === 0 && a.base === 0) {
+        a.consistent = false;
+        const r = await stage.generate(a.slot, job.prompt, {
+          nNew,
           stopIds: job.stopIds,
           batch: this.#batch,
-          onTokens: emit,
-        })).reason;
+          onTokens: (ids) => {
+            emit(ids);
+            a.made.push(...ids);
+          },
+        });
+        a.consistent = true;
+        stopped = r.reason === "stop";
       } else {
-        reason = await this.#continue(slot, job, { base, emit, made });
+        stopped = await this.#continue(a, { nNew, emit });
       }
     } catch (e) {
       if (e !== CANCELLED) throw e;
-      if (base === 0) {
+      if (!a.consistent) {
         // Stage.generate was left mid-flight: its next batch may still be queued and the snapshots it
         // takes per batch (when stop ids are set) were never dropped. Wait for the queue, then drop them.
         await this.#device.queue.onSubmittedWorkDone();
         this.#dropOrphanSnapshots();
-      } else {
-        // The stepwise path leaves the slot consistent: it holds the prompt and every id fed so far.
-        this.#history[slot] = [...job.prompt, ...made].slice(0, stage.length(slot));
       }
-      return done("cancelled", prefilled);
+      return this.#finish(a, "cancelled");
     }
-    const held = stage.length(slot);
-    assert(held === job.prompt.length + got.length - 1, `slot ${slot} holds ${held} tokens after a request`);
-    this.#history[slot] = [...job.prompt, ...got.slice(0, -1)];
-    return done(reason, prefilled);
+    if (stopped) return this.#finish(a, "stop");
+    if (a.made.length >= job.maxTokens) return this.#finish(a, "length");
+    if (a.made.length >= limit) return this.#finish(a, "context");
+    return undefined;
   }
 
-  /** The slot whose history `prompt` strictly extends (longest wins), else the least recently used slot. */
+  /** Ends `a`: frees its slot and records what the slot holds; returns the result. */
+  #finish(a: Active, reason: JobResult["reason"]): JobResult {
+    this.#active--;
+    if (a.slot >= 0) {
+      this.#owned.delete(a.slot);
+      if (a.consistent) {
+        const held = this.#stage.length(a.slot);
+        const seq = [...a.job.prompt, ...a.made];
+        assert(held <= seq.length && held >= a.base, `slot ${a.slot} holds ${held} of ${seq.length} tokens`);
+        this.#history[a.slot] = seq.slice(0, held);
+      }
+    }
+    return {
+      tokens: a.got,
+      reason,
+      slot: a.slot,
+      cachedTokens: a.base,
+      prefilledTokens: a.slot >= 0 ? a.job.prompt.length - a.base : 0,
+      snapshotBytes: this.#stage.states.snapshotBytes,
+    };
+  }
+
+  /**
+   * Among free slots: the one whose history `prompt` strictly extends (longest wins), else the least
+   * recently used.
+   */
   #pick(prompt: readonly number[]): { slot: number; base: number } {
     let best = -1;
     let bestLen = 0;
     for (const [s, h] of this.#history.entries()) {
-      if (h.length === 0 || h.length >= prompt.length || h.length <= bestLen) continue;
+      if (this.#owned.has(s) || h.length === 0 || h.length >= prompt.length || h.length <= bestLen) continue;
       let same = true;
       for (let i = 0; i < h.length && same; i++) same = h[i] === prompt[i];
       if (same) [best, bestLen] = [s, h.length];
     }
     if (best >= 0) return { slot: best, base: bestLen };
-    let lru = 0;
-    for (let s = 1; s < this.#lastUsed.length; s++) if (this.#lastUsed[s]! < this.#lastUsed[lru]!) lru = s;
+    let lru = -1;
+    for (let s = 0; s < this.#lastUsed.length; s++) {
+      if (!this.#owned.has(s) && (lru < 0 || this.#lastUsed[s]! < this.#lastUsed[lru]!)) lru = s;
+    }
+    assert(lru >= 0, "a free slot for every admitted request");
     return { slot: lru, base: 0 };
   }
 
   /**
-   * Greedy generation continuing the slot's state at `base`: prefills `prompt[base..]`, then one
-   * `Stage.run` per id. Same tokens as Stage.generate (same decode graph, ties to the lowest id), but each
-   * step awaits a readback. Every id made goes into `made` at once (streamed or not), so a cancel knows
-   * what the slot holds.
+   * Greedy generation continuing the slot's state: prefills the tokens of prompt ++ made the slot does not
+   * hold yet (the new part of the prompt, or the last id of the previous turn), then one `Stage.run` per id.
+   * Same tokens as Stage.generate (same decode graph, ties to the lowest id), but each step awaits a
+   * readback. Every id goes into `made` at once, so a cancel knows what the slot holds. Returns whether a
+   * stop id ended it.
    * TODO(stage-base): use Stage.generate once it can start from a prefilled slot (`base` option).
    */
   async #continue(
-    slot: number,
-    job: RunnerJob,
-    { base, emit, made }: { base: number; emit: (ids: readonly number[]) => void; made: number[] },
-  ): Promise<JobResult["reason"]> {
+    a: Active,
+    o: { nNew: number; emit: (ids: readonly number[]) => void },
+  ): Promise<boolean> {
     const stage = this.#stage;
-    const stops = new Set(job.stopIds);
-    const nNew = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
-    let out = await stage.run(slot, { tokens: job.prompt.slice(base) }, base);
+    const stops = new Set(a.job.stopIds);
+    const seq = [...a.job.prompt, ...a.made];
+    const held = stage.length(a.slot);
+    assert(
+      a.made.length > 0 ? held === seq.length - 1 : held === a.base,
+      `slot ${a.slot} holds ${held} tokens`,
+    );
+    let out = await stage.run(a.slot, { tokens: seq.slice(held) }, held);
     let id = argmaxCpu(out.data);
-    made.push(id);
-    emit([id]);
-    let n = 1;
+    a.made.push(id);
+    o.emit([id]);
     let pending: number[] = [];
-    while (n < nNew && !stops.has(id)) {
-      if (job.isCancelled()) throw CANCELLED;
-      out = await stage.run(slot, { tokens: [id] }, stage.length(slot));
+    for (let n = 1; n < o.nNew && !stops.has(id); n++) {
+      if (a.job.isCancelled()) throw CANCELLED;
+      out = await stage.run(a.slot, { tokens: [id] }, stage.length(a.slot));
       id = argmaxCpu(out.data);
-      made.push(id);
-      n++;
+      a.made.push(id);
       pending.push(id);
-      if (pending.length >= this.#batch || stops.has(id) || n === nNew) {
-        emit(pending);
+      if (pending.length >= this.#batch || stops.has(id) || n + 1 === o.nNew) {
+        o.emit(pending);
         pending = [];
       }
     }
-    return stops.has(id) ? "stop" : nNew < job.maxTokens ? "context" : "length";
+    return stops.has(id);
   }
 
   /**

@@ -4,9 +4,10 @@
  * into the worker, holds the rest in a bounded FIFO queue, forwards streamed ids, turns an `AbortSignal` into
  * a cancel and keeps the status and counters.
  *
- * Scheduling, this version: the worker runs one admitted request at a time (whole request, fast GPU-side
- * decode loop), so `nSlots` bounds the requests admitted at once and the conversations whose state stays
- * cached for prefix reuse; several slots in one GPU step is future work.
+ * Scheduling, this version: up to `nSlots` requests are admitted into the worker, each on its own slot; the
+ * worker runs them in turns (`turnTokens` ids each; by default a whole request), one turn on the GPU at a
+ * time. A slot keeps its conversation's state after the request for prefix reuse. Several slots in one GPU
+ * step (batched decode) is future work.
  *
  * @example
  * ```ts
@@ -38,6 +39,12 @@ export interface EngineOptions {
   readonly queueSize: number;
   /** Decode steps per readback: ids stream back in batches of this many, and a cancel lands within one (default 8). */
   readonly batch?: number;
+  /**
+   * Most ids a request makes per turn before the next admitted request runs (default 0: the whole request).
+   * Turns bound the wait of a short request behind a long one; with the current Stage a turn after the
+   * first decodes step by step (a readback per id), so slicing costs throughput.
+   */
+  readonly turnTokens?: number;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -126,6 +133,10 @@ export class EngineService implements Engine {
     if (!Number.isInteger(batch) || batch < 1 || batch > 64) {
       throw new RangeError(`Engine option batch must be an integer in 1..64, got ${batch}`);
     }
+    const turnTokens = opts.turnTokens ?? 0;
+    if (!Number.isInteger(turnTokens) || turnTokens < 0) {
+      throw new RangeError(`Engine option turnTokens must be an integer >= 0, got ${turnTokens}`);
+    }
     this.#nCtx = opts.nCtx;
     this.#nSlots = opts.nSlots;
     this.#queueSize = opts.queueSize;
@@ -143,7 +154,7 @@ export class EngineService implements Engine {
       e.preventDefault();
       this.#fail(new Error(`The engine worker crashed: ${e.message}`), true);
     };
-    this.#post({ type: "init", model: opts.model, nCtx: opts.nCtx, nSlots: opts.nSlots, batch });
+    this.#post({ type: "init", model: opts.model, nCtx: opts.nCtx, nSlots: opts.nSlots, batch, turnTokens });
   }
 
   /** Current status (no GPU work). */

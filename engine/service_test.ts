@@ -50,8 +50,8 @@ function randomPrompt(rng: Rng, n: number): number[] {
   return Array.from({ length: n }, () => rng.int(0, reference.nVocab));
 }
 
-function engine(nSlots: number, queueSize: number, log: string[] = []): EngineService {
-  return startEngine({ model: MODEL, nCtx: N_CTX, nSlots, queueSize, onLog: (l) => log.push(l) });
+function engine(nSlots: number, queueSize: number, turnTokens = 0): EngineService {
+  return startEngine({ model: MODEL, nCtx: N_CTX, nSlots, queueSize, turnTokens, onLog: () => {} });
 }
 
 /** Resolves when the engine reports ready (polling status, as /health would). */
@@ -120,6 +120,38 @@ Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, 
     assert.equal(c.requests, 4);
     assert.equal(c.generatedTokens, want.reduce((a, t) => a + t.length, 0));
     assert.equal(e.status().busySlots, 0);
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("turns of 5 ids interleave 3 requests on 3 slots; each still gives its solo greedy output", async () => {
+  const rng = new Rng();
+  const e = engine(3, 0, 5);
+  try {
+    const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 12)));
+    const n = [17, 9, 12];
+    const want: number[][] = [];
+    for (const [i, p] of prompts.entries()) want.push(await reference.solo(p, n[i]!));
+    // Request 2 stops at its 7th id (a stop inside a later turn).
+    const stops = [[], [], [want[2]![6]!]];
+    want[2] = want[2]!.slice(0, want[2]!.indexOf(want[2]![6]!) + 1);
+    const order: number[] = [];
+    const got = await Promise.all(prompts.map((prompt, i) =>
+      e.generate({
+        prompt,
+        maxTokens: n[i]!,
+        sampling: GREEDY,
+        stopIds: stops[i]!,
+        onTokens: () => order.push(i),
+      })
+    ));
+    for (const [i, r] of got.entries()) {
+      assert.deepEqual(r.tokens, want[i], `request ${i} prompt ${prompts[i]} (seed ${rng.seed})`);
+    }
+    assert.deepEqual(got.map((r) => r.reason), ["length", "length", "stop"]);
+    // Request 0 (17 ids) was still streaming after requests 1 and 2 had started: turns, not whole requests.
+    assert.ok(order.lastIndexOf(0) > order.indexOf(1) && order.indexOf(2) < order.lastIndexOf(0), `${order}`);
   } finally {
     await e.close();
   }

@@ -28,9 +28,8 @@ let file: GgufFile | undefined;
 let tempDir: string | undefined;
 const jobs: Job[] = [];
 const cancelled = new Set<number>();
-let running = false;
-/** Id of the job running now (-1: none). */
-let current = -1;
+/** Ids of jobs handed to the runner and not yet ended. */
+const live = new Set<number>();
 
 /** The default model: the tiny synthetic qwen35moe (q8_0), written into a temporary folder. */
 async function synthDefault(): Promise<string> {
@@ -60,7 +59,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
     if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);
-    runner = new SlotRunner(stage, { device: gpu.device, batch: m.batch });
+    runner = new SlotRunner(stage, { device: gpu.device, batch: m.batch, turnTokens: m.turnTokens });
     post({
       type: "log",
       line: `Loaded ${model} (${arch}, ${(stage.weightBytes / 2 ** 20).toFixed(1)} MiB of weights, ` +
@@ -69,38 +68,31 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
         } MiB of state)`,
     });
     post({ type: "ready", nVocab: stage.hp.nVocab });
-    void pump();
+    pump();
   } catch (e) {
     post({ type: "failed", error: encodeError(e) });
   }
 }
 
-/** Runs queued jobs one at a time: the stage's activations are shared by all slots. */
-async function pump(): Promise<void> {
-  if (running || !runner) return;
-  running = true;
-  try {
-    for (let job = jobs.shift(); job; job = jobs.shift()) {
-      const id = job.id;
-      current = id;
-      try {
-        const result = await runner.run({
-          prompt: job.prompt,
-          maxTokens: job.maxTokens,
-          stopIds: job.stopIds,
-          isCancelled: () => cancelled.has(id),
-          onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
-        });
-        post({ type: "done", id, result });
-      } catch (e) {
-        post({ type: "error", id, error: encodeError(e) });
-      } finally {
-        cancelled.delete(id);
-        current = -1;
-      }
-    }
-  } finally {
-    running = false;
+/** Hands waiting jobs to the runner once the model is loaded; the runner takes turns among them. */
+function pump(): void {
+  if (!runner) return;
+  for (let job = jobs.shift(); job; job = jobs.shift()) {
+    const id = job.id;
+    live.add(id);
+    runner.submit({
+      prompt: job.prompt,
+      maxTokens: job.maxTokens,
+      stopIds: job.stopIds,
+      isCancelled: () => cancelled.has(id),
+      onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
+    }).then(
+      (result) => post({ type: "done", id, result }),
+      (e) => post({ type: "error", id, error: encodeError(e) }),
+    ).finally(() => {
+      live.delete(id);
+      cancelled.delete(id);
+    });
   }
 }
 
@@ -119,11 +111,11 @@ scope.onmessage = (e: MessageEvent<ToWorker>) => {
       break;
     case "generate":
       jobs.push(m);
-      void pump();
+      pump();
       break;
     case "cancel":
       // A cancel can cross the job's own "done" message: remember only ids still queued or running.
-      if (m.id === current || jobs.some((j) => j.id === m.id)) cancelled.add(m.id);
+      if (live.has(m.id) || jobs.some((j) => j.id === m.id)) cancelled.add(m.id);
       break;
     case "close":
       void close();

@@ -21,7 +21,7 @@ import { completionHandler } from "./completion.ts";
 import type { Engine } from "./engine_api.ts";
 import { ApiError, dialectOf, errorResponse } from "./errors.ts";
 import { healthHandler } from "./health.ts";
-import { messagesHandler } from "./messages.ts";
+import { countTokensHandler, messagesHandler } from "./messages.ts";
 import { Metrics, metricsHandler } from "./metrics.ts";
 import { modelsHandler } from "./models.ts";
 
@@ -51,10 +51,24 @@ export interface AppOptions {
 }
 
 const GENERATION_PATHS = new Set(["/v1/messages", "/v1/chat/completions", "/completion"]);
-const KNOWN_PATHS = new Set([...GENERATION_PATHS, "/v1/models", "/health", "/metrics"]);
+const KNOWN_PATHS = new Set([
+  ...GENERATION_PATHS,
+  "/v1/messages/count_tokens",
+  "/v1/models",
+  "/health",
+  "/metrics",
+]);
+
+/** The built app: its fetch handler for `Deno.serve`, and Hono's in-process `request` for tests. */
+export interface HeadApp {
+  /** Answers one request (pass to `Deno.serve`). */
+  fetch(req: Request, info?: Deno.ServeHandlerInfo): Response | Promise<Response>;
+  /** Answers a request built from a path (relative to `http://localhost`) or a Request, in process. */
+  request(input: string | Request | URL, init?: RequestInit): Response | Promise<Response>;
+}
 
 /** Builds the Hono app (serve it with `Deno.serve(app.fetch)`; test it with `app.request()`). */
-export function createApp(opts: AppOptions): Hono<AppEnv> {
+export function createApp(opts: AppOptions): HeadApp {
   const deps: ServerDeps = {
     engine: opts.engine,
     tokenizer: opts.tokenizer,
@@ -88,6 +102,7 @@ export function createApp(opts: AppOptions): Hono<AppEnv> {
   });
   app.use(auth(opts.apiKey));
   app.post("/v1/messages", messagesHandler(deps));
+  app.post("/v1/messages/count_tokens", countTokensHandler(deps));
   app.post("/v1/chat/completions", chatCompletionsHandler(deps));
   app.post("/completion", completionHandler(deps));
   app.get("/v1/models", modelsHandler(status, new Date()));

@@ -12,6 +12,7 @@
 import type { Context } from "hono";
 import {
   type ChatMessage,
+  type ChatTemplate,
   type ChatToolCall,
   opensThinking,
   type ToolSpec,
@@ -364,6 +365,44 @@ function usage(r: RunResult): Record<string, number> {
   };
 }
 
+/**
+ * Renders a request to prompt text. `thinking` switches a hybrid template's thinking mode (off unless
+ * enabled, as in the Anthropic API). A final assistant message with text and no tool calls is a prefill:
+ * the prompt ends right after its text, and the reply continues it.
+ * @throws {ChatTemplateError} when the template rejects the conversation
+ */
+export function renderMessagesPrompt(template: ChatTemplate, req: MessagesRequest): string {
+  const enableThinking = template.kind === "hybrid"
+    ? req.thinking === "enabled" || req.thinking === "adaptive"
+    : undefined;
+  const last = req.messages.at(-1);
+  const prefill = last?.role === "assistant" && (last.toolCalls ?? []).length === 0
+    ? (last.content ?? "").trimEnd()
+    : "";
+  if (prefill !== "") {
+    const full = template.render({ messages: req.messages, tools: req.tools, enableThinking });
+    const at = full.lastIndexOf(prefill);
+    if (at >= 0) return full.slice(0, at + prefill.length);
+  }
+  return template.render({
+    messages: req.messages,
+    tools: req.tools,
+    addGenerationPrompt: true,
+    enableThinking,
+  });
+}
+
+/** The `POST /v1/messages/count_tokens` handler: `{"input_tokens": n}` for a Messages request. */
+export function countTokensHandler(deps: ServerDeps): (c: Context<AppEnv>) => Promise<Response> {
+  return async (c) => {
+    const body = await readJson(c.req.raw, deps.bodyLimitBytes);
+    // count_tokens takes no max_tokens; the parser's other checks apply unchanged.
+    const req = parseMessagesRequest({ ...body, max_tokens: 1 });
+    const text = renderMessagesPrompt(deps.template, req);
+    return c.json({ input_tokens: deps.tokenizer.encode(text, { parseSpecial: true }).length });
+  };
+}
+
 /** The `POST /v1/messages` handler. */
 export function messagesHandler(deps: ServerDeps): (c: Context<AppEnv>) => Promise<Response> {
   return async (c) => {
@@ -371,15 +410,7 @@ export function messagesHandler(deps: ServerDeps): (c: Context<AppEnv>) => Promi
     const body = await readJson(c.req.raw, deps.bodyLimitBytes);
     const req = parseMessagesRequest(body);
     const nCtx = readyContext(deps.engine);
-    const enableThinking = deps.template.kind === "hybrid"
-      ? req.thinking === "enabled" || req.thinking === "adaptive"
-      : undefined;
-    const text = deps.template.render({
-      messages: req.messages,
-      tools: req.tools,
-      addGenerationPrompt: true,
-      enableThinking,
-    });
+    const text = renderMessagesPrompt(deps.template, req);
     const prompt = deps.tokenizer.encode(text, { parseSpecial: true });
     const maxTokens = checkLengths(prompt.length, req.maxTokens, nCtx, "max_tokens");
     const model = deps.engine.status().model;

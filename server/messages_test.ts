@@ -207,3 +207,31 @@ Deno.test("messages: request parser names the field for every malformed part", (
   });
   assert.deepEqual(ok.tools, [], "tool_choice none withholds the tools");
 });
+
+Deno.test("messages: a final assistant message is a prefill the reply continues", async () => {
+  const { app, engine, tokenizer } = testApp(() => " 42.");
+  const j: Loose = await (await post(app, "/v1/messages", {
+    model: "m",
+    max_tokens: 10,
+    messages: [...USER, { role: "assistant", content: "The answer is" }],
+  })).json();
+  const prompt = tokenizer.decode(engine.requests[0]!.prompt);
+  assert.ok(
+    prompt.endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is"),
+    JSON.stringify(prompt),
+  );
+  assert.deepEqual(j.content, [{ type: "text", text: " 42." }]);
+});
+
+Deno.test("messages: count_tokens counts the rendered prompt without generating", async () => {
+  const { app, engine, tokenizer } = testApp(() => "unused");
+  const body = { model: "m", system: "Be brief.", messages: USER };
+  const r = await post(app, "/v1/messages/count_tokens", body);
+  assert.equal(r.status, 200);
+  const text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n" +
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  assert.deepEqual(await r.json(), { input_tokens: tokenizer.encode(text, { parseSpecial: true }).length });
+  assert.equal(engine.requests.length, 0);
+  const bad = await post(app, "/v1/messages/count_tokens", { model: "m", messages: 3 });
+  assert.equal(bad.status, 400);
+});

@@ -17,7 +17,7 @@
  */
 import type { Gpu } from "./gpu/device.ts";
 import { bindGroup, type Binding, type ConstValues, type KernelSpec, PipelineCache } from "./gpu/kernel.ts";
-import { type GpuTensor, type UploadProgress, uploadTensors } from "./gpu/weights.ts";
+import { type GpuTensor, PACK_ALIGN_BYTES, type UploadProgress, uploadTensors } from "./gpu/weights.ts";
 import { SlotStates, type StateSpec } from "./state.ts";
 import type { GgufFile } from "./gguf.ts";
 import { type TensorId, tensorName } from "./names.ts";
@@ -306,10 +306,18 @@ export class Stage {
       for (const [name, spec] of check.specs) {
         if (spec.layer === l && !spec.mtp) names.push(name);
       }
-      const gate = tensorName("ffn_gate_exps", l);
-      const up = tensorName("ffn_up_exps", l);
-      if (has(gate) && has(up)) packs.push([gate, up]);
-      packs.push([tensorName("ffn_gate_shexp", l), tensorName("ffn_up_shexp", l)]);
+      const [gate, up, down] = (["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] as const).map((id) =>
+        tensorName(id, l)
+      );
+      const [sGate, sUp, sDown] = (["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"] as const).map((id) =>
+        tensorName(id, l)
+      );
+      if (sharedFusable(file, hp, [gate!, up!, down!], [sGate!, sUp!, sDown!])) {
+        // The shared expert as expert index nExpert of each routed tensor: one dispatch runs both.
+        packs.push([gate!, sGate!, up!, sUp!], [down!, sDown!]);
+      } else {
+        packs.push([gate!, up!], [sGate!, sUp!]);
+      }
       if (check.layouts[l] === "ssm_in") rowOrder.set(tensorName("ssm_in", l), legacyRowOrder(hp));
     }
     if (b === hp.nLayer) {
@@ -317,13 +325,17 @@ export class Stage {
       if (!check.tiedOutput) names.push(tensorName("output"));
       else if (a !== 0) names.push(tensorName("token_embd"));
     }
-    for (const [l, name] of packs.entries()) {
-      const [g, u] = name.map((n) => file.tensor(n));
-      if (g!.type.id !== u!.type.id) {
-        throw new RangeError(
-          `Tensors ${g!.name} (${g!.type.name}) and ${u!.name} (${u!.type.name}) differ in type; ` +
-            `this engine needs gate and up of one type (pack ${l}): re-quantize them alike`,
-        );
+    for (const pack of packs) {
+      const [g, ...rest] = pack.map((n) => file.tensor(n));
+      for (const u of rest) {
+        if (g!.type.id !== u.type.id) {
+          throw new RangeError(
+            `Tensors ${g!.name} (${
+              g!.type.name
+            }) and ${u.name} (${u.type.name}) differ in type; this engine ` +
+              `reads them through one kernel and needs one type: re-quantize them alike`,
+          );
+        }
       }
     }
     const weights = await uploadTensors(gpu.device, file, {
@@ -767,8 +779,8 @@ export class Stage {
       router: hp.nExpert * T,
       ids: K * T,
       wts: K * T,
-      act: hp.nFfExp * K * T,
-      eo: hp.nEmbd * K * T,
+      act: Math.max(hp.nFfExp, hp.nFfShexp) * (K + 1) * T,
+      eo: hp.nEmbd * (K + 1) * T,
       sact: hp.nFfShexp * T,
       sho: hp.nEmbd * T,
       gam: T,
@@ -843,6 +855,25 @@ function pairsToTop(pairs: Uint32Array, step: number, top: number): [number, num
     out.push([pairs[at + 1]!, f[at]!]);
   }
   return out;
+}
+
+/**
+ * Whether the shared expert can run as expert index nExpert of the routed tensors: same types, same FFN
+ * width, and each routed tensor a whole number of 256-byte units so the packed shared matrix follows it
+ * with no padding.
+ */
+function sharedFusable(
+  file: GgufFile,
+  hp: Hparams,
+  routed: readonly string[],
+  shared: readonly string[],
+): boolean {
+  if (hp.nFfExp !== hp.nFfShexp) return false;
+  return routed.every((name, i) => {
+    const r = file.tensor(name);
+    const s = file.tensor(shared[i]!);
+    return r.type.id === s.type.id && r.nbytes % PACK_ALIGN_BYTES === 0;
+  });
 }
 
 /** True when the file's κ is the modulo tiling (qwen35moe), false for the grouped one (qwen3next), spec §9. */
@@ -1262,28 +1293,49 @@ class GraphBuilder {
       }),
       grid: moeRouteGrid(n),
     });
-    await this.#experts(`L${l}.ffn_exps`, {
-      gate: lw.t("ffn_gate_exps"),
-      up: lw.t("ffn_up_exps"),
-      down: lw.t("ffn_down_exps"),
-      ids: A.ids!,
-      used: K,
-      act: A.act!,
-      out: A.eo!,
-      nFf: hp.nFfExp,
-      nExpert: hp.nExpert,
-    }, cx);
-    await this.#experts(`L${l}.ffn_shexp`, {
-      gate: lw.t("ffn_gate_shexp"),
-      up: lw.t("ffn_up_shexp"),
-      down: lw.t("ffn_down_shexp"),
-      ids: cx.zeroIds,
-      used: 1,
-      act: A.sact!,
-      out: A.sho!,
-      nFf: hp.nFfShexp,
-      nExpert: 1,
-    }, cx);
+    const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
+    const shexp = { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
+    const follows = (a: GpuTensor, b: GpuTensor) =>
+      a.parts.length === 1 && b.parts.length === 1 && a.parts[0]!.buffer === b.parts[0]!.buffer &&
+      b.parts[0]!.offsetBytes === a.parts[0]!.offsetBytes + a.parts[0]!.sizeBytes;
+    const fused = follows(exps.gate, shexp.gate) && follows(exps.up, shexp.up) &&
+      follows(exps.down, shexp.down);
+    // Shared activations and outputs follow the routed ones: columns [K·n, (K+1)·n) of act and eo.
+    let sho: Binding = { buffer: A.eo!, offset: 4 * hp.nEmbd * K * n, size: 4 * hp.nEmbd * n };
+    if (fused) {
+      await this.#experts(`L${l}.ffn_exps+shexp`, {
+        ...exps,
+        ids: A.ids!,
+        used: K,
+        act: A.act!,
+        out: A.eo!,
+        nFf: hp.nFfExp,
+        nExpert: hp.nExpert,
+        shared: true,
+      }, cx);
+    } else {
+      await this.#experts(`L${l}.ffn_exps`, {
+        ...exps,
+        ids: A.ids!,
+        used: K,
+        act: A.act!,
+        out: A.eo!,
+        nFf: hp.nFfExp,
+        nExpert: hp.nExpert,
+        shared: false,
+      }, cx);
+      await this.#experts(`L${l}.ffn_shexp`, {
+        ...shexp,
+        ids: cx.zeroIds,
+        used: 1,
+        act: A.sact!,
+        out: A.sho!,
+        nFf: hp.nFfShexp,
+        nExpert: 1,
+        shared: false,
+      }, cx);
+      sho = A.sho!;
+    }
     await this.#matvec(`L${l}.ffn_gate_inp_shexp`, lw.t("ffn_gate_inp_shexp"), A.m!, A.gam!, n);
     const c: ResidualAddConstants = { D: hp.nEmbd, N_TERMS: K, WEIGHTED: true, SHARED: true };
     const params = this.#storage(Uint32Array.of(n, 0));
@@ -1291,7 +1343,7 @@ class GraphBuilder {
       `L${l}.moe_combine`,
       RESIDUAL_ADD,
       c,
-      [params, A.eo!, A.wts!, A.sho!, A.gam!, A.h!],
+      [params, A.eo!, A.wts!, sho, A.gam!, A.h!],
       residualAddGrid(c, n),
     );
   }
@@ -1308,6 +1360,8 @@ class GraphBuilder {
       out: GPUBuffer;
       nFf: number;
       nExpert: number;
+      /** Run the shared expert (packed right after the routed ones) as n extra columns. */
+      shared: boolean;
     },
     cx: BuildContext,
   ) {
@@ -1329,6 +1383,7 @@ class GraphBuilder {
       offGateBytes: g.offsetBytes,
       offUpBytes: u.offsetBytes,
       gateUp: true,
+      sharedCols: e.shared ? n : 0,
     };
     let c = moeMatvecConstants(gu);
     await this.#push(
@@ -1349,6 +1404,7 @@ class GraphBuilder {
       xDiv: 1,
       offGateBytes: dp.offsetBytes,
       gateUp: false,
+      sharedCols: e.shared ? n : 0,
     };
     c = moeMatvecConstants(dn);
     await this.#push(

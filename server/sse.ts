@@ -54,7 +54,6 @@ export class SseStream {
       headers: {
         "content-type": "text/event-stream; charset=utf-8",
         "cache-control": "no-cache",
-        "connection": "keep-alive",
         "request-id": opts.requestId,
       },
     });

@@ -23,6 +23,13 @@ import {
   prepareMatvec,
 } from "../wgsl/matvec.ts";
 import {
+  encodeMatmul,
+  MATMUL_PARAMS_BYTES,
+  matmulParams,
+  type MatmulShape,
+  prepareMatmul,
+} from "../wgsl/matmul.ts";
+import {
   encodeStreamRead,
   prepareStreamRead,
   STREAM_READ_PARAMS_BYTES,
@@ -240,6 +247,32 @@ for (const c of CASES) {
       ofCeiling: gbps / ceiling,
     });
   }
+}
+// Prefill matmul: attn_qkv-shaped weights times M tokens (not bandwidth-bound: GFLOP/s = 2·K·N·M / time).
+{
+  const m = QUICK ? 64 : 512;
+  const k = 2048;
+  const n = QUICK ? 1024 : 8192;
+  const xm = device.createBuffer({
+    size: 4 * k * m,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+  });
+  device.queue.writeBuffer(xm, 0, new Float32Array(k * m).map(() => Math.random() - 0.5));
+  const ym = device.createBuffer({ size: 4 * n * m, usage: GPUBufferUsage.STORAGE });
+  for (const type of ["IQ4_XS", "Q8_0", "F16"] as GgmlTypeName[]) {
+    const shape: MatmulShape = { type, k, n, m };
+    device.queue.writeBuffer(params, 0, matmulParams(shape));
+    const op = await prepareMatmul(cache, {
+      device,
+      shape,
+      bindings: { params: { buffer: params, offset: 0, size: MATMUL_PARAMS_BYTES }, weights, x: xm, y: ym },
+    });
+    const reps = QUICK ? 2 : 20;
+    const t = await time((p) => encodeMatmul(p, op), reps);
+    line({ kernel: "matmul", type, ne: [k, n], m, reps, ms: t * 1e3, gflops: (2 * k * n * m) / t / 1e9 });
+  }
+  xm.destroy();
+  ym.destroy();
 }
 // The marginal ceiling: one read of the whole buffer.
 {

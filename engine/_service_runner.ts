@@ -4,7 +4,8 @@
  * by all slots). Each request gets a slot on its first turn: the free slot whose cached history its prompt
  * extends (that history is not prefilled again), else the least recently used free slot. A turn generates at
  * most `turnTokens` ids (0: the whole request), then the next active request takes its turn; ids stream in
- * batches, and a cancel stops the request at the next batch boundary.
+ * batches, and an abort stops the request at the next batch boundary with the slot's state exact (it keeps
+ * serving as that conversation's cache).
  *
  * Prefix reuse keeps the slot's live state instead of a snapshot: after a request the slot holds exactly its
  * history (prompt and generated ids but the last, see {@linkcode Stage.generate}), and no other request
@@ -24,24 +25,19 @@ export interface RunnerJob {
   readonly maxTokens: number;
   /** Ids that end generation (included in the output). */
   readonly stopIds: readonly number[];
-  /** Polled at every batch boundary and between turns: true stops the request there. */
-  readonly isCancelled: () => boolean;
-  /** Each batch of new ids, in order (never called after a cancel is seen). */
+  /** Stops the request at the next batch boundary (checked between turns too). */
+  readonly signal: AbortSignal;
+  /** Each batch of new ids, in order (never called once the signal is aborted). */
   readonly onTokens: (ids: readonly number[]) => void;
 }
 
 /** Options of {@linkcode SlotRunner}. */
 export interface SlotRunnerOptions {
-  /** The stage's device. */
-  readonly device: GPUDevice;
   /** Decode steps per readback (1..64). */
   readonly batch: number;
   /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
   readonly turnTokens: number;
 }
-
-/** Thrown from Stage.generate's `onTokens` to leave it at a batch boundary (it has no abort hook). */
-const CANCELLED: unique symbol = Symbol("cancelled");
 
 interface Active {
   readonly job: RunnerJob;
@@ -62,7 +58,6 @@ interface Active {
 /** Runs requests on a Stage's slots in turns, with per-slot prefix reuse; see the module doc. */
 export class SlotRunner {
   readonly #stage: Stage;
-  readonly #device: GPUDevice;
   readonly #batch: number;
   readonly #turnTokens: number;
   /** Tokens each slot's state holds exactly (empty: unknown, the next request resets it). */
@@ -84,7 +79,6 @@ export class SlotRunner {
   constructor(stage: Stage, opts: SlotRunnerOptions) {
     assert(stage.first && stage.last, "the service runs a whole-model stage");
     this.#stage = stage;
-    this.#device = opts.device;
     this.#batch = opts.batch;
     this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
     this.#history = Array.from({ length: stage.states.nSlots }, () => []);
@@ -136,7 +130,7 @@ export class SlotRunner {
   async #turn(a: Active): Promise<JobResult | undefined> {
     const { job } = a;
     const stage = this.#stage;
-    if (job.isCancelled()) return this.#finish(a, "cancelled");
+    if (job.signal.aborted) return this.#finish(a, "cancelled");
     if (a.slot < 0) {
       const { slot, base } = this.#pick(job.prompt);
       [a.slot, a.base, a.consistent] = [slot, base, base > 0];
@@ -149,39 +143,27 @@ export class SlotRunner {
     const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
     const nNew = Math.min(this.#turnTokens, limit - a.made.length);
     const emit = (ids: readonly number[]) => {
-      if (job.isCancelled()) throw CANCELLED;
+      if (job.signal.aborted) return;
       a.got.push(...ids);
       job.onTokens(ids);
     };
-    let stopped: boolean;
-    try {
-      if (a.made.length === 0 && a.base === 0) {
-        a.consistent = false;
-        const r = await stage.generate(a.slot, job.prompt, {
-          nNew,
-          stopIds: job.stopIds,
-          batch: this.#batch,
-          onTokens: (ids) => {
-            emit(ids);
-            a.made.push(...ids);
-          },
-        });
-        a.consistent = true;
-        stopped = r.reason === "stop";
-      } else {
-        stopped = await this.#continue(a, { nNew, emit });
-      }
-    } catch (e) {
-      if (e !== CANCELLED) throw e;
-      if (!a.consistent) {
-        // Stage.generate was left mid-flight: its next batch may still be queued and the snapshots it
-        // takes per batch (when stop ids are set) were never dropped. Wait for the queue, then drop them.
-        await this.#device.queue.onSubmittedWorkDone();
-        this.#dropOrphanSnapshots();
-      }
-      return this.#finish(a, "cancelled");
+    let ended: "stop" | "cancelled" | undefined;
+    if (a.made.length === 0 && a.base === 0) {
+      const r = await stage.generate(a.slot, job.prompt, {
+        nNew,
+        stopIds: job.stopIds,
+        batch: this.#batch,
+        signal: job.signal,
+        onTokens: emit,
+      });
+      // Stage.generate leaves the slot holding the prompt and every returned id but the last, cancelled or not.
+      a.made.push(...r.tokens);
+      a.consistent = true;
+      if (r.reason === "stop" || r.reason === "cancelled") ended = r.reason;
+    } else {
+      ended = await this.#continue(a, { nNew, emit });
     }
-    if (stopped) return this.#finish(a, "stop");
+    if (ended) return this.#finish(a, ended);
     if (a.made.length >= job.maxTokens) return this.#finish(a, "length");
     if (a.made.length >= limit) return this.#finish(a, "context");
     return undefined;
@@ -235,14 +217,14 @@ export class SlotRunner {
    * Greedy generation continuing the slot's state: prefills the tokens of prompt ++ made the slot does not
    * hold yet (the new part of the prompt, or the last id of the previous turn), then one `Stage.run` per id.
    * Same tokens as Stage.generate (same decode graph, ties to the lowest id), but each step awaits a
-   * readback. Every id goes into `made` at once, so a cancel knows what the slot holds. Returns whether a
-   * stop id ended it.
+   * readback. Every id goes into `made` at once, so a cancel knows what the slot holds. Returns what ended
+   * the turn early, if anything.
    * TODO(stage-base): use Stage.generate once it can start from a prefilled slot (`base` option).
    */
   async #continue(
     a: Active,
     o: { nNew: number; emit: (ids: readonly number[]) => void },
-  ): Promise<boolean> {
+  ): Promise<"stop" | "cancelled" | undefined> {
     const stage = this.#stage;
     const stops = new Set(a.job.stopIds);
     const seq = [...a.job.prompt, ...a.made];
@@ -257,7 +239,7 @@ export class SlotRunner {
     o.emit([id]);
     let pending: number[] = [];
     for (let n = 1; n < o.nNew && !stops.has(id); n++) {
-      if (a.job.isCancelled()) throw CANCELLED;
+      if (a.job.signal.aborted) return "cancelled";
       out = await stage.run(a.slot, { tokens: [id] }, stage.length(a.slot));
       id = argmaxCpu(out.data);
       a.made.push(id);
@@ -267,33 +249,6 @@ export class SlotRunner {
         pending = [];
       }
     }
-    return stops.has(id);
-  }
-
-  /**
-   * Drops snapshots a cancelled Stage.generate left behind. The runner takes none of its own, so every
-   * snapshot is an orphan; their ids are the most recent ones (ids count up), found by probing downwards from
-   * a fresh id until no snapshot bytes remain.
-   * TODO(stage-signal): remove once Stage.generate takes an AbortSignal and cleans up itself.
-   */
-  #dropOrphanSnapshots(): void {
-    const states = this.#stage.states;
-    if (states.snapshotBytes === 0) return;
-    // A snapshot recorded into an encoder that is never submitted copies nothing: it only yields the next id.
-    const probe = states.snapshot(this.#device.createCommandEncoder(), 0, 0);
-    states.drop(probe);
-    for (let id = probe - 1; id > 0 && states.snapshotBytes > 0; id--) {
-      if (snapshotExists(this.#stage, id)) states.drop(id);
-    }
-  }
-}
-
-function snapshotExists(stage: Stage, id: number): boolean {
-  try {
-    stage.states.snapshotLength(id);
-    return true;
-  } catch (e) {
-    if (e instanceof RangeError) return false;
-    throw e;
+    return stops.has(id) ? "stop" : undefined;
   }
 }

@@ -196,7 +196,7 @@ Deno.test("abort stops a request at a batch boundary and frees the slot; a queue
     const prompt = randomPrompt(rng, 6);
     const ac = new AbortController();
     let calls = 0;
-    // An unreachable stop id: Stage.generate then snapshots every batch, which a cancel must not leak.
+    // An unreachable stop id and a signal: Stage.generate snapshots every batch, which a cancel must not leak.
     const running = e.generate({
       prompt,
       maxTokens: 80,
@@ -216,6 +216,8 @@ Deno.test("abort stops a request at a batch boundary and frees the slot; a queue
     const r = await running;
     assert.equal(r.reason, "cancelled");
     assert.equal(calls, 1, "no ids are streamed after the abort");
+    const made = e.status().counters.generatedTokens;
+    assert.ok(made < 80, `the worker stopped early: ${made} ids made of 80`);
     assert.equal(r.tokens.length, 1);
     assert.equal(e.internals().snapshotBytes, 0, "a cancelled generate leaves no snapshot behind");
     // The slot is free and clean: the next request runs and gives its solo output.

@@ -27,9 +27,8 @@ let stage: Stage | undefined;
 let file: GgufFile | undefined;
 let tempDir: string | undefined;
 const jobs: Job[] = [];
-const cancelled = new Set<number>();
-/** Ids of jobs handed to the runner and not yet ended. */
-const live = new Set<number>();
+/** The abort controller of every job not yet ended (queued here or in the runner), by id. */
+const aborts = new Map<number, AbortController>();
 
 /** The default model: the tiny synthetic qwen35moe (q8_0), written into a temporary folder. */
 async function synthDefault(): Promise<string> {
@@ -59,7 +58,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
     if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);
-    runner = new SlotRunner(stage, { device: gpu.device, batch: m.batch, turnTokens: m.turnTokens });
+    runner = new SlotRunner(stage, { batch: m.batch, turnTokens: m.turnTokens });
     post({
       type: "log",
       line: `Loaded ${model} (${arch}, ${(stage.weightBytes / 2 ** 20).toFixed(1)} MiB of weights, ` +
@@ -79,20 +78,16 @@ function pump(): void {
   if (!runner) return;
   for (let job = jobs.shift(); job; job = jobs.shift()) {
     const id = job.id;
-    live.add(id);
     runner.submit({
       prompt: job.prompt,
       maxTokens: job.maxTokens,
       stopIds: job.stopIds,
-      isCancelled: () => cancelled.has(id),
+      signal: aborts.get(id)!.signal,
       onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
     }).then(
       (result) => post({ type: "done", id, result }),
       (e) => post({ type: "error", id, error: encodeError(e) }),
-    ).finally(() => {
-      live.delete(id);
-      cancelled.delete(id);
-    });
+    ).finally(() => aborts.delete(id));
   }
 }
 
@@ -110,12 +105,13 @@ scope.onmessage = (e: MessageEvent<ToWorker>) => {
       void init(m);
       break;
     case "generate":
+      aborts.set(m.id, new AbortController());
       jobs.push(m);
       pump();
       break;
     case "cancel":
-      // A cancel can cross the job's own "done" message: remember only ids still queued or running.
-      if (live.has(m.id) || jobs.some((j) => j.id === m.id)) cancelled.add(m.id);
+      // A cancel can cross the job's own "done" message: then there is nothing left to abort.
+      aborts.get(m.id)?.abort();
       break;
     case "close":
       void close();

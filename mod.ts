@@ -20,6 +20,7 @@ export interface Command {
 
 /** Every command, loaded lazily so that one command's imports never slow another's start. */
 export const COMMANDS: Readonly<Record<string, () => Promise<Command>>> = {
+  head: async () => (await import("./cli/head.ts")).command,
   synth: async () => (await import("./cli/synth.ts")).command,
   inspect: async () => (await import("./cli/inspect.ts")).command,
   generate: async () => (await import("./cli/generate.ts")).command,

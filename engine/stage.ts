@@ -162,6 +162,11 @@ export interface GenerateOptions {
   /** Called with each batch of new ids as they land. */
   readonly onTokens?: (ids: readonly number[]) => void;
   /**
+   * Continue the slot's sequence: `prompt` is appended at this position, which must equal the slot's length
+   * (default 0: the slot is reset and `prompt` is the whole sequence).
+   */
+  readonly base?: number;
+  /**
    * Ends generation after the batch that is landing when it fires (a stop string matched, a client left);
    * the tokens emitted so far are kept and the slot state is rewound to match them exactly.
    */
@@ -430,7 +435,7 @@ export class Stage {
    * step's token buffer and into a GPU id ring; ids come back every `batch` steps through the readback
    * ring while the next batch, encoded beforehand, runs. A stop id found late is exact: the slot is rewound
    * to a snapshot taken at the start of that batch and re-fed only the accepted tokens.
-   * The slot afterwards holds the prompt and every generated token but the last (not yet fed).
+   * The slot afterwards holds `base` tokens, the prompt and every generated token but the last (not yet fed).
    * @throws {RangeError} as {@linkcode Stage.run}, and when the stage is not a whole model
    */
   async generate(slot: number, prompt: readonly number[], opts: GenerateOptions): Promise<GenerateResult> {
@@ -450,11 +455,13 @@ export class Stage {
     }
     if (!Number.isInteger(S) || S < 1 || S > 64) throw new RangeError(`Batch must be in 1..64, got ${S}`);
     const stops = new Set(opts.stopIds ?? []);
-    const first = await this.run(slot, { tokens: prompt }, 0);
+    const base = opts.base ?? 0;
+    const first = await this.run(slot, { tokens: prompt }, base);
+    const start = base + prompt.length;
     const tokens = [argmaxCpu(first.data)];
     const tops: [number, number][][] = top > 0 ? [topCpu(first.data, top)] : [];
     opts.onTokens?.([tokens[0]!]);
-    const room = this.nCtx - prompt.length;
+    const room = this.nCtx - start;
     let nNew = Math.min(opts.nNew, room + 1);
     const early = stops.has(tokens[0]!) ? "stop" : opts.signal?.aborted ? "cancelled" : undefined;
     if (early) nNew = 1;
@@ -472,13 +479,13 @@ export class Stage {
     const encodeBatch = (b: number): { cbs: GPUCommandBuffer[]; slot: number; n: number } => {
       const n = Math.min(S, steps - b * S);
       const params = new Uint32Array(S * 4);
-      for (let j = 0; j < n; j++) params.set([prompt.length + b * S + j, 1, j, 0], j * 4);
+      for (let j = 0; j < n; j++) params.set([start + b * S + j, 1, j, 0], j * 4);
       const pb = batchParams[b % 2]!;
       device.queue.writeBuffer(pb, 0, params);
       const cbs: GPUCommandBuffer[] = [];
       if (stops.size > 0 || opts.signal) {
         const enc = device.createCommandEncoder();
-        snaps.push(this.states.snapshot(enc, slot, prompt.length + b * S));
+        snaps.push(this.states.snapshot(enc, slot, start + b * S));
         cbs.push(enc.finish());
       }
       let ringSlot = -1;
@@ -543,16 +550,16 @@ export class Stage {
     // Kept tokens are fed up to all but the last; steps past that ran ahead and are rewound: restore the
     // snapshot at the start of the batch holding the first unwanted step, re-feed the kept tokens of it.
     const fed = tokens.length - 1;
-    let length = prompt.length + steps;
+    let length = start + steps;
     if (ended && ran > fed) {
       const b = Math.min(Math.floor(fed / S), snaps.length - 1);
       this.restore(snaps[b]!, slot);
       const refeed = tokens.slice(b * S, fed);
       if (refeed.length > 0) {
-        await this.run(slot, { tokens: refeed }, prompt.length + b * S, { rows: "last" });
+        await this.run(slot, { tokens: refeed }, start + b * S, { rows: "last" });
       }
     }
-    if (ended) length = prompt.length + fed;
+    if (ended) length = start + fed;
     for (const id of snaps) this.states.drop(id);
     this.#length[slot] = length;
     ring.destroy();

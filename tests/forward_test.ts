@@ -194,6 +194,13 @@ Deno.test("two slots interleaved step by step equal their solo runs; snapshot, r
     });
     assert.deepEqual(other.data, first.data, `seed ${rng.seed}`);
     stage.states.drop(snap);
+    // Generation continuing a prefilled slot (base) equals generation over the whole sequence.
+    const whole = [...prompts[0]!, ...prompts[1]!];
+    const ref = await stage.generate(1, whole, { nNew: 10, batch: 4 });
+    await stage.run(0, { tokens: prompts[0]! }, 0);
+    const cont = await stage.generate(0, prompts[1]!, { nNew: 10, batch: 4, base: prompts[0]!.length });
+    assert.deepEqual(cont.tokens, ref.tokens, `generate from base (seed ${rng.seed})`);
+    assert.equal(stage.length(0), stage.length(1));
     // A run aborted mid-generation keeps what it emitted and rewinds the slot to match it exactly.
     const full = await stage.generate(0, prompts[0]!, { nNew: 20, batch: 4 });
     const ac = new AbortController();

@@ -180,6 +180,17 @@ Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt 
     );
     await assert.rejects(e.generate({ ...req(), sampling: { ...GREEDY, temperature: 0.7 } }), RangeError);
     await assert.rejects(e.generate({ ...req(), prompt: [reference.nVocab] }), /not an id in 0\.\./);
+    // A throwing onTokens rejects its own request with that error; the next request runs.
+    await assert.rejects(
+      e.generate({
+        ...req(),
+        onTokens: () => {
+          throw new Error("sink broke");
+        },
+      }),
+      /sink broke/,
+    );
+    assert.equal((await e.generate(req())).tokens.length, 6);
     // Prompt and context exactly full: one token, reason "context".
     const full = await e.generate({ ...req(), prompt: randomPrompt(rng, N_CTX - 1), maxTokens: 5 });
     assert.equal(full.tokens.length, 2);
@@ -327,4 +338,18 @@ Deno.test("close() finishes admitted and queued requests; close({cancel}) cancel
   assert.equal((await c).reason, "cancelled");
   assert.equal((await d).reason, "cancelled");
   assert.deepEqual((await d).tokens, []);
+});
+
+Deno.test("a model that fails to load: status failed, requests rejected with the cause, close() resolves", async () => {
+  const missing = `${await Deno.makeTempDir()}/missing.gguf`;
+  const e = startEngine({ model: missing, nCtx: 32, nSlots: 1, queueSize: 1, onLog: () => {} });
+  const early = e.generate({ prompt: [1], maxTokens: 1, sampling: GREEDY, stopIds: [] });
+  await assert.rejects(early, /The model failed to load: .*missing\.gguf/);
+  assert.equal(e.status().state, "failed");
+  await assert.rejects(
+    e.generate({ prompt: [1], maxTokens: 1, sampling: GREEDY, stopIds: [] }),
+    /The model failed to load/,
+  );
+  await assert.rejects(e.modelPath(), /The model failed to load/);
+  await e.close();
 });

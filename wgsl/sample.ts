@@ -162,7 +162,7 @@ export type SampleBindGroups = { readonly partial: GPUBindGroup; readonly final:
 /** Bytes of workgroup memory one pass of `c` uses. */
 export function sampleWorkgroupBytes(c: SampleConstants): number {
   const chunk = Math.ceil(c.N_VOCAB / c.N_BLOCK);
-  return 8 * c.BUF + 4 * c.HIST + 4 * Math.ceil(chunk / 32) + 8 * c.WG;
+  return 8 * c.BUF + 4 * c.HIST + 4 * Math.ceil(chunk / 32) + 8 * c.WG + 8;
 }
 
 /**
@@ -177,6 +177,11 @@ export function checkSample(c: SampleConstants): void {
   checkShape(
     isPow2(c.BUF) && c.BUF >= 2 * c.K,
     `sample: BUF must be a power of two >= 2K (${2 * c.K}), got ${c.BUF}`,
+  );
+  checkShape(
+    c.WG >= c.K && c.WG <= c.BUF,
+    `sample: WG must lie in [K, BUF] = [${c.K}, ${c.BUF}] (the per-invocation maxima are sorted in the ` +
+      `buffer), got ${c.WG}`,
   );
   checkShape(isPow2(c.HIST) && c.HIST <= 4096, `sample: HIST must be a power of two <= 4096, got ${c.HIST}`);
   const chunk = Math.ceil(c.N_VOCAB / c.N_BLOCK);

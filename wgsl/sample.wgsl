@@ -30,12 +30,16 @@
 //               HIST ids (id k of all appended at hist[k % HIST]); read by the partial, written by the final
 //   next_token  u32 ne=[1]   (final pass)
 //   ring        u32 ne=[ring_slot + 1]   (final pass)
-// Grid: partial N_BLOCK workgroups, final 1. A partial workgroup keeps its K best of the values seen so far in
-// slots 0..K-1 of a BUF-entry list in workgroup memory; each round fills slots K..BUF-1 with the next BUF-K
-// values and bitonic-sorts all BUF (compare-exchange steps split over WG invocations, one barrier per step).
-// The final workgroup merges the sorted block lists by rank (binary searches, no sort; see main).
-// Constants: const N_VOCAB, N_BLOCK, K, WG, BUF, HIST: u32; const FINAL: bool. K <= 64; WG power of two;
-// BUF power of two >= 2K; HIST power of two (the penalty window cap); CHUNK <= 32768 (penalty bitmask).
+// Grid: partial N_BLOCK workgroups, final 1. A partial workgroup reads its block twice: first each invocation
+// takes the maximum of its values (stride WG), and the K-th largest of those WG maxima, theta, bounds the
+// block's K-th value from below; then the values >= theta are packed into a list in workgroup memory and
+// bitonic-sorted (compare-exchange steps split over WG invocations, one barrier per step). When more than BUF
+// values tie at theta, it falls back to rounds: the K best so far in slots 0..K-1, the next BUF-K values in
+// the rest, a sort of all BUF per round. The final workgroup merges the sorted block lists by rank (binary
+// searches, no sort; see main).
+// Constants: const N_VOCAB, N_BLOCK, K, WG, BUF, HIST: u32; const FINAL: bool. K <= 64; WG power of two,
+// K <= WG <= BUF; BUF power of two >= 2K; HIST power of two (the penalty window cap); CHUNK <= 32768 (the
+// penalty bitmask).
 struct SampleParams {
   ring_slot: u32,
   flags: u32,
@@ -79,6 +83,8 @@ var<workgroup> win: array<u32, HIST>;
 var<workgroup> pbits: array<atomic<u32>, PBITS>;
 var<workgroup> lm: array<f32, WG>;
 var<workgroup> ls: array<f32, WG>;
+var<workgroup> n_keep: atomic<u32>;
+var<workgroup> n_kept: u32;
 
 // Whether (av, ai) sorts before (bv, bi): larger value first, equal values by lower id, NONE last.
 fn before(av: f32, ai: u32, bv: f32, bi: u32) -> bool {
@@ -123,6 +129,51 @@ fn penalised(x: f32, id: u32, n_pen: u32) -> f32 {
 fn lse_merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2f {
   let m = max(m1, m2);
   return vec2f(m, s1 * exp(m1 - m) + s2 * exp(m2 - m));
+}
+
+// Value of logit e of this block for the chain: not ok when NaN or masked; penalised when its bit is set.
+struct Cand {
+  v: f32,
+  ok: bool,
+}
+
+fn cand(e: u32, lo: u32, n_pen: u32, use_mask: bool) -> Cand {
+  let bits = src[e];
+  let masked = use_mask && ((mask[e >> 5u] >> (e & 31u)) & 1u) != 0u;
+  if (is_nan(bits) || masked) {
+    return Cand(0.0, false);
+  }
+  var v = bitcast<f32>(bits);
+  let r = e - lo;
+  if ((atomicLoad(&pbits[r >> 5u]) & (1u << (r & 31u))) != 0u) {
+    v = penalised(v, e, n_pen);
+  }
+  return Cand(v, true);
+}
+
+// Bitonic sort of sv/si[0..n) into `before` order (n a power of two <= BUF, uniform; all invocations call).
+fn sort_prefix(n: u32, lid: u32) {
+  for (var size = 2u; size <= n; size <<= 1u) {
+    for (var j = size >> 1u; j > 0u; j >>= 1u) {
+      for (var i = lid; i < n; i += WG) {
+        let l = i ^ j;
+        if (l > i) {
+          let av = sv[i];
+          let ai = si[i];
+          let bv = sv[l];
+          let bi = si[l];
+          // Runs with (i & size) == 0 end in final order, the others reversed: a bitonic merge of both.
+          if (select(before(av, ai, bv, bi), before(bv, bi, av, ai), (i & size) == 0u)) {
+            sv[i] = bv;
+            si[i] = bi;
+            sv[l] = av;
+            si[l] = ai;
+          }
+        }
+      }
+      workgroupBarrier();
+    }
+  }
 }
 
 @compute @workgroup_size(WG)
@@ -191,55 +242,86 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     }
     workgroupBarrier();
   } else {
-    for (var start = lo; start < hi; start += FILL) {
-      for (var i = lid; i < FILL; i += WG) {
-        let e = start + i;
-        var v = 0.0;
-        var id = NONE;
-        if (e < hi) {
-          let bits = src[e];
-          let masked = use_mask && ((mask[e >> 5u] >> (e & 31u)) & 1u) != 0u;
-          if (!is_nan(bits) && !masked) {
-            id = e;
-            v = bitcast<f32>(bits);
-            let r = e - lo;
-            if ((atomicLoad(&pbits[r >> 5u]) & (1u << (r & 31u))) != 0u) {
-              v = penalised(v, e, n_pen);
-            }
-            if (is_finite(v)) {
-              if (v > tm) {
-                ts = ts * exp(tm - v) + 1.0;
-                tm = v;
-              } else {
-                ts += exp(v - tm);
-              }
-            }
+    // Pass A: each invocation's maximum and log-sum-exp partial over its values (stride WG).
+    var my_max = LOW;
+    var my_ok = false;
+    for (var e = lo + lid; e < hi; e += WG) {
+      let c = cand(e, lo, n_pen, use_mask);
+      if (c.ok) {
+        my_max = select(my_max, c.v, !my_ok || c.v > my_max);
+        my_ok = true;
+        if (is_finite(c.v)) {
+          if (c.v > tm) {
+            ts = ts * exp(tm - c.v) + 1.0;
+            tm = c.v;
+          } else {
+            ts += exp(c.v - tm);
           }
         }
-        sv[K + i] = v;
-        si[K + i] = id;
+      }
+    }
+    // The K-th largest of the WG maxima is a lower bound of the block's K-th value (K invocations each
+    // hold a distinct value >= it): only values >= theta can be among the K best.
+    sv[lid] = my_max;
+    si[lid] = select(NONE, lid, my_ok);
+    if (lid == 0u) {
+      atomicStore(&n_keep, 0u);
+    }
+    workgroupBarrier();
+    sort_prefix(WG, lid);
+    let bounded = si[K - 1u] != NONE;
+    let theta = sv[K - 1u];
+    workgroupBarrier();
+    // Pass B: the values >= theta, packed into sv/si[0..n) (all valid ones when fewer than K maxima exist).
+    for (var e = lo + lid; e < hi; e += WG) {
+      let c = cand(e, lo, n_pen, use_mask);
+      if (c.ok && (!bounded || c.v >= theta)) {
+        let at = atomicAdd(&n_keep, 1u);
+        if (at < BUF) {
+          sv[at] = c.v;
+          si[at] = e;
+        }
+      }
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+      n_kept = atomicLoad(&n_keep);
+    }
+    let kept = workgroupUniformLoad(&n_kept);
+    if (kept <= BUF) {
+      var n = 1u;
+      while (n < kept || n < K) {
+        n <<= 1u;
+      }
+      for (var i = kept + lid; i < n; i += WG) {
+        sv[i] = 0.0;
+        si[i] = NONE;
       }
       workgroupBarrier();
-      for (var size = 2u; size <= BUF; size <<= 1u) {
-        for (var j = size >> 1u; j > 0u; j >>= 1u) {
-          for (var i = lid; i < BUF; i += WG) {
-            let l = i ^ j;
-            if (l > i) {
-              let av = sv[i];
-              let ai = si[i];
-              let bv = sv[l];
-              let bi = si[l];
-              // Runs with (i & size) == 0 end in final order, the others reversed: a bitonic merge of both.
-              if (select(before(av, ai, bv, bi), before(bv, bi, av, ai), (i & size) == 0u)) {
-                sv[i] = bv;
-                si[i] = bi;
-                sv[l] = av;
-                si[l] = ai;
-              }
+      sort_prefix(n, lid);
+    } else {
+      // Too many ties at theta for the buffer: rounds over the whole block, BUF - K values at a time.
+      for (var i = lid; i < K; i += WG) {
+        sv[i] = 0.0;
+        si[i] = NONE;
+      }
+      for (var start = lo; start < hi; start += FILL) {
+        for (var i = lid; i < FILL; i += WG) {
+          let e = start + i;
+          var v = 0.0;
+          var id = NONE;
+          if (e < hi) {
+            let c = cand(e, lo, n_pen, use_mask);
+            if (c.ok) {
+              v = c.v;
+              id = e;
             }
           }
-          workgroupBarrier();
+          sv[K + i] = v;
+          si[K + i] = id;
         }
+        workgroupBarrier();
+        sort_prefix(BUF, lid);
       }
     }
   }

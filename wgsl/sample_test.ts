@@ -25,6 +25,8 @@ const POISON_U32 = 0xffffffff;
 const CHI2_MIN_P = 1e-4;
 /** A reference draw closer than this (in CDF units) to a boundary may go either way in f32: not checked. */
 const DRAW_MARGIN = 2e-5;
+/** The log-sum-exp's sum of up to 248k f32 terms, added per invocation and then in trees: relative error. */
+const LSE_RTOL = 1e-4;
 /** Small-vocabulary settings: 2 blocks, a 128-entry sort buffer, a 16-id history ring (wraps in tests). */
 const SMALL: Omit<SampleConstants, "N_VOCAB"> = { K: 64, N_BLOCK: 2, WG: 64, BUF: 128, HIST: 16 };
 
@@ -300,7 +302,13 @@ Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit (tie
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  const shapes: { c: SampleConstants; ties: boolean; nan: boolean }[] = [
+  const shapes: { c: SampleConstants; ties: boolean; nan: boolean; coarse?: boolean; flat?: boolean }[] = [
+    // One logit per invocation: the bound from the invocations' maxima is exactly the K-th value.
+    { c: { K: 64, WG: 128, BUF: 256, HIST: 16, N_BLOCK: 1, N_VOCAB: 128 }, ties: false, nan: false },
+    // A block of BUF equal logits: exactly BUF values pass the bound and fill the sort buffer.
+    { c: { ...SMALL, N_VOCAB: 256 }, ties: false, nan: false, flat: true },
+    // Two values only: more ties at the bound than the sort buffer holds (the rounds fallback).
+    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, nan: false, coarse: true },
     { c: { ...SMALL, N_VOCAB: 8 }, ties: true, nan: false },
     { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 7 }, ties: true, nan: true },
     { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, nan: true },
@@ -318,7 +326,13 @@ Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit (tie
   const pass = enc.beginComputePass();
   for (const s of shapes) {
     const n = s.c.N_VOCAB;
-    const logits = s.ties ? Float32Array.from({ length: n }, () => rng.int(-6, 7) * 0.5) : rng.normals(n, 4);
+    const logits = s.flat
+      ? new Float32Array(n).fill(1.5)
+      : s.coarse
+      ? Float32Array.from({ length: n }, () => rng.int(0, 2) * 0.5)
+      : s.ties
+      ? Float32Array.from({ length: n }, () => rng.int(-6, 7) * 0.5)
+      : rng.normals(n, 4);
     if (s.ties) logits[n - 1] = 3; // the maximum repeats, also in the last block
     if (s.nan) logits[rng.int(0, n)] = NaN;
     if (n > 10) logits[rng.int(0, n)] = -Infinity;
@@ -384,6 +398,13 @@ Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit (tie
     const got = Array.from({ length: 64 }, (_, k) => greedy.result[2 * k + 1]!);
     const want = [...order, ...new Array<number>(64 - order.length).fill(SAMPLE_NONE)];
     assert.deepEqual(got, want, `${what}: the 64 candidates`);
+    // Then the whole vocabulary's log-sum-exp as (max m, sum of exp(x - m)) over the finite logits.
+    const finite = Array.from(logits).filter((x) => Number.isFinite(x));
+    const m = finite.reduce((a, x) => Math.max(a, x), -Infinity);
+    const sum = finite.reduce((a, x) => a + Math.exp(x - m), 0);
+    const lse = new Float32Array(greedy.result.buffer, 4 * 2 * 64, 2);
+    assert.equal(lse[0], m, `${what}: log-sum-exp max`);
+    assert.ok(Math.abs(lse[1]! - sum) <= LSE_RTOL * sum, `${what}: log-sum-exp sum ${lse[1]} vs ${sum}`);
     assertPoisoned(greedy.result.subarray(2 * 65, 2 * 65 + GUARD_WORDS), POISON_U32, `${what} result`);
     assert.deepEqual(
       Array.from(greedy.state.subarray(0, 3)),

@@ -61,7 +61,9 @@ export interface JobResult {
 
 /** An error as it crosses `postMessage`: its class name (when a built-in the receiver rebuilds) and message. */
 export interface WireErrorValue {
+  /** `Error.name` (`RangeError`, `GgufError`, ...). */
   readonly name: string;
+  /** `Error.message`. */
   readonly message: string;
 }
 

@@ -27,6 +27,16 @@ import {
 } from "../server/engine_api.ts";
 import { decodeError, type FromWorker, type JobResult, type ToWorker } from "./_service_protocol.ts";
 
+export type {
+  Engine,
+  EngineStatus,
+  FinishReason,
+  GenerateRequest,
+  GenerateResult,
+  SamplingSettings,
+} from "../server/engine_api.ts";
+export { QueueFullError };
+
 /** Options of {@linkcode startEngine}. */
 export interface EngineOptions {
   /** GGUF path (first part of a split set); absent: a tiny synthetic qwen35moe written to a temp folder. */

@@ -117,7 +117,8 @@ export class EngineService implements Engine {
   #closing = false;
   #serviceMs = DEFAULT_SERVICE_MS;
   #snapshotBytes = 0;
-  #idle: (() => void) | undefined;
+  /** Waiters for the moment no request is admitted or queued (close() calls). */
+  readonly #idle: (() => void)[] = [];
   /** Resolves when the worker has released the GPU (its "closed" message) or was terminated. */
   readonly #closed: Promise<void>;
   #onClosed: () => void = () => {};
@@ -263,7 +264,7 @@ export class EngineService implements Engine {
       }
     }
     if (this.#inflight.size > 0 || this.#queue.length > 0) {
-      await new Promise<void>((resolve) => this.#idle = resolve);
+      await new Promise<void>((resolve) => this.#idle.push(resolve));
     }
     this.#sendClose();
     await this.#closed;
@@ -449,9 +450,7 @@ export class EngineService implements Engine {
 
   #checkIdle(): void {
     if (this.#inflight.size === 0 && this.#queue.length === 0) {
-      const idle = this.#idle;
-      this.#idle = undefined;
-      idle?.();
+      for (const resolve of this.#idle.splice(0)) resolve();
     }
   }
 

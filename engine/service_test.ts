@@ -325,7 +325,8 @@ Deno.test("close() finishes admitted and queued requests; close({cancel}) cancel
   const e = engine(1, 2);
   const a = e.generate(req());
   const b = e.generate(req());
-  await e.close();
+  // Two closes at once both resolve once the requests are done.
+  await Promise.all([e.close(), e.close()]);
   const results: GenerateResult[] = [await a, await b];
   assert.deepEqual(results.map((r) => r.reason), ["length", "length"]);
   await assert.rejects(e.generate(req()), QueueFullError);

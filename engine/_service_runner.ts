@@ -13,7 +13,7 @@
  * position `history.length` (the recurrent state cannot rewind: anything but an exact extension is a miss).
  * @module
  */
-import { argmaxCpu, type Stage } from "./stage.ts";
+import type { Stage } from "./stage.ts";
 import { assert } from "./errors.ts";
 import type { JobResult } from "./_service_protocol.ts";
 
@@ -147,23 +147,23 @@ export class SlotRunner {
       a.got.push(...ids);
       job.onTokens(ids);
     };
-    let ended: "stop" | "cancelled" | undefined;
-    if (a.made.length === 0 && a.base === 0) {
-      const r = await stage.generate(a.slot, job.prompt, {
-        nNew,
-        stopIds: job.stopIds,
-        batch: this.#batch,
-        signal: job.signal,
-        onTokens: emit,
-      });
-      // Stage.generate leaves the slot holding the prompt and every returned id but the last, cancelled or not.
-      a.made.push(...r.tokens);
-      a.consistent = true;
-      if (r.reason === "stop" || r.reason === "cancelled") ended = r.reason;
-    } else {
-      ended = await this.#continue(a, { nNew, emit });
-    }
-    if (ended) return this.#finish(a, ended);
+    // The slot holds the cached prefix (first turn) or all of prompt ++ made but the last id (later turns).
+    const seq = [...job.prompt, ...a.made];
+    const base = a.made.length === 0 ? a.base : seq.length - 1;
+    assert(base === 0 || stage.length(a.slot) === base, `slot ${a.slot} holds ${base} tokens`);
+    a.consistent = false;
+    const r = await stage.generate(a.slot, seq.slice(base), {
+      nNew,
+      base,
+      stopIds: job.stopIds,
+      batch: this.#batch,
+      signal: job.signal,
+      onTokens: emit,
+    });
+    // The slot now holds base, the new tokens and every returned id but the last, cancelled or not.
+    a.made.push(...r.tokens);
+    a.consistent = true;
+    if (r.reason === "stop" || r.reason === "cancelled") return this.#finish(a, r.reason);
     if (a.made.length >= job.maxTokens) return this.#finish(a, "length");
     if (a.made.length >= limit) return this.#finish(a, "context");
     return undefined;
@@ -211,44 +211,5 @@ export class SlotRunner {
     }
     assert(lru >= 0, "a free slot for every admitted request");
     return { slot: lru, base: 0 };
-  }
-
-  /**
-   * Greedy generation continuing the slot's state: prefills the tokens of prompt ++ made the slot does not
-   * hold yet (the new part of the prompt, or the last id of the previous turn), then one `Stage.run` per id.
-   * Same tokens as Stage.generate (same decode graph, ties to the lowest id), but each step awaits a
-   * readback. Every id goes into `made` at once, so a cancel knows what the slot holds. Returns what ended
-   * the turn early, if anything.
-   * TODO(stage-base): use Stage.generate once it can start from a prefilled slot (`base` option).
-   */
-  async #continue(
-    a: Active,
-    o: { nNew: number; emit: (ids: readonly number[]) => void },
-  ): Promise<"stop" | "cancelled" | undefined> {
-    const stage = this.#stage;
-    const stops = new Set(a.job.stopIds);
-    const seq = [...a.job.prompt, ...a.made];
-    const held = stage.length(a.slot);
-    assert(
-      a.made.length > 0 ? held === seq.length - 1 : held === a.base,
-      `slot ${a.slot} holds ${held} tokens`,
-    );
-    let out = await stage.run(a.slot, { tokens: seq.slice(held) }, held);
-    let id = argmaxCpu(out.data);
-    a.made.push(id);
-    o.emit([id]);
-    let pending: number[] = [];
-    for (let n = 1; n < o.nNew && !stops.has(id); n++) {
-      if (a.job.signal.aborted) return "cancelled";
-      out = await stage.run(a.slot, { tokens: [id] }, stage.length(a.slot));
-      id = argmaxCpu(out.data);
-      a.made.push(id);
-      pending.push(id);
-      if (pending.length >= this.#batch || stops.has(id) || n + 1 === o.nNew) {
-        o.emit(pending);
-        pending = [];
-      }
-    }
-    return stops.has(id) ? "stop" : undefined;
   }
 }

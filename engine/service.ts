@@ -5,7 +5,7 @@
  * a cancel and keeps the status and counters.
  *
  * Scheduling, this version: up to `nSlots` requests are admitted into the worker, each on its own slot; the
- * worker runs them in turns (`turnTokens` ids each; by default a whole request), one turn on the GPU at a
+ * worker runs them in turns (`turnTokens` ids each, default 64), one turn on the GPU at a
  * time. A slot keeps its conversation's state after the request for prefix reuse. Several slots in one GPU
  * step (batched decode) is future work.
  *
@@ -50,15 +50,17 @@ export interface EngineOptions {
   /** Decode steps per readback: ids stream back in batches of this many, and a cancel lands within one (default 8). */
   readonly batch?: number;
   /**
-   * Most ids a request makes per turn before the next admitted request runs (default 0: the whole request).
-   * Turns bound the wait of a short request behind a long one; with the current Stage a turn after the
-   * first decodes step by step (a readback per id), so slicing costs throughput.
+   * Most ids a request makes per turn before the next admitted request runs (default 64; 0: a whole request
+   * per turn). Turns bound the wait of a short request behind a long one; each turn after a request's first
+   * costs one prefill step with its readback (about 10 ms on Deno).
    */
   readonly turnTokens?: number;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
 
+/** Ids per turn: about 5% overhead per turn at a few ms per id (H200), a short wait for a newcomer. */
+const DEFAULT_TURN_TOKENS = 64;
 /** Service time assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
 /** Weight of the newest request in the service-time average. */
@@ -144,7 +146,7 @@ export class EngineService implements Engine {
     if (!Number.isInteger(batch) || batch < 1 || batch > 64) {
       throw new RangeError(`Engine option batch must be an integer in 1..64, got ${batch}`);
     }
-    const turnTokens = opts.turnTokens ?? 0;
+    const turnTokens = opts.turnTokens ?? DEFAULT_TURN_TOKENS;
     if (!Number.isInteger(turnTokens) || turnTokens < 0) {
       throw new RangeError(`Engine option turnTokens must be an integer >= 0, got ${turnTokens}`);
     }

@@ -50,7 +50,7 @@ function randomPrompt(rng: Rng, n: number): number[] {
   return Array.from({ length: n }, () => rng.int(0, reference.nVocab));
 }
 
-function engine(nSlots: number, queueSize: number, turnTokens = 0): EngineService {
+function engine(nSlots: number, queueSize: number, turnTokens?: number): EngineService {
   return startEngine({ model: MODEL, nCtx: N_CTX, nSlots, queueSize, turnTokens, onLog: () => {} });
 }
 

@@ -324,6 +324,11 @@ export class Stage {
         packs.push([gate!, up!], [sGate!, sUp!]);
       }
       if (check.layouts[l] === "ssm_in") rowOrder.set(tensorName("ssm_in", l), legacyRowOrder(hp));
+      // In-projections that read the same normed input, back to back: one decode mat-vec for the group.
+      const group = hp.isAttention[l]
+        ? inProjGroup(file, l, ["attn_q", "attn_k", "attn_v"])
+        : inProjGroup(file, l, ["ssm_in", "attn_qkv", "attn_gate", "ssm_ba"]);
+      if (group.length > 1) packs.push(group);
     }
     if (b === hp.nLayer) {
       names.push(tensorName("output_norm"));
@@ -776,6 +781,10 @@ export class Stage {
       ba: 2 * hp.ssmDtRank * T,
       alpha: hp.ssmDtRank * T,
       y: d.inner * T,
+      inproj: Math.max(
+        d.convCh + d.inner + 2 * hp.ssmDtRank,
+        2 * hp.nHead * hp.headDim + 2 * hp.nHeadKv * hp.headDim,
+      ),
       qf: 2 * hp.nHead * hp.headDim * T,
       k: hp.nHeadKv * hp.headDim * T,
       v: hp.nHeadKv * hp.headDim * T,
@@ -860,6 +869,27 @@ function pairsToTop(pairs: Uint32Array, step: number, top: number): [number, num
   for (let i = 0; i < top; i++) {
     const at = (step * top + i) * 2;
     out.push([pairs[at + 1]!, f[at]!]);
+  }
+  return out;
+}
+
+/**
+ * The longest leading run of the present tensors `ids` of layer `l` that can be packed back to back for one
+ * mat-vec: one type and row length, every tensor before the last a whole number of 256-byte units (no padding
+ * between them) and of rows whose outputs land at 256-byte aligned offsets (bindable sub-ranges).
+ */
+function inProjGroup(file: GgufFile, l: number, ids: readonly TensorId[]): string[] {
+  const names = ids.map((id) => tensorName(id, l)).filter((n) => file.tensors.has(n));
+  const out: string[] = [];
+  let rows = 0;
+  for (const name of names) {
+    const t = file.tensor(name);
+    const first = out.length === 0 ? t : file.tensor(out[0]!);
+    const prev = out.length === 0 ? undefined : file.tensor(out.at(-1)!);
+    if (t.type.id !== first.type.id || t.ne[0] !== first.ne[0]) break;
+    if (prev && (prev.nbytes % PACK_ALIGN_BYTES !== 0 || (rows * 4) % PACK_ALIGN_BYTES !== 0)) break;
+    out.push(name);
+    rows += t.nElems / (t.ne[0] ?? 1);
   }
   return out;
 }
@@ -1090,6 +1120,50 @@ class GraphBuilder {
     }
   }
 
+  /**
+   * Decode (n = 1) of several same-type tensors packed back to back as ONE mat-vec into `out`; returns the
+   * row offset of each tensor in `out`, or undefined when they are not contiguous in one buffer.
+   */
+  async #fusedMatvec(
+    label: string,
+    ws: readonly GpuTensor[],
+    x: GPUBuffer,
+    out: GPUBuffer,
+  ): Promise<number[] | undefined> {
+    if (this.#n !== 1 || ws.length < 2) return undefined;
+    const first = ws[0]!;
+    let end = 0;
+    const offsets: number[] = [];
+    for (const w of ws) {
+      const p = w.parts[0]!;
+      if (w.parts.length !== 1 || p.buffer !== first.parts[0]!.buffer || w.type.id !== first.type.id) {
+        return undefined;
+      }
+      if (p.offsetBytes !== first.parts[0]!.offsetBytes + end * first.rowBytes || w.ne[0] !== first.ne[0]) {
+        return undefined;
+      }
+      if ((end * 4) % 256 !== 0) return undefined;
+      offsets.push(end);
+      end += p.nRows;
+    }
+    const p0 = first.parts[0]!;
+    const whole: GpuTensor = {
+      name: ws.map((w) => w.name).join("+"),
+      type: first.type,
+      ne: [first.ne[0]!, end],
+      rowBytes: first.rowBytes,
+      parts: [{
+        buffer: p0.buffer,
+        offsetBytes: p0.offsetBytes,
+        firstRow: 0,
+        nRows: end,
+        sizeBytes: end * first.rowBytes,
+      }],
+    };
+    await this.#matvec(label, whole, x, out, 1);
+    return offsets;
+  }
+
   #uniform(words: Uint32Array): GPUBuffer {
     const buf = this.#device.createBuffer({
       size: Math.max(32, words.byteLength),
@@ -1111,9 +1185,25 @@ class GraphBuilder {
     const hp = this.#hp;
     const n = this.#n;
     const A = cx.act;
-    await this.#matvec(`L${l}.attn_q`, lw.t("attn_q"), A.a!, A.qf!, n);
-    await this.#matvec(`L${l}.attn_k`, lw.t("attn_k"), A.a!, A.k!, n);
-    await this.#matvec(`L${l}.attn_v`, lw.t("attn_v"), A.a!, A.v!, n);
+    let qf: Binding = A.qf!;
+    let k: Binding = A.k!;
+    let v: Binding = A.v!;
+    const nQf = 2 * hp.nHead * hp.headDim;
+    const nKv = hp.nHeadKv * hp.headDim;
+    const qkv = [lw.t("attn_q"), lw.t("attn_k"), lw.t("attn_v")];
+    const all = await this.#fusedMatvec(`L${l}.attn_qkv_proj`, qkv, A.a!, A.inproj!);
+    const qk = all
+      ? undefined
+      : await this.#fusedMatvec(`L${l}.attn_qk_proj`, qkv.slice(0, 2), A.a!, A.inproj!);
+    if (all || qk) {
+      qf = sub(A.inproj!, 0, nQf);
+      k = sub(A.inproj!, nQf, nKv);
+      if (all) v = sub(A.inproj!, nQf + nKv, nKv);
+    } else {
+      await this.#matvec(`L${l}.attn_q`, qkv[0]!, A.a!, A.qf!, n);
+      await this.#matvec(`L${l}.attn_k`, qkv[1]!, A.a!, A.k!, n);
+    }
+    if (!all) await this.#matvec(`L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n);
     const kCache = cx.stage.states.buffer(cx.slot, l, "k_cache");
     const vCache = cx.stage.states.buffer(cx.slot, l, "v_cache");
     const rope: AttnQkRopeConstants = {
@@ -1137,9 +1227,9 @@ class GraphBuilder {
         nTokens: n,
         buffers: {
           params: cx.pos,
-          qf: A.qf!,
-          k: A.k!,
-          v: A.v!,
+          qf,
+          k,
+          v,
           qNorm: part0(lw.t("attn_q_norm")),
           kNorm: part0(lw.t("attn_k_norm")),
           qOut: A.q!,
@@ -1180,7 +1270,7 @@ class GraphBuilder {
         bindGroup: attnCombineBindGroup(this.#device, {
           pipeline,
           constants: cc,
-          buffers: { partO: A.partO!, partMl: A.partMl!, qf: A.qf!, o: A.o! },
+          buffers: { partO: A.partO!, partMl: A.partMl!, qf, o: A.o! },
         }),
         grid: attnCombineGrid(cc),
       });
@@ -1204,7 +1294,7 @@ class GraphBuilder {
           pipeline,
           constants: pc,
           nTokens: n,
-          buffers: { params: cx.pos, q: A.q!, qf: A.qf!, kCache, vCache, o: A.o! },
+          buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: A.o! },
         }),
         grid: attnPrefillGrid(pc, n),
       });
@@ -1217,7 +1307,26 @@ class GraphBuilder {
     const A = cx.act;
     const c = cx.gdn(lw.layout);
     const d = gdnDims(c);
-    if (lw.layout === "ssm_in") {
+    let xQkv: Binding = A.xqkv!;
+    let z: Binding = A.z!;
+    let b: Binding = A.ba!;
+    let a: Binding = A.ba!;
+    // Decode: the in-projections as one mat-vec over their packed rows, outputs back to back in `inproj`.
+    const group = lw.layout === "ssm_in"
+      ? [lw.t("ssm_in"), lw.t("ssm_ba")]
+      : c.BA_GROUPED
+      ? [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_ba")]
+      : [lw.t("attn_qkv"), lw.t("attn_gate")];
+    const at = await this.#fusedMatvec(`L${l}.in_proj`, group, A.a!, A.inproj!);
+    if (at) {
+      xQkv = sub(A.inproj!, 0, d.convCh);
+      z = sub(A.inproj!, d.convCh, d.inner);
+      if (c.BA_GROUPED) {
+        const baAt = d.convCh + d.inner;
+        b = sub(A.inproj!, baAt, 2 * c.N_V);
+        a = b;
+      }
+    } else if (lw.layout === "ssm_in") {
       const w = lw.t("ssm_in");
       await this.#matvec(`L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh });
       await this.#matvec(`L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner });
@@ -1225,12 +1334,12 @@ class GraphBuilder {
       await this.#matvec(`L${l}.attn_qkv`, lw.t("attn_qkv"), A.a!, A.xqkv!, n);
       await this.#matvec(`L${l}.attn_gate`, lw.t("attn_gate"), A.a!, A.z!, n);
     }
-    let b: GPUBuffer;
-    let a: GPUBuffer;
     if (c.BA_GROUPED) {
-      await this.#matvec(`L${l}.ssm_ba`, lw.t("ssm_ba"), A.a!, A.ba!, n);
-      b = A.ba!;
-      a = A.ba!;
+      if (!(at && group.length === (lw.layout === "ssm_in" ? 2 : 3))) {
+        await this.#matvec(`L${l}.ssm_ba`, lw.t("ssm_ba"), A.a!, A.ba!, n);
+        b = A.ba!;
+        a = A.ba!;
+      }
     } else {
       await this.#matvec(`L${l}.ssm_beta`, lw.t("ssm_beta"), A.a!, A.ba!, n);
       await this.#matvec(`L${l}.ssm_alpha`, lw.t("ssm_alpha"), A.a!, A.alpha!, n);
@@ -1241,8 +1350,8 @@ class GraphBuilder {
     const state = cx.stage.states.buffer(cx.slot, l, "ssm");
     const bindings = {
       params: cx.pos,
-      xQkv: A.xqkv!,
-      z: A.z!,
+      xQkv,
+      z,
       b,
       a,
       convW: part0(lw.t("ssm_conv1d")),
@@ -1263,7 +1372,7 @@ class GraphBuilder {
     );
     if (n > 1) {
       const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV };
-      const rb = { params: cx.pos, xQkv: A.xqkv!, convRing };
+      const rb = { params: cx.pos, xQkv, convRing };
       checkGdnConvRing(rc, { bindings: rb, maxTokens: n });
       await this.#push(
         `L${l}.gdn_conv_ring`,

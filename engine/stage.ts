@@ -305,7 +305,6 @@ export class Stage {
     const names: string[] = [];
     const packs: string[][] = [];
     const rowOrder = new Map<string, Uint32Array>();
-    const has = (n: string) => file.tensors.has(n);
     if (a === 0) names.push(tensorName("token_embd"));
     for (let l = a; l < b; l++) {
       for (const [name, spec] of check.specs) {

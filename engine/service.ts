@@ -287,9 +287,9 @@ export class EngineService implements Engine {
       throw new RangeError(`Prompt of ${n} tokens plus 1 does not fit the context of ${this.#nCtx}`);
     }
     const maxId = this.#nVocab > 0 ? this.#nVocab : 2 ** 32;
-    const badId = (ids: readonly number[]) =>
-      ids.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= maxId);
-    let at = badId(req.prompt);
+    const badId = (ids: readonly number[], max: number) =>
+      ids.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= max);
+    let at = badId(req.prompt, maxId);
     if (at >= 0) {
       throw new RangeError(
         `Prompt token ${at} is ${req.prompt[at]}, not an id in 0..${
@@ -297,8 +297,9 @@ export class EngineService implements Engine {
         }: tokenize with this model's vocabulary`,
       );
     }
-    at = badId(req.stopIds);
-    if (at >= 0) throw new RangeError(`Stop id ${req.stopIds[at]} is not an id in 0..${maxId - 1}`);
+    // A stop id past the output rows is harmless (never generated): tokenizers may list more ids than that.
+    at = badId(req.stopIds, 2 ** 32);
+    if (at >= 0) throw new RangeError(`Stop id ${req.stopIds[at]} is not a token id (an integer >= 0)`);
     if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) {
       throw new RangeError(`maxTokens must be an integer >= 1, got ${req.maxTokens}`);
     }

@@ -13,7 +13,7 @@ export type GdnStepConstants = {
   readonly N_V: number;
   /** Key head dim d_k (`ssm.state_size`), a multiple of 64, at most 256. */
   readonly D_K: number;
-  /** Value head dim d_v (`ssm.inner_size / n_v`), a multiple of 16, at most 256. */
+  /** Value head dim d_v (`ssm.inner_size / n_v`), a multiple of 16, at most 128. */
   readonly D_V: number;
   /** Conv taps (`ssm.conv_kernel`). */
   readonly K_CONV: number;
@@ -130,8 +130,10 @@ export function checkGdnConstants(c: GdnStepConstants): void {
   if (c.D_K % 64 !== 0 || c.D_K > 256) {
     throw new RangeError(`gdn_step: D_K=${c.D_K} must be a multiple of 64 and at most 256`);
   }
-  if (c.D_V % 16 !== 0 || c.D_V > 256) {
-    throw new RangeError(`gdn_step: D_V=${c.D_V} must be a multiple of 16 and at most 256`);
+  if (c.D_V % 16 !== 0 || c.D_V > 128) {
+    throw new RangeError(
+      `gdn_step: D_V=${c.D_V} must be a multiple of 16 and at most 128 (workgroup storage)`,
+    );
   }
   if (c.N_V > 65535) throw new RangeError(`gdn_step: N_V=${c.N_V} exceeds 65535 workgroups`);
   if (!(c.EPS > 0)) throw new RangeError(`gdn_step: EPS must be positive, got ${c.EPS}`);

@@ -22,7 +22,8 @@
 // Constants: N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32 (RMS eps, also the L2-norm floor);
 //   KAPPA_TILED: bool (true: κ(h) = h mod N_K, qwen35moe; false: κ(h) = floor(h / (N_V/N_K)), qwen3next, §9);
 //   BA_GROUPED: bool (true: b[h] = U[2r·floor(h/r) + h mod r], a[h] = U[2r·floor(h/r) + r + h mod r], §8.1).
-// Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % 16 == 0, D_V <= 256; K_CONV >= 1.
+// Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % 16 == 0, D_V <= 128 (workgroup storage, ~21 KiB at
+// D_K = D_V = 128, stays under lavapipe's 32 KiB); K_CONV >= 1.
 //
 // Grid (N_V, 1, 1): workgroup h owns v-head h for all n tokens. It computes the conv + SiLU of its key head's
 // 2·D_K q/k channels (repeated by the r workgroups sharing κ(h); the one with h mod r == 0, or h < N_K when

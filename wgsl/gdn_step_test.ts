@@ -41,6 +41,16 @@ const TINY_NEXT = model("tiny qwen3next", 2, 4, 128, false);
 const TINY_35 = model("tiny qwen35moe", 2, 4, 128, true);
 const REAL_NEXT = model("real qwen3next", 16, 32, 128, false);
 const REAL_35 = model("real qwen35moe", 16, 32, 128, true);
+// Awkward shapes inside the limits: 3 local channels per invocation (2·256 + 16 > 512), one column group,
+// D_V < D_K, a 2- and a 3-slot ring.
+const ODD_A: Model = {
+  name: "odd dims A",
+  c: { N_K: 1, N_V: 2, D_K: 256, D_V: 16, K_CONV: 2, EPS, KAPPA_TILED: false, BA_GROUPED: true },
+};
+const ODD_B: Model = {
+  name: "odd dims B",
+  c: { N_K: 3, N_V: 6, D_K: 64, D_V: 48, K_CONV: 3, EPS, KAPPA_TILED: true, BA_GROUPED: false },
+};
 
 /** Inputs of a whole token sequence, f32 as the kernel reads them. */
 interface Inputs {
@@ -334,6 +344,19 @@ Deno.test("gdn_step + gdn_conv_ring: prefill of 1, 7 and 64 tokens equals the re
   assertSame(got[0]!, got[1]!, "prefill 7 vs 7 decode steps", rng.seed);
   assertSame(got[3]!, got[4]!, "prefill 7+1+2 vs 10 decode steps", rng.seed);
   assertSame(got[5]!, got[6]!, "prefill 64 vs 64 decode steps", rng.seed);
+});
+
+Deno.test("gdn_step + gdn_conv_ring: awkward dims, decode and prefill", async () => {
+  const rng = new Rng();
+  const runs: Run[] = [];
+  for (const m of [ODD_A, ODD_B]) {
+    const inp = makeInputs(rng, m, { nTokens: 9, pos0: rng.int(0, 1000), fresh: false });
+    runs.push({ inp, schedule: [1, 1, 5, 1, 1] }, { inp, schedule: [9] });
+  }
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
+  assertSame(got[0]!, got[1]!, "odd dims A: decode/prefill mix vs prefill", rng.seed);
+  assertSame(got[2]!, got[3]!, "odd dims B: decode/prefill mix vs prefill", rng.seed);
 });
 
 Deno.test("gdn_step: shape checks throw before encoding", async () => {

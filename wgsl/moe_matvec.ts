@@ -58,11 +58,14 @@ export interface MoeMatvecShape {
   readonly sharedCols?: number;
 }
 
-/** Default constants: TEAM = largest power of two ≤ min(64, K/32), ROWS 2 (as matvec). */
+/**
+ * Default constants, as matvec's: TEAM = largest power of two ≤ min(64, K/8) (every invocation gets a unit),
+ * ROWS 4 (each x quad serves 4 rows of each matrix from registers).
+ */
 export function moeMatvecConstants(shape: MoeMatvecShape): MoeMatvecConstants {
   let team = 1;
-  while (team * 2 <= Math.min(64, shape.k / 32)) team *= 2;
-  return { TYPE: TYPE_ID[shape.type], TEAM: team, ROWS: 2, GATE_UP: shape.gateUp };
+  while (team * 2 <= Math.min(64, shape.k / 8)) team *= 2;
+  return { TYPE: TYPE_ID[shape.type], TEAM: team, ROWS: 4, GATE_UP: shape.gateUp };
 }
 
 /** The params words of `shape`. */

@@ -17,10 +17,13 @@
 //   2 weights array<u32> raw GGUF blocks of type TYPE
 //   3 x       array<vec4<f32>> ne=[K, n_cols / x_div]
 //   4 y       array<f32> ne=[N, n_cols]
-// Grid (ceil(N / WG_ROWS), MAX_COLS): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col;
-// columns >= params.n_cols return before any barrier (uniform per workgroup). A team of TEAM invocations owns
-// ROWS rows; invocation t takes chunks t, t + TEAM, ... (coalesced), partials reduced in workgroup memory.
+// Grid (ceil(N / WG_ROWS), n_cols): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col.
+// A team of TEAM invocations owns ROWS rows; a row is K/8 units of 8 weights (lib/quant.wgsl) and invocation
+// t of a team takes units t, t + TEAM, ... of all its rows (as matvec.wgsl: a warp reads consecutive weight
+// words and neighbouring x quads, each x quad serves every row and matrix from registers). Partials are
+// added in workgroup memory in two levels of 8 (or fewer).
 // Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..8): u32; GATE_UP: bool.
+// Workgroup memory: 8·256·ROWS bytes + 2048 (IQ4 table) ≤ 32 KiB: ROWS ≤ 8 (fits at 18 KiB).
 // Limits: K % 32 == 0, byte offsets multiples of 4.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
@@ -33,6 +36,11 @@ const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const MATS: u32 = select(1u, 2u, GATE_UP);
 
+// First reduction level: each of the 2·WG_ROWS · GROUPS sums adds TEAM / GROUPS partials; the second adds GROUPS.
+const GROUPS: u32 = select(1u, TEAM / 8u, TEAM >= 8u);
+const GROUP_LEN: u32 = TEAM / GROUPS;
+
+// partial[(m · WG_ROWS + local row) · TEAM + t]
 var<workgroup> partial: array<f32, WG * ROWS * 2u>;
 
 fn weight_word(i: u32) -> u32 {
@@ -41,6 +49,33 @@ fn weight_word(i: u32) -> u32 {
 
 fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
+}
+
+// Adds unit u (8 weights) of each row of each matrix times the matching x quads to `acc`.
+fn unit_acc(
+  u: u32,
+  xb: u32,
+  rb: ptr<function, array<array<u32, ROWS>, 2>>,
+  acc: ptr<function, array<array<f32, ROWS>, 2>>,
+) {
+  let c = u / 4u;
+  let j = u % 4u;
+  let pos = quant_pos(c, j);
+  let xl = x[(xb + pos.x) >> 2u];
+  let xh = x[(xb + pos.y) >> 2u];
+  let sxl = dot(xl, vec4<f32>(1.0));
+  let sxh = dot(xh, vec4<f32>(1.0));
+  for (var m = 0u; m < MATS; m++) {
+    for (var r = 0u; r < ROWS; r++) {
+      let s = quant_scales((*rb)[m][r], c);
+      let q = quant_q((*rb)[m][r], c, j);
+      var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
+      if (QUANT_HAS_MIN) {
+        v -= s.z * sxl + s.w * sxh;
+      }
+      (*acc)[m][r] += v;
+    }
+  }
 }
 
 @compute @workgroup_size(256)
@@ -85,48 +120,40 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
       acc[m][r] = 0.0;
     }
   }
-  for (var c = t; c < k / 32u; c += TEAM) {
-    for (var m = 0u; m < MATS; m++) {
-      for (var r = 0u; r < ROWS; r++) {
-        let s = quant_scales(rb[m][r], c);
-        var plo = 0.0;
-        var phi = 0.0;
-        var sxlo = 0.0;
-        var sxhi = 0.0;
-        for (var j = 0u; j < 4u; j++) {
-          let pos = quant_pos(c, j);
-          let q = quant_q(rb[m][r], c, j);
-          let xl = x[(xb + pos.x) >> 2u];
-          let xh = x[(xb + pos.y) >> 2u];
-          plo += dot(q[0], xl);
-          phi += dot(q[1], xh);
-          if (QUANT_HAS_MIN) {
-            sxlo += dot(xl, vec4<f32>(1.0));
-            sxhi += dot(xh, vec4<f32>(1.0));
-          }
-        }
-        var v = s.x * plo + s.y * phi;
-        if (QUANT_HAS_MIN) {
-          v -= s.z * sxlo + s.w * sxhi;
-        }
-        acc[m][r] += v;
-      }
-    }
+  let n_units = k / 8u;
+  // Two units per step: their loads are independent, so twice the bytes are in flight per invocation.
+  var u = t;
+  for (; u + TEAM < n_units; u += 2u * TEAM) {
+    unit_acc(u, xb, &rb, &acc);
+    unit_acc(u + TEAM, xb, &rb, &acc);
+  }
+  for (; u < n_units; u += TEAM) {
+    unit_acc(u, xb, &rb, &acc);
   }
   for (var m = 0u; m < 2u; m++) {
     for (var r = 0u; r < ROWS; r++) {
       partial[(m * WG_ROWS + team * ROWS + r) * TEAM + t] = acc[m][r];
     }
   }
+  // The column test above returned whole workgroups only (col is the workgroup's y), so this barrier is
+  // reached by all invocations of every workgroup that got here.
+  workgroupBarrier();
+  for (var i = lid; i < 2u * WG_ROWS * GROUPS; i += WG) {
+    let base = i * GROUP_LEN;
+    var s = 0.0;
+    for (var q = 0u; q < GROUP_LEN; q++) {
+      s += partial[base + ((q + i) % GROUP_LEN)];
+    }
+    partial[base] = s;
+  }
   workgroupBarrier();
   for (var o = lid; o < WG_ROWS; o += WG) {
     let row = wid.x * WG_ROWS + o;
     var s0 = 0.0;
     var s1 = 0.0;
-    for (var i = 0u; i < TEAM; i++) {
-      let ii = (i + o) & (TEAM - 1u);
-      s0 += partial[o * TEAM + ii];
-      s1 += partial[(WG_ROWS + o) * TEAM + ii];
+    for (var g = 0u; g < GROUPS; g++) {
+      s0 += partial[o * TEAM + g * GROUP_LEN];
+      s1 += partial[(WG_ROWS + o) * TEAM + g * GROUP_LEN];
     }
     if (row < n) {
       var v = s0;

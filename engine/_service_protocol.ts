@@ -16,6 +16,8 @@ export type ToWorker =
     readonly batch: number;
     /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
     readonly turnTokens: number;
+    /** Prompt-boundary snapshots this many tokens before a prompt's end (0: none). */
+    readonly snapshotBack: number;
   }
   | {
     readonly type: "generate";

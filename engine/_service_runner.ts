@@ -7,10 +7,15 @@
  * batches, and an abort stops the request at the next batch boundary with the slot's state exact (it keeps
  * serving as that conversation's cache).
  *
- * Prefix reuse keeps the slot's live state instead of a snapshot: after a request the slot holds exactly its
- * history (prompt and generated ids but the last, see {@linkcode Stage.generate}), and no other request
- * touches a slot's state buffers, so a prompt that strictly extends the history continues in place from
- * position `history.length` (the recurrent state cannot rewind: anything but an exact extension is a miss).
+ * Prefix reuse has two sources; the recurrent state cannot rewind, so each is used only when the new prompt
+ * strictly extends its tokens, and the longest wins:
+ * - the slot's live state: after a request the slot holds exactly its history (prompt and generated ids but
+ *   the last, see {@linkcode Stage.generate}) and no other request touches it, so a next turn that sends
+ *   that history back verbatim continues in place;
+ * - a snapshot per slot taken `snapshotBack` tokens before the end of its last long prompt (the prefill
+ *   stops there once): a next turn whose template renders the previous reply differently (thinking
+ *   dropped) or a regenerate of the same prompt still reuses everything before the generation cue. A
+ *   snapshot can seed any free slot.
  * @module
  */
 import type { Stage } from "./stage.ts";
@@ -37,6 +42,11 @@ export interface SlotRunnerOptions {
   readonly batch: number;
   /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
   readonly turnTokens: number;
+  /**
+   * Snapshot each slot this many tokens before the end of a prompt with more new tokens than that
+   * (0: no snapshots; prefix reuse then comes from live slot state only).
+   */
+  readonly snapshotBack: number;
 }
 
 interface Active {
@@ -45,8 +55,10 @@ interface Active {
   readonly reject: (e: unknown) => void;
   /** Slot, from the first turn on (-1 before). */
   slot: number;
-  /** Prompt tokens found in the slot's history. */
+  /** Prompt tokens found in the slot's history or a snapshot. */
   base: number;
+  /** Prompt tokens the slot holds before the first generate (the hit, or the boundary snapshot's). */
+  held: number;
   /** Every id made so far, streamed or not. */
   readonly made: number[];
   /** Ids handed to `onTokens`. */
@@ -60,8 +72,11 @@ export class SlotRunner {
   readonly #stage: Stage;
   readonly #batch: number;
   readonly #turnTokens: number;
+  readonly #snapshotBack: number;
   /** Tokens each slot's state holds exactly (empty: unknown, the next request resets it). */
   readonly #history: number[][];
+  /** Each slot's latest prompt-boundary snapshot and the tokens it holds. */
+  readonly #snaps: ({ id: number; tokens: readonly number[] } | undefined)[];
   readonly #lastUsed: number[];
   /** Slots of requests still running. */
   readonly #owned = new Set<number>();
@@ -81,6 +96,8 @@ export class SlotRunner {
     this.#stage = stage;
     this.#batch = opts.batch;
     this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
+    this.#snapshotBack = opts.snapshotBack;
+    this.#snaps = new Array(stage.states.nSlots).fill(undefined);
     this.#history = Array.from({ length: stage.states.nSlots }, () => []);
     this.#lastUsed = new Array(stage.states.nSlots).fill(0);
   }
@@ -99,7 +116,17 @@ export class SlotRunner {
     assert(this.#active < this.#history.length, "at most nSlots requests at once");
     this.#active++;
     return new Promise<JobResult>((resolve, reject) => {
-      this.#ring.push({ job, resolve, reject, slot: -1, base: 0, made: [], got: [], consistent: false });
+      this.#ring.push({
+        job,
+        resolve,
+        reject,
+        slot: -1,
+        base: 0,
+        held: 0,
+        made: [],
+        got: [],
+        consistent: false,
+      });
       void this.#loop();
     });
   }
@@ -132,12 +159,15 @@ export class SlotRunner {
     const stage = this.#stage;
     if (job.signal.aborted) return this.#finish(a, "cancelled");
     if (a.slot < 0) {
-      const { slot, base } = this.#pick(job.prompt);
-      [a.slot, a.base, a.consistent] = [slot, base, base > 0];
+      const { slot, base, snap } = this.#pick(job.prompt);
+      [a.slot, a.base, a.held, a.consistent] = [slot, base, base, base > 0];
       this.#owned.add(slot);
       this.#lastUsed[slot] = ++this.#clock;
       // Until the request ends cleanly the slot's contents belong to it: an error leaves the slot unknown.
       this.#history[slot] = [];
+      if (snap !== undefined) stage.restore(snap, slot);
+      await this.#boundarySnapshot(a);
+      if (job.signal.aborted) return this.#finish(a, "cancelled");
     }
     // Ids this request can make in all: the context holds the prompt and all of them but the last.
     const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
@@ -149,8 +179,11 @@ export class SlotRunner {
     };
     // The slot holds the cached prefix (first turn) or all of prompt ++ made but the last id (later turns).
     const seq = [...job.prompt, ...a.made];
-    const base = a.made.length === 0 ? a.base : seq.length - 1;
-    assert(base === 0 || stage.length(a.slot) === base, `slot ${a.slot} holds ${base} tokens`);
+    const base = a.made.length > 0 ? seq.length - 1 : a.held;
+    assert(
+      base === 0 || stage.length(a.slot) === base,
+      `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
+    );
     a.consistent = false;
     const r = await stage.generate(a.slot, seq.slice(base), {
       nNew,
@@ -192,24 +225,48 @@ export class SlotRunner {
   }
 
   /**
-   * Among free slots: the one whose history `prompt` strictly extends (longest wins), else the least
-   * recently used.
+   * The longest prefix of `prompt` (strictly shorter than it) held by a free slot's live state or by any
+   * slot's snapshot, and the slot to run on: the live slot; for a snapshot its own slot when free (its live
+   * state missed anyway), else the least recently used free slot; with no hit, the least recently used.
    */
-  #pick(prompt: readonly number[]): { slot: number; base: number } {
-    let best = -1;
-    let bestLen = 0;
-    for (const [s, h] of this.#history.entries()) {
-      if (this.#owned.has(s) || h.length === 0 || h.length >= prompt.length || h.length <= bestLen) continue;
-      let same = true;
-      for (let i = 0; i < h.length && same; i++) same = h[i] === prompt[i];
-      if (same) [best, bestLen] = [s, h.length];
-    }
-    if (best >= 0) return { slot: best, base: bestLen };
+  #pick(prompt: readonly number[]): { slot: number; base: number; snap?: number } {
+    const isPrefix = (h: readonly number[]) => {
+      if (h.length === 0 || h.length >= prompt.length) return false;
+      for (let i = 0; i < h.length; i++) if (h[i] !== prompt[i]) return false;
+      return true;
+    };
     let lru = -1;
     for (let s = 0; s < this.#lastUsed.length; s++) {
       if (!this.#owned.has(s) && (lru < 0 || this.#lastUsed[s]! < this.#lastUsed[lru]!)) lru = s;
     }
     assert(lru >= 0, "a free slot for every admitted request");
-    return { slot: lru, base: 0 };
+    let best: { slot: number; base: number; snap?: number } = { slot: lru, base: 0 };
+    for (const [s, h] of this.#history.entries()) {
+      if (!this.#owned.has(s) && h.length > best.base && isPrefix(h)) best = { slot: s, base: h.length };
+    }
+    for (const [s, snap] of this.#snaps.entries()) {
+      if (snap && snap.tokens.length > best.base && isPrefix(snap.tokens)) {
+        best = { slot: this.#owned.has(s) ? lru : s, base: snap.tokens.length, snap: snap.id };
+      }
+    }
+    return best;
+  }
+
+  /**
+   * On a request's first turn, when its prompt has more than `snapshotBack` new tokens: prefills up to
+   * `snapshotBack` before its end and replaces the slot's snapshot with the state there.
+   */
+  async #boundarySnapshot(a: Active): Promise<void> {
+    const stage = this.#stage;
+    const prompt = a.job.prompt;
+    const at = prompt.length - this.#snapshotBack;
+    if (this.#snapshotBack === 0 || at <= a.base) return;
+    a.consistent = false;
+    await stage.run(a.slot, { tokens: prompt.slice(a.held, at) }, a.held);
+    a.consistent = true;
+    a.held = at;
+    const old = this.#snaps[a.slot];
+    if (old) stage.states.drop(old.id);
+    this.#snaps[a.slot] = { id: stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
   }
 }

@@ -6,8 +6,9 @@
  *
  * Scheduling, this version: up to `nSlots` requests are admitted into the worker, each on its own slot; the
  * worker runs them in turns (`turnTokens` ids each, default 64), one turn on the GPU at a
- * time. A slot keeps its conversation's state after the request for prefix reuse. Several slots in one GPU
- * step (batched decode) is future work.
+ * time. A slot keeps its conversation's state after the request, plus a snapshot a few tokens before the
+ * end of its prompt, for prefix reuse (`_service_runner.ts`). Several slots in one GPU step (batched
+ * decode) is future work.
  *
  * @example
  * ```ts
@@ -55,12 +56,21 @@ export interface EngineOptions {
    * costs one prefill step with its readback (about 10 ms on Deno).
    */
   readonly turnTokens?: number;
+  /**
+   * Each slot keeps a snapshot of its state this many tokens before the end of its last prompt (default 8;
+   * 0: none), so a next turn whose template re-renders the previous reply (thinking dropped), or a regenerate,
+   * reuses everything before the generation cue. Costs one snapshot per slot in GPU memory and, per prompt
+   * longer than that, one more prefill readback.
+   */
+  readonly snapshotBack?: number;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
 
 /** Ids per turn: about 5% overhead per turn at a few ms per id (H200), a short wait for a newcomer. */
 const DEFAULT_TURN_TOKENS = 64;
+/** Tokens before a prompt's end of the per-slot snapshot: covers a chat template's generation cue. */
+const DEFAULT_SNAPSHOT_BACK = 8;
 /** Service time assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
 /** Weight of the newest request in the service-time average. */
@@ -147,8 +157,11 @@ export class EngineService implements Engine {
       throw new RangeError(`Engine option batch must be an integer in 1..64, got ${batch}`);
     }
     const turnTokens = opts.turnTokens ?? DEFAULT_TURN_TOKENS;
-    if (!Number.isInteger(turnTokens) || turnTokens < 0) {
-      throw new RangeError(`Engine option turnTokens must be an integer >= 0, got ${turnTokens}`);
+    const snapshotBack = opts.snapshotBack ?? DEFAULT_SNAPSHOT_BACK;
+    for (const [name, v] of [["turnTokens", turnTokens], ["snapshotBack", snapshotBack]] as const) {
+      if (!Number.isInteger(v) || v < 0) {
+        throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
+      }
     }
     this.#nCtx = opts.nCtx;
     this.#nSlots = opts.nSlots;
@@ -167,7 +180,15 @@ export class EngineService implements Engine {
       e.preventDefault();
       this.#fail(new Error(`The engine worker crashed: ${e.message}`), true);
     };
-    this.#post({ type: "init", model: opts.model, nCtx: opts.nCtx, nSlots: opts.nSlots, batch, turnTokens });
+    this.#post({
+      type: "init",
+      model: opts.model,
+      nCtx: opts.nCtx,
+      nSlots: opts.nSlots,
+      batch,
+      turnTokens,
+      snapshotBack,
+    });
   }
 
   /** Current status (no GPU work). */

@@ -279,7 +279,7 @@ Deno.test("prefix reuse: a prompt extending a slot's history prefills only the n
     assert.equal(r3.cachedTokens, p2.length + r2.tokens.length - 1);
     // A prompt that diverges inside the history is a miss.
     const p4 = [...p3];
-    p4[1] = (p4[1]! + 1) % reference.nVocab;
+    p4[0] = (p4[0]! + 1) % reference.nVocab;
     assert.equal(
       (await e.generate({ prompt: p4, maxTokens: 2, sampling: GREEDY, stopIds: [] })).cachedTokens,
       0,
@@ -287,6 +287,30 @@ Deno.test("prefix reuse: a prompt extending a slot's history prefills only the n
     const c = e.status().counters;
     assert.equal(c.prefixHits, 2);
     assert.equal(c.cachedTokens, r2.cachedTokens + r3.cachedTokens);
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("a prompt-boundary snapshot serves a regenerate and a turn whose previous reply was re-rendered", async () => {
+  const rng = new Rng();
+  const e = engine(2, 0);
+  try {
+    const p1 = randomPrompt(rng, 20);
+    const r1 = await e.generate({ prompt: p1, maxTokens: 6, sampling: GREEDY, stopIds: [] });
+    assert.equal(r1.cachedTokens, 0);
+    // The live history (p1 and 5 ids) is no prefix of p1 itself: the snapshot 8 tokens before its end is.
+    const again = await e.generate({ prompt: p1, maxTokens: 6, sampling: GREEDY, stopIds: [] });
+    assert.deepEqual(again.tokens, r1.tokens, `seed ${rng.seed}`);
+    assert.equal(again.cachedTokens, p1.length - 8);
+    // Turn 2 renders the reply differently (it diverges right after p1): the snapshot still serves.
+    const p2 = [...p1, (r1.tokens[0]! + 1) % reference.nVocab, ...randomPrompt(rng, 4)];
+    const cold = await reference.solo(p2, 8);
+    const r2 = await e.generate({ prompt: p2, maxTokens: 8, sampling: GREEDY, stopIds: [] });
+    assert.deepEqual(r2.tokens, cold, `p2 ${p2} (seed ${rng.seed})`);
+    assert.equal(r2.cachedTokens, p1.length - 8);
+    assert.equal(e.status().counters.prefixHits, 2);
+    assert.ok(e.internals().snapshotBytes > 0);
   } finally {
     await e.close();
   }

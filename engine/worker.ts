@@ -58,7 +58,11 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
     if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);
-    runner = new SlotRunner(stage, { batch: m.batch, turnTokens: m.turnTokens });
+    runner = new SlotRunner(stage, {
+      batch: m.batch,
+      turnTokens: m.turnTokens,
+      snapshotBack: m.snapshotBack,
+    });
     post({
       type: "log",
       line: `Loaded ${model} (${arch}, ${(stage.weightBytes / 2 ** 20).toFixed(1)} MiB of weights, ` +

@@ -18,6 +18,8 @@ export type ToWorker =
     readonly turnTokens: number;
     /** Prompt-boundary snapshots this many tokens before a prompt's end (0: none). */
     readonly snapshotBack: number;
+    /** Most prompt tokens prefilled per turn (0: a whole prompt). */
+    readonly prefillTurn: number;
   }
   | {
     readonly type: "generate";

@@ -2,9 +2,9 @@
  * The worker side of the engine service, without the Worker: runs the admitted requests on a
  * {@linkcode Stage}'s slots in turns, one turn on the GPU at a time (the stage's activation buffers are shared
  * by all slots). Each request gets a slot on its first turn: the free slot whose cached history its prompt
- * extends (that history is not prefilled again), else the least recently used free slot. A turn generates at
- * most `turnTokens` ids (0: the whole request), then the next active request takes its turn; ids stream in
- * batches, and an abort stops the request at the next batch boundary with the slot's state exact (it keeps
+ * extends (that history is not prefilled again), else the least recently used free slot. A turn prefills at
+ * most `prefillTurn` prompt tokens or generates at most `turnTokens` ids, then the next active request takes
+ * its turn; ids stream in batches, and an abort stops the request at the next batch boundary with the slot's state exact (it keeps
  * serving as that conversation's cache).
  *
  * Prefix reuse has two sources; the recurrent state cannot rewind, so each is used only when the new prompt
@@ -47,6 +47,8 @@ export interface SlotRunnerOptions {
    * (0: no snapshots; prefix reuse then comes from live slot state only).
    */
   readonly snapshotBack: number;
+  /** Most prompt tokens prefilled per turn (0: a whole prompt in one turn). */
+  readonly prefillTurn: number;
 }
 
 interface Active {
@@ -73,6 +75,7 @@ export class SlotRunner {
   readonly #batch: number;
   readonly #turnTokens: number;
   readonly #snapshotBack: number;
+  readonly #prefillTurn: number;
   /** Tokens each slot's state holds exactly (empty: unknown, the next request resets it). */
   readonly #history: number[][];
   /** Each slot's latest prompt-boundary snapshot and the tokens it holds. */
@@ -97,6 +100,7 @@ export class SlotRunner {
     this.#batch = opts.batch;
     this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
     this.#snapshotBack = opts.snapshotBack;
+    this.#prefillTurn = opts.prefillTurn > 0 ? opts.prefillTurn : Infinity;
     this.#snaps = new Array(stage.states.nSlots).fill(undefined);
     this.#history = Array.from({ length: stage.states.nSlots }, () => []);
     this.#lastUsed = new Array(stage.states.nSlots).fill(0);
@@ -166,9 +170,8 @@ export class SlotRunner {
       // Until the request ends cleanly the slot's contents belong to it: an error leaves the slot unknown.
       this.#history[slot] = [];
       if (snap !== undefined) stage.restore(snap, slot);
-      await this.#boundarySnapshot(a);
-      if (job.signal.aborted) return this.#finish(a, "cancelled");
     }
+    if (a.made.length === 0 && await this.#prefillPiece(a)) return undefined;
     // Ids this request can make in all: the context holds the prompt and all of them but the last.
     const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
     const nNew = Math.min(this.#turnTokens, limit - a.made.length);
@@ -253,20 +256,27 @@ export class SlotRunner {
   }
 
   /**
-   * On a request's first turn, when its prompt has more than `snapshotBack` new tokens: prefills up to
-   * `snapshotBack` before its end and replaces the slot's snapshot with the state there.
+   * Prefills one piece of a long prompt as a turn of its own, so other requests keep streaming meanwhile:
+   * up to `prefillTurn` tokens, ending early at the snapshot point (`snapshotBack` before the prompt's end,
+   * when the prompt has more new tokens than that), where the slot's snapshot is replaced. Returns false
+   * when what is left goes to Stage.generate (it prefills at least the prompt's last token itself).
    */
-  async #boundarySnapshot(a: Active): Promise<void> {
+  async #prefillPiece(a: Active): Promise<boolean> {
     const stage = this.#stage;
     const prompt = a.job.prompt;
-    const at = prompt.length - this.#snapshotBack;
-    if (this.#snapshotBack === 0 || at <= a.base) return;
+    const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
+    const snapAhead = at > a.base && a.held < at;
+    if (!snapAhead && prompt.length - a.held <= this.#prefillTurn) return false;
+    const end = Math.min(a.held + this.#prefillTurn, snapAhead ? at : prompt.length - 1);
     a.consistent = false;
-    await stage.run(a.slot, { tokens: prompt.slice(a.held, at) }, a.held);
+    await stage.run(a.slot, { tokens: prompt.slice(a.held, end) }, a.held);
     a.consistent = true;
-    a.held = at;
-    const old = this.#snaps[a.slot];
-    if (old) stage.states.drop(old.id);
-    this.#snaps[a.slot] = { id: stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
+    a.held = end;
+    if (snapAhead && end === at) {
+      const old = this.#snaps[a.slot];
+      if (old) stage.states.drop(old.id);
+      this.#snaps[a.slot] = { id: stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
+    }
+    return true;
   }
 }

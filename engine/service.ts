@@ -5,7 +5,7 @@
  * a cancel and keeps the status and counters.
  *
  * Scheduling, this version: up to `nSlots` requests are admitted into the worker, each on its own slot; the
- * worker runs them in turns (`turnTokens` ids each, default 64), one turn on the GPU at a
+ * worker runs them in turns (`prefillTurn` prompt tokens or `turnTokens` ids each), one turn on the GPU at a
  * time. A slot keeps its conversation's state after the request, plus a snapshot a few tokens before the
  * end of its prompt, for prefix reuse (`_service_runner.ts`). Several slots in one GPU step (batched
  * decode) is future work.
@@ -63,6 +63,11 @@ export interface EngineOptions {
    * longer than that, one more prefill readback.
    */
   readonly snapshotBack?: number;
+  /**
+   * Most prompt tokens prefilled per turn (default 2048; 0: a whole prompt in one turn), so a long prompt's
+   * prefill does not stall the streams of the other admitted requests. Each piece costs one readback.
+   */
+  readonly prefillTurn?: number;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -71,6 +76,8 @@ export interface EngineOptions {
 const DEFAULT_TURN_TOKENS = 64;
 /** Tokens before a prompt's end of the per-slot snapshot: covers a chat template's generation cue. */
 const DEFAULT_SNAPSHOT_BACK = 8;
+/** Prompt tokens per prefill turn: ~1% readback overhead at thousands of tokens/s, a short stall for others. */
+const DEFAULT_PREFILL_TURN = 2048;
 /** Service time assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
 /** Weight of the newest request in the service-time average. */
@@ -158,7 +165,12 @@ export class EngineService implements Engine {
     }
     const turnTokens = opts.turnTokens ?? DEFAULT_TURN_TOKENS;
     const snapshotBack = opts.snapshotBack ?? DEFAULT_SNAPSHOT_BACK;
-    for (const [name, v] of [["turnTokens", turnTokens], ["snapshotBack", snapshotBack]] as const) {
+    const prefillTurn = opts.prefillTurn ?? DEFAULT_PREFILL_TURN;
+    const ints = [["turnTokens", turnTokens], ["snapshotBack", snapshotBack], [
+      "prefillTurn",
+      prefillTurn,
+    ]] as const;
+    for (const [name, v] of ints) {
       if (!Number.isInteger(v) || v < 0) {
         throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
       }
@@ -188,6 +200,7 @@ export class EngineService implements Engine {
       batch,
       turnTokens,
       snapshotBack,
+      prefillTurn,
     });
   }
 

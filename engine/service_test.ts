@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { openGguf } from "./gguf.ts";
 import { Stage } from "./stage.ts";
-import { type EngineService, startEngine } from "./service.ts";
+import { type EngineOptions, type EngineService, startEngine } from "./service.ts";
 import { type GenerateResult, QueueFullError, type SamplingSettings } from "../server/engine_api.ts";
 import { testGpu } from "../tests/util/gpu.ts";
 import { fixturePath } from "../tests/util/fixtures.ts";
@@ -50,8 +50,8 @@ function randomPrompt(rng: Rng, n: number): number[] {
   return Array.from({ length: n }, () => rng.int(0, reference.nVocab));
 }
 
-function engine(nSlots: number, queueSize: number, turnTokens?: number): EngineService {
-  return startEngine({ model: MODEL, nCtx: N_CTX, nSlots, queueSize, turnTokens, onLog: () => {} });
+function engine(nSlots: number, queueSize: number, more: Partial<EngineOptions> = {}): EngineService {
+  return startEngine({ model: MODEL, nCtx: N_CTX, nSlots, queueSize, onLog: () => {}, ...more });
 }
 
 /** Resolves when the engine reports ready (polling status, as /health would). */
@@ -125,11 +125,11 @@ Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, 
   }
 });
 
-Deno.test("turns of 5 ids interleave 3 requests on 3 slots; each still gives its solo greedy output", async () => {
+Deno.test("turns of 5 ids and 4 prompt tokens interleave 3 requests on 3 slots; each gives its solo output", async () => {
   const rng = new Rng();
-  const e = engine(3, 0, 5);
+  const e = engine(3, 0, { turnTokens: 5, prefillTurn: 4 });
   try {
-    const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 12)));
+    const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 20)));
     const n = [17, 9, 12];
     const want: number[][] = [];
     for (const [i, p] of prompts.entries()) want.push(await reference.solo(p, n[i]!));

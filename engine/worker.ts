@@ -62,6 +62,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       batch: m.batch,
       turnTokens: m.turnTokens,
       snapshotBack: m.snapshotBack,
+      prefillTurn: m.prefillTurn,
     });
     post({
       type: "log",

@@ -78,9 +78,9 @@ const DEFAULT_TURN_TOKENS = 64;
 const DEFAULT_SNAPSHOT_BACK = 8;
 /** Prompt tokens per prefill turn: ~1% readback overhead at thousands of tokens/s, a short stall for others. */
 const DEFAULT_PREFILL_TURN = 2048;
-/** Service time assumed for the Retry-After estimate before any request has finished. */
+/** Time between completions assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
-/** Weight of the newest request in the service-time average. */
+/** Weight of the newest completion in the average time between completions. */
 const EWMA_ALPHA = 0.2;
 
 interface Pending {
@@ -134,7 +134,9 @@ export class EngineService implements Engine {
   readonly #inflight = new Map<number, Pending>();
   readonly #queue: Pending[] = [];
   #closing = false;
+  /** Average GPU time per request: time between completions under load (one turn runs at a time). */
   #serviceMs = DEFAULT_SERVICE_MS;
+  #lastDoneMs = -Infinity;
   #snapshotBytes = 0;
   /** Waiters for the moment no request is admitted or queued (close() calls). */
   readonly #idle: (() => void)[] = [];
@@ -352,9 +354,8 @@ export class EngineService implements Engine {
   }
 
   #retryAfterSeconds(): number {
-    // One request runs at a time: the wait is about the work ahead times the mean service time.
-    const ahead = this.#inflight.size + this.#queue.length;
-    return Math.min(60, Math.max(1, Math.ceil((ahead * this.#serviceMs) / 1000)));
+    // The queue gets room when the next request completes: about one request's GPU time from now.
+    return Math.min(60, Math.max(1, Math.ceil(this.#serviceMs / 1000)));
   }
 
   #send(p: Pending): void {
@@ -465,7 +466,11 @@ export class EngineService implements Engine {
     c.cachedTokens += r.cachedTokens;
     this.#prefilledTokens += r.prefilledTokens;
     this.#snapshotBytes = r.snapshotBytes;
-    const ms = performance.now() - p.sentMs;
+    // Under load the time between completions is the GPU time per request (one turn runs at a time);
+    // after an idle spell it is this request's own time.
+    const now = performance.now();
+    const ms = now - Math.max(this.#lastDoneMs, p.sentMs);
+    this.#lastDoneMs = now;
     this.#serviceMs += EWMA_ALPHA * (ms - this.#serviceMs);
     if (p.callbackError !== undefined) p.reject(p.callbackError);
     else if (p.aborted) {

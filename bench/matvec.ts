@@ -203,7 +203,7 @@ for (const c of CASES) {
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
   if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
-    const sweep = [[64, 4, 1], [64, 2, 2], [64, 8, 2], [32, 4, 2], [128, 4, 2], [16, 8, 2]] as const;
+    const sweep = [[64, 1, 1], [32, 1, 1], [128, 1, 1], [64, 2, 2], [32, 4, 2], [32, 2, 2]] as const;
     for (const [team, rows, unroll] of sweep) {
       variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll }));
     }

@@ -71,6 +71,22 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   }
 }
 
+// Unit u of the row at byte rb times column 0 of x (the ROWS = BATCH = 1 path).
+fn unit_dot1(u: u32, rb: u32) -> f32 {
+  let c = u / 4u;
+  let j = u % 4u;
+  let pos = quant_pos(c, j);
+  let xl = x[(params.x_off + pos.x) >> 2u];
+  let xh = x[(params.x_off + pos.y) >> 2u];
+  let s = quant_scales(rb, c);
+  let q = quant_q(rb, c, j);
+  var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
+  if (QUANT_HAS_MIN) {
+    v -= s.z * dot(xl, vec4<f32>(1.0)) + s.w * dot(xh, vec4<f32>(1.0));
+  }
+  return v;
+}
+
 @compute @workgroup_size(256)
 fn main(
   @builtin(local_invocation_index) lid: u32,
@@ -101,15 +117,26 @@ fn main(
 
   // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
   // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
-  var u = t;
-  if (UNROLL == 2u) {
-    for (; u + TEAM < n_units; u += 2u * TEAM) {
-      unit_acc(u, &rb, &acc);
-      unit_acc(u + TEAM, &rb, &acc);
+  // ROWS = BATCH = 1 runs an array-free loop (one scalar accumulator), a check on whether the general
+  // path's small arrays cost registers or local memory on a driver (docs/PERF.md).
+  if (ROWS == 1u && BATCH == 1u) {
+    let rb0 = rb[0];
+    var a = 0.0;
+    for (var u = t; u < n_units; u += TEAM) {
+      a += unit_dot1(u, rb0);
     }
-  }
-  for (; u < n_units; u += TEAM) {
-    unit_acc(u, &rb, &acc);
+    acc[0][0] = a;
+  } else {
+    var u = t;
+    if (UNROLL == 2u) {
+      for (; u + TEAM < n_units; u += 2u * TEAM) {
+        unit_acc(u, &rb, &acc);
+        unit_acc(u + TEAM, &rb, &acc);
+      }
+    }
+    for (; u < n_units; u += TEAM) {
+      unit_acc(u, &rb, &acc);
+    }
   }
 
   for (var r = 0u; r < ROWS; r++) {

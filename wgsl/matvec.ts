@@ -2,11 +2,11 @@
  * Twin of `matvec.wgsl`: `y[b][n] = Σ_k W[n][k]·x[b][k]` for 1..8 columns, reading packed weights of any
  * supported type straight from their GGUF block bytes, accumulating in f32.
  *
- * Weight layout decision: raw GGUF blocks, no repacking at upload. The misaligned types (Q8_0's 34-byte and
- * Q6_K's 210-byte blocks) are read through a two-word funnel shift (`lib/common.wgsl`); the H200 measurement
- * in docs/PERF.md ("matvec vs streaming read") shows how close each type gets to the streaming-read ceiling,
- * which is what a repack could at most recover. So there is no `repackWeights`: the loader uploads bytes as
- * they are.
+ * Weight layout decision: raw GGUF blocks, no repacking at upload, so there is no `repackWeights` and the
+ * loader uploads bytes as they are. Misaligned blocks (Q8_0's 34 bytes, Q6_K's 210) are read through a
+ * two-word funnel shift (`lib/common.wgsl`). Measured on the H200 (docs/PERF.md, "matvec v2"): time tracks
+ * the weight count, not the bytes or their alignment, and the misaligned Q8_0 is the fastest quantized type,
+ * so an aligned repack would not buy anything until the per-weight instruction cost comes down.
  *
  * Uniform `Params` (32 bytes, 8 × u32, in struct order): 0 k, 4 n, 8 row_bytes, 12 w_off (bytes),
  * 16 x_off, 20 y_off, 24 x_stride, 28 y_stride (elements). Bindings: 0 params, 1 weights, 2 x, 3 y.

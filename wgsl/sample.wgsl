@@ -30,13 +30,13 @@
 //               HIST ids (id k of all appended at hist[k % HIST]); read by the partial, written by the final
 //   next_token  u32 ne=[1]   (final pass)
 //   ring        u32 ne=[ring_slot + 1]   (final pass)
-// Grid: partial N_BLOCK workgroups, final 1. A partial workgroup reads its block twice: first each invocation
-// takes the maximum of its values (stride WG), and the K-th largest of those WG maxima, theta, bounds the
-// block's K-th value from below; then the values >= theta are packed into a list in workgroup memory and
-// bitonic-sorted (compare-exchange steps split over WG invocations, one barrier per step). When more than BUF
-// values tie at theta, it falls back to rounds: the K best so far in slots 0..K-1, the next BUF-K values in
-// the rest, a sort of all BUF per round. The final workgroup merges the sorted block lists by rank (binary
-// searches, no sort; see main).
+// Grid: partial N_BLOCK workgroups, final 1. A workgroup reads its candidates (the block's logits; in the
+// final pass the N_BLOCK*K list entries) twice: first each invocation takes the maximum of its candidates
+// (stride WG), and the K-th largest of those WG maxima, theta, bounds the K-th best from below; then the
+// candidates >= theta are packed into a list in workgroup memory and bitonic-sorted (compare-exchange steps
+// split over WG invocations, one barrier per step). When more than BUF candidates tie at theta, it falls back
+// to rounds: the K best so far in slots 0..K-1, the next BUF-K candidates in the rest, a sort of all BUF per
+// round.
 // Constants: const N_VOCAB, N_BLOCK, K, WG, BUF, HIST: u32; const FINAL: bool. K <= 64; WG power of two,
 // K <= WG <= BUF; BUF power of two >= 2K; HIST power of two (the penalty window cap); CHUNK <= 32768 (the
 // penalty bitmask).
@@ -131,24 +131,31 @@ fn lse_merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2f {
   return vec2f(m, s1 * exp(m1 - m) + s2 * exp(m2 - m));
 }
 
-// Value of logit e of this block for the chain: not ok when NaN or masked; penalised when its bit is set.
+// Candidate e of this workgroup: logit e (partial pass; not ok when NaN or masked; penalised when its bit is
+// set) or entry e of the blocks' lists (final pass; not ok when it holds no id).
 struct Cand {
   v: f32,
+  id: u32,
   ok: bool,
 }
 
 fn cand(e: u32, lo: u32, n_pen: u32, use_mask: bool) -> Cand {
+  if (FINAL) {
+    let p = (e / K) * (K + 1u) + e % K;
+    let id = src[2u * p + 1u];
+    return Cand(bitcast<f32>(src[2u * p]), id, id != NONE);
+  }
   let bits = src[e];
   let masked = use_mask && ((mask[e >> 5u] >> (e & 31u)) & 1u) != 0u;
   if (is_nan(bits) || masked) {
-    return Cand(0.0, false);
+    return Cand(0.0, NONE, false);
   }
   var v = bitcast<f32>(bits);
   let r = e - lo;
   if ((atomicLoad(&pbits[r >> 5u]) & (1u << (r & 31u))) != 0u) {
     v = penalised(v, e, n_pen);
   }
-  return Cand(v, true);
+  return Cand(v, e, true);
 }
 
 // Bitonic sort of sv/si[0..n) into `before` order (n a power of two <= BUF, uniform; all invocations call).
@@ -178,8 +185,12 @@ fn sort_prefix(n: u32, lid: u32) {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
-  let lo = wid.x * CHUNK;
-  let hi = min(lo + CHUNK, N_VOCAB);
+  var lo = wid.x * CHUNK;
+  var hi = min(lo + CHUNK, N_VOCAB);
+  if (FINAL) {
+    lo = 0u;
+    hi = N_BLOCK * K;
+  }
   // Penalty window: the last n_pen ids into workgroup memory, and a bitmask of the ones in this block.
   let pen_on = !FINAL && params.penalty_last_n > 0u &&
     (params.repeat_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0);
@@ -200,129 +211,91 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       atomicOr(&pbits[(id - lo) >> 5u], 1u << ((id - lo) & 31u));
     }
   }
-  for (var i = lid; i < K; i += WG) {
-    sv[i] = 0.0;
-    si[i] = NONE;
-  }
   workgroupBarrier();
   let use_mask = (params.flags & FLAG_MASK) != 0u;
-  // This invocation's log-sum-exp partial over the finite values it reads (partial pass).
+  // Pass A: each invocation's maximum over its candidates (stride WG), and in the partial pass its
+  // log-sum-exp partial over the finite values.
   var tm = LOW;
   var ts = 0.0;
-  if (FINAL) {
-    // Each block's list is sorted, so a candidate's rank in the merge is its position in its own list plus,
-    // per other block, the number of entries that sort before it (a binary search); the K with rank < K
-    // land in their slot directly. The search stops once the rank reaches K.
-    for (var e = lid; e < N_BLOCK * K; e += WG) {
-      let b = e / K;
-      let p = b * (K + 1u) + e % K;
-      let id = src[2u * p + 1u];
-      let v = bitcast<f32>(src[2u * p]);
-      var rank = e % K;
-      for (var b2 = 0u; b2 < N_BLOCK && rank < K && id != NONE; b2++) {
-        if (b2 != b) {
-          var l = 0u;
-          var h = K;
-          while (l < h) {
-            let mid = (l + h) / 2u;
-            let q = b2 * (K + 1u) + mid;
-            if (before(bitcast<f32>(src[2u * q]), src[2u * q + 1u], v, id)) {
-              l = mid + 1u;
-            } else {
-              h = mid;
-            }
-          }
-          rank += l;
+  var my_max = LOW;
+  var my_ok = false;
+  for (var e = lo + lid; e < hi; e += WG) {
+    let c = cand(e, lo, n_pen, use_mask);
+    if (c.ok) {
+      my_max = select(my_max, c.v, !my_ok || c.v > my_max);
+      my_ok = true;
+      if (!FINAL && is_finite(c.v)) {
+        if (c.v > tm) {
+          ts = ts * exp(tm - c.v) + 1.0;
+          tm = c.v;
+        } else {
+          ts += exp(c.v - tm);
         }
       }
-      if (id != NONE && rank < K) {
-        sv[rank] = v;
-        si[rank] = id;
+    }
+  }
+  // The K-th largest of the WG maxima is a lower bound of the K-th best value (K invocations each hold a
+  // distinct candidate >= it): only candidates >= theta can be among the K best.
+  sv[lid] = my_max;
+  si[lid] = select(NONE, lid, my_ok);
+  if (lid == 0u) {
+    atomicStore(&n_keep, 0u);
+  }
+  workgroupBarrier();
+  sort_prefix(WG, lid);
+  let bounded = si[K - 1u] != NONE;
+  let theta = sv[K - 1u];
+  workgroupBarrier();
+  // Pass B: the candidates >= theta, packed into sv/si[0..kept) (all when fewer than K invocations hold one).
+  for (var e = lo + lid; e < hi; e += WG) {
+    let c = cand(e, lo, n_pen, use_mask);
+    if (c.ok && (!bounded || c.v >= theta)) {
+      let at = atomicAdd(&n_keep, 1u);
+      if (at < BUF) {
+        sv[at] = c.v;
+        si[at] = c.id;
       }
     }
+  }
+  workgroupBarrier();
+  if (lid == 0u) {
+    n_kept = atomicLoad(&n_keep);
+  }
+  let kept = workgroupUniformLoad(&n_kept);
+  if (kept <= BUF) {
+    var n = 1u;
+    while (n < kept || n < K) {
+      n <<= 1u;
+    }
+    for (var i = kept + lid; i < n; i += WG) {
+      sv[i] = 0.0;
+      si[i] = NONE;
+    }
     workgroupBarrier();
+    sort_prefix(n, lid);
   } else {
-    // Pass A: each invocation's maximum and log-sum-exp partial over its values (stride WG).
-    var my_max = LOW;
-    var my_ok = false;
-    for (var e = lo + lid; e < hi; e += WG) {
-      let c = cand(e, lo, n_pen, use_mask);
-      if (c.ok) {
-        my_max = select(my_max, c.v, !my_ok || c.v > my_max);
-        my_ok = true;
-        if (is_finite(c.v)) {
-          if (c.v > tm) {
-            ts = ts * exp(tm - c.v) + 1.0;
-            tm = c.v;
-          } else {
-            ts += exp(c.v - tm);
+    // Too many ties at theta for the buffer: rounds over all candidates, BUF - K at a time.
+    for (var i = lid; i < K; i += WG) {
+      sv[i] = 0.0;
+      si[i] = NONE;
+    }
+    for (var start = lo; start < hi; start += FILL) {
+      for (var i = lid; i < FILL; i += WG) {
+        let e = start + i;
+        var v = 0.0;
+        var id = NONE;
+        if (e < hi) {
+          let c = cand(e, lo, n_pen, use_mask);
+          if (c.ok) {
+            v = c.v;
+            id = c.id;
           }
         }
-      }
-    }
-    // The K-th largest of the WG maxima is a lower bound of the block's K-th value (K invocations each
-    // hold a distinct value >= it): only values >= theta can be among the K best.
-    sv[lid] = my_max;
-    si[lid] = select(NONE, lid, my_ok);
-    if (lid == 0u) {
-      atomicStore(&n_keep, 0u);
-    }
-    workgroupBarrier();
-    sort_prefix(WG, lid);
-    let bounded = si[K - 1u] != NONE;
-    let theta = sv[K - 1u];
-    workgroupBarrier();
-    // Pass B: the values >= theta, packed into sv/si[0..n) (all valid ones when fewer than K maxima exist).
-    for (var e = lo + lid; e < hi; e += WG) {
-      let c = cand(e, lo, n_pen, use_mask);
-      if (c.ok && (!bounded || c.v >= theta)) {
-        let at = atomicAdd(&n_keep, 1u);
-        if (at < BUF) {
-          sv[at] = c.v;
-          si[at] = e;
-        }
-      }
-    }
-    workgroupBarrier();
-    if (lid == 0u) {
-      n_kept = atomicLoad(&n_keep);
-    }
-    let kept = workgroupUniformLoad(&n_kept);
-    if (kept <= BUF) {
-      var n = 1u;
-      while (n < kept || n < K) {
-        n <<= 1u;
-      }
-      for (var i = kept + lid; i < n; i += WG) {
-        sv[i] = 0.0;
-        si[i] = NONE;
+        sv[K + i] = v;
+        si[K + i] = id;
       }
       workgroupBarrier();
-      sort_prefix(n, lid);
-    } else {
-      // Too many ties at theta for the buffer: rounds over the whole block, BUF - K values at a time.
-      for (var i = lid; i < K; i += WG) {
-        sv[i] = 0.0;
-        si[i] = NONE;
-      }
-      for (var start = lo; start < hi; start += FILL) {
-        for (var i = lid; i < FILL; i += WG) {
-          let e = start + i;
-          var v = 0.0;
-          var id = NONE;
-          if (e < hi) {
-            let c = cand(e, lo, n_pen, use_mask);
-            if (c.ok) {
-              v = c.v;
-              id = e;
-            }
-          }
-          sv[K + i] = v;
-          si[K + i] = id;
-        }
-        workgroupBarrier();
-        sort_prefix(BUF, lid);
-      }
+      sort_prefix(BUF, lid);
     }
   }
   if (FINAL) {

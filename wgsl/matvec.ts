@@ -92,18 +92,20 @@ export interface MatvecOp {
 }
 
 /**
- * The default variant for a shape: TEAM = the largest power of two ≤ min(64, K/8) (every invocation gets at
- * least one 8-weight unit per row), ROWS = 4 up to batch 4 and 2 above (each x quad loaded serves ROWS rows;
- * more rows cost registers), so a workgroup owns 16 or 8 rows at TEAM 64 (KERNELS.md §1); UNROLL = 2.
+ * The default variant for a shape, from the H200 sweeps in docs/PERF.md ("matvec v2", "array-free path"):
+ * TEAM = the largest power of two ≤ K/8 (units per row) and ≤ 32, or 64 from K = 4096; batch 1 uses
+ * ROWS = 1 (the array-free path) from K = 2048 and ROWS = 4 below (short rows need more rows per workgroup);
+ * batches use ROWS = 4 up to 4 columns and 2 above (registers); UNROLL = 2 (no measured difference).
  */
 export function matvecConstants(
   shape: MatvecShape,
   opts: { team?: number; rows?: number; unroll?: number } = {},
 ): MatvecConstants {
   const units = Math.floor(shape.k / 8);
+  const cap = shape.k >= 4096 ? 64 : 32;
   let team = 1;
-  while (team * 2 <= Math.min(64, units)) team *= 2;
-  const rows = shape.batch <= 4 ? 4 : 2;
+  while (team * 2 <= Math.min(cap, units)) team *= 2;
+  const rows = shape.batch === 1 ? (shape.k >= 2048 ? 1 : 4) : shape.batch <= 4 ? 4 : 2;
   return {
     TYPE: TYPE_ID[shape.type],
     TEAM: opts.team ?? team,

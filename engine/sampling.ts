@@ -12,7 +12,13 @@
  * @module
  */
 import { TOKEN_TYPE } from "./text/tokenizer.ts";
-import { packSampleParams, sampleMaskWords } from "../wgsl/sample.ts";
+import {
+  checkSample,
+  packSampleParams,
+  type SampleConstants,
+  sampleMaskWords,
+  sampleWorkgroupBytes,
+} from "../wgsl/sample.ts";
 
 /** One request's sampling parameters (llama.cpp names in snake_case in error messages). */
 export interface SamplingParams {
@@ -181,4 +187,31 @@ export function sampleParamWords(
  */
 export function unusedTokenMask(types: ArrayLike<number>, nVocab: number): Uint32Array<ArrayBuffer> {
   return sampleMaskWords(nVocab, (id) => id >= types.length || types[id] === TOKEN_TYPE.unused);
+}
+
+/**
+ * The `sample` kernel's settings for a vocabulary of `nVocab` logits, as measured fastest on the H200 at
+ * nVocab 248320 on 2026-12-02 (0.10 ms per step greedy, 0.12 ms with the full chain and a 64-id penalty window;
+ * the argmax kernel takes 0.035 ms): 32 blocks of ~7.8k logits (fewer for small vocabularies), 256
+ * invocations, a 2048-entry sort buffer (about 20 KiB of workgroup memory, within lavapipe's 32 KiB).
+ * @throws {RangeError} when nVocab is not an integer in [1, 2^31]
+ */
+export function sampleConstantsFor(nVocab: number): SampleConstants {
+  const c: SampleConstants = {
+    N_VOCAB: nVocab,
+    K: SAMPLE_CANDIDATES,
+    N_BLOCK: Math.max(1, Math.min(32, Math.ceil(nVocab / 1024)), Math.ceil(nVocab / 32768)),
+    WG: 256,
+    BUF: 2048,
+    HIST: SAMPLE_HIST,
+  };
+  checkSample(c);
+  if (sampleWorkgroupBytes(c) > 32768) {
+    throw new RangeError(
+      `Internal error: sample settings for nVocab ${nVocab} need ${
+        sampleWorkgroupBytes(c)
+      } bytes of workgroup memory`,
+    );
+  }
+  return c;
 }

@@ -5,13 +5,19 @@ import {
   randomSeed,
   resolveTemperature,
   SAMPLE_HIST,
+  sampleConstantsFor,
   sampleParamWords,
   SAMPLING_DEFAULTS,
   samplingParams,
   unusedTokenMask,
 } from "./sampling.ts";
 import { TOKEN_TYPE } from "./text/tokenizer.ts";
-import { SAMPLE_FLAG_MASK, SAMPLE_PARAMS, SAMPLE_PARAMS_WORDS } from "../wgsl/sample.ts";
+import {
+  SAMPLE_FLAG_MASK,
+  SAMPLE_PARAMS,
+  SAMPLE_PARAMS_WORDS,
+  sampleWorkgroupBytes,
+} from "../wgsl/sample.ts";
 
 Deno.test("samplingParams: defaults fill what is absent or undefined; a seed is drawn when none is given", () => {
   const p = samplingParams({ temperature: 0.7, topP: undefined }, { randomSeed: () => 99 });
@@ -135,4 +141,15 @@ Deno.test("isGreedy and unusedTokenMask", () => {
   // Word 1: id 33 (bit 1) and ids 40..63 past the types (bits 8..31).
   assert.equal(m[1], (0xffffff00 | 0b10) >>> 0);
   assert.equal(m[2], 0b111111, "ids 64..69 past the types");
+});
+
+Deno.test("sampleConstantsFor: valid settings within 32 KiB of workgroup memory for small and real vocabularies", () => {
+  for (const v of [1, 8, 1000, 151936, 248320, 2 ** 20]) {
+    const c = sampleConstantsFor(v);
+    assert.equal(c.N_VOCAB, v);
+    assert.ok(sampleWorkgroupBytes(c) <= 32768, `nVocab ${v}: ${sampleWorkgroupBytes(c)} bytes`);
+    assert.ok(Math.ceil(v / c.N_BLOCK) <= 32768, `nVocab ${v}: block of ${Math.ceil(v / c.N_BLOCK)}`);
+  }
+  assert.equal(sampleConstantsFor(248320).N_BLOCK, 32);
+  assert.throws(() => sampleConstantsFor(0), /N_VOCAB must be an integer in \[1, 2147483648\], got 0/);
 });

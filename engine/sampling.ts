@@ -191,8 +191,8 @@ export function unusedTokenMask(types: ArrayLike<number>, nVocab: number): Uint3
 
 /**
  * The `sample` kernel's settings for a vocabulary of `nVocab` logits, as measured fastest on the H200 at
- * nVocab 248320 on 2026-12-02 (0.10 ms per step greedy, 0.12 ms with the full chain and a 64-id penalty window;
- * the argmax kernel takes 0.035 ms): 32 blocks of ~7.8k logits (fewer for small vocabularies), 256
+ * nVocab 248320 on 2026-12-02 (0.10 ms per step greedy, 0.12 ms with the full chain and a 64-id penalty
+ * window; the argmax kernel takes 0.035 ms): 32 blocks of ~7.8k logits (fewer for small vocabularies), 256
  * invocations, a 2048-entry sort buffer (about 20 KiB of workgroup memory, within lavapipe's 32 KiB).
  * @throws {RangeError} when nVocab is not an integer in [1, 2^31]
  */

@@ -19,7 +19,7 @@ import {
   sampleWorkgroupBytes,
 } from "../wgsl/sample.ts";
 
-Deno.test("samplingParams: defaults fill what is absent or undefined; a seed is drawn when none is given", () => {
+Deno.test("samplingParams: defaults fill absent or undefined fields; a seed is drawn when none is given", () => {
   const p = samplingParams({ temperature: 0.7, topP: undefined }, { randomSeed: () => 99 });
   assert.deepEqual(p, { ...SAMPLING_DEFAULTS, temperature: 0.7, seed: 99 });
   assert.equal(samplingParams({ seed: 5 }).seed, 5);
@@ -43,7 +43,7 @@ Deno.test("samplingParams: defaults fill what is absent or undefined; a seed is 
   assert.equal(samplingParams(server).penaltyLastN, SAMPLING_DEFAULTS.penaltyLastN);
 });
 
-Deno.test("checkSampling: each field out of range throws a RangeError naming it, its value and the range", () => {
+Deno.test("checkSampling: an out-of-range field throws a RangeError naming it, its value and the range", () => {
   const ok = samplingParams({ seed: 1 });
   const bad: [Partial<typeof ok>, RegExp][] = [
     [{ topP: 1.5 }, /^RangeError: top_p 1\.5 is outside \[0, 1\]$/],
@@ -91,7 +91,7 @@ Deno.test("resolveTemperature: server default when absent, capped, validated", (
   );
 });
 
-Deno.test("sampleParamWords: every field lands at its word; -1 window means the whole ring; seed halves", () => {
+Deno.test("sampleParamWords: fields at their words; window -1 is the whole ring; seed halves", () => {
   const p = samplingParams({
     temperature: 0.6,
     topK: 20,
@@ -143,7 +143,7 @@ Deno.test("isGreedy and unusedTokenMask", () => {
   assert.equal(m[2], 0b111111, "ids 64..69 past the types");
 });
 
-Deno.test("sampleConstantsFor: valid settings within 32 KiB of workgroup memory for small and real vocabularies", () => {
+Deno.test("sampleConstantsFor: valid settings within 32 KiB of workgroup memory, small to large vocabularies", () => {
   for (const v of [1, 8, 1000, 151936, 248320, 2 ** 20]) {
     const c = sampleConstantsFor(v);
     assert.equal(c.N_VOCAB, v);

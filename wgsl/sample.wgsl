@@ -1,5 +1,5 @@
 // Sampling one token id from the logits on the GPU, in two dispatches of this kernel, following llama.cpp's
-// default chain: penalties -> top_k -> top_p -> min_p -> temperature -> draw (spec chat.md §8, KERNELS.md §6).
+// default chain: penalties -> top_k -> top_p -> min_p -> temperature -> draw (chat.md §8, KERNELS.md §6).
 //   partial (FINAL = false): block b of N_BLOCK owns logits [b*CHUNK, min((b+1)*CHUNK, N_VOCAB)),
 //            CHUNK = ceil(N_VOCAB / N_BLOCK). It drops NaN logits and masked ids, applies the penalties
 //            y = (x <= 0 ? x * repeat : x / repeat) - (count * frequency + presence) to ids among the last

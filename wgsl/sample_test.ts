@@ -629,6 +629,7 @@ Deno.test("sample shape checks throw before encoding", async () => {
   assert.throws(() => sampleVariants({ ...c, K: 65 }), /K must be an integer in \[1, 64\], got 65/);
   assert.throws(() => sampleVariants({ ...c, BUF: 64 }), /BUF must be a power of two >= 2K/);
   assert.throws(() => sampleVariants({ ...c, HIST: 100 }), /HIST must be a power of two/);
+  assert.throws(() => sampleVariants({ ...c, WG: 32 }), /WG must lie in \[K, BUF\] = \[64, 128\]/);
   assert.throws(() => sampleVariants({ ...c, N_VOCAB: 248320, N_BLOCK: 4 }), /raise N_BLOCK to at least 8/);
   small.destroy();
   big.destroy();

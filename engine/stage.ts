@@ -326,8 +326,11 @@ export class Stage {
       // In-projections that read the same normed input, back to back: one decode mat-vec for the group.
       const group = hp.isAttention[l]
         ? inProjGroup(file, l, ["attn_q", "attn_k", "attn_v"])
-        : inProjGroup(file, l, ["ssm_in", "attn_qkv", "attn_gate", "ssm_ba"]);
+        : inProjGroup(file, l, ["ssm_in", "attn_qkv", "attn_gate", "ssm_ba", "ssm_beta", "ssm_alpha"]);
       if (group.length > 1) packs.push(group);
+      // The router and the shared expert's gate row: one decode mat-vec, logits then the gate logit.
+      const router = inProjGroup(file, l, ["ffn_gate_inp", "ffn_gate_inp_shexp"]);
+      if (router.length > 1) packs.push(router);
     }
     if (b === hp.nLayer) {
       names.push(tensorName("output_norm"));
@@ -761,6 +764,7 @@ export class Stage {
       EPS: hp.rmsEps,
       KAPPA_TILED: kappaTiled(hp),
       BA_GROUPED: layout === "ssm_in" || layout === "qkv_ba",
+      A_OFF: 0,
     };
   }
 
@@ -791,7 +795,7 @@ export class Stage {
       o: hp.nHead * hp.headDim * T,
       partO: hp.headDim * hp.nHead * ATTN_SPLITS,
       partMl: 2 * hp.nHead * ATTN_SPLITS,
-      router: hp.nExpert * T,
+      router: (hp.nExpert + 1) * T,
       ids: K * T,
       wts: K * T,
       act: Math.max(hp.nFfExp, hp.nFfShexp) * (K + 1) * T,
@@ -886,7 +890,11 @@ function inProjGroup(file: GgufFile, l: number, ids: readonly TensorId[]): strin
     const first = out.length === 0 ? t : file.tensor(out[0]!);
     const prev = out.length === 0 ? undefined : file.tensor(out.at(-1)!);
     if (t.type.id !== first.type.id || t.ne[0] !== first.ne[0]) break;
-    if (prev && (prev.nbytes % PACK_ALIGN_BYTES !== 0 || (rows * 4) % PACK_ALIGN_BYTES !== 0)) break;
+    // ssm_alpha is read through ssm_beta's output range (gdn_step A_OFF), so its start need not be aligned.
+    const joined = name === tensorName("ssm_alpha", l);
+    if (prev && (prev.nbytes % PACK_ALIGN_BYTES !== 0 || (!joined && (rows * 4) % PACK_ALIGN_BYTES !== 0))) {
+      break;
+    }
     out.push(name);
     rows += t.nElems / (t.ne[0] ?? 1);
   }
@@ -1120,34 +1128,35 @@ class GraphBuilder {
   }
 
   /**
-   * Decode (n = 1) of several same-type tensors packed back to back as ONE mat-vec into `out`; returns the
-   * row offset of each tensor in `out`, or undefined when they are not contiguous in one buffer.
+   * Decode (n = 1) of the longest leading run (≥ 2) of `ws` packed back to back in one buffer, as ONE
+   * mat-vec into `out`; returns the output row offset of each fused tensor (empty when nothing was fused).
+   * Every fused tensor's output must start 256-byte aligned (a bindable range) unless it is `joined`: read
+   * through the previous tensor's range.
    */
   async #fusedMatvec(
     label: string,
     ws: readonly GpuTensor[],
     x: GPUBuffer,
     out: GPUBuffer,
-  ): Promise<number[] | undefined> {
-    if (this.#n !== 1 || ws.length < 2) return undefined;
+    opts: { joined?: GpuTensor } = {},
+  ): Promise<number[]> {
+    if (this.#n !== 1) return [];
     const first = ws[0]!;
+    const p0 = first.parts[0]!;
     let end = 0;
     const offsets: number[] = [];
     for (const w of ws) {
       const p = w.parts[0]!;
-      if (w.parts.length !== 1 || p.buffer !== first.parts[0]!.buffer || w.type.id !== first.type.id) {
-        return undefined;
-      }
-      if (p.offsetBytes !== first.parts[0]!.offsetBytes + end * first.rowBytes || w.ne[0] !== first.ne[0]) {
-        return undefined;
-      }
-      if ((end * 4) % 256 !== 0) return undefined;
+      const contiguous = w.parts.length === 1 && p.buffer === p0.buffer && w.type.id === first.type.id &&
+        w.ne[0] === first.ne[0] && p.offsetBytes === p0.offsetBytes + end * first.rowBytes;
+      const aligned = (end * 4) % 256 === 0 || w === opts.joined;
+      if (!contiguous || !aligned) break;
       offsets.push(end);
       end += p.nRows;
     }
-    const p0 = first.parts[0]!;
+    if (offsets.length < 2) return [];
     const whole: GpuTensor = {
-      name: ws.map((w) => w.name).join("+"),
+      name: ws.slice(0, offsets.length).map((w) => w.name).join("+"),
       type: first.type,
       ne: [first.ne[0]!, end],
       rowBytes: first.rowBytes,
@@ -1190,19 +1199,16 @@ class GraphBuilder {
     const nQf = 2 * hp.nHead * hp.headDim;
     const nKv = hp.nHeadKv * hp.headDim;
     const qkv = [lw.t("attn_q"), lw.t("attn_k"), lw.t("attn_v")];
-    const all = await this.#fusedMatvec(`L${l}.attn_qkv_proj`, qkv, A.a!, A.inproj!);
-    const qk = all
-      ? undefined
-      : await this.#fusedMatvec(`L${l}.attn_qk_proj`, qkv.slice(0, 2), A.a!, A.inproj!);
-    if (all || qk) {
+    const fused = await this.#fusedMatvec(`L${l}.attn_in_proj`, qkv, A.a!, A.inproj!);
+    if (fused.length >= 2) {
       qf = sub(A.inproj!, 0, nQf);
       k = sub(A.inproj!, nQf, nKv);
-      if (all) v = sub(A.inproj!, nQf + nKv, nKv);
     } else {
       await this.#matvec(`L${l}.attn_q`, qkv[0]!, A.a!, A.qf!, n);
       await this.#matvec(`L${l}.attn_k`, qkv[1]!, A.a!, A.k!, n);
     }
-    if (!all) await this.#matvec(`L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n);
+    if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
+    else await this.#matvec(`L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n);
     const kCache = cx.stage.states.buffer(cx.slot, l, "k_cache");
     const vCache = cx.stage.states.buffer(cx.slot, l, "v_cache");
     const rope: AttnQkRopeConstants = {
@@ -1304,47 +1310,55 @@ class GraphBuilder {
   async #deltaNet(cx: BuildContext, l: number, lw: LayerWeights) {
     const n = this.#n;
     const A = cx.act;
-    const c = cx.gdn(lw.layout);
-    const d = gdnDims(c);
+    const c0 = cx.gdn(lw.layout);
+    const d = gdnDims(c0);
+    const nV = c0.N_V;
+    const legacy = lw.layout === "ssm_in";
+    // Decode: the in-projections as one mat-vec over their packed rows, outputs back to back in `inproj`
+    // ([qkv | z | b (| a)]); whatever is not packed runs on its own.
+    const ws = legacy
+      ? [lw.t("ssm_in"), lw.t("ssm_ba")]
+      : c0.BA_GROUPED
+      ? [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_ba")]
+      : [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_beta"), lw.t("ssm_alpha")];
+    const fused = await this.#fusedMatvec(`L${l}.in_proj`, ws, A.a!, A.inproj!, {
+      joined: c0.BA_GROUPED ? undefined : ws[3],
+    });
+    const nQkvz = legacy ? 1 : 2; // tensors holding qkv and z
     let xQkv: Binding = A.xqkv!;
     let z: Binding = A.z!;
-    let b: Binding = A.ba!;
-    let a: Binding = A.ba!;
-    // Decode: the in-projections as one mat-vec over their packed rows, outputs back to back in `inproj`.
-    const group = lw.layout === "ssm_in"
-      ? [lw.t("ssm_in"), lw.t("ssm_ba")]
-      : c.BA_GROUPED
-      ? [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_ba")]
-      : [lw.t("attn_qkv"), lw.t("attn_gate")];
-    const at = await this.#fusedMatvec(`L${l}.in_proj`, group, A.a!, A.inproj!);
-    if (at) {
+    if (fused.length >= nQkvz) {
       xQkv = sub(A.inproj!, 0, d.convCh);
       z = sub(A.inproj!, d.convCh, d.inner);
-      if (c.BA_GROUPED) {
-        const baAt = d.convCh + d.inner;
-        b = sub(A.inproj!, baAt, 2 * c.N_V);
-        a = b;
-      }
-    } else if (lw.layout === "ssm_in") {
-      const w = lw.t("ssm_in");
+    } else if (legacy) {
+      const w = ws[0]!;
       await this.#matvec(`L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh });
       await this.#matvec(`L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner });
     } else {
-      await this.#matvec(`L${l}.attn_qkv`, lw.t("attn_qkv"), A.a!, A.xqkv!, n);
-      await this.#matvec(`L${l}.attn_gate`, lw.t("attn_gate"), A.a!, A.z!, n);
+      await this.#matvec(`L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n);
+      await this.#matvec(`L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n);
     }
-    if (c.BA_GROUPED) {
-      if (!(at && group.length === (lw.layout === "ssm_in" ? 2 : 3))) {
-        await this.#matvec(`L${l}.ssm_ba`, lw.t("ssm_ba"), A.a!, A.ba!, n);
-        b = A.ba!;
-        a = A.ba!;
+    const baAt = d.convCh + d.inner;
+    let b: Binding = A.ba!;
+    let a: Binding = A.ba!;
+    let aOff = 0;
+    if (c0.BA_GROUPED) {
+      if (fused.length > nQkvz) {
+        b = a = sub(A.inproj!, baAt, 2 * nV);
+      } else {
+        await this.#matvec(`L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n);
       }
+    } else if (fused.length === 4) {
+      // a right after b: both bindings take the [b | a] range, the kernel reads a at word N_V of it.
+      b = a = sub(A.inproj!, baAt, 2 * nV);
+      aOff = nV;
     } else {
-      await this.#matvec(`L${l}.ssm_beta`, lw.t("ssm_beta"), A.a!, A.ba!, n);
-      await this.#matvec(`L${l}.ssm_alpha`, lw.t("ssm_alpha"), A.a!, A.alpha!, n);
-      b = A.ba!;
+      if (fused.length === 3) b = sub(A.inproj!, baAt, nV);
+      else await this.#matvec(`L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n);
+      await this.#matvec(`L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n);
       a = A.alpha!;
     }
+    const c: GdnStepConstants = { ...c0, A_OFF: aOff };
     const convRing = cx.stage.states.buffer(cx.slot, l, "conv");
     const state = cx.stage.states.buffer(cx.slot, l, "ssm");
     const bindings = {
@@ -1389,11 +1403,15 @@ class GraphBuilder {
     const n = this.#n;
     const A = cx.act;
     const K = hp.nExpertUsed;
-    await this.#matvec(`L${l}.ffn_gate_inp`, lw.t("ffn_gate_inp"), A.m!, A.router!, n);
+    const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
+    const routerFused = await this.#fusedMatvec(`L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!);
+    if (routerFused.length === 0) await this.#matvec(`L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n);
+    // The shared expert's gate logit: row nExpert of the fused router output, or its own mat-vec.
+    const gam: Binding = routerFused.length === 2 ? sub(A.router!, hp.nExpert, 1) : A.gam!;
     const rc: MoeRouteConstants = {
       N_EXPERT: hp.nExpert,
       N_EXPERT_USED: K,
-      WG: 64,
+      WG: 256, // one expert per invocation: the rank count is a serial loop over all experts
       W_SCALE: moeWeightsScale(hp.expertWeightsScale),
     };
     const pipeline = await this.#cache.get(MOE_ROUTE, rc);
@@ -1451,14 +1469,16 @@ class GraphBuilder {
       }, cx);
       sho = A.sho!;
     }
-    await this.#matvec(`L${l}.ffn_gate_inp_shexp`, lw.t("ffn_gate_inp_shexp"), A.m!, A.gam!, n);
+    if (routerFused.length !== 2) {
+      await this.#matvec(`L${l}.ffn_gate_inp_shexp`, routerWs[1]!, A.m!, A.gam!, n);
+    }
     const c: ResidualAddConstants = { D: hp.nEmbd, N_TERMS: K, WEIGHTED: true, SHARED: true };
     const params = this.#storage(Uint32Array.of(n, 0));
     await this.#push(
       `L${l}.moe_combine`,
       RESIDUAL_ADD,
       c,
-      [params, A.eo!, A.wts!, sho, A.gam!, A.h!],
+      [params, A.eo!, A.wts!, sho, gam, A.h!],
       residualAddGrid(c, n),
     );
   }

@@ -23,6 +23,8 @@ export type GdnStepConstants = {
   readonly KAPPA_TILED: boolean;
   /** b and a are both the raw `ssm_ba` output in qwen3next's grouped order (spec §8.1). */
   readonly BA_GROUPED: boolean;
+  /** Word offset of a in its binding when not grouped (N_V: a right after b in one buffer, decode only). */
+  readonly A_OFF: number;
 };
 
 /** Kernel spec of `gdn_step`. */
@@ -39,6 +41,7 @@ export const GDN_STEP: KernelSpec = {
     EPS: "f32",
     KAPPA_TILED: "bool",
     BA_GROUPED: "bool",
+    A_OFF: "u32",
   },
 };
 
@@ -137,6 +140,9 @@ export function checkGdnConstants(c: GdnStepConstants): void {
   }
   if (c.N_V > 65535) throw new RangeError(`gdn_step: N_V=${c.N_V} exceeds 65535 workgroups`);
   if (!(c.EPS > 0)) throw new RangeError(`gdn_step: EPS must be positive, got ${c.EPS}`);
+  if (!Number.isInteger(c.A_OFF) || c.A_OFF < 0 || (c.BA_GROUPED && c.A_OFF !== 0)) {
+    throw new RangeError(`gdn_step: A_OFF=${c.A_OFF} must be a non-negative integer, and 0 when BA_GROUPED`);
+  }
 }
 
 /**
@@ -157,7 +163,7 @@ export function checkGdnStep(
     xQkv: [d.convCh * n, `ne=[${d.convCh}, ${n}]`],
     z: [d.inner * n, `ne=[${d.inner}, ${n}]`],
     b: [ba * n, `ne=[${ba}, ${n}]`],
-    a: [ba * n, `ne=[${ba}, ${n}]`],
+    a: [ba * n + c.A_OFF, `ne=[${ba}, ${n}] from word ${c.A_OFF}`],
     convW: [c.K_CONV * d.convCh, `ne=[${c.K_CONV}, ${d.convCh}]`],
     dtBias: [c.N_V, `ne=[${c.N_V}]`],
     ssmA: [c.N_V, `ne=[${c.N_V}]`],

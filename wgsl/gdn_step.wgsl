@@ -22,6 +22,8 @@
 // Constants: N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32 (RMS eps, also the L2-norm floor);
 //   KAPPA_TILED: bool (true: κ(h) = h mod N_K, qwen35moe; false: κ(h) = floor(h / (N_V/N_K)), qwen3next, §9);
 //   BA_GROUPED: bool (true: b[h] = U[2r·floor(h/r) + h mod r], a[h] = U[2r·floor(h/r) + r + h mod r], §8.1).
+//   A_OFF: u32 (not BA_GROUPED: a[h] of token t at word t·N_V + h + A_OFF of its binding; 0 for a buffer of its own,
+//   N_V for a decode whose a follows b in one buffer bound twice; 0 when BA_GROUPED).
 // Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % 16 == 0, D_V <= 128 (workgroup storage, ~21 KiB at
 // D_K = D_V = 128, stays under lavapipe's 32 KiB); K_CONV >= 1.
 //
@@ -129,7 +131,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   let il = lid % LANES;
   let jg = lid / LANES;
-  var a_off = 0u;
+  var a_off = A_OFF;
   if (BA_GROUPED) {
     a_off = R;
   }

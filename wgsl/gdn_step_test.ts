@@ -33,7 +33,7 @@ function model(name: string, nK: number, nV: number, d: number, tiled: boolean):
   return {
     name,
     // qwen3next (grouped κ) also takes its b/a in the raw ssm_ba layout, so both gathers are covered.
-    c: { N_K: nK, N_V: nV, D_K: d, D_V: d, K_CONV: 4, EPS, KAPPA_TILED: tiled, BA_GROUPED: !tiled },
+    c: { N_K: nK, N_V: nV, D_K: d, D_V: d, K_CONV: 4, EPS, KAPPA_TILED: tiled, BA_GROUPED: !tiled, A_OFF: 0 },
   };
 }
 
@@ -45,11 +45,11 @@ const REAL_35 = model("real qwen35moe", 16, 32, 128, true);
 // D_V < D_K, a 2- and a 3-slot ring.
 const ODD_A: Model = {
   name: "odd dims A",
-  c: { N_K: 1, N_V: 2, D_K: 256, D_V: 16, K_CONV: 2, EPS, KAPPA_TILED: false, BA_GROUPED: true },
+  c: { N_K: 1, N_V: 2, D_K: 256, D_V: 16, K_CONV: 2, EPS, KAPPA_TILED: false, BA_GROUPED: true, A_OFF: 0 },
 };
 const ODD_B: Model = {
   name: "odd dims B",
-  c: { N_K: 3, N_V: 6, D_K: 64, D_V: 48, K_CONV: 3, EPS, KAPPA_TILED: true, BA_GROUPED: false },
+  c: { N_K: 3, N_V: 6, D_K: 64, D_V: 48, K_CONV: 3, EPS, KAPPA_TILED: true, BA_GROUPED: false, A_OFF: 0 },
 };
 
 /** Inputs of a whole token sequence, f32 as the kernel reads them. */
@@ -197,13 +197,22 @@ async function record(
   for (const n of schedule) {
     const params = mk(upload(device, packGdnParams(inp.pos0 + t0, n), "params"));
     const xQkv = mk(upload(device, inp.x.subarray(t0 * d.convCh, (t0 + n) * d.convCh)));
-    const b = mk(upload(device, inp.b.subarray(t0 * baW, (t0 + n) * baW)));
+    // A_OFF > 0 (decode only): a follows b in one buffer, bound to both bindings, as the engine's fused
+    // in-projection output lays them out.
+    const joint = c.A_OFF > 0
+      ? new Float32Array([
+        ...inp.b.subarray(t0 * baW, (t0 + n) * baW),
+        ...inp.a.subarray(t0 * baW, (t0 + n) * baW),
+      ])
+      : undefined;
+    assert.ok(!joint || (n === 1 && c.A_OFF === c.N_V), "A_OFF runs are decode steps with a right after b");
+    const b = mk(upload(device, joint ?? inp.b.subarray(t0 * baW, (t0 + n) * baW)));
     const bindings: GdnStepBindings = {
       params,
       xQkv,
       z: mk(upload(device, inp.z.subarray(t0 * d.inner, (t0 + n) * d.inner))),
       b,
-      a: c.BA_GROUPED ? b : mk(upload(device, inp.a.subarray(t0 * baW, (t0 + n) * baW))),
+      a: c.BA_GROUPED || joint ? b : mk(upload(device, inp.a.subarray(t0 * baW, (t0 + n) * baW))),
       convW,
       dtBias,
       ssmA,
@@ -314,7 +323,8 @@ Deno.test("gdn_step: decode steps from zero state, both κ mappings and b/a layo
 
 Deno.test("gdn_step: real dims, decode from a random state at a large position, both κ", async () => {
   const rng = new Rng();
-  const runs = [REAL_NEXT, REAL_35].map((m) => ({
+  const aAfterB: Model = { name: "real qwen35moe, a after b", c: { ...REAL_35.c, A_OFF: REAL_35.c.N_V } };
+  const runs = [REAL_NEXT, REAL_35, aAfterB].map((m) => ({
     inp: makeInputs(rng, m, { nTokens: 3, pos0: 1_000_001 + rng.int(0, 4), fresh: false }),
     schedule: [1, 1, 1],
   }));

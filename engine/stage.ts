@@ -26,6 +26,16 @@ import type { GgmlTypeName } from "./quant/types.ts";
 import { assert } from "./errors.ts";
 import { ReadbackRing } from "./gpu/readback.ts";
 import {
+  isGreedy,
+  SAMPLE_HIST,
+  sampleConstantsFor,
+  sampleParamWords,
+  type SamplingParams,
+  unusedTokenMask,
+} from "./sampling.ts";
+import { packSampleState, SAMPLE, sampleBindGroups, sampleGrids, sampleVariants } from "../wgsl/sample.ts";
+import { KEYS } from "./names.ts";
+import {
   ARGMAX,
   argmaxBindGroups,
   type ArgmaxConstants,
@@ -157,6 +167,11 @@ export interface GenerateOptions {
   readonly top?: number;
   /** Token ids that end generation (included in the output); later tokens are dropped. */
   readonly stopIds?: readonly number[];
+  /**
+   * Sampling on the GPU (penalties → top-k → top-p → min-p → temperature → seeded draw); absent or greedy
+   * (temperature 0, top_k 1): the argmax path, ties to the lowest id.
+   */
+  readonly sampling?: SamplingParams;
   /** Decode steps per readback (ids stream back in batches of this many; default 8). */
   readonly batch?: number;
   /** Called with each batch of new ids as they land. */
@@ -227,6 +242,8 @@ export class Stage {
   readonly #zeroIds: GPUBuffer;
   readonly #graphs = new Map<string, Op[]>();
   readonly #decoders = new Map<string, Decoder>();
+  /** Sampler mask words (UNUSED token types and padding rows), when the file has token types. */
+  readonly #unusedMask: Uint32Array<ArrayBuffer> | undefined;
   readonly #length: number[];
   #destroyed = false;
 
@@ -239,6 +256,7 @@ export class Stage {
     weights: Map<string, GpuTensor>;
     check: TensorCheck;
     nSlots: number;
+    tokenTypes?: ArrayLike<number>;
   }) {
     const { gpu, hp } = init;
     this.#gpu = gpu;
@@ -277,6 +295,7 @@ export class Stage {
     );
     this.#zeroIds = gpu.device.createBuffer({ label: "zero_ids", size: 4 * this.maxChunk, usage: STORAGE });
     this.#length = new Array(init.nSlots).fill(0);
+    this.#unusedMask = init.tokenTypes && unusedTokenMask(init.tokenTypes, hp.nVocab);
   }
 
   /**
@@ -356,7 +375,11 @@ export class Stage {
       rowOrder,
       onProgress: opts.onProgress,
     });
+    const tokenTypes = file.metadata.has(KEYS.tokTypes)
+      ? file.metadata.getIntArray(KEYS.tokTypes)
+      : undefined;
     return new Stage({
+      tokenTypes,
       gpu,
       hp,
       layers: [a, b],
@@ -463,9 +486,43 @@ export class Stage {
     if (!Number.isInteger(S) || S < 1 || S > 64) throw new RangeError(`Batch must be in 1..64, got ${S}`);
     const stops = new Set(opts.stopIds ?? []);
     const base = opts.base ?? 0;
+    // Plain greedy (no penalties) takes the argmax path; anything else runs the sampler, penalties included.
+    const p = opts.sampling;
+    const sampling = p !== undefined &&
+      !(isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0);
     const first = await this.run(slot, { tokens: prompt }, base);
     const start = base + prompt.length;
-    const tokens = [argmaxCpu(first.data)];
+    const dec = await this.#decoder(slot, S, top, sampling);
+    let firstId = argmaxCpu(first.data);
+    if (dec.sampler) {
+      // The request's sampler settings and a fresh RNG step and penalty history (the prompt's last ids); then
+      // the first id is drawn on the GPU from the prefill's last logits, which are still in the logits buffer.
+      device.queue.writeBuffer(
+        dec.sampler.params,
+        0,
+        sampleParamWords(opts.sampling!, { maskUnused: !!this.#unusedMask }),
+      );
+      device.queue.writeBuffer(
+        dec.sampler.state,
+        0,
+        packSampleState(SAMPLE_HIST, { history: prompt.slice(-SAMPLE_HIST) }),
+      );
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeOps(pass, dec.selectOps);
+      pass.end();
+      const read = device.createBuffer({ size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+      enc.copyBufferToBuffer(dec.idRing, 0, read, 0, 4);
+      device.queue.submit([enc.finish()]);
+      await read.mapAsync(GPUMapMode.READ);
+      firstId = new Uint32Array(read.getMappedRange())[0]!;
+      read.unmap();
+      read.destroy();
+      if (firstId >= this.hp.nVocab) {
+        throw new Error(`Internal error: the sampler drew no id (all logits masked or NaN)`);
+      }
+    }
+    const tokens = [firstId];
     const tops: [number, number][][] = top > 0 ? [topCpu(first.data, top)] : [];
     opts.onTokens?.([tokens[0]!]);
     const room = this.nCtx - start;
@@ -477,7 +534,6 @@ export class Stage {
       return { tokens, top: tops, reason: early ?? (nNew < opts.nNew ? "context" : "length"), steps: 0 };
     }
     device.queue.writeBuffer(this.#act.tokens!, 0, Uint32Array.of(tokens[0]!));
-    const dec = await this.#decoder(slot, S, top);
     const ring = new ReadbackRing(device, { slots: 2, slotBytes: S * 4 * (1 + 2 * top) });
     const batchParams = [0, 1].map(() =>
       device.createBuffer({ size: S * 16, usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST })
@@ -613,8 +669,8 @@ export class Stage {
     for (const b of seen) b.destroy();
   }
 
-  async #decoder(slot: number, S: number, top: number): Promise<Decoder> {
-    const key = `${slot}/${S}/${top}`;
+  async #decoder(slot: number, S: number, top: number, sampling: boolean): Promise<Decoder> {
+    const key = `${slot}/${S}/${top}/${sampling}`;
     const hit = this.#decoders.get(key);
     if (hit) return hit;
     const { device } = this.#gpu;
@@ -623,33 +679,82 @@ export class Stage {
     const buf = (label: string, bytes: number) =>
       device.createBuffer({ label, size: Math.max(16, bytes), usage: STORAGE });
     const idRing = buf("id_ring", 4 * S);
-    const argmaxParams = buf("argmax_params", 16);
-    const ac: ArgmaxConstants = {
-      N_VOCAB: V,
-      N_BLOCK: Math.min(256, Math.ceil(V / 1024)),
-      WG: 256,
-      WRITE_IDS: true,
-    };
-    const av = argmaxVariants(ac);
-    const ap = {
-      partial: await this.#cache.get(ARGMAX, av.partial),
-      final: await this.#cache.get(ARGMAX, av.final),
-    };
-    const ab = argmaxBindGroups(device, {
-      pipelines: ap,
-      constants: ac,
-      buffers: {
-        logits: { buffer: this.#act.logits!, offset: 0, size: 4 * V },
-        pairs: buf("argmax_pairs", 8 * ac.N_BLOCK),
-        result: buf("argmax_result", 8),
-        params: argmaxParams,
-        nextToken: this.#act.tokens!,
-        ring: idRing,
-      },
-    });
-    const ag = argmaxGrids(ac);
-    ops.push({ label: "argmax.partial", pipeline: ap.partial, bindGroup: ab.partial, grid: ag.partial });
-    ops.push({ label: "argmax.final", pipeline: ap.final, bindGroup: ab.final, grid: ag.final });
+    const logits = { buffer: this.#act.logits!, offset: 0, size: 4 * V };
+    let argmaxParams: GPUBuffer;
+    let sampler: Decoder["sampler"];
+    const selectOps: Op[] = [];
+    if (sampling) {
+      // The sampler's params start with the ring slot like ArgmaxParams, so the per-step copy is the same.
+      const sc = sampleConstantsFor(V);
+      const sv = sampleVariants(sc);
+      const sp = {
+        partial: await this.#cache.get(SAMPLE, sv.partial),
+        final: await this.#cache.get(SAMPLE, sv.final),
+      };
+      const mask = buf("sample_mask", 4 * Math.ceil(V / 32));
+      if (this.#unusedMask) device.queue.writeBuffer(mask, 0, this.#unusedMask);
+      sampler = {
+        params: buf("sample_params", 48),
+        state: buf("sample_state", 4 * packSampleState(sc.HIST).length),
+      };
+      argmaxParams = sampler.params;
+      const sb = sampleBindGroups(device, {
+        pipelines: sp,
+        constants: sc,
+        buffers: {
+          logits,
+          pairs: buf("sample_pairs", 8 * (sc.K + 1) * sc.N_BLOCK),
+          result: buf("sample_result", 8 * (sc.K + 1)),
+          params: sampler.params,
+          mask,
+          state: sampler.state,
+          nextToken: this.#act.tokens!,
+          ring: idRing,
+        },
+      });
+      const sg = sampleGrids(sc);
+      selectOps.push({
+        label: "sample.partial",
+        pipeline: sp.partial,
+        bindGroup: sb.partial,
+        grid: sg.partial,
+      });
+      selectOps.push({ label: "sample.final", pipeline: sp.final, bindGroup: sb.final, grid: sg.final });
+    } else {
+      argmaxParams = buf("argmax_params", 16);
+      const ac: ArgmaxConstants = {
+        N_VOCAB: V,
+        N_BLOCK: Math.min(256, Math.ceil(V / 1024)),
+        WG: 256,
+        WRITE_IDS: true,
+      };
+      const av = argmaxVariants(ac);
+      const ap = {
+        partial: await this.#cache.get(ARGMAX, av.partial),
+        final: await this.#cache.get(ARGMAX, av.final),
+      };
+      const ab = argmaxBindGroups(device, {
+        pipelines: ap,
+        constants: ac,
+        buffers: {
+          logits,
+          pairs: buf("argmax_pairs", 8 * ac.N_BLOCK),
+          result: buf("argmax_result", 8),
+          params: argmaxParams,
+          nextToken: this.#act.tokens!,
+          ring: idRing,
+        },
+      });
+      const ag = argmaxGrids(ac);
+      selectOps.push({
+        label: "argmax.partial",
+        pipeline: ap.partial,
+        bindGroup: ab.partial,
+        grid: ag.partial,
+      });
+      selectOps.push({ label: "argmax.final", pipeline: ap.final, bindGroup: ab.final, grid: ag.final });
+    }
+    ops.push(...selectOps);
     const topResult = buf("top_result", 8 * Math.max(1, top));
     const topBatch = buf("top_batch", 8 * Math.max(1, top) * S);
     if (top > 0) {
@@ -678,7 +783,7 @@ export class Stage {
       ops.push({ label: "topk.partial", pipeline: tp.partial, bindGroup: tb.partial, grid: tg.partial });
       ops.push({ label: "topk.final", pipeline: tp.final, bindGroup: tb.final, grid: tg.final });
     }
-    const dec: Decoder = { ops, idRing, argmaxParams, topResult, topBatch };
+    const dec: Decoder = { ops, idRing, argmaxParams, topResult, topBatch, selectOps, sampler };
     this.#decoders.set(key, dec);
     return dec;
   }
@@ -850,6 +955,10 @@ interface Decoder {
   readonly topResult: GPUBuffer;
   /** u32 ne=[2, top, batch]: each step's pairs, copied out of `topResult` after its pass. */
   readonly topBatch: GPUBuffer;
+  /** The selection dispatches alone (argmax or sampler), for the first token after a prefill. */
+  readonly selectOps: readonly Op[];
+  /** Sampler params (word 0: ring slot, like ArgmaxParams) and state (RNG step, penalty history), if sampling. */
+  readonly sampler?: { readonly params: GPUBuffer; readonly state: GPUBuffer };
 }
 
 /** Index of the largest value, ties to the lowest index (as the GPU argmax). */

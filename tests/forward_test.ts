@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf.ts";
 import { planModel, type QuantPreset, synthesize } from "../engine/synth.ts";
 import { argmaxCpu, Stage } from "../engine/stage.ts";
+import { samplingParams } from "../engine/sampling.ts";
 import type { ArchName } from "../engine/models/mod.ts";
 import { RefModel } from "./ref/forward.ts";
 import { testGpu } from "./util/gpu.ts";
@@ -224,6 +225,39 @@ Deno.test("two slots interleaved step by step equal their solo runs; snapshot, r
       full.tokens[cut.tokens.length],
       `state after abort (seed ${rng.seed})`,
     );
+  } finally {
+    stage.destroy();
+  }
+});
+
+Deno.test("generate with GPU sampling: seeded runs repeat, seeds differ, greedy settings equal argmax", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 1, maxChunk: 8 });
+  try {
+    const prompt = Array.from({ length: 5 }, () => rng.int(0, 1021));
+    const hot = samplingParams({ temperature: 1.5, topK: 0, topP: 1, minP: 0, seed: 1234 });
+    const a = await stage.generate(0, prompt, { nNew: 24, batch: 4, sampling: hot });
+    const b = await stage.generate(0, prompt, { nNew: 24, batch: 4, sampling: hot });
+    const c = await stage.generate(0, prompt, { nNew: 24, batch: 4, sampling: { ...hot, seed: 99 } });
+    const greedy = await stage.generate(0, prompt, { nNew: 24, batch: 4 });
+    const cold = await stage.generate(0, prompt, {
+      nNew: 24,
+      batch: 4,
+      sampling: samplingParams({ temperature: 0, seed: 5 }),
+    });
+    assert.deepEqual(a.tokens, b.tokens, "same seed, same tokens");
+    assert.notDeepEqual(a.tokens, c.tokens, "another seed, other tokens");
+    assert.notDeepEqual(a.tokens, greedy.tokens, "temperature 1.5 over 24 tokens leaves the greedy path");
+    assert.deepEqual(cold.tokens, greedy.tokens, `temperature 0 is the greedy path (seed ${rng.seed})`);
+    // A repetition penalty at temperature 0 runs the sampler and can only change ids, never the rest.
+    const penalized = await stage.generate(0, prompt, {
+      nNew: 24,
+      batch: 4,
+      sampling: samplingParams({ temperature: 0, repeatPenalty: 1.5, seed: 5 }),
+    });
+    assert.equal(penalized.tokens.length, 24);
   } finally {
     stage.destroy();
   }

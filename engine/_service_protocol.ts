@@ -3,6 +3,7 @@
  * which owns the GPU device and the Stage), and the error codec both sides share.
  * @module
  */
+import type { SamplingParams } from "./sampling.ts";
 
 /** Main thread → worker. */
 export type ToWorker =
@@ -27,6 +28,7 @@ export type ToWorker =
     readonly prompt: readonly number[];
     readonly maxTokens: number;
     readonly stopIds: readonly number[];
+    readonly sampling: SamplingParams;
   }
   | { readonly type: "cancel"; readonly id: number }
   | { readonly type: "close" };

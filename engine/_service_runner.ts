@@ -20,6 +20,7 @@
  */
 import type { Stage } from "./stage.ts";
 import { assert } from "./errors.ts";
+import type { SamplingParams } from "./sampling.ts";
 import type { JobResult } from "./_service_protocol.ts";
 
 /** One request as the runner sees it. */
@@ -30,6 +31,8 @@ export interface RunnerJob {
   readonly maxTokens: number;
   /** Ids that end generation (included in the output). */
   readonly stopIds: readonly number[];
+  /** Sampling settings (greedy when temperature is 0 and no penalty is set). */
+  readonly sampling: SamplingParams;
   /** Stops the request at the next batch boundary (checked between turns too). */
   readonly signal: AbortSignal;
   /** Each batch of new ids, in order (never called once the signal is aborted). */
@@ -195,6 +198,10 @@ export class SlotRunner {
       batch: this.#batch,
       signal: job.signal,
       onTokens: emit,
+      // Later turns continue the same random stream and penalty window.
+      sampling: job.sampling,
+      samplerStep: a.made.length,
+      samplerHistory: seq,
     });
     // The slot now holds base, the new tokens and every returned id but the last, cancelled or not.
     a.made.push(...r.tokens);

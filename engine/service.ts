@@ -18,6 +18,7 @@
  * ```
  * @module
  */
+import { checkSampling, samplingParams } from "./sampling.ts";
 import {
   type Engine,
   type EngineStatus,
@@ -339,18 +340,8 @@ export class EngineService implements Engine {
     if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) {
       throw new RangeError(`maxTokens must be an integer >= 1, got ${req.maxTokens}`);
     }
-    const s = req.sampling;
-    if (s.temperature !== 0) {
-      throw new RangeError(
-        `Sampling with temperature > 0 is not available in this build (got ${s.temperature}): use temperature 0`,
-      );
-    }
-    if (s.repeatPenalty !== 1 || s.presencePenalty !== 0 || s.frequencyPenalty !== 0) {
-      throw new RangeError(
-        `Repetition, presence and frequency penalties are not available in this build (got ` +
-          `${s.repeatPenalty}, ${s.presencePenalty}, ${s.frequencyPenalty}): leave them off (1, 0, 0)`,
-      );
-    }
+    // Range checks of every sampling setting (RangeError naming the field), before admission.
+    checkSampling(samplingParams(req.sampling));
   }
 
   #retryAfterSeconds(): number {
@@ -367,6 +358,7 @@ export class EngineService implements Engine {
       prompt: [...p.req.prompt],
       maxTokens: p.req.maxTokens,
       stopIds: [...p.req.stopIds],
+      sampling: samplingParams(p.req.sampling),
     });
   }
 

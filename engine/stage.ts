@@ -172,6 +172,10 @@ export interface GenerateOptions {
    * (temperature 0, top_k 1): the argmax path, ties to the lowest id.
    */
   readonly sampling?: SamplingParams;
+  /** Sampler RNG step to start at (a request continued over several calls keeps one random stream). */
+  readonly samplerStep?: number;
+  /** Ids the penalties look back on (default: the prompt); the last 256 are kept. */
+  readonly samplerHistory?: readonly number[];
   /** Decode steps per readback (ids stream back in batches of this many; default 8). */
   readonly batch?: number;
   /** Called with each batch of new ids as they land. */
@@ -505,7 +509,10 @@ export class Stage {
       device.queue.writeBuffer(
         dec.sampler.state,
         0,
-        packSampleState(SAMPLE_HIST, { history: prompt.slice(-SAMPLE_HIST) }),
+        packSampleState(SAMPLE_HIST, {
+          step: opts.samplerStep ?? 0,
+          history: (opts.samplerHistory ?? prompt).slice(-SAMPLE_HIST),
+        }),
       );
       const enc = device.createCommandEncoder();
       const pass = enc.beginComputePass();

@@ -87,6 +87,7 @@ function pump(): void {
       prompt: job.prompt,
       maxTokens: job.maxTokens,
       stopIds: job.stopIds,
+      sampling: job.sampling,
       signal: aborts.get(id)!.signal,
       onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
     }).then(

@@ -13,6 +13,7 @@ import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { KEYS } from "../engine/names.ts";
 import { ChatTemplate } from "../engine/text/template.ts";
 import { StopMatcher } from "../engine/text/stop.ts";
+import { checkSampling, samplingParams } from "../engine/sampling.ts";
 
 const USAGE =
   `Usage: deno run -A mod.ts generate [--model FILE.gguf] (--prompt TEXT | --tokens 1,2,3) [options]
@@ -28,6 +29,8 @@ const USAGE =
   --no-think    with --chat: thinking off (templates that support it)
   --stop S      stop string (repeatable); the matched text is not printed
   --ignore-eos  do not stop at the end-of-generation ids of the vocabulary
+  --temp T      sampling temperature (default 0: greedy); with --top-k, --top-p, --min-p, --repeat-penalty
+  --seed S      seed of the sampler's random stream (same seed, same tokens)
   --json        print {"tokens":[...], "top":[...], "reason":...} (and "prompt_top" with --echo)`;
 
 function int(flag: string, value: string, min: number): number {
@@ -68,6 +71,12 @@ export const command: Command = {
         "no-think": { type: "boolean", default: false },
         stop: { type: "string", multiple: true },
         "ignore-eos": { type: "boolean", default: false },
+        temp: { type: "string", default: "0" },
+        "top-k": { type: "string" },
+        "top-p": { type: "string" },
+        "min-p": { type: "string" },
+        "repeat-penalty": { type: "string" },
+        seed: { type: "string" },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -152,7 +161,23 @@ export const command: Command = {
         text += piece;
         if (!values.json) Deno.stdout.writeSync(enc.encode(piece));
       };
+      const num = (flag: string, v: string | undefined) => {
+        if (v === undefined) return undefined;
+        const x = Number(v);
+        if (!Number.isFinite(x)) throw new RangeError(`--${flag} ${v} is not a number`);
+        return x;
+      };
+      const sampling = samplingParams({
+        temperature: num("temp", values.temp),
+        topK: num("top-k", values["top-k"]),
+        topP: num("top-p", values["top-p"]),
+        minP: num("min-p", values["min-p"]),
+        repeatPenalty: num("repeat-penalty", values["repeat-penalty"]),
+        seed: num("seed", values.seed),
+      });
+      checkSampling(sampling);
       const g = await stage.generate(0, ids, {
+        sampling,
         nNew,
         top: values.json ? top : 0,
         stopIds: values["ignore-eos"] || !tok ? [] : [...tok.eogIds],

@@ -263,6 +263,38 @@ Deno.test("generate with GPU sampling: seeded runs repeat, seeds differ, greedy 
   }
 });
 
+Deno.test("generate reports each stop reason: length, stop id (state rewound exactly), context full", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 24, nSlots: 1, maxChunk: 8 });
+  try {
+    const prompt = Array.from({ length: 6 }, () => rng.int(0, 1021));
+    const full = await stage.generate(0, prompt, { nNew: 12, batch: 4 });
+    assert.equal(full.reason, "length");
+    assert.equal(full.tokens.length, 12);
+    // Stop at the 7th id: found late inside a batch, the overshoot is dropped and the slot rewound.
+    const stopId = full.tokens[6]!;
+    const firstAt = full.tokens.indexOf(stopId);
+    const stopped = await stage.generate(0, prompt, { nNew: 12, batch: 4, stopIds: [stopId] });
+    assert.equal(stopped.reason, "stop");
+    assert.deepEqual(stopped.tokens, full.tokens.slice(0, firstAt + 1), `seed ${rng.seed}`);
+    assert.equal(stage.length(0), prompt.length + firstAt);
+    const next = await stage.run(0, { tokens: [stopId] }, stage.length(0));
+    assert.equal(
+      argmaxCpu(next.data),
+      full.tokens[firstAt + 1],
+      `state after a late stop (seed ${rng.seed})`,
+    );
+    // Context: 24 positions hold the prompt and 18 fed ids, so at most 19 ids come out.
+    const ctx = await stage.generate(0, prompt, { nNew: 40, batch: 4 });
+    assert.equal(ctx.reason, "context");
+    assert.equal(ctx.tokens.length, 24 - prompt.length + 1);
+  } finally {
+    stage.destroy();
+  }
+});
+
 Deno.test("bad runs fail with specific errors and lose nothing", async () => {
   const gpu = await testGpu();
   using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));

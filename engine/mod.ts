@@ -63,3 +63,11 @@ export {
   uploadTensors,
 } from "./gpu/weights.ts";
 export { type ReadbackCopy, ReadbackRing } from "./gpu/readback.ts";
+export {
+  checkSampling,
+  isGreedy,
+  resolveTemperature,
+  SAMPLING_DEFAULTS,
+  type SamplingParams,
+  samplingParams,
+} from "./sampling.ts";

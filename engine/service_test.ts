@@ -178,7 +178,10 @@ Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt 
       e.generate({ ...req(), prompt: randomPrompt(rng, N_CTX) }),
       new RangeError(`Prompt of ${N_CTX} tokens plus 1 does not fit the context of ${N_CTX}`),
     );
-    await assert.rejects(e.generate({ ...req(), sampling: { ...GREEDY, topP: 1.5 } }), /top_p 1\.5 is outside/);
+    await assert.rejects(
+      e.generate({ ...req(), sampling: { ...GREEDY, topP: 1.5 } }),
+      /top_p 1\.5 is outside/,
+    );
     // Seeded sampling through the service: the same request twice gives the same ids.
     const hot = { ...req(), sampling: { ...GREEDY, temperature: 1.2, seed: 77 } };
     assert.deepEqual((await e.generate(hot)).tokens, (await e.generate(hot)).tokens);

@@ -246,6 +246,8 @@ export class Stage {
   readonly #zeroIds: GPUBuffer;
   readonly #graphs = new Map<string, Op[]>();
   readonly #decoders = new Map<string, Decoder>();
+  /** Small buffers the cached graphs and decoders own (params, rings, scratch): destroyed with the stage. */
+  readonly #owned: GPUBuffer[] = [];
   /** Sampler mask words (UNUSED token types and padding rows), when the file has token types. */
   readonly #unusedMask: Uint32Array<ArrayBuffer> | undefined;
   readonly #length: number[];
@@ -671,6 +673,7 @@ export class Stage {
     for (const b of Object.values(this.#act)) b.destroy();
     for (const b of this.#posParams) b.destroy();
     this.#zeroIds.destroy();
+    for (const b of this.#owned) b.destroy();
     const seen = new Set<GPUBuffer>();
     for (const t of this.#weights.values()) for (const p of t.parts) seen.add(p.buffer);
     for (const b of seen) b.destroy();
@@ -683,8 +686,11 @@ export class Stage {
     const { device } = this.#gpu;
     const V = this.hp.nVocab;
     const ops = [...await this.#graph(slot, 1, "last")];
-    const buf = (label: string, bytes: number) =>
-      device.createBuffer({ label, size: Math.max(16, bytes), usage: STORAGE });
+    const buf = (label: string, bytes: number) => {
+      const b = device.createBuffer({ label, size: Math.max(16, bytes), usage: STORAGE });
+      this.#owned.push(b);
+      return b;
+    };
     const idRing = buf("id_ring", 4 * S);
     const logits = { buffer: this.#act.logits!, offset: 0, size: 4 * V };
     let argmaxParams: GPUBuffer;
@@ -932,7 +938,7 @@ export class Stage {
     const key = `${slot}/${n}/${rows}`;
     const hit = this.#graphs.get(key);
     if (hit) return hit;
-    const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n).build({
+    const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n, this.#owned).build({
       stage: this,
       slot,
       rows,
@@ -1103,12 +1109,15 @@ class GraphBuilder {
   readonly #hp: Hparams;
   readonly #n: number;
   readonly #ops: Op[] = [];
+  readonly #owned: GPUBuffer[];
 
-  constructor(device: GPUDevice, cache: PipelineCache, hp: Hparams, n: number) {
+  /** @param owned receives every buffer the graph creates (its owner destroys them) */
+  constructor(device: GPUDevice, cache: PipelineCache, hp: Hparams, n: number, owned: GPUBuffer[]) {
     this.#device = device;
     this.#cache = cache;
     this.#hp = hp;
     this.#n = n;
+    this.#owned = owned;
   }
 
   async build(cx: BuildContext): Promise<Op[]> {
@@ -1173,6 +1182,7 @@ class GraphBuilder {
     });
     new Uint32Array(buf.getMappedRange()).set(words);
     buf.unmap();
+    this.#owned.push(buf);
     return buf;
   }
 
@@ -1296,6 +1306,7 @@ class GraphBuilder {
     });
     new Uint32Array(buf.getMappedRange()).set(words);
     buf.unmap();
+    this.#owned.push(buf);
     return buf;
   }
 

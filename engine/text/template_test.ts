@@ -1,3 +1,4 @@
+import { fixturePath } from "../../tests/util/fixtures.ts";
 import assert from "node:assert/strict";
 import { GgufError } from "../errors.ts";
 import { GGUF_VALUE_TYPE, type GgufKv, GgufMetadata, openGguf } from "../gguf.ts";
@@ -17,7 +18,7 @@ import {
   type ToolSpec,
 } from "./template.ts";
 
-const VOCAB_PATH = new URL("../../../shared/fixtures/vocab-qwen3.gguf", import.meta.url).pathname;
+const VOCAB_PATH = fixturePath("vocab-qwen3.gguf");
 const GOLDEN_PATH = new URL("../../tests/golden/chat_template_qwen3.json", import.meta.url).pathname;
 const GOLDEN35_PATH = new URL("../../tests/golden/chat_template_qwen35.json", import.meta.url).pathname;
 

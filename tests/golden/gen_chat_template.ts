@@ -1,6 +1,6 @@
 /**
  * Regenerates the chat-template golden files from the cases in `chat_template_cases.ts`:
- * `chat_template_qwen3.json` with the real Qwen3 template of `shared/fixtures/vocab-qwen3.gguf`, and
+ * `chat_template_qwen3.json` with the real Qwen3 template of `tests/fixtures/vocab-qwen3.gguf`, and
  * `chat_template_qwen35.json` with the built-in Qwen3.5 template (no Qwen3.5 template fixture exists; those
  * renders were hand-checked against spec/chat.md §6, and compared outside the repo with the published
  * Qwen3.5-35B-A3B `chat_template.jinja`, sha256 a4aee8af…c715, run by the same interpreter: identical on
@@ -10,11 +10,12 @@
  *   deno run -A tests/golden/gen_chat_template.ts
  * @module
  */
+import { fixturePath } from "../util/fixtures.ts";
 import { openGguf } from "../../engine/gguf.ts";
 import { ChatTemplate, ChatTemplateError, QWEN35_TEMPLATE } from "../../engine/text/template.ts";
 import { CASES } from "./chat_template_cases.ts";
 
-const VOCAB = new URL("../../../shared/fixtures/vocab-qwen3.gguf", import.meta.url).pathname;
+const VOCAB = fixturePath("vocab-qwen3.gguf");
 
 /** One golden entry: the rendered prompt, or the code and message of the template's refusal. */
 export type GoldenRender = string | { error: string; message: string };

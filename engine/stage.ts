@@ -1158,22 +1158,35 @@ class GraphBuilder {
     return this.#ops;
   }
 
-  async #push(
+  /** Pushes one dispatch whose twin checks the buffers while building the bind group (`bindGroupOf`). */
+  async #checked(
     label: string,
     spec: KernelSpec,
     c: ConstValues,
-    bindings: readonly Binding[],
+    bindGroupOf: (pipeline: GPUComputePipeline) => GPUBindGroup,
     grid: readonly number[],
   ) {
     const pipeline = await this.#cache.get(spec, c);
     this.#ops.push({
       label,
       pipeline,
-      bindGroup: bindGroup(this.#device, pipeline, bindings),
+      bindGroup: bindGroupOf(pipeline),
       grid: [grid[0] ?? 1, grid[1] ?? 1, grid[2] ?? 1],
     });
   }
 
+  /** Pushes one dispatch with bindings in binding order (checked by the caller). */
+  #push(
+    label: string,
+    spec: KernelSpec,
+    c: ConstValues,
+    bindings: readonly Binding[],
+    grid: readonly number[],
+  ) {
+    return this.#checked(label, spec, c, (p) => bindGroup(this.#device, p, bindings), grid);
+  }
+
+  /** A small constant params buffer (storage and uniform: mat-vec params bind as uniform, others as storage). */
   #storage(words: Uint32Array): GPUBuffer {
     const buf = this.#device.createBuffer({
       size: Math.max(16, words.byteLength),
@@ -1188,14 +1201,19 @@ class GraphBuilder {
 
   async #rmsNorm(label: string, x: Binding, w: GpuTensor, y: GPUBuffer, rows: number) {
     const c: RmsNormConstants = { N: this.#hp.nEmbd, EPS: this.#hp.rmsEps, WG: 256 };
-    const pipeline = await this.#cache.get(RMS_NORM, c);
-    const bg = rmsNormBindGroup(this.#device, {
-      pipeline,
-      constants: c,
-      nRows: rows,
-      buffers: { x, w: part0(w), y },
-    });
-    this.#ops.push({ label, pipeline, bindGroup: bg, grid: rmsNormGrid(rows) });
+    await this.#checked(
+      label,
+      RMS_NORM,
+      c,
+      (pipeline) =>
+        rmsNormBindGroup(this.#device, {
+          pipeline,
+          constants: c,
+          nRows: rows,
+          buffers: { x, w: part0(w), y },
+        }),
+      rmsNormGrid(rows),
+    );
   }
 
   /** y[col][r] = W·x[col] for `cols` columns of x (stride K) into y (stride N), rows [rowStart, rowStart+rows). */
@@ -1226,7 +1244,7 @@ class GraphBuilder {
           yOffset: lo - rowStart,
           yStride: nRows,
         };
-        const params = this.#uniform(matmulParams(shape));
+        const params = this.#storage(matmulParams(shape));
         await this.#push(label, MATMUL, matmulConstants(shape), [params, p.buffer, x, y], [
           ...matmulGrid(shape),
           1,
@@ -1247,7 +1265,7 @@ class GraphBuilder {
           yStride: nRows,
         };
         const c = matvecConstants(shape);
-        const params = this.#uniform(matvecParams(shape));
+        const params = this.#storage(matvecParams(shape));
         await this.#push(label, MATVEC, c, [params, p.buffer, x, y], [...matvecGrid(shape, c), 1]);
       }
     }
@@ -1298,18 +1316,6 @@ class GraphBuilder {
     return offsets;
   }
 
-  #uniform(words: Uint32Array): GPUBuffer {
-    const buf = this.#device.createBuffer({
-      size: Math.max(32, words.byteLength),
-      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
-      mappedAtCreation: true,
-    });
-    new Uint32Array(buf.getMappedRange()).set(words);
-    buf.unmap();
-    this.#owned.push(buf);
-    return buf;
-  }
-
   async #residual(label: string, t: GPUBuffer, h: GPUBuffer) {
     const c: ResidualAddConstants = { D: this.#hp.nEmbd, N_TERMS: 1, WEIGHTED: false, SHARED: false };
     const params = this.#storage(Uint32Array.of(this.#n, 0));
@@ -1349,28 +1355,29 @@ class GraphBuilder {
       EPS: hp.rmsEps,
       KV_F16: false,
     };
-    let pipeline = await this.#cache.get(ATTN_QK_ROPE, rope);
-    this.#ops.push({
-      label: `L${l}.attn_qk_rope`,
-      pipeline,
-      bindGroup: attnQkRopeBindGroup(this.#device, {
-        pipeline,
-        constants: rope,
-        nTokens: n,
-        buffers: {
-          params: cx.pos,
-          qf,
-          k,
-          v,
-          qNorm: part0(lw.t("attn_q_norm")),
-          kNorm: part0(lw.t("attn_k_norm")),
-          qOut: A.q!,
-          kCache,
-          vCache,
-        },
-      }),
-      grid: attnQkRopeGrid(rope, n),
-    });
+    await this.#checked(
+      `L${l}.attn_qk_rope`,
+      ATTN_QK_ROPE,
+      rope,
+      (pipeline) =>
+        attnQkRopeBindGroup(this.#device, {
+          pipeline,
+          constants: rope,
+          nTokens: n,
+          buffers: {
+            params: cx.pos,
+            qf,
+            k,
+            v,
+            qNorm: part0(lw.t("attn_q_norm")),
+            kNorm: part0(lw.t("attn_k_norm")),
+            qOut: A.q!,
+            kCache,
+            vCache,
+          },
+        }),
+      attnQkRopeGrid(rope, n),
+    );
     if (n === 1) {
       const dc: AttnDecodeConstants = {
         H_Q: hp.nHead,
@@ -1383,29 +1390,31 @@ class GraphBuilder {
         SCALE: hp.attnScale,
         KV_F16: false,
       };
-      pipeline = await this.#cache.get(ATTN_DECODE, dc);
-      this.#ops.push({
-        label: `L${l}.attn_decode`,
-        pipeline,
-        bindGroup: attnDecodeBindGroup(this.#device, {
-          pipeline,
-          constants: dc,
-          buffers: { params: cx.pos, q: A.q!, kCache, vCache, partO: A.partO!, partMl: A.partMl! },
-        }),
-        grid: attnDecodeGrid(dc),
-      });
+      await this.#checked(
+        `L${l}.attn_decode`,
+        ATTN_DECODE,
+        dc,
+        (pipeline) =>
+          attnDecodeBindGroup(this.#device, {
+            pipeline,
+            constants: dc,
+            buffers: { params: cx.pos, q: A.q!, kCache, vCache, partO: A.partO!, partMl: A.partMl! },
+          }),
+        attnDecodeGrid(dc),
+      );
       const cc: AttnCombineConstants = { H_Q: hp.nHead, D_H: hp.headDim, N_SPLIT: ATTN_SPLITS, WG: 64 };
-      pipeline = await this.#cache.get(ATTN_COMBINE, cc);
-      this.#ops.push({
-        label: `L${l}.attn_combine`,
-        pipeline,
-        bindGroup: attnCombineBindGroup(this.#device, {
-          pipeline,
-          constants: cc,
-          buffers: { partO: A.partO!, partMl: A.partMl!, qf, o: A.o! },
-        }),
-        grid: attnCombineGrid(cc),
-      });
+      await this.#checked(
+        `L${l}.attn_combine`,
+        ATTN_COMBINE,
+        cc,
+        (pipeline) =>
+          attnCombineBindGroup(this.#device, {
+            pipeline,
+            constants: cc,
+            buffers: { partO: A.partO!, partMl: A.partMl!, qf, o: A.o! },
+          }),
+        attnCombineGrid(cc),
+      );
     } else {
       const pc: AttnPrefillConstants = {
         H_Q: hp.nHead,
@@ -1418,18 +1427,19 @@ class GraphBuilder {
         SCALE: hp.attnScale,
         KV_F16: false,
       };
-      pipeline = await this.#cache.get(ATTN_PREFILL, pc);
-      this.#ops.push({
-        label: `L${l}.attn_prefill`,
-        pipeline,
-        bindGroup: attnPrefillBindGroup(this.#device, {
-          pipeline,
-          constants: pc,
-          nTokens: n,
-          buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: A.o! },
-        }),
-        grid: attnPrefillGrid(pc, n),
-      });
+      await this.#checked(
+        `L${l}.attn_prefill`,
+        ATTN_PREFILL,
+        pc,
+        (pipeline) =>
+          attnPrefillBindGroup(this.#device, {
+            pipeline,
+            constants: pc,
+            nTokens: n,
+            buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: A.o! },
+          }),
+        attnPrefillGrid(pc, n),
+      );
     }
     await this.#matvec(`L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, n);
   }
@@ -1541,18 +1551,13 @@ class GraphBuilder {
       WG: 256, // one expert per invocation: the rank count is a serial loop over all experts
       W_SCALE: moeWeightsScale(hp.expertWeightsScale),
     };
-    const pipeline = await this.#cache.get(MOE_ROUTE, rc);
-    this.#ops.push({
-      label: `L${l}.moe_route`,
-      pipeline,
-      bindGroup: moeRouteBindGroup(this.#device, {
+    await this.#checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
+      moeRouteBindGroup(this.#device, {
         pipeline,
         constants: rc,
         nTokens: n,
         buffers: { logits: A.router!, ids: A.ids!, weights: A.wts! },
-      }),
-      grid: moeRouteGrid(n),
-    });
+      }), moeRouteGrid(n));
     const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
     const shexp = { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
     const follows = (a: GpuTensor, b: GpuTensor) =>

@@ -217,13 +217,11 @@ for (const c of CASES) {
       [32, 4, 1, 1],
       [64, 2, 1, 1],
     ] as const;
-    for (const xs of c.k <= 4096 ? [0, 1] : [0]) {
-      for (const [team, rows, unroll, chunk] of sweep) {
-        if (chunk === 1 && team > c.k / 32) continue;
-        variants.push(
-          matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll, chunk, xs }),
-        );
-      }
+    for (const [team, rows, unroll, chunk] of sweep) {
+      if (chunk === 1 && team > c.k / 32) continue;
+      variants.push(
+        matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll, chunk }),
+      );
     }
   }
   for (const v of variants) {

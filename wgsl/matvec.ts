@@ -22,7 +22,7 @@ export const MATVEC: KernelSpec = {
   name: "matvec",
   url: new URL("./matvec.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", UNROLL: "u32", CHUNK: "u32", XS: "u32" },
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", UNROLL: "u32", CHUNK: "u32" },
 };
 
 /** Constants of one matvec variant. */
@@ -39,8 +39,6 @@ export interface MatvecConstants {
   readonly UNROLL: number;
   /** 1: an invocation takes whole 32-weight chunks, x in registers for all its rows (batch 1 only); 0: units. */
   readonly CHUNK: number;
-  /** 1: x (batch 1, K ≤ 4096) is staged in workgroup memory before the loop; 0: read from the binding. */
-  readonly XS: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -103,7 +101,7 @@ export interface MatvecOp {
  */
 export function matvecConstants(
   shape: MatvecShape,
-  opts: { team?: number; rows?: number; unroll?: number; chunk?: number; xs?: number } = {},
+  opts: { team?: number; rows?: number; unroll?: number; chunk?: number } = {},
 ): MatvecConstants {
   const units = Math.floor(shape.k / 8);
   const cap = shape.k >= 4096 ? 64 : 32;
@@ -117,7 +115,6 @@ export function matvecConstants(
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? 2,
     CHUNK: opts.chunk ?? 0,
-    XS: opts.xs ?? 0,
   };
 }
 
@@ -164,13 +161,8 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkInt("Kernel matvec: UNROLL", c.UNROLL, 1, 2);
   checkInt("Kernel matvec: CHUNK", c.CHUNK, 0, 1);
   checkShape(c.CHUNK === 0 || c.BATCH === 1, `Kernel matvec: CHUNK=1 takes batch 1, not BATCH=${c.BATCH}`);
-  checkInt("Kernel matvec: XS", c.XS, 0, 1);
   checkShape(
-    c.XS === 0 || (c.BATCH === 1 && shape.k <= 4096),
-    `Kernel matvec: XS=1 stages one column of at most 4096 values, not batch ${c.BATCH} with K=${shape.k}`,
-  );
-  checkShape(
-    4 * 256 * c.ROWS * c.BATCH + 2048 + (c.XS ? 16384 : 0) <= 32768,
+    4 * 256 * c.ROWS * c.BATCH + 2048 <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,
   );
   checkShape(shape.batch === c.BATCH, `Kernel matvec: shape batch ${shape.batch} but BATCH=${c.BATCH}`);

@@ -17,8 +17,7 @@
 // scales once per chunk (instead of once per unit); the unit loop above spends most of its instructions on
 // exactly those two things (docs/PERF.md, "matvec v2").
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
-//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step), const CHUNK: u32 (0 or 1),
-//   const XS: u32 (1: batch 1 with K ≤ 4096 stages x in workgroup memory first and reads it from there).
+//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step), const CHUNK: u32 (0 or 1).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) bytes ≤ 32 KiB.
 
 struct Params {
@@ -47,18 +46,6 @@ const GROUP_LEN: u32 = TEAM / GROUPS;
 // partial[(b · WG_ROWS + local row) · TEAM + t]; after level 1, group sums at partial[o · TEAM + g · GROUP_LEN].
 var<workgroup> partial: array<f32, WG * ROWS * BATCH>;
 
-// The staged x (XS = 1): quad i = x[x_off + 4i .. + 3].
-const XS_QUADS: u32 = select(1u, 1024u, XS == 1u);
-var<workgroup> xs: array<vec4<f32>, XS_QUADS>;
-
-// The x quad at element offset `e` (a multiple of 4) of column 0.
-fn x0(e: u32) -> vec4<f32> {
-  if (XS == 1u) {
-    return xs[e >> 2u];
-  }
-  return x[(params.x_off + e) >> 2u];
-}
-
 fn weight_word(i: u32) -> u32 {
   return weights[i];
 }
@@ -72,13 +59,8 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   var xh: array<vec4<f32>, BATCH>;
   for (var b = 0u; b < BATCH; b++) {
     let xb = params.x_off + b * params.x_stride;
-    if (XS == 1u) {
-      xl[b] = xs[pos.x >> 2u];
-      xh[b] = xs[pos.y >> 2u];
-    } else {
-      xl[b] = x[(xb + pos.x) >> 2u];
-      xh[b] = x[(xb + pos.y) >> 2u];
-    }
+    xl[b] = x[(xb + pos.x) >> 2u];
+    xh[b] = x[(xb + pos.y) >> 2u];
   }
   for (var r = 0u; r < ROWS; r++) {
     let s = quant_scales((*rb)[r], c);
@@ -99,8 +81,8 @@ fn chunk_acc(c: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arr
   var xh: array<vec4<f32>, 4>;
   for (var j = 0u; j < 4u; j++) {
     let pos = quant_pos(c, j);
-    xl[j] = x0(pos.x);
-    xh[j] = x0(pos.y);
+    xl[j] = x[(params.x_off + pos.x) >> 2u];
+    xh[j] = x[(params.x_off + pos.y) >> 2u];
   }
   var sxl = 0.0;
   var sxh = 0.0;
@@ -132,8 +114,8 @@ fn unit_dot1(u: u32, rb: u32) -> f32 {
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
-  let xl = x0(pos.x);
-  let xh = x0(pos.y);
+  let xl = x[(params.x_off + pos.x) >> 2u];
+  let xh = x[(params.x_off + pos.y) >> 2u];
   let s = quant_scales(rb, c);
   let q = quant_q(rb, c, j);
   var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
@@ -154,15 +136,8 @@ fn main(
   let t = lid % TEAM;
   let row0 = wg * WG_ROWS + team * ROWS;
   let n_units = params.k / 8u;
-  if (XS == 1u) {
-    for (var i = lid; i < params.k / 4u; i += WG) {
-      xs[i] = x[(params.x_off >> 2u) + i];
-    }
-  }
   if (QUANT_NEEDS_INIT) {
     quant_init(lid);
-  }
-  if (XS == 1u || QUANT_NEEDS_INIT) {
     workgroupBarrier();
   }
 

@@ -50,11 +50,9 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   // The other batch sizes, one type each (every size runs every run; each size is its own variant).
   const other = [2, 4, 5, 6, 7][QUANT_TYPES.indexOf(type) % 5]!;
   shapes.push({ type, k: 2 * be, n: 11, batch: other });
-  // Real K, TEAM 64, x staged in workgroup memory (XS 1, index set below).
-  const realK = type === "IQ4_XS" || type === "Q8_0" ? shapes.length : -1;
-  if (realK >= 0) shapes.push({ type, k: 2048, n: 24, batch: 1, xOffset: 4 });
+  if (type === "IQ4_XS" || type === "Q8_0") shapes.push({ type, k: 2048, n: 24, batch: 1 }); // real K, TEAM 64
   // CHUNK 1 (whole chunks per invocation, ROWS 4): odd N and a chunk count that TEAM does not divide, then
-  // the same on a slice with offsets and x staged in workgroup memory (XS 1).
+  // the same variant on a slice with offsets.
   const chunkFrom = shapes.length;
   shapes.push({ type, k: 3 * be, n: 23, batch: 1 });
   shapes.push({ type, k: 3 * be, n: 6, batch: 1, wOffsetBytes: 4 * rng.int(1, 40), xOffset: 12, yOffset: 5 });
@@ -63,10 +61,9 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   return shapes.map((shape, i) => {
     const rows = i === shapes.length - 1 ? 1 : undefined;
     const chunk = i >= chunkFrom && i < chunkFrom + 2;
-    const xs = i === realK || i === chunkFrom + 1 ? 1 : 0;
     const constants = matvecConstants(
       shape,
-      chunk ? { rows: 4, chunk: 1, xs } : { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows, xs },
+      chunk ? { rows: 4, chunk: 1 } : { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows },
     );
     const what = `matvec ${type} ne=[${shape.k}, ${shape.n}] batch ${shape.batch} ${
       JSON.stringify(constants)

@@ -203,25 +203,9 @@ for (const c of CASES) {
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
   if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
-    // [TEAM, ROWS, UNROLL, CHUNK]; CHUNK teams are capped at the row's chunk count.
-    const sweep = [
-      [64, 1, 1, 0],
-      [32, 1, 1, 0],
-      [32, 4, 2, 0],
-      [8, 4, 1, 1],
-      [8, 8, 1, 1],
-      [16, 2, 1, 1],
-      [16, 4, 1, 1],
-      [16, 8, 1, 1],
-      [32, 2, 1, 1],
-      [32, 4, 1, 1],
-      [64, 2, 1, 1],
-    ] as const;
-    for (const [team, rows, unroll, chunk] of sweep) {
-      if (chunk === 1 && team > c.k / 32) continue;
-      variants.push(
-        matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll, chunk }),
-      );
+    const sweep = [[64, 1, 1], [32, 1, 1], [128, 1, 1], [64, 2, 2], [32, 4, 2], [32, 2, 2]] as const;
+    for (const [team, rows, unroll] of sweep) {
+      variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll }));
     }
   }
   for (const v of variants) {

@@ -22,7 +22,7 @@ export const MATVEC: KernelSpec = {
   name: "matvec",
   url: new URL("./matvec.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", UNROLL: "u32", CHUNK: "u32" },
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", UNROLL: "u32" },
 };
 
 /** Constants of one matvec variant. */
@@ -37,8 +37,6 @@ export interface MatvecConstants {
   readonly BATCH: number;
   /** Units per loop step (1 or 2): 2 keeps twice the loads in flight. */
   readonly UNROLL: number;
-  /** 1: an invocation takes whole 32-weight chunks, x in registers for all its rows (batch 1 only); 0: units. */
-  readonly CHUNK: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -101,7 +99,7 @@ export interface MatvecOp {
  */
 export function matvecConstants(
   shape: MatvecShape,
-  opts: { team?: number; rows?: number; unroll?: number; chunk?: number } = {},
+  opts: { team?: number; rows?: number; unroll?: number } = {},
 ): MatvecConstants {
   const units = Math.floor(shape.k / 8);
   const cap = shape.k >= 4096 ? 64 : 32;
@@ -114,7 +112,6 @@ export function matvecConstants(
     ROWS: opts.rows ?? rows,
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? 2,
-    CHUNK: opts.chunk ?? 0,
   };
 }
 
@@ -159,8 +156,6 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
   checkInt("Kernel matvec: UNROLL", c.UNROLL, 1, 2);
-  checkInt("Kernel matvec: CHUNK", c.CHUNK, 0, 1);
-  checkShape(c.CHUNK === 0 || c.BATCH === 1, `Kernel matvec: CHUNK=1 takes batch 1, not BATCH=${c.BATCH}`);
   checkShape(
     4 * 256 * c.ROWS * c.BATCH + 2048 <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,

@@ -12,12 +12,8 @@
 // invocation keeps ROWS·BATCH f32 accumulators; the team partials are added in workgroup memory in two
 // levels of 8 (or fewer) so that all invocations share the work.
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
-// CHUNK = 1 (batch 1 only) changes the split: invocation t of a team takes whole chunks t, t + TEAM, ... of
-// its rows, loads the chunk's 32 x values into registers once for all ROWS rows and decodes each row's
-// scales once per chunk (instead of once per unit); the unit loop above spends most of its instructions on
-// exactly those two things (docs/PERF.md, "matvec v2").
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
-//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step), const CHUNK: u32 (0 or 1).
+//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) bytes ≤ 32 KiB.
 
 struct Params {
@@ -75,40 +71,6 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   }
 }
 
-// Chunk c (32 weights) of each of the invocation's rows times column 0 of x, added to acc[r][0] (CHUNK = 1).
-fn chunk_acc(c: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, array<array<f32, BATCH>, ROWS>>) {
-  var xl: array<vec4<f32>, 4>;
-  var xh: array<vec4<f32>, 4>;
-  for (var j = 0u; j < 4u; j++) {
-    let pos = quant_pos(c, j);
-    xl[j] = x[(params.x_off + pos.x) >> 2u];
-    xh[j] = x[(params.x_off + pos.y) >> 2u];
-  }
-  var sxl = 0.0;
-  var sxh = 0.0;
-  if (QUANT_HAS_MIN) {
-    let one = vec4<f32>(1.0);
-    sxl = dot(xl[0] + xl[1] + xl[2] + xl[3], one);
-    sxh = dot(xh[0] + xh[1] + xh[2] + xh[3], one);
-  }
-  for (var r = 0u; r < ROWS; r++) {
-    let s = quant_scales((*rb)[r], c);
-    var al = vec4<f32>(0.0);
-    var ah = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-      let q = quant_q((*rb)[r], c, j);
-      al = fma(q[0], xl[j], al);
-      ah = fma(q[1], xh[j], ah);
-    }
-    let one = vec4<f32>(1.0);
-    var v = s.x * dot(al, one) + s.y * dot(ah, one);
-    if (QUANT_HAS_MIN) {
-      v -= s.z * sxl + s.w * sxh;
-    }
-    (*acc)[r][0] += v;
-  }
-}
-
 // Unit u of the row at byte rb times column 0 of x (the ROWS = BATCH = 1 path).
 fn unit_dot1(u: u32, rb: u32) -> f32 {
   let c = u / 4u;
@@ -157,11 +119,7 @@ fn main(
   // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
   // ROWS = BATCH = 1 runs an array-free loop (one scalar accumulator), a check on whether the general
   // path's small arrays cost registers or local memory on a driver (docs/PERF.md).
-  if (CHUNK == 1u) {
-    for (var c = t; c < n_units / 4u; c += TEAM) {
-      chunk_acc(c, &rb, &acc);
-    }
-  } else if (ROWS == 1u && BATCH == 1u) {
+  if (ROWS == 1u && BATCH == 1u) {
     let rb0 = rb[0];
     var a = 0.0;
     for (var u = t; u < n_units; u += TEAM) {

@@ -51,20 +51,11 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const other = [2, 4, 5, 6, 7][QUANT_TYPES.indexOf(type) % 5]!;
   shapes.push({ type, k: 2 * be, n: 11, batch: other });
   if (type === "IQ4_XS" || type === "Q8_0") shapes.push({ type, k: 2048, n: 24, batch: 1 }); // real K, TEAM 64
-  // CHUNK 1 (whole chunks per invocation, ROWS 4): odd N and a chunk count that TEAM does not divide, then
-  // the same variant on a slice with offsets.
-  const chunkFrom = shapes.length;
-  shapes.push({ type, k: 3 * be, n: 23, batch: 1 });
-  shapes.push({ type, k: 3 * be, n: 6, batch: 1, wOffsetBytes: 4 * rng.int(1, 40), xOffset: 12, yOffset: 5 });
   shapes.push({ type, k: 2 * be, n: 21, batch: 1 }); // ROWS 1: the array-free path (index set below)
   // UNROLL 1 on the batch-3 cases (odd N, slice) and the other-batch case, the default 2 elsewhere.
   return shapes.map((shape, i) => {
     const rows = i === shapes.length - 1 ? 1 : undefined;
-    const chunk = i >= chunkFrom && i < chunkFrom + 2;
-    const constants = matvecConstants(
-      shape,
-      chunk ? { rows: 4, chunk: 1 } : { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows },
-    );
+    const constants = matvecConstants(shape, { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows });
     const what = `matvec ${type} ne=[${shape.k}, ${shape.n}] batch ${shape.batch} ${
       JSON.stringify(constants)
     }`;

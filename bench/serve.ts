@@ -3,7 +3,9 @@
  * process on loopback, beside the engine-level tok/s of the same model in the same run (the HTTP and
  * scheduling overhead is the difference).
  *
- * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,4,8] [--prompt 64] [--port 8099]`.
+ * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,4,8] [--prompt 64] [--port 8099]
+ * [--head-flags "--cached-only --config C.json"]` (`--head-flags`: extra `deno run` flags for the head
+ * process, e.g. on a machine without network).
  * Without `--model` the head serves its embedded tiny model. Prints one JSON line per measurement; never asserts.
  * @module
  */
@@ -20,6 +22,7 @@ const { values: args } = parseArgs({
     prompt: { type: "string", default: "64" },
     port: { type: "string", default: "8099" },
     ctx: { type: "string", default: "2048" },
+    "head-flags": { type: "string", default: "" },
   },
 });
 const nNew = Number(args.n);
@@ -36,6 +39,7 @@ const head = new Deno.Command(Deno.execPath(), {
   args: [
     "run",
     "-A",
+    ...args["head-flags"]!.split(" ").filter((f) => f !== ""),
     new URL("../mod.ts", import.meta.url).pathname,
     "head",
     "--port",

@@ -1102,6 +1102,12 @@ interface BuildContext {
   readonly lmHead: GpuTensor | undefined;
 }
 
+/** A norm fused into the residual add before it: weight and output rows. */
+interface FusedNorm {
+  readonly w: GpuTensor;
+  readonly y: GPUBuffer;
+}
+
 /** Builds the dispatch list of one chunk of `n` tokens. */
 class GraphBuilder {
   readonly #device: GPUDevice;
@@ -1110,6 +1116,7 @@ class GraphBuilder {
   readonly #n: number;
   readonly #ops: Op[] = [];
   readonly #owned: GPUBuffer[];
+  #unused: GPUBuffer | undefined;
 
   /** @param owned receives every buffer the graph creates (its owner destroys them) */
   constructor(device: GPUDevice, cache: PipelineCache, hp: Hparams, n: number, owned: GPUBuffer[]) {
@@ -1134,27 +1141,41 @@ class GraphBuilder {
         A.h!,
       ], getRowsGrid(shape));
     }
+    // Each norm but the stage's first rides on the residual add before it (residual_add NORM): the mixer's
+    // add writes the post-attention norm, the MoE combine the next layer's attn_norm or the output norm.
+    const head = cx.outNorm && cx.lmHead && cx.rows !== "none";
+    // The fused output norm writes every row in place; the LM head reads from row 0, so fuse it only when
+    // that is the row it wants.
+    const fuseOutNorm = head && (cx.rows === "all" || n === 1);
     for (const [i, lw] of cx.layers.entries()) {
       const l = cx.firstLayer + i;
-      await this.#rmsNorm(`L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!, n);
+      if (i === 0) await this.#rmsNorm(`L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!, n);
       if (lw.attention) await this.#attention(cx, l, lw);
       else await this.#deltaNet(cx, l, lw);
-      await this.#residual(`L${l}.residual_mixer`, A.t!, A.h!);
-      await this.#rmsNorm(`L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!, n);
-      await this.#moe(cx, l, lw);
+      await this.#residual(`L${l}.residual_mixer+post_attention_norm`, A.t!, A.h!, {
+        w: lw.t("post_attention_norm"),
+        y: A.m!,
+      });
+      const next = cx.layers[i + 1];
+      const norm = next
+        ? { w: next.t("attn_norm"), y: A.a! }
+        : fuseOutNorm
+        ? { w: cx.outNorm!, y: A.a! }
+        : undefined;
+      await this.#moe(cx, l, lw, norm);
     }
-    if (cx.outNorm && cx.lmHead && cx.rows !== "none") {
+    if (head && !fuseOutNorm) {
       const first = cx.rows === "all" ? 0 : n - 1;
       const rows = cx.rows === "all" ? n : 1;
       await this.#rmsNorm(
         "output_norm",
         sub(A.h!, first * hp.nEmbd, rows * hp.nEmbd),
-        cx.outNorm,
+        cx.outNorm!,
         A.a!,
         rows,
       );
-      await this.#matvec("output", cx.lmHead, A.a!, A.logits!, rows);
     }
+    if (head) await this.#matvec("output", cx.lmHead!, A.a!, A.logits!, cx.rows === "all" ? n : 1);
     return this.#ops;
   }
 
@@ -1316,10 +1337,40 @@ class GraphBuilder {
     return offsets;
   }
 
-  async #residual(label: string, t: GPUBuffer, h: GPUBuffer) {
-    const c: ResidualAddConstants = { D: this.#hp.nEmbd, N_TERMS: 1, WEIGHTED: false, SHARED: false };
+  /** h += t, and with `norm` y = RMSNorm(h)·w in the same dispatch. */
+  async #residual(label: string, t: GPUBuffer, h: GPUBuffer, norm?: FusedNorm) {
+    const c: ResidualAddConstants = {
+      D: this.#hp.nEmbd,
+      N_TERMS: 1,
+      WEIGHTED: false,
+      SHARED: false,
+      ...this.#norm(norm),
+    };
     const params = this.#storage(Uint32Array.of(this.#n, 0));
-    await this.#push(label, RESIDUAL_ADD, c, [params, t, t, t, t, h], residualAddGrid(c, this.#n));
+    await this.#push(label, RESIDUAL_ADD, c, [
+      params,
+      t,
+      t,
+      t,
+      t,
+      h,
+      norm ? part0(norm.w) : t,
+      norm?.y ?? this.#scratch(),
+    ], residualAddGrid(c, this.#n));
+  }
+
+  /** The NORM and EPS constants of residual_add for an optional fused norm. */
+  #norm(norm: FusedNorm | undefined): { NORM: boolean; EPS: number } {
+    return norm ? { NORM: true, EPS: this.#hp.rmsEps } : { NORM: false, EPS: 0 };
+  }
+
+  /** A 16-byte buffer for writable bindings a variant does not use (one per graph). */
+  #scratch(): GPUBuffer {
+    if (!this.#unused) {
+      this.#unused = this.#device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
+      this.#owned.push(this.#unused);
+    }
+    return this.#unused;
   }
 
   async #attention(cx: BuildContext, l: number, lw: LayerWeights) {
@@ -1535,7 +1586,8 @@ class GraphBuilder {
     await this.#matvec(`L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, n);
   }
 
-  async #moe(cx: BuildContext, l: number, lw: LayerWeights) {
+  /** The MoE block of layer l; `norm`: the next block's norm, written by the combine. */
+  async #moe(cx: BuildContext, l: number, lw: LayerWeights, norm: FusedNorm | undefined) {
     const hp = this.#hp;
     const n = this.#n;
     const A = cx.act;
@@ -1604,13 +1656,19 @@ class GraphBuilder {
     if (routerFused.length !== 2) {
       await this.#matvec(`L${l}.ffn_gate_inp_shexp`, routerWs[1]!, A.m!, A.gam!, n);
     }
-    const c: ResidualAddConstants = { D: hp.nEmbd, N_TERMS: K, WEIGHTED: true, SHARED: true };
+    const c: ResidualAddConstants = {
+      D: hp.nEmbd,
+      N_TERMS: K,
+      WEIGHTED: true,
+      SHARED: true,
+      ...this.#norm(norm),
+    };
     const params = this.#storage(Uint32Array.of(n, 0));
     await this.#push(
-      `L${l}.moe_combine`,
+      norm ? `L${l}.moe_combine+norm` : `L${l}.moe_combine`,
       RESIDUAL_ADD,
       c,
-      [params, A.eo!, A.wts!, sho, gam, A.h!],
+      [params, A.eo!, A.wts!, sho, gam, A.h!, norm ? part0(norm.w) : A.eo!, norm?.y ?? this.#scratch()],
       residualAddGrid(c, n),
     );
   }

@@ -1,5 +1,6 @@
 /**
- * Twin of `residual_add.wgsl`: `h += Σ w_s·e_s (+ sigmoid(g)·sh)`, the residual add and the MoE combine.
+ * Twin of `residual_add.wgsl`: `h += Σ w_s·e_s (+ sigmoid(g)·sh)`, the residual add and the MoE combine,
+ * optionally followed by the RMSNorm of the new rows (`NORM`: the next block's input, no separate dispatch).
  * @module
  */
 import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
@@ -10,19 +11,24 @@ export const RESIDUAL_ADD: KernelSpec = {
   name: "residual_add",
   url: new URL("./residual_add.wgsl", import.meta.url),
   lib: [],
-  constants: { D: "u32", N_TERMS: "u32", WEIGHTED: "bool", SHARED: "bool" },
+  constants: { D: "u32", N_TERMS: "u32", WEIGHTED: "bool", SHARED: "bool", NORM: "bool", EPS: "f32" },
 };
 
-/** Constants: row length, number of terms, and whether terms are weighted and a gated shared term exists. */
+/**
+ * Constants: row length, number of terms, whether terms are weighted and a gated shared term exists, and
+ * whether the normed rows are written too (with the norm's epsilon; 0 without NORM).
+ */
 export type ResidualAddConstants = {
   readonly D: number;
   readonly N_TERMS: number;
   readonly WEIGHTED: boolean;
   readonly SHARED: boolean;
+  readonly NORM: boolean;
+  readonly EPS: number;
 };
 
 /** Binding order of `residual_add.wgsl`. */
-export const RESIDUAL_ADD_BINDINGS = ["params", "e", "weights", "sh", "g", "h"] as const;
+export const RESIDUAL_ADD_BINDINGS = ["params", "e", "weights", "sh", "g", "h", "nw", "y"] as const;
 
 /** Buffers of one dispatch by binding name (unused ones may be any buffer of at least 4 bytes). */
 export type ResidualAddBindings = Readonly<Record<(typeof RESIDUAL_ADD_BINDINGS)[number], Binding>>;
@@ -41,9 +47,11 @@ export function checkResidualAdd(c: ResidualAddConstants, b: ResidualAddBindings
   checkBinding("residual_add", "sh", b.sh, c.SHARED ? [c.D, maxTokens] : [1]);
   checkBinding("residual_add", "g", b.g, c.SHARED ? [maxTokens] : [1]);
   checkBinding("residual_add", "h", b.h, [c.D, maxTokens]);
+  checkBinding("residual_add", "nw", b.nw, c.NORM ? [c.D] : [1]);
+  checkBinding("residual_add", "y", b.y, c.NORM ? [c.D, maxTokens] : [1]);
 }
 
 /** Dispatch grid for up to `maxTokens` tokens (tokens past params[0] return at once). */
 export function residualAddGrid(c: ResidualAddConstants, maxTokens: number): [number, number, number] {
-  return [Math.ceil(c.D / 256), maxTokens, 1];
+  return [c.NORM ? 1 : Math.ceil(c.D / 256), maxTokens, 1];
 }

@@ -69,6 +69,7 @@ export function checkAttnDecode(c: AttnDecodeConstants, maxWorkgroupBytes: numbe
     `attn_decode: H_Q (${c.H_Q}) must be a multiple of H_KV (${c.H_KV})`,
   );
   checkInt("attn_decode: D_H", c.D_H, 1, 4096);
+  checkShape(c.D_H % 8 === 0, `attn_decode: D_H (${c.D_H}) must be a multiple of 8 (16-byte cache loads)`);
   checkInt("attn_decode: P_MAX", c.P_MAX, 1, 2 ** 24);
   checkInt("attn_decode: N_SPLIT", c.N_SPLIT, 1, MAX_WORKGROUPS_PER_DIM);
   checkInt("attn_decode: TILE", c.TILE, 1, 256);

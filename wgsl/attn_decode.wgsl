@@ -17,7 +17,7 @@
 // G * TILE invocations each take one full q.k dot, G invocations update the online softmax, stage V, then
 // invocation i accumulates outputs o = i + j * WG (head o / D_H, dim o % D_H) in registers.
 // Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, WG: u32; const SCALE: f32; const KV_F16: bool.
-// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; G * TILE <= WG is not required; workgroup memory
+// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; D_H % 8 == 0 (16-byte cache loads); G * TILE <= WG is not required; workgroup memory
 // 4 * (G * D_H + TILE * D_H + G * TILE + 3 * G) bytes <= device limit (32 KiB on lavapipe).
 struct AttnParams {
   pos0: u32,
@@ -26,8 +26,8 @@ struct AttnParams {
 
 @group(0) @binding(0) var<storage, read> params: AttnParams;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k_cache: array<u32>;
-@group(0) @binding(3) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read_write> part_o: array<f32>;
 @group(0) @binding(5) var<storage, read_write> part_ml: array<f32>;
 
@@ -43,19 +43,41 @@ var<workgroup> m_s: array<f32, G>;
 var<workgroup> l_s: array<f32, G>;
 var<workgroup> corr: array<f32, G>;
 
-// Element e of the K (V) cache: f32 bits, or half of an f16 pair word (low half = even element).
-fn load_k(e: u32) -> f32 {
+// Elements e..e+3 of a cache (e % 4 == 0): f32 bits, or two f16 pair words (low half = even element). One
+// 16-byte load per four elements: the tile loads below are latency-bound chains, so fewer, wider loads.
+fn load4(w: vec4<u32>, e: u32) -> vec4<f32> {
   if (KV_F16) {
-    return unpack2x16float(k_cache[e >> 1u])[e & 1u];
+    let hi = ((e >> 1u) & 3u) == 2u;
+    return vec4<f32>(
+      unpack2x16float(select(w.x, w.z, hi)),
+      unpack2x16float(select(w.y, w.w, hi)),
+    );
   }
-  return bitcast<f32>(k_cache[e]);
+  return bitcast<vec4<f32>>(w);
 }
 
-fn load_v(e: u32) -> f32 {
-  if (KV_F16) {
-    return unpack2x16float(v_cache[e >> 1u])[e & 1u];
+fn load_k4(e: u32) -> vec4<f32> {
+  return load4(k_cache[select(e >> 2u, e >> 3u, KV_F16)], e);
+}
+
+fn load_v4(e: u32) -> vec4<f32> {
+  return load4(v_cache[select(e >> 2u, e >> 3u, KV_F16)], e);
+}
+
+// Stages the K (V) rows t0 .. t0 + TILE - 1 of this split into kv, zeros past `end`.
+fn stage_tile(lid: u32, kv_base: u32, t0: u32, end: u32, is_k: bool) {
+  for (var i = lid; i < TILE * D_H / 4u; i += WG) {
+    let tp = t0 + (4u * i) / D_H;
+    var x = vec4<f32>(0.0);
+    if (tp < end) {
+      let e = kv_base + tp * D_H + (4u * i) % D_H;
+      x = select(load_v4(e), load_k4(e), is_k);
+    }
+    kv[4u * i] = x.x;
+    kv[4u * i + 1u] = x.y;
+    kv[4u * i + 2u] = x.z;
+    kv[4u * i + 3u] = x.w;
   }
-  return bitcast<f32>(v_cache[e]);
 }
 
 @compute @workgroup_size(WG)
@@ -79,14 +101,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   workgroupBarrier();
 
   for (var t0 = begin; t0 < end; t0 += TILE) {
-    for (var i = lid; i < TILE * D_H; i += WG) {
-      let tp = t0 + i / D_H;
-      var x = 0.0;
-      if (tp < end) {
-        x = load_k(kv_base + tp * D_H + i % D_H);
-      }
-      kv[i] = x;
-    }
+    stage_tile(lid, kv_base, t0, end, true);
     workgroupBarrier();
     for (var i = lid; i < G * TILE; i += WG) {
       let h = i / TILE;
@@ -119,14 +134,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       m_s[h] = m_new;
       corr[h] = c;
     }
-    for (var i = lid; i < TILE * D_H; i += WG) {
-      let tp = t0 + i / D_H;
-      var x = 0.0;
-      if (tp < end) {
-        x = load_v(kv_base + tp * D_H + i % D_H);
-      }
-      kv[i] = x;
-    }
+    stage_tile(lid, kv_base, t0, end, false);
     workgroupBarrier();
     for (var j = 0u; j < OPI; j++) {
       let o = lid + j * WG;

@@ -58,8 +58,17 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
 
   for (var e = lid; e < N_EXPERT; e += WG) {
     let l = lg[e];
+    // Four experts per step: independent workgroup loads in flight together (one at a time chained 256
+    // load latencies per invocation).
     var rank = 0u;
-    for (var f = 0u; f < N_EXPERT; f++) {
+    var f = 0u;
+    for (; f + 4u <= N_EXPERT; f += 4u) {
+      let m = vec4<f32>(lg[f], lg[f + 1u], lg[f + 2u], lg[f + 3u]);
+      let fi = vec4<u32>(f, f + 1u, f + 2u, f + 3u);
+      let ahead = (m > vec4<f32>(l)) | ((m == vec4<f32>(l)) & (fi < vec4<u32>(e)));
+      rank += dot(select(vec4<u32>(0u), vec4<u32>(1u), ahead), vec4<u32>(1u));
+    }
+    for (; f < N_EXPERT; f++) {
       let m = lg[f];
       rank += select(0u, 1u, m > l || (m == l && f < e));
     }

@@ -68,12 +68,37 @@ fn main(
   // NORM: workgroup (0, t) owns row t. Rows past n_tokens do nothing but still reach every barrier.
   let t = wid.y;
   let live = t < params[0];
+  // Terms outermost and the PER elements innermost: the PER loads of one term are independent, so they are
+  // in flight together (one element after another would chain (N_TERMS + 1)·PER load latencies serially in
+  // this single workgroup: 25 µs per MoE combine on the H200, docs/PERF.md).
   var v: array<f32, PER>;
+  for (var j = 0u; j < PER; j++) {
+    let d = min(lid + j * WG, D - 1u);
+    v[j] = h[t * D + d];
+  }
+  var acc: array<f32, PER>;
+  for (var s = 0u; s < N_TERMS; s++) {
+    var w = 1.0;
+    if (WEIGHTED) {
+      w = weights[t * N_TERMS + s];
+    }
+    for (var j = 0u; j < PER; j++) {
+      let d = min(lid + j * WG, D - 1u);
+      acc[j] += w * e[(t * N_TERMS + s) * D + d];
+    }
+  }
+  if (SHARED) {
+    // The same expression as added(), so that h agrees bit for bit with the NORM = false path.
+    for (var j = 0u; j < PER; j++) {
+      let d = min(lid + j * WG, D - 1u);
+      acc[j] += sh[t * D + d] / (1.0 + exp(-g[t]));
+    }
+  }
   var s = 0.0;
   for (var j = 0u; j < PER; j++) {
     let d = lid + j * WG;
     if (live && d < D) {
-      v[j] = added(t, d);
+      v[j] = v[j] + acc[j];
       h[t * D + d] = v[j];
       s += v[j] * v[j];
     }

@@ -4,7 +4,7 @@
  * scheduling overhead is the difference).
  *
  * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,4,8] [--prompt 64] [--port 8099]
- * [--head-flags "--cached-only --config C.json"]` (`--head-flags`: extra `deno run` flags for the head
+ * [--head-flags="--cached-only --config C.json"]` (`--head-flags`, with `=` since its value starts with a dash: extra `deno run` flags for the head
  * process, e.g. on a machine without network).
  * Without `--model` the head serves its embedded tiny model. Prints one JSON line per measurement; never asserts.
  * @module

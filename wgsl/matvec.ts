@@ -9,7 +9,8 @@
  * so an aligned repack would not buy anything until the per-weight instruction cost comes down.
  *
  * Uniform `Params` (32 bytes, 8 × u32, in struct order): 0 k, 4 n, 8 row_bytes, 12 w_off (bytes),
- * 16 x_off, 20 y_off, 24 x_stride, 28 y_stride (elements). Bindings: 0 params, 1 weights, 2 x, 3 y.
+ * 16 x_off, 20 y_off, 24 x_stride, 28 y_stride (elements). Bindings: 0 params, 1 weights, 2 x, 3 y, 4 nw
+ * (norm weight), 5 xn (normed x out); 4 and 5 matter only with NORM.
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, PipelineCache } from "../engine/gpu/kernel.ts";
@@ -22,7 +23,16 @@ export const MATVEC: KernelSpec = {
   name: "matvec",
   url: new URL("./matvec.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", UNROLL: "u32" },
+  constants: {
+    TYPE: "u32",
+    TEAM: "u32",
+    ROWS: "u32",
+    BATCH: "u32",
+    UNROLL: "u32",
+    NORM: "u32",
+    ACC: "u32",
+    EPS: "f32",
+  },
 };
 
 /** Constants of one matvec variant. */
@@ -37,6 +47,12 @@ export interface MatvecConstants {
   readonly BATCH: number;
   /** Units per loop step (1 or 2): 2 keeps twice the loads in flight. */
   readonly UNROLL: number;
+  /** 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 0: x as it is. */
+  readonly NORM: number;
+  /** 1: y += W·x (a residual add); 0: y = W·x. */
+  readonly ACC: number;
+  /** The norm's epsilon (0 without NORM). */
+  readonly EPS: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -79,6 +95,11 @@ export interface MatvecBindings {
   readonly x: Binding;
   /** Output columns, f32 (storage, read_write). */
   readonly y: Binding;
+  /** NORM: the norm weight, K f32 (storage, read). Without NORM any buffer (default: x). */
+  readonly nw?: Binding;
+  /** NORM: receives the normed x at x's offset (storage, read_write); without NORM any buffer not bound
+   * elsewhere (default: a 16-byte scratch buffer). */
+  readonly xn?: Binding;
 }
 
 /** A checked, ready-to-encode matvec: pipeline, bind group and grid. */
@@ -99,7 +120,7 @@ export interface MatvecOp {
  */
 export function matvecConstants(
   shape: MatvecShape,
-  opts: { team?: number; rows?: number; unroll?: number } = {},
+  opts: { team?: number; rows?: number; unroll?: number; norm?: { eps: number }; acc?: boolean } = {},
 ): MatvecConstants {
   const units = Math.floor(shape.k / 8);
   const cap = shape.k >= 4096 ? 64 : 32;
@@ -112,6 +133,9 @@ export function matvecConstants(
     ROWS: opts.rows ?? rows,
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? 2,
+    NORM: opts.norm ? 1 : 0,
+    ACC: opts.acc ? 1 : 0,
+    EPS: opts.norm?.eps ?? 0,
   };
 }
 
@@ -156,6 +180,10 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
   checkInt("Kernel matvec: UNROLL", c.UNROLL, 1, 2);
+  checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
+  checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
+  checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
+  checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(
     4 * 256 * c.ROWS * c.BATCH + 2048 <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,
@@ -191,6 +219,26 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   need("weights", b.weights, Math.ceil(((shape.wOffsetBytes ?? 0) + shape.n * rowBytes) / 4) * 4);
   need("x", b.x, 4 * (xOff + (shape.batch - 1) * xStride + shape.k));
   need("y", b.y, 4 * (yOff + (shape.batch - 1) * yStride + shape.n));
+  if (c.NORM) {
+    checkShape(
+      b.nw !== undefined && b.xn !== undefined,
+      "Kernel matvec: NORM=1 needs the nw and xn bindings",
+    );
+    need("nw", b.nw!, 4 * shape.k);
+    need("xn", b.xn!, 4 * (xOff + shape.k));
+  }
+}
+
+const scratch = new WeakMap<GPUDevice, GPUBuffer>();
+
+/** The nw and xn bindings to use: the given ones, or stand-ins for a variant without NORM. */
+export function matvecNormBindings(device: GPUDevice, b: MatvecBindings): [Binding, Binding] {
+  let s = scratch.get(device);
+  if (!s) {
+    s = device.createBuffer({ label: "matvec unused xn", size: 16, usage: GPUBufferUsage.STORAGE });
+    scratch.set(device, s);
+  }
+  return [b.nw ?? b.x, b.xn ?? s];
 }
 
 /**
@@ -207,7 +255,13 @@ export async function prepareMatvec(
   const b = opts.bindings;
   return {
     pipeline,
-    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y]),
+    bindGroup: bindGroup(opts.device, pipeline, [
+      b.params,
+      b.weights,
+      b.x,
+      b.y,
+      ...matvecNormBindings(opts.device, b),
+    ]),
     grid: matvecGrid(opts.shape, c),
   };
 }

@@ -5,6 +5,13 @@
 //   weights array<u32>  W ne=[K, N] of type TYPE, raw GGUF block bytes; row n starts at byte w_off + n·row_bytes
 //   x       array<vec4<f32>>  ne=[K, BATCH]; element (k, b) at x_off + b·x_stride + k (x_off, x_stride % 4 == 0)
 //   y       array<f32>  ne=[N, BATCH]; element (n, b) at y_off + b·y_stride + n
+//   nw      array<vec4<f32>>  ne=[K]  RMSNorm weight (NORM; otherwise bind any buffer of ≥ 16 bytes)
+//   xn      array<vec4<f32>>  ne=[K]  read_write: the normed x at x_off (NORM; otherwise any unaliased buffer)
+// NORM = 1 (batch 1) multiplies by the RMSNorm of x first (spec §5): every workgroup sums x² itself in the
+// order of rms_norm.wgsl with WG = 256 (invocation i takes k = i, i + 256, ..., then the same tree), so its
+// normed values equal rms_norm's bit for bit; workgroup 0 also writes them to xn for the block's other
+// readers. That saves the norm's own dispatch. ACC = 1 adds into y (y += W·x): the residual add of an
+// output projection, with the same rounding as residual_add (h + t).
 // A workgroup (256 invocations) owns WG_ROWS = (256 / TEAM) · ROWS consecutive rows; a team of TEAM invocations
 // owns ROWS rows. A row is K/8 units of 8 weights (4 units per 32-weight chunk, lib/quant.wgsl); invocation t
 // of a team takes units t, t + TEAM, ... of all its rows, so the invocations of a warp read consecutive weight
@@ -13,7 +20,8 @@
 // levels of 8 (or fewer) so that all invocations share the work.
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
-//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step).
+//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step), const NORM: u32 (0 or 1),
+//   const ACC: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) bytes ≤ 32 KiB.
 
 struct Params {
@@ -31,6 +39,20 @@ struct Params {
 @group(0) @binding(1) var<storage, read> weights: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> xn: array<vec4<f32>>;
+
+// NORM: 1 / sqrt(mean(x²) + EPS) of column 0, the same in every invocation.
+var<private> nscale: f32;
+
+// The x quad at element offset `e` (a multiple of 4) of the column starting at `xb`: normed with NORM.
+fn x_quad(xb: u32, e: u32) -> vec4<f32> {
+  let v = x[(xb + e) >> 2u];
+  if (NORM == 1u) {
+    return v * nscale * nw[e >> 2u];
+  }
+  return v;
+}
 
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
@@ -55,8 +77,8 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   var xh: array<vec4<f32>, BATCH>;
   for (var b = 0u; b < BATCH; b++) {
     let xb = params.x_off + b * params.x_stride;
-    xl[b] = x[(xb + pos.x) >> 2u];
-    xh[b] = x[(xb + pos.y) >> 2u];
+    xl[b] = x_quad(xb, pos.x);
+    xh[b] = x_quad(xb, pos.y);
   }
   for (var r = 0u; r < ROWS; r++) {
     let s = quant_scales((*rb)[r], c);
@@ -76,8 +98,8 @@ fn unit_dot1(u: u32, rb: u32) -> f32 {
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
-  let xl = x[(params.x_off + pos.x) >> 2u];
-  let xh = x[(params.x_off + pos.y) >> 2u];
+  let xl = x_quad(params.x_off, pos.x);
+  let xh = x_quad(params.x_off, pos.y);
   let s = quant_scales(rb, c);
   let q = quant_q(rb, c, j);
   var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
@@ -101,6 +123,29 @@ fn main(
   if (QUANT_NEEDS_INIT) {
     quant_init(lid);
     workgroupBarrier();
+  }
+  if (NORM == 1u) {
+    var ss = 0.0;
+    for (var i = lid; i < params.k; i += WG) {
+      let v = x[(params.x_off + i) >> 2u][(params.x_off + i) & 3u];
+      ss += v * v;
+    }
+    partial[lid] = ss;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+      if (lid < o) {
+        partial[lid] += partial[lid + o];
+      }
+      workgroupBarrier();
+    }
+    nscale = 1.0 / sqrt(partial[0] / f32(params.k) + EPS);
+    // Everyone has read partial[0] before the accumulators reuse the array.
+    workgroupBarrier();
+    if (wg == 0u) {
+      for (var q = lid; q < params.k / 4u; q += WG) {
+        xn[(params.x_off >> 2u) + q] = x_quad(params.x_off, 4u * q);
+      }
+    }
   }
 
   // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.
@@ -165,7 +210,12 @@ fn main(
       s += partial[o * TEAM + g * GROUP_LEN];
     }
     if (row < params.n) {
-      y[params.y_off + b * params.y_stride + row] = s;
+      let at = params.y_off + b * params.y_stride + row;
+      if (ACC == 1u) {
+        y[at] = y[at] + s;
+      } else {
+        y[at] = s;
+      }
     }
   }
 }

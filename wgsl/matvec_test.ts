@@ -171,3 +171,107 @@ Deno.test("matvec shape check throws before encoding", () => {
     /binding weights/,
   );
 });
+
+Deno.test("matvec NORM (x RMSNorm-ed in the prologue, xn written) and ACC (y += W·x)", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const eps = 1e-6;
+  // K = 2048: the ROWS 1 path; K = 256: ROWS 4. N odd; x at an offset for the second shape.
+  const cases = [
+    { type: "IQ4_XS", k: 2048, n: 37, xOffset: 0, norm: true, acc: false },
+    { type: "Q8_0", k: 256, n: 21, xOffset: 8, norm: true, acc: true },
+    { type: "F32", k: 2048, n: 13, xOffset: 4, norm: false, acc: true },
+  ] as const;
+  const params = device.createBuffer({
+    size: 256 * cases.length,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const pending: {
+    what: string;
+    y: GPUBuffer;
+    xn: GPUBuffer;
+    ref: Float64Array;
+    mag: Float64Array;
+    xnRef?: Float64Array;
+    xOff: number;
+  }[] = [];
+  for (const [i, c] of cases.entries()) {
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1, xOffset: c.xOffset };
+    const bytes = randomWeights(rng, c.type, c.k, c.n);
+    const x = rng.normals(c.k, 3);
+    const nw = rng.normals(c.k);
+    const y0 = rng.normals(c.n);
+    // The float64 normed x: x / sqrt(mean(x²) + eps) · nw.
+    let ss = 0;
+    for (const v of x) ss += v * v;
+    const scale = 1 / Math.sqrt(ss / c.k + eps);
+    const xnRef = Float64Array.from(x, (v, j) => v * scale * nw[j]!);
+    const { ref, mag } = refProduct(c.type, bytes, {
+      k: c.k,
+      n: c.n,
+      cols: 1,
+      x: c.norm ? Float32Array.from(xnRef) : x,
+    });
+    if (c.acc) {
+      for (let r = 0; r < c.n; r++) {
+        ref[r] = ref[r]! + y0[r]!;
+        mag[r] = mag[r]! + Math.abs(y0[r]!);
+      }
+    }
+    const xAll = new Float32Array(c.xOffset + c.k).fill(Number.NaN);
+    xAll.set(x, c.xOffset);
+    const y = poisoned(device, c.n);
+    if (c.acc) device.queue.writeBuffer(y, 0, y0);
+    const xn = poisoned(device, c.xOffset + c.k);
+    device.queue.writeBuffer(params, 256 * i, matvecParams(shape));
+    const op = await prepareMatvec(cache, {
+      device,
+      shape,
+      constants: matvecConstants(shape, { norm: c.norm ? { eps } : undefined, acc: c.acc }),
+      bindings: {
+        params: { buffer: params, offset: 256 * i, size: MATVEC_PARAMS_BYTES },
+        weights: upload(device, bytes),
+        x: upload(device, xAll),
+        y: { buffer: y, size: 4 * c.n },
+        nw: upload(device, nw),
+        xn: { buffer: xn, size: 4 * (c.xOffset + c.k) },
+      },
+    });
+    encodeMatvec(pass, op);
+    pending.push({
+      what: `matvec ${JSON.stringify(c)}`,
+      y,
+      xn,
+      ref,
+      mag,
+      xnRef: c.norm ? xnRef : undefined,
+      xOff: c.xOffset,
+    });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const ys = await readAll(device, pending.map((p) => p.y));
+  const xns = await readAll(device, pending.map((p) => p.xn));
+  for (const [i, p] of pending.entries()) {
+    assertDotClose(new Float32Array(ys[i]!, 0, p.ref.length), p.ref, p.mag, { what: p.what, seed: rng.seed });
+    assertPoisoned(new Uint32Array(ys[i]!, 4 * p.ref.length, GUARD_WORDS), POISON_F32, `${p.what} y guard`);
+    const xnGot = new Float32Array(xns[i]!);
+    assertPoisoned(new Uint32Array(xns[i]!, 0, p.xOff), POISON_F32, `${p.what}: xn before x's offset`);
+    if (p.xnRef) {
+      for (let j = 0; j < p.xnRef.length; j++) {
+        const want = p.xnRef[j]!;
+        const got = xnGot[p.xOff + j]!;
+        assert.ok(
+          Math.abs(got - want) <= 1e-5 * Math.abs(want) + 1e-6,
+          `${p.what}: xn[${j}] = ${got}, want ${want} (seed ${rng.seed})`,
+        );
+      }
+    } else {
+      // Without NORM the xn binding is a stand-in: nothing is written.
+      assertPoisoned(new Uint32Array(xns[i]!), POISON_F32, `${p.what}: xn untouched`);
+    }
+  }
+});

@@ -129,7 +129,10 @@ Deno.test("turns of 5 ids and 4 prompt tokens interleave 3 requests on 3 slots; 
   const rng = new Rng();
   const e = engine(3, 0, { turnTokens: 5, prefillTurn: 4 });
   try {
-    const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 20)));
+    // Request 0 has the longest prompt (several prefill turns); 1 and 2 fit one prefill turn, so both start
+    // generating while 0 is still running whatever the draw (a long prompt for 1 could keep it prefilling until
+    // 0 is done, which the order check below would misread).
+    const prompts = [rng.int(5, 20), rng.int(2, 5), rng.int(2, 5)].map((len) => randomPrompt(rng, len));
     const n = [17, 9, 12];
     const want: number[][] = [];
     for (const [i, p] of prompts.entries()) want.push(await reference.solo(p, n[i]!));

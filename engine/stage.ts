@@ -1117,6 +1117,8 @@ class GraphBuilder {
   readonly #ops: Op[] = [];
   readonly #owned: GPUBuffer[];
   #unused: GPUBuffer | undefined;
+  /** A decode norm not pushed yet (see #norm). */
+  #pending: { label: string; x: GPUBuffer; w: GpuTensor; y: GPUBuffer } | undefined;
 
   /** @param owned receives every buffer the graph creates (its owner destroys them) */
   constructor(device: GPUDevice, cache: PipelineCache, hp: Hparams, n: number, owned: GPUBuffer[]) {
@@ -1141,30 +1143,40 @@ class GraphBuilder {
         A.h!,
       ], getRowsGrid(shape));
     }
-    // Each norm but the stage's first rides on the residual add before it (residual_add NORM): the mixer's
-    // add writes the post-attention norm, the MoE combine the next layer's attn_norm or the output norm.
-    const head = cx.outNorm && cx.lmHead && cx.rows !== "none";
+    // Decode (n = 1): every norm rides on the mat-vec that reads it (matvec NORM: x = h, the normed rows
+    // written for the block's other readers) and each output projection adds into h itself (ACC), so no norm
+    // and no residual add has a dispatch of its own. Prefill: each norm but the stage's first rides on the
+    // residual add before it (residual_add NORM).
+    const decode = n === 1;
+    const head = cx.outNorm !== undefined && cx.lmHead !== undefined && cx.rows !== "none";
     // The fused output norm writes every row in place; the LM head reads from row 0, so fuse it only when
     // that is the row it wants.
-    const fuseOutNorm = head && (cx.rows === "all" || n === 1);
+    const fuseOutNorm = head && !decode && cx.rows === "all";
     for (const [i, lw] of cx.layers.entries()) {
       const l = cx.firstLayer + i;
-      if (i === 0) await this.#rmsNorm(`L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!, n);
+      if (i === 0 || decode) await this.#norm(`L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
       if (lw.attention) await this.#attention(cx, l, lw);
       else await this.#deltaNet(cx, l, lw);
-      await this.#residual(`L${l}.residual_mixer+post_attention_norm`, A.t!, A.h!, {
-        w: lw.t("post_attention_norm"),
-        y: A.m!,
-      });
+      if (decode) {
+        await this.#norm(`L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
+      } else {
+        await this.#residual(`L${l}.residual_mixer+post_attention_norm`, A.t!, A.h!, {
+          w: lw.t("post_attention_norm"),
+          y: A.m!,
+        });
+      }
       const next = cx.layers[i + 1];
-      const norm = next
+      const norm = decode
+        ? undefined
+        : next
         ? { w: next.t("attn_norm"), y: A.a! }
         : fuseOutNorm
         ? { w: cx.outNorm!, y: A.a! }
         : undefined;
       await this.#moe(cx, l, lw, norm);
     }
-    if (head && !fuseOutNorm) {
+    if (head && decode) await this.#norm("output_norm", A.h!, cx.outNorm!, A.a!);
+    if (head && !decode && !fuseOutNorm) {
       const first = cx.rows === "all" ? 0 : n - 1;
       const rows = cx.rows === "all" ? n : 1;
       await this.#rmsNorm(
@@ -1187,6 +1199,7 @@ class GraphBuilder {
     bindGroupOf: (pipeline: GPUComputePipeline) => GPUBindGroup,
     grid: readonly number[],
   ) {
+    if (this.#pending && spec !== MATVEC) await this.#flushNorm();
     const pipeline = await this.#cache.get(spec, c);
     this.#ops.push({
       label,
@@ -1237,6 +1250,24 @@ class GraphBuilder {
     );
   }
 
+  /**
+   * y = RMSNorm(x)·w, one row per token. Decode defers it: the next mat-vec that reads y computes it in its
+   * prologue (matvec NORM) and writes y; any other kernel pushed first gets it as its own dispatch.
+   */
+  async #norm(label: string, x: GPUBuffer, w: GpuTensor, y: GPUBuffer) {
+    await this.#flushNorm();
+    if (this.#n === 1) this.#pending = { label, x, w, y };
+    else await this.#rmsNorm(label, x, w, y, this.#n);
+  }
+
+  /** Pushes a deferred norm as its own dispatch. */
+  async #flushNorm() {
+    const p = this.#pending;
+    if (!p) return;
+    this.#pending = undefined;
+    await this.#rmsNorm(p.label, p.x, p.w, p.y, 1);
+  }
+
   /** y[col][r] = W·x[col] for `cols` columns of x (stride K) into y (stride N), rows [rowStart, rowStart+rows). */
   async #matvec(
     label: string,
@@ -1244,8 +1275,15 @@ class GraphBuilder {
     x: GPUBuffer,
     y: GPUBuffer,
     cols: number,
-    opts: { rowStart?: number; rows?: number } = {},
+    opts: { rowStart?: number; rows?: number; acc?: boolean } = {},
   ) {
+    // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below).
+    const norm = this.#pending && this.#pending.y === x && cols === 1 ? this.#pending : undefined;
+    if (norm) {
+      this.#pending = undefined;
+      label = `${label}+${norm.label.replace(/^L\d+\./, "")}`;
+      x = norm.x;
+    }
     const k = w.ne[0]!;
     const rowStart = opts.rowStart ?? 0;
     const nRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - rowStart);
@@ -1254,6 +1292,9 @@ class GraphBuilder {
       const hi = Math.min(rowStart + nRows, p.firstRow + p.nRows);
       if (lo >= hi) continue;
       if (cols > MATVEC_MAX_COLS) {
+        if (opts.acc || norm) {
+          throw new Error(`${label}: NORM and ACC are decode-only (matvec), not for ${cols} columns`);
+        }
         // Prefill: the register-tiled matmul reads each weight tile once per 64 tokens.
         const shape: MatmulShape = {
           type: typeName(w),
@@ -1285,9 +1326,19 @@ class GraphBuilder {
           yOffset: c0 * nRows + (lo - rowStart),
           yStride: nRows,
         };
-        const c = matvecConstants(shape);
+        const c = matvecConstants(shape, {
+          norm: norm ? { eps: this.#hp.rmsEps } : undefined,
+          acc: opts.acc,
+        });
         const params = this.#storage(matvecParams(shape));
-        await this.#push(label, MATVEC, c, [params, p.buffer, x, y], [...matvecGrid(shape, c), 1]);
+        await this.#push(label, MATVEC, c, [
+          params,
+          p.buffer,
+          x,
+          y,
+          norm ? part0(norm.w) : x,
+          norm ? norm.y : this.#scratch(),
+        ], [...matvecGrid(shape, c), 1]);
       }
     }
   }
@@ -1337,6 +1388,12 @@ class GraphBuilder {
     return offsets;
   }
 
+  /** A mixer's output projection: decode adds W·x into h (ACC); prefill writes t for the residual add. */
+  async #outProj(label: string, w: GpuTensor, x: GPUBuffer, t: GPUBuffer, h: GPUBuffer) {
+    if (this.#n === 1) await this.#matvec(`${label}+residual`, w, x, h, 1, { acc: true });
+    else await this.#matvec(label, w, x, t, this.#n);
+  }
+
   /** h += t, and with `norm` y = RMSNorm(h)·w in the same dispatch. */
   async #residual(label: string, t: GPUBuffer, h: GPUBuffer, norm?: FusedNorm) {
     const c: ResidualAddConstants = {
@@ -1344,7 +1401,7 @@ class GraphBuilder {
       N_TERMS: 1,
       WEIGHTED: false,
       SHARED: false,
-      ...this.#norm(norm),
+      ...this.#normConstants(norm),
     };
     const params = this.#storage(Uint32Array.of(this.#n, 0));
     await this.#push(label, RESIDUAL_ADD, c, [
@@ -1360,7 +1417,7 @@ class GraphBuilder {
   }
 
   /** The NORM and EPS constants of residual_add for an optional fused norm. */
-  #norm(norm: FusedNorm | undefined): { NORM: boolean; EPS: number } {
+  #normConstants(norm: FusedNorm | undefined): { NORM: boolean; EPS: number } {
     return norm ? { NORM: true, EPS: this.#hp.rmsEps } : { NORM: false, EPS: 0 };
   }
 
@@ -1492,7 +1549,7 @@ class GraphBuilder {
         attnPrefillGrid(pc, n),
       );
     }
-    await this.#matvec(`L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, n);
+    await this.#outProj(`L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, A.h!);
   }
 
   async #deltaNet(cx: BuildContext, l: number, lw: LayerWeights) {
@@ -1583,7 +1640,7 @@ class GraphBuilder {
         gdnConvRingGrid(rc),
       );
     }
-    await this.#matvec(`L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, n);
+    await this.#outProj(`L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
   }
 
   /** The MoE block of layer l; `norm`: the next block's norm, written by the combine. */
@@ -1661,7 +1718,7 @@ class GraphBuilder {
       N_TERMS: K,
       WEIGHTED: true,
       SHARED: true,
-      ...this.#norm(norm),
+      ...this.#normConstants(norm),
     };
     const params = this.#storage(Uint32Array.of(n, 0));
     await this.#push(

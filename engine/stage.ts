@@ -60,13 +60,7 @@ import {
   moeMatvecParams,
   type MoeMatvecShape,
 } from "../wgsl/moe_matvec.ts";
-import {
-  MOE_ROUTE,
-  moeRouteBindGroup,
-  type MoeRouteConstants,
-  moeRouteGrid,
-  moeWeightsScale,
-} from "../wgsl/moe_route.ts";
+import { moeWeightsScale } from "../wgsl/moe_route.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../wgsl/residual_add.ts";
 import {
   ATTN_QK_ROPE,
@@ -1654,19 +1648,15 @@ class GraphBuilder {
     if (routerFused.length === 0) await this.#matvec(`L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n);
     // The shared expert's gate logit: row nExpert of the fused router output, or its own mat-vec.
     const gam: Binding = routerFused.length === 2 ? sub(A.router!, hp.nExpert, 1) : A.gam!;
-    const rc: MoeRouteConstants = {
-      N_EXPERT: hp.nExpert,
-      N_EXPERT_USED: K,
-      WG: 256, // one expert per invocation: the rank count is a serial loop over all experts
-      W_SCALE: moeWeightsScale(hp.expertWeightsScale),
+    // The routing (softmax, top-k, weights) runs in the prologue of the routed gate·up pass (moe_matvec
+    // ROUTE), which writes ids and weights for the down pass and the combine: no dispatch of its own.
+    const route = {
+      logits: A.router!,
+      weights: A.wts!,
+      nExpert: hp.nExpert,
+      nExpertUsed: K,
+      wScale: moeWeightsScale(hp.expertWeightsScale),
     };
-    await this.#checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
-      moeRouteBindGroup(this.#device, {
-        pipeline,
-        constants: rc,
-        nTokens: n,
-        buffers: { logits: A.router!, ids: A.ids!, weights: A.wts! },
-      }), moeRouteGrid(n));
     const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
     const shexp = { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
     const follows = (a: GpuTensor, b: GpuTensor) =>
@@ -1686,6 +1676,7 @@ class GraphBuilder {
         nFf: hp.nFfExp,
         nExpert: hp.nExpert,
         shared: true,
+        route,
       }, cx);
     } else {
       await this.#experts(`L${l}.ffn_exps`, {
@@ -1697,6 +1688,7 @@ class GraphBuilder {
         nFf: hp.nFfExp,
         nExpert: hp.nExpert,
         shared: false,
+        route,
       }, cx);
       await this.#experts(`L${l}.ffn_shexp`, {
         ...shexp,
@@ -1744,6 +1736,8 @@ class GraphBuilder {
       nExpert: number;
       /** Run the shared expert (packed right after the routed ones) as n extra columns. */
       shared: boolean;
+      /** Route in the gate·up prologue: logits in, weights out (ids go to `ids`). */
+      route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number };
     },
     cx: BuildContext,
   ) {
@@ -1767,12 +1761,20 @@ class GraphBuilder {
       gateUp: true,
       sharedCols: e.shared ? n : 0,
     };
-    let c = moeMatvecConstants(gu);
+    let c = moeMatvecConstants(gu, e.route);
     await this.#push(
-      `${label}.gate_up`,
+      e.route ? `${label}.route+gate_up` : `${label}.gate_up`,
       MOE_MATVEC,
       c,
-      [this.#storage(moeMatvecParams(gu)), e.ids, g.buffer, cx.act.m!, e.act],
+      [
+        this.#storage(moeMatvecParams(gu)),
+        e.ids,
+        g.buffer,
+        cx.act.m!,
+        e.act,
+        e.route?.logits ?? cx.act.m!,
+        e.route?.weights ?? this.#scratch(),
+      ],
       moeMatvecGrid(gu, c),
     );
     const dp = e.down.parts[0]!;
@@ -1793,7 +1795,7 @@ class GraphBuilder {
       `${label}.down`,
       MOE_MATVEC,
       c,
-      [this.#storage(moeMatvecParams(dn)), e.ids, dp.buffer, e.act, e.out],
+      [this.#storage(moeMatvecParams(dn)), e.ids, dp.buffer, e.act, e.out, e.act, this.#scratch()],
       moeMatvecGrid(dn, c),
     );
   }

@@ -12,8 +12,17 @@ import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
 export const MOE_MATVEC: KernelSpec = {
   name: "moe_matvec",
   url: new URL("./moe_matvec.wgsl", import.meta.url),
-  lib: QUANT_LIBS,
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", GATE_UP: "bool" },
+  lib: [...QUANT_LIBS, "route"],
+  constants: {
+    TYPE: "u32",
+    TEAM: "u32",
+    ROWS: "u32",
+    GATE_UP: "bool",
+    ROUTE: "bool",
+    N_EXPERT: "u32",
+    N_EXPERT_USED: "u32",
+    W_SCALE: "f32",
+  },
 };
 
 /** Constants of one variant. */
@@ -22,12 +31,23 @@ export type MoeMatvecConstants = {
   readonly TEAM: number;
   readonly ROWS: number;
   readonly GATE_UP: boolean;
+  /** The routing runs in the prologue (gate·up of routed columns): ids and route weights are outputs. */
+  readonly ROUTE: boolean;
+  /** Routing: experts in the router (placeholder 4 without ROUTE). */
+  readonly N_EXPERT: number;
+  /** Routing: experts used per token (placeholder 1 without ROUTE). */
+  readonly N_EXPERT_USED: number;
+  /** Routing: the weights' scale (1 without ROUTE). */
+  readonly W_SCALE: number;
 };
 
 /** Binding order of `moe_matvec.wgsl`. */
-export const MOE_MATVEC_BINDINGS = ["params", "ids", "weights", "x", "y"] as const;
+export const MOE_MATVEC_BINDINGS = ["params", "ids", "weights", "x", "y", "logits", "routeWeights"] as const;
 
-/** Buffers of one dispatch by binding name. */
+/**
+ * Buffers of one dispatch by binding name. Without ROUTE, `logits` may be any buffer and `routeWeights` any
+ * buffer not bound elsewhere in the dispatch.
+ */
 export type MoeMatvecBindings = Readonly<Record<(typeof MOE_MATVEC_BINDINGS)[number], Binding>>;
 
 /** One expert mat-vec problem: per expert W ne=[k, n]; `nCols` output columns; x column = col / xDiv. */
@@ -62,10 +82,22 @@ export interface MoeMatvecShape {
  * Default constants, as matvec's: TEAM = largest power of two ≤ min(64, K/8) (every invocation gets a unit),
  * ROWS 4 (each x quad serves 4 rows of each matrix from registers).
  */
-export function moeMatvecConstants(shape: MoeMatvecShape): MoeMatvecConstants {
+export function moeMatvecConstants(
+  shape: MoeMatvecShape,
+  route?: { nExpert: number; nExpertUsed: number; wScale: number },
+): MoeMatvecConstants {
   let team = 1;
   while (team * 2 <= Math.min(64, shape.k / 8)) team *= 2;
-  return { TYPE: TYPE_ID[shape.type], TEAM: team, ROWS: 4, GATE_UP: shape.gateUp };
+  return {
+    TYPE: TYPE_ID[shape.type],
+    TEAM: team,
+    ROWS: 4,
+    GATE_UP: shape.gateUp,
+    ROUTE: route !== undefined,
+    N_EXPERT: route?.nExpert ?? 4,
+    N_EXPERT_USED: route?.nExpertUsed ?? 1,
+    W_SCALE: route?.wScale ?? 1,
+  };
 }
 
 /** The params words of `shape`. */
@@ -141,4 +173,14 @@ export function checkMoeMatvec(shape: MoeMatvecShape, c: MoeMatvecConstants, b: 
     shape.gateUp ? shape.nCols / shape.xDiv : shape.nCols + shared,
   ]);
   checkBinding("moe_matvec", "y", b.y, [shape.n, shape.nCols + shared]);
+  if (c.ROUTE) {
+    checkShape(
+      shape.gateUp && c.N_EXPERT === shape.nExpert && c.N_EXPERT_USED === shape.xDiv,
+      `Kernel moe_matvec: ROUTE runs on the gate·up pass with N_EXPERT = nExpert (${shape.nExpert}) and ` +
+        `N_EXPERT_USED = xDiv (${shape.xDiv}), got ${c.N_EXPERT} and ${c.N_EXPERT_USED}`,
+    );
+    checkInt("Kernel moe_matvec: N_EXPERT", c.N_EXPERT, 1, 4096);
+    checkBinding("moe_matvec", "logits", b.logits, [c.N_EXPERT, shape.nCols / shape.xDiv]);
+    checkBinding("moe_matvec", "routeWeights", b.routeWeights, [shape.nCols]);
+  }
 }

@@ -10,27 +10,39 @@
 // binding through `weight_word`. The shared expert rides along as extra columns when its matrices sit right
 // after the routed experts' in the same binding (expert index shared_e = E), or runs alone with zero ids.
 //
+// ROUTE (gate·up of the routed experts): the router's top-k runs in the prologue of every workgroup
+// (lib/route.wgsl, the same code as moe_route) for the column's token, instead of a dispatch of its own;
+// workgroup (0, col) writes ids[col] and route_weights[col] for the down pass and the combine.
 // Bindings:
 //   0 params  array<u32> ne=[11]: [k, n, row_bytes, expert_bytes, off_g (bytes), off_u (bytes), n_cols, x_div,
 //             n_routed, shared_e, shared_x0]
-//   1 ids     array<u32> ne=[n_routed]
+//   1 ids     array<u32> ne=[n_routed] (read_write: written with ROUTE, read otherwise)
 //   2 weights array<u32> raw GGUF blocks of type TYPE
 //   3 x       array<vec4<f32>> ne=[K, n_cols / x_div]
 //   4 y       array<f32> ne=[N, n_cols]
+//   5 logits  array<f32> ne=[N_EXPERT, tokens]  router logits (ROUTE; otherwise any buffer)
+//   6 route_weights array<f32> ne=[n_routed] read_write (ROUTE; otherwise any unaliased buffer)
 // Grid (ceil(N / WG_ROWS), n_cols): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col.
 // A team of TEAM invocations owns ROWS rows; a row is K/8 units of 8 weights (lib/quant.wgsl) and invocation
 // t of a team takes units t, t + TEAM, ... of all its rows (as matvec.wgsl: a warp reads consecutive weight
 // words and neighbouring x quads, each x quad serves every row and matrix from registers). Partials are
 // added in workgroup memory in two levels of 8 (or fewer).
-// Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..8): u32; GATE_UP: bool.
+// Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..8): u32; GATE_UP, ROUTE: bool;
+//   N_EXPERT, N_EXPERT_USED: u32 and W_SCALE: f32 (the routing's, lib/route.wgsl; placeholders without ROUTE).
 // Workgroup memory: 8·256·ROWS bytes + 2048 (IQ4 table) ≤ 32 KiB: ROWS ≤ 8 (fits at 18 KiB).
 // Limits: K % 32 == 0, byte offsets multiples of 4.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
-@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(1) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(2) var<storage, read> weights: array<u32>;
 @group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read> logits: array<f32>;
+@group(0) @binding(6) var<storage, read_write> route_weights: array<f32>;
+
+fn route_logit(t: u32, e: u32) -> f32 {
+  return logits[t * N_EXPERT + e];
+}
 
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
@@ -89,14 +101,28 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   let k = params[0];
   let n = params[1];
   let col = wid.y;
+  let n_routed = params[8];
+  if (ROUTE) {
+    // The column's token: routed column col serves slot col % x_div of token col / x_div; a shared column
+    // (no routing of its own) routes its token too, so that every invocation reaches the same barriers.
+    route_token(select(col / params[7], col - n_routed, col >= n_routed), lid);
+  }
   if (col >= params[6]) {
     return;
   }
-  let n_routed = params[8];
   var e = params[9];
   var xc = col;
   if (col < n_routed) {
-    e = ids[col];
+    if (ROUTE) {
+      let slot = col % params[7];
+      e = route_id[slot];
+      if (wid.x == 0u) {
+        ids[col] = e;
+        route_weights[col] = route_w[slot];
+      }
+    } else {
+      e = ids[col];
+    }
     xc = col / params[7];
   } else {
     xc = col - n_routed + params[10];

@@ -15,6 +15,10 @@ import { QUANT_TYPES } from "./_quant.ts";
 import { checkF32 } from "./_test_util.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
+import { moeRoute } from "../tests/ref/ops.ts";
+import { assertPoisoned } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32 } from "../tests/util/gpu.ts";
+import assert from "node:assert/strict";
 
 interface Case {
   shape: MoeMatvecShape;
@@ -116,6 +120,9 @@ Deno.test("moe_matvec: routed experts by GPU ids, gate·up with silu and plain d
       weights: upload(device, c.w),
       x: upload(device, c.x),
       y: { buffer: y, size: 4 * c.shape.n * cols },
+      // Without ROUTE: stand-ins (read: any buffer; read_write: one bound nowhere else).
+      logits: upload(device, c.x),
+      routeWeights: poisoned(device, 1),
     };
     checkMoeMatvec(c.shape, consts, b);
     const p = await cache.get(MOE_MATVEC, consts);
@@ -141,5 +148,93 @@ Deno.test("moe_matvec: routed experts by GPU ids, gate·up with silu and plain d
       { what, seed: rng.seed, guard: false },
     );
     checkF32(got[i]!, ref, { atol: Infinity, rtol: 0 }, { what: `${what} guard`, seed: rng.seed });
+  });
+});
+
+Deno.test("moe_matvec ROUTE: the gate·up pass routes in its prologue (ids, weights out) and uses its picks", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: { c: Case; logits: Float32Array; wScale: number; ids: Uint32Array; weights: Float64Array }[] =
+    [];
+  for (const type of ["IQ4_XS", "Q8_0", "F32"] as GgmlTypeName[]) {
+    for (const shared of [false, true]) {
+      let c = makeCase(rng, type, true, shared);
+      while (c.shape.xDiv > c.shape.nExpert) c = makeCase(rng, type, true, shared); // routing needs used ≤ experts
+      const used = c.shape.xDiv;
+      const tokens = c.shape.nCols / used;
+      const logits = rng.normals(c.shape.nExpert * tokens, 2);
+      logits[1] = logits[0]!; // a tie: the lower index wins
+      const wScale = shared ? 2.5 : 1;
+      const ids: number[] = [];
+      const weights: number[] = [];
+      for (let t = 0; t < tokens; t++) {
+        const r = moeRoute(logits.subarray(t * c.shape.nExpert, (t + 1) * c.shape.nExpert), {
+          nUsed: used,
+          weightsScale: wScale,
+        });
+        ids.push(...r.ids);
+        weights.push(...r.weights);
+      }
+      // The kernel must route itself: the ids buffer starts poisoned, the reference uses the true picks.
+      cases.push({
+        c: { ...c, ids: Uint32Array.from(ids) },
+        logits,
+        wScale,
+        ids: Uint32Array.from(ids),
+        weights: Float64Array.from(weights),
+      });
+    }
+  }
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const outs: GPUBuffer[] = [];
+  for (const { c, logits, wScale } of cases) {
+    const consts = moeMatvecConstants(c.shape, {
+      nExpert: c.shape.nExpert,
+      nExpertUsed: c.shape.xDiv,
+      wScale,
+    });
+    const cols = c.shape.nCols + (c.shape.sharedCols ?? 0);
+    const y = poisoned(device, c.shape.n * cols);
+    const ids = poisoned(device, c.shape.nCols, 0xFFFFFFFF);
+    const rw = poisoned(device, c.shape.nCols);
+    outs.push(y, ids, rw);
+    const b = {
+      params: upload(device, moeMatvecParams(c.shape)),
+      ids: { buffer: ids, size: 4 * c.shape.nCols },
+      weights: upload(device, c.w),
+      x: upload(device, c.x),
+      y: { buffer: y, size: 4 * c.shape.n * cols },
+      logits: upload(device, logits),
+      routeWeights: { buffer: rw, size: 4 * c.shape.nCols },
+    };
+    checkMoeMatvec(c.shape, consts, b);
+    const p = await cache.get(MOE_MATVEC, consts);
+    pass.setPipeline(p);
+    pass.setBindGroup(0, bindGroup(device, p, MOE_MATVEC_BINDINGS.map((n) => b[n])));
+    pass.dispatchWorkgroups(...moeMatvecGrid(c.shape, consts));
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const got = await readAll(device, outs);
+  cases.forEach(({ c, ids, weights }, i) => {
+    const what = `moe_matvec ROUTE ${c.shape.type} experts=${c.shape.nExpert} used=${c.shape.xDiv} ` +
+      `cols=${c.shape.nCols} shared=${c.shape.sharedCols} (seed ${rng.seed})`;
+    assert.deepEqual([...new Uint32Array(got[3 * i + 1]!, 0, ids.length)], [...ids], `${what}: ids`);
+    assertPoisoned(
+      new Uint32Array(got[3 * i + 1]!, 4 * ids.length, GUARD_WORDS),
+      0xFFFFFFFF,
+      `${what}: ids guard`,
+    );
+    checkF32(got[3 * i + 2]!, weights, { atol: 1e-7, rtol: 1e-5 }, {
+      what: `${what}: weights`,
+      seed: rng.seed,
+    });
+    const { ref, tol } = reference(c);
+    const g = new Float32Array(got[3 * i]!, 0, ref.length);
+    const bad = [...g].findIndex((v, j) => !(Math.abs(v - ref[j]!) <= tol[j]!));
+    assert.equal(bad, -1, `${what}: y[${bad}] = ${g[bad]}, want ${ref[bad]} ± ${tol[bad]}`);
+    assertPoisoned(new Uint32Array(got[3 * i]!, 4 * ref.length, GUARD_WORDS), POISON_F32, `${what}: y guard`);
   });
 });

@@ -21,7 +21,7 @@ export type MoeRouteConstants = {
 export const MOE_ROUTE: KernelSpec = {
   name: "moe_route",
   url: new URL("./moe_route.wgsl", import.meta.url),
-  lib: [],
+  lib: ["route"],
   constants: { N_EXPERT: "u32", N_EXPERT_USED: "u32", WG: "u32", W_SCALE: "f32" },
 };
 

@@ -13,7 +13,7 @@ import { acquireGpu } from "../engine/gpu/device.ts";
 import { PipelineCache } from "../engine/gpu/kernel.ts";
 import { openGguf } from "../engine/gguf.ts";
 import { parseTensorName } from "../engine/names.ts";
-import { Stage } from "../engine/stage.ts";
+import { type Op, Stage } from "../engine/stage.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { encodeStreamRead, prepareStreamRead, streamReadParams } from "../wgsl/stream_read.ts";
 
@@ -135,8 +135,12 @@ emit("decode", {
   gpuBytes: stage.weightBytes + stage.states.totalBytes,
 });
 
-// Profile: each dispatch of the decode graph in its own pass with timestamps, summed by kernel.
-if (gpu.timestamps) {
+// Profile: each dispatch of a graph in its own pass with timestamps, summed by kernel (null without
+// timestamp queries).
+async function profile(
+  ops: readonly Op[],
+): Promise<{ gpuMs: number; kernels: Record<string, unknown>[] } | null> {
+  if (!gpu.timestamps) return null;
   const qs = device.createQuerySet({ type: "timestamp", count: 2 * ops.length });
   const res = device.createBuffer({
     size: 16 * ops.length,
@@ -176,14 +180,22 @@ if (gpu.timestamps) {
       byKernel.set(kernel, e);
     });
   }
+  qs.destroy();
+  res.destroy();
+  read.destroy();
   const total = [...byKernel.values()].reduce((a, e) => a + e.ms, 0);
-  const rows = [...byKernel.entries()].sort((a, b) => b[1].ms - a[1].ms).map(([k, e]) => ({
+  const kernels = [...byKernel.entries()].sort((a, b) => b[1].ms - a[1].ms).map(([k, e]) => ({
     kernel: k,
     ms: Number(e.ms.toFixed(4)),
     dispatches: e.count,
     share: Number((e.ms / total).toFixed(3)),
   }));
-  emit("decode_profile", { gpuMsPerStep: total, kernels: rows });
+  return { gpuMs: total, kernels };
+}
+
+const decodeProfile = await profile(ops);
+if (decodeProfile) {
+  emit("decode_profile", { gpuMsPerStep: decodeProfile.gpuMs, kernels: decodeProfile.kernels });
 }
 
 // Prefill: one prompt of nPrefill tokens in chunks of maxChunk.
@@ -193,4 +205,13 @@ t0 = performance.now();
 await stage.run(0, { tokens: long }, 0);
 const prefillS = (performance.now() - t0) / 1000;
 emit("prefill", { tokens: nPrefill, chunk: maxChunk, tokPerSecond: nPrefill / prefillS, seconds: prefillS });
+// Where a prefill chunk's time goes: the graph of one chunk of maxChunk tokens, profiled as the decode step.
+const prefillProfile = await profile(await stage.graph(0, maxChunk, "last"));
+if (prefillProfile) {
+  emit("prefill_profile", {
+    chunk: maxChunk,
+    gpuMsPerChunk: prefillProfile.gpuMs,
+    kernels: prefillProfile.kernels,
+  });
+}
 stage.destroy();

@@ -1273,6 +1273,11 @@ class GraphBuilder {
   ) {
     // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below).
     const norm = this.#pending && this.#pending.y === x && cols === 1 ? this.#pending : undefined;
+    // A mat-vec that writes the deferred norm's input or output (or reads its output with several columns)
+    // must come after it: push the norm first.
+    if (!norm && this.#pending && (y === this.#pending.x || y === this.#pending.y || x === this.#pending.y)) {
+      await this.#flushNorm();
+    }
     if (norm) {
       this.#pending = undefined;
       label = `${label}+${norm.label.replace(/^L\d+\./, "")}`;

@@ -9,7 +9,8 @@
 // tokens (f32 accumulators). Per K step of one chunk (32 positions, lib/quant.wgsl), each invocation
 // dequantizes one unit (8 weights of one row) into workgroup memory `wt` and stages 8 inputs of one token into
 // `xt` (both f32, 8 KiB each, transposed so that the inner loop reads vec4s), then every invocation runs 32
-// rank-1 updates. Rows ≥ N and tokens ≥ M are computed from clamped or zero inputs and never stored.
+// rank-1 updates, while the next step's weights and inputs load into registers. Rows ≥ N and tokens ≥ M
+// are computed from clamped or zero inputs and never stored.
 // Constants: const TYPE: u32 (ggml id). Limits: K % 32 == 0; workgroup memory 18 KiB (with the IQ4 table).
 
 struct Params {
@@ -68,18 +69,24 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     acc[i] = vec4<f32>(0.0);
   }
 
+  // The next chunk's weights and inputs are loaded into registers before this chunk's rank-1 updates run,
+  // so the global loads of step c + 1 are in flight during the math of step c (register double buffering).
+  var sc_n = quant_scales(rb, 0u);
+  var q_n = quant_q(rb, 0u, wj);
+  var pos_n = quant_pos(0u, xj);
+  var xl_n = x[(xb + pos_n.x) >> 2u];
+  var xh_n = x[(xb + pos_n.y) >> 2u];
   for (var c = 0u; c < n_chunks; c++) {
-    let sc = quant_scales(rb, c);
-    let q = quant_q(rb, c, wj);
+    let sc = sc_n;
+    let q = q_n;
+    var xl = xl_n;
+    var xh = xh_n;
     let lo = q[0] * sc.x - vec4<f32>(sc.z);
     let hi = q[1] * sc.y - vec4<f32>(sc.w);
     for (var i = 0u; i < 4u; i++) {
       wt[(8u * wj + i) * 16u + wr / 4u][wr % 4u] = lo[i];
       wt[(8u * wj + 4u + i) * 16u + wr / 4u][wr % 4u] = hi[i];
     }
-    let pos = quant_pos(c, xj);
-    var xl = x[(xb + pos.x) >> 2u];
-    var xh = x[(xb + pos.y) >> 2u];
     if (!x_valid) {
       xl = vec4<f32>(0.0);
       xh = vec4<f32>(0.0);
@@ -89,6 +96,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
       xt[(8u * xj + 4u + i) * 16u + xm / 4u][xm % 4u] = xh[i];
     }
     workgroupBarrier();
+    // The last step reloads its own chunk (in bounds, unused) rather than branching.
+    let cn = min(c + 1u, n_chunks - 1u);
+    sc_n = quant_scales(rb, cn);
+    q_n = quant_q(rb, cn, wj);
+    pos_n = quant_pos(cn, xj);
+    xl_n = x[(xb + pos_n.x) >> 2u];
+    xh_n = x[(xb + pos_n.y) >> 2u];
     for (var kk = 0u; kk < 32u; kk++) {
       let a = wt[kk * 16u + ty];
       let b = xt[kk * 16u + tx];

@@ -60,7 +60,13 @@ import {
   moeMatvecParams,
   type MoeMatvecShape,
 } from "../wgsl/moe_matvec.ts";
-import { moeWeightsScale } from "../wgsl/moe_route.ts";
+import {
+  MOE_ROUTE,
+  moeRouteBindGroup,
+  type MoeRouteConstants,
+  moeRouteGrid,
+  moeWeightsScale,
+} from "../wgsl/moe_route.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../wgsl/residual_add.ts";
 import {
   ATTN_QK_ROPE,
@@ -1653,8 +1659,10 @@ class GraphBuilder {
     if (routerFused.length === 0) await this.#matvec(`L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n);
     // The shared expert's gate logit: row nExpert of the fused router output, or its own mat-vec.
     const gam: Binding = routerFused.length === 2 ? sub(A.router!, hp.nExpert, 1) : A.gam!;
-    // The routing (softmax, top-k, weights) runs in the prologue of the routed gate·up pass (moe_matvec
-    // ROUTE), which writes ids and weights for the down pass and the combine: no dispatch of its own.
+    // Decode: the routing (softmax, top-k, weights) runs in the prologue of the routed gate·up pass
+    // (moe_matvec ROUTE), which writes ids and weights for the down pass and the combine: no dispatch of its
+    // own. Prefill routes in a dispatch of its own: there every workgroup of the n·K columns would repeat it
+    // (measured: route+gate·up 6.0 ms per layer for a 256-token chunk, docs/PERF.md).
     const route = {
       logits: A.router!,
       weights: A.wts!,
@@ -1662,6 +1670,22 @@ class GraphBuilder {
       nExpertUsed: K,
       wScale: moeWeightsScale(hp.expertWeightsScale),
     };
+    const fuseRoute = n === 1;
+    if (!fuseRoute) {
+      const rc: MoeRouteConstants = {
+        N_EXPERT: hp.nExpert,
+        N_EXPERT_USED: K,
+        WG: 256, // one expert per invocation: the rank count is a serial loop over all experts
+        W_SCALE: route.wScale,
+      };
+      await this.#checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
+        moeRouteBindGroup(this.#device, {
+          pipeline,
+          constants: rc,
+          nTokens: n,
+          buffers: { logits: A.router!, ids: A.ids!, weights: A.wts! },
+        }), moeRouteGrid(n));
+    }
     const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
     const shexp = { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
     const follows = (a: GpuTensor, b: GpuTensor) =>
@@ -1681,7 +1705,7 @@ class GraphBuilder {
         nFf: hp.nFfExp,
         nExpert: hp.nExpert,
         shared: true,
-        route,
+        route: fuseRoute ? route : undefined,
       }, cx);
     } else {
       await this.#experts(`L${l}.ffn_exps`, {
@@ -1693,7 +1717,7 @@ class GraphBuilder {
         nFf: hp.nFfExp,
         nExpert: hp.nExpert,
         shared: false,
-        route,
+        route: fuseRoute ? route : undefined,
       }, cx);
       await this.#experts(`L${l}.ffn_shexp`, {
         ...shexp,

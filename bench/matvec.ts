@@ -203,16 +203,9 @@ for (const c of CASES) {
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
   if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
-    // [TEAM, ROWS, UNROLL, PF]: PF (hand-pipelined IQ4_XS loop) only matters for IQ4_XS with ROWS 1.
-    const sweep = [[64, 1, 1, 0], [32, 1, 1, 0], [32, 4, 2, 0], [16, 1, 1, 1], [32, 1, 1, 1], [
-      64,
-      1,
-      1,
-      1,
-    ]] as const;
-    for (const [team, rows, unroll, pf] of sweep) {
-      if (pf === 1 && c.type !== "IQ4_XS") continue;
-      variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll, pf }));
+    const sweep = [[64, 1, 1], [32, 1, 1], [128, 1, 1], [64, 2, 2], [32, 4, 2], [32, 2, 2]] as const;
+    for (const [team, rows, unroll] of sweep) {
+      variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll }));
     }
   }
   for (const v of variants) {

@@ -32,7 +32,6 @@ export const MATVEC: KernelSpec = {
     NORM: "u32",
     ACC: "u32",
     EPS: "f32",
-    PF: "u32",
   },
 };
 
@@ -54,8 +53,6 @@ export interface MatvecConstants {
   readonly ACC: number;
   /** The norm's epsilon (0 without NORM). */
   readonly EPS: number;
-  /** 1: IQ4_XS batch 1 with ROWS 1 runs a hand-pipelined loop (next unit's loads before this unit's math). */
-  readonly PF: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -123,14 +120,7 @@ export interface MatvecOp {
  */
 export function matvecConstants(
   shape: MatvecShape,
-  opts: {
-    team?: number;
-    rows?: number;
-    unroll?: number;
-    norm?: { eps: number };
-    acc?: boolean;
-    pf?: number;
-  } = {},
+  opts: { team?: number; rows?: number; unroll?: number; norm?: { eps: number }; acc?: boolean } = {},
 ): MatvecConstants {
   const units = Math.floor(shape.k / 8);
   const cap = shape.k >= 4096 ? 64 : 32;
@@ -146,7 +136,6 @@ export function matvecConstants(
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,
     EPS: opts.norm?.eps ?? 0,
-    PF: opts.pf ?? 0,
   };
 }
 
@@ -193,7 +182,6 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkInt("Kernel matvec: UNROLL", c.UNROLL, 1, 2);
   checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
-  checkInt("Kernel matvec: PF", c.PF, 0, 1);
   checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
   checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(

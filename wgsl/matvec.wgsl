@@ -21,7 +21,7 @@
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
 //   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step), const NORM: u32 (0 or 1),
-//   const ACC: u32 (0 or 1), const EPS: f32 (the norm's epsilon), const PF: u32 (0 or 1, below).
+//   const ACC: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) bytes ≤ 32 KiB.
 
 struct Params {
@@ -109,38 +109,6 @@ fn unit_dot1(u: u32, rb: u32) -> f32 {
   return v;
 }
 
-// PF = 1 (IQ4_XS, ROWS = BATCH = 1): the loop is software-pipelined by hand: the weight words and x quads of
-// the invocation's next unit are loaded before the current unit is decoded, so two units' loads are in
-// flight per invocation whatever the compiler schedules.
-struct Iq4Unit {
-  head: u32,
-  sl: u32,
-  qs: u32,
-  xl: vec4<f32>,
-  xh: vec4<f32>,
-}
-
-fn iq4_load(u: u32, rb: u32) -> Iq4Unit {
-  let c = u / 4u;
-  let w0 = (rb + 136u * (c >> 3u)) >> 2u;
-  let pos = iq4xs_pos(c, u % 4u);
-  return Iq4Unit(
-    weights[w0],
-    weights[w0 + 1u],
-    weights[w0 + 2u + 4u * (c & 7u) + u % 4u],
-    x_quad(params.x_off, pos.x),
-    x_quad(params.x_off, pos.y),
-  );
-}
-
-fn iq4_dot(w: Iq4Unit, u: u32) -> f32 {
-  let ib = (u / 4u) & 7u;
-  let d = unpack2x16float(w.head).x;
-  let ls = ((w.sl >> (4u * ib)) & 0xFu) | (((w.head >> (16u + 2u * ib)) & 3u) << 4u);
-  let q = common_kv_word(w.qs);
-  return d * (f32(ls) - 32.0) * (dot(q[0], w.xl) + dot(q[1], w.xh));
-}
-
 @compute @workgroup_size(256)
 fn main(
   @builtin(local_invocation_index) lid: u32,
@@ -196,19 +164,7 @@ fn main(
   // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
   // ROWS = BATCH = 1 runs an array-free loop (one scalar accumulator), a check on whether the general
   // path's small arrays cost registers or local memory on a driver (docs/PERF.md).
-  if (PF == 1u && TYPE == 23u && ROWS == 1u && BATCH == 1u) {
-    let rb0 = rb[0];
-    var a = 0.0;
-    if (t < n_units) {
-      var nxt = iq4_load(t, rb0);
-      for (var u = t; u < n_units; u += TEAM) {
-        let cur = nxt;
-        nxt = iq4_load(min(u + TEAM, n_units - 1u), rb0);
-        a += iq4_dot(cur, u);
-      }
-    }
-    acc[0][0] = a;
-  } else if (ROWS == 1u && BATCH == 1u) {
+  if (ROWS == 1u && BATCH == 1u) {
     let rb0 = rb[0];
     var a = 0.0;
     for (var u = t; u < n_units; u += TEAM) {

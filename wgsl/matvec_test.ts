@@ -51,21 +51,11 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const other = [2, 4, 5, 6, 7][QUANT_TYPES.indexOf(type) % 5]!;
   shapes.push({ type, k: 2 * be, n: 11, batch: other });
   if (type === "IQ4_XS" || type === "Q8_0") shapes.push({ type, k: 2048, n: 24, batch: 1 }); // real K, TEAM 64
-  // IQ4_XS's hand-pipelined loop (PF 1): units not a multiple of TEAM, and fewer units than TEAM.
-  const pfFrom = shapes.length;
-  if (type === "IQ4_XS") {
-    shapes.push({ type, k: 2304, n: 19, batch: 1 }, { type, k: 256, n: 7, batch: 1, xOffset: 4 });
-  }
-  const pfTo = shapes.length;
   shapes.push({ type, k: 2 * be, n: 21, batch: 1 }); // ROWS 1: the array-free path (index set below)
   // UNROLL 1 on the batch-3 cases (odd N, slice) and the other-batch case, the default 2 elsewhere.
   return shapes.map((shape, i) => {
     const rows = i === shapes.length - 1 ? 1 : undefined;
-    const pf = i >= pfFrom && i < pfTo;
-    const constants = matvecConstants(
-      shape,
-      pf ? { rows: 1, pf: 1, team: 64 } : { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows },
-    );
+    const constants = matvecConstants(shape, { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows });
     const what = `matvec ${type} ne=[${shape.k}, ${shape.n}] batch ${shape.batch} ${
       JSON.stringify(constants)
     }`;

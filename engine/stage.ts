@@ -139,6 +139,11 @@ export interface StageOptions {
   readonly nSlots: number;
   /** Tokens per prefill chunk (default 64). */
   readonly maxChunk?: number;
+  /**
+   * Tallest decode mat-vec (rows) that computes a preceding RMSNorm in its prologue; taller ones get the norm as
+   * a dispatch of its own (default 65536, from the H200 measurements in docs/PERF.md; 0: never fuse).
+   */
+  readonly normPrologueMaxRows?: number;
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
 }
@@ -231,6 +236,8 @@ export class Stage {
   readonly nCtx: number;
   /** Tokens per chunk. */
   readonly maxChunk: number;
+  /** See {@linkcode StageOptions.normPrologueMaxRows}. */
+  readonly normPrologueMaxRows: number;
   /** Slot state buffers (KV caches, conv rings, recurrent states) and snapshots. */
   readonly states: SlotStates;
   /** Bytes of weights on the GPU. */
@@ -259,6 +266,7 @@ export class Stage {
     layers: readonly [number, number];
     nCtx: number;
     maxChunk: number;
+    normPrologueMaxRows: number;
     weights: Map<string, GpuTensor>;
     check: TensorCheck;
     nSlots: number;
@@ -273,6 +281,7 @@ export class Stage {
     this.last = init.layers[1] === hp.nLayer;
     this.nCtx = init.nCtx;
     this.maxChunk = init.maxChunk;
+    this.normPrologueMaxRows = init.normPrologueMaxRows;
     this.#weights = init.weights;
     this.#tiedOutput = init.check.tiedOutput;
     let wb = 0;
@@ -326,6 +335,10 @@ export class Stage {
     const maxChunk = opts.maxChunk ?? 64;
     if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
       throw new RangeError(`Chunk size ${maxChunk} is out of range 1..4096`);
+    }
+    const npr = opts.normPrologueMaxRows;
+    if (npr !== undefined && !(Number.isInteger(npr) && npr >= 0)) {
+      throw new RangeError(`normPrologueMaxRows must be an integer ≥ 0 (0: never fuse), got ${npr}`);
     }
     const names: string[] = [];
     const packs: string[][] = [];
@@ -391,6 +404,7 @@ export class Stage {
       layers: [a, b],
       nCtx: opts.nCtx,
       maxChunk,
+      normPrologueMaxRows: opts.normPrologueMaxRows ?? NORM_PROLOGUE_MAX_ROWS,
       weights,
       check,
       nSlots: opts.nSlots,
@@ -938,7 +952,9 @@ export class Stage {
     const key = `${slot}/${n}/${rows}`;
     const hit = this.#graphs.get(key);
     if (hit) return hit;
-    const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n, this.#owned).build({
+    const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n, this.#owned, {
+      normPrologueMaxRows: this.normPrologueMaxRows,
+    }).build({
       stage: this,
       slot,
       rows,
@@ -1102,6 +1118,14 @@ interface BuildContext {
   readonly lmHead: GpuTensor | undefined;
 }
 
+/**
+ * Default tallest mat-vec that takes a deferred norm in its prologue. Measured on the H200 (docs/PERF.md, commit
+ * 1eed379): the router (257 rows) gains, the in-projections (~12k rows) break even, and the LM head (248k
+ * rows, ~31k workgroups each re-summing the norm) went from 483 to 627 µs against ~10 µs for the norm's own
+ * dispatch.
+ */
+const NORM_PROLOGUE_MAX_ROWS = 65536;
+
 /** A norm fused into the residual add before it: weight and output rows. */
 interface FusedNorm {
   readonly w: GpuTensor;
@@ -1117,11 +1141,20 @@ class GraphBuilder {
   readonly #ops: Op[] = [];
   readonly #owned: GPUBuffer[];
   #unused: GPUBuffer | undefined;
+  readonly #normPrologueMaxRows: number;
   /** A decode norm not pushed yet (see #norm). */
   #pending: { label: string; x: GPUBuffer; w: GpuTensor; y: GPUBuffer } | undefined;
 
   /** @param owned receives every buffer the graph creates (its owner destroys them) */
-  constructor(device: GPUDevice, cache: PipelineCache, hp: Hparams, n: number, owned: GPUBuffer[]) {
+  constructor(
+    device: GPUDevice,
+    cache: PipelineCache,
+    hp: Hparams,
+    n: number,
+    owned: GPUBuffer[],
+    opts: { normPrologueMaxRows: number },
+  ) {
+    this.#normPrologueMaxRows = opts.normPrologueMaxRows;
     this.#device = device;
     this.#cache = cache;
     this.#hp = hp;
@@ -1277,8 +1310,12 @@ class GraphBuilder {
     cols: number,
     opts: { rowStart?: number; rows?: number; acc?: boolean } = {},
   ) {
-    // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below).
-    const norm = this.#pending && this.#pending.y === x && cols === 1 ? this.#pending : undefined;
+    // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
+    // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
+    const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
+    const norm = this.#pending && this.#pending.y === x && cols === 1 && allRows <= this.#normPrologueMaxRows
+      ? this.#pending
+      : undefined;
     // A mat-vec that writes the deferred norm's input or output (or reads its output with several columns)
     // must come after it: push the norm first.
     if (!norm && this.#pending && (y === this.#pending.x || y === this.#pending.y || x === this.#pending.y)) {

@@ -59,20 +59,33 @@ function gap12(v: ArrayLike<number>): number {
   return a - b;
 }
 
-const MODELS: { arch: ArchName; quant: QuantPreset; layout: "current" | "legacy" }[] = [
+// normPrologueMaxRows 0: decode pushes every norm as a dispatch of its own (the path of tall mat-vecs such
+// as a real LM head) instead of in the next mat-vec's prologue.
+const MODELS: {
+  arch: ArchName;
+  quant: QuantPreset;
+  layout: "current" | "legacy";
+  normPrologueMaxRows?: number;
+}[] = [
   { arch: "qwen35moe", quant: "f32", layout: "current" },
-  { arch: "qwen35moe", quant: "iq4_xs", layout: "current" },
+  { arch: "qwen35moe", quant: "iq4_xs", layout: "current", normPrologueMaxRows: 0 },
   { arch: "qwen3next", quant: "f32", layout: "legacy" },
   { arch: "qwen3next", quant: "iq4_xs", layout: "current" },
 ];
 
 for (const m of MODELS) {
-  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}, teacher-forced and greedy`, async () => {
+  const norms = m.normPrologueMaxRows === 0 ? ", norms as own dispatches" : "";
+  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}, teacher-forced and greedy`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
     const path = await synthTiny(m.arch, m.quant, m.layout, rng.u32());
     using file = await openGguf(path);
-    const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk: 16 });
+    const stage = await Stage.load(gpu, file, {
+      nCtx: 128,
+      nSlots: 1,
+      maxChunk: 16,
+      normPrologueMaxRows: m.normPrologueMaxRows,
+    });
     const ref = await RefModel.load(file);
     try {
       for (let p = 0; p < 2; p++) {

@@ -22,7 +22,7 @@ import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
 export const MATVEC: KernelSpec = {
   name: "matvec",
   url: new URL("./matvec.wgsl", import.meta.url),
-  lib: QUANT_LIBS,
+  lib: [...QUANT_LIBS, "rms"],
   constants: {
     TYPE: "u32",
     TEAM: "u32",
@@ -185,7 +185,7 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
   checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(
-    4 * 256 * c.ROWS * c.BATCH + 2048 <= 32768,
+    4 * 256 * c.ROWS * c.BATCH + 2048 + (c.NORM ? 1024 : 0) <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,
   );
   checkShape(shape.batch === c.BATCH, `Kernel matvec: shape batch ${shape.batch} but BATCH=${c.BATCH}`);

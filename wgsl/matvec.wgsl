@@ -8,7 +8,7 @@
 //   nw      array<vec4<f32>>  ne=[K]  RMSNorm weight (NORM; otherwise bind any buffer of ≥ 16 bytes)
 //   xn      array<vec4<f32>>  ne=[K]  read_write: the normed x at x_off (NORM; otherwise any unaliased buffer)
 // NORM = 1 (batch 1) multiplies by the RMSNorm of x first (spec §5): every workgroup sums x² itself in the
-// order of rms_norm.wgsl with WG = 256 (invocation i takes k = i, i + 256, ..., then the same tree), so its
+// order of rms_norm.wgsl with WG = 256 (invocation i takes k = i, i + 256, ..., then lib/rms.wgsl), so its
 // normed values equal rms_norm's bit for bit; workgroup 0 also writes them to xn for the block's other
 // readers. That saves the norm's own dispatch. ACC = 1 adds into y (y += W·x): the residual add of an
 // output projection, with the same rounding as residual_add (h + t).
@@ -22,7 +22,7 @@
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
 //   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step), const NORM: u32 (0 or 1),
 //   const ACC: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
-// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) bytes ≤ 32 KiB.
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB.
 
 struct Params {
   k: u32,
@@ -130,17 +130,7 @@ fn main(
       let v = x[(params.x_off + i) >> 2u][(params.x_off + i) & 3u];
       ss += v * v;
     }
-    partial[lid] = ss;
-    workgroupBarrier();
-    for (var o = WG / 2u; o > 0u; o >>= 1u) {
-      if (lid < o) {
-        partial[lid] += partial[lid + o];
-      }
-      workgroupBarrier();
-    }
-    nscale = 1.0 / sqrt(partial[0] / f32(params.k) + EPS);
-    // Everyone has read partial[0] before the accumulators reuse the array.
-    workgroupBarrier();
+    nscale = rms_scale(lid, ss, params.k, EPS);
     if (wg == 0u) {
       for (var q = lid; q < params.k / 4u; q += WG) {
         xn[(params.x_off >> 2u) + q] = x_quad(params.x_off, 4u * q);

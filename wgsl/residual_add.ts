@@ -10,7 +10,7 @@ import { checkBinding, checkInt, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 export const RESIDUAL_ADD: KernelSpec = {
   name: "residual_add",
   url: new URL("./residual_add.wgsl", import.meta.url),
-  lib: [],
+  lib: ["rms"],
   constants: { D: "u32", N_TERMS: "u32", WEIGHTED: "bool", SHARED: "bool", NORM: "bool", EPS: "f32" },
 };
 

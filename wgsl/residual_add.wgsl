@@ -3,9 +3,9 @@
 // unweighted) and for the MoE sum: routed experts weighted by the router, the shared expert by its sigmoid gate
 // (spec qwen3next.md §10), each output element with one writer, no atomics.
 // NORM also writes the RMSNorm of the new row (spec §5), the next block's normed input, saving its own
-// dispatch: y[t][d] = h[t][d] / sqrt(Σ_d h[t][d]² / D + EPS) · nw[d], summed in the order of rms_norm.wgsl
-// with WG = 256 (invocation i owns d = i, i + 256, ...; then the same tree), so a fused and a separate norm
-// agree bit for bit where the driver compiles the two alike.
+// dispatch: y[t][d] = h[t][d] / sqrt(Σ_d h[t][d]² / D + EPS) · nw[d], summed as rms_norm.wgsl with WG = 256
+// does (invocation i owns d = i, i + 256, ...; then lib/rms.wgsl), so a fused and a separate norm agree bit
+// for bit where the driver compiles the two alike.
 //
 // Bindings (f32; t < n_tokens):
 //   0 params  array<u32> ne=[2]: [n_tokens, _]
@@ -32,7 +32,6 @@ const WG: u32 = 256u;
 // Elements per invocation with NORM (the new row stays in registers between the add and the scaling).
 const PER: u32 = (D + WG - 1u) / WG;
 
-var<workgroup> red: array<f32, WG>;
 
 // The new value of h[t][d].
 fn added(t: u32, d: u32) -> f32 {
@@ -103,15 +102,7 @@ fn main(
       s += v[j] * v[j];
     }
   }
-  red[lid] = s;
-  workgroupBarrier();
-  for (var o = WG / 2u; o > 0u; o >>= 1u) {
-    if (lid < o) {
-      red[lid] += red[lid + o];
-    }
-    workgroupBarrier();
-  }
-  let scale = 1.0 / sqrt(red[0] / f32(D) + EPS);
+  let scale = rms_scale(lid, s, D, EPS);
   for (var j = 0u; j < PER; j++) {
     let d = lid + j * WG;
     if (live && d < D) {

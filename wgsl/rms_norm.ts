@@ -12,7 +12,7 @@ export type RmsNormConstants = { readonly N: number; readonly EPS: number; reado
 export const RMS_NORM: KernelSpec = {
   name: "rms_norm",
   url: new URL("./rms_norm.wgsl", import.meta.url),
-  lib: [],
+  lib: ["rms"],
   constants: { N: "u32", EPS: "f32", WG: "u32" },
 };
 

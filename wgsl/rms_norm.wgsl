@@ -4,13 +4,11 @@
 //   w  f32 ne=[N]         norm weight (GGUF weight, already 1 + w_hf)
 //   y  f32 ne=[N, nRows]  output rows (may not alias x)
 // A workgroup owns one row (workgroup_id.x); invocation i owns elements i, i + WG, ... of it.
-// The sum of squares goes through a tree in workgroup memory (no subgroups).
+// The sum of squares goes through lib/rms.wgsl (the order every fused norm shares).
 // Constants: const N: u32; const EPS: f32; const WG: u32 (power of two, <= 256).
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-
-var<workgroup> red: array<f32, WG>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
@@ -20,15 +18,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     let v = x[base + i];
     s += v * v;
   }
-  red[lid] = s;
-  workgroupBarrier();
-  for (var o = WG / 2u; o > 0u; o >>= 1u) {
-    if (lid < o) {
-      red[lid] += red[lid + o];
-    }
-    workgroupBarrier();
-  }
-  let scale = 1.0 / sqrt(red[0] / f32(N) + EPS);
+  let scale = rms_scale(lid, s, N, EPS);
   for (var i = lid; i < N; i += WG) {
     y[base + i] = x[base + i] * scale * w[i];
   }

@@ -5,6 +5,8 @@ import {
   checkMoeMatvec,
   MOE_MATVEC,
   MOE_MATVEC_BINDINGS,
+  type MoeMatvecBindings,
+  type MoeMatvecConstants,
   moeMatvecConstants,
   moeMatvecGrid,
   moeMatvecParams,
@@ -54,6 +56,22 @@ function makeCase(rng: Rng, type: GgmlTypeName, gateUp: boolean, withShared: boo
     w,
     x,
   };
+}
+
+/** Checks one dispatch's shape and bindings, then records it into `pass`. */
+async function encode(
+  pass: GPUComputePassEncoder,
+  device: GPUDevice,
+  cache: PipelineCache,
+  shape: MoeMatvecShape,
+  consts: MoeMatvecConstants,
+  b: MoeMatvecBindings,
+): Promise<void> {
+  checkMoeMatvec(shape, consts, b);
+  const p = await cache.get(MOE_MATVEC, consts);
+  pass.setPipeline(p);
+  pass.setBindGroup(0, bindGroup(device, p, MOE_MATVEC_BINDINGS.map((n) => b[n])));
+  pass.dispatchWorkgroups(...moeMatvecGrid(shape, consts));
 }
 
 /** Float64 reference and its magnitude Σ|terms| (gate·up: the product rule bound). */
@@ -124,11 +142,7 @@ Deno.test("moe_matvec: routed experts by GPU ids, gate·up with silu and plain d
       logits: upload(device, c.x),
       routeWeights: poisoned(device, 1),
     };
-    checkMoeMatvec(c.shape, consts, b);
-    const p = await cache.get(MOE_MATVEC, consts);
-    pass.setPipeline(p);
-    pass.setBindGroup(0, bindGroup(device, p, MOE_MATVEC_BINDINGS.map((n) => b[n])));
-    pass.dispatchWorkgroups(...moeMatvecGrid(c.shape, consts));
+    await encode(pass, device, cache, c.shape, consts, b);
   }
   pass.end();
   device.queue.submit([enc.finish()]);
@@ -209,11 +223,7 @@ Deno.test("moe_matvec ROUTE: the gate·up pass routes in its prologue (ids, weig
       logits: upload(device, logits),
       routeWeights: { buffer: rw, size: 4 * c.shape.nCols },
     };
-    checkMoeMatvec(c.shape, consts, b);
-    const p = await cache.get(MOE_MATVEC, consts);
-    pass.setPipeline(p);
-    pass.setBindGroup(0, bindGroup(device, p, MOE_MATVEC_BINDINGS.map((n) => b[n])));
-    pass.dispatchWorkgroups(...moeMatvecGrid(c.shape, consts));
+    await encode(pass, device, cache, c.shape, consts, b);
   }
   pass.end();
   device.queue.submit([enc.finish()]);

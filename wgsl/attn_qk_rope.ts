@@ -27,7 +27,7 @@ export type AttnQkRopeConstants = {
 export const ATTN_QK_ROPE: KernelSpec = {
   name: "attn_qk_rope",
   url: new URL("./attn_qk_rope.wgsl", import.meta.url),
-  lib: [],
+  lib: ["rms"],
   constants: {
     H_Q: "u32",
     H_KV: "u32",

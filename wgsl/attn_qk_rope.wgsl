@@ -46,7 +46,6 @@ const PIO2_LO: f32 = -4.454454938240815e-06;
 const TWO_OVER_PI: f32 = 0.6366197723675814;
 
 var<workgroup> xs: array<f32, D_H>;
-var<workgroup> red: array<f32, WG>;
 
 // (cos phi, sin phi) for phi >= 0.
 fn rope_cos_sin(phi: f32) -> vec2f {
@@ -119,15 +118,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     xs[i] = x;
     s += x * x;
   }
-  red[lid] = s;
-  workgroupBarrier();
-  for (var o = WG / 2u; o > 0u; o >>= 1u) {
-    if (lid < o) {
-      red[lid] += red[lid + o];
-    }
-    workgroupBarrier();
-  }
-  let scale = 1.0 / sqrt(red[0] / f32(D_H) + EPS);
+  let scale = rms_scale(lid, s, D_H, EPS);
   for (var i = lid; i < D_H; i += WG) {
     var w: f32;
     if (is_q) {

@@ -213,6 +213,8 @@ export interface GenerateResult {
 const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 /** Widest chunk the mat-vec kernel takes (its batch limit); wider chunks use the tiled matmul. */
 const MATVEC_MAX_COLS = 8;
+/** Most slots one batched decode step takes (the mat-vec's column limit: one weight read for all). */
+export const MAX_BATCH_SLOTS = MATVEC_MAX_COLS;
 /** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
 const ATTN_SPLITS = 32;
 
@@ -242,6 +244,12 @@ export class Stage {
   readonly states: SlotStates;
   /** Bytes of weights on the GPU. */
   readonly weightBytes: number;
+  /**
+   * Whether {@linkcode Stage.generateBatch} can run several slots in one step: every per-slot activation row
+   * (hidden, q/k/v, DeltaNet input and output) starts at a bindable (256-byte) offset. True for the published
+   * shapes and the tiny presets.
+   */
+  readonly canBatch: boolean;
 
   readonly #gpu: Gpu;
   readonly #cache: PipelineCache;
@@ -253,6 +261,10 @@ export class Stage {
   readonly #zeroIds: GPUBuffer;
   readonly #graphs = new Map<string, Op[]>();
   readonly #decoders = new Map<string, Decoder>();
+  readonly #selectors = new Map<string, Selector>();
+  readonly #batchGraphs = new Map<string, { ops: Op[]; pos: GPUBuffer[] }>();
+  /** Per slot: the id its batched steps embed (written by its selector). */
+  readonly #slotTok: readonly GPUBuffer[];
   /** Small buffers the cached graphs and decoders own (params, rings, scratch): destroyed with the stage. */
   readonly #owned: GPUBuffer[] = [];
   /** Sampler mask words (UNUSED token types and padding rows), when the file has token types. */
@@ -308,7 +320,16 @@ export class Stage {
       { length: init.nSlots },
       (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: 16, usage: STORAGE }),
     );
-    this.#zeroIds = gpu.device.createBuffer({ label: "zero_ids", size: 4 * this.maxChunk, usage: STORAGE });
+    this.#zeroIds = gpu.device.createBuffer({
+      label: "zero_ids",
+      size: 4 * Math.max(this.maxChunk, MAX_BATCH_SLOTS),
+      usage: STORAGE,
+    });
+    this.#slotTok = Array.from(
+      { length: init.nSlots },
+      (_, s) => gpu.device.createBuffer({ label: `slot${s}.tok`, size: 16, usage: STORAGE }),
+    );
+    this.canBatch = batchable(hp, init.layers);
     this.#length = new Array(init.nSlots).fill(0);
     this.#unusedMask = init.tokenTypes && unusedTokenMask(init.tokenTypes, hp.nVocab);
   }
@@ -495,56 +516,15 @@ export class Stage {
       );
     }
     const { device } = this.#gpu;
-    const top = opts.top ?? 0;
+    const { top, sampling } = this.#genCheck(opts);
     const S = opts.batch ?? 8;
-    if (!Number.isInteger(opts.nNew) || opts.nNew < 1) {
-      throw new RangeError(`--n must be >= 1, got ${opts.nNew}`);
-    }
-    if (!Number.isInteger(top) || top < 0 || top > 64) {
-      throw new RangeError(`--top must be in 0..64, got ${top}`);
-    }
     if (!Number.isInteger(S) || S < 1 || S > 64) throw new RangeError(`Batch must be in 1..64, got ${S}`);
     const stops = new Set(opts.stopIds ?? []);
     const base = opts.base ?? 0;
-    // Plain greedy (no penalties) takes the argmax path; anything else runs the sampler, penalties included.
-    const p = opts.sampling;
-    const sampling = p !== undefined &&
-      !(isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0);
     const first = await this.run(slot, { tokens: prompt }, base);
     const start = base + prompt.length;
     const dec = await this.#decoder(slot, S, top, sampling);
-    let firstId = argmaxCpu(first.data);
-    if (dec.sampler) {
-      // The request's sampler settings and a fresh RNG step and penalty history (the prompt's last ids); then
-      // the first id is drawn on the GPU from the prefill's last logits, which are still in the logits buffer.
-      device.queue.writeBuffer(
-        dec.sampler.params,
-        0,
-        sampleParamWords(opts.sampling!, { maskUnused: !!this.#unusedMask }),
-      );
-      device.queue.writeBuffer(
-        dec.sampler.state,
-        0,
-        packSampleState(SAMPLE_HIST, {
-          step: opts.samplerStep ?? 0,
-          history: (opts.samplerHistory ?? prompt).slice(-SAMPLE_HIST),
-        }),
-      );
-      const enc = device.createCommandEncoder();
-      const pass = enc.beginComputePass();
-      encodeOps(pass, dec.selectOps);
-      pass.end();
-      const read = device.createBuffer({ size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-      enc.copyBufferToBuffer(dec.idRing, 0, read, 0, 4);
-      device.queue.submit([enc.finish()]);
-      await read.mapAsync(GPUMapMode.READ);
-      firstId = new Uint32Array(read.getMappedRange())[0]!;
-      read.unmap();
-      read.destroy();
-      if (firstId >= this.hp.nVocab) {
-        throw new Error(`Internal error: the sampler drew no id (all logits masked or NaN)`);
-      }
-    }
+    const firstId = await this.#firstId(first, prompt, opts, dec);
     const tokens = [firstId];
     const tops: [number, number][][] = top > 0 ? [topCpu(first.data, top)] : [];
     opts.onTokens?.([tokens[0]!]);
@@ -654,6 +634,296 @@ export class Stage {
   }
 
   /**
+   * Generation on several slots at once. Each prompt is prefilled on its slot and its first id selected as
+   * {@linkcode Stage.generate} does; then every decode step runs all the slots still generating in ONE
+   * compute pass: the projections, experts and LM head read their weights once for all columns, attention
+   * and DeltaNet run per slot on its own state and position, and each slot's argmax or sampler writes its own
+   * next id. Ids come back every `batch` steps for all slots together; a slot that stops or is cancelled
+   * leaves the set at the next batch (its run-ahead is rewound exactly, as in generate) and the others go on.
+   * Each slot's result equals its own generate: the mat-vecs sum every column in the same order.
+   * @throws {RangeError} as {@linkcode Stage.generate}, on a repeated slot, more than MAX_BATCH_SLOTS items,
+   *   or a model whose activation rows cannot be bound per slot ({@linkcode Stage.canBatch})
+   */
+  async generateBatch(items: readonly BatchItem[], opts: { batch?: number } = {}): Promise<GenerateResult[]> {
+    if (items.length === 1) {
+      const it = items[0]!;
+      return [await this.generate(it.slot, it.prompt, { ...it.opts, batch: opts.batch ?? it.opts.batch })];
+    }
+    if (!this.first || !this.last) {
+      throw new RangeError(
+        `Layers ${this.layers.join(":")} are a partial stage: generation needs the whole model`,
+      );
+    }
+    if (!this.canBatch) {
+      throw new RangeError("This model's activation rows cannot be bound per slot: no batching");
+    }
+    if (items.length < 1 || items.length > MAX_BATCH_SLOTS) {
+      throw new RangeError(`A batched step takes 1..${MAX_BATCH_SLOTS} slots, got ${items.length}`);
+    }
+    const slots = items.map((it) => it.slot);
+    for (const s of slots) this.#slotCheck(s);
+    if (new Set(slots).size !== slots.length) throw new RangeError(`Slots ${slots.join(",")} repeat`);
+    const S = opts.batch ?? 8;
+    if (!Number.isInteger(S) || S < 1 || S > 64) throw new RangeError(`Batch must be in 1..64, got ${S}`);
+    const { device } = this.#gpu;
+    const checked = items.map((it) => {
+      const c = this.#genCheck(it.opts);
+      this.#inputCheck(it.slot, { tokens: it.prompt }, it.opts.base ?? 0, it.prompt.length);
+      return c;
+    });
+    const seqs: BatchSeq[] = [];
+    for (const [i, it] of items.entries()) {
+      const o = it.opts;
+      const { top, sampling } = checked[i]!;
+      const base = o.base ?? 0;
+      const first = await this.run(it.slot, { tokens: it.prompt }, base);
+      const start = base + it.prompt.length;
+      // The first id goes to the slot's id buffer, which its first batched step embeds.
+      const sel = await this.#slotSelector(it.slot, -1, S, top, sampling);
+      const id = await this.#firstId(first, it.prompt, o, sel);
+      if (!sel.sampler) device.queue.writeBuffer(this.#slotTok[it.slot]!, 0, Uint32Array.of(id));
+      o.onTokens?.([id]);
+      const stops = new Set(o.stopIds ?? []);
+      const nNew = Math.min(o.nNew, this.nCtx - start + 1);
+      const early = stops.has(id) ? "stop" : o.signal?.aborted ? "cancelled" : undefined;
+      seqs.push({
+        slot: it.slot,
+        o,
+        top,
+        sampling,
+        stops,
+        start,
+        steps: early ? 0 : nNew - 1,
+        tokens: [id],
+        tops: top > 0 ? [topCpu(first.data, top)] : [],
+        reason: early ?? (nNew < o.nNew ? "context" : "length"),
+        ended: early !== undefined,
+        sched: 0,
+        ran: 0,
+        snaps: [],
+        sel,
+        tok: this.#slotTok[it.slot]!,
+      });
+    }
+    const maxTop = Math.max(...seqs.map((q) => q.top));
+    const ring = new ReadbackRing(device, { slots: 2, slotBytes: seqs.length * S * 4 * (1 + 2 * maxTop) });
+    const batchParams = [0, 1].map(() =>
+      device.createBuffer({
+        size: S * seqs.length * 16,
+        usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+      })
+    );
+    let nBatch = 0;
+    type Batch = { cbs: GPUCommandBuffer[]; ringSlot: number; n: number; set: BatchSeq[] };
+    const encodeBatch = async (): Promise<Batch | undefined> => {
+      const set = seqs.filter((q) => !q.ended && q.sched < q.steps);
+      if (set.length === 0) return undefined;
+      const n = Math.min(S, ...set.map((q) => q.steps - q.sched));
+      // The set's graph: the batched one, or the slot's own decode step when one slot is left.
+      let ops: readonly Op[];
+      let pos: readonly GPUBuffer[];
+      const sels: Selector[] = [];
+      const toks: GPUBuffer[] = [];
+      if (set.length === 1) {
+        const q = set[0]!;
+        const dec = await this.#decoder(q.slot, S, q.top, q.sampling);
+        ops = dec.ops;
+        pos = [this.#posParams[q.slot]!];
+        sels.push(dec);
+        toks.push(this.#act.tokens!);
+      } else {
+        const g = await this.#batchGraph(set.map((q) => q.slot));
+        const all: Op[] = [...g.ops];
+        for (const [b, q] of set.entries()) {
+          const sel = await this.#slotSelector(q.slot, b, S, q.top, q.sampling);
+          all.push(...sel.stepOps);
+          sels.push(sel);
+          toks.push(this.#slotTok[q.slot]!);
+        }
+        ops = all;
+        pos = g.pos;
+      }
+      const cbs: GPUCommandBuffer[] = [];
+      const enc0 = device.createCommandEncoder();
+      for (const [b, q] of set.entries()) {
+        // A slot that changed column (or went solo) carries its next id and sampler state over.
+        const sel = sels[b]!;
+        if (sel !== q.sel) {
+          if (toks[b] !== q.tok) enc0.copyBufferToBuffer(q.tok, 0, toks[b]!, 0, 4);
+          if (q.sampling) {
+            enc0.copyBufferToBuffer(
+              q.sel.sampler!.state,
+              0,
+              sel.sampler!.state,
+              0,
+              q.sel.sampler!.state.size,
+            );
+            enc0.copyBufferToBuffer(
+              q.sel.sampler!.params,
+              0,
+              sel.sampler!.params,
+              0,
+              q.sel.sampler!.params.size,
+            );
+          }
+          q.sel = sel;
+          q.tok = toks[b]!;
+        }
+        if (q.stops.size > 0 || q.o.signal) {
+          q.snaps.push({ at: q.sched, id: this.states.snapshot(enc0, q.slot, q.start + q.sched) });
+        }
+      }
+      cbs.push(enc0.finish());
+      const words = new Uint32Array(S * set.length * 4);
+      for (let j = 0; j < n; j++) {
+        for (const [b, q] of set.entries()) {
+          words.set([q.start + q.sched + j, 1, j, 0], (j * set.length + b) * 4);
+        }
+      }
+      const pb = batchParams[nBatch++ % 2]!;
+      device.queue.writeBuffer(pb, 0, words);
+      let ringSlot = -1;
+      for (let j = 0; j < n; j++) {
+        const enc = device.createCommandEncoder();
+        for (const [b, q] of set.entries()) {
+          const at = (j * set.length + b) * 16;
+          enc.copyBufferToBuffer(pb, at, pos[b]!, 0, 8);
+          enc.copyBufferToBuffer(pb, at + 8, q.sel.argmaxParams, 0, 4);
+        }
+        const pass = enc.beginComputePass();
+        encodeOps(pass, ops);
+        pass.end();
+        for (const q of set) {
+          if (q.top > 0) enc.copyBufferToBuffer(q.sel.topResult, 0, q.sel.topBatch, j * 8 * q.top, 8 * q.top);
+        }
+        if (j === n - 1) {
+          const copies = set.map((q) => ({ src: q.sel.idRing, srcOffsetBytes: 0, sizeBytes: 4 * S }));
+          for (const q of set) {
+            if (q.top > 0) copies.push({ src: q.sel.topBatch, srcOffsetBytes: 0, sizeBytes: 8 * q.top * S });
+          }
+          ringSlot = ring.record(enc, copies) ?? -1;
+          assert(ringSlot >= 0, "a readback slot is free for each batch");
+        }
+        cbs.push(enc.finish());
+      }
+      for (const q of set) q.sched += n;
+      return { cbs, ringSlot, n, set };
+    };
+    try {
+      let cur = await encodeBatch();
+      if (cur) device.queue.submit(cur.cbs);
+      while (cur) {
+        const next = await encodeBatch();
+        // mapAsync blocks until the queue is idle: the next batch is encoded already and goes in right after.
+        const landed = ring.map(cur.ringSlot);
+        if (next) device.queue.submit(next.cbs);
+        const bytes = await landed;
+        const u32 = new Uint32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+        let pairsAt = cur.set.length * S;
+        for (const [b, q] of cur.set.entries()) {
+          q.ran += cur.n;
+          const pairs = q.top > 0 ? u32.subarray(pairsAt, pairsAt + 2 * q.top * S) : undefined;
+          if (q.top > 0) pairsAt += 2 * q.top * S;
+          if (q.ended) continue; // ran ahead of a stop found in the previous batch
+          const fresh: number[] = [];
+          for (let j = 0; j < cur.n && !q.ended; j++) {
+            const id = u32[b * S + j]!;
+            q.tokens.push(id);
+            fresh.push(id);
+            if (pairs) q.tops.push(pairsToTop(pairs, j, q.top));
+            if (q.stops.has(id)) {
+              q.ended = true;
+              q.reason = "stop";
+            }
+          }
+          if (fresh.length > 0) q.o.onTokens?.(fresh);
+          if (!q.ended && q.o.signal?.aborted && q.tokens.length < q.steps + 1) {
+            q.ended = true;
+            q.reason = "cancelled";
+          }
+        }
+        cur = next;
+      }
+      const out: GenerateResult[] = [];
+      for (const q of seqs) {
+        // Kept tokens are fed up to all but the last; steps past that ran ahead: restore the snapshot at the
+        // start of the batch holding the first unwanted step and re-feed the kept tokens after it.
+        const fed = q.tokens.length - 1;
+        if (q.ran > fed) {
+          const snap = q.snaps.filter((x) => x.at <= fed).at(-1);
+          assert(snap, `slot ${q.slot}: a snapshot before step ${fed}`);
+          this.restore(snap.id, q.slot);
+          const refeed = q.tokens.slice(snap.at, fed);
+          if (refeed.length > 0) {
+            await this.run(q.slot, { tokens: refeed }, q.start + snap.at, { rows: "last" });
+          }
+        }
+        this.#length[q.slot] = q.start + Math.min(fed, q.ran);
+        out.push({ tokens: q.tokens, top: q.tops, reason: q.reason, steps: q.ran });
+      }
+      return out;
+    } finally {
+      for (const q of seqs) for (const x of q.snaps) this.states.drop(x.id);
+      ring.destroy();
+      for (const pb of batchParams) pb.destroy();
+    }
+  }
+
+  /** Checks the options every generation shares; returns the top-k count and whether the sampler runs. */
+  #genCheck(opts: GenerateOptions): { top: number; sampling: boolean } {
+    const top = opts.top ?? 0;
+    if (!Number.isInteger(opts.nNew) || opts.nNew < 1) {
+      throw new RangeError(`--n must be >= 1, got ${opts.nNew}`);
+    }
+    if (!Number.isInteger(top) || top < 0 || top > 64) {
+      throw new RangeError(`--top must be in 0..64, got ${top}`);
+    }
+    // Plain greedy (no penalties) takes the argmax path; anything else runs the sampler, penalties included.
+    const p = opts.sampling;
+    const sampling = p !== undefined &&
+      !(isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0);
+    return { top, sampling };
+  }
+
+  /**
+   * The first id after a prefill whose last logits are `first` (still in logits row 0): the argmax on the
+   * CPU, or a draw of `sel`'s sampler, which first gets the request's settings, a fresh RNG step and penalty
+   * history (and writes the id to its next-token buffer itself).
+   */
+  async #firstId(first: StageOutput, prompt: readonly number[], opts: GenerateOptions, sel: Selector) {
+    if (!sel.sampler) return argmaxCpu(first.data);
+    const { device } = this.#gpu;
+    device.queue.writeBuffer(
+      sel.sampler.params,
+      0,
+      sampleParamWords(opts.sampling!, { maskUnused: !!this.#unusedMask }),
+    );
+    device.queue.writeBuffer(
+      sel.sampler.state,
+      0,
+      packSampleState(SAMPLE_HIST, {
+        step: opts.samplerStep ?? 0,
+        history: (opts.samplerHistory ?? prompt).slice(-SAMPLE_HIST),
+      }),
+    );
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encodeOps(pass, sel.firstOps);
+    pass.end();
+    const read = device.createBuffer({ size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    enc.copyBufferToBuffer(sel.idRing, 0, read, 0, 4);
+    device.queue.submit([enc.finish()]);
+    await read.mapAsync(GPUMapMode.READ);
+    const id = new Uint32Array(read.getMappedRange())[0]!;
+    read.unmap();
+    read.destroy();
+    if (id >= this.hp.nVocab) {
+      throw new Error(`Internal error: the sampler drew no id (all logits masked or NaN)`);
+    }
+    return id;
+  }
+
+  /**
    * Saves `slot`'s full state (as of the work submitted so far) to a new snapshot; returns its number.
    */
   snapshot(slot: number): number {
@@ -686,6 +956,7 @@ export class Stage {
     this.states.destroy();
     for (const b of Object.values(this.#act)) b.destroy();
     for (const b of this.#posParams) b.destroy();
+    for (const b of this.#slotTok) b.destroy();
     this.#zeroIds.destroy();
     for (const b of this.#owned) b.destroy();
     const seen = new Set<GPUBuffer>();
@@ -697,19 +968,39 @@ export class Stage {
     const key = `${slot}/${S}/${top}/${sampling}`;
     const hit = this.#decoders.get(key);
     if (hit) return hit;
+    const graph = await this.#graph(slot, 1, "last");
+    const sel = await this.#selector({ row: 0, nextToken: this.#act.tokens!, S, top, sampling });
+    const dec: Decoder = { ...sel, ops: [...graph, ...sel.stepOps] };
+    this.#decoders.set(key, dec);
+    return dec;
+  }
+
+  /**
+   * The selection of one sequence's next id: argmax or the sampler on logits row `row` (the row's id goes to
+   * word 0 of `nextToken` and to the id ring), then the top-k pairs when `top` > 0. Its buffers are its own.
+   */
+  async #selector(
+    o: { row: number; nextToken: GPUBuffer; S: number; top: number; sampling: boolean },
+  ): Promise<Selector> {
     const { device } = this.#gpu;
+    const { S, top, sampling } = o;
     const V = this.hp.nVocab;
-    const ops = [...await this.#graph(slot, 1, "last")];
     const buf = (label: string, bytes: number) => {
       const b = device.createBuffer({ label, size: Math.max(16, bytes), usage: STORAGE });
       this.#owned.push(b);
       return b;
     };
     const idRing = buf("id_ring", 4 * S);
-    const logits = { buffer: this.#act.logits!, offset: 0, size: 4 * V };
+    const logitsRow = (row: number) => ({
+      buffer: this.#act.logits!,
+      offset: 4 * row * padWords(V),
+      size: 4 * V,
+    });
+    const logits = logitsRow(o.row);
     let argmaxParams: GPUBuffer;
-    let sampler: Decoder["sampler"];
-    const selectOps: Op[] = [];
+    let sampler: Selector["sampler"];
+    // The selection on `logits` (a second set for row 0 when the step's row is another).
+    let select: (logits: Binding) => Op[];
     if (sampling) {
       // The sampler's params start with the ring slot like ArgmaxParams, so the per-step copy is the same.
       const sc = sampleConstantsFor(V);
@@ -720,35 +1011,38 @@ export class Stage {
       };
       const mask = buf("sample_mask", 4 * Math.ceil(V / 32));
       if (this.#unusedMask) device.queue.writeBuffer(mask, 0, this.#unusedMask);
-      sampler = {
+      const s = {
         params: buf("sample_params", 48),
         state: buf("sample_state", 4 * packSampleState(sc.HIST).length),
       };
-      argmaxParams = sampler.params;
-      const sb = sampleBindGroups(device, {
-        pipelines: sp,
-        constants: sc,
-        buffers: {
-          logits,
-          pairs: buf("sample_pairs", 8 * (sc.K + 1) * sc.N_BLOCK),
-          result: buf("sample_result", 8 * (sc.K + 1)),
-          params: sampler.params,
-          mask,
-          state: sampler.state,
-          nextToken: this.#act.tokens!,
-          ring: idRing,
-        },
-      });
+      sampler = s;
+      argmaxParams = s.params;
+      const pairs = buf("sample_pairs", 8 * (sc.K + 1) * sc.N_BLOCK);
+      const result = buf("sample_result", 8 * (sc.K + 1));
       const sg = sampleGrids(sc);
-      selectOps.push({
-        label: "sample.partial",
-        pipeline: sp.partial,
-        bindGroup: sb.partial,
-        grid: sg.partial,
-      });
-      selectOps.push({ label: "sample.final", pipeline: sp.final, bindGroup: sb.final, grid: sg.final });
+      select = (logits) => {
+        const sb = sampleBindGroups(device, {
+          pipelines: sp,
+          constants: sc,
+          buffers: {
+            logits,
+            pairs,
+            result,
+            params: s.params,
+            mask,
+            state: s.state,
+            nextToken: o.nextToken,
+            ring: idRing,
+          },
+        });
+        return [
+          { label: "sample.partial", pipeline: sp.partial, bindGroup: sb.partial, grid: sg.partial },
+          { label: "sample.final", pipeline: sp.final, bindGroup: sb.final, grid: sg.final },
+        ];
+      };
     } else {
-      argmaxParams = buf("argmax_params", 16);
+      const params = buf("argmax_params", 16);
+      argmaxParams = params;
       const ac: ArgmaxConstants = {
         N_VOCAB: V,
         N_BLOCK: Math.min(256, Math.ceil(V / 1024)),
@@ -760,28 +1054,23 @@ export class Stage {
         partial: await this.#cache.get(ARGMAX, av.partial),
         final: await this.#cache.get(ARGMAX, av.final),
       };
-      const ab = argmaxBindGroups(device, {
-        pipelines: ap,
-        constants: ac,
-        buffers: {
-          logits,
-          pairs: buf("argmax_pairs", 8 * ac.N_BLOCK),
-          result: buf("argmax_result", 8),
-          params: argmaxParams,
-          nextToken: this.#act.tokens!,
-          ring: idRing,
-        },
-      });
+      const pairs = buf("argmax_pairs", 8 * ac.N_BLOCK);
+      const result = buf("argmax_result", 8);
       const ag = argmaxGrids(ac);
-      selectOps.push({
-        label: "argmax.partial",
-        pipeline: ap.partial,
-        bindGroup: ab.partial,
-        grid: ag.partial,
-      });
-      selectOps.push({ label: "argmax.final", pipeline: ap.final, bindGroup: ab.final, grid: ag.final });
+      select = (logits) => {
+        const ab = argmaxBindGroups(device, {
+          pipelines: ap,
+          constants: ac,
+          buffers: { logits, pairs, result, params, nextToken: o.nextToken, ring: idRing },
+        });
+        return [
+          { label: "argmax.partial", pipeline: ap.partial, bindGroup: ab.partial, grid: ag.partial },
+          { label: "argmax.final", pipeline: ap.final, bindGroup: ab.final, grid: ag.final },
+        ];
+      };
     }
-    ops.push(...selectOps);
+    const stepOps = select(logits);
+    const firstOps = o.row === 0 ? stepOps : select(logitsRow(0));
     const topResult = buf("top_result", 8 * Math.max(1, top));
     const topBatch = buf("top_batch", 8 * Math.max(1, top) * S);
     if (top > 0) {
@@ -800,19 +1089,74 @@ export class Stage {
       const tb = argmaxTopkBindGroups(device, {
         pipelines: tp,
         constants: tc,
-        buffers: {
-          logits: { buffer: this.#act.logits!, offset: 0, size: 4 * V },
-          pairs: buf("top_pairs", 8 * top * tc.N_BLOCK),
-          result: topResult,
-        },
+        buffers: { logits, pairs: buf("top_pairs", 8 * top * tc.N_BLOCK), result: topResult },
       });
       const tg = argmaxTopkGrids(tc);
-      ops.push({ label: "topk.partial", pipeline: tp.partial, bindGroup: tb.partial, grid: tg.partial });
-      ops.push({ label: "topk.final", pipeline: tp.final, bindGroup: tb.final, grid: tg.final });
+      stepOps.push({ label: "topk.partial", pipeline: tp.partial, bindGroup: tb.partial, grid: tg.partial });
+      stepOps.push({ label: "topk.final", pipeline: tp.final, bindGroup: tb.final, grid: tg.final });
     }
-    const dec: Decoder = { ops, idRing, argmaxParams, topResult, topBatch, selectOps, sampler };
-    this.#decoders.set(key, dec);
-    return dec;
+    return { stepOps, firstOps: firstOps.slice(0, 2), idRing, argmaxParams, topResult, topBatch, sampler };
+  }
+
+  /**
+   * Selector of `slot` in a batched step at column `col` (-1: the prefill's first id only), writing the
+   * slot's id buffer. Cached: a slot's selector per column keeps its buffers across calls.
+   */
+  async #slotSelector(
+    slot: number,
+    col: number,
+    S: number,
+    top: number,
+    sampling: boolean,
+  ): Promise<Selector> {
+    const key = `${slot}/${col}/${S}/${top}/${sampling}`;
+    const hit = this.#selectors.get(key);
+    if (hit) return hit;
+    const sel = await this.#selector({
+      row: Math.max(0, col),
+      nextToken: this.#slotTok[slot]!,
+      S,
+      top,
+      sampling,
+    });
+    this.#selectors.set(key, sel);
+    return sel;
+  }
+
+  /** The dispatches of one batched decode step of `slots` and its per-slot position buffers (cached). */
+  async #batchGraph(slots: readonly number[]): Promise<{ ops: Op[]; pos: GPUBuffer[] }> {
+    const key = slots.join(",");
+    const hit = this.#batchGraphs.get(key);
+    if (hit) return hit;
+    const pos = slots.map((s) => {
+      const b = this.#gpu.device.createBuffer({
+        label: `batch${key}.slot${s}.pos`,
+        size: 16,
+        usage: STORAGE,
+      });
+      this.#owned.push(b);
+      return b;
+    });
+    const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, slots.length, this.#owned, {
+      normPrologueMaxRows: this.normPrologueMaxRows,
+    }).build({
+      stage: this,
+      slot: slots[0]!,
+      rows: "all",
+      act: this.#act,
+      pos: pos[0]!,
+      zeroIds: this.#zeroIds,
+      layers: this.#layers,
+      firstLayer: this.layers[0],
+      gdn: (layout) => this.#gdnConstants(layout),
+      embd: this.#tensor(tensorName("token_embd")),
+      outNorm: this.#tensor(tensorName("output_norm")),
+      lmHead: this.#tensor(tensorName(this.#tiedOutput ? "token_embd" : "output")),
+      batch: { slots, pos, tok: slots.map((s) => this.#slotTok[s]!) },
+    });
+    const g = { ops, pos };
+    this.#batchGraphs.set(key, g);
+    return g;
   }
 
   #slotCheck(slot: number): void {
@@ -902,7 +1246,8 @@ export class Stage {
 
   #allocActivations(): Record<string, GPUBuffer> {
     const hp = this.hp;
-    const T = this.maxChunk;
+    // Rows of every activation: a prefill chunk or a batched decode step, whichever is wider.
+    const T = Math.max(this.maxChunk, MAX_BATCH_SLOTS);
     const d = gdnDims(this.#gdnConstants(undefined));
     const K = hp.nExpertUsed;
     const sizes: Record<string, number> = {
@@ -913,8 +1258,8 @@ export class Stage {
       m: hp.nEmbd * T,
       xqkv: d.convCh * T,
       z: d.inner * T,
-      ba: 2 * hp.ssmDtRank * T,
-      alpha: hp.ssmDtRank * T,
+      ba: Math.max(2 * hp.ssmDtRank * T, padWords(2 * hp.ssmDtRank) * MAX_BATCH_SLOTS),
+      alpha: Math.max(hp.ssmDtRank * T, padWords(hp.ssmDtRank) * MAX_BATCH_SLOTS),
       y: d.inner * T,
       inproj: Math.max(
         d.convCh + d.inner + 2 * hp.ssmDtRank,
@@ -936,7 +1281,7 @@ export class Stage {
       sho: hp.nEmbd * T,
       gam: T,
     };
-    if (this.last) sizes.logits = hp.nVocab * T;
+    if (this.last) sizes.logits = Math.max(hp.nVocab * T, padWords(hp.nVocab) * MAX_BATCH_SLOTS);
     const out: Record<string, GPUBuffer> = {};
     for (const [name, words] of Object.entries(sizes)) {
       out[name] = this.#gpu.device.createBuffer({
@@ -973,9 +1318,10 @@ export class Stage {
   }
 }
 
-/** The decode step of one slot: its dispatches (graph + argmax [+ top-k]) and the buffers they feed. */
-interface Decoder {
-  readonly ops: readonly Op[];
+/** The selection of one sequence's next id (see `Stage.#selector`) and the buffers it feeds. */
+interface Selector {
+  /** Argmax or sampler on the step's logits row, then the top-k pairs when asked. */
+  readonly stepOps: Op[];
   /** u32 ne=[batch]: the argmax's id of step j of a batch at word j. */
   readonly idRing: GPUBuffer;
   /** ArgmaxParams: the ring word of the current step (copied in at each step's start). */
@@ -984,10 +1330,63 @@ interface Decoder {
   readonly topResult: GPUBuffer;
   /** u32 ne=[2, top, batch]: each step's pairs, copied out of `topResult` after its pass. */
   readonly topBatch: GPUBuffer;
-  /** The selection dispatches alone (argmax or sampler), for the first token after a prefill. */
-  readonly selectOps: readonly Op[];
+  /** The selection dispatches alone (argmax or sampler) on logits row 0: the first id after a prefill. */
+  readonly firstOps: readonly Op[];
   /** Sampler params (word 0: ring slot, like ArgmaxParams) and state (RNG step, penalty history), if sampling. */
   readonly sampler?: { readonly params: GPUBuffer; readonly state: GPUBuffer };
+}
+
+/** The decode step of one slot: its graph followed by its selector's step dispatches. */
+interface Decoder extends Selector {
+  readonly ops: readonly Op[];
+}
+
+/** One slot's request in {@linkcode Stage.generateBatch}. */
+export interface BatchItem {
+  readonly slot: number;
+  readonly prompt: readonly number[];
+  /** As for {@linkcode Stage.generate}; `batch` is the call's. */
+  readonly opts: GenerateOptions;
+}
+
+/** A sequence in flight in generateBatch. */
+interface BatchSeq {
+  readonly slot: number;
+  readonly o: GenerateOptions;
+  readonly top: number;
+  readonly sampling: boolean;
+  readonly stops: ReadonlySet<number>;
+  /** Position of the first decode step (base + prompt). */
+  readonly start: number;
+  /** Decode steps wanted (ids after the first). */
+  readonly steps: number;
+  readonly tokens: number[];
+  readonly tops: [number, number][][];
+  reason: GenerateResult["reason"];
+  ended: boolean;
+  /** Steps encoded so far. */
+  sched: number;
+  /** Steps whose ids landed. */
+  ran: number;
+  /** Snapshots at batch starts: step index and snapshot id. */
+  readonly snaps: { at: number; id: number }[];
+  /** The selector of its latest batch and the id buffer it writes. */
+  sel: Selector;
+  tok: GPUBuffer;
+}
+
+/** Whether every per-slot row of a batched step of layers `[a, b)` starts 256-byte aligned (see canBatch). */
+function batchable(hp: Hparams, layers: readonly [number, number]): boolean {
+  const rows = [hp.nEmbd];
+  for (let l = layers[0]; l < layers[1]; l++) {
+    if (hp.isAttention[l]) {
+      rows.push(2 * hp.nHead * hp.headDim, hp.nHead * hp.headDim, hp.nHeadKv * hp.headDim);
+    } else {
+      const dV = hp.ssmInner / hp.ssmDtRank;
+      rows.push(2 * hp.ssmGroups * hp.ssmState + hp.ssmDtRank * dV, hp.ssmInner);
+    }
+  }
+  return rows.every((w) => w % 64 === 0);
 }
 
 /** Index of the largest value, ties to the lowest index (as the GPU argmax). */
@@ -1116,6 +1515,19 @@ interface BuildContext {
   readonly embd: GpuTensor | undefined;
   readonly outNorm: GpuTensor | undefined;
   readonly lmHead: GpuTensor | undefined;
+  /**
+   * A batched decode step: one token of each of these slots (n = slots.length ≥ 2, column b = slots[b]), each
+   * with its own position params [pos, 1] and id buffer (the previous step's id, read by its embedding).
+   * Shared projections and experts take all columns; attention and DeltaNet run per slot on their state.
+   */
+  readonly batch?: BatchSlots;
+}
+
+/** The per-slot buffers of a batched decode graph (see {@linkcode BuildContext.batch}). */
+interface BatchSlots {
+  readonly slots: readonly number[];
+  readonly pos: readonly GPUBuffer[];
+  readonly tok: readonly GPUBuffer[];
 }
 
 /**
@@ -1166,7 +1578,20 @@ class GraphBuilder {
     const hp = this.#hp;
     const n = this.#n;
     const A = cx.act;
-    if (cx.embd) {
+    if (cx.embd && cx.batch) {
+      // One row per slot, from the id its previous step's argmax or sampler wrote.
+      const shape = { type: typeName(cx.embd), k: hp.nEmbd, n: hp.nVocab, nTokens: 1 };
+      const c = getRowsConstants(shape);
+      const params = this.#storage(getRowsParams(shape));
+      for (const [b, tok] of cx.batch.tok.entries()) {
+        await this.#push(`get_rows.${b}`, GET_ROWS, c, [
+          params,
+          tok,
+          part0(cx.embd),
+          sub(A.h!, b * hp.nEmbd, hp.nEmbd),
+        ], getRowsGrid(shape));
+      }
+    } else if (cx.embd) {
       const shape = { type: typeName(cx.embd), k: hp.nEmbd, n: hp.nVocab, nTokens: n };
       const c = getRowsConstants(shape);
       await this.#push("get_rows", GET_ROWS, c, [
@@ -1220,7 +1645,12 @@ class GraphBuilder {
         rows,
       );
     }
-    if (head) await this.#matvec("output", cx.lmHead!, A.a!, A.logits!, cx.rows === "all" ? n : 1);
+    if (head) {
+      // A batched step's logits rows start 256-byte aligned: each slot's sampler binds its own row.
+      await this.#matvec("output", cx.lmHead!, A.a!, A.logits!, cx.rows === "all" ? n : 1, {
+        yStride: cx.batch ? padWords(hp.nVocab) : undefined,
+      });
+    }
     return this.#ops;
   }
 
@@ -1308,7 +1738,7 @@ class GraphBuilder {
     x: GPUBuffer,
     y: GPUBuffer,
     cols: number,
-    opts: { rowStart?: number; rows?: number; acc?: boolean } = {},
+    opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number } = {},
   ) {
     // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
     // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
@@ -1334,6 +1764,7 @@ class GraphBuilder {
       const hi = Math.min(rowStart + nRows, p.firstRow + p.nRows);
       if (lo >= hi) continue;
       if (cols > MATVEC_MAX_COLS) {
+        assert(opts.yStride === undefined, `${label}: a padded column stride is for mat-vecs only`);
         if (opts.acc || norm) {
           throw new Error(`${label}: NORM and ACC are decode-only (matvec), not for ${cols} columns`);
         }
@@ -1365,8 +1796,8 @@ class GraphBuilder {
           wOffsetBytes: p.offsetBytes + (lo - p.firstRow) * w.rowBytes,
           xOffset: c0 * k,
           xStride: k,
-          yOffset: c0 * nRows + (lo - rowStart),
-          yStride: nRows,
+          yOffset: c0 * (opts.yStride ?? nRows) + (lo - rowStart),
+          yStride: opts.yStride ?? nRows,
         };
         const c = matvecConstants(shape, {
           norm: norm ? { eps: this.#hp.rmsEps } : undefined,
@@ -1492,8 +1923,94 @@ class GraphBuilder {
     }
     if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
     else await this.#matvec(`L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n);
-    const kCache = cx.stage.states.buffer(cx.slot, l, "k_cache");
-    const vCache = cx.stage.states.buffer(cx.slot, l, "v_cache");
+    if (cx.batch) {
+      // Per slot: its column of q/k/v, its KV cache and position.
+      const nQ = hp.nHead * hp.headDim;
+      for (const [b, slot] of cx.batch.slots.entries()) {
+        const kCache = cx.stage.states.buffer(slot, l, "k_cache");
+        const vCache = cx.stage.states.buffer(slot, l, "v_cache");
+        const qfB = sub(A.qf!, b * nQf, nQf);
+        const qB = sub(A.q!, b * nQ, nQ);
+        const pos = cx.batch.pos[b]!;
+        await this.#qkRope(`L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
+          params: pos,
+          qf: qfB,
+          k: sub(A.k!, b * nKv, nKv),
+          v: sub(A.v!, b * nKv, nKv),
+          qOut: qB,
+          kCache,
+          vCache,
+        });
+        await this.#attnDecode(`L${l}`, `.${b}`, cx, {
+          pos,
+          q: qB,
+          kCache,
+          vCache,
+          qf: qfB,
+          o: sub(A.o!, b * nQ, nQ),
+        });
+      }
+    } else {
+      const kCache = cx.stage.states.buffer(cx.slot, l, "k_cache");
+      const vCache = cx.stage.states.buffer(cx.slot, l, "v_cache");
+      await this.#qkRope(`L${l}.attn_qk_rope`, lw, cx, n, {
+        params: cx.pos,
+        qf,
+        k,
+        v,
+        qOut: A.q!,
+        kCache,
+        vCache,
+      });
+      if (n === 1) {
+        await this.#attnDecode(`L${l}`, "", cx, { pos: cx.pos, q: A.q!, kCache, vCache, qf, o: A.o! });
+      } else {
+        const pc: AttnPrefillConstants = {
+          H_Q: hp.nHead,
+          H_KV: hp.nHeadKv,
+          D_H: hp.headDim,
+          P_MAX: cx.stage.nCtx,
+          BQ: 1,
+          TILE: 8,
+          WG: 256,
+          SCALE: hp.attnScale,
+          KV_F16: false,
+        };
+        await this.#checked(
+          `L${l}.attn_prefill`,
+          ATTN_PREFILL,
+          pc,
+          (pipeline) =>
+            attnPrefillBindGroup(this.#device, {
+              pipeline,
+              constants: pc,
+              nTokens: n,
+              buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: A.o! },
+            }),
+          attnPrefillGrid(pc, n),
+        );
+      }
+    }
+    await this.#outProj(`L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, A.h!);
+  }
+
+  /** q/k norms, RoPE and the KV cache write of `nTokens` tokens. */
+  async #qkRope(
+    label: string,
+    lw: LayerWeights,
+    cx: BuildContext,
+    nTokens: number,
+    buffers: {
+      params: Binding;
+      qf: Binding;
+      k: Binding;
+      v: Binding;
+      qOut: Binding;
+      kCache: GPUBuffer;
+      vCache: GPUBuffer;
+    },
+  ) {
+    const hp = this.#hp;
     const rope: AttnQkRopeConstants = {
       H_Q: hp.nHead,
       H_KV: hp.nHeadKv,
@@ -1506,92 +2023,76 @@ class GraphBuilder {
       KV_F16: false,
     };
     await this.#checked(
-      `L${l}.attn_qk_rope`,
+      label,
       ATTN_QK_ROPE,
       rope,
       (pipeline) =>
         attnQkRopeBindGroup(this.#device, {
           pipeline,
           constants: rope,
-          nTokens: n,
+          nTokens,
           buffers: {
-            params: cx.pos,
-            qf,
-            k,
-            v,
+            ...buffers,
             qNorm: part0(lw.t("attn_q_norm")),
             kNorm: part0(lw.t("attn_k_norm")),
-            qOut: A.q!,
-            kCache,
-            vCache,
           },
         }),
-      attnQkRopeGrid(rope, n),
+      attnQkRopeGrid(rope, nTokens),
     );
-    if (n === 1) {
-      const dc: AttnDecodeConstants = {
-        H_Q: hp.nHead,
-        H_KV: hp.nHeadKv,
-        D_H: hp.headDim,
-        P_MAX: cx.stage.nCtx,
-        N_SPLIT: ATTN_SPLITS,
-        TILE: 16,
-        WG: 256,
-        SCALE: hp.attnScale,
-        KV_F16: false,
-      };
-      await this.#checked(
-        `L${l}.attn_decode`,
-        ATTN_DECODE,
-        dc,
-        (pipeline) =>
-          attnDecodeBindGroup(this.#device, {
-            pipeline,
-            constants: dc,
-            buffers: { params: cx.pos, q: A.q!, kCache, vCache, partO: A.partO!, partMl: A.partMl! },
-          }),
-        attnDecodeGrid(dc),
-      );
-      const cc: AttnCombineConstants = { H_Q: hp.nHead, D_H: hp.headDim, N_SPLIT: ATTN_SPLITS, WG: 64 };
-      await this.#checked(
-        `L${l}.attn_combine`,
-        ATTN_COMBINE,
-        cc,
-        (pipeline) =>
-          attnCombineBindGroup(this.#device, {
-            pipeline,
-            constants: cc,
-            buffers: { partO: A.partO!, partMl: A.partMl!, qf, o: A.o! },
-          }),
-        attnCombineGrid(cc),
-      );
-    } else {
-      const pc: AttnPrefillConstants = {
-        H_Q: hp.nHead,
-        H_KV: hp.nHeadKv,
-        D_H: hp.headDim,
-        P_MAX: cx.stage.nCtx,
-        BQ: 1,
-        TILE: 8,
-        WG: 256,
-        SCALE: hp.attnScale,
-        KV_F16: false,
-      };
-      await this.#checked(
-        `L${l}.attn_prefill`,
-        ATTN_PREFILL,
-        pc,
-        (pipeline) =>
-          attnPrefillBindGroup(this.#device, {
-            pipeline,
-            constants: pc,
-            nTokens: n,
-            buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: A.o! },
-          }),
-        attnPrefillGrid(pc, n),
-      );
-    }
-    await this.#outProj(`L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, A.h!);
+  }
+
+  /** Split-K decode attention of one token and the combine of its splits (with the output gate). */
+  async #attnDecode(
+    label: string,
+    suffix: string,
+    cx: BuildContext,
+    x: { pos: Binding; q: Binding; kCache: GPUBuffer; vCache: GPUBuffer; qf: Binding; o: Binding },
+  ) {
+    const hp = this.#hp;
+    const A = cx.act;
+    const dc: AttnDecodeConstants = {
+      H_Q: hp.nHead,
+      H_KV: hp.nHeadKv,
+      D_H: hp.headDim,
+      P_MAX: cx.stage.nCtx,
+      N_SPLIT: ATTN_SPLITS,
+      TILE: 16,
+      WG: 256,
+      SCALE: hp.attnScale,
+      KV_F16: false,
+    };
+    await this.#checked(
+      `${label}.attn_decode${suffix}`,
+      ATTN_DECODE,
+      dc,
+      (pipeline) =>
+        attnDecodeBindGroup(this.#device, {
+          pipeline,
+          constants: dc,
+          buffers: {
+            params: x.pos,
+            q: x.q,
+            kCache: x.kCache,
+            vCache: x.vCache,
+            partO: A.partO!,
+            partMl: A.partMl!,
+          },
+        }),
+      attnDecodeGrid(dc),
+    );
+    const cc: AttnCombineConstants = { H_Q: hp.nHead, D_H: hp.headDim, N_SPLIT: ATTN_SPLITS, WG: 64 };
+    await this.#checked(
+      `${label}.attn_combine${suffix}`,
+      ATTN_COMBINE,
+      cc,
+      (pipeline) =>
+        attnCombineBindGroup(this.#device, {
+          pipeline,
+          constants: cc,
+          buffers: { partO: A.partO!, partMl: A.partMl!, qf: x.qf, o: x.o },
+        }),
+      attnCombineGrid(cc),
+    );
   }
 
   async #deltaNet(cx: BuildContext, l: number, lw: LayerWeights) {
@@ -1629,11 +2130,13 @@ class GraphBuilder {
     let b: Binding = A.ba!;
     let a: Binding = A.ba!;
     let aOff = 0;
+    // A batched step binds each slot's column of b and a: columns padded to 256-byte offsets.
+    const baStride = cx.batch ? padWords(c0.BA_GROUPED ? 2 * nV : nV) : undefined;
     if (c0.BA_GROUPED) {
       if (fused.length > nQkvz) {
         b = a = sub(A.inproj!, baAt, 2 * nV);
       } else {
-        await this.#matvec(`L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n);
+        await this.#matvec(`L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { yStride: baStride });
       }
     } else if (fused.length === 4) {
       // a right after b: both bindings take the [b | a] range, the kernel reads a at word N_V of it.
@@ -1641,11 +2144,40 @@ class GraphBuilder {
       aOff = nV;
     } else {
       if (fused.length === 3) b = sub(A.inproj!, baAt, nV);
-      else await this.#matvec(`L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n);
-      await this.#matvec(`L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n);
+      else await this.#matvec(`L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n, { yStride: baStride });
+      await this.#matvec(`L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n, { yStride: baStride });
       a = A.alpha!;
     }
     const c: GdnStepConstants = { ...c0, A_OFF: aOff };
+    if (cx.batch) {
+      const nBa = c0.BA_GROUPED ? 2 * nV : nV;
+      for (const [col, slot] of cx.batch.slots.entries()) {
+        const bindings = {
+          params: cx.batch.pos[col]!,
+          xQkv: sub(A.xqkv!, col * d.convCh, d.convCh),
+          z: sub(A.z!, col * d.inner, d.inner),
+          b: sub(A.ba!, col * baStride!, nBa),
+          a: c0.BA_GROUPED ? sub(A.ba!, col * baStride!, nBa) : sub(A.alpha!, col * baStride!, nV),
+          convW: part0(lw.t("ssm_conv1d")),
+          dtBias: part0(lw.t("ssm_dt")),
+          ssmA: part0(lw.t("ssm_a")),
+          normW: part0(lw.t("ssm_norm")),
+          convRing: cx.stage.states.buffer(slot, l, "conv"),
+          state: cx.stage.states.buffer(slot, l, "ssm"),
+          y: sub(A.y!, col * d.inner, d.inner),
+        };
+        checkGdnStep(c, { bindings, maxTokens: 1 });
+        await this.#push(
+          `L${l}.gdn_step.${col}`,
+          GDN_STEP,
+          c,
+          GDN_STEP_BINDINGS.map((k) => bindings[k]),
+          gdnStepGrid(c),
+        );
+      }
+      await this.#outProj(`L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
+      return;
+    }
     const convRing = cx.stage.states.buffer(cx.slot, l, "conv");
     const state = cx.stage.states.buffer(cx.slot, l, "ssm");
     const bindings = {
@@ -1876,6 +2408,11 @@ function part0(t: GpuTensor): Binding {
   assert(t.parts.length === 1, `tensor ${t.name} is in one part`);
   const p = t.parts[0]!;
   return { buffer: p.buffer, offset: p.offsetBytes, size: Math.ceil(p.sizeBytes / 4) * 4 };
+}
+
+/** Words of a batched activation column of `words` values: the next multiple of 64 (256-byte offsets). */
+function padWords(words: number): number {
+  return Math.ceil(words / 64) * 64;
 }
 
 /** A sub-range of `words` f32 words of a buffer from word `at` (a multiple of 64: 256-byte offsets). */

@@ -1,0 +1,222 @@
+/**
+ * Host twin of the chunked gated DeltaNet prefill (spec qwen3next.md §8.6): `gdn_chunk_prep.wgsl` (conv, norms,
+ * gates and the state-independent WY factors of every 64-token block, in parallel), `gdn_chunk.wgsl` (the scan
+ * over the blocks, parallel over heads and state columns) and `gdn_chunk_norm.wgsl` (the gated RMSNorm, §8.7).
+ * The three dispatches take the bindings of `gdn_step` plus two scratch buffers and compute the same y, state
+ * and (with `gdn_conv_ring` after them) conv ring, up to f32 rounding: a drop-in for `gdn_step` when n > 1.
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindingBytes, checkGdnStep, type GdnStepBindings, type GdnStepConstants } from "./gdn_step.ts";
+
+/** Tokens per block of the chunked form (spec §8.6 chunk size); the kernels hard-wire it. */
+export const GDN_CHUNK_TOKENS = 64;
+
+/** Constants of the chunked prefill: the same as `gdn_step`'s, same limits (each kernel takes its subset). */
+export type GdnChunkConstants = GdnStepConstants;
+
+/** Kernel spec of `gdn_chunk_prep` (constants: all of {@linkcode GdnChunkConstants}). */
+export const GDN_CHUNK_PREP: KernelSpec = {
+  name: "gdn_chunk_prep",
+  url: new URL("./gdn_chunk_prep.wgsl", import.meta.url),
+  lib: [],
+  constants: {
+    N_K: "u32",
+    N_V: "u32",
+    D_K: "u32",
+    D_V: "u32",
+    K_CONV: "u32",
+    EPS: "f32",
+    KAPPA_TILED: "bool",
+    BA_GROUPED: "bool",
+    A_OFF: "u32",
+  },
+};
+
+/** Kernel spec of `gdn_chunk`, the scan (constants N_V, D_K, D_V). */
+export const GDN_CHUNK: KernelSpec = {
+  name: "gdn_chunk",
+  url: new URL("./gdn_chunk.wgsl", import.meta.url),
+  lib: [],
+  constants: { N_V: "u32", D_K: "u32", D_V: "u32" },
+};
+
+/** Kernel spec of `gdn_chunk_norm`, the gated RMSNorm in place (constants N_V, D_V, EPS). */
+export const GDN_CHUNK_NORM: KernelSpec = {
+  name: "gdn_chunk_norm",
+  url: new URL("./gdn_chunk_norm.wgsl", import.meta.url),
+  lib: ["rms"],
+  constants: { N_V: "u32", D_V: "u32", EPS: "f32" },
+};
+
+/** Binding order of `gdn_chunk_prep` (binding i = entry i); `wsQkw`, `wsUp` are the scratch. */
+export const GDN_CHUNK_PREP_BINDINGS = [
+  "params",
+  "xQkv",
+  "b",
+  "a",
+  "convW",
+  "dtBias",
+  "ssmA",
+  "convRing",
+  "wsQkw",
+  "wsUp",
+] as const;
+
+/** Binding order of `gdn_chunk` (the scan). */
+export const GDN_CHUNK_BINDINGS = ["params", "wsQkw", "wsUp", "state", "y"] as const;
+
+/** Binding order of `gdn_chunk_norm`. */
+export const GDN_CHUNK_NORM_BINDINGS = ["params", "z", "normW", "y"] as const;
+
+/** The two scratch buffers of the chunked prefill; sizes from {@linkcode gdnChunkScratchBytes}. */
+export interface GdnChunkScratch {
+  /** Per (block, head): Q, K, W, each ne=[D_K, 64] f32. */
+  readonly wsQkw: Binding;
+  /** Per (block, head): U ne=[D_V, 64], P ne=[64, 64], G ne=[64], f32. */
+  readonly wsUp: Binding;
+}
+
+/** Scratch bytes of the chunked prefill for dispatches of up to `maxTokens` tokens. */
+export interface GdnChunkScratchBytes {
+  /** Bytes of {@linkcode GdnChunkScratch.wsQkw}: 4·3·64·D_K·N_V·ceil(maxTokens/64). */
+  readonly wsQkw: number;
+  /** Bytes of {@linkcode GdnChunkScratch.wsUp}: 4·(64·D_V + 64·64 + 64)·N_V·ceil(maxTokens/64). */
+  readonly wsUp: number;
+}
+
+/**
+ * Scratch sizes for dispatches of up to `maxTokens` tokens (the caller allocates them, STORAGE usage; one
+ * pair can serve every layer, the dispatches of one layer finish reading them before the next layer's prep).
+ * @throws {RangeError} on a token count below 1
+ */
+export function gdnChunkScratchBytes(c: GdnChunkConstants, maxTokens: number): GdnChunkScratchBytes {
+  if (!Number.isInteger(maxTokens) || maxTokens < 1) {
+    throw new RangeError(`gdn_chunk: maxTokens must be a positive integer, got ${maxTokens}`);
+  }
+  const T = GDN_CHUNK_TOKENS;
+  const blocks = Math.ceil(maxTokens / T) * c.N_V;
+  return {
+    wsQkw: 4 * 3 * T * c.D_K * blocks,
+    wsUp: 4 * (T * c.D_V + T * T + T) * blocks,
+  };
+}
+
+/**
+ * Checks constants, the `gdn_step` bindings and the scratch sizes for dispatches of up to `maxTokens` tokens.
+ * @throws {RangeError} naming the constant or binding, what it has and what it needs
+ */
+export function checkGdnChunk(
+  c: GdnChunkConstants,
+  opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number },
+): void {
+  checkGdnStep(c, opts);
+  if (opts.maxTokens > 65535) {
+    throw new RangeError(`gdn_chunk: maxTokens=${opts.maxTokens} exceeds 65535 (norm grid): split the chunk`);
+  }
+  if (c.K_CONV > GDN_CHUNK_TOKENS) {
+    throw new RangeError(`gdn_chunk: K_CONV=${c.K_CONV} exceeds the block of ${GDN_CHUNK_TOKENS} tokens`);
+  }
+  const need = gdnChunkScratchBytes(c, opts.maxTokens);
+  for (const name of ["wsQkw", "wsUp"] as const) {
+    const got = bindingBytes(opts.scratch[name]);
+    if (got < need[name]) {
+      throw new RangeError(
+        `gdn_chunk scratch ${name} has ${got} bytes but needs ${
+          need[name]
+        } for ${opts.maxTokens} token(s): ` +
+          `size it with gdnChunkScratchBytes`,
+      );
+    }
+  }
+}
+
+/** One dispatch of the chunked prefill: kernel, its constants, bindings in binding order, grid. */
+export interface GdnChunkDispatch {
+  /** The kernel. */
+  readonly spec: KernelSpec;
+  /** Its constants (the subset of {@linkcode GdnChunkConstants} it lists). */
+  readonly constants: Readonly<Record<string, number | boolean>>;
+  /** Bindings, binding i = entry i. */
+  readonly bindings: readonly Binding[];
+  /** Workgroup grid. */
+  readonly grid: readonly [number, number, number];
+}
+
+/**
+ * The three dispatches of one chunked prefill, in recording order: prep, scan, norm (for an engine that
+ * records dispatches itself; {@linkcode encodeGdnChunk} records them into a pass). Record `gdn_conv_ring`
+ * after them, as after `gdn_step`. The token count and position come from the params buffer (GPU-side);
+ * the grids are sized for `maxTokens`.
+ * @throws {RangeError} from {@linkcode checkGdnChunk}
+ */
+export function gdnChunkDispatches(
+  c: GdnChunkConstants,
+  opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number },
+): GdnChunkDispatch[] {
+  checkGdnChunk(c, opts);
+  const all = { ...opts.bindings, ...opts.scratch };
+  const blocks = Math.ceil(opts.maxTokens / GDN_CHUNK_TOKENS);
+  return [
+    {
+      spec: GDN_CHUNK_PREP,
+      constants: { ...c },
+      bindings: GDN_CHUNK_PREP_BINDINGS.map((k) => all[k]),
+      grid: [c.N_V, blocks, 1],
+    },
+    {
+      spec: GDN_CHUNK,
+      constants: { N_V: c.N_V, D_K: c.D_K, D_V: c.D_V },
+      bindings: GDN_CHUNK_BINDINGS.map((k) => all[k]),
+      grid: [c.N_V, c.D_V / 16, 1],
+    },
+    {
+      spec: GDN_CHUNK_NORM,
+      constants: { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS },
+      bindings: GDN_CHUNK_NORM_BINDINGS.map((k) => all[k]),
+      grid: [c.N_V, opts.maxTokens, 1],
+    },
+  ];
+}
+
+/** Compiled pipelines of the chunked prefill, in dispatch order. */
+export type GdnChunkPipelines = readonly [GPUComputePipeline, GPUComputePipeline, GPUComputePipeline];
+
+/** Compiles (or takes from `cache`) the three pipelines of the chunked prefill for `c`. */
+export async function prepareGdnChunk(
+  cache: PipelineCache,
+  c: GdnChunkConstants,
+): Promise<GdnChunkPipelines> {
+  return [
+    await cache.get(GDN_CHUNK_PREP, { ...c }),
+    await cache.get(GDN_CHUNK, { N_V: c.N_V, D_K: c.D_K, D_V: c.D_V }),
+    await cache.get(GDN_CHUNK_NORM, { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS }),
+  ];
+}
+
+/**
+ * Records the chunked prefill (three dispatches) into a caller-supplied compute pass: the drop-in for
+ * `encodeGdnStep` when n > 1, with the same bindings plus the scratch. Record `encodeGdnConvRing` right after
+ * it in the same pass, as after `gdn_step`. A dispatch of n = 1 is correct too, but `gdn_step` is the faster
+ * decode.
+ * @throws {RangeError} from {@linkcode checkGdnChunk}, before anything is recorded
+ */
+export function encodeGdnChunk(
+  pass: GPUComputePassEncoder,
+  opts: {
+    device: GPUDevice;
+    pipelines: GdnChunkPipelines;
+    constants: GdnChunkConstants;
+    bindings: GdnStepBindings;
+    scratch: GdnChunkScratch;
+    maxTokens: number;
+  },
+): void {
+  const dispatches = gdnChunkDispatches(opts.constants, opts);
+  const groups = dispatches.map((d, i) => bindGroup(opts.device, opts.pipelines[i]!, d.bindings));
+  dispatches.forEach((d, i) => {
+    pass.setPipeline(opts.pipelines[i]!);
+    pass.setBindGroup(0, groups[i]!);
+    pass.dispatchWorkgroups(...d.grid);
+  });
+}

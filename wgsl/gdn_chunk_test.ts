@@ -1,0 +1,504 @@
+import assert from "node:assert/strict";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { assertClose, assertPoisoned, type Tolerance } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { Rng } from "../tests/util/rng.ts";
+import {
+  conv1dStep,
+  deltaNetChunked,
+  l2Norm,
+  rmsNormGated,
+  sigmoid,
+  silu,
+  softplus,
+} from "../tests/ref/ops.ts";
+import {
+  checkGdnChunk,
+  encodeGdnChunk,
+  gdnChunkDispatches,
+  type GdnChunkScratch,
+  gdnChunkScratchBytes,
+  prepareGdnChunk,
+} from "./gdn_chunk.ts";
+import {
+  encodeGdnStep,
+  GDN_STEP,
+  gdnDims,
+  type GdnStepBindings,
+  type GdnStepConstants,
+  packGdnParams,
+} from "./gdn_step.ts";
+import { encodeGdnConvRing, GDN_CONV_RING } from "./gdn_conv_ring.ts";
+
+// The same tolerances as gdn_step_test. ô is O(1) after the RMSNorm (|ô| up to ~10 with silu(z)); the chunked
+// form sums in another order than the recurrence (128-long dots, 64-long substitutions and intra-block sums of
+// O(1) terms, the state carried over blocks). Seen on lavapipe over seeds: |y err| <= 1.6e-5, at most 0.16 of
+// this tolerance (gdn_step on the same inputs: up to 1.0e-5, 0.12 of it); tight enough to see a dropped term.
+const Y_TOL: Tolerance = { atol: 3e-5, rtol: 3e-4 };
+// The state is O(1) (|k̂| = 1, |V'| ≲ |v| + |S k̂|); same f32 accumulation argument as ô. Seen: <= 1.5e-6, at
+// most 0.01 of this tolerance (gdn_step: up to 2.2e-6).
+const S_TOL: Tolerance = { atol: 3e-5, rtol: 3e-4 };
+// The ring holds copies of the f32 inputs: exact.
+const RING_TOL: Tolerance = { atol: 0, rtol: 0 };
+const EPS = 1e-6;
+
+interface Model {
+  readonly name: string;
+  readonly c: GdnStepConstants;
+}
+
+function model(name: string, nK: number, nV: number, d: number, tiled: boolean): Model {
+  return {
+    name,
+    // qwen3next (grouped κ) also takes its b/a in the raw ssm_ba layout, so both gathers are covered.
+    c: { N_K: nK, N_V: nV, D_K: d, D_V: d, K_CONV: 4, EPS, KAPPA_TILED: tiled, BA_GROUPED: !tiled, A_OFF: 0 },
+  };
+}
+
+const TINY_NEXT = model("tiny qwen3next", 2, 4, 128, false);
+const TINY_35 = model("tiny qwen35moe", 2, 4, 128, true);
+const REAL_NEXT = model("real qwen3next", 16, 32, 128, false);
+const REAL_35 = model("real qwen35moe", 16, 32, 128, true);
+// Awkward shapes inside the limits: D_K = 256 with one column group (D_V = 16), and D_V < D_K with three column
+// groups; a 2- and a 3-slot ring.
+const ODD_A: Model = {
+  name: "odd dims A",
+  c: { N_K: 1, N_V: 2, D_K: 256, D_V: 16, K_CONV: 2, EPS, KAPPA_TILED: false, BA_GROUPED: true, A_OFF: 0 },
+};
+const ODD_B: Model = {
+  name: "odd dims B",
+  c: { N_K: 3, N_V: 6, D_K: 64, D_V: 48, K_CONV: 3, EPS, KAPPA_TILED: true, BA_GROUPED: false, A_OFF: 0 },
+};
+
+/** Inputs of a whole token sequence, f32 as the kernels read them. */
+interface Inputs {
+  readonly m: Model;
+  readonly nTokens: number;
+  readonly pos0: number;
+  readonly x: Float32Array; // ne=[C, T]
+  readonly z: Float32Array; // ne=[nV·dV, T]
+  readonly b: Float32Array; // ne=[nV, T], or ne=[2nV, T] (ssm_ba) when grouped
+  readonly a: Float32Array; // like b; the same array when grouped
+  readonly convW: Float32Array;
+  readonly dtBias: Float32Array;
+  readonly ssmA: Float32Array;
+  readonly normW: Float32Array;
+  readonly hist: Float32Array; // the K-1 inputs before pos0, oldest first, ne=[C, K-1]
+  readonly s0: Float32Array; // ne=[dK, dV, nV]
+}
+
+function makeInputs(rng: Rng, m: Model, opts: { nTokens: number; pos0: number; fresh: boolean }): Inputs {
+  const c = m.c;
+  const d = gdnDims(c);
+  const T = opts.nTokens;
+  const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+  const b = rng.normals(baW * T);
+  const ssmA = new Float32Array(c.N_V);
+  // Decays from ~0.2 to ~0.99 per token: across a 64-token block e^G spans from 1 down to underflow.
+  for (let h = 0; h < c.N_V; h++) ssmA[h] = -Math.exp(rng.normal() - 1.5);
+  const normW = new Float32Array(c.D_V);
+  for (let j = 0; j < c.D_V; j++) normW[j] = 1 + 0.2 * rng.normal();
+  return {
+    m,
+    nTokens: T,
+    pos0: opts.pos0,
+    x: rng.normals(d.convCh * T),
+    z: rng.normals(d.inner * T),
+    b,
+    a: c.BA_GROUPED ? b : rng.normals(baW * T),
+    convW: rng.normals(c.K_CONV * d.convCh, 0.5),
+    dtBias: rng.normals(c.N_V),
+    ssmA,
+    normW,
+    hist: opts.fresh ? new Float32Array(d.convCh * (c.K_CONV - 1)) : rng.normals(d.convCh * (c.K_CONV - 1)),
+    s0: opts.fresh ? new Float32Array(d.state) : rng.normals(d.state, 0.3),
+  };
+}
+
+interface Result {
+  readonly y: Float64Array | Float32Array; // ne=[nV·dV, T]
+  readonly state: Float64Array | Float32Array;
+  readonly hist: Float64Array | Float32Array; // last K-1 inputs, oldest first
+}
+
+/** Float64 reference from tests/ref/ops.ts: the chunked form of spec §8.6 from `hist` and `s0`. */
+function reference(inp: Inputs): Result {
+  const c = inp.m.c;
+  const { convCh, inner } = gdnDims(c);
+  const T = inp.nTokens;
+  const conv = conv1dStep(inp.x, { state: inp.hist, w: inp.convW, nCh: convCh });
+  const qkLen = c.N_K * c.D_K;
+  const q = new Float64Array(qkLen * T);
+  const k = new Float64Array(qkLen * T);
+  const v = new Float64Array(inner * T);
+  for (let t = 0; t < T; t++) {
+    const at = t * convCh;
+    for (let i = 0; i < qkLen; i++) {
+      q[t * qkLen + i] = silu(conv.y[at + i]!);
+      k[t * qkLen + i] = silu(conv.y[at + qkLen + i]!);
+    }
+    for (let i = 0; i < inner; i++) v[t * inner + i] = silu(conv.y[at + 2 * qkLen + i]!);
+  }
+  const beta = new Float64Array(c.N_V * T);
+  const g = new Float64Array(c.N_V * T);
+  const r = c.N_V / c.N_K;
+  for (let t = 0; t < T; t++) {
+    for (let h = 0; h < c.N_V; h++) {
+      let bv: number, av: number;
+      if (c.BA_GROUPED) { // spec §8.1: group κ = [b_{rκ} … | a_{rκ} …]
+        const u0 = t * 2 * c.N_V + 2 * r * Math.floor(h / r) + (h % r);
+        bv = inp.b[u0]!;
+        av = inp.b[u0 + r]!;
+      } else {
+        bv = inp.b[t * c.N_V + h]!;
+        av = inp.a[t * c.N_V + h]!;
+      }
+      beta[t * c.N_V + h] = sigmoid(bv);
+      g[t * c.N_V + h] = inp.ssmA[h]! * softplus(av + inp.dtBias[h]!);
+    }
+  }
+  const dn = deltaNetChunked(inp.s0, {
+    dK: c.D_K,
+    dV: c.D_V,
+    nK: c.N_K,
+    nV: c.N_V,
+    kHeadOf: c.KAPPA_TILED ? (h) => h % c.N_K : (h) => Math.floor(h / r),
+    q: l2Norm(q, { eps: EPS, n: c.D_K }),
+    k: l2Norm(k, { eps: EPS, n: c.D_K }),
+    v,
+    beta,
+    g,
+  });
+  return {
+    y: rmsNormGated(dn.o, inp.normW, { z: inp.z, eps: EPS, n: c.D_V }),
+    state: dn.state,
+    hist: conv.state,
+  };
+}
+
+/** One dispatch of a schedule: `n` tokens through the chunked kernels, or through `gdn_step`. */
+interface Part {
+  readonly n: number;
+  readonly kernel: "chunk" | "step";
+}
+
+const chunks = (...ns: number[]): Part[] => ns.map((n) => ({ n, kernel: "chunk" }));
+
+/** Records `inp` as the dispatches of `schedule`; returns the readback buffers and their decoder. */
+async function record(
+  device: GPUDevice,
+  cache: PipelineCache,
+  pass: GPUComputePassEncoder,
+  inp: Inputs,
+  schedule: readonly Part[],
+  owned: GPUBuffer[],
+): Promise<{ read: GPUBuffer[]; decode: (bufs: ArrayBuffer[]) => Result }> {
+  const c = inp.m.c;
+  const d = gdnDims(c);
+  const K = c.K_CONV;
+  assert.equal(schedule.reduce((s, p) => s + p.n, 0), inp.nTokens, "schedule covers the inputs");
+  const step = await cache.get(GDN_STEP, c);
+  const chunk = await prepareGdnChunk(cache, c);
+  const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
+  const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
+  const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
+  // Ring: slot s holds position ≡ s mod K; the one slot holding no live position (pos0-K) is poisoned, so a
+  // read of it turns everything NaN.
+  const ring0 = new Uint32Array(d.convRing + GUARD_WORDS).fill(POISON_F32);
+  const ring0f = new Float32Array(ring0.buffer);
+  for (let k = 0; k < K - 1; k++) {
+    const slot = (inp.pos0 - (K - 1) + k + K * 4) % K;
+    ring0f.set(inp.hist.subarray(k * d.convCh, (k + 1) * d.convCh), slot * d.convCh);
+  }
+  const ring = mk(upload(device, ring0, "conv_ring"));
+  const st0 = new Uint32Array(d.state + GUARD_WORDS).fill(POISON_F32);
+  new Float32Array(st0.buffer).set(inp.s0);
+  const state = mk(upload(device, st0, "state"));
+  const convW = mk(upload(device, inp.convW));
+  const dtBias = mk(upload(device, inp.dtBias));
+  const ssmA = mk(upload(device, inp.ssmA));
+  const normW = mk(upload(device, inp.normW));
+  // Scratch sized for the longest part and poisoned: a read of a word prep did not write turns y NaN.
+  const maxN = Math.max(...schedule.map((p) => p.n));
+  const sb = gdnChunkScratchBytes(c, maxN);
+  const scratch: GdnChunkScratch = {
+    wsQkw: mk(poisoned(device, sb.wsQkw / 4, POISON_F32, "ws_qkw")),
+    wsUp: mk(poisoned(device, sb.wsUp / 4, POISON_F32, "ws_up")),
+  };
+  const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+  const ys: GPUBuffer[] = [];
+  let t0 = 0;
+  for (const { n, kernel } of schedule) {
+    const params = mk(upload(device, packGdnParams(inp.pos0 + t0, n), "params"));
+    const xQkv = mk(upload(device, inp.x.subarray(t0 * d.convCh, (t0 + n) * d.convCh)));
+    // A_OFF > 0: a follows b in one buffer bound to both bindings, A_OFF words after it.
+    const bPart = inp.b.subarray(t0 * baW, (t0 + n) * baW);
+    const aPart = inp.a.subarray(t0 * baW, (t0 + n) * baW);
+    let b: GPUBuffer;
+    let a: GPUBuffer;
+    if (c.A_OFF > 0) {
+      assert.ok(!c.BA_GROUPED && c.A_OFF >= baW * n, "A_OFF runs hold a after all of b");
+      const joint = new Float32Array(c.A_OFF + baW * n);
+      joint.set(bPart);
+      joint.set(aPart, c.A_OFF);
+      b = a = mk(upload(device, joint));
+    } else {
+      b = mk(upload(device, bPart));
+      a = c.BA_GROUPED ? b : mk(upload(device, aPart));
+    }
+    const y = mk(poisoned(device, d.inner * n, POISON_F32, "y"));
+    ys.push(y);
+    const bindings: GdnStepBindings = {
+      params,
+      xQkv,
+      z: mk(upload(device, inp.z.subarray(t0 * d.inner, (t0 + n) * d.inner))),
+      b,
+      a,
+      convW,
+      dtBias,
+      ssmA,
+      normW,
+      convRing: { buffer: ring, size: d.convRing * 4 },
+      state: { buffer: state, size: d.state * 4 },
+      y: { buffer: y, size: d.inner * n * 4 },
+    };
+    if (kernel === "chunk") {
+      encodeGdnChunk(pass, { device, pipelines: chunk, constants: c, bindings, scratch, maxTokens: n });
+    } else {
+      encodeGdnStep(pass, { device, pipeline: step, constants: c, bindings, maxTokens: n });
+    }
+    if (n > 1 || kernel === "chunk") {
+      encodeGdnConvRing(pass, {
+        device,
+        pipeline: ringPipe,
+        constants: ringConsts,
+        bindings: { params, xQkv, convRing: bindings.convRing },
+        maxTokens: n,
+      });
+    }
+    t0 += n;
+  }
+  const what = `${inp.m.name} schedule ${JSON.stringify(schedule)} pos0 ${inp.pos0}`;
+  const decode = (bufs: ArrayBuffer[]): Result => {
+    const y = new Float32Array(d.inner * inp.nTokens);
+    let at = 0;
+    schedule.forEach(({ n }, i) => {
+      const w = new Uint32Array(bufs[i]!);
+      assertPoisoned(w.subarray(d.inner * n), POISON_F32, `${what}: y of dispatch ${i}`);
+      y.set(new Float32Array(bufs[i]!, 0, d.inner * n), at);
+      at += d.inner * n;
+    });
+    const sbuf = bufs[schedule.length]!;
+    assertPoisoned(new Uint32Array(sbuf).subarray(d.state), POISON_F32, `${what}: state`);
+    const rb = bufs[schedule.length + 1]!;
+    assertPoisoned(new Uint32Array(rb).subarray(d.convRing), POISON_F32, `${what}: conv ring`);
+    for (const [i, name] of [[2, "ws_qkw"], [3, "ws_up"]] as const) {
+      const words = (i === 2 ? sb.wsQkw : sb.wsUp) / 4;
+      assertPoisoned(
+        new Uint32Array(bufs[schedule.length + i]!).subarray(words),
+        POISON_F32,
+        `${what}: ${name}`,
+      );
+    }
+    const rf = new Float32Array(rb, 0, d.convRing);
+    const end = inp.pos0 + inp.nTokens;
+    const hist = new Float32Array(d.convCh * (K - 1));
+    for (let k = 0; k < K - 1; k++) {
+      const slot = (end - (K - 1) + k) % K;
+      hist.set(rf.subarray(slot * d.convCh, (slot + 1) * d.convCh), k * d.convCh);
+    }
+    return { y, state: new Float32Array(sbuf, 0, d.state), hist };
+  };
+  const wsQkw = scratch.wsQkw as GPUBuffer;
+  const wsUp = scratch.wsUp as GPUBuffer;
+  return { read: [...ys, state, ring, wsQkw, wsUp], decode };
+}
+
+interface Run {
+  readonly inp: Inputs;
+  readonly schedule: readonly Part[];
+}
+
+/** Runs all `runs` in one compute pass and one readback round; returns their results in order. */
+async function runAll(runs: readonly Run[]): Promise<Result[]> {
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const owned: GPUBuffer[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const recs = [];
+  for (const r of runs) recs.push(await record(device, cache, pass, r.inp, r.schedule, owned));
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const bufs = await readAll(device, recs.flatMap((r) => r.read));
+  const out: Result[] = [];
+  let at = 0;
+  for (const r of recs) {
+    out.push(r.decode(bufs.slice(at, at + r.read.length)));
+    at += r.read.length;
+  }
+  owned.forEach((b) => b.destroy());
+  return out;
+}
+
+function maxErr(got: ArrayLike<number>, ref: ArrayLike<number>): string {
+  let m = 0;
+  let q = 0;
+  for (let i = 0; i < ref.length; i++) {
+    m = Math.max(m, Math.abs(got[i]! - ref[i]!));
+    q = Math.max(q, Math.abs(got[i]! - ref[i]!) / (Y_TOL.atol + Y_TOL.rtol * Math.abs(ref[i]!)));
+  }
+  return `${m.toExponential(2)} (${q.toFixed(3)} of tol)`;
+}
+
+function describe(r: Run): string {
+  return `${r.inp.m.name} ${JSON.stringify(r.inp.m.c)} schedule ${
+    JSON.stringify(r.schedule)
+  } pos0 ${r.inp.pos0}`;
+}
+
+function checkAgainstRef(got: Result, r: Run, seed: number): void {
+  const ref = reference(r.inp);
+  const key = describe(r);
+  if (Deno.env.get("GDN_CHUNK_ERRORS")) {
+    console.log(
+      `${key}: max |y err| ${maxErr(got.y, ref.y)}, max |state err| ${maxErr(got.state, ref.state)}`,
+    );
+  }
+  assertClose(got.y, ref.y, Y_TOL, {
+    what: `gdn_chunk y ${key} ne=[${gdnDims(r.inp.m.c).inner}, ${r.inp.nTokens}]`,
+    seed,
+  });
+  assertClose(got.state, ref.state, S_TOL, { what: `gdn_chunk state ${key}`, seed });
+  assertClose(got.hist, ref.hist, RING_TOL, { what: `gdn_chunk conv ring ${key}`, seed });
+}
+
+Deno.test("gdn_chunk: tiny dims, both κ and b/a layouts, n = 1, 7, 64, 100, 130, fresh and carried", async () => {
+  const rng = new Rng();
+  const runs: Run[] = [];
+  for (const m of [TINY_NEXT, TINY_35]) {
+    for (const n of [1, 7, 64, 100, 130]) {
+      const fresh = runs.length % 2 === 0;
+      const pos0 = fresh ? 0 : rng.int(1, 1_000_000);
+      runs.push({ inp: makeInputs(rng, m, { nTokens: n, pos0, fresh }), schedule: chunks(n) });
+    }
+  }
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
+});
+
+Deno.test("gdn_chunk: real dims, both κ, carried state and ring at a large position", async () => {
+  const rng = new Rng();
+  const runs = [REAL_NEXT, REAL_35].map((m) => {
+    const n = rng.int(66, 80); // two blocks, the second one short
+    return {
+      inp: makeInputs(rng, m, { nTokens: n, pos0: 1_000_001 + rng.int(0, 4), fresh: false }),
+      schedule: chunks(n),
+    };
+  });
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
+});
+
+Deno.test("gdn_chunk: chunks mixed with gdn_step decode steps, a shorter than the conv window, a after b", async () => {
+  const rng = new Rng();
+  const aAfterB: Model = {
+    name: "tiny qwen35moe, a after b",
+    c: { ...TINY_35.c, A_OFF: 200 * TINY_35.c.N_V },
+  };
+  const mixed = makeInputs(rng, TINY_NEXT, { nTokens: 135, pos0: rng.int(0, 100), fresh: false });
+  const runs: Run[] = [
+    // chunk, decode step, a chunk shorter than the window, chunk
+    {
+      inp: mixed,
+      schedule: [
+        ...chunks(70),
+        { n: 1, kernel: "step" },
+        ...chunks(2),
+        { n: 1, kernel: "step" },
+        ...chunks(61),
+      ],
+    },
+    {
+      inp: makeInputs(rng, aAfterB, { nTokens: 77, pos0: rng.int(0, 100), fresh: false }),
+      schedule: chunks(77),
+    },
+  ];
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
+});
+
+Deno.test("gdn_chunk: awkward dims", async () => {
+  const rng = new Rng();
+  const runs: Run[] = [];
+  for (const m of [ODD_A, ODD_B]) {
+    runs.push({
+      inp: makeInputs(rng, m, { nTokens: 90, pos0: rng.int(0, 1000), fresh: false }),
+      schedule: chunks(9, 81),
+    });
+  }
+  const got = await runAll(runs);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
+});
+
+Deno.test("gdn_chunk: equals gdn_step over the same tokens within tolerance (real dims)", async () => {
+  const rng = new Rng();
+  const inp = makeInputs(rng, REAL_35, { nTokens: 40, pos0: rng.int(0, 1000), fresh: false });
+  const [chunked, stepped] = await runAll([
+    { inp, schedule: chunks(40) },
+    { inp, schedule: [{ n: 40, kernel: "step" }] },
+  ]);
+  const what = `${describe({ inp, schedule: chunks(40) })} vs gdn_step`;
+  assertClose(chunked!.y, stepped!.y, Y_TOL, { what: `y ${what}`, seed: rng.seed });
+  assertClose(chunked!.state, stepped!.state, S_TOL, { what: `state ${what}`, seed: rng.seed });
+  assertClose(chunked!.hist, stepped!.hist, RING_TOL, { what: `conv ring ${what}`, seed: rng.seed });
+});
+
+Deno.test("gdn_chunk: scratch sizes, dispatches and shape checks", async () => {
+  const { device } = await testGpu();
+  const c = TINY_35.c;
+  const d = gdnDims(c);
+  const bufs: GPUBuffer[] = [];
+  const buf = (bytes: number) => {
+    const b = device.createBuffer({ size: bytes, usage: GPUBufferUsage.STORAGE });
+    bufs.push(b);
+    return b;
+  };
+  const n = 65;
+  const bindings: GdnStepBindings = {
+    params: buf(8),
+    xQkv: buf(d.convCh * n * 4),
+    z: buf(d.inner * n * 4),
+    b: buf(c.N_V * n * 4),
+    a: buf(c.N_V * n * 4),
+    convW: buf(c.K_CONV * d.convCh * 4),
+    dtBias: buf(c.N_V * 4),
+    ssmA: buf(c.N_V * 4),
+    normW: buf(c.D_V * 4),
+    convRing: buf(d.convRing * 4),
+    state: buf(d.state * 4),
+    y: buf(d.inner * n * 4),
+  };
+  const sb = gdnChunkScratchBytes(c, n);
+  // two blocks of 64 tokens per head
+  assert.deepEqual(sb, { wsQkw: 4 * 3 * 64 * 128 * 2 * 4, wsUp: 4 * (64 * 128 + 64 * 64 + 64) * 2 * 4 });
+  const scratch: GdnChunkScratch = { wsQkw: buf(sb.wsQkw), wsUp: buf(sb.wsUp) };
+  checkGdnChunk(c, { bindings, scratch, maxTokens: n });
+  const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
+  assert.deepEqual(ds.map((x) => [x.spec.name, x.grid]), [
+    ["gdn_chunk_prep", [4, 2, 1]],
+    ["gdn_chunk", [4, 8, 1]],
+    ["gdn_chunk_norm", [4, 65, 1]],
+  ]);
+  assert.throws(
+    () => checkGdnChunk(c, { bindings, scratch: { ...scratch, wsUp: buf(sb.wsUp - 4) }, maxTokens: n }),
+    /scratch wsUp has .* bytes but needs/,
+  );
+  assert.throws(() => checkGdnChunk(c, { bindings, scratch, maxTokens: n + 1 }), /binding xQkv has .* bytes/);
+  assert.throws(
+    () => checkGdnChunk({ ...c, D_V: 40 }, { bindings, scratch, maxTokens: n }),
+    /D_V=40 must be a multiple of 16/,
+  );
+  assert.throws(() => gdnChunkScratchBytes(c, 0), /maxTokens must be a positive integer/);
+  bufs.forEach((b) => b.destroy());
+});

@@ -63,6 +63,8 @@ export interface JobResult {
   readonly prefilledTokens: number;
   /** Bytes held by Stage snapshots after the request (0 when nothing leaked). */
   readonly snapshotBytes: number;
+  /** Ids it made in turns shared with other requests (batched GPU steps). */
+  readonly batchedTokens: number;
 }
 
 /** An error as it crosses `postMessage`: its class name (when a built-in the receiver rebuilds) and message. */

@@ -2,9 +2,11 @@
  * The worker side of the engine service, without the Worker: runs the admitted requests on a
  * {@linkcode Stage}'s slots in turns, one turn on the GPU at a time (the stage's activation buffers are shared
  * by all slots). Each request gets a slot on its first turn: the free slot whose cached history its prompt
- * extends (that history is not prefilled again), else the least recently used free slot. A turn prefills at
- * most `prefillTurn` prompt tokens or generates at most `turnTokens` ids, then the next active request takes
- * its turn; ids stream in batches, and an abort stops the request at the next batch boundary with the slot's state exact (it keeps
+ * extends (that history is not prefilled again), else the least recently used free slot. A turn either
+ * prefills one piece of at most `prefillTurn` prompt tokens for one request, or generates: then every request
+ * that has no prompt piece due joins it (up to MAX_BATCH_SLOTS), each makes at most `turnTokens` ids, and
+ * their decode steps run together in one batched GPU step ({@linkcode Stage.generateBatch}). Ids stream in
+ * batches; an abort stops the request at the next batch boundary with the slot's state exact (it keeps
  * serving as that conversation's cache).
  *
  * Prefix reuse has two sources; the recurrent state cannot rewind, so each is used only when the new prompt
@@ -18,7 +20,7 @@
  *   snapshot can seed any free slot.
  * @module
  */
-import type { Stage } from "./stage.ts";
+import { type BatchItem, MAX_BATCH_SLOTS, type Stage } from "./stage.ts";
 import { assert } from "./errors.ts";
 import type { SamplingParams } from "./sampling.ts";
 import type { JobResult } from "./_service_protocol.ts";
@@ -70,6 +72,8 @@ interface Active {
   readonly got: number[];
   /** Whether the slot holds exactly the first `stage.length(slot)` tokens of prompt ++ made. */
   consistent: boolean;
+  /** Ids made in turns shared with other requests. */
+  batched: number;
 }
 
 /** Runs requests on a Stage's slots in turns, with per-slot prefix reuse; see the module doc. */
@@ -133,6 +137,7 @@ export class SlotRunner {
         made: [],
         got: [],
         consistent: false,
+        batched: 0,
       });
       void this.#loop();
     });
@@ -143,73 +148,132 @@ export class SlotRunner {
     this.#looping = true;
     try {
       for (let a = this.#ring.shift(); a; a = this.#ring.shift()) {
-        let out: JobResult | undefined;
+        let group: Active[] = [a];
         try {
-          out = await this.#turn(a);
+          const r = await this.#prepare(a);
+          if (r === "again") {
+            this.#ring.push(a);
+            continue;
+          }
+          if (r !== "ready") {
+            a.resolve(r);
+            continue;
+          }
+          // Every other request that is only generating (no prompt piece due) joins this turn: one batched
+          // GPU step for all of them.
+          if (this.#stage.canBatch) group = [a, ...this.#takeReady(MAX_BATCH_SLOTS - 1)];
+          const outs = await this.#generate(group);
+          for (const [i, m] of group.entries()) {
+            const out = outs[i];
+            if (out) m.resolve(out);
+            else this.#ring.push(m);
+          }
         } catch (e) {
-          a.consistent = false;
-          this.#finish(a, "cancelled");
-          a.reject(e);
-          continue;
+          for (const m of group) {
+            m.consistent = false;
+            this.#finish(m, "cancelled");
+            m.reject(e);
+          }
         }
-        if (out) a.resolve(out);
-        else this.#ring.push(a);
       }
     } finally {
       this.#looping = false;
     }
   }
 
-  /** One turn of `a`; returns its result when the request has ended. */
-  async #turn(a: Active): Promise<JobResult | undefined> {
-    const { job } = a;
-    const stage = this.#stage;
-    if (job.signal.aborted) return this.#finish(a, "cancelled");
-    if (a.slot < 0) {
-      const { slot, base, snap } = this.#pick(job.prompt);
-      [a.slot, a.base, a.held, a.consistent] = [slot, base, base, base > 0];
-      this.#owned.add(slot);
-      this.#lastUsed[slot] = ++this.#clock;
-      // Until the request ends cleanly the slot's contents belong to it: an error leaves the slot unknown.
-      this.#history[slot] = [];
-      if (snap !== undefined) stage.restore(snap, slot);
+  /**
+   * Readies `a` for a generating turn: ends it when cancelled, gives it a slot on its first turn, prefills
+   * one prompt piece as a turn of its own when one is due ("again": back in the ring).
+   */
+  async #prepare(a: Active): Promise<JobResult | "again" | "ready"> {
+    if (a.job.signal.aborted) return this.#finish(a, "cancelled");
+    this.#assign(a);
+    if (a.made.length === 0 && await this.#prefillPiece(a)) return "again";
+    return "ready";
+  }
+
+  /** Removes from the ring and returns up to `max` requests that can join a generating turn now. */
+  #takeReady(max: number): Active[] {
+    const out: Active[] = [];
+    for (let i = 0; i < this.#ring.length && out.length < max;) {
+      const b = this.#ring[i]!;
+      if (!b.job.signal.aborted) this.#assign(b);
+      if (!b.job.signal.aborted && !this.#pieceDue(b)) {
+        out.push(b);
+        this.#ring.splice(i, 1);
+      } else {
+        i++;
+      }
     }
-    if (a.made.length === 0 && await this.#prefillPiece(a)) return undefined;
-    // Ids this request can make in all: the context holds the prompt and all of them but the last.
-    const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
-    const nNew = Math.min(this.#turnTokens, limit - a.made.length);
-    const emit = (ids: readonly number[]) => {
-      if (job.signal.aborted) return;
-      a.got.push(...ids);
-      job.onTokens(ids);
-    };
-    // The slot holds the cached prefix (first turn) or all of prompt ++ made but the last id (later turns).
-    const seq = [...job.prompt, ...a.made];
-    const base = a.made.length > 0 ? seq.length - 1 : a.held;
-    assert(
-      base === 0 || stage.length(a.slot) === base,
-      `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
-    );
-    a.consistent = false;
-    const r = await stage.generate(a.slot, seq.slice(base), {
-      nNew,
-      base,
-      stopIds: job.stopIds,
-      batch: this.#batch,
-      signal: job.signal,
-      onTokens: emit,
-      // Later turns continue the same random stream and penalty window.
-      sampling: job.sampling,
-      samplerStep: a.made.length,
-      samplerHistory: seq,
+    return out;
+  }
+
+  /** Gives `a` its slot on its first turn (restoring the snapshot it reuses). */
+  #assign(a: Active): void {
+    if (a.slot >= 0) return;
+    const { slot, base, snap } = this.#pick(a.job.prompt);
+    [a.slot, a.base, a.held, a.consistent] = [slot, base, base, base > 0];
+    this.#owned.add(slot);
+    this.#lastUsed[slot] = ++this.#clock;
+    // Until the request ends cleanly the slot's contents belong to it: an error leaves the slot unknown.
+    this.#history[slot] = [];
+    if (snap !== undefined) this.#stage.restore(snap, slot);
+  }
+
+  /**
+   * One generating turn of every request in `group` (one batched GPU step for all of them when there are
+   * several); per request, its result when it has ended.
+   */
+  async #generate(group: readonly Active[]): Promise<(JobResult | undefined)[]> {
+    const stage = this.#stage;
+    const items: BatchItem[] = group.map((a) => {
+      const { job } = a;
+      // Ids this request can make in all: the context holds the prompt and all of them but the last.
+      const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
+      const nNew = Math.min(this.#turnTokens, limit - a.made.length);
+      const emit = (ids: readonly number[]) => {
+        if (job.signal.aborted) return;
+        a.got.push(...ids);
+        job.onTokens(ids);
+      };
+      // The slot holds the cached prefix (first turn) or all of prompt ++ made but the last id (later turns).
+      const seq = [...job.prompt, ...a.made];
+      const base = a.made.length > 0 ? seq.length - 1 : a.held;
+      assert(
+        base === 0 || stage.length(a.slot) === base,
+        `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
+      );
+      a.consistent = false;
+      return {
+        slot: a.slot,
+        prompt: seq.slice(base),
+        opts: {
+          nNew,
+          base,
+          stopIds: job.stopIds,
+          signal: job.signal,
+          onTokens: emit,
+          // Later turns continue the same random stream and penalty window.
+          sampling: job.sampling,
+          samplerStep: a.made.length,
+          samplerHistory: seq,
+        },
+      };
     });
-    // The slot now holds base, the new tokens and every returned id but the last, cancelled or not.
-    a.made.push(...r.tokens);
-    a.consistent = true;
-    if (r.reason === "stop" || r.reason === "cancelled") return this.#finish(a, r.reason);
-    if (a.made.length >= job.maxTokens) return this.#finish(a, "length");
-    if (a.made.length >= limit) return this.#finish(a, "context");
-    return undefined;
+    const rs = await stage.generateBatch(items, { batch: this.#batch });
+    return group.map((a, i) => {
+      const r = rs[i]!;
+      const { job } = a;
+      // The slot now holds base, the new tokens and every returned id but the last, cancelled or not.
+      a.made.push(...r.tokens);
+      a.consistent = true;
+      if (group.length > 1) a.batched += r.tokens.length;
+      const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
+      if (r.reason === "stop" || r.reason === "cancelled") return this.#finish(a, r.reason);
+      if (a.made.length >= job.maxTokens) return this.#finish(a, "length");
+      if (a.made.length >= limit) return this.#finish(a, "context");
+      return undefined;
+    });
   }
 
   /** Ends `a`: frees its slot and records what the slot holds; returns the result. */
@@ -231,6 +295,7 @@ export class SlotRunner {
       cachedTokens: a.base,
       prefilledTokens: a.slot >= 0 ? a.job.prompt.length - a.base : 0,
       snapshotBytes: this.#stage.states.snapshotBytes,
+      batchedTokens: a.batched,
     };
   }
 
@@ -262,6 +327,15 @@ export class SlotRunner {
     return best;
   }
 
+  /** Whether `a` (slot assigned) has a prompt piece to prefill as a turn of its own before it generates. */
+  #pieceDue(a: Active): boolean {
+    if (a.made.length > 0) return false;
+    const prompt = a.job.prompt;
+    const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
+    const snapAhead = at > a.base && a.held < at;
+    return snapAhead || prompt.length - a.held > this.#prefillTurn;
+  }
+
   /**
    * Prefills one piece of a long prompt as a turn of its own, so other requests keep streaming meanwhile:
    * up to `prefillTurn` tokens, ending early at the snapshot point (`snapshotBack` before the prompt's end,
@@ -273,7 +347,7 @@ export class SlotRunner {
     const prompt = a.job.prompt;
     const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
     const snapAhead = at > a.base && a.held < at;
-    if (!snapAhead && prompt.length - a.held <= this.#prefillTurn) return false;
+    if (!this.#pieceDue(a)) return false;
     const end = Math.min(a.held + this.#prefillTurn, snapAhead ? at : prompt.length - 1);
     a.consistent = false;
     await stage.run(a.slot, { tokens: prompt.slice(a.held, end) }, a.held);

@@ -5,10 +5,10 @@
  * a cancel and keeps the status and counters.
  *
  * Scheduling, this version: up to `nSlots` requests are admitted into the worker, each on its own slot; the
- * worker runs them in turns (`prefillTurn` prompt tokens or `turnTokens` ids each), one turn on the GPU at a
- * time. A slot keeps its conversation's state after the request, plus a snapshot a few tokens before the
- * end of its prompt, for prefix reuse (`_service_runner.ts`). Several slots in one GPU step (batched
- * decode) is future work.
+ * worker runs them in turns, one turn on the GPU at a time: a prompt piece of one request (`prefillTurn`
+ * tokens), or `turnTokens` ids of every request that is generating, their decode steps batched into one GPU
+ * step per token. A slot keeps its conversation's state after the request, plus a snapshot a few tokens
+ * before the end of its prompt, for prefix reuse (`_service_runner.ts`).
  *
  * @example
  * ```ts
@@ -146,7 +146,14 @@ export class EngineService implements Engine {
   #onClosed: () => void = () => {};
   #closeSent = false;
   #terminated = false;
-  readonly #counters = { requests: 0, promptTokens: 0, generatedTokens: 0, prefixHits: 0, cachedTokens: 0 };
+  readonly #counters = {
+    requests: 0,
+    promptTokens: 0,
+    generatedTokens: 0,
+    prefixHits: 0,
+    cachedTokens: 0,
+    batchedTokens: 0,
+  };
   #prefilledTokens = 0;
 
   /** Starts the worker; prefer {@linkcode startEngine}. */
@@ -456,6 +463,7 @@ export class EngineService implements Engine {
     c.generatedTokens += r.tokens.length;
     if (r.cachedTokens > 0) c.prefixHits++;
     c.cachedTokens += r.cachedTokens;
+    c.batchedTokens += r.batchedTokens;
     this.#prefilledTokens += r.prefilledTokens;
     this.#snapshotBytes = r.snapshotBytes;
     // Under load the time between completions is the GPU time per request (one turn runs at a time);

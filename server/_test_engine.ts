@@ -99,7 +99,14 @@ export class FakeEngine implements Engine {
   readonly #o: Required<Omit<FakeEngineOptions, "state">>;
   #busy = 0;
   #waiting: (() => void)[] = [];
-  #counters = { requests: 0, promptTokens: 0, generatedTokens: 0, prefixHits: 0, cachedTokens: 0 };
+  #counters = {
+    requests: 0,
+    promptTokens: 0,
+    generatedTokens: 0,
+    prefixHits: 0,
+    cachedTokens: 0,
+    batchedTokens: 0,
+  };
   closed = false;
 
   /** Creates the engine. */

@@ -85,6 +85,8 @@ export interface EngineStatus {
     readonly generatedTokens: number;
     readonly prefixHits: number;
     readonly cachedTokens: number;
+    /** Ids made in GPU steps shared by several requests (batched decode). */
+    readonly batchedTokens: number;
   };
 }
 

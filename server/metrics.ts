@@ -106,6 +106,12 @@ export class Metrics {
     metric("llm_prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.", [
       `llm_prefix_cache_hits_total ${status.counters.prefixHits}`,
     ]);
+    metric(
+      "llm_batched_tokens_total",
+      "counter",
+      "Tokens generated in GPU steps shared by several requests (batched decode).",
+      [`llm_batched_tokens_total ${status.counters.batchedTokens}`],
+    );
     metric("llm_model_loaded_ratio", "gauge", "Fraction of the model's bytes on the GPU.", [
       `llm_model_loaded_ratio ${status.totalBytes > 0 ? status.loadedBytes / status.totalBytes : 0}`,
     ]);

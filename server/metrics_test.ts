@@ -20,6 +20,7 @@ Deno.test("metrics: request, token and TTFT counters and engine gauges in Promet
   assert.equal(value("llm_queue_depth"), 0);
   assert.equal(value("llm_slots_total"), 1);
   assert.equal(value("llm_engine_requests_total"), 1);
+  assert.equal(value("llm_batched_tokens_total"), 0, "one request at a time shares no step");
   for (const line of text.trimEnd().split("\n")) {
     assert.match(line, /^(# (HELP|TYPE) llm_[a-z_]+ .+|llm_[a-z_]+(\{[^}]*\})? [0-9.e+-]+)$/, line);
   }

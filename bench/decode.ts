@@ -2,7 +2,8 @@
  * Benchmark: single-stream decode and prefill of a whole model on the GPU, beside the bandwidth roofline
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
- * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]`.
+ * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
+ * [--slots 2,4,8]`: `--slots` also measures batched decode (Stage.generateBatch) of that many slots at once.
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -25,6 +26,7 @@ const { values: args } = parseArgs({
     n: { type: "string", default: "256" },
     prefill: { type: "string", default: "2048" },
     chunk: { type: "string", default: "256" },
+    slots: { type: "string", default: "" },
   },
 });
 
@@ -51,12 +53,13 @@ const nPrompt = Number(args.prompt);
 const nNew = Number(args.n);
 const nPrefill = Number(args.prefill);
 const maxChunk = Number(args.chunk);
+const batchSizes = args.slots ? args.slots.split(",").map(Number) : [];
 using file = await openGguf(path);
 
 let t0 = performance.now();
 const stage = await Stage.load(gpu, file, {
   nCtx: Math.max(nPrompt + nNew, nPrefill) + 8,
-  nSlots: 1,
+  nSlots: Math.max(1, ...batchSizes),
   maxChunk,
 });
 emit("load", { path, seconds: (performance.now() - t0) / 1000, weightBytes: stage.weightBytes });
@@ -134,6 +137,36 @@ emit("decode", {
   prefillMs: tFirst - t0,
   gpuBytes: stage.weightBytes + stage.states.totalBytes,
 });
+
+// Batched decode: B slots with their own 64-token prompts stepped together; aggregate ids per second from
+// the moment the last slot's first id exists (the prompts are prefilled one after another) to the end.
+for (const B of batchSizes) {
+  const slots = Array.from({ length: B }, (_, i) => i);
+  let firsts = 0;
+  let tStart = 0;
+  const items = slots.map((s) => ({
+    slot: s,
+    prompt: Array.from({ length: 64 }, (_, i) => rng(i + 1000 * (s + 1))),
+    opts: {
+      nNew: Math.min(nNew, 128),
+      onTokens: (ids: readonly number[]) => {
+        if (ids.length === 1 && ++firsts === B) tStart = performance.now();
+      },
+    },
+  }));
+  await stage.generateBatch(items.map((it) => ({ ...it, opts: { nNew: 9 } })));
+  const rs = await stage.generateBatch(items);
+  const tDone = performance.now();
+  const ids = rs.reduce((a, r) => a + r.tokens.length - 1, 0);
+  const bops = await stage.batchGraph(slots);
+  emit("decode_batched", {
+    slots: B,
+    newTokensPerSlot: rs[0]!.tokens.length,
+    tokPerSecond: ids / ((tDone - tStart) / 1000),
+    msPerStep: (tDone - tStart) / (ids / B),
+    dispatchesPerStep: bops.length + 2 * B,
+  });
+}
 
 // Profile: each dispatch of a graph in its own pass with timestamps, summed by kernel (null without
 // timestamp queries).

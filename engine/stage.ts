@@ -949,6 +949,17 @@ export class Stage {
     return this.#graph(slot, n, rows);
   }
 
+  /** Dispatches of one batched decode step of `slots` (for counting and benchmarks). */
+  async batchGraph(slots: readonly number[]): Promise<readonly Op[]> {
+    for (const s of slots) this.#slotCheck(s);
+    if (slots.length < 2 || slots.length > MAX_BATCH_SLOTS || new Set(slots).size !== slots.length) {
+      throw new RangeError(
+        `A batched step takes 2..${MAX_BATCH_SLOTS} distinct slots, got ${slots.join(",")}`,
+      );
+    }
+    return (await this.#batchGraph(slots)).ops;
+  }
+
   /** Releases every GPU buffer of the stage. */
   destroy(): void {
     if (this.#destroyed) return;

@@ -5,7 +5,8 @@
  * enough copies of the tensor that the set exceeds the GPU's L2 cache.
  *
  * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep]` (`--quick`: small sizes, for lavapipe; `--sweep`:
- * also TEAM/ROWS variants). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * also TEAM/ROWS variants and, for IQ4_XS and Q8_0 batch 1, the SR = 1 loop at TEAM 32 and 64 with UNROLL
+ * 1, 2, 4, 8; the sweep's TEAM 64 and 32 ROWS 1 entries are the SR = 0 loop at the same TEAM). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -204,8 +205,12 @@ for (const c of CASES) {
   const variants: (MatvecConstants | undefined)[] = [undefined];
   if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
     const sweep = [[64, 1, 1], [32, 1, 1], [128, 1, 1], [64, 2, 2], [32, 4, 2], [32, 2, 2]] as const;
-    for (const [team, rows, unroll] of sweep) {
-      variants.push(matvecConstants({ type: c.type, k: c.k, n: c.n, batch: 1 }, { team, rows, unroll }));
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1 };
+    for (const [team, rows, unroll] of sweep) variants.push(matvecConstants(shape, { team, rows, unroll }));
+    // The strength-reduced loop (SR = 1) and, at the same TEAM, the array-free loop it replaces (SR = 0).
+    for (const team of [32, 64]) {
+      if (team > c.k / 8) continue;
+      for (const unroll of [1, 2, 4, 8]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
     }
   }
   for (const v of variants) {

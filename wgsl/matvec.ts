@@ -29,6 +29,7 @@ export const MATVEC: KernelSpec = {
     ROWS: "u32",
     BATCH: "u32",
     UNROLL: "u32",
+    SR: "u32",
     NORM: "u32",
     ACC: "u32",
     EPS: "f32",
@@ -45,8 +46,14 @@ export interface MatvecConstants {
   readonly ROWS: number;
   /** Input columns (1..8). */
   readonly BATCH: number;
-  /** Units per loop step (1 or 2): 2 keeps twice the loads in flight. */
+  /** Units per loop step (1 or 2; with SR 1, 2, 4 or 8): more keeps more loads in flight. */
   readonly UNROLL: number;
+  /**
+   * 1: the strength-reduced batch-1 loop (per-invocation block offsets computed once, UNROLL units' loads
+   * issued before their math); needs TYPE IQ4_XS (23) or Q8_0 (8), TEAM a multiple of 32 and
+   * ROWS = BATCH = 1. Equal to SR = 0 bit for bit at the same TEAM. 0: the general code.
+   */
+  readonly SR: number;
   /** 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 0: x as it is. */
   readonly NORM: number;
   /** 1: y += W·x (a residual add); 0: y = W·x. */
@@ -120,23 +127,66 @@ export interface MatvecOp {
  */
 export function matvecConstants(
   shape: MatvecShape,
-  opts: { team?: number; rows?: number; unroll?: number; norm?: { eps: number }; acc?: boolean } = {},
+  opts: {
+    team?: number;
+    rows?: number;
+    unroll?: number;
+    /** The strength-reduced batch-1 loop (SR = 1; see {@linkcode MatvecConstants.SR}); default off. */
+    sr?: boolean;
+    norm?: { eps: number };
+    acc?: boolean;
+  } = {},
 ): MatvecConstants {
   const units = Math.floor(shape.k / 8);
   const cap = shape.k >= 4096 ? 64 : 32;
   let team = 1;
   while (team * 2 <= Math.min(cap, units)) team *= 2;
   const rows = shape.batch === 1 ? (shape.k >= 2048 ? 1 : 4) : shape.batch <= 4 ? 4 : 2;
-  return {
+  const c: MatvecConstants = {
     TYPE: TYPE_ID[shape.type],
     TEAM: opts.team ?? team,
-    ROWS: opts.rows ?? rows,
+    ROWS: opts.rows ?? (opts.sr ? 1 : rows),
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? 2,
+    SR: opts.sr ? 1 : 0,
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,
     EPS: opts.norm?.eps ?? 0,
   };
+  checkMatvecSr(c);
+  return c;
+}
+
+/**
+ * Throws when SR and UNROLL do not fit the other constants.
+ * @throws {RangeError} naming the constant and what to change
+ */
+export function checkMatvecSr(c: MatvecConstants): void {
+  if (c.SR === 0) {
+    checkShape(
+      c.UNROLL === 1 || c.UNROLL === 2,
+      `Kernel matvec: UNROLL=${c.UNROLL} must be 1 or 2 without SR (4 and 8 need SR=1)`,
+    );
+    return;
+  }
+  checkShape(c.SR === 1, `Kernel matvec: SR=${c.SR} must be 0 or 1`);
+  checkShape(
+    c.TYPE === TYPE_ID.IQ4_XS || c.TYPE === TYPE_ID.Q8_0,
+    `Kernel matvec: SR=1 takes IQ4_XS (23) or Q8_0 (8) weights, not TYPE=${c.TYPE}: use SR=0`,
+  );
+  checkShape(
+    c.TEAM % 32 === 0,
+    `Kernel matvec: SR=1 needs TEAM a multiple of 32 (a unit's place in its block is then the same at every ` +
+      `step), not TEAM=${c.TEAM}: use TEAM ≥ 32 (K ≥ 256) or SR=0`,
+  );
+  checkShape(
+    c.ROWS === 1 && c.BATCH === 1,
+    `Kernel matvec: SR=1 is the batch-1 path: needs ROWS=1 and BATCH=1, not ROWS=${c.ROWS} BATCH=${c.BATCH}`,
+  );
+  checkShape(
+    [1, 2, 4, 8].includes(c.UNROLL),
+    `Kernel matvec: UNROLL=${c.UNROLL} with SR=1 must be 1, 2, 4 or 8`,
+  );
 }
 
 /** Rows one workgroup owns. */
@@ -179,7 +229,7 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkShape(isPow2(c.TEAM) && c.TEAM <= 256, `Kernel matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`);
   checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
-  checkInt("Kernel matvec: UNROLL", c.UNROLL, 1, 2);
+  checkMatvecSr(c);
   checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
   checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);

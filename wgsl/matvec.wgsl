@@ -19,9 +19,17 @@
 // invocation keeps ROWS·BATCH f32 accumulators; the team partials are added in workgroup memory in two
 // levels of 8 (or fewer) so that all invocations share the work.
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
+// SR = 1 (strength-reduced batch-1 loop; TYPE 23 or 8, TEAM % 32 == 0, ROWS = BATCH = 1): since TEAM is a
+// multiple of 32, unit u = t + i·TEAM has u % 32 = t % 32 for every i, so the unit's place in its block
+// (word offsets, scale shifts, funnel shift) is computed once per invocation and the block word index and x
+// quad index advance by constants per step (SR_WS words, SR_XS quads). A step takes UNROLL units and issues
+// all their loads before any math. The sum order is the SR = 0 order (units t, t + TEAM, ... added one by
+// one into one scalar) and each unit's value is the same expression, so SR = 1 equals SR = 0 bit for bit
+// (given the same TEAM).
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
-//   const BATCH: u32 (1..8), const UNROLL: u32 (1 or 2: units per loop step), const NORM: u32 (0 or 1),
-//   const ACC: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
+//   const BATCH: u32 (1..8), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2, 4 or 8),
+//   const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1), const EPS: f32 (the norm's
+//   epsilon).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB.
 
 struct Params {
@@ -109,6 +117,143 @@ fn unit_dot1(u: u32, rb: u32) -> f32 {
   return v;
 }
 
+// SR = 1: where an invocation's units sit in their blocks, the same for all of its units.
+struct SrLane {
+  // Word index of the first unit's block: IQ4_XS its head word (d, scales_h); Q8_0 the word holding d.
+  wi: u32,
+  // IQ4_XS: the qs word's offset from wi; Q8_0: the offset of the first of the three words holding the qs.
+  o1: u32,
+  // IQ4_XS: the scales_l shift 4·ib; Q8_0: the funnel shift (bits) of the qs bytes.
+  sa: u32,
+  // IQ4_XS: the scales_h shift 16 + 2·ib; Q8_0: 1 when d is the high half of its word.
+  sb: u32,
+  // Quad index (from x_off) of the first unit's lo quad; the hi quad is xo quads further.
+  eq: u32,
+  xo: u32,
+}
+
+// SR = 1: words and x quads from one unit to the lane's next (TEAM units on: TEAM / 32 blocks of 136 or 8
+// blocks of 34 bytes per 32 units).
+const SR_WS: u32 = select(68u, 34u, TYPE == 23u) * (TEAM / 32u);
+const SR_XS: u32 = 2u * TEAM;
+
+// SR = 1: the loaded words of one unit (IQ4_XS: head, scales_l, qs, -; Q8_0: d word, three qs words) and its
+// two x quads.
+struct SrLoad {
+  w0: u32,
+  w1: u32,
+  w2: u32,
+  w3: u32,
+  xl: vec4<f32>,
+  xh: vec4<f32>,
+}
+
+// SR = 1: the lane's unit t (of the row at byte rb).
+fn sr_lane(t: u32, rb: u32) -> SrLane {
+  let j = t & 3u;
+  if (TYPE == 23u) {
+    let ib = (t >> 2u) & 7u;
+    return SrLane((rb >> 2u) + 34u * (t >> 5u), 2u + 4u * ib + j, 4u * ib, 16u + 2u * ib, 8u * (t >> 2u) + j, 4u);
+  }
+  let blk = rb + 34u * (t >> 2u);
+  let b = blk + 2u + 8u * j;
+  return SrLane(blk >> 2u, (b >> 2u) - (blk >> 2u), (b & 3u) * 8u, (blk >> 1u) & 1u, 8u * (t >> 2u) + 2u * j, 1u);
+}
+
+// SR = 1: the x quad at quad index q from x_off (normed with NORM, as x_quad).
+fn sr_x(q: u32) -> vec4<f32> {
+  let v = x[(params.x_off >> 2u) + q];
+  if (NORM == 1u) {
+    return v * nscale * nw[q];
+  }
+  return v;
+}
+
+// SR = 1: the loads of the unit whose block word is wi and whose lo quad is eq.
+fn sr_load(l: SrLane, wi: u32, eq: u32) -> SrLoad {
+  let xl = sr_x(eq);
+  let xh = sr_x(eq + l.xo);
+  if (TYPE == 23u) {
+    return SrLoad(weight_word(wi), weight_word(wi + 1u), weight_word(wi + l.o1), 0u, xl, xh);
+  }
+  let q = wi + l.o1;
+  return SrLoad(weight_word(wi), weight_word(q), weight_word(q + 1u), weight_word(q + 2u), xl, xh);
+}
+
+// SR = 1: the unit's dot product, the same expression as unit_dot1. Keep its shape (scale vec4, one return
+// of s.x·dot + s.y·dot): which products a driver fuses into FMAs follows the shape of the code, and a version
+// with one return per type differed from SR = 0 in the last bits on lavapipe.
+fn sr_dot(l: SrLane, u: SrLoad) -> f32 {
+  var s: vec4<f32>;
+  var q: array<vec4<f32>, 2>;
+  if (TYPE == 23u) {
+    let dl = iq4xs_scale(u.w0, u.w1, l.sa, l.sb);
+    s = vec4<f32>(dl, dl, 0.0, 0.0);
+    q = common_kv_word(u.w2);
+  } else {
+    let h = unpack2x16float(u.w0);
+    let d = select(h.x, h.y, l.sb != 0u);
+    s = vec4<f32>(d, d, 0.0, 0.0);
+    q = q80_q_words(u.w1, u.w2, u.w3, l.sa);
+  }
+  return s.x * dot(q[0], u.xl) + s.y * dot(q[1], u.xh);
+}
+
+// SR = 1: the ROWS = BATCH = 1 sum of invocation t over the row at byte rb, in unit order.
+fn sr_row(t: u32, rb: u32, n_units: u32) -> f32 {
+  let l = sr_lane(t, rb);
+  var wi = l.wi;
+  var eq = l.eq;
+  // Units of this invocation: t, t + TEAM, ... below n_units.
+  let cnt = (n_units + TEAM - 1u - t) / TEAM;
+  var a = 0.0;
+  var i = 0u;
+  for (; i + UNROLL <= cnt; i += UNROLL) {
+    if (UNROLL == 1u) {
+      a += sr_dot(l, sr_load(l, wi, eq));
+    } else if (UNROLL == 2u) {
+      let u0 = sr_load(l, wi, eq);
+      let u1 = sr_load(l, wi + SR_WS, eq + SR_XS);
+      a += sr_dot(l, u0);
+      a += sr_dot(l, u1);
+    } else if (UNROLL == 4u) {
+      let u0 = sr_load(l, wi, eq);
+      let u1 = sr_load(l, wi + SR_WS, eq + SR_XS);
+      let u2 = sr_load(l, wi + 2u * SR_WS, eq + 2u * SR_XS);
+      let u3 = sr_load(l, wi + 3u * SR_WS, eq + 3u * SR_XS);
+      a += sr_dot(l, u0);
+      a += sr_dot(l, u1);
+      a += sr_dot(l, u2);
+      a += sr_dot(l, u3);
+    } else {
+      let u0 = sr_load(l, wi, eq);
+      let u1 = sr_load(l, wi + SR_WS, eq + SR_XS);
+      let u2 = sr_load(l, wi + 2u * SR_WS, eq + 2u * SR_XS);
+      let u3 = sr_load(l, wi + 3u * SR_WS, eq + 3u * SR_XS);
+      let u4 = sr_load(l, wi + 4u * SR_WS, eq + 4u * SR_XS);
+      let u5 = sr_load(l, wi + 5u * SR_WS, eq + 5u * SR_XS);
+      let u6 = sr_load(l, wi + 6u * SR_WS, eq + 6u * SR_XS);
+      let u7 = sr_load(l, wi + 7u * SR_WS, eq + 7u * SR_XS);
+      a += sr_dot(l, u0);
+      a += sr_dot(l, u1);
+      a += sr_dot(l, u2);
+      a += sr_dot(l, u3);
+      a += sr_dot(l, u4);
+      a += sr_dot(l, u5);
+      a += sr_dot(l, u6);
+      a += sr_dot(l, u7);
+    }
+    wi += UNROLL * SR_WS;
+    eq += UNROLL * SR_XS;
+  }
+  for (; i < cnt; i++) {
+    a += sr_dot(l, sr_load(l, wi, eq));
+    wi += SR_WS;
+    eq += SR_XS;
+  }
+  return a;
+}
+
 @compute @workgroup_size(256)
 fn main(
   @builtin(local_invocation_index) lid: u32,
@@ -153,8 +298,11 @@ fn main(
   // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
   // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
   // ROWS = BATCH = 1 runs an array-free loop (one scalar accumulator), a check on whether the general
-  // path's small arrays cost registers or local memory on a driver (docs/PERF.md).
-  if (ROWS == 1u && BATCH == 1u) {
+  // path's small arrays cost registers or local memory on a driver (docs/PERF.md); it takes one unit per
+  // step whatever UNROLL says. SR = 1 replaces it with the strength-reduced loop (sr_row, header).
+  if (ROWS == 1u && BATCH == 1u && SR == 1u) {
+    acc[0][0] = sr_row(t, rb[0], n_units);
+  } else if (ROWS == 1u && BATCH == 1u) {
     let rb0 = rb[0];
     var a = 0.0;
     for (var u = t; u < n_units; u += TEAM) {

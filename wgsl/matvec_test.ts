@@ -275,3 +275,128 @@ Deno.test("matvec NORM (x RMSNorm-ed in the prologue, xn written) and ACC (y += 
     }
   }
 });
+
+Deno.test("matvec SR (strength-reduced batch-1 loop) matches the reference and SR=0 bit for bit", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const eps = 1e-6;
+  // Odd N everywhere; K = 256 with TEAM 64 leaves half the team without units; K = 2304 and 4096 with
+  // TEAM 128 run the remainder loop (per-lane counts not a multiple of UNROLL, or below it).
+  const base = [
+    { k: 256, n: 37, team: 32, unroll: 1, norm: false, acc: false, xOffset: 0 },
+    { k: 256, n: 9, team: 64, unroll: 2, norm: true, acc: false, xOffset: 4 },
+    { k: 2048, n: 21, team: 32, unroll: 4, norm: true, acc: false, xOffset: 0 },
+    { k: 2048, n: 13, team: 64, unroll: 8, norm: false, acc: true, xOffset: 8 },
+    { k: 2304, n: 11, team: 64, unroll: 4, norm: false, acc: false, xOffset: 0 },
+    { k: 4096, n: 9, team: 64, unroll: 2, norm: true, acc: true, xOffset: 0 },
+    { k: 4096, n: 5, team: 128, unroll: 8, norm: false, acc: false, xOffset: 0 },
+    { k: 4096, n: 7, team: 32, unroll: 8, norm: false, acc: false, xOffset: 0 },
+  ];
+  const cases = (["IQ4_XS", "Q8_0"] as const).flatMap((type) => base.map((b) => ({ ...b, type })));
+  const params = device.createBuffer({
+    size: 256 * cases.length,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  const created: GPUBuffer[] = [params];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const pending: { what: string; y: GPUBuffer[]; ref: Float64Array; mag: Float64Array }[] = [];
+  for (const [i, c] of cases.entries()) {
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1, xOffset: c.xOffset };
+    const bytes = randomWeights(rng, c.type, c.k, c.n);
+    const x = rng.normals(c.k, 3);
+    const nw = rng.normals(c.k);
+    const y0 = rng.normals(c.n);
+    let ss = 0;
+    for (const v of x) ss += v * v;
+    const scale = 1 / Math.sqrt(ss / c.k + eps);
+    const xUsed = c.norm ? Float32Array.from(x, (v, j) => v * scale * nw[j]!) : x;
+    const { ref, mag } = refProduct(c.type, bytes, { k: c.k, n: c.n, cols: 1, x: xUsed });
+    if (c.acc) {
+      for (let r = 0; r < c.n; r++) {
+        ref[r] = ref[r]! + y0[r]!;
+        mag[r] = mag[r]! + Math.abs(y0[r]!);
+      }
+    }
+    const xAll = new Float32Array(c.xOffset + c.k).fill(Number.NaN);
+    xAll.set(x, c.xOffset);
+    const wBuf = upload(device, bytes);
+    const xBuf = upload(device, xAll);
+    const nwBuf = upload(device, nw);
+    created.push(wBuf, xBuf, nwBuf);
+    device.queue.writeBuffer(params, 256 * i, matvecParams(shape));
+    const ys: GPUBuffer[] = [];
+    // SR = 1, then SR = 0 at the same TEAM (ROWS 1: the array-free path) on the same inputs.
+    for (const sr of [true, false]) {
+      const y = poisoned(device, c.n);
+      if (c.acc) device.queue.writeBuffer(y, 0, y0);
+      const xn = poisoned(device, c.xOffset + c.k);
+      created.push(y, xn);
+      ys.push(y);
+      const constants = matvecConstants(shape, {
+        team: c.team,
+        rows: 1,
+        unroll: sr ? c.unroll : 2,
+        sr,
+        norm: c.norm ? { eps } : undefined,
+        acc: c.acc,
+      });
+      const op = await prepareMatvec(cache, {
+        device,
+        shape,
+        constants,
+        bindings: {
+          params: { buffer: params, offset: 256 * i, size: MATVEC_PARAMS_BYTES },
+          weights: wBuf,
+          x: xBuf,
+          y: { buffer: y, size: 4 * c.n },
+          nw: nwBuf,
+          xn: { buffer: xn, size: 4 * (c.xOffset + c.k) },
+        },
+      });
+      encodeMatvec(pass, op);
+    }
+    pending.push({ what: `matvec SR ${JSON.stringify(c)}`, y: ys, ref, mag });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, pending.flatMap((p) => p.y));
+  const failures: string[] = [];
+  for (const [i, p] of pending.entries()) {
+    const n = p.ref.length;
+    const sr1 = outs[2 * i]!;
+    const sr0 = outs[2 * i + 1]!;
+    try {
+      assertDotClose(new Float32Array(sr1, 0, n), p.ref, p.mag, { what: p.what, seed: rng.seed });
+      assertPoisoned(new Uint32Array(sr1, 4 * n, GUARD_WORDS), POISON_F32, `${p.what} y guard`);
+      const a = new Uint32Array(sr1, 0, n);
+      const b = new Uint32Array(sr0, 0, n);
+      const diff = a.findIndex((v, r) => v !== b[r]);
+      assert.ok(
+        diff < 0,
+        `${p.what}: SR=1 differs from SR=0 at row ${diff}: ${new Float32Array(sr1)[diff]} vs ` +
+          `${new Float32Array(sr0)[diff]} (seed ${rng.seed})`,
+      );
+    } catch (e) {
+      failures.push((e as Error).message);
+    }
+  }
+  created.forEach((b) => b.destroy());
+  if (failures.length > 0) {
+    throw new Error(`${failures.length} of ${pending.length} cases failed:\n${failures.join("\n")}`);
+  }
+});
+
+Deno.test("matvecConstants rejects SR with a type, TEAM, ROWS, BATCH or UNROLL it does not take", () => {
+  const shape: MatvecShape = { type: "IQ4_XS", k: 2048, n: 8, batch: 1 };
+  assert.equal(matvecConstants(shape, { sr: true, unroll: 8 }).SR, 1);
+  assert.equal(matvecConstants({ ...shape, type: "Q8_0" }, { sr: true, unroll: 4 }).UNROLL, 4);
+  assert.equal(matvecConstants(shape).SR, 0); // the default stays SR=0
+  assert.throws(() => matvecConstants({ ...shape, type: "F16" }, { sr: true }), /SR=1 takes IQ4_XS/);
+  assert.throws(() => matvecConstants(shape, { sr: true, team: 16 }), /TEAM a multiple of 32/);
+  assert.throws(() => matvecConstants(shape, { sr: true, rows: 2 }), /ROWS=1 and BATCH=1/);
+  assert.throws(() => matvecConstants({ ...shape, batch: 2 }, { sr: true }), /ROWS=1 and BATCH=1/);
+  assert.throws(() => matvecConstants(shape, { sr: true, unroll: 3 }), /UNROLL=3 with SR=1/);
+  assert.throws(() => matvecConstants(shape, { unroll: 4 }), /4 and 8 need SR=1/);
+});

@@ -16,3 +16,11 @@ fn q80_q(rb: u32, c: u32, j: u32) -> array<vec4<f32>, 2> {
   let b = rb + 34u * c + 2u + 8u * j;
   return array<vec4<f32>, 2>(common_i8x4(common_u32(b)), common_i8x4(common_u32(b + 4u)));
 }
+
+// The unit's two quads from three consecutive words w0..w2 holding its 8 bytes at bit offset s = 0, 8, 16 or
+// 24 of w0: the same funnel shift as common_u32 (matvec's SR path loads the words itself).
+fn q80_q_words(w0: u32, w1: u32, w2: u32, s: u32) -> array<vec4<f32>, 2> {
+  let lo = select((w0 >> s) | (w1 << (32u - s)), w0, s == 0u);
+  let hi = select((w1 >> s) | (w2 << (32u - s)), w1, s == 0u);
+  return array<vec4<f32>, 2>(common_i8x4(lo), common_i8x4(hi));
+}

@@ -28,8 +28,10 @@
 //     β, g of token lid into workgroup memory.
 //   2 L2 norms: invocation 2t+w sums the squares of q (w = 0) or k (w = 1) of token t; the prefix sum of g.
 //   3 q and k scaled in place.
-//   4 a 4×4 tile of (t, s) per invocation: k̂_t·k̂_s and q_t·k̂_s → M (workgroup) and P (scratch).
-//   5 forward substitution (I+M) x = rhs, one column of [U | W] per invocation (D_V + D_K columns).
+//   4 a 4×4 tile of (t, s) per invocation: k̂_t·k̂_s and q_t·k̂_s → M (workgroup) and P (scratch), over key
+//     slices of 32 staged in workgroup memory (M's array) by coalesced loads.
+//   5 forward substitution (I+M) x = rhs, one column of [U | W] per invocation (D_V + D_K columns), in vec4
+//     steps over the column held in a private array.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> x_qkv: array<f32>;
@@ -57,7 +59,9 @@ const UP_BLK: u32 = BT * D_V + BT * BT + BT;
 const OFF_P: u32 = BT * D_V;
 const OFF_G: u32 = BT * D_V + BT * BT;
 
-var<workgroup> ms: array<f32, BT * BT>; // M[t][s] at t·BT + s, s < t
+// M[t][4·s4 .. 4·s4+3] at t·16 + s4 (zero for s >= t); in phase 4 first the staging of 32-wide key slices
+// of K (vec4 t·8 + i) and Q (vec4 512 + t·8 + i)
+var<workgroup> ms: array<vec4<f32>, BT * BT / 4u>;
 var<workgroup> beta_s: array<f32, BT>;
 var<workgroup> g_s: array<f32, BT>; // g, then (phase 2) the cumulative G
 var<workgroup> rn: array<f32, 2u * BT>; // [2t]: 1/(max(‖q_t‖, ε)·√D_K), [2t+1]: 1/max(‖k_t‖, ε)
@@ -88,14 +92,21 @@ fn ba_index(t: u32, h: u32) -> u32 {
   return t * N_V + h;
 }
 
-// x ← (I+M)^{-1} x by forward substitution, M strictly lower triangular in `ms`.
-fn substitute(x: ptr<function, array<f32, BT>>) {
+// x ← (I+M)^{-1} x by forward substitution, M strictly lower triangular in `ms`; x[t4][r] is row 4·t4 + r
+// (vec4 steps: a quarter of the dependent loads of a scalar loop).
+fn substitute(x: ptr<function, array<vec4<f32>, BT / 4u>>) {
   for (var t = 1u; t < BT; t++) {
-    var acc = (*x)[t];
-    for (var s = 0u; s < t; s++) {
-      acc -= ms[t * BT + s] * (*x)[s];
+    let t4 = t / 4u;
+    var acc = vec4<f32>(0.0);
+    for (var s4 = 0u; s4 < t4; s4++) {
+      acc += ms[t * (BT / 4u) + s4] * (*x)[s4];
     }
-    (*x)[t] = acc;
+    let mrow = ms[t * (BT / 4u) + t4];
+    var v = (*x)[t4][t % 4u] - (acc.x + acc.y + acc.z + acc.w);
+    for (var r = 0u; r < t % 4u; r++) {
+      v -= mrow[r] * (*x)[t4][r];
+    }
+    (*x)[t4][t % 4u] = v;
   }
 }
 
@@ -219,61 +230,73 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   storageBarrier();
   workgroupBarrier();
 
-  // 4: M and P over 4×4 tiles of (t, s); tiles above the diagonal only write P's zeros
+  // 4: M and P over 4×4 tiles of (t, s); tiles above the diagonal only write zeros. Key slices of 32 are
+  // staged in `ms` by coalesced loads (the dots from global memory were latency-bound).
   let tt = lid / 16u;
   let st = lid % 16u;
   var kk: array<vec4<f32>, 4>; // kk[a][b] = k̂_{4tt+a} · k̂_{4st+b}
   var qk: array<vec4<f32>, 4>;
-  if (st <= tt) {
-    for (var i = 0u; i < D_K; i += 4u) {
-      var ks: array<vec4<f32>, 4>;
-      for (var e = 0u; e < 4u; e++) {
-        ks[e] = load4(qb + OFF_K + (4u * st + e) * D_K + i);
-      }
-      for (var e = 0u; e < 4u; e++) {
-        let kt = load4(qb + OFF_K + (4u * tt + e) * D_K + i);
-        let qt = load4(qb + (4u * tt + e) * D_K + i);
-        kk[e] += vec4<f32>(dot(kt, ks[0]), dot(kt, ks[1]), dot(kt, ks[2]), dot(kt, ks[3]));
-        qk[e] += vec4<f32>(dot(qt, ks[0]), dot(qt, ks[1]), dot(qt, ks[2]), dot(qt, ks[3]));
+  for (var i0 = 0u; i0 < D_K; i0 += 32u) {
+    for (var e = lid; e < BT * 8u; e += WG) {
+      let at = (e / 8u) * D_K + i0 + 4u * (e % 8u);
+      ms[e] = load4(qb + OFF_K + at);
+      ms[BT * 8u + e] = load4(qb + at);
+    }
+    workgroupBarrier();
+    if (st <= tt) {
+      for (var i = 0u; i < 8u; i++) {
+        var ks: array<vec4<f32>, 4>;
+        for (var e = 0u; e < 4u; e++) {
+          ks[e] = ms[(4u * st + e) * 8u + i];
+        }
+        for (var e = 0u; e < 4u; e++) {
+          let kt = ms[(4u * tt + e) * 8u + i];
+          let qt = ms[BT * 8u + (4u * tt + e) * 8u + i];
+          kk[e] += vec4<f32>(dot(kt, ks[0]), dot(kt, ks[1]), dot(kt, ks[2]), dot(kt, ks[3]));
+          qk[e] += vec4<f32>(dot(qt, ks[0]), dot(qt, ks[1]), dot(qt, ks[2]), dot(qt, ks[3]));
+        }
       }
     }
+    workgroupBarrier();
   }
   for (var e = 0u; e < 4u; e++) {
     let t = 4u * tt + e;
+    var mv = vec4<f32>(0.0);
+    var pv = vec4<f32>(0.0);
     for (var f = 0u; f < 4u; f++) {
       let s = 4u * st + f;
-      var p = 0.0;
       if (s <= t) {
         let dec = exp(g_s[t] - g_s[s]);
-        p = qk[e][f] * dec;
+        pv[f] = qk[e][f] * dec;
         if (s < t) {
-          ms[t * BT + s] = beta_s[t] * kk[e][f] * dec;
+          mv[f] = beta_s[t] * kk[e][f] * dec;
         }
       }
-      ws_up[ub + OFF_P + t * BT + s] = p;
+      ws_up[ub + OFF_P + t * BT + s] = pv[f];
     }
+    ms[t * (BT / 4u) + st] = mv;
   }
   workgroupBarrier();
 
   // 5: U = (I+M)^{-1} diag(β) V in place of V, W = (I+M)^{-1} diag(β e^G) K
   for (var col = lid; col < D_V + D_K; col += WG) {
-    var x: array<f32, BT>;
+    var x: array<vec4<f32>, BT / 4u>;
     if (col < D_V) {
       for (var t = 0u; t < BT; t++) {
-        x[t] = beta_s[t] * ws_up[ub + t * D_V + col];
+        x[t / 4u][t % 4u] = beta_s[t] * ws_up[ub + t * D_V + col];
       }
       substitute(&x);
       for (var t = 0u; t < BT; t++) {
-        ws_up[ub + t * D_V + col] = x[t];
+        ws_up[ub + t * D_V + col] = x[t / 4u][t % 4u];
       }
     } else {
       let i = col - D_V;
       for (var t = 0u; t < BT; t++) {
-        x[t] = beta_s[t] * exp(g_s[t]) * ws_qkw[qb + OFF_K + t * D_K + i];
+        x[t / 4u][t % 4u] = beta_s[t] * exp(g_s[t]) * ws_qkw[qb + OFF_K + t * D_K + i];
       }
       substitute(&x);
       for (var t = 0u; t < BT; t++) {
-        ws_qkw[qb + OFF_W + t * D_K + i] = x[t];
+        ws_qkw[qb + OFF_W + t * D_K + i] = x[t / 4u][t % 4u];
       }
     }
   }

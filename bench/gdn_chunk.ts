@@ -1,0 +1,169 @@
+/**
+ * Benchmark: one gated DeltaNet layer's prefill of n tokens at qwen35moe/qwen3next dims (N_K=16, N_V=32,
+ * D_K=D_V=128), the chunked kernels (`gdn_chunk_prep`, `gdn_chunk`, `gdn_chunk_norm`, each timed alone and the
+ * three together) beside `gdn_step` over the same tokens.
+ *
+ * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]`.
+ * Timestamp queries around one compute pass of `reps` repetitions when the adapter has them, else wall clock;
+ * the best of 5 such passes after 3 untimed ones.
+ * Prints one JSON line per measurement, never asserts.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { gdnChunkDispatches, gdnChunkScratchBytes, prepareGdnChunk } from "../wgsl/gdn_chunk.ts";
+import {
+  GDN_STEP,
+  GDN_STEP_BINDINGS,
+  gdnDims,
+  type GdnStepBindings,
+  type GdnStepConstants,
+  gdnStepGrid,
+  packGdnParams,
+} from "../wgsl/gdn_step.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    n: { type: "string", default: "256,512,1024,2048" },
+    reps: { type: "string", default: "5" },
+    "step-max": { type: "string", default: "2048" },
+    tiled: { type: "boolean", default: false },
+  },
+});
+const ns = args.n!.split(",").map(Number);
+const reps = Number(args.reps);
+const stepMax = Number(args["step-max"]);
+
+const gpu = await acquireGpu();
+const device = gpu.device;
+const cache = new PipelineCache(device);
+const commit = new TextDecoder().decode(
+  (await new Deno.Command("git", { args: ["rev-parse", "--short", "HEAD"], stdout: "piped" }).output()
+    .catch(() => ({ stdout: new Uint8Array() }))).stdout,
+).trim();
+
+function line(o: Record<string, unknown>): void {
+  console.log(JSON.stringify({ bench: "gdn_chunk", commit, adapter: gpu.summary, ...o }));
+}
+
+const c: GdnStepConstants = {
+  N_K: 16,
+  N_V: 32,
+  D_K: 128,
+  D_V: 128,
+  K_CONV: 4,
+  EPS: 1e-6,
+  KAPPA_TILED: args.tiled!,
+  BA_GROUPED: !args.tiled,
+  A_OFF: 0,
+};
+const d = gdnDims(c);
+const maxN = Math.max(...ns);
+
+function buf(words: number, fill?: () => number): GPUBuffer {
+  const b = device.createBuffer({
+    size: Math.max(16, words * 4),
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+    mappedAtCreation: true,
+  });
+  if (fill) {
+    const f = new Float32Array(b.getMappedRange());
+    for (let i = 0; i < words; i++) f[i] = fill();
+  }
+  b.unmap();
+  return b;
+}
+const rnd = () => Math.random() - 0.5;
+const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+const ba = buf(baW * maxN, rnd);
+const base = {
+  xQkv: buf(d.convCh * maxN, rnd),
+  z: buf(d.inner * maxN, rnd),
+  b: ba,
+  a: ba,
+  convW: buf(c.K_CONV * d.convCh, rnd),
+  dtBias: buf(c.N_V, rnd),
+  ssmA: buf(c.N_V, () => -0.3),
+  normW: buf(c.D_V, () => 1),
+  convRing: buf(d.convRing, rnd),
+  state: buf(d.state, () => 0.01 * rnd()),
+  y: buf(d.inner * maxN),
+};
+const sb = gdnChunkScratchBytes(c, maxN);
+const scratch = { wsQkw: buf(sb.wsQkw / 4), wsUp: buf(sb.wsUp / 4) };
+line({ event: "start", summary: gpu.summary, timestamps: gpu.timestamps, scratchBytes: sb, constants: c });
+
+const querySet = gpu.timestamps ? device.createQuerySet({ type: "timestamp", count: 2 }) : undefined;
+const queryBuf = device.createBuffer({
+  size: 16,
+  usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+});
+const queryRead = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
+
+/** Seconds per repetition of `encode` in one compute pass. */
+async function time(encode: (pass: GPUComputePassEncoder) => void): Promise<number> {
+  const run = async (timed: boolean): Promise<number> => {
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass(
+      timed && querySet
+        ? { timestampWrites: { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } }
+        : undefined,
+    );
+    for (let i = 0; i < reps; i++) encode(pass);
+    pass.end();
+    if (timed && querySet) {
+      enc.resolveQuerySet(querySet, 0, 2, queryBuf, 0);
+      enc.copyBufferToBuffer(queryBuf, 0, queryRead, 0, 16);
+    }
+    const t0 = performance.now();
+    device.queue.submit([enc.finish()]);
+    await device.queue.onSubmittedWorkDone();
+    const wall = (performance.now() - t0) / 1000;
+    if (timed && querySet) {
+      await queryRead.mapAsync(GPUMapMode.READ);
+      const ts = new BigUint64Array(queryRead.getMappedRange().slice(0));
+      queryRead.unmap();
+      return Number(ts[1]! - ts[0]!) / 1e9;
+    }
+    return wall;
+  };
+  for (let i = 0; i < 3; i++) await run(false); // warm-up: pipelines, clocks
+  let best = Infinity;
+  for (let i = 0; i < 5; i++) best = Math.min(best, await run(true));
+  return best / reps;
+}
+
+const pipes = await prepareGdnChunk(cache, c);
+const step = await cache.get(GDN_STEP, c);
+for (const n of ns) {
+  const bindings: GdnStepBindings = { ...base, params: buf(2) };
+  device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
+  const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
+  const groups = ds.map((x, i) => bindGroup(device, pipes[i]!, x.bindings));
+  const one = (i: number) => (pass: GPUComputePassEncoder) => {
+    pass.setPipeline(pipes[i]!);
+    pass.setBindGroup(0, groups[i]!);
+    pass.dispatchWorkgroups(...ds[i]!.grid);
+  };
+  const us = (s: number) => Math.round(s * 1e7) / 10;
+  const parts: Record<string, number> = {};
+  for (let i = 0; i < ds.length; i++) parts[ds[i]!.spec.name] = us(await time(one(i)));
+  const all = await time((pass) => [0, 1, 2].forEach((i) => one(i)(pass)));
+  line({ what: "gdn_chunk", nTokens: n, us: us(all), usPerToken: us(all / n), parts });
+  if (n <= stepMax) {
+    const g = bindGroup(device, step, GDN_STEP_BINDINGS.map((k) => bindings[k]));
+    const s = await time((pass) => {
+      pass.setPipeline(step);
+      pass.setBindGroup(0, g);
+      pass.dispatchWorkgroups(...gdnStepGrid(c));
+    });
+    line({
+      what: "gdn_step",
+      nTokens: n,
+      us: us(s),
+      usPerToken: us(s / n),
+      speedup: Math.round(s / all * 10) / 10,
+    });
+  }
+}

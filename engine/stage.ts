@@ -100,6 +100,7 @@ import {
   type GdnStepConstants,
   gdnStepGrid,
 } from "../wgsl/gdn_step.ts";
+import { gdnChunkDispatches, gdnChunkScratchBytes } from "../wgsl/gdn_chunk.ts";
 import {
   checkGdnConvRing,
   GDN_CONV_RING,
@@ -1292,6 +1293,11 @@ export class Stage {
       sho: hp.nEmbd * T,
       gam: T,
     };
+    if (this.maxChunk > MATVEC_MAX_COLS && this.#layers.some((lw) => !lw.attention)) {
+      const sb = gdnChunkScratchBytes(this.#gdnConstants(undefined), this.maxChunk);
+      sizes.gdnQkw = sb.wsQkw / 4;
+      sizes.gdnUp = sb.wsUp / 4;
+    }
     if (this.last) sizes.logits = Math.max(hp.nVocab * T, padWords(hp.nVocab) * MAX_BATCH_SLOTS);
     const out: Record<string, GPUBuffer> = {};
     for (const [name, words] of Object.entries(sizes)) {
@@ -2205,14 +2211,23 @@ class GraphBuilder {
       state,
       y: A.y!,
     };
-    checkGdnStep(c, { bindings, maxTokens: n });
-    await this.#push(
-      `L${l}.gdn_step`,
-      GDN_STEP,
-      c,
-      GDN_STEP_BINDINGS.map((k) => bindings[k]),
-      gdnStepGrid(c),
-    );
+    if (n > MATVEC_MAX_COLS) {
+      // Prefill: the chunked (WY) form, parallel within each 64-token block (spec §8.6); equal to the
+      // recurrence up to f32 rounding. Short pieces keep the exact recurrence.
+      const scratch = { wsQkw: A.gdnQkw!, wsUp: A.gdnUp! };
+      for (const dd of gdnChunkDispatches(c, { bindings, scratch, maxTokens: n })) {
+        await this.#push(`L${l}.${dd.spec.name}`, dd.spec, dd.constants, dd.bindings, dd.grid);
+      }
+    } else {
+      checkGdnStep(c, { bindings, maxTokens: n });
+      await this.#push(
+        `L${l}.gdn_step`,
+        GDN_STEP,
+        c,
+        GDN_STEP_BINDINGS.map((k) => bindings[k]),
+        gdnStepGrid(c),
+      );
+    }
     if (n > 1) {
       const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV };
       const rb = { params: cx.pos, xQkv, convRing };

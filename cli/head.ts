@@ -9,7 +9,7 @@ import type { Command } from "../mod.ts";
 import { parseArgs } from "node:util";
 import { openGguf } from "../engine/gguf.ts";
 import { KEYS } from "../engine/names.ts";
-import { startEngine } from "../engine/service.ts";
+import { DEFAULT_BATCH_MIN, startEngine } from "../engine/service.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { ChatTemplate } from "../engine/text/template.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
@@ -27,7 +27,9 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --temp-default T  temperature when a request sends none (default 0: greedy)
   --temp-cap T      highest temperature a request gets (default 2)
   --body-limit N    request body limit in bytes (default ${DEFAULT_BODY_LIMIT_BYTES})
-  --grace S         seconds in-flight requests may run after a shutdown signal (default 30)`;
+  --grace S         seconds in-flight requests may run after a shutdown signal (default 30)
+  --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN};
+                    0: never, requests take turns)`;
 
 /** Seconds between progress lines while loading on a non-terminal. */
 const PROGRESS_EVERY_MS = 1000;
@@ -107,6 +109,7 @@ export const command: Command = {
         "temp-cap": { type: "string", default: "2" },
         "body-limit": { type: "string", default: String(DEFAULT_BODY_LIMIT_BYTES) },
         grace: { type: "string", default: "30" },
+        "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -124,6 +127,10 @@ export const command: Command = {
     const tempDefault = num("temp-default", values["temp-default"], 0, 2);
     const bodyLimitBytes = int("body-limit", values["body-limit"], 1024);
     const graceMs = num("grace", values.grace, 0, 86400) * 1000;
+    const batchMin = int("batch-min", values["batch-min"], 0);
+    if (batchMin === 1 || batchMin > 8) {
+      throw new RangeError(`--batch-min must be 0 or 2..8, got ${batchMin}`);
+    }
     if (values["api-key"] === "") {
       throw new RangeError("--api-key is empty: give a key or leave the flag out");
     }
@@ -141,7 +148,7 @@ export const command: Command = {
     }
     console.error(`Chat template: ${template.origin} (${template.kind})`);
 
-    const engine = startEngine({ model: path, nCtx, nSlots, queueSize });
+    const engine = startEngine({ model: path, nCtx, nSlots, queueSize, batchMin });
     const stopProgress = new AbortController();
     const loaded = showProgress(engine, stopProgress.signal);
     let draining = false;

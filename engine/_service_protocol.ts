@@ -21,6 +21,8 @@ export type ToWorker =
     readonly snapshotBack: number;
     /** Most prompt tokens prefilled per turn (0: a whole prompt). */
     readonly prefillTurn: number;
+    /** Fewest generating requests batched into one GPU step (0: never). */
+    readonly batchMin: number;
   }
   | {
     readonly type: "generate";

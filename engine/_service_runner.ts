@@ -54,6 +54,11 @@ export interface SlotRunnerOptions {
   readonly snapshotBack: number;
   /** Most prompt tokens prefilled per turn (0: a whole prompt in one turn). */
   readonly prefillTurn: number;
+  /**
+   * Fewest generating requests that share one batched GPU step (2..MAX_BATCH_SLOTS, or 0: never batch);
+   * fewer take turns, one request per turn.
+   */
+  readonly batchMin: number;
 }
 
 interface Active {
@@ -83,6 +88,7 @@ export class SlotRunner {
   readonly #turnTokens: number;
   readonly #snapshotBack: number;
   readonly #prefillTurn: number;
+  readonly #batchMin: number;
   /** Tokens each slot's state holds exactly (empty: unknown, the next request resets it). */
   readonly #history: number[][];
   /** Each slot's latest prompt-boundary snapshot and the tokens it holds. */
@@ -108,6 +114,11 @@ export class SlotRunner {
     this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
     this.#snapshotBack = opts.snapshotBack;
     this.#prefillTurn = opts.prefillTurn > 0 ? opts.prefillTurn : Infinity;
+    assert(
+      opts.batchMin === 0 || (opts.batchMin >= 2 && opts.batchMin <= MAX_BATCH_SLOTS),
+      "batchMin is 0 or 2..MAX_BATCH_SLOTS",
+    );
+    this.#batchMin = stage.canBatch && opts.batchMin > 0 ? opts.batchMin : Infinity;
     this.#snaps = new Array(stage.states.nSlots).fill(undefined);
     this.#history = Array.from({ length: stage.states.nSlots }, () => []);
     this.#lastUsed = new Array(stage.states.nSlots).fill(0);
@@ -159,9 +170,9 @@ export class SlotRunner {
             a.resolve(r);
             continue;
           }
-          // Every other request that is only generating (no prompt piece due) joins this turn: one batched
-          // GPU step for all of them.
-          if (this.#stage.canBatch) group = [a, ...this.#takeReady(MAX_BATCH_SLOTS - 1)];
+          // Every other request that is only generating (no prompt piece due) joins this turn, one batched
+          // GPU step for all of them, when they are at least batchMin (below that, turns are faster: PERF.md).
+          if (this.#readyCount() + 1 >= this.#batchMin) group = [a, ...this.#takeReady(MAX_BATCH_SLOTS - 1)];
           const outs = await this.#generate(group);
           for (const [i, m] of group.entries()) {
             const out = outs[i];
@@ -190,6 +201,15 @@ export class SlotRunner {
     this.#assign(a);
     if (a.made.length === 0 && await this.#prefillPiece(a)) return "again";
     return "ready";
+  }
+
+  /** Requests in the ring that could join a generating turn now (slot assigned or free to assign). */
+  #readyCount(): number {
+    let n = 0;
+    for (const b of this.#ring) {
+      if (!b.job.signal.aborted && (b.slot < 0 || !this.#pieceDue(b))) n++;
+    }
+    return n;
   }
 
   /** Removes from the ring and returns up to `max` requests that can join a generating turn now. */

@@ -69,6 +69,12 @@ export interface EngineOptions {
    * prefill does not stall the streams of the other admitted requests. Each piece costs one readback.
    */
   readonly prefillTurn?: number;
+  /**
+   * Fewest generating requests that share one batched GPU step (default {@linkcode DEFAULT_BATCH_MIN};
+   * 0: never batch; at most 8). Fewer take turns. On the H200 a batched step of B slots costs about B solo
+   * steps until B ≈ 4 (the mat-vec's cost grows with its columns, docs/PERF.md), so small batches lose.
+   */
+  readonly batchMin?: number;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -79,6 +85,8 @@ const DEFAULT_TURN_TOKENS = 64;
 const DEFAULT_SNAPSHOT_BACK = 8;
 /** Prompt tokens per prefill turn: ~1% readback overhead at thousands of tokens/s, a short stall for others. */
 const DEFAULT_PREFILL_TURN = 2048;
+/** Generating requests from which a batched step beats turns (H200, docs/PERF.md: 4 slots break even). */
+export const DEFAULT_BATCH_MIN = 5;
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
 /** Weight of the newest completion in the average time between completions. */
@@ -185,6 +193,11 @@ export class EngineService implements Engine {
         throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
       }
     }
+    // 8 = Stage's MAX_BATCH_SLOTS (not imported: the main thread does not load the engine's modules).
+    const batchMin = opts.batchMin ?? DEFAULT_BATCH_MIN;
+    if (!Number.isInteger(batchMin) || !(batchMin === 0 || (batchMin >= 2 && batchMin <= 8))) {
+      throw new RangeError(`Engine option batchMin must be 0 (never) or an integer in 2..8, got ${batchMin}`);
+    }
     this.#nCtx = opts.nCtx;
     this.#nSlots = opts.nSlots;
     this.#queueSize = opts.queueSize;
@@ -211,6 +224,7 @@ export class EngineService implements Engine {
       turnTokens,
       snapshotBack,
       prefillTurn,
+      batchMin,
     });
   }
 

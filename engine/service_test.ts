@@ -87,7 +87,8 @@ Deno.test("the default model: loading at once, synthesized and logged, then read
 
 Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, streamed in order", async () => {
   const rng = new Rng();
-  const e = engine(4, 0);
+  // batchMin 2: every generating request joins one batched step (the default waits for 5).
+  const e = engine(4, 0, { batchMin: 2 });
   try {
     const prompts = [0, 1, 2, 3].map(() => randomPrompt(rng, rng.int(1, 20)));
     const n = 16;
@@ -157,9 +158,21 @@ Deno.test("turns of 5 ids and 4 prompt tokens interleave 3 requests on 3 slots; 
     assert.deepEqual(got.map((r) => r.reason), ["length", "length", "stop"]);
     // Request 0 (17 ids) was still streaming after requests 1 and 2 had started: turns, not whole requests.
     assert.ok(order.lastIndexOf(0) > order.indexOf(1) && order.indexOf(2) < order.lastIndexOf(0), `${order}`);
+    // Three generating requests stay below the default batchMin: they took turns, no batched step.
+    assert.equal(e.status().counters.batchedTokens, 0);
   } finally {
     await e.close();
   }
+});
+
+Deno.test("engine options out of range are refused before a worker starts, naming the option", () => {
+  assert.throws(
+    () => engine(2, 0, { batchMin: 1 }),
+    /batchMin must be 0 \(never\) or an integer in 2\.\.8, got 1/,
+  );
+  assert.throws(() => engine(2, 0, { batchMin: 9 }), /batchMin .* got 9/);
+  assert.throws(() => engine(2, 0, { turnTokens: -1 }), /turnTokens must be an integer >= 0, got -1/);
+  assert.throws(() => engine(2, 0, { batch: 0 }), /batch must be an integer in 1\.\.64, got 0/);
 });
 
 Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt that does not fit is a RangeError", async () => {

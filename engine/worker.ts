@@ -63,6 +63,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       turnTokens: m.turnTokens,
       snapshotBack: m.snapshotBack,
       prefillTurn: m.prefillTurn,
+      batchMin: m.batchMin,
     });
     post({
       type: "log",

@@ -11,7 +11,9 @@ import {
   MATVEC_PARAMS_BYTES,
   type MatvecConstants,
   matvecConstants,
+  matvecGrid,
   matvecParams,
+  matvecRowsPerWorkgroup,
   type MatvecShape,
   prepareMatvec,
 } from "./matvec.ts";
@@ -399,4 +401,175 @@ Deno.test("matvecConstants rejects SR with a type, TEAM, ROWS, BATCH or UNROLL i
   assert.throws(() => matvecConstants({ ...shape, batch: 2 }, { sr: true }), /ROWS=1 and BATCH=1/);
   assert.throws(() => matvecConstants(shape, { sr: true, unroll: 3 }), /UNROLL=3 with SR=1/);
   assert.throws(() => matvecConstants(shape, { unroll: 4 }), /4 and 8 need SR=1/);
+});
+
+Deno.test("matvec XW (x staged in workgroup memory, RPT row blocks) matches the reference and XW=0 bit for bit", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const eps = 1e-6;
+  // N odd and not a multiple of the workgroup's rows (passes past N); K = 256, 2048, 4096; TEAM 16 (two
+  // groups per team in the reduction), 32, 64; the ROWS 1, SR and general (ROWS 2 and 4, batch 2) paths;
+  // XK above K; x at an offset with a padded stride. SR applies to IQ4_XS and Q8_0 only.
+  const base = [
+    { k: 256, n: 37, team: 32, rows: 1, rpt: 4, batch: 1, sr: false, unroll: 2, norm: true, acc: false },
+    { k: 2048, n: 77, team: 32, rows: 1, rpt: 16, batch: 1, sr: true, unroll: 4, norm: false, acc: true },
+    { k: 2048, n: 45, team: 64, rows: 1, rpt: 4, batch: 2, sr: false, unroll: 2, norm: false, acc: true },
+    { k: 4096, n: 29, team: 64, rows: 1, rpt: 1, batch: 1, sr: true, unroll: 8, norm: true, acc: true },
+    { k: 4096, n: 21, team: 32, rows: 1, rpt: 4, batch: 1, sr: false, unroll: 2, norm: false, acc: false },
+    { k: 256, n: 53, team: 32, rows: 2, rpt: 4, batch: 2, sr: false, unroll: 1, norm: false, acc: false },
+    {
+      k: 2048,
+      n: 19,
+      team: 32,
+      rows: 1,
+      rpt: 16,
+      batch: 2,
+      sr: false,
+      unroll: 2,
+      norm: false,
+      acc: false,
+      slice: true,
+    },
+    {
+      k: 256,
+      n: 23,
+      team: 16,
+      rows: 4,
+      rpt: 4,
+      batch: 1,
+      sr: false,
+      unroll: 2,
+      norm: false,
+      acc: true,
+      xk: 512,
+    },
+  ];
+  const cases = (["IQ4_XS", "Q8_0", "F16"] as const).flatMap((type) =>
+    base.map((b) => ({
+      ...b,
+      type,
+      sr: b.sr && type !== "F16",
+      unroll: b.sr && type === "F16" ? 2 : b.unroll,
+    }))
+  );
+  const params = device.createBuffer({
+    size: 256 * cases.length,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  const created: GPUBuffer[] = [params];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const pending: { what: string; y: GPUBuffer[]; ref: Float64Array; mag: Float64Array; yWords: number }[] =
+    [];
+  for (const [i, c] of cases.entries()) {
+    const xOffset = c.slice ? 8 : 0;
+    const xStride = c.slice ? c.k + 4 : c.k;
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch, xOffset, xStride };
+    const bytes = randomWeights(rng, c.type, c.k, c.n);
+    const x = rng.normals(c.k * c.batch, 3);
+    const nw = rng.normals(c.k);
+    const yWords = c.n * c.batch;
+    const y0 = rng.normals(yWords);
+    let ss = 0;
+    for (const v of x.subarray(0, c.k)) ss += v * v;
+    const scale = 1 / Math.sqrt(ss / c.k + eps);
+    const xUsed = c.norm ? Float32Array.from(x, (v, j) => v * scale * nw[j]!) : x;
+    const { ref, mag } = refProduct(c.type, bytes, { k: c.k, n: c.n, cols: c.batch, x: xUsed });
+    if (c.acc) {
+      for (let r = 0; r < yWords; r++) {
+        ref[r] = ref[r]! + y0[r]!;
+        mag[r] = mag[r]! + Math.abs(y0[r]!);
+      }
+    }
+    const xAll = new Float32Array(xOffset + xStride * c.batch).fill(Number.NaN);
+    for (let b = 0; b < c.batch; b++) xAll.set(x.subarray(b * c.k, (b + 1) * c.k), xOffset + b * xStride);
+    const wBuf = upload(device, bytes);
+    const xBuf = upload(device, xAll);
+    const nwBuf = upload(device, nw);
+    created.push(wBuf, xBuf, nwBuf);
+    device.queue.writeBuffer(params, 256 * i, matvecParams(shape));
+    const ys: GPUBuffer[] = [];
+    // XW = 1, then XW = 0 with the same other constants, on the same inputs (fresh poisoned outputs).
+    for (const xw of [true, false]) {
+      const y = poisoned(device, yWords);
+      if (c.acc) device.queue.writeBuffer(y, 0, y0);
+      const xn = poisoned(device, xOffset + c.k);
+      created.push(y, xn);
+      ys.push(y);
+      const constants = matvecConstants(shape, {
+        team: c.team,
+        rows: c.rows,
+        unroll: c.unroll,
+        sr: c.sr,
+        xw: xw ? { rpt: c.rpt, xk: c.xk } : undefined,
+        norm: c.norm ? { eps } : undefined,
+        acc: c.acc,
+      });
+      const op = await prepareMatvec(cache, {
+        device,
+        shape,
+        constants,
+        bindings: {
+          params: { buffer: params, offset: 256 * i, size: MATVEC_PARAMS_BYTES },
+          weights: wBuf,
+          x: xBuf,
+          y: { buffer: y, size: 4 * yWords },
+          nw: nwBuf,
+          xn: { buffer: xn, size: 4 * (xOffset + c.k) },
+        },
+      });
+      encodeMatvec(pass, op);
+    }
+    pending.push({ what: `matvec XW ${JSON.stringify(c)}`, y: ys, ref, mag, yWords });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, pending.flatMap((p) => p.y));
+  const failures: string[] = [];
+  for (const [i, p] of pending.entries()) {
+    const n = p.yWords;
+    const xw1 = outs[2 * i]!;
+    const xw0 = outs[2 * i + 1]!;
+    try {
+      assertDotClose(new Float32Array(xw1, 0, n), p.ref, p.mag, { what: p.what, seed: rng.seed });
+      assertPoisoned(new Uint32Array(xw1, 4 * n, GUARD_WORDS), POISON_F32, `${p.what} y guard`);
+      const a = new Uint32Array(xw1, 0, n);
+      const b = new Uint32Array(xw0, 0, n);
+      const diff = a.findIndex((v, r) => v !== b[r]);
+      assert.ok(
+        diff < 0,
+        `${p.what}: XW=1 differs from XW=0 at output ${diff}: ${new Float32Array(xw1)[diff]} vs ` +
+          `${new Float32Array(xw0)[diff]} (seed ${rng.seed})`,
+      );
+    } catch (e) {
+      failures.push((e as Error).message);
+    }
+  }
+  created.forEach((b) => b.destroy());
+  if (failures.length > 0) {
+    throw new Error(`${failures.length} of ${pending.length} cases failed:\n${failures.join("\n")}`);
+  }
+});
+
+Deno.test("matvec XW: constants, grid and workgroup-memory checks", () => {
+  const dummy = { size: 1 << 26 } as unknown as GPUBuffer;
+  Object.setPrototypeOf(dummy, GPUBuffer.prototype);
+  const b = { params: dummy, weights: dummy, x: dummy, y: dummy };
+  const shape: MatvecShape = { type: "IQ4_XS", k: 2048, n: 8192, batch: 1 };
+  const c = matvecConstants(shape, { team: 32, rows: 1, xw: { rpt: 16 } });
+  assert.deepEqual([c.XW, c.RPT, c.XK], [1, 16, 2048]);
+  assert.equal(matvecRowsPerWorkgroup(c), 128);
+  assert.deepEqual(matvecGrid(shape, c), [64, 1]);
+  const d = matvecConstants(shape);
+  assert.deepEqual([d.XW, d.RPT, d.XK], [0, 1, 0]); // the default stays XW=0
+  checkMatvec(shape, c, b);
+  assert.throws(() => checkMatvec({ ...shape, k: 4096 }, c, b), /K=4096 exceeds XK=2048/);
+  // Batch 2 at K = 4096: 32 KiB of x alone: over the portable limit, within a 48 KiB device.
+  const s2: MatvecShape = { ...shape, k: 4096, batch: 2 };
+  const c2 = matvecConstants(s2, { team: 32, rows: 1, xw: { rpt: 4 } });
+  assert.throws(() => checkMatvec(s2, c2, b), /workgroup memory/);
+  checkMatvec(s2, c2, b, 49152);
+  assert.throws(() => matvecConstants(shape, { xw: { rpt: 0 } }), /RPT/);
+  assert.throws(() => matvecConstants(shape, { xw: { rpt: 4, xk: 2050 } }), /XK=2050/);
 });

@@ -6,12 +6,7 @@
  *
  * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep]` (`--quick`: small sizes, for lavapipe; `--sweep`:
  * also TEAM/ROWS variants and, for IQ4_XS and Q8_0 batch 1, the SR = 1 loop at TEAM 32 and 64 with UNROLL
- * 2 and 4 (the sweep's TEAM 64 and 32 ROWS 1 entries are the SR = 0 loop at the same TEAM); and the staged-x
- * variant XW = 1 at TEAM 32 ROWS 1 with RPT 4, 8, 16, 32 (SR 0, and SR 1 UNROLL 4 where SR applies; at
- * K ≥ 4096 also TEAM 64 RPT 8) for IQ4_XS, Q8_0 and F16 on every shape (F16 joins every shape with --sweep)
- * and for the IQ4_XS batches 2 and 4 on attn_qkv, next to XW = 0 at TEAM 32 ROWS 1; variants over the
- * device's workgroup memory are skipped). No npm imports: it runs on the lent GPU machine with nothing but
- * Deno.
+ * 1, 2, 4, 8; the sweep's TEAM 64 and 32 ROWS 1 entries are the SR = 0 loop at the same TEAM). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -26,7 +21,6 @@ import {
   type MatvecOp,
   matvecParams,
   type MatvecShape,
-  matvecWorkgroupBytes,
   prepareMatvec,
 } from "../wgsl/matvec.ts";
 import {
@@ -73,7 +67,6 @@ const SHAPES = QUICK ? [{ name: "small", k: 2048, n: 4096 }] : [
 const CASES: Case[] = [];
 for (const s of SHAPES) {
   for (const type of TYPES_MAIN) CASES.push({ ...s, type, batch: 1 });
-  if (args.sweep && s !== SHAPES[0]) CASES.push({ ...s, type: "F16", batch: 1 }); // SHAPES[0]'s is below
 }
 CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
 for (const type of ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTypeName[]) {
@@ -81,7 +74,6 @@ for (const type of ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTypeName[]) 
 }
 for (const batch of [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!, type: "IQ4_XS", batch });
 
-const t0 = performance.now();
 const gpu = await acquireGpu();
 const { device } = gpu;
 const cache = new PipelineCache(device, { f16: gpu.f16 });
@@ -211,43 +203,17 @@ for (const c of CASES) {
     gbps: ceiling,
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
-  const srType = c.type === "IQ4_XS" || c.type === "Q8_0";
-  const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch };
-  if (args.sweep && c.batch === 1 && srType) {
-    const sweep = [[64, 1, 1], [32, 1, 1], [64, 2, 2], [32, 4, 2], [32, 2, 2]] as const;
+  if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
+    const sweep = [[64, 1, 1], [32, 1, 1], [128, 1, 1], [64, 2, 2], [32, 4, 2], [32, 2, 2]] as const;
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1 };
     for (const [team, rows, unroll] of sweep) variants.push(matvecConstants(shape, { team, rows, unroll }));
     // The strength-reduced loop (SR = 1) and, at the same TEAM, the array-free loop it replaces (SR = 0).
     for (const team of [32, 64]) {
       if (team > c.k / 8) continue;
-      for (const unroll of [2, 4]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
+      for (const unroll of [1, 2, 4, 8]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
     }
   }
-  // x staged in workgroup memory (XW = 1), next to XW = 0 at the same TEAM and ROWS.
-  if (args.sweep && (c.batch === 1 ? srType || c.type === "F16" : c.batch <= 4 && c.type === "IQ4_XS")) {
-    if (c.batch > 1 || c.type === "F16") variants.push(matvecConstants(shape, { team: 32, rows: 1 }));
-    for (const rpt of [4, 8, 16, 32]) {
-      variants.push(matvecConstants(shape, { team: 32, rows: 1, xw: { rpt } }));
-      if (c.batch === 1 && srType) {
-        variants.push(matvecConstants(shape, { team: 32, rows: 1, unroll: 4, sr: true, xw: { rpt } }));
-      }
-    }
-    if (c.k >= 4096) variants.push(matvecConstants(shape, { team: 64, rows: 1, xw: { rpt: 8 } }));
-  }
-  const seen = new Set([JSON.stringify(matvecConstants(shape))]); // the default
   for (const v of variants) {
-    if (v && seen.has(JSON.stringify(v))) continue; // listed twice (F16's TEAM 32 ROWS 1 is its default)
-    if (v) seen.add(JSON.stringify(v));
-    if (v && matvecWorkgroupBytes(v) > device.limits.maxComputeWorkgroupStorageSize) {
-      line({
-        event: "skip",
-        case: c.name,
-        type: c.type,
-        batch: c.batch,
-        constants: v,
-        why: "workgroup memory",
-      });
-      continue;
-    }
     const ops: MatvecOp[] = [];
     let constants: MatvecConstants | undefined;
     for (let i = 0; i < copies; i++) {
@@ -336,7 +302,6 @@ for (const c of CASES) {
     gbps: BUF_BYTES / t / 1e9,
   });
 }
-line({ event: "end", seconds: (performance.now() - t0) / 1000 });
 device.destroy();
 
 async function gitCommit(): Promise<string> {

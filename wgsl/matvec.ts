@@ -30,9 +30,6 @@ export const MATVEC: KernelSpec = {
     BATCH: "u32",
     UNROLL: "u32",
     SR: "u32",
-    XW: "u32",
-    RPT: "u32",
-    XK: "u32",
     NORM: "u32",
     ACC: "u32",
     EPS: "f32",
@@ -57,16 +54,6 @@ export interface MatvecConstants {
    * ROWS = BATCH = 1. Equal to SR = 0 bit for bit at the same TEAM. 0: the general code.
    */
   readonly SR: number;
-  /**
-   * 1: x staged in workgroup memory once per workgroup (all K values of every column, normed with NORM),
-   * then RPT passes over row blocks read it from there; bit-identical to XW = 0 at the same TEAM, ROWS,
-   * UNROLL and SR. 0: x read from global memory per unit.
-   */
-  readonly XW: number;
-  /** XW = 1: passes (row blocks of `(256 / TEAM)·ROWS` rows) per workgroup, 1..64; 1 without XW. */
-  readonly RPT: number;
-  /** XW = 1: the x values per column `xs` holds (a multiple of 4, ≥ K); 0 without XW. */
-  readonly XK: number;
   /** 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 0: x as it is. */
   readonly NORM: number;
   /** 1: y += W·x (a residual add); 0: y = W·x. */
@@ -146,11 +133,6 @@ export function matvecConstants(
     unroll?: number;
     /** The strength-reduced batch-1 loop (SR = 1; see {@linkcode MatvecConstants.SR}); default off. */
     sr?: boolean;
-    /**
-     * x staged in workgroup memory (XW = 1) with `rpt` row blocks per workgroup and room for `xk` values
-     * per column (default: the shape's K); default off.
-     */
-    xw?: { rpt: number; xk?: number };
     norm?: { eps: number };
     acc?: boolean;
   } = {},
@@ -167,46 +149,13 @@ export function matvecConstants(
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? 2,
     SR: opts.sr ? 1 : 0,
-    XW: opts.xw ? 1 : 0,
-    RPT: opts.xw?.rpt ?? 1,
-    XK: opts.xw ? (opts.xw.xk ?? shape.k) : 0,
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,
     EPS: opts.norm?.eps ?? 0,
   };
   checkMatvecSr(c);
-  checkMatvecXw(c);
   return c;
 }
-
-/**
- * Throws when XW, RPT and XK do not fit together.
- * @throws {RangeError} naming the constant and what to change
- */
-export function checkMatvecXw(c: MatvecConstants): void {
-  checkInt("Kernel matvec: XW", c.XW, 0, 1);
-  if (c.XW === 0) {
-    checkShape(
-      c.RPT === 1 && c.XK === 0,
-      `Kernel matvec: RPT=${c.RPT} and XK=${c.XK} need XW=1 (without it RPT=1, XK=0)`,
-    );
-    return;
-  }
-  checkInt("Kernel matvec: RPT", c.RPT, 1, 64);
-  checkShape(
-    Number.isInteger(c.XK) && c.XK >= 4 && c.XK % 4 === 0,
-    `Kernel matvec: XK=${c.XK} must be a multiple of 4, at least 4 (the largest K the pipeline serves)`,
-  );
-}
-
-/** Workgroup memory of a variant in bytes: partials, staged x, the IQ4 table and the norm's partials. */
-export function matvecWorkgroupBytes(c: MatvecConstants): number {
-  return 4 * 256 * c.ROWS * c.BATCH * (1 + c.XW) + 16 * Math.max(c.XK / 4, 1) * c.BATCH + 2048 +
-    (c.NORM ? 1024 : 0);
-}
-
-/** The workgroup-memory limit every WebGPU device offers (maxComputeWorkgroupStorageSize's default). */
-export const MATVEC_PORTABLE_WORKGROUP_BYTES = 32768;
 
 /**
  * Throws when SR and UNROLL do not fit the other constants.
@@ -240,9 +189,9 @@ export function checkMatvecSr(c: MatvecConstants): void {
   );
 }
 
-/** Rows one workgroup owns (RPT row blocks of `(256 / TEAM)·ROWS`). */
+/** Rows one workgroup owns. */
 export function matvecRowsPerWorkgroup(c: MatvecConstants): number {
-  return (256 / c.TEAM) * c.ROWS * c.RPT;
+  return (256 / c.TEAM) * c.ROWS;
 }
 
 /** The uniform params of `shape` (write them at a 256-byte-aligned offset of a uniform buffer). */
@@ -269,15 +218,9 @@ export function matvecGrid(shape: MatvecShape, c: MatvecConstants): [number, num
 
 /**
  * Throws before anything is encoded when the shape, constants and bindings do not fit together.
- * `workgroupBytes` is the device's maxComputeWorkgroupStorageSize (default: the portable 32 KiB).
  * @throws {RangeError} naming the kernel, the value and what to change
  */
-export function checkMatvec(
-  shape: MatvecShape,
-  c: MatvecConstants,
-  b: MatvecBindings,
-  workgroupBytes: number = MATVEC_PORTABLE_WORKGROUP_BYTES,
-): void {
+export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBindings): void {
   const rowBytes = checkWeightRows("matvec", shape.type, shape.k, shape.wOffsetBytes ?? 0);
   checkShape(
     c.TYPE === TYPE_ID[shape.type],
@@ -287,21 +230,13 @@ export function checkMatvec(
   checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
   checkMatvecSr(c);
-  checkMatvecXw(c);
-  checkShape(
-    c.XW === 0 || shape.k <= c.XK,
-    `Kernel matvec: K=${shape.k} exceeds XK=${c.XK}, the x values per column the XW=1 variant stages`,
-  );
   checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
   checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
   checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(
-    matvecWorkgroupBytes(c) <= workgroupBytes,
-    `Kernel matvec: ROWS=${c.ROWS} BATCH=${c.BATCH} XW=${c.XW} XK=${c.XK} need ${
-      matvecWorkgroupBytes(c)
-    } bytes ` +
-      `of workgroup memory, more than the ${workgroupBytes} allowed: lower ROWS, XK or BATCH`,
+    4 * 256 * c.ROWS * c.BATCH + 2048 + (c.NORM ? 1024 : 0) <= 32768,
+    `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,
   );
   checkShape(shape.batch === c.BATCH, `Kernel matvec: shape batch ${shape.batch} but BATCH=${c.BATCH}`);
   checkInt("Kernel matvec: n", shape.n, 1, 2 ** 31);
@@ -365,7 +300,7 @@ export async function prepareMatvec(
   opts: { device: GPUDevice; shape: MatvecShape; bindings: MatvecBindings; constants?: MatvecConstants },
 ): Promise<MatvecOp> {
   const c = opts.constants ?? matvecConstants(opts.shape);
-  checkMatvec(opts.shape, c, opts.bindings, opts.device.limits.maxComputeWorkgroupStorageSize);
+  checkMatvec(opts.shape, c, opts.bindings);
   const pipeline = await cache.get(MATVEC, c);
   const b = opts.bindings;
   return {

@@ -26,23 +26,11 @@
 // all their loads before any math. The sum order is the SR = 0 order (units t, t + TEAM, ... added one by
 // one into one scalar) and each unit's value is the same expression, so SR = 1 equals SR = 0 bit for bit
 // (given the same TEAM).
-// XW = 1 (x staged in workgroup memory, amortised over RPT passes): the workgroup first copies all K values
-// of its BATCH columns (with NORM the normed values, computed by x_quad itself, so the bits are the same)
-// into `xs` (XK values per column), one barrier; then it runs RPT passes, pass p doing what workgroup
-// wg·RPT + p of XW = 0 does (same rows, same teams, same per-invocation unit order) with x read from `xs`.
-// So a workgroup owns WG_ROWS·RPT rows and the grid shrinks by RPT. Each pass writes its team partials into
-// one of two slots of `partial` and takes one barrier; then one invocation per output (spread over the
-// warps) adds that output's TEAM partials in exactly the two-level order of XW = 0 (including its rotating
-// start), so XW = 1 equals XW = 0 bit for bit at the same TEAM, ROWS, UNROLL and SR. The slot written by
-// pass p + 2 is free: its readers passed the barrier of pass p + 1 first. Rows past N read row N-1 and
-// are not stored. XW = 0 takes RPT = 1 (and XK = 0: `xs` shrinks to one quad per column).
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
 //   const BATCH: u32 (1..8), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2, 4 or 8),
-//   const SR: u32 (0 or 1), const XW: u32 (0 or 1), const RPT: u32 (passes per workgroup: 1 without XW),
-//   const XK: u32 (XW: the largest K served, a multiple of 4; 0 without XW), const NORM: u32 (0 or 1),
-//   const ACC: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
-// Limits: K % 32 == 0; K ≤ XK with XW; workgroup memory 4·256·ROWS·BATCH·(1 + XW) (partials) +
-//   4·max(XK, 4)·BATCH (xs) + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ the device's limit (32 KiB portable).
+//   const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1), const EPS: f32 (the norm's
+//   epsilon).
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB.
 
 struct Params {
   k: u32,
@@ -74,18 +62,6 @@ fn x_quad(xb: u32, e: u32) -> vec4<f32> {
   return v;
 }
 
-// XW = 1: the staged x, column b at xs[b · XQ + quad]; XW = 0 keeps one unused quad per column.
-const XQ: u32 = max(XK / 4u, 1u);
-var<workgroup> xs: array<vec4<f32>, XQ * BATCH>;
-
-// The x quad at element offset `e` of column b (x_quad's value; from `xs` with XW).
-fn x_in(b: u32, e: u32) -> vec4<f32> {
-  if (XW == 1u) {
-    return xs[b * XQ + (e >> 2u)];
-  }
-  return x_quad(params.x_off + b * params.x_stride, e);
-}
-
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const OUTS: u32 = WG_ROWS * BATCH;
@@ -94,11 +70,7 @@ const GROUPS: u32 = select(1u, TEAM / 8u, TEAM >= 8u);
 const GROUP_LEN: u32 = TEAM / GROUPS;
 
 // partial[(b · WG_ROWS + local row) · TEAM + t]; after level 1, group sums at partial[o · TEAM + g · GROUP_LEN].
-// XW = 1 has two such slots (passes alternate), PSLOT words apart.
-const PSLOT: u32 = WG * ROWS * BATCH;
-var<workgroup> partial: array<f32, PSLOT * (1u + XW)>;
-// XW = 1: invocations between two output reducers (one per warp when OUTS ≤ 8).
-const XW_SPREAD: u32 = max(WG / OUTS, 1u);
+var<workgroup> partial: array<f32, WG * ROWS * BATCH>;
 
 fn weight_word(i: u32) -> u32 {
   return weights[i];
@@ -112,8 +84,9 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   var xl: array<vec4<f32>, BATCH>;
   var xh: array<vec4<f32>, BATCH>;
   for (var b = 0u; b < BATCH; b++) {
-    xl[b] = x_in(b, pos.x);
-    xh[b] = x_in(b, pos.y);
+    let xb = params.x_off + b * params.x_stride;
+    xl[b] = x_quad(xb, pos.x);
+    xh[b] = x_quad(xb, pos.y);
   }
   for (var r = 0u; r < ROWS; r++) {
     let s = quant_scales((*rb)[r], c);
@@ -133,8 +106,8 @@ fn unit_dot1(u: u32, rb: u32) -> f32 {
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
-  let xl = x_in(0u, pos.x);
-  let xh = x_in(0u, pos.y);
+  let xl = x_quad(params.x_off, pos.x);
+  let xh = x_quad(params.x_off, pos.y);
   let s = quant_scales(rb, c);
   let q = quant_q(rb, c, j);
   var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
@@ -189,9 +162,6 @@ fn sr_lane(t: u32, rb: u32) -> SrLane {
 
 // SR = 1: the x quad at quad index q from x_off (normed with NORM, as x_quad).
 fn sr_x(q: u32) -> vec4<f32> {
-  if (XW == 1u) {
-    return xs[q];
-  }
   let v = x[(params.x_off >> 2u) + q];
   if (NORM == 1u) {
     return v * nscale * nw[q];
@@ -293,6 +263,7 @@ fn main(
   let wg = wid.y * nwg.x + wid.x;
   let team = lid / TEAM;
   let t = lid % TEAM;
+  let row0 = wg * WG_ROWS + team * ROWS;
   let n_units = params.k / 8u;
   if (QUANT_NEEDS_INIT) {
     quant_init(lid);
@@ -312,116 +283,77 @@ fn main(
     }
   }
 
-  if (XW == 1u) {
-    let kq = params.k / 4u;
-    for (var i = lid; i < BATCH * kq; i += WG) {
-      let b = i / kq;
-      let q = i - b * kq;
-      xs[b * XQ + q] = x_quad(params.x_off + b * params.x_stride, 4u * q);
+  // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.
+  var rb: array<u32, ROWS>;
+  for (var r = 0u; r < ROWS; r++) {
+    rb[r] = params.w_off + min(row0 + r, params.n - 1u) * params.row_bytes;
+  }
+  var acc: array<array<f32, BATCH>, ROWS>;
+  for (var r = 0u; r < ROWS; r++) {
+    for (var b = 0u; b < BATCH; b++) {
+      acc[r][b] = 0.0;
     }
-    workgroupBarrier();
   }
 
-  // Pass p does the rows of row block wg·RPT + p (XW = 0: RPT = 1, the block is wg).
-  for (var p = 0u; p < RPT; p++) {
-    let blk = wg * RPT + p;
-    let slot = (p & XW) * PSLOT;
-    // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.
-    var rb: array<u32, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-      rb[r] = params.w_off + min(blk * WG_ROWS + team * ROWS + r, params.n - 1u) * params.row_bytes;
+  // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
+  // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
+  // ROWS = BATCH = 1 runs an array-free loop (one scalar accumulator), a check on whether the general
+  // path's small arrays cost registers or local memory on a driver (docs/PERF.md); it takes one unit per
+  // step whatever UNROLL says. SR = 1 replaces it with the strength-reduced loop (sr_row, header).
+  if (ROWS == 1u && BATCH == 1u && SR == 1u) {
+    acc[0][0] = sr_row(t, rb[0], n_units);
+  } else if (ROWS == 1u && BATCH == 1u) {
+    let rb0 = rb[0];
+    var a = 0.0;
+    for (var u = t; u < n_units; u += TEAM) {
+      a += unit_dot1(u, rb0);
     }
-    var acc: array<array<f32, BATCH>, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-      for (var b = 0u; b < BATCH; b++) {
-        acc[r][b] = 0.0;
-      }
-    }
-
-    // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
-    // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
-    // ROWS = BATCH = 1 runs an array-free loop (one scalar accumulator), a check on whether the general
-    // path's small arrays cost registers or local memory on a driver (docs/PERF.md); it takes one unit per
-    // step whatever UNROLL says. SR = 1 replaces it with the strength-reduced loop (sr_row, header).
-    if (ROWS == 1u && BATCH == 1u && SR == 1u) {
-      acc[0][0] = sr_row(t, rb[0], n_units);
-    } else if (ROWS == 1u && BATCH == 1u) {
-      let rb0 = rb[0];
-      var a = 0.0;
-      for (var u = t; u < n_units; u += TEAM) {
-        a += unit_dot1(u, rb0);
-      }
-      acc[0][0] = a;
-    } else {
-      var u = t;
-      if (UNROLL == 2u) {
-        for (; u + TEAM < n_units; u += 2u * TEAM) {
-          unit_acc(u, &rb, &acc);
-          unit_acc(u + TEAM, &rb, &acc);
-        }
-      }
-      for (; u < n_units; u += TEAM) {
+    acc[0][0] = a;
+  } else {
+    var u = t;
+    if (UNROLL == 2u) {
+      for (; u + TEAM < n_units; u += 2u * TEAM) {
         unit_acc(u, &rb, &acc);
+        unit_acc(u + TEAM, &rb, &acc);
       }
     }
-
-    for (var r = 0u; r < ROWS; r++) {
-      for (var b = 0u; b < BATCH; b++) {
-        partial[slot + (b * WG_ROWS + team * ROWS + r) * TEAM + t] = acc[r][b];
-      }
-    }
-    workgroupBarrier();
-    if (XW == 1u) {
-      // One invocation per output adds its TEAM partials in the order of levels 1 and 2 below.
-      for (var i = lid; i < OUTS * XW_SPREAD; i += WG) {
-        if (i % XW_SPREAD == 0u) {
-          let o = i / XW_SPREAD;
-          var s = 0.0;
-          for (var g = 0u; g < GROUPS; g++) {
-            let gi = o * GROUPS + g;
-            var sg = 0.0;
-            for (var e = 0u; e < GROUP_LEN; e++) {
-              sg += partial[slot + gi * GROUP_LEN + ((e + gi) % GROUP_LEN)];
-            }
-            s += sg;
-          }
-          store(blk, o, s);
-        }
-      }
-      continue;
-    }
-    // Level 1: sum runs of GROUP_LEN partials in place (the walk starts at a rotating offset so that the
-    // invocations spread over the banks).
-    for (var i = lid; i < OUTS * GROUPS; i += WG) {
-      let base = i * GROUP_LEN;
-      var s = 0.0;
-      for (var e = 0u; e < GROUP_LEN; e++) {
-        s += partial[base + ((e + i) % GROUP_LEN)];
-      }
-      partial[base] = s;
-    }
-    workgroupBarrier();
-    for (var o = lid; o < OUTS; o += WG) {
-      var s = 0.0;
-      for (var g = 0u; g < GROUPS; g++) {
-        s += partial[o * TEAM + g * GROUP_LEN];
-      }
-      store(blk, o, s);
+    for (; u < n_units; u += TEAM) {
+      unit_acc(u, &rb, &acc);
     }
   }
-}
 
-// Stores output o (column b = o / WG_ROWS, local row o % WG_ROWS) of row block blk (WG_ROWS rows) unless
-// its row is past N.
-fn store(blk: u32, o: u32, s: f32) {
-  let b = o / WG_ROWS;
-  let row = blk * WG_ROWS + o % WG_ROWS;
-  if (row < params.n) {
-    let at = params.y_off + b * params.y_stride + row;
-    if (ACC == 1u) {
-      y[at] = y[at] + s;
-    } else {
-      y[at] = s;
+  for (var r = 0u; r < ROWS; r++) {
+    for (var b = 0u; b < BATCH; b++) {
+      partial[(b * WG_ROWS + team * ROWS + r) * TEAM + t] = acc[r][b];
+    }
+  }
+  workgroupBarrier();
+  // Level 1: sum runs of GROUP_LEN partials in place (the walk starts at a rotating offset so that the
+  // invocations spread over the banks).
+  for (var i = lid; i < OUTS * GROUPS; i += WG) {
+    let base = i * GROUP_LEN;
+    var s = 0.0;
+    for (var e = 0u; e < GROUP_LEN; e++) {
+      s += partial[base + ((e + i) % GROUP_LEN)];
+    }
+    partial[base] = s;
+  }
+  workgroupBarrier();
+  for (var o = lid; o < OUTS; o += WG) {
+    let b = o / WG_ROWS;
+    let rl = o % WG_ROWS;
+    let row = wg * WG_ROWS + rl;
+    var s = 0.0;
+    for (var g = 0u; g < GROUPS; g++) {
+      s += partial[o * TEAM + g * GROUP_LEN];
+    }
+    if (row < params.n) {
+      let at = params.y_off + b * params.y_stride + row;
+      if (ACC == 1u) {
+        y[at] = y[at] + s;
+      } else {
+        y[at] = s;
+      }
     }
   }
 }

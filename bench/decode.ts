@@ -3,7 +3,8 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 2,4,8]`: `--slots` also measures batched decode (Stage.generateBatch) of that many slots at once.
+ * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS]`: `--slots` also measures batched decode
+ * (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert mat-vecs' constants.
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -27,6 +28,8 @@ const { values: args } = parseArgs({
     prefill: { type: "string", default: "2048" },
     chunk: { type: "string", default: "256" },
     slots: { type: "string", default: "" },
+    "moe-gate-up": { type: "string" },
+    "moe-down": { type: "string" },
   },
 });
 
@@ -54,6 +57,12 @@ const nNew = Number(args.n);
 const nPrefill = Number(args.prefill);
 const maxChunk = Number(args.chunk);
 const batchSizes = args.slots ? args.slots.split(",").map(Number) : [];
+const tuning = (v: string | undefined) => {
+  if (!v) return undefined;
+  const [team, rows] = v.split(",").map(Number);
+  return { team: team!, rows: rows! };
+};
+const moeTuning = { gateUp: tuning(args["moe-gate-up"]), down: tuning(args["moe-down"]) };
 using file = await openGguf(path);
 
 let t0 = performance.now();
@@ -61,8 +70,9 @@ const stage = await Stage.load(gpu, file, {
   nCtx: Math.max(nPrompt + nNew, nPrefill) + 8,
   nSlots: Math.max(1, ...batchSizes),
   maxChunk,
+  moeTuning,
 });
-emit("load", { path, seconds: (performance.now() - t0) / 1000, weightBytes: stage.weightBytes });
+emit("load", { path, seconds: (performance.now() - t0) / 1000, weightBytes: stage.weightBytes, moeTuning });
 const hp = stage.hp;
 
 // Active bytes per decoded token: every weight the step reads (experts: k of E; embedding: one row).
@@ -200,6 +210,67 @@ const decodeProfile = await profile(ops);
 if (decodeProfile) {
   emit("decode_profile", { gpuMsPerStep: decodeProfile.gpuMs, kernels: decodeProfile.kernels });
 }
+
+// Ablation: the decode graph run back to back (one pass per step, as generate records it) with one class of
+// dispatches left out, and with every dispatch replaced by an empty one-workgroup kernel (the cost of the
+// dispatches themselves). Marginal ms per step: the difference of a long and a short run, which cancels the
+// readback floor. Left-out dispatches make the numbers wrong, not the timing.
+const empty = await device.createComputePipelineAsync({
+  layout: "auto",
+  compute: { module: device.createShaderModule({ code: "@compute @workgroup_size(1) fn main() {}" }) },
+});
+async function stepMs(list: readonly Op[], nullKernels = false): Promise<number> {
+  const run = async (steps: number) => {
+    const enc = device.createCommandEncoder();
+    for (let i = 0; i < steps; i++) {
+      const pass = enc.beginComputePass();
+      for (const op of list) {
+        if (nullKernels) {
+          pass.setPipeline(empty);
+          pass.dispatchWorkgroups(1);
+        } else {
+          pass.setPipeline(op.pipeline);
+          pass.setBindGroup(0, op.bindGroup);
+          pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
+        }
+      }
+      pass.end();
+    }
+    enc.copyBufferToBuffer(out, 0, rb, 0, 16);
+    const t = performance.now();
+    device.queue.submit([enc.finish()]);
+    await rb.mapAsync(GPUMapMode.READ);
+    rb.unmap();
+    return performance.now() - t;
+  };
+  await run(4);
+  const short = Math.min(await run(8), await run(8));
+  const long = Math.min(await run(40), await run(40));
+  return (long - short) / 32;
+}
+const classes: Record<string, (label: string) => boolean> = {
+  gdn_step: (l) => l.includes("gdn_step"),
+  attention: (l) => /attn_(qk_rope|decode|combine)/.test(l),
+  experts: (l) => l.includes("ffn_exps") || l.includes("ffn_shexp"),
+  router: (l) => l.includes("ffn_gate_inp"),
+  moe_combine: (l) => l.includes("moe_combine"),
+  in_proj: (l) => l.includes("in_proj") || /attn_[qkv]$/.test(l),
+  out_proj: (l) => l.includes("ssm_out") || l.includes("attn_output"),
+  lm_head: (l) => l === "output" || l.startsWith("output"),
+};
+const full = await stepMs(ops);
+const ablation: Record<string, unknown>[] = [];
+for (const [name, match] of Object.entries(classes)) {
+  const kept = ops.filter((op) => !match(op.label));
+  const ms = await stepMs(kept);
+  ablation.push({ without: name, dispatches: ops.length - kept.length, msPerStep: ms, savedMs: full - ms });
+}
+emit("decode_ablation", {
+  msPerStep: full,
+  emptyDispatchesMsPerStep: await stepMs(ops, true),
+  dispatches: ops.length,
+  ablation,
+});
 
 // Prefill: one prompt of nPrefill tokens in chunks of maxChunk.
 const long = Array.from({ length: nPrefill }, (_, i) => rng(i + 99));

@@ -59,6 +59,7 @@ import {
   moeMatvecGrid,
   moeMatvecParams,
   type MoeMatvecShape,
+  type MoeMatvecTuning,
 } from "../wgsl/moe_matvec.ts";
 import {
   MOE_ROUTE,
@@ -145,6 +146,11 @@ export interface StageOptions {
    * a dispatch of its own (default 65536, from the H200 measurements in docs/PERF.md; 0: never fuse).
    */
   readonly normPrologueMaxRows?: number;
+  /**
+   * TEAM/ROWS of the expert mat-vecs (gate·up and down), overriding `moeMatvecConstants`' defaults: a
+   * benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-* measures them in a whole step).
+   */
+  readonly moeTuning?: { readonly gateUp?: MoeMatvecTuning; readonly down?: MoeMatvecTuning };
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
 }
@@ -261,6 +267,7 @@ export class Stage {
   readonly #posParams: readonly GPUBuffer[];
   readonly #zeroIds: GPUBuffer;
   readonly #graphs = new Map<string, Op[]>();
+  readonly #moeTuning: StageOptions["moeTuning"];
   readonly #decoders = new Map<string, Decoder>();
   readonly #selectors = new Map<string, Selector>();
   readonly #batchGraphs = new Map<string, { ops: Op[]; pos: GPUBuffer[] }>();
@@ -280,6 +287,7 @@ export class Stage {
     nCtx: number;
     maxChunk: number;
     normPrologueMaxRows: number;
+    moeTuning: StageOptions["moeTuning"];
     weights: Map<string, GpuTensor>;
     check: TensorCheck;
     nSlots: number;
@@ -295,6 +303,7 @@ export class Stage {
     this.nCtx = init.nCtx;
     this.maxChunk = init.maxChunk;
     this.normPrologueMaxRows = init.normPrologueMaxRows;
+    this.#moeTuning = init.moeTuning;
     this.#weights = init.weights;
     this.#tiedOutput = init.check.tiedOutput;
     let wb = 0;
@@ -427,6 +436,7 @@ export class Stage {
       nCtx: opts.nCtx,
       maxChunk,
       normPrologueMaxRows: opts.normPrologueMaxRows ?? NORM_PROLOGUE_MAX_ROWS,
+      moeTuning: opts.moeTuning,
       weights,
       check,
       nSlots: opts.nSlots,
@@ -1151,6 +1161,7 @@ export class Stage {
     });
     const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, slots.length, this.#owned, {
       normPrologueMaxRows: this.normPrologueMaxRows,
+      moeTuning: this.#moeTuning,
     }).build({
       stage: this,
       slot: slots[0]!,
@@ -1316,6 +1327,7 @@ export class Stage {
     if (hit) return hit;
     const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n, this.#owned, {
       normPrologueMaxRows: this.normPrologueMaxRows,
+      moeTuning: this.#moeTuning,
     }).build({
       stage: this,
       slot,
@@ -1571,6 +1583,7 @@ class GraphBuilder {
   readonly #owned: GPUBuffer[];
   #unused: GPUBuffer | undefined;
   readonly #normPrologueMaxRows: number;
+  readonly #moeTuning: StageOptions["moeTuning"];
   /** A decode norm not pushed yet (see #norm). */
   #pending: { label: string; x: GPUBuffer; w: GpuTensor; y: GPUBuffer } | undefined;
 
@@ -1581,9 +1594,10 @@ class GraphBuilder {
     hp: Hparams,
     n: number,
     owned: GPUBuffer[],
-    opts: { normPrologueMaxRows: number },
+    opts: { normPrologueMaxRows: number; moeTuning: StageOptions["moeTuning"] },
   ) {
     this.#normPrologueMaxRows = opts.normPrologueMaxRows;
+    this.#moeTuning = opts.moeTuning;
     this.#device = device;
     this.#cache = cache;
     this.#hp = hp;
@@ -2385,7 +2399,7 @@ class GraphBuilder {
       gateUp: true,
       sharedCols: e.shared ? n : 0,
     };
-    let c = moeMatvecConstants(gu, e.route);
+    let c = moeMatvecConstants(gu, e.route, this.#moeTuning?.gateUp);
     await this.#push(
       e.route ? `${label}.route+gate_up` : `${label}.gate_up`,
       MOE_MATVEC,
@@ -2414,7 +2428,7 @@ class GraphBuilder {
       gateUp: false,
       sharedCols: e.shared ? n : 0,
     };
-    c = moeMatvecConstants(dn);
+    c = moeMatvecConstants(dn, undefined, this.#moeTuning?.down);
     await this.#push(
       `${label}.down`,
       MOE_MATVEC,

@@ -78,20 +78,27 @@ export interface MoeMatvecShape {
   readonly sharedCols?: number;
 }
 
+/** TEAM and ROWS of a moe_matvec variant (see {@linkcode moeMatvecConstants}). */
+export interface MoeMatvecTuning {
+  readonly team: number;
+  readonly rows: number;
+}
+
 /**
  * Default constants, as matvec's: TEAM = largest power of two ≤ min(64, K/8) (every invocation gets a unit),
- * ROWS 4 (each x quad serves 4 rows of each matrix from registers).
+ * ROWS 4 (each x quad serves 4 rows of each matrix from registers); `tuning` overrides both (benchmarks).
  */
 export function moeMatvecConstants(
   shape: MoeMatvecShape,
   route?: { nExpert: number; nExpertUsed: number; wScale: number },
+  tuning?: MoeMatvecTuning,
 ): MoeMatvecConstants {
   let team = 1;
   while (team * 2 <= Math.min(64, shape.k / 8)) team *= 2;
   return {
     TYPE: TYPE_ID[shape.type],
-    TEAM: team,
-    ROWS: 4,
+    TEAM: tuning?.team ?? team,
+    ROWS: tuning?.rows ?? 4,
     GATE_UP: shape.gateUp,
     ROUTE: route !== undefined,
     N_EXPERT: route?.nExpert ?? 4,

@@ -1,0 +1,183 @@
+/**
+ * Benchmark: the expert mat-vecs of one decode step (`moe_matvec`: routed gate·up and down of 8 experts plus
+ * the shared expert as a 9th column) at 35B-A3B shapes, over full-size IQ4_XS expert tensors, for a sweep of
+ * TEAM/ROWS. Each dispatch takes another random expert set (64 sets), so the experts come from memory as in a
+ * real step, not from L2. Beside it: the streaming-read time of the same bytes (9 experts' matrices).
+ *
+ * Usage: `deno run -A bench/moe.ts [--quick]` (`--quick`: 16 experts, for lavapipe). One JSON line per
+ * measurement, never asserts. No npm imports.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { rowBytes } from "../engine/quant/types.ts";
+import {
+  checkMoeMatvec,
+  MOE_MATVEC,
+  type MoeMatvecBindings,
+  moeMatvecConstants,
+  moeMatvecGrid,
+  moeMatvecParams,
+  type MoeMatvecShape,
+} from "../wgsl/moe_matvec.ts";
+
+const { values: args } = parseArgs({ options: { quick: { type: "boolean", default: false } } });
+const QUICK = args.quick ?? false;
+const N_EXPERT = QUICK ? 16 : 256;
+const USED = 8;
+const EMBD = 2048;
+const FF = 512;
+const SETS = 64;
+const REPS = QUICK ? 64 : 640;
+
+const gpu = await acquireGpu();
+const { device } = gpu;
+const cache = new PipelineCache(device, { f16: gpu.f16 });
+const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
+
+function randomBuffer(bytes: number): GPUBuffer {
+  const buf = device.createBuffer({ size: bytes, usage: STORAGE });
+  const chunk = new Uint8Array(Math.min(bytes, 16 << 20));
+  for (let o = 0; o < chunk.length; o += 65536) crypto.getRandomValues(chunk.subarray(o, o + 65536));
+  for (let o = 0; o < bytes; o += chunk.length) {
+    device.queue.writeBuffer(buf, o, chunk, 0, Math.min(chunk.length, bytes - o));
+  }
+  return buf;
+}
+
+// Gate and up (routed experts, then the shared one at index N_EXPERT) back to back; down likewise.
+const guRow = rowBytes("IQ4_XS", EMBD);
+const gateBytes = guRow * FF * (N_EXPERT + 1);
+const gateUp = randomBuffer(2 * gateBytes);
+const down = randomBuffer(rowBytes("IQ4_XS", FF) * EMBD * (N_EXPERT + 1));
+const ids = device.createBuffer({ size: 256 * SETS, usage: STORAGE });
+for (let s = 0; s < SETS; s++) {
+  const set = new Set<number>();
+  while (set.size < USED) set.add(Math.floor(Math.random() * N_EXPERT));
+  device.queue.writeBuffer(ids, 256 * s, Uint32Array.from(set));
+}
+const x = device.createBuffer({ size: 4 * EMBD * (USED + 1), usage: STORAGE });
+device.queue.writeBuffer(x, 0, new Float32Array(EMBD * (USED + 1)).map(() => Math.random() - 0.5));
+const y = device.createBuffer({ size: 4 * EMBD * (USED + 1), usage: STORAGE });
+const scratch = device.createBuffer({ size: 256, usage: STORAGE });
+const querySet = gpu.timestamps ? device.createQuerySet({ type: "timestamp", count: 2 }) : undefined;
+const queryBuf = device.createBuffer({
+  size: 16,
+  usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+});
+const queryRead = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
+
+/** Seconds per dispatch: REPS dispatches in one timed pass (timestamps, else wall clock), after a warm-up. */
+async function time(encode: (pass: GPUComputePassEncoder, i: number) => void): Promise<number> {
+  const run = async (timed: boolean) => {
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass(
+      timed && querySet
+        ? { timestampWrites: { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } }
+        : undefined,
+    );
+    for (let i = 0; i < REPS; i++) encode(pass, i);
+    pass.end();
+    if (timed && querySet) {
+      enc.resolveQuerySet(querySet, 0, 2, queryBuf, 0);
+      enc.copyBufferToBuffer(queryBuf, 0, queryRead, 0, 16);
+    }
+    const t0 = performance.now();
+    device.queue.submit([enc.finish()]);
+    await device.queue.onSubmittedWorkDone();
+    const wall = (performance.now() - t0) / 1000;
+    if (!timed || !querySet) return wall;
+    await queryRead.mapAsync(GPUMapMode.READ);
+    const ts = new BigUint64Array(queryRead.getMappedRange().slice(0));
+    queryRead.unmap();
+    return Number(ts[1]! - ts[0]!) / 1e9;
+  };
+  await run(false);
+  return (await run(true)) / REPS;
+}
+
+const shapes: Record<string, { shape: MoeMatvecShape; weights: GPUBuffer; bytes: number }> = {
+  gate_up: {
+    shape: {
+      type: "IQ4_XS",
+      k: EMBD,
+      n: FF,
+      nExpert: N_EXPERT,
+      nCols: USED,
+      xDiv: USED,
+      offGateBytes: 0,
+      offUpBytes: gateBytes,
+      gateUp: true,
+      sharedCols: 1,
+    },
+    weights: gateUp,
+    bytes: 2 * (USED + 1) * FF * guRow,
+  },
+  down: {
+    shape: {
+      type: "IQ4_XS",
+      k: FF,
+      n: EMBD,
+      nExpert: N_EXPERT,
+      nCols: USED,
+      xDiv: 1,
+      offGateBytes: 0,
+      gateUp: false,
+      sharedCols: 1,
+    },
+    weights: down,
+    bytes: (USED + 1) * EMBD * rowBytes("IQ4_XS", FF),
+  },
+};
+
+console.log(JSON.stringify({ bench: "moe", event: "start", adapter: gpu.summary, experts: N_EXPERT }));
+for (const [name, s] of Object.entries(shapes)) {
+  const params = device.createBuffer({ size: 64, usage: STORAGE });
+  device.queue.writeBuffer(params, 0, moeMatvecParams(s.shape));
+  const def = moeMatvecConstants(s.shape);
+  for (const team of [8, 16, 32, 64, 128, 256]) {
+    for (const rows of [1, 2, 4, 8]) {
+      if (team > s.shape.k / 8) continue;
+      const c = moeMatvecConstants(s.shape, undefined, { team, rows });
+      const pipeline = await cache.get(MOE_MATVEC, c);
+      const groups = Array.from({ length: SETS }, (_, set) => {
+        const b: MoeMatvecBindings = {
+          params,
+          ids: { buffer: ids, offset: 256 * set, size: 4 * USED },
+          weights: s.weights,
+          x,
+          y,
+          logits: x,
+          routeWeights: scratch,
+        };
+        checkMoeMatvec(s.shape, c, b);
+        return bindGroup(device, pipeline, [
+          b.params,
+          b.ids,
+          b.weights,
+          b.x,
+          b.y,
+          b.logits,
+          b.routeWeights,
+        ]);
+      });
+      const grid = moeMatvecGrid(s.shape, c);
+      const sec = await time((pass, i) => {
+        pass.setPipeline(pipeline);
+        pass.setBindGroup(0, groups[i % SETS]!);
+        pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
+      });
+      console.log(JSON.stringify({
+        bench: "moe",
+        pass: name,
+        team,
+        rows,
+        isDefault: team === def.TEAM && rows === def.ROWS,
+        workgroups: grid[0] * grid[1],
+        us: sec * 1e6,
+        gbPerSecond: s.bytes / sec / 1e9,
+      }));
+    }
+  }
+}

@@ -4,7 +4,8 @@
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
  * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS]`: `--slots` also measures batched decode
- * (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert mat-vecs' constants.
+ * (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert mat-vecs' constants and
+ * `--norm-max-rows N` StageOptions.normPrologueMaxRows.
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -30,6 +31,7 @@ const { values: args } = parseArgs({
     slots: { type: "string", default: "" },
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
+    "norm-max-rows": { type: "string" },
   },
 });
 
@@ -71,6 +73,7 @@ const stage = await Stage.load(gpu, file, {
   nSlots: Math.max(1, ...batchSizes),
   maxChunk,
   moeTuning,
+  normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
 });
 emit("load", { path, seconds: (performance.now() - t0) / 1000, weightBytes: stage.weightBytes, moeTuning });
 const hp = stage.hp;

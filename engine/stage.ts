@@ -59,7 +59,6 @@ import {
   moeMatvecGrid,
   moeMatvecParams,
   type MoeMatvecShape,
-  type MoeMatvecTuning,
 } from "../wgsl/moe_matvec.ts";
 import {
   MOE_ROUTE,
@@ -143,14 +142,17 @@ export interface StageOptions {
   readonly maxChunk?: number;
   /**
    * Tallest decode mat-vec (rows) that computes a preceding RMSNorm in its prologue; taller ones get the norm as
-   * a dispatch of its own (default 65536, from the H200 measurements in docs/PERF.md; 0: never fuse).
+   * a dispatch of its own (default 1024, from the H200 measurements in docs/PERF.md; 0: never fuse).
    */
   readonly normPrologueMaxRows?: number;
   /**
    * TEAM/ROWS of the expert mat-vecs (gate·up and down), overriding `moeMatvecConstants`' defaults: a
    * benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-* measures them in a whole step).
    */
-  readonly moeTuning?: { readonly gateUp?: MoeMatvecTuning; readonly down?: MoeMatvecTuning };
+  readonly moeTuning?: {
+    readonly gateUp?: { readonly team: number; readonly rows: number };
+    readonly down?: { readonly team: number; readonly rows: number };
+  };
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
 }
@@ -221,7 +223,7 @@ const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsag
 /** Widest chunk the mat-vec kernel takes (its batch limit); wider chunks use the tiled matmul. */
 const MATVEC_MAX_COLS = 8;
 /** Most slots one batched decode step takes (the mat-vec's column limit: one weight read for all). */
-export const MAX_BATCH_SLOTS = MATVEC_MAX_COLS;
+export const MAX_BATCH_SLOTS: number = MATVEC_MAX_COLS;
 /** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
 const ATTN_SPLITS = 32;
 
@@ -1372,7 +1374,9 @@ interface Decoder extends Selector {
 
 /** One slot's request in {@linkcode Stage.generateBatch}. */
 export interface BatchItem {
+  /** The slot it runs on (distinct per call). */
   readonly slot: number;
+  /** Tokens appended at `opts.base` (the whole sequence when base is 0). */
   readonly prompt: readonly number[];
   /** As for {@linkcode Stage.generate}; `batch` is the call's. */
   readonly opts: GenerateOptions;
@@ -1560,12 +1564,13 @@ interface BatchSlots {
 }
 
 /**
- * Default tallest mat-vec that takes a deferred norm in its prologue. Measured on the H200 (docs/PERF.md, commit
- * 1eed379): the router (257 rows) gains, the in-projections (~12k rows) break even, and the LM head (248k
- * rows, ~31k workgroups each re-summing the norm) went from 483 to 627 µs against ~10 µs for the norm's own
- * dispatch.
+ * Default tallest mat-vec that takes a deferred norm in its prologue. Measured on the H200 (docs/PERF.md): the
+ * router (257 rows) gains; the LM head (248k rows, ~31k workgroups each re-summing the norm) went from 483 to
+ * 627 µs against ~10 µs for the norm's own dispatch (1eed379); the in-projections (~9-12k rows) with their
+ * norm as a dispatch of its own made the whole step 1.5% faster (149.3 against 147 tok/s, limits 1024 and
+ * 8192 alike, third session).
  */
-const NORM_PROLOGUE_MAX_ROWS = 65536;
+const NORM_PROLOGUE_MAX_ROWS = 1024;
 
 /** A norm fused into the residual add before it: weight and output rows. */
 interface FusedNorm {

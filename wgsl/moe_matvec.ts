@@ -85,20 +85,23 @@ export interface MoeMatvecTuning {
 }
 
 /**
- * Default constants, as matvec's: TEAM = largest power of two ≤ min(64, K/8) (every invocation gets a unit),
- * ROWS 4 (each x quad serves 4 rows of each matrix from registers); `tuning` overrides both (benchmarks).
+ * Default constants from the H200 sweep (bench/moe.ts, docs/PERF.md): TEAM = largest power of two ≤
+ * min(64, K/32) (at least 4 units per invocation), ROWS 2, or 4 with the routing prologue (half the
+ * workgroups repeat it); `tuning` overrides both (benchmarks).
  */
 export function moeMatvecConstants(
   shape: MoeMatvecShape,
   route?: { nExpert: number; nExpertUsed: number; wScale: number },
   tuning?: MoeMatvecTuning,
 ): MoeMatvecConstants {
+  // H200 sweep (bench/moe.ts, docs/PERF.md): 4 units per invocation at least; ROWS 2, or 4 with the routing
+  // prologue (fewer workgroups repeat it).
   let team = 1;
-  while (team * 2 <= Math.min(64, shape.k / 8)) team *= 2;
+  while (team * 2 <= Math.min(64, shape.k / 32)) team *= 2;
   return {
     TYPE: TYPE_ID[shape.type],
     TEAM: tuning?.team ?? team,
-    ROWS: tuning?.rows ?? 4,
+    ROWS: tuning?.rows ?? (route ? 4 : 2),
     GATE_UP: shape.gateUp,
     ROUTE: route !== undefined,
     N_EXPERT: route?.nExpert ?? 4,

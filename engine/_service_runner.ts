@@ -2,7 +2,9 @@
  * The worker side of the engine service, without the Worker: runs the admitted requests on a
  * {@linkcode Stage}'s slots in turns, one turn on the GPU at a time (the stage's activation buffers are shared
  * by all slots). Each request gets a slot on its first turn: the free slot whose cached history its prompt
- * extends (that history is not prefilled again), else the least recently used free slot. A turn either
+ * extends (that history is not prefilled again), else the least recently used free slot. New requests queue
+ * ahead of the generating ones and their first turn ends at their first id (time to first token is their own
+ * prefill, not the others' turns). A turn either
  * prefills one piece of at most `prefillTurn` prompt tokens for one request, or generates: then every request
  * that has no prompt piece due joins it (up to MAX_BATCH_SLOTS), each makes at most `turnTokens` ids, and
  * their decode steps run together in one batched GPU step ({@linkcode Stage.generateBatch}). Ids stream in
@@ -138,7 +140,10 @@ export class SlotRunner {
     assert(this.#active < this.#history.length, "at most nSlots requests at once");
     this.#active++;
     return new Promise<JobResult>((resolve, reject) => {
-      this.#ring.push({
+      // Newcomers go ahead of the requests that are generating (FIFO among themselves): their first turn is
+      // the prompt and the first id only, so time to first token does not wait for others' 64-id turns.
+      const at = this.#ring.findIndex((r) => r.made.length > 0);
+      this.#ring.splice(at < 0 ? this.#ring.length : at, 0, {
         job,
         resolve,
         reject,
@@ -250,7 +255,8 @@ export class SlotRunner {
       const { job } = a;
       // Ids this request can make in all: the context holds the prompt and all of them but the last.
       const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
-      const nNew = Math.min(this.#turnTokens, limit - a.made.length);
+      // The first turn ends at the first id (see submit); later turns make up to turnTokens.
+      const nNew = Math.min(a.made.length === 0 ? 1 : this.#turnTokens, limit - a.made.length);
       const emit = (ids: readonly number[]) => {
         if (job.signal.aborted) return;
         a.got.push(...ids);

@@ -165,6 +165,29 @@ Deno.test("turns of 5 ids and 4 prompt tokens interleave 3 requests on 3 slots; 
   }
 });
 
+Deno.test("new requests go first: every request's first id lands before any request's second batch", async () => {
+  const rng = new Rng();
+  const e = engine(3, 0, { batchMin: 0 });
+  try {
+    const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 12)));
+    const want: number[][] = [];
+    for (const p of prompts) want.push(await reference.solo(p, 20));
+    const order: number[] = [];
+    const got = await Promise.all(
+      prompts.map((prompt, i) =>
+        e.generate({ prompt, maxTokens: 20, sampling: GREEDY, stopIds: [], onTokens: () => order.push(i) })
+      ),
+    );
+    for (const [i, r] of got.entries()) {
+      assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
+    }
+    // Turns of 64 ids would let request 0 finish before the others start; first turns end at the first id.
+    assert.deepEqual([...order.slice(0, 3)].sort(), [0, 1, 2], `${order}`);
+  } finally {
+    await e.close();
+  }
+});
+
 Deno.test("engine options out of range are refused before a worker starts, naming the option", () => {
   assert.throws(
     () => engine(2, 0, { batchMin: 1 }),

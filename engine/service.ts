@@ -72,7 +72,8 @@ export interface EngineOptions {
   /**
    * Fewest generating requests that share one batched GPU step (default {@linkcode DEFAULT_BATCH_MIN};
    * 0: never batch; at most 8). Fewer take turns. On the H200 a batched step of B slots costs about B solo
-   * steps until B ≈ 4 (the mat-vec's cost grows with its columns, docs/PERF.md), so small batches lose.
+   * steps up to B = 4 (the mat-vec's cost grows with its columns, docs/PERF.md): 2 or 3 slots lose against
+   * turns, 4 break even (and stream steadily instead of in 64-id bursts), 8 gain a quarter.
    */
   readonly batchMin?: number;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
@@ -85,8 +86,8 @@ const DEFAULT_TURN_TOKENS = 64;
 const DEFAULT_SNAPSHOT_BACK = 8;
 /** Prompt tokens per prefill turn: ~1% readback overhead at thousands of tokens/s, a short stall for others. */
 const DEFAULT_PREFILL_TURN = 2048;
-/** Generating requests from which a batched step beats turns (H200, docs/PERF.md: 4 slots break even). */
-export const DEFAULT_BATCH_MIN = 5;
+/** Generating requests from which a batched step is not slower than turns (H200, docs/PERF.md: 4 break even). */
+export const DEFAULT_BATCH_MIN = 4;
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
 /** Weight of the newest completion in the average time between completions. */

@@ -87,7 +87,7 @@ Deno.test("the default model: loading at once, synthesized and logged, then read
 
 Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, streamed in order", async () => {
   const rng = new Rng();
-  // batchMin 2: every generating request joins one batched step (the default waits for 5).
+  // batchMin 2: every generating request joins one batched step (the default waits for 4).
   const e = engine(4, 0, { batchMin: 2 });
   try {
     const prompts = [0, 1, 2, 3].map(() => randomPrompt(rng, rng.int(1, 20)));

@@ -16,7 +16,8 @@ import {
 import { encodeGdnConvRing, GDN_CONV_RING } from "./gdn_conv_ring.ts";
 
 // ô is O(1) after the RMSNorm; f32 128-long dots and an f32 state carried over up to 64 tokens gave errors
-// below 2e-6 on lavapipe (max over seeds): 10x headroom, and tight enough to see a term dropped anywhere.
+// below 2e-6 on lavapipe at first, and up to 1.0e-5 on other seeds later (max |y err| measured while testing
+// gdn_chunk against it): 3x headroom, and still tight enough to see a term dropped anywhere.
 const Y_TOL = { atol: 3e-5, rtol: 3e-4 };
 // The state is O(1) (|k̂| = 1, |δ| ≲ |v| + |u|); same f32 accumulation argument as ô.
 const S_TOL = { atol: 3e-5, rtol: 3e-4 };

@@ -77,6 +77,32 @@ for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
   });
 }
 
+Deno.test("generateBatch: a slot that fills its context ends with reason context while the others go on", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 40, nSlots: 3, maxChunk: 16 });
+  try {
+    // Slot 0's prompt leaves room for 5 fed ids (6 out), slot 1's for 30; slot 2 wants only 3 ids.
+    const prompts = [35, 10, 4].map((n) => Array.from({ length: n }, () => rng.int(0, 1021)));
+    const opts: GenerateOptions[] = [{ nNew: 20 }, { nNew: 20 }, { nNew: 3 }];
+    const solo: GenerateResult[] = [];
+    for (const [s, o] of opts.entries()) solo.push(await stage.generate(s, prompts[s]!, { ...o, batch: 4 }));
+    assert.deepEqual(solo.map((r) => r.reason), ["context", "length", "length"]);
+    const got = await stage.generateBatch(opts.map((o, s) => ({ slot: s, prompt: prompts[s]!, opts: o })), {
+      batch: 4,
+    });
+    for (const [s, r] of got.entries()) {
+      assert.deepEqual(r.tokens, solo[s]!.tokens, `slot ${s} (seed ${rng.seed})`);
+      assert.equal(r.reason, solo[s]!.reason);
+      assert.equal(stage.length(s), prompts[s]!.length + r.tokens.length - 1);
+    }
+    assert.equal(got[0]!.tokens.length, 40 - 35 + 1);
+  } finally {
+    stage.destroy();
+  }
+});
+
 Deno.test("generateBatch rejects repeated slots, too many items and bad options before touching a slot", async () => {
   const gpu = await testGpu();
   using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));

@@ -9,7 +9,7 @@ import type { Command } from "../mod.ts";
 import { parseArgs } from "node:util";
 import { openGguf } from "../engine/gguf.ts";
 import { KEYS } from "../engine/names.ts";
-import { DEFAULT_BATCH_MIN, startEngine } from "../engine/service.ts";
+import { DEFAULT_BATCH_MIN, DEFAULT_MAX_CHUNK, startEngine } from "../engine/service.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { ChatTemplate } from "../engine/text/template.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
@@ -28,6 +28,7 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --temp-cap T      highest temperature a request gets (default 2)
   --body-limit N    request body limit in bytes (default ${DEFAULT_BODY_LIMIT_BYTES})
   --grace S         seconds in-flight requests may run after a shutdown signal (default 30)
+  --chunk N         prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}; memory grows with it)
   --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN};
                     0: never, requests take turns)`;
 
@@ -110,6 +111,7 @@ export const command: Command = {
         "body-limit": { type: "string", default: String(DEFAULT_BODY_LIMIT_BYTES) },
         grace: { type: "string", default: "30" },
         "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
+        chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -128,6 +130,8 @@ export const command: Command = {
     const bodyLimitBytes = int("body-limit", values["body-limit"], 1024);
     const graceMs = num("grace", values.grace, 0, 86400) * 1000;
     const batchMin = int("batch-min", values["batch-min"], 0);
+    const maxChunk = int("chunk", values.chunk, 1);
+    if (maxChunk > 4096) throw new RangeError(`--chunk must be 1..4096, got ${maxChunk}`);
     if (batchMin === 1 || batchMin > 8) {
       throw new RangeError(`--batch-min must be 0 or 2..8, got ${batchMin}`);
     }
@@ -148,7 +152,7 @@ export const command: Command = {
     }
     console.error(`Chat template: ${template.origin} (${template.kind})`);
 
-    const engine = startEngine({ model: path, nCtx, nSlots, queueSize, batchMin });
+    const engine = startEngine({ model: path, nCtx, nSlots, queueSize, batchMin, maxChunk });
     const stopProgress = new AbortController();
     const loaded = showProgress(engine, stopProgress.signal);
     let draining = false;

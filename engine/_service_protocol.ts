@@ -23,6 +23,8 @@ export type ToWorker =
     readonly prefillTurn: number;
     /** Fewest generating requests batched into one GPU step (0: never). */
     readonly batchMin: number;
+    /** Tokens per prefill chunk. */
+    readonly maxChunk: number;
   }
   | {
     readonly type: "generate";

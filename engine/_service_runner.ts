@@ -140,10 +140,7 @@ export class SlotRunner {
     assert(this.#active < this.#history.length, "at most nSlots requests at once");
     this.#active++;
     return new Promise<JobResult>((resolve, reject) => {
-      // Newcomers go ahead of the requests that are generating (FIFO among themselves): their first turn is
-      // the prompt and the first id only, so time to first token does not wait for others' 64-id turns.
-      const at = this.#ring.findIndex((r) => r.made.length > 0);
-      this.#ring.splice(at < 0 ? this.#ring.length : at, 0, {
+      this.#ahead({
         job,
         resolve,
         reject,
@@ -168,7 +165,10 @@ export class SlotRunner {
         try {
           const r = await this.#prepare(a);
           if (r === "again") {
-            this.#ring.push(a);
+            // More pieces wait behind the others' turns (a long prompt does not stall their streams); the
+            // last one, before the first id, goes ahead again.
+            if (this.#pieceDue(a)) this.#ring.push(a);
+            else this.#ahead(a);
             continue;
           }
           if (r !== "ready") {
@@ -195,6 +195,15 @@ export class SlotRunner {
     } finally {
       this.#looping = false;
     }
+  }
+
+  /**
+   * Queues `a` ahead of the requests that are generating (FIFO among those that are not): a newcomer's first
+   * turn is its prompt and first id only, so time to first token does not wait for others' 64-id turns.
+   */
+  #ahead(a: Active): void {
+    const at = this.#ring.findIndex((r) => r.made.length > 0);
+    this.#ring.splice(at < 0 ? this.#ring.length : at, 0, a);
   }
 
   /**

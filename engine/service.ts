@@ -76,6 +76,11 @@ export interface EngineOptions {
    * turns, 4 break even (and stream steadily instead of in 64-id bursts), 8 gain a quarter.
    */
   readonly batchMin?: number;
+  /**
+   * Tokens per prefill chunk (default {@linkcode DEFAULT_MAX_CHUNK}, 1..4096): wider chunks read each weight
+   * once for more tokens; activation memory grows with it (the logits rows: vocabulary × chunk × 4 bytes).
+   */
+  readonly maxChunk?: number;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -86,6 +91,8 @@ const DEFAULT_TURN_TOKENS = 64;
 const DEFAULT_SNAPSHOT_BACK = 8;
 /** Prompt tokens per prefill turn: ~1% readback overhead at thousands of tokens/s, a short stall for others. */
 const DEFAULT_PREFILL_TURN = 2048;
+/** Prefill chunk: the width bench/decode.ts measures prefill at (docs/PERF.md). */
+export const DEFAULT_MAX_CHUNK = 256;
 /** Generating requests from which a batched step is not slower than turns (H200, docs/PERF.md: 4 break even). */
 export const DEFAULT_BATCH_MIN = 4;
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
@@ -194,6 +201,10 @@ export class EngineService implements Engine {
         throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
       }
     }
+    const maxChunk = opts.maxChunk ?? DEFAULT_MAX_CHUNK;
+    if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
+      throw new RangeError(`Engine option maxChunk must be an integer in 1..4096, got ${maxChunk}`);
+    }
     // 8 = Stage's MAX_BATCH_SLOTS (not imported: the main thread does not load the engine's modules).
     const batchMin = opts.batchMin ?? DEFAULT_BATCH_MIN;
     if (!Number.isInteger(batchMin) || !(batchMin === 0 || (batchMin >= 2 && batchMin <= 8))) {
@@ -226,6 +237,7 @@ export class EngineService implements Engine {
       snapshotBack,
       prefillTurn,
       batchMin,
+      maxChunk,
     });
   }
 

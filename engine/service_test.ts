@@ -169,7 +169,9 @@ Deno.test("new requests go first: every request's first id lands before any requ
   const rng = new Rng();
   const e = engine(3, 0, { batchMin: 0 });
   try {
-    const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 12)));
+    // Two prompts longer than the snapshot distance (8): their first turn is a prefill piece up to the
+    // snapshot point, and the turn after it must still come before the others' generating turns.
+    const prompts = [rng.int(9, 16), rng.int(9, 16), rng.int(2, 8)].map((n) => randomPrompt(rng, n));
     const want: number[][] = [];
     for (const p of prompts) want.push(await reference.solo(p, 20));
     const order: number[] = [];
@@ -196,6 +198,7 @@ Deno.test("engine options out of range are refused before a worker starts, namin
   assert.throws(() => engine(2, 0, { batchMin: 9 }), /batchMin .* got 9/);
   assert.throws(() => engine(2, 0, { turnTokens: -1 }), /turnTokens must be an integer >= 0, got -1/);
   assert.throws(() => engine(2, 0, { batch: 0 }), /batch must be an integer in 1\.\.64, got 0/);
+  assert.throws(() => engine(2, 0, { maxChunk: 0 }), /maxChunk must be an integer in 1\.\.4096, got 0/);
 });
 
 Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt that does not fit is a RangeError", async () => {

@@ -55,6 +55,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
     stage = await Stage.load(gpu, file, {
       nCtx: m.nCtx,
       nSlots: m.nSlots,
+      maxChunk: m.maxChunk,
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
     if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);

@@ -3,17 +3,28 @@ import { PipelineCache } from "../engine/gpu/kernel.ts";
 import { assertClose, assertPoisoned } from "../tests/util/close.ts";
 import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
-import { conv1dStep, deltaNetStep, l2Norm, rmsNormGated, sigmoid, silu, softplus } from "../tests/ref/ops.ts";
 import {
   checkGdnStep,
   encodeGdnStep,
   GDN_STEP,
   gdnDims,
   type GdnStepBindings,
-  type GdnStepConstants,
   packGdnParams,
 } from "./gdn_step.ts";
 import { encodeGdnConvRing, GDN_CONV_RING } from "./gdn_conv_ring.ts";
+import {
+  type Inputs,
+  makeInputs,
+  type Model,
+  ODD_A,
+  ODD_B,
+  REAL_35,
+  REAL_NEXT,
+  reference,
+  type Result,
+  TINY_35,
+  TINY_NEXT,
+} from "./_gdn_testing.ts";
 
 // ô is O(1) after the RMSNorm; f32 128-long dots and an f32 state carried over up to 64 tokens gave errors
 // below 2e-6 on lavapipe at first, and up to 1.0e-5 on other seeds later (max |y err| measured while testing
@@ -23,141 +34,6 @@ const Y_TOL = { atol: 3e-5, rtol: 3e-4 };
 const S_TOL = { atol: 3e-5, rtol: 3e-4 };
 // The ring holds copies of the f32 inputs: exact.
 const RING_TOL = { atol: 0, rtol: 0 };
-const EPS = 1e-6;
-
-interface Model {
-  readonly name: string;
-  readonly c: GdnStepConstants;
-}
-
-function model(name: string, nK: number, nV: number, d: number, tiled: boolean): Model {
-  return {
-    name,
-    // qwen3next (grouped κ) also takes its b/a in the raw ssm_ba layout, so both gathers are covered.
-    c: { N_K: nK, N_V: nV, D_K: d, D_V: d, K_CONV: 4, EPS, KAPPA_TILED: tiled, BA_GROUPED: !tiled, A_OFF: 0 },
-  };
-}
-
-const TINY_NEXT = model("tiny qwen3next", 2, 4, 128, false);
-const TINY_35 = model("tiny qwen35moe", 2, 4, 128, true);
-const REAL_NEXT = model("real qwen3next", 16, 32, 128, false);
-const REAL_35 = model("real qwen35moe", 16, 32, 128, true);
-// Awkward shapes inside the limits: 3 local channels per invocation (2·256 + 16 > 512), one column group,
-// D_V < D_K, a 2- and a 3-slot ring.
-const ODD_A: Model = {
-  name: "odd dims A",
-  c: { N_K: 1, N_V: 2, D_K: 256, D_V: 16, K_CONV: 2, EPS, KAPPA_TILED: false, BA_GROUPED: true, A_OFF: 0 },
-};
-const ODD_B: Model = {
-  name: "odd dims B",
-  c: { N_K: 3, N_V: 6, D_K: 64, D_V: 48, K_CONV: 3, EPS, KAPPA_TILED: true, BA_GROUPED: false, A_OFF: 0 },
-};
-
-/** Inputs of a whole token sequence, f32 as the kernel reads them. */
-interface Inputs {
-  readonly m: Model;
-  readonly nTokens: number;
-  readonly pos0: number;
-  readonly x: Float32Array; // ne=[C, T]
-  readonly z: Float32Array; // ne=[nV·dV, T]
-  readonly b: Float32Array; // ne=[nV, T], or ne=[2nV, T] (ssm_ba) when grouped
-  readonly a: Float32Array; // like b; the same array when grouped
-  readonly convW: Float32Array;
-  readonly dtBias: Float32Array;
-  readonly ssmA: Float32Array;
-  readonly normW: Float32Array;
-  readonly hist: Float32Array; // the K-1 inputs before pos0, oldest first, ne=[C, K-1]
-  readonly s0: Float32Array; // ne=[dK, dV, nV]
-}
-
-function makeInputs(rng: Rng, m: Model, opts: { nTokens: number; pos0: number; fresh: boolean }): Inputs {
-  const c = m.c;
-  const d = gdnDims(c);
-  const T = opts.nTokens;
-  const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
-  const b = rng.normals(baW * T);
-  const ssmA = new Float32Array(c.N_V);
-  // Decays from ~0.2 to ~0.99 per token so that old state both fades and persists.
-  for (let h = 0; h < c.N_V; h++) ssmA[h] = -Math.exp(rng.normal() - 1.5);
-  const normW = new Float32Array(c.D_V);
-  for (let j = 0; j < c.D_V; j++) normW[j] = 1 + 0.2 * rng.normal();
-  return {
-    m,
-    nTokens: T,
-    pos0: opts.pos0,
-    x: rng.normals(d.convCh * T),
-    z: rng.normals(d.inner * T),
-    b,
-    a: c.BA_GROUPED ? b : rng.normals(baW * T),
-    convW: rng.normals(c.K_CONV * d.convCh, 0.5),
-    dtBias: rng.normals(c.N_V),
-    ssmA,
-    normW,
-    hist: opts.fresh ? new Float32Array(d.convCh * (c.K_CONV - 1)) : rng.normals(d.convCh * (c.K_CONV - 1)),
-    s0: opts.fresh ? new Float32Array(d.state) : rng.normals(d.state, 0.3),
-  };
-}
-
-interface Result {
-  readonly y: Float64Array | Float32Array; // ne=[nV·dV, T]
-  readonly state: Float64Array | Float32Array;
-  readonly hist: Float64Array | Float32Array; // last K-1 inputs, oldest first
-}
-
-/** Float64 reference from tests/ref/ops.ts, token by token from `hist` and `s0`. */
-function reference(inp: Inputs): Result {
-  const c = inp.m.c;
-  const { convCh, inner } = gdnDims(c);
-  const T = inp.nTokens;
-  const conv = conv1dStep(inp.x, { state: inp.hist, w: inp.convW, nCh: convCh });
-  const qkLen = c.N_K * c.D_K;
-  const q = new Float64Array(qkLen * T);
-  const k = new Float64Array(qkLen * T);
-  const v = new Float64Array(inner * T);
-  for (let t = 0; t < T; t++) {
-    const at = t * convCh;
-    for (let i = 0; i < qkLen; i++) {
-      q[t * qkLen + i] = silu(conv.y[at + i]!);
-      k[t * qkLen + i] = silu(conv.y[at + qkLen + i]!);
-    }
-    for (let i = 0; i < inner; i++) v[t * inner + i] = silu(conv.y[at + 2 * qkLen + i]!);
-  }
-  const beta = new Float64Array(c.N_V * T);
-  const g = new Float64Array(c.N_V * T);
-  const r = c.N_V / c.N_K;
-  for (let t = 0; t < T; t++) {
-    for (let h = 0; h < c.N_V; h++) {
-      let bv: number, av: number;
-      if (c.BA_GROUPED) { // spec §8.1: group κ = [b_{rκ} … | a_{rκ} …]
-        const u0 = t * 2 * c.N_V + 2 * r * Math.floor(h / r) + (h % r);
-        bv = inp.b[u0]!;
-        av = inp.b[u0 + r]!;
-      } else {
-        bv = inp.b[t * c.N_V + h]!;
-        av = inp.a[t * c.N_V + h]!;
-      }
-      beta[t * c.N_V + h] = sigmoid(bv);
-      g[t * c.N_V + h] = inp.ssmA[h]! * softplus(av + inp.dtBias[h]!);
-    }
-  }
-  const dn = deltaNetStep(inp.s0, {
-    dK: c.D_K,
-    dV: c.D_V,
-    nK: c.N_K,
-    nV: c.N_V,
-    kHeadOf: c.KAPPA_TILED ? (h) => h % c.N_K : (h) => Math.floor(h / r),
-    q: l2Norm(q, { eps: EPS, n: c.D_K }),
-    k: l2Norm(k, { eps: EPS, n: c.D_K }),
-    v,
-    beta,
-    g,
-  });
-  return {
-    y: rmsNormGated(dn.o, inp.normW, { z: inp.z, eps: EPS, n: c.D_V }),
-    state: dn.state,
-    hist: conv.state,
-  };
-}
 
 /** Records `inp` as dispatches of `schedule` token counts; returns the readback buffers and their decoder. */
 async function record(

@@ -10,6 +10,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
+import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
 import { gdnChunkDispatches, gdnChunkScratchBytes, prepareGdnChunk } from "../wgsl/gdn_chunk.ts";
@@ -94,44 +95,11 @@ const sb = gdnChunkScratchBytes(c, maxN);
 const scratch = { wsQkw: buf(sb.wsQkw / 4), wsUp: buf(sb.wsUp / 4) };
 line({ event: "start", summary: gpu.summary, timestamps: gpu.timestamps, scratchBytes: sb, constants: c });
 
-const querySet = gpu.timestamps ? device.createQuerySet({ type: "timestamp", count: 2 }) : undefined;
-const queryBuf = device.createBuffer({
-  size: 16,
-  usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
-});
-const queryRead = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
+const timer = new PassTimer(device, gpu.timestamps);
 
-/** Seconds per repetition of `encode` in one compute pass. */
-async function time(encode: (pass: GPUComputePassEncoder) => void): Promise<number> {
-  const run = async (timed: boolean): Promise<number> => {
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass(
-      timed && querySet
-        ? { timestampWrites: { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } }
-        : undefined,
-    );
-    for (let i = 0; i < reps; i++) encode(pass);
-    pass.end();
-    if (timed && querySet) {
-      enc.resolveQuerySet(querySet, 0, 2, queryBuf, 0);
-      enc.copyBufferToBuffer(queryBuf, 0, queryRead, 0, 16);
-    }
-    const t0 = performance.now();
-    device.queue.submit([enc.finish()]);
-    await device.queue.onSubmittedWorkDone();
-    const wall = (performance.now() - t0) / 1000;
-    if (timed && querySet) {
-      await queryRead.mapAsync(GPUMapMode.READ);
-      const ts = new BigUint64Array(queryRead.getMappedRange().slice(0));
-      queryRead.unmap();
-      return Number(ts[1]! - ts[0]!) / 1e9;
-    }
-    return wall;
-  };
-  for (let i = 0; i < 3; i++) await run(false); // warm-up: pipelines, clocks
-  let best = Infinity;
-  for (let i = 0; i < 5; i++) best = Math.min(best, await run(true));
-  return best / reps;
+/** Seconds per repetition of `encode` in one compute pass: the best of 5 passes after 3 warm-ups. */
+function time(encode: (pass: GPUComputePassEncoder) => void): Promise<number> {
+  return timer.perRep((pass) => encode(pass), reps, { warm: 3, timed: 5 });
 }
 
 const pipes = await prepareGdnChunk(cache, c);

@@ -10,6 +10,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
+import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { PipelineCache } from "../engine/gpu/kernel.ts";
 import { type GgmlTypeName, rowBytes } from "../engine/quant/types.ts";
@@ -112,42 +113,11 @@ const sparams = device.createBuffer({
   size: 256 * MAX_COPIES,
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
-const querySet = gpu.timestamps ? device.createQuerySet({ type: "timestamp", count: 2 }) : undefined;
-const queryBuf = device.createBuffer({
-  size: 16,
-  usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
-});
-const queryRead = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
+const timer = new PassTimer(device, gpu.timestamps);
 
 /** Seconds per dispatch of `ops` (rotated, `reps` in all) in one compute pass. */
-async function time(encode: (pass: GPUComputePassEncoder, i: number) => void, reps: number): Promise<number> {
-  const run = async (timed: boolean): Promise<number> => {
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass(
-      timed && querySet
-        ? { timestampWrites: { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } }
-        : undefined,
-    );
-    for (let i = 0; i < reps; i++) encode(pass, i);
-    pass.end();
-    if (timed && querySet) {
-      enc.resolveQuerySet(querySet, 0, 2, queryBuf, 0);
-      enc.copyBufferToBuffer(queryBuf, 0, queryRead, 0, 16);
-    }
-    const t0 = performance.now();
-    device.queue.submit([enc.finish()]);
-    await device.queue.onSubmittedWorkDone();
-    const wall = (performance.now() - t0) / 1000;
-    if (timed && querySet) {
-      await queryRead.mapAsync(GPUMapMode.READ);
-      const ts = new BigUint64Array(queryRead.getMappedRange().slice(0));
-      queryRead.unmap();
-      return Number(ts[1]! - ts[0]!) / 1e9;
-    }
-    return wall;
-  };
-  await run(false); // warm-up: pipelines, clocks
-  return (await run(true)) / reps;
+function time(encode: (pass: GPUComputePassEncoder, i: number) => void, reps: number): Promise<number> {
+  return timer.perRep(encode, reps);
 }
 
 function line(o: Record<string, unknown>): void {

@@ -9,6 +9,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
+import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
 import { rowBytes } from "../engine/quant/types.ts";
@@ -61,40 +62,11 @@ const x = device.createBuffer({ size: 4 * EMBD * (USED + 1), usage: STORAGE });
 device.queue.writeBuffer(x, 0, new Float32Array(EMBD * (USED + 1)).map(() => Math.random() - 0.5));
 const y = device.createBuffer({ size: 4 * EMBD * (USED + 1), usage: STORAGE });
 const scratch = device.createBuffer({ size: 256, usage: STORAGE });
-const querySet = gpu.timestamps ? device.createQuerySet({ type: "timestamp", count: 2 }) : undefined;
-const queryBuf = device.createBuffer({
-  size: 16,
-  usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
-});
-const queryRead = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
+const timer = new PassTimer(device, gpu.timestamps);
 
-/** Seconds per dispatch: REPS dispatches in one timed pass (timestamps, else wall clock), after a warm-up. */
-async function time(encode: (pass: GPUComputePassEncoder, i: number) => void): Promise<number> {
-  const run = async (timed: boolean) => {
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass(
-      timed && querySet
-        ? { timestampWrites: { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } }
-        : undefined,
-    );
-    for (let i = 0; i < REPS; i++) encode(pass, i);
-    pass.end();
-    if (timed && querySet) {
-      enc.resolveQuerySet(querySet, 0, 2, queryBuf, 0);
-      enc.copyBufferToBuffer(queryBuf, 0, queryRead, 0, 16);
-    }
-    const t0 = performance.now();
-    device.queue.submit([enc.finish()]);
-    await device.queue.onSubmittedWorkDone();
-    const wall = (performance.now() - t0) / 1000;
-    if (!timed || !querySet) return wall;
-    await queryRead.mapAsync(GPUMapMode.READ);
-    const ts = new BigUint64Array(queryRead.getMappedRange().slice(0));
-    queryRead.unmap();
-    return Number(ts[1]! - ts[0]!) / 1e9;
-  };
-  await run(false);
-  return (await run(true)) / REPS;
+/** Seconds per dispatch: REPS dispatches in one timed pass, after a warm-up. */
+function time(encode: (pass: GPUComputePassEncoder, i: number) => void): Promise<number> {
+  return timer.perRep(encode, REPS);
 }
 
 const shapes: Record<string, { shape: MoeMatvecShape; weights: GPUBuffer; bytes: number }> = {

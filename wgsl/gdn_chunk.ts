@@ -19,7 +19,7 @@ export type GdnChunkConstants = GdnStepConstants;
 export const GDN_CHUNK_PREP: KernelSpec = {
   name: "gdn_chunk_prep",
   url: new URL("./gdn_chunk_prep.wgsl", import.meta.url),
-  lib: [],
+  lib: ["gdn"],
   constants: {
     N_K: "u32",
     N_V: "u32",

@@ -66,31 +66,6 @@ var<workgroup> beta_s: array<f32, BT>;
 var<workgroup> g_s: array<f32, BT>; // g, then (phase 2) the cumulative G
 var<workgroup> rn: array<f32, 2u * BT>; // [2t]: 1/(max(‖q_t‖, ε)·√D_K), [2t+1]: 1/max(‖k_t‖, ε)
 
-fn softplus(x: f32) -> f32 {
-  if (x > 20.0) {
-    return x;
-  }
-  return log(1.0 + exp(x));
-}
-
-// Global channel of local channel lc of head h (key head g): q of g, k of g, then v of h.
-fn channel(lc: u32, g: u32, h: u32) -> u32 {
-  if (lc < D_K) {
-    return g * D_K + lc;
-  }
-  if (lc < 2u * D_K) {
-    return N_K * D_K + g * D_K + (lc - D_K);
-  }
-  return 2u * N_K * D_K + h * D_V + (lc - 2u * D_K);
-}
-
-// Index of b[h] of token t (spec §8.1 grouping when BA_GROUPED; a's is this plus R).
-fn ba_index(t: u32, h: u32) -> u32 {
-  if (BA_GROUPED) {
-    return t * 2u * N_V + 2u * R * (h / R) + h % R;
-  }
-  return t * N_V + h;
-}
 
 // x ← (I+M)^{-1} x by forward substitution, M strictly lower triangular in `ms`; x[t4][r] is row 4·t4 + r
 // (vec4 steps: a quarter of the dependent loads of a scalar loop).
@@ -141,15 +116,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var bt = 0.0;
     var gt = 0.0;
     if (lid < nt) {
-      let bi = ba_index(t0 + lid, h);
+      let bi = gdn_ba_index(t0 + lid, h);
       bt = 1.0 / (1.0 + exp(-b[bi]));
-      gt = ssm_a[h] * softplus(a[bi + a_off] + dt_bias[h]);
+      gt = ssm_a[h] * gdn_softplus(a[bi + a_off] + dt_bias[h]);
     }
     beta_s[lid] = bt;
     g_s[lid] = gt;
   }
   for (var lc = lid; lc < LOC_CH; lc += WG) {
-    let ch = channel(lc, g, h);
+    let ch = gdn_channel(lc, g, h);
     var taps: array<f32, K_CONV>;
     var win: array<f32, K_CONV>; // win[k]: input at tap k of the current token's window
     for (var k = 0u; k < K_CONV; k++) {

@@ -31,7 +31,7 @@ export type GdnStepConstants = {
 export const GDN_STEP: KernelSpec = {
   name: "gdn_step",
   url: new URL("./gdn_step.wgsl", import.meta.url),
-  lib: [],
+  lib: ["gdn"],
   constants: {
     N_K: "u32",
     N_V: "u32",

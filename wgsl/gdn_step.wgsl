@@ -92,31 +92,6 @@ fn wg_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
   return t;
 }
 
-fn softplus(x: f32) -> f32 {
-  if (x > 20.0) {
-    return x;
-  }
-  return log(1.0 + exp(x));
-}
-
-// Global channel of local channel lc of workgroup h (key head g): q of g, k of g, then v of h.
-fn channel(lc: u32, g: u32, h: u32) -> u32 {
-  if (lc < D_K) {
-    return g * D_K + lc;
-  }
-  if (lc < 2u * D_K) {
-    return N_K * D_K + g * D_K + (lc - D_K);
-  }
-  return 2u * N_K * D_K + h * D_V + (lc - 2u * D_K);
-}
-
-// Index of b[h] / a[h] of token t (spec §8.1 grouping when BA_GROUPED; a's is this plus R).
-fn ba_index(t: u32, h: u32) -> u32 {
-  if (BA_GROUPED) {
-    return t * 2u * N_V + 2u * R * (h / R) + h % R;
-  }
-  return t * N_V + h;
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -151,7 +126,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var i = 0u; i < NCH; i++) {
     let lc = lid + WG * i;
     if (lc < LOC_CH) {
-      let ch = channel(lc, g, h);
+      let ch = gdn_channel(lc, g, h);
       chs[i] = ch;
       for (var k = 0u; k < K_CONV; k++) {
         taps[i * K_CONV + k] = conv_w[ch * K_CONV + k];
@@ -167,8 +142,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let sa = ssm_a[h];
   let jo = min(lid, D_V - 1u); // invocations past D_V load a valid element and never use it
   let nw = norm_w[jo];
-  var bn = b[ba_index(0u, h)];
-  var an = a[ba_index(0u, h) + a_off];
+  var bn = b[gdn_ba_index(0u, h)];
+  var an = a[gdn_ba_index(0u, h) + a_off];
   var zn = z[h * D_V + jo];
 
   for (var t = 0u; t < n; t++) {
@@ -183,8 +158,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
           xn[i] = x_qkv[(t + 1u) * C_CH + chs[i]];
         }
       }
-      bn = b[ba_index(t + 1u, h)];
-      an = a[ba_index(t + 1u, h) + a_off];
+      bn = b[gdn_ba_index(t + 1u, h)];
+      an = a[gdn_ba_index(t + 1u, h) + a_off];
       zn = z[(t + 1u) * Y_W + h * D_V + jo];
     }
 
@@ -222,7 +197,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rk = 1.0 / max(sqrt(ss.y), EPS);
     // §8.2 gates
     let beta = 1.0 / (1.0 + exp(-bv));
-    let decay = exp(sa * softplus(av + dtb));
+    let decay = exp(sa * gdn_softplus(av + dtb));
 
     var k4: array<vec4<f32>, M4>;
     var q4: array<vec4<f32>, M4>;

@@ -5,7 +5,13 @@
  */
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf.ts";
-import { type BatchItem, type GenerateOptions, type GenerateResult, Stage } from "../engine/stage.ts";
+import {
+  argmaxCpu,
+  type BatchItem,
+  type GenerateOptions,
+  type GenerateResult,
+  Stage,
+} from "../engine/stage.ts";
 import { samplingParams } from "../engine/sampling.ts";
 import { testGpu } from "./util/gpu.ts";
 import { Rng } from "./util/rng.ts";
@@ -21,8 +27,10 @@ for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
       assert.ok(stage.canBatch, "the tiny shape binds per-slot rows");
       const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(2, 13) }, () => rng.int(0, 1021)));
       const hot = samplingParams({ temperature: 1.2, topK: 0, topP: 1, minP: 0, seed: rng.int(0, 1 << 30) });
-      // Each request ends differently, so the set shrinks mid-call: lengths differ, slot 2 stops on an id
-      // found late inside a batch, slot 3 is cancelled from its token callback.
+      // Each request ends differently, so the set shrinks mid-call: slot 0 ends first (the others move to
+      // lower columns), slot 2 stops on an id found late inside a batch, slot 3 is cancelled from its token
+      // callback, and the sampled slot 1 runs longest: its sampler state moves from column 1 to column 0 and
+      // then into its solo decode step.
       const full2 = await stage.generate(2, prompts[2]!, { nNew: 20, batch: 4 });
       const stopId = full2.tokens[9]!;
       const cancelAfter = 6;
@@ -30,8 +38,8 @@ for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
         let seen = 0;
         const ac = new AbortController();
         return [
-          { nNew: 20, top: 3 },
-          { nNew: 11, sampling: hot },
+          { nNew: 7, top: 3 },
+          { nNew: 28, sampling: hot },
           { nNew: 20, stopIds: [stopId] },
           {
             nNew: 30,
@@ -52,9 +60,24 @@ for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
       }
       assert.equal(solo[2]!.reason, "stop");
       assert.equal(solo[3]!.reason, "cancelled");
+      // A cancel lands at the next readback, and in a batch readbacks come earlier when another slot runs out
+      // of steps: the cancelled slot keeps a prefix of its uncancelled run, at least what it had seen.
+      const full3 = await stage.generate(3, prompts[3]!, { nNew: 30, batch: 4 });
       const items: BatchItem[] = options().map((o, s) => ({ slot: s, prompt: prompts[s]!, opts: o }));
       const got = await stage.generateBatch(items, { batch: 4 });
+      const cut = got[3]!.tokens.length;
+      assert.equal(got[3]!.reason, "cancelled");
+      assert.ok(cut >= cancelAfter && cut < 30, `cancelled after ${cut} ids`);
+      assert.deepEqual(got[3]!.tokens, full3.tokens.slice(0, cut), `slot 3 ids (seed ${rng.seed})`);
+      assert.equal(stage.length(3), prompts[3]!.length + cut - 1);
+      const next3 = await stage.run(3, { tokens: [got[3]!.tokens.at(-1)!] }, stage.length(3));
+      assert.equal(
+        argmaxCpu(next3.data),
+        full3.tokens[cut],
+        `slot 3 state after the cancel (seed ${rng.seed})`,
+      );
       for (const [s, r] of got.entries()) {
+        if (s === 3) continue;
         const want = solo[s]!;
         assert.deepEqual(r.tokens, want.tokens, `slot ${s} ids (seed ${rng.seed})`);
         assert.equal(r.reason, want.reason, `slot ${s} reason`);

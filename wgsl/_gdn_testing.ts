@@ -3,6 +3,8 @@
  * float64 reference of a whole layer's core from the in-projection outputs to ô.
  * @module
  */
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { readAll, testGpu } from "../tests/util/gpu.ts";
 import type { Rng } from "../tests/util/rng.ts";
 import {
   conv1dStep,
@@ -162,4 +164,45 @@ export function reference(inp: Inputs, core: "recurrent" | "chunked" = "recurren
     state: dn.state,
     hist: conv.state,
   };
+}
+
+/** What a test's `record` returns: buffers to read back and how to turn their bytes into a result. */
+export interface Recorded {
+  readonly read: GPUBuffer[];
+  readonly decode: (bufs: ArrayBuffer[]) => Result;
+}
+
+/** Records one run's dispatches into `pass` (buffers it creates go to `owned`). */
+export type RecordRun<S> = (
+  device: GPUDevice,
+  cache: PipelineCache,
+  pass: GPUComputePassEncoder,
+  inp: Inputs,
+  schedule: S,
+  owned: GPUBuffer[],
+) => Promise<Recorded>;
+
+/** Runs all `runs` in one compute pass and one readback round; returns their results in order. */
+export async function runAll<S>(
+  runs: readonly { readonly inp: Inputs; readonly schedule: S }[],
+  record: RecordRun<S>,
+): Promise<Result[]> {
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const owned: GPUBuffer[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const recs: Recorded[] = [];
+  for (const r of runs) recs.push(await record(device, cache, pass, r.inp, r.schedule, owned));
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const bufs = await readAll(device, recs.flatMap((r) => r.read));
+  const out: Result[] = [];
+  let at = 0;
+  for (const r of recs) {
+    out.push(r.decode(bufs.slice(at, at + r.read.length)));
+    at += r.read.length;
+  }
+  owned.forEach((b) => b.destroy());
+  return out;
 }

@@ -7,7 +7,13 @@
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
-import { bindingBytes, checkGdnStep, type GdnStepBindings, type GdnStepConstants } from "./gdn_step.ts";
+import {
+  bindingBytes,
+  checkGdnStep,
+  GDN_STEP,
+  type GdnStepBindings,
+  type GdnStepConstants,
+} from "./gdn_step.ts";
 
 /** Tokens per block of the chunked form (spec §8.6 chunk size); the kernels hard-wire it. */
 export const GDN_CHUNK_TOKENS = 64;
@@ -20,17 +26,7 @@ export const GDN_CHUNK_PREP: KernelSpec = {
   name: "gdn_chunk_prep",
   url: new URL("./gdn_chunk_prep.wgsl", import.meta.url),
   lib: ["gdn"],
-  constants: {
-    N_K: "u32",
-    N_V: "u32",
-    D_K: "u32",
-    D_V: "u32",
-    K_CONV: "u32",
-    EPS: "f32",
-    KAPPA_TILED: "bool",
-    BA_GROUPED: "bool",
-    A_OFF: "u32",
-  },
+  constants: GDN_STEP.constants,
 };
 
 /** Kernel spec of `gdn_chunk`, the scan (constants N_V, D_K, D_V). */

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { PipelineCache } from "../engine/gpu/kernel.ts";
 import { assertClose, assertPoisoned, type Tolerance } from "../tests/util/close.ts";
-import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
 import {
   checkGdnChunk,
@@ -23,6 +23,7 @@ import {
   REAL_NEXT,
   reference,
   type Result,
+  runAll,
   TINY_35,
   TINY_NEXT,
 } from "./_gdn_testing.ts";
@@ -181,28 +182,6 @@ interface Run {
   readonly schedule: readonly Part[];
 }
 
-/** Runs all `runs` in one compute pass and one readback round; returns their results in order. */
-async function runAll(runs: readonly Run[]): Promise<Result[]> {
-  const { device } = await testGpu();
-  const cache = new PipelineCache(device);
-  const owned: GPUBuffer[] = [];
-  const enc = device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  const recs = [];
-  for (const r of runs) recs.push(await record(device, cache, pass, r.inp, r.schedule, owned));
-  pass.end();
-  device.queue.submit([enc.finish()]);
-  const bufs = await readAll(device, recs.flatMap((r) => r.read));
-  const out: Result[] = [];
-  let at = 0;
-  for (const r of recs) {
-    out.push(r.decode(bufs.slice(at, at + r.read.length)));
-    at += r.read.length;
-  }
-  owned.forEach((b) => b.destroy());
-  return out;
-}
-
 function maxErr(got: ArrayLike<number>, ref: ArrayLike<number>): string {
   let m = 0;
   let q = 0;
@@ -245,7 +224,7 @@ Deno.test("gdn_chunk: tiny dims, both κ and b/a layouts, n = 1, 7, 64, 100, 130
       runs.push({ inp: makeInputs(rng, m, { nTokens: n, pos0, fresh }), schedule: chunks(n) });
     }
   }
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
 });
 
@@ -258,7 +237,7 @@ Deno.test("gdn_chunk: real dims, both κ, carried state and ring at a large posi
       schedule: chunks(n),
     };
   });
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
 });
 
@@ -286,7 +265,7 @@ Deno.test("gdn_chunk: chunks mixed with gdn_step decode steps, a shorter than th
       schedule: chunks(77),
     },
   ];
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
 });
 
@@ -299,7 +278,7 @@ Deno.test("gdn_chunk: awkward dims", async () => {
       schedule: chunks(9, 81),
     });
   }
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
 });
 
@@ -308,8 +287,8 @@ Deno.test("gdn_chunk: equals gdn_step over the same tokens within tolerance (rea
   const inp = makeInputs(rng, REAL_35, { nTokens: 40, pos0: rng.int(0, 1000), fresh: false });
   const [chunked, stepped] = await runAll([
     { inp, schedule: chunks(40) },
-    { inp, schedule: [{ n: 40, kernel: "step" }] },
-  ]);
+    { inp, schedule: [{ n: 40, kernel: "step" as const }] },
+  ], record);
   const what = `${describe({ inp, schedule: chunks(40) })} vs gdn_step`;
   assertClose(chunked!.y, stepped!.y, Y_TOL, { what: `y ${what}`, seed: rng.seed });
   assertClose(chunked!.state, stepped!.state, S_TOL, { what: `state ${what}`, seed: rng.seed });

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { PipelineCache } from "../engine/gpu/kernel.ts";
 import { assertClose, assertPoisoned } from "../tests/util/close.ts";
-import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
 import {
   checkGdnStep,
@@ -22,6 +22,7 @@ import {
   REAL_NEXT,
   reference,
   type Result,
+  runAll,
   TINY_35,
   TINY_NEXT,
 } from "./_gdn_testing.ts";
@@ -142,28 +143,6 @@ interface Run {
   readonly schedule: readonly number[];
 }
 
-/** Runs all `runs` in one compute pass and one readback round; returns their results in order. */
-async function runAll(runs: readonly Run[]): Promise<Result[]> {
-  const { device } = await testGpu();
-  const cache = new PipelineCache(device);
-  const owned: GPUBuffer[] = [];
-  const enc = device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  const recs = [];
-  for (const r of runs) recs.push(await record(device, cache, pass, r.inp, r.schedule, owned));
-  pass.end();
-  device.queue.submit([enc.finish()]);
-  const bufs = await readAll(device, recs.flatMap((r) => r.read));
-  const out: Result[] = [];
-  let at = 0;
-  for (const r of recs) {
-    out.push(r.decode(bufs.slice(at, at + r.read.length)));
-    at += r.read.length;
-  }
-  owned.forEach((b) => b.destroy());
-  return out;
-}
-
 function checkAgainstRef(got: Result, inp: Inputs, schedule: readonly number[], seed: number): void {
   const ref = reference(inp);
   const key = `${inp.m.name} ${JSON.stringify(inp.m.c)} schedule [${schedule}] pos0 ${inp.pos0}`;
@@ -194,7 +173,7 @@ Deno.test("gdn_step: decode steps from zero state, both κ mappings and b/a layo
     inp: makeInputs(rng, m, { nTokens: 6, pos0: 0, fresh: true }),
     schedule: [1, 1, 1, 1, 1, 1],
   }));
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
 });
 
@@ -205,7 +184,7 @@ Deno.test("gdn_step: real dims, decode from a random state at a large position, 
     inp: makeInputs(rng, m, { nTokens: 3, pos0: 1_000_001 + rng.int(0, 4), fresh: false }),
     schedule: [1, 1, 1],
   }));
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
 });
 
@@ -225,7 +204,7 @@ Deno.test("gdn_step + gdn_conv_ring: prefill of 1, 7 and 64 tokens equals the re
     { inp: i64, schedule: [64] },
     { inp: i64, schedule: Array(64).fill(1) },
   ];
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
   // The per-token code is the same, and the ring holds exact copies: prefill and decode agree bit for bit.
   assertSame(got[0]!, got[1]!, "prefill 7 vs 7 decode steps", rng.seed);
@@ -240,7 +219,7 @@ Deno.test("gdn_step + gdn_conv_ring: awkward dims, decode and prefill", async ()
     const inp = makeInputs(rng, m, { nTokens: 9, pos0: rng.int(0, 1000), fresh: false });
     runs.push({ inp, schedule: [1, 1, 5, 1, 1] }, { inp, schedule: [9] });
   }
-  const got = await runAll(runs);
+  const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
   assertSame(got[0]!, got[1]!, "odd dims A: decode/prefill mix vs prefill", rng.seed);
   assertSame(got[2]!, got[3]!, "odd dims B: decode/prefill mix vs prefill", rng.seed);

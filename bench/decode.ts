@@ -101,17 +101,23 @@ const sr = await prepareStreamRead(new PipelineCache(device), {
   bindings: { params, src, out },
 });
 const rb = device.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-async function streamPass(reps: number): Promise<number> {
+/** Wall ms from submit to a landed 16-byte readback of what `record` encodes (the readback floor included). */
+async function wallMs(record: (enc: GPUCommandEncoder) => void): Promise<number> {
   const enc = device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  for (let i = 0; i < reps; i++) encodeStreamRead(pass, sr);
-  pass.end();
+  record(enc);
   enc.copyBufferToBuffer(out, 0, rb, 0, 16);
   const t = performance.now();
   device.queue.submit([enc.finish()]);
   await rb.mapAsync(GPUMapMode.READ);
   rb.unmap();
   return performance.now() - t;
+}
+function streamPass(reps: number): Promise<number> {
+  return wallMs((enc) => {
+    const pass = enc.beginComputePass();
+    for (let i = 0; i < reps; i++) encodeStreamRead(pass, sr);
+    pass.end();
+  });
 }
 await streamPass(2);
 // Marginal rate: the difference of two pass lengths cancels the fixed readback floor.
@@ -223,29 +229,23 @@ const empty = await device.createComputePipelineAsync({
   compute: { module: device.createShaderModule({ code: "@compute @workgroup_size(1) fn main() {}" }) },
 });
 async function stepMs(list: readonly Op[], nullKernels = false): Promise<number> {
-  const run = async (steps: number) => {
-    const enc = device.createCommandEncoder();
-    for (let i = 0; i < steps; i++) {
-      const pass = enc.beginComputePass();
-      for (const op of list) {
-        if (nullKernels) {
-          pass.setPipeline(empty);
-          pass.dispatchWorkgroups(1);
-        } else {
-          pass.setPipeline(op.pipeline);
-          pass.setBindGroup(0, op.bindGroup);
-          pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
+  const run = (steps: number) =>
+    wallMs((enc) => {
+      for (let i = 0; i < steps; i++) {
+        const pass = enc.beginComputePass();
+        for (const op of list) {
+          if (nullKernels) {
+            pass.setPipeline(empty);
+            pass.dispatchWorkgroups(1);
+          } else {
+            pass.setPipeline(op.pipeline);
+            pass.setBindGroup(0, op.bindGroup);
+            pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
+          }
         }
+        pass.end();
       }
-      pass.end();
-    }
-    enc.copyBufferToBuffer(out, 0, rb, 0, 16);
-    const t = performance.now();
-    device.queue.submit([enc.finish()]);
-    await rb.mapAsync(GPUMapMode.READ);
-    rb.unmap();
-    return performance.now() - t;
-  };
+    });
   await run(4);
   const short = Math.min(await run(8), await run(8));
   const long = Math.min(await run(40), await run(40));

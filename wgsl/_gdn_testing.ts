@@ -4,7 +4,7 @@
  * @module
  */
 import { PipelineCache } from "../engine/gpu/kernel.ts";
-import { readAll, testGpu } from "../tests/util/gpu.ts";
+import { GUARD_WORDS, POISON_F32, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import type { Rng } from "../tests/util/rng.ts";
 import {
   conv1dStep,
@@ -205,4 +205,31 @@ export async function runAll<S>(
   }
   owned.forEach((b) => b.destroy());
   return out;
+}
+
+/**
+ * Uploads a run's layer buffers (into `owned`): the conv ring holding `hist` in the slots of positions
+ * pos0-K+1..pos0-1 (slot s holds position ≡ s mod K; the one slot with no live position is poisoned, so a read
+ * of it turns everything NaN), the incoming state, and the weights. Ring and state carry poisoned guard words.
+ */
+export function uploadLayer(device: GPUDevice, inp: Inputs, owned: GPUBuffer[]) {
+  const d = gdnDims(inp.m.c);
+  const K = inp.m.c.K_CONV;
+  const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
+  const ring0 = new Uint32Array(d.convRing + GUARD_WORDS).fill(POISON_F32);
+  const ring0f = new Float32Array(ring0.buffer);
+  for (let k = 0; k < K - 1; k++) {
+    const slot = (inp.pos0 - (K - 1) + k + K * 4) % K;
+    ring0f.set(inp.hist.subarray(k * d.convCh, (k + 1) * d.convCh), slot * d.convCh);
+  }
+  const st0 = new Uint32Array(d.state + GUARD_WORDS).fill(POISON_F32);
+  new Float32Array(st0.buffer).set(inp.s0);
+  return {
+    ring: mk(upload(device, ring0, "conv_ring")),
+    state: mk(upload(device, st0, "state")),
+    convW: mk(upload(device, inp.convW)),
+    dtBias: mk(upload(device, inp.dtBias)),
+    ssmA: mk(upload(device, inp.ssmA)),
+    normW: mk(upload(device, inp.normW)),
+  };
 }

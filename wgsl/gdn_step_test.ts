@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { PipelineCache } from "../engine/gpu/kernel.ts";
 import { assertClose, assertPoisoned } from "../tests/util/close.ts";
-import { GUARD_WORDS, POISON_F32, poisoned, testGpu, upload } from "../tests/util/gpu.ts";
+import { POISON_F32, poisoned, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
 import {
   checkGdnStep,
@@ -25,6 +25,7 @@ import {
   runAll,
   TINY_35,
   TINY_NEXT,
+  uploadLayer,
 } from "./_gdn_testing.ts";
 
 // ô is O(1) after the RMSNorm; f32 128-long dots and an f32 state carried over up to 64 tokens gave errors
@@ -53,22 +54,7 @@ async function record(
   const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
-  // Ring: slot s holds position ≡ s mod K; the one slot holding no live position (pos0-K) is poisoned, so a
-  // read of it turns everything NaN.
-  const ring0 = new Uint32Array(d.convRing + GUARD_WORDS).fill(POISON_F32);
-  const ring0f = new Float32Array(ring0.buffer);
-  for (let k = 0; k < K - 1; k++) {
-    const slot = (inp.pos0 - (K - 1) + k + K * 4) % K;
-    ring0f.set(inp.hist.subarray(k * d.convCh, (k + 1) * d.convCh), slot * d.convCh);
-  }
-  const ring = mk(upload(device, ring0, "conv_ring"));
-  const st0 = new Uint32Array(d.state + GUARD_WORDS).fill(POISON_F32);
-  new Float32Array(st0.buffer).set(inp.s0);
-  const state = mk(upload(device, st0, "state"));
-  const convW = mk(upload(device, inp.convW));
-  const dtBias = mk(upload(device, inp.dtBias));
-  const ssmA = mk(upload(device, inp.ssmA));
-  const normW = mk(upload(device, inp.normW));
+  const { ring, state, convW, dtBias, ssmA, normW } = uploadLayer(device, inp, owned);
   const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
   const ys: GPUBuffer[] = [];
   let t0 = 0;

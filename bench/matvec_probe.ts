@@ -4,6 +4,10 @@
  * out one at a time by constant flags, timed on the same bytes beside `stream_read`, plus the number of
  * workgroups resident at once (an atomic counter). Prints one JSON line per case; never asserts.
  *
+ * Round 2 (this version): R rows per warp share each x quad (code generated per variant, no arrays), vec2 qs loads
+ * (VEC 1: 16 weights per unit), unroll; with `--quick` (lavapipe) the value-computing modes are checked against a
+ * float64 reference (maxRelErr). Round 1 (commit 11b351a) took the parts out of the ROWS = 1 loop one by one.
+ *
  * Flags (MODE bits): 1 NOX (x quads from the unit index instead of loads), 2 NOTAB (nibbles to f32 by
  * arithmetic instead of the workgroup codebook), 4 NOHDR (no block head/scale loads), 8 NOMATH (fold the raw
  * word instead of decoding), 16 TAB32 (the codebook as 16 f32 replicated once per bank: lane l reads entry e at
@@ -17,6 +21,7 @@ import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { dequantize, randomBlocks } from "../engine/quant/mod.ts";
 import {
   encodeStreamRead,
   prepareStreamRead,
@@ -33,16 +38,54 @@ interface Variant {
   wg: number;
   unroll: number;
   vec: number;
+  rows: number;
 }
 
 const NOX = 1, NOTAB = 2, NOHDR = 4, NOMATH = 8, TAB32 = 16;
 
+/** `f(i)` for i < n, joined by newlines (the generated code is unrolled over rows and units). */
+function each(n: number, f: (i: number) => string): string {
+  return Array.from({ length: n }, (_, i) => f(i)).join("\n");
+}
+
 function source(v: Variant): string {
+  const R = v.rows;
+  const wpu = v.vec === 1 ? 2 : 1; // qs words per unit
+  // One unit step for unit index expression `u` (suffix `s` names its values).
+  const step = (u: string) => `
+    {
+      let c = (${u}) >> ${v.vec === 1 ? 1 : 2}u;
+      let j = ${v.vec === 1 ? `2u * ((${u}) & 1u)` : `(${u}) & 3u`};
+      let ib = c & 7u;
+      let boff = 136u * (c >> 3u);
+      let e = 8u * c + j;
+      ${each(wpu, (h) => `let xl${h} = xq(e + ${h}u, ${u});\n      let xh${h} = xq(e + ${h + 4}u, ${u});`)}
+      ${
+    each(R, (r) =>
+      `let blk${r} = (rb${r} + boff) >> 2u;
+      let s${r} = scale(blk${r}, ib);
+      ${
+        v.vec === 1
+          ? `let ww${r} = weights2[((blk${r} + 2u + 4u * ib + j) >> 1u)];\n      let w${r}_0 = ww${r}.x;\n      let w${r}_1 = ww${r}.y;`
+          : `let w${r}_0 = weights[blk${r} + 2u + 4u * ib + j];`
+      }`)
+  }
+      ${
+    each(R, (r) =>
+      each(wpu, (h) =>
+        `if ((MODE & ${NOMATH}u) != 0u) {
+        a${r} += bitcast<f32>(w${r}_${h} ^ bitcast<u32>(xl${h}.x + xh${h}.y + s${r}));
+      } else {
+        let q = decode(w${r}_${h});
+        a${r} += s${r} * dot(q[0], xl${h}) + s${r} * dot(q[1], xh${h});
+      }`))
+  }
+    }`;
+  const upu = v.vec === 1 ? 16 : 8;
   return `
 const WG: u32 = ${v.wg}u;
 const MODE: u32 = ${v.mode}u;
-const UNROLL: u32 = ${v.unroll}u;
-const VEC: u32 = ${v.vec}u;
+const ROWS: u32 = ${R}u;
 struct Params { k: u32, n: u32, row_bytes: u32, w_off: u32 }
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> weights: array<u32>;
@@ -52,8 +95,8 @@ struct Params { k: u32, n: u32, row_bytes: u32, w_off: u32 }
 @group(0) @binding(5) var<storage, read> weights2: array<vec2<u32>>;
 var<workgroup> tab: array<vec2<f32>, 256>;
 var<workgroup> tab32: array<f32, 512>;
+var<workgroup> partial: array<f32, ${v.wg * R}>;
 var<private> lane: u32;
-var<workgroup> partial: array<f32, WG>;
 
 fn kvalues(nib: vec4<u32>) -> vec4<f32> {
   let b0 = (nib & vec4<u32>(4u)) != vec4<u32>(0u);
@@ -102,43 +145,6 @@ fn scale(blk: u32, ib: u32) -> f32 {
   let ls = ((sl >> (4u * ib)) & 0xFu) | (((head >> (16u + 2u * ib)) & 3u) << 4u);
   return d * (f32(ls) - 32.0);
 }
-// One unit: 8 weights (VEC 0) or 16 (VEC 1: units u are pairs of qs words).
-fn unit(rb: u32, u: u32) -> f32 {
-  if (VEC == 0u) {
-    let c = u >> 2u;
-    let j = u & 3u;
-    let ib = c & 7u;
-    let blk = (rb + 136u * (c >> 3u)) >> 2u;
-    let w = weights[blk + 2u + 4u * ib + j];
-    let e = (32u * c + 4u * j) >> 2u;
-    let xl = xq(e, u);
-    let xh = xq(e + 4u, u);
-    let s = scale(blk, ib);
-    if ((MODE & ${NOMATH}u) != 0u) {
-      return bitcast<f32>(w ^ bitcast<u32>(xl.x + xh.y + s));
-    }
-    let q = decode(w);
-    return s * dot(q[0], xl) + s * dot(q[1], xh);
-  }
-  // 16 weights: qs words 2h, 2h + 1 of sub-block ib (h = u & 1): elements 32ib + 8h .. +7 and +16.
-  let c = u >> 1u;
-  let h = u & 1u;
-  let ib = c & 7u;
-  let blk = (rb + 136u * (c >> 3u)) >> 2u;
-  let ww = weights2[((blk + 2u + 4u * ib) >> 1u) + h];
-  let e = (32u * c + 8u * h) >> 2u;
-  let x0 = xq(e, u);
-  let x1 = xq(e + 1u, u);
-  let x2 = xq(e + 4u, u);
-  let x3 = xq(e + 5u, u);
-  let s = scale(blk, ib);
-  if ((MODE & ${NOMATH}u) != 0u) {
-    return bitcast<f32>(ww.x ^ ww.y ^ bitcast<u32>(x0.x + x1.y + x2.z + x3.w + s));
-  }
-  let qa = decode(ww.x);
-  let qb = decode(ww.y);
-  return s * (dot(qa[0], x0) + dot(qb[0], x1) + dot(qa[1], x2) + dot(qb[1], x3));
-}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -165,49 +171,46 @@ fn main(
   }
   let team = lid / 32u;
   let t = lid % 32u;
-  let row0 = wg * (WG / 32u) + team;
-  let row = min(row0, params.n - 1u);
-  let rb = (params.w_off & 0x7FFFFFFFu) + row * params.row_bytes;
-  let n_units = params.k / select(8u, 16u, VEC == 1u);
-  var a = 0.0;
-  var u = t;
-  if (UNROLL == 2u) {
-    for (; u + 32u < n_units; u += 64u) {
-      let a0 = unit(rb, u);
-      let a1 = unit(rb, u + 32u);
-      a += a0 + a1;
-    }
+  let row0 = (wg * (WG / 32u) + team) * ROWS;
+  let base = params.w_off & 0x7FFFFFFFu;
+  ${
+    each(R, (r) =>
+      `let rb${r} = base + min(row0 + ${r}u, params.n - 1u) * params.row_bytes;
+  var a${r} = 0.0;`)
   }
-  if (UNROLL == 4u) {
-    for (; u + 96u < n_units; u += 128u) {
-      let a0 = unit(rb, u);
-      let a1 = unit(rb, u + 32u);
-      let a2 = unit(rb, u + 64u);
-      let a3 = unit(rb, u + 96u);
-      a += (a0 + a1) + (a2 + a3);
-    }
+  let n_units = params.k / ${upu}u;
+  var u = t;
+  ${
+    v.unroll > 1
+      ? `for (; u + ${32 * (v.unroll - 1)}u < n_units; u += ${32 * v.unroll}u) {
+    ${each(v.unroll, (i) => step(`u + ${32 * i}u`))}
+  }`
+      : ""
   }
   for (; u < n_units; u += 32u) {
-    a += unit(rb, u);
+    ${step("u")}
   }
-  partial[lid] = a;
+  ${each(R, (r) => `partial[${r}u * WG + lid] = a${r};`)}
   workgroupBarrier();
   if ((t & 7u) == 0u) {
-    var s = 0.0;
-    for (var e = 0u; e < 8u; e++) {
-      s += partial[lid + e];
+    for (var r = 0u; r < ROWS; r++) {
+      var s = 0.0;
+      for (var e = 0u; e < 8u; e++) {
+        s += partial[r * WG + lid + e];
+      }
+      partial[r * WG + lid] = s;
     }
-    partial[lid] = s;
   }
   workgroupBarrier();
-  if (t == 0u) {
-    let s = partial[lid] + partial[lid + 8u] + partial[lid + 16u] + partial[lid + 24u];
-    if (row0 < params.n) {
-      y[row] = s;
+  if (t < ROWS) {
+    let p = t * WG + team * 32u;
+    let s = partial[p] + partial[p + 8u] + partial[p + 16u] + partial[p + 24u];
+    if (row0 + t < params.n) {
+      y[row0 + t] = s;
     }
-    if (lid == 0u && params.w_off == 0xFFFFFFFFu) {
-      atomicSub(&occ[0], 1u);
-    }
+  }
+  if (lid == 0u && params.w_off == 0xFFFFFFFFu) {
+    atomicSub(&occ[0], 1u);
   }
 }
 `;
@@ -228,7 +231,7 @@ const weights = device.createBuffer({ size: BUF, usage: GPUBufferUsage.STORAGE |
 }
 const xBuf = device.createBuffer({ size: 4 * 8192, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
 device.queue.writeBuffer(xBuf, 0, new Float32Array(8192).map(() => Math.random() - 0.5));
-const yBuf = device.createBuffer({ size: 4 << 20, usage: GPUBufferUsage.STORAGE });
+const yBuf = device.createBuffer({ size: 4 << 20, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC });
 const occ = device.createBuffer({
   size: 16,
   usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
@@ -245,20 +248,26 @@ const SHAPES = QUICK ? [{ name: "small", k: 2048, n: 8192 }] : [
   { name: "ffn_down_exps", k: 512, n: 524288 },
   { name: "output", k: 2048, n: 248320 },
 ];
-const VARIANTS: Variant[] = [];
-for (const mode of [0, NOX, NOTAB, NOHDR, NOX | NOTAB, NOX | NOTAB | NOHDR, NOX | NOTAB | NOHDR | NOMATH]) {
-  VARIANTS.push({ mode, wg: 256, unroll: 1, vec: 0 });
-}
-for (const mode of [TAB32, TAB32 | NOX]) VARIANTS.push({ mode, wg: 256, unroll: 1, vec: 0 });
-for (const wg of [32, 64, 128]) VARIANTS.push({ mode: 0, wg, unroll: 1, vec: 0 });
-for (const unroll of [2, 4]) {
-  VARIANTS.push({ mode: 0, wg: 256, unroll, vec: 0 });
-  VARIANTS.push({ mode: NOX | NOTAB | NOHDR | NOMATH, wg: 256, unroll, vec: 0 });
-}
-for (const mode of [0, NOX, NOTAB, NOX | NOTAB | NOHDR | NOMATH]) {
-  VARIANTS.push({ mode, wg: 256, unroll: 1, vec: 1 });
-}
-VARIANTS.push({ mode: 0, wg: 64, unroll: 2, vec: 1 });
+const VARIANTS: Variant[] = [
+  { mode: 0, wg: 256, unroll: 1, vec: 0, rows: 1 },
+  { mode: TAB32, wg: 256, unroll: 1, vec: 0, rows: 1 },
+  { mode: TAB32, wg: 256, unroll: 2, vec: 0, rows: 1 },
+  { mode: TAB32, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  { mode: TAB32, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: TAB32, wg: 256, unroll: 2, vec: 0, rows: 2 },
+  { mode: TAB32, wg: 256, unroll: 1, vec: 1, rows: 1 },
+  { mode: TAB32, wg: 256, unroll: 2, vec: 1, rows: 1 },
+  { mode: TAB32, wg: 256, unroll: 1, vec: 1, rows: 2 },
+  { mode: TAB32, wg: 256, unroll: 1, vec: 1, rows: 4 },
+  { mode: TAB32, wg: 128, unroll: 1, vec: 1, rows: 2 },
+  { mode: 0, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: 0, wg: 256, unroll: 1, vec: 1, rows: 2 },
+  { mode: NOTAB, wg: 256, unroll: 1, vec: 1, rows: 2 },
+  { mode: NOTAB, wg: 256, unroll: 2, vec: 1, rows: 2 },
+  { mode: NOX | NOTAB, wg: 256, unroll: 2, vec: 1, rows: 2 },
+  { mode: NOX | NOTAB | NOHDR | NOMATH, wg: 256, unroll: 2, vec: 1, rows: 2 },
+  { mode: NOX | NOTAB | NOHDR | NOMATH, wg: 256, unroll: 4, vec: 1, rows: 1 },
+];
 
 const pipes = new Map<string, GPUComputePipeline>();
 async function pipeline(v: Variant): Promise<GPUComputePipeline> {
@@ -314,6 +323,21 @@ for (const s of SHAPES) {
   const tStream = await timer.perRep((p, i) => encodeStreamRead(p, sops[i % copies]!), reps, { timed: 3 });
   const ceiling = tBytes / tStream / 1e9;
   line({ kernel: "stream_read", case: s.name, ms: tStream * 1e3, gbps: ceiling });
+  // --quick: valid blocks in copy 0 and a float64 reference, to check the modes that compute real values.
+  let ref: Float64Array | undefined;
+  const xs = new Float32Array(s.k).map(() => Math.random() - 0.5);
+  if (QUICK) {
+    const blocks = randomBlocks("IQ4_XS", (s.k / 256) * s.n, { scale: 0.05, seed: 3 });
+    device.queue.writeBuffer(weights, 0, blocks as Uint8Array<ArrayBuffer>);
+    device.queue.writeBuffer(xBuf, 0, xs);
+    const w = dequantize("IQ4_XS", blocks, s.k * s.n);
+    ref = new Float64Array(s.n);
+    for (let r = 0; r < s.n; r++) {
+      let a = 0;
+      for (let k = 0; k < s.k; k++) a += w[r * s.k + k]! * xs[k]!;
+      ref[r] = a;
+    }
+  }
   for (const v of VARIANTS) {
     const pipe = await pipeline(v);
     const groups: GPUBindGroup[] = [];
@@ -328,12 +352,12 @@ for (const s of SHAPES) {
           { binding: 3, resource: { buffer: yBuf } },
           { binding: 4, resource: { buffer: occ } },
           { binding: 5, resource: { buffer: weights } },
-        ],
+        ].filter((e) => e.binding !== 5 || v.vec === 1),
       }));
     }
     const bindErr = await device.popErrorScope();
     if (bindErr) throw new Error(`probe ${JSON.stringify(v)} bind group: ${bindErr.message}`);
-    const wgs = Math.ceil(s.n / (v.wg / 32));
+    const wgs = Math.ceil(s.n / (v.wg / 32) / v.rows);
     const gx = Math.min(wgs, 65535);
     const gy = Math.ceil(wgs / gx);
     const t = await timer.perRep(
@@ -358,6 +382,28 @@ for (const s of SHAPES) {
     await occRead.mapAsync(GPUMapMode.READ);
     const o = new Uint32Array(occRead.getMappedRange().slice(0));
     occRead.unmap();
+    let maxErr: number | undefined;
+    if (ref && (v.mode & (NOX | NOTAB | NOHDR | NOMATH)) === 0) {
+      const enc2 = device.createCommandEncoder();
+      const pass2 = enc2.beginComputePass();
+      pass2.setPipeline(pipe);
+      pass2.setBindGroup(0, groups[0]!);
+      pass2.dispatchWorkgroups(gx, gy);
+      pass2.end();
+      const rd = device.createBuffer({
+        size: 4 * s.n,
+        usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ,
+      });
+      enc2.copyBufferToBuffer(yBuf, 0, rd, 0, 4 * s.n);
+      device.queue.submit([enc2.finish()]);
+      await rd.mapAsync(GPUMapMode.READ);
+      const got = new Float32Array(rd.getMappedRange().slice(0));
+      rd.destroy();
+      maxErr = 0;
+      for (let r = 0; r < s.n; r++) {
+        maxErr = Math.max(maxErr, Math.abs(got[r]! - ref[r]!) / (Math.abs(ref[r]!) + 1e-3));
+      }
+    }
     const gbps = tBytes / t / 1e9;
     line({
       kernel: "probe",
@@ -370,6 +416,7 @@ for (const s of SHAPES) {
       ofCeiling: gbps / ceiling,
       residentWorkgroups: o[1],
       residentWarps: o[1]! * v.wg / 32,
+      maxRelErr: maxErr,
     });
   }
 }

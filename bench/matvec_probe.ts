@@ -48,6 +48,9 @@ function each(n: number, f: (i: number) => string): string {
   return Array.from({ length: n }, (_, i) => f(i)).join("\n");
 }
 
+/** wgsl/lib/common.wgsl (the codebook arithmetic and the byte-to-f32 trick), included in every variant. */
+const COMMON = await Deno.readTextFile(new URL("../wgsl/lib/common.wgsl", import.meta.url));
+
 function source(v: Variant): string {
   const R = v.rows;
   const wpu = v.vec === 1 ? 2 : 1; // qs words per unit
@@ -93,27 +96,17 @@ struct Params { k: u32, n: u32, row_bytes: u32, w_off: u32 }
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read_write> occ: array<atomic<u32>, 4>;
 @group(0) @binding(5) var<storage, read> weights2: array<vec2<u32>>;
-var<workgroup> tab: array<vec2<f32>, 256>;
 var<workgroup> tab32: array<f32, 512>;
 var<workgroup> partial: array<f32, ${v.wg * R}>;
 var<private> lane: u32;
 
-fn kvalues(nib: vec4<u32>) -> vec4<f32> {
-  let b0 = (nib & vec4<u32>(4u)) != vec4<u32>(0u);
-  let b1 = nib >= vec4<u32>(8u);
-  let lo = select(vec4<u32>(0xBFAD9881u), vec4<u32>(0xF6EADDCFu), b0);
-  let hi = select(vec4<u32>(0x26190D01u), vec4<u32>(0x71594535u), b0);
-  let word = select(lo, hi, b1);
-  let sh = (vec4<u32>(3u) - (nib & vec4<u32>(3u))) * 8u;
-  return vec4<f32>(bitcast<vec4<i32>>(word << sh) >> vec4<u32>(24u));
+fn weight_word(i: u32) -> u32 {
+  return weights[i];
 }
-fn u8x4(w: u32) -> vec4<f32> {
-  let b = vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(0xFFu);
-  return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
-}
+${COMMON}
 fn decode(w: u32) -> array<vec4<f32>, 2> {
   if ((MODE & ${NOTAB}u) != 0u) {
-    return array<vec4<f32>, 2>(u8x4(w & 0x0F0F0F0Fu), u8x4((w >> 4u) & 0x0F0F0F0Fu));
+    return array<vec4<f32>, 2>(common_lo4(w), common_hi4(w));
   }
   if ((MODE & ${TAB32}u) != 0u) {
     let lo = (vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(0xFu)) * 32u + lane;
@@ -123,11 +116,7 @@ fn decode(w: u32) -> array<vec4<f32>, 2> {
       vec4<f32>(tab32[hi.x], tab32[hi.y], tab32[hi.z], tab32[hi.w]),
     );
   }
-  let p0 = tab[w & 0xFFu];
-  let p1 = tab[(w >> 8u) & 0xFFu];
-  let p2 = tab[(w >> 16u) & 0xFFu];
-  let p3 = tab[w >> 24u];
-  return array<vec4<f32>, 2>(vec4<f32>(p0.x, p1.x, p2.x, p3.x), vec4<f32>(p0.y, p1.y, p2.y, p3.y));
+  return common_kv_word(w);
 }
 fn xq(i: u32, u: u32) -> vec4<f32> {
   if ((MODE & ${NOX}u) != 0u) {
@@ -160,12 +149,12 @@ fn main(
   lane = lid & 31u;
   if ((MODE & ${TAB32}u) != 0u) {
     for (var i = lid; i < 512u; i += WG) {
-      tab32[i] = kvalues(vec4<u32>(i >> 5u)).x;
+      tab32[i] = common_kvalues(vec4<u32>(i >> 5u)).x;
     }
     workgroupBarrier();
   } else if ((MODE & ${NOTAB}u) == 0u) {
     for (var i = lid; i < 256u; i += WG) {
-      tab[i] = kvalues(vec4<u32>(i & 15u, i >> 4u, 0u, 0u)).xy;
+      common_kv2_init(i);
     }
     workgroupBarrier();
   }

@@ -3,9 +3,9 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS]`: `--slots` also measures batched decode
- * (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert mat-vecs' constants and
- * `--norm-max-rows N` StageOptions.normPrologueMaxRows.
+ * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS] [--matvec TEAM,ROWS]`: `--slots` also measures
+ * batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert mat-vecs'
+ * constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N` StageOptions.normPrologueMaxRows.
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -32,6 +32,7 @@ const { values: args } = parseArgs({
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
     "norm-max-rows": { type: "string" },
+    matvec: { type: "string" },
   },
 });
 
@@ -73,9 +74,16 @@ const stage = await Stage.load(gpu, file, {
   nSlots: Math.max(1, ...batchSizes),
   maxChunk,
   moeTuning,
+  matvecTuning: tuning(args.matvec),
   normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
 });
-emit("load", { path, seconds: (performance.now() - t0) / 1000, weightBytes: stage.weightBytes, moeTuning });
+emit("load", {
+  path,
+  seconds: (performance.now() - t0) / 1000,
+  weightBytes: stage.weightBytes,
+  moeTuning,
+  matvecTuning: tuning(args.matvec),
+});
 const hp = stage.hp;
 
 // Active bytes per decoded token: every weight the step reads (experts: k of E; embedding: one row).

@@ -4,9 +4,9 @@
  * timed with timestamp queries when the adapter has them (else wall clock around one submit), rotating over
  * enough copies of the tensor that the set exceeds the GPU's L2 cache.
  *
- * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep]` (`--quick`: small sizes, for lavapipe; `--sweep`:
- * also TEAM/ROWS variants and, for IQ4_XS and Q8_0 batch 1, the SR = 1 loop at TEAM 32 and 64 with UNROLL
- * 1, 2, 4, 8; the sweep's TEAM 64 and 32 ROWS 1 entries are the SR = 0 loop at the same TEAM). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr]]` (`--quick`: small sizes, for lavapipe;
+ * `--sweep`: also TEAM/ROWS/UNROLL variants for IQ4_XS, Q8_0 and Q6_K batch 1; `--sr`: and the SR = 1 loop at TEAM 32
+ * and 64 with UNROLL 1, 2, 4, 8). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -40,7 +40,11 @@ import {
 } from "../wgsl/stream_read.ts";
 
 const { values: args } = parseArgs({
-  options: { quick: { type: "boolean", default: false }, sweep: { type: "boolean", default: false } },
+  options: {
+    quick: { type: "boolean", default: false },
+    sweep: { type: "boolean", default: false },
+    sr: { type: "boolean", default: false },
+  },
 });
 const QUICK = args.quick ?? false;
 
@@ -62,6 +66,7 @@ const SHAPES = QUICK ? [{ name: "small", k: 2048, n: 4096 }] : [
   { name: "ffn_up_exps", k: 2048, n: 512 * 256 },
   { name: "ffn_down_exps", k: 512, n: 2048 * 256 },
   { name: "attn_qkv", k: 2048, n: 8192 },
+  { name: "attn_gate", k: 2048, n: 4096 },
   { name: "ssm_out", k: 4096, n: 2048 },
   { name: "output", k: 2048, n: 248320 },
 ];
@@ -173,13 +178,28 @@ for (const c of CASES) {
     gbps: ceiling,
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
-  if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
-    const sweep = [[64, 1, 1], [32, 1, 1], [128, 1, 1], [64, 2, 2], [32, 4, 2], [32, 2, 2]] as const;
+  if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0" || c.type === "Q6_K")) {
+    // TEAM, ROWS, UNROLL: ROWS ≤ 4 is the array-free batch-1 path (rows share each x quad), 8 the general one.
+    const sweep = [
+      [32, 1, 1],
+      [32, 1, 2],
+      [32, 2, 2],
+      [32, 4, 1],
+      [32, 4, 2],
+      [32, 8, 2],
+      [64, 1, 2],
+      [64, 2, 2],
+      [64, 4, 2],
+      [16, 4, 2],
+      [128, 1, 2],
+    ] as const;
     const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1 };
-    for (const [team, rows, unroll] of sweep) variants.push(matvecConstants(shape, { team, rows, unroll }));
-    // The strength-reduced loop (SR = 1) and, at the same TEAM, the array-free loop it replaces (SR = 0).
-    for (const team of [32, 64]) {
-      if (team > c.k / 8) continue;
+    for (const [team, rows, unroll] of sweep) {
+      if (team <= c.k / 8) variants.push(matvecConstants(shape, { team, rows, unroll }));
+    }
+    // The strength-reduced loop (SR = 1) with `--sr`.
+    for (const team of args.sr ? [32, 64] : []) {
+      if (team > c.k / 8 || c.type === "Q6_K") continue;
       for (const unroll of [1, 2, 4, 8]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
     }
   }

@@ -109,7 +109,7 @@ for (const [name, s] of Object.entries(shapes)) {
   device.queue.writeBuffer(params, 0, moeMatvecParams(s.shape));
   const def = moeMatvecConstants(s.shape);
   for (const team of [8, 16, 32, 64, 128, 256]) {
-    for (const rows of [1, 2, 4, 8]) {
+    for (const rows of [1, 2, 4]) {
       if (team > s.shape.k / 8) continue;
       const c = moeMatvecConstants(s.shape, undefined, { team, rows });
       const pipeline = await cache.get(MOE_MATVEC, c);

@@ -153,6 +153,11 @@ export interface StageOptions {
     readonly gateUp?: { readonly team: number; readonly rows: number };
     readonly down?: { readonly team: number; readonly rows: number };
   };
+  /**
+   * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
+   * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step).
+   */
+  readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
 }
@@ -270,6 +275,7 @@ export class Stage {
   readonly #zeroIds: GPUBuffer;
   readonly #graphs = new Map<string, Op[]>();
   readonly #moeTuning: StageOptions["moeTuning"];
+  readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #decoders = new Map<string, Decoder>();
   readonly #selectors = new Map<string, Selector>();
   readonly #batchGraphs = new Map<string, { ops: Op[]; pos: GPUBuffer[] }>();
@@ -290,6 +296,7 @@ export class Stage {
     maxChunk: number;
     normPrologueMaxRows: number;
     moeTuning: StageOptions["moeTuning"];
+    matvecTuning: StageOptions["matvecTuning"];
     weights: Map<string, GpuTensor>;
     check: TensorCheck;
     nSlots: number;
@@ -306,6 +313,7 @@ export class Stage {
     this.maxChunk = init.maxChunk;
     this.normPrologueMaxRows = init.normPrologueMaxRows;
     this.#moeTuning = init.moeTuning;
+    this.#matvecTuning = init.matvecTuning;
     this.#weights = init.weights;
     this.#tiedOutput = init.check.tiedOutput;
     let wb = 0;
@@ -439,6 +447,7 @@ export class Stage {
       maxChunk,
       normPrologueMaxRows: opts.normPrologueMaxRows ?? NORM_PROLOGUE_MAX_ROWS,
       moeTuning: opts.moeTuning,
+      matvecTuning: opts.matvecTuning,
       weights,
       check,
       nSlots: opts.nSlots,
@@ -1164,6 +1173,7 @@ export class Stage {
     const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, slots.length, this.#owned, {
       normPrologueMaxRows: this.normPrologueMaxRows,
       moeTuning: this.#moeTuning,
+      matvecTuning: this.#matvecTuning,
     }).build({
       stage: this,
       slot: slots[0]!,
@@ -1330,6 +1340,7 @@ export class Stage {
     const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n, this.#owned, {
       normPrologueMaxRows: this.normPrologueMaxRows,
       moeTuning: this.#moeTuning,
+      matvecTuning: this.#matvecTuning,
     }).build({
       stage: this,
       slot,
@@ -1588,6 +1599,7 @@ class GraphBuilder {
   readonly #owned: GPUBuffer[];
   #unused: GPUBuffer | undefined;
   readonly #normPrologueMaxRows: number;
+  readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #moeTuning: StageOptions["moeTuning"];
   /** A decode norm not pushed yet (see #norm). */
   #pending: { label: string; x: GPUBuffer; w: GpuTensor; y: GPUBuffer } | undefined;
@@ -1599,10 +1611,15 @@ class GraphBuilder {
     hp: Hparams,
     n: number,
     owned: GPUBuffer[],
-    opts: { normPrologueMaxRows: number; moeTuning: StageOptions["moeTuning"] },
+    opts: {
+      normPrologueMaxRows: number;
+      moeTuning: StageOptions["moeTuning"];
+      matvecTuning: StageOptions["matvecTuning"];
+    },
   ) {
     this.#normPrologueMaxRows = opts.normPrologueMaxRows;
     this.#moeTuning = opts.moeTuning;
+    this.#matvecTuning = opts.matvecTuning;
     this.#device = device;
     this.#cache = cache;
     this.#hp = hp;
@@ -1838,6 +1855,7 @@ class GraphBuilder {
         const c = matvecConstants(shape, {
           norm: norm ? { eps: this.#hp.rmsEps } : undefined,
           acc: opts.acc,
+          ...(batch === 1 ? this.#matvecTuning : undefined),
         });
         const params = this.#storage(matvecParams(shape));
         await this.#push(label, MATVEC, c, [

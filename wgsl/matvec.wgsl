@@ -101,18 +101,35 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   }
 }
 
-// Unit u of the row at byte rb times column 0 of x (the ROWS = BATCH = 1 path).
-fn unit_dot1(u: u32, rb: u32) -> f32 {
-  let c = u / 4u;
-  let j = u % 4u;
-  let pos = quant_pos(c, j);
-  let xl = x_quad(params.x_off, pos.x);
-  let xh = x_quad(params.x_off, pos.y);
+// Unit (c, j) of the row at byte rb times the x quads xl, xh (the batch-1 paths: one expression shape for
+// every row, so that a row's sum does not depend on how many rows share its x quads).
+fn unit_row(rb: u32, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>) -> f32 {
   let s = quant_scales(rb, c);
   let q = quant_q(rb, c, j);
   var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
   if (QUANT_HAS_MIN) {
     v -= s.z * dot(xl, vec4<f32>(1.0)) + s.w * dot(xh, vec4<f32>(1.0));
+  }
+  return v;
+}
+
+// Unit u of the team's ROWS (≤ 4) rows at bytes rb.x, rb.y, ... times column 0 of x: the x quads are loaded
+// once for all rows (the batch-1 path; row r's value in component r, the others 0).
+fn unit_rows(u: u32, rb: vec4<u32>) -> vec4<f32> {
+  let c = u / 4u;
+  let j = u % 4u;
+  let pos = quant_pos(c, j);
+  let xl = x_quad(params.x_off, pos.x);
+  let xh = x_quad(params.x_off, pos.y);
+  var v = vec4<f32>(unit_row(rb.x, c, j, xl, xh), 0.0, 0.0, 0.0);
+  if (ROWS >= 2u) {
+    v.y = unit_row(rb.y, c, j, xl, xh);
+  }
+  if (ROWS >= 3u) {
+    v.z = unit_row(rb.z, c, j, xl, xh);
+  }
+  if (ROWS >= 4u) {
+    v.w = unit_row(rb.w, c, j, xl, xh);
   }
   return v;
 }
@@ -180,7 +197,7 @@ fn sr_load(l: SrLane, wi: u32, eq: u32) -> SrLoad {
   return SrLoad(weight_word(wi), weight_word(q), weight_word(q + 1u), weight_word(q + 2u), xl, xh);
 }
 
-// SR = 1: the unit's dot product, the same expression as unit_dot1. Keep its shape (scale vec4, one return
+// SR = 1: the unit's dot product, the same expression as unit_row. Keep its shape (scale vec4, one return
 // of s.x·dot + s.y·dot): which products a driver fuses into FMAs follows the shape of the code, and a version
 // with one return per type differed from SR = 0 in the last bits on lavapipe.
 fn sr_dot(l: SrLane, u: SrLoad) -> f32 {
@@ -284,32 +301,44 @@ fn main(
   }
 
   // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.
-  var rb: array<u32, ROWS>;
-  for (var r = 0u; r < ROWS; r++) {
-    rb[r] = params.w_off + min(row0 + r, params.n - 1u) * params.row_bytes;
-  }
-  var acc: array<array<f32, BATCH>, ROWS>;
-  for (var r = 0u; r < ROWS; r++) {
-    for (var b = 0u; b < BATCH; b++) {
-      acc[r][b] = 0.0;
-    }
-  }
-
   // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
   // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
-  // ROWS = BATCH = 1 runs an array-free loop (one scalar accumulator), a check on whether the general
-  // path's small arrays cost registers or local memory on a driver (docs/PERF.md); it takes one unit per
-  // step whatever UNROLL says. SR = 1 replaces it with the strength-reduced loop (sr_row, header).
-  if (ROWS == 1u && BATCH == 1u && SR == 1u) {
-    acc[0][0] = sr_row(t, rb[0], n_units);
-  } else if (ROWS == 1u && BATCH == 1u) {
-    let rb0 = rb[0];
-    var a = 0.0;
-    for (var u = t; u < n_units; u += TEAM) {
-      a += unit_dot1(u, rb0);
+  // Units are added in the order t, t + TEAM, ... in every path.
+  if (BATCH == 1u && ROWS <= 4u) {
+    // Batch 1, ROWS ≤ 4: array-free (row bases and sums in vec4 components; small arrays cost registers or
+    // local memory on some drivers, docs/PERF.md), each x quad loaded once for the team's rows. SR = 1
+    // (ROWS = 1) runs the strength-reduced loop instead (sr_row, header).
+    let last = params.n - 1u;
+    let rb4 = params.w_off + min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * params.row_bytes;
+    var a4 = vec4<f32>(0.0);
+    if (SR == 1u) {
+      a4.x = sr_row(t, rb4.x, n_units);
+    } else {
+      var u = t;
+      if (UNROLL == 2u) {
+        for (; u + TEAM < n_units; u += 2u * TEAM) {
+          a4 += unit_rows(u, rb4);
+          a4 += unit_rows(u + TEAM, rb4);
+        }
+      }
+      for (; u < n_units; u += TEAM) {
+        a4 += unit_rows(u, rb4);
+      }
     }
-    acc[0][0] = a;
+    for (var r = 0u; r < ROWS; r++) {
+      partial[(team * ROWS + r) * TEAM + t] = a4[r];
+    }
   } else {
+    var rb: array<u32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+      rb[r] = params.w_off + min(row0 + r, params.n - 1u) * params.row_bytes;
+    }
+    var acc: array<array<f32, BATCH>, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+      for (var b = 0u; b < BATCH; b++) {
+        acc[r][b] = 0.0;
+      }
+    }
     var u = t;
     if (UNROLL == 2u) {
       for (; u + TEAM < n_units; u += 2u * TEAM) {
@@ -320,11 +349,10 @@ fn main(
     for (; u < n_units; u += TEAM) {
       unit_acc(u, &rb, &acc);
     }
-  }
-
-  for (var r = 0u; r < ROWS; r++) {
-    for (var b = 0u; b < BATCH; b++) {
-      partial[(b * WG_ROWS + team * ROWS + r) * TEAM + t] = acc[r][b];
+    for (var r = 0u; r < ROWS; r++) {
+      for (var b = 0u; b < BATCH; b++) {
+        partial[(b * WG_ROWS + team * ROWS + r) * TEAM + t] = acc[r][b];
+      }
     }
   }
   workgroupBarrier();

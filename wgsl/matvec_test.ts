@@ -51,10 +51,13 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const other = [2, 4, 5, 6, 7][QUANT_TYPES.indexOf(type) % 5]!;
   shapes.push({ type, k: 2 * be, n: 11, batch: other });
   if (type === "IQ4_XS" || type === "Q8_0") shapes.push({ type, k: 2048, n: 24, batch: 1 }); // real K, TEAM 64
-  shapes.push({ type, k: 2 * be, n: 21, batch: 1 }); // ROWS 1: the array-free path (index set below)
+  // Batch 1 with ROWS 1, 2 or 3 (the array-free path; 3 leaves a vec4 component unused) or 8 (the general path),
+  // by type (set below).
+  shapes.push({ type, k: 2 * be, n: 21, batch: 1 });
+  const lastRows = [1, 2, 3, 8][QUANT_TYPES.indexOf(type) % 4]!;
   // UNROLL 1 on the batch-3 cases (odd N, slice) and the other-batch case, the default 2 elsewhere.
   return shapes.map((shape, i) => {
-    const rows = i === shapes.length - 1 ? 1 : undefined;
+    const rows = i === shapes.length - 1 ? lastRows : undefined;
     const constants = matvecConstants(shape, { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows });
     const what = `matvec ${type} ne=[${shape.k}, ${shape.n}] batch ${shape.batch} ${
       JSON.stringify(constants)

@@ -151,7 +151,7 @@ export function checkMoeMatvec(shape: MoeMatvecShape, c: MoeMatvecConstants, b: 
     isPow2(c.TEAM) && c.TEAM <= 256,
     `Kernel moe_matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`,
   );
-  checkInt("Kernel moe_matvec: ROWS", c.ROWS, 1, 8);
+  checkInt("Kernel moe_matvec: ROWS", c.ROWS, 1, 4);
   checkInt("Kernel moe_matvec: nCols", shape.nCols, 1, MAX_WORKGROUPS_PER_DIM);
   checkInt("Kernel moe_matvec: xDiv", shape.xDiv, 1, shape.nCols);
   checkShape(

@@ -27,9 +27,9 @@
 // t of a team takes units t, t + TEAM, ... of all its rows (as matvec.wgsl: a warp reads consecutive weight
 // words and neighbouring x quads, each x quad serves every row and matrix from registers). Partials are
 // added in workgroup memory in two levels of 8 (or fewer).
-// Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..8): u32; GATE_UP, ROUTE: bool;
+// Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..4): u32; GATE_UP, ROUTE: bool;
 //   N_EXPERT, N_EXPERT_USED: u32 and W_SCALE: f32 (the routing's, lib/route.wgsl; placeholders without ROUTE).
-// Workgroup memory: 8·256·ROWS bytes + 2048 (IQ4 table) ≤ 32 KiB: ROWS ≤ 8 (fits at 18 KiB).
+// Workgroup memory: 8·256·ROWS bytes + 2048 (IQ4 table): 10 KiB at ROWS 4.
 // Limits: K % 32 == 0, byte offsets multiples of 4.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
@@ -63,13 +63,42 @@ fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
 }
 
-// Adds unit u (8 weights) of each row of each matrix times the matching x quads to `acc`.
-fn unit_acc(
-  u: u32,
-  xb: u32,
-  rb: ptr<function, array<array<u32, ROWS>, 2>>,
-  acc: ptr<function, array<array<f32, ROWS>, 2>>,
-) {
+// Unit (c, j) of the row at byte rb times the x quads xl, xh (with their sums sxl, sxh for types with a min).
+fn unit_row(rb: u32, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> f32 {
+  let s = quant_scales(rb, c);
+  let q = quant_q(rb, c, j);
+  var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
+  if (QUANT_HAS_MIN) {
+    v -= s.z * sxl + s.w * sxh;
+  }
+  return v;
+}
+
+// Unit (c, j) of the team's ROWS (≤ 4) rows of one matrix at bytes rb.x, rb.y, ...: row r's value in component
+// r (the others 0). Row bases and sums live in vec4 components, not arrays: small arrays cost registers or
+// local memory on some drivers (docs/PERF.md).
+fn unit_rows(rb: vec4<u32>, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> vec4<f32> {
+  var v = vec4<f32>(unit_row(rb.x, c, j, xl, xh, sxl, sxh), 0.0, 0.0, 0.0);
+  if (ROWS >= 2u) {
+    v.y = unit_row(rb.y, c, j, xl, xh, sxl, sxh);
+  }
+  if (ROWS >= 3u) {
+    v.z = unit_row(rb.z, c, j, xl, xh, sxl, sxh);
+  }
+  if (ROWS >= 4u) {
+    v.w = unit_row(rb.w, c, j, xl, xh, sxl, sxh);
+  }
+  return v;
+}
+
+// Sums of the invocation's rows: gate (or the only matrix) and up.
+struct Acc {
+  g: vec4<f32>,
+  u: vec4<f32>,
+}
+
+// Adds unit u (8 weights) of each row of each matrix (row bases rbg, rbu) times the matching x quads to `a`.
+fn unit_acc(u: u32, xb: u32, rbg: vec4<u32>, rbu: vec4<u32>, a: Acc) -> Acc {
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
@@ -77,17 +106,12 @@ fn unit_acc(
   let xh = x[(xb + pos.y) >> 2u];
   let sxl = dot(xl, vec4<f32>(1.0));
   let sxh = dot(xh, vec4<f32>(1.0));
-  for (var m = 0u; m < MATS; m++) {
-    for (var r = 0u; r < ROWS; r++) {
-      let s = quant_scales((*rb)[m][r], c);
-      let q = quant_q((*rb)[m][r], c, j);
-      var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
-      if (QUANT_HAS_MIN) {
-        v -= s.z * sxl + s.w * sxh;
-      }
-      (*acc)[m][r] += v;
-    }
+  var r = a;
+  r.g += unit_rows(rbg, c, j, xl, xh, sxl, sxh);
+  if (GATE_UP) {
+    r.u += unit_rows(rbu, c, j, xl, xh, sxl, sxh);
   }
+  return r;
 }
 
 @compute @workgroup_size(256)
@@ -133,33 +157,23 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   let row0 = wid.x * WG_ROWS + team * ROWS;
 
   // Rows past N read row N-1 (in bounds) and are never stored.
-  var rb: array<array<u32, ROWS>, 2>;
-  for (var m = 0u; m < MATS; m++) {
-    let base = params[4u + m] + e * params[3];
-    for (var r = 0u; r < ROWS; r++) {
-      rb[m][r] = base + min(row0 + r, n - 1u) * params[2];
-    }
-  }
-  var acc: array<array<f32, ROWS>, 2>;
-  for (var m = 0u; m < 2u; m++) {
-    for (var r = 0u; r < ROWS; r++) {
-      acc[m][r] = 0.0;
-    }
-  }
+  let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
+  let rbg = params[4] + e * params[3] + rows;
+  let rbu = params[5] + e * params[3] + rows;
+  var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
   let n_units = k / 8u;
   // Two units per step: their loads are independent, so twice the bytes are in flight per invocation.
   var u = t;
   for (; u + TEAM < n_units; u += 2u * TEAM) {
-    unit_acc(u, xb, &rb, &acc);
-    unit_acc(u + TEAM, xb, &rb, &acc);
+    acc = unit_acc(u, xb, rbg, rbu, acc);
+    acc = unit_acc(u + TEAM, xb, rbg, rbu, acc);
   }
   for (; u < n_units; u += TEAM) {
-    unit_acc(u, xb, &rb, &acc);
+    acc = unit_acc(u, xb, rbg, rbu, acc);
   }
-  for (var m = 0u; m < 2u; m++) {
-    for (var r = 0u; r < ROWS; r++) {
-      partial[(m * WG_ROWS + team * ROWS + r) * TEAM + t] = acc[m][r];
-    }
+  for (var r = 0u; r < ROWS; r++) {
+    partial[(team * ROWS + r) * TEAM + t] = acc.g[r];
+    partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = acc.u[r];
   }
   // The column test above returned whole workgroups only (col is the workgroup's y), so this barrier is
   // reached by all invocations of every workgroup that got here.

@@ -120,10 +120,11 @@ export interface MatvecOp {
 }
 
 /**
- * The default variant for a shape, from the H200 sweeps in docs/PERF.md ("matvec v2", "array-free path"):
- * TEAM = the largest power of two ≤ K/8 (units per row) and ≤ 32, or 64 from K = 4096; batch 1 uses
- * ROWS = 1 (the array-free path) from K = 2048 and ROWS = 4 below (short rows need more rows per workgroup);
- * batches use ROWS = 4 up to 4 columns and 2 above (registers); UNROLL = 2 (no measured difference).
+ * The default variant for a shape, from the H200 sweeps in docs/PERF.md ("matvec v2", "array-free path",
+ * "rows in vec4 components"): TEAM = the largest power of two ≤ K/8 (units per row) and ≤ 32, or 64 from
+ * K = 4096; batch 1 uses ROWS = 4 with UNROLL 1 from N = 8192 (rows share x quads), else ROWS = 1 from
+ * K = 2048 (more workgroups) and ROWS = 4 below (short rows need more rows per workgroup); batches use
+ * ROWS = 4 up to 4 columns and 2 above (registers); UNROLL = 2 elsewhere.
  */
 export function matvecConstants(
   shape: MatvecShape,
@@ -141,13 +142,17 @@ export function matvecConstants(
   const cap = shape.k >= 4096 ? 64 : 32;
   let team = 1;
   while (team * 2 <= Math.min(cap, units)) team *= 2;
-  const rows = shape.batch === 1 ? (shape.k >= 2048 ? 1 : 4) : shape.batch <= 4 ? 4 : 2;
+  // Batch 1: 4 rows per team share each x quad on tall matrices (N ≥ 8192 still gives ≥ 256 workgroups),
+  // one unit per step there (Q8_0 loses 10-15% at 2, IQ4_XS and Q6_K gain ≤ 2%); shorter ones keep more
+  // workgroups with ROWS 1 from K = 2048.
+  const tall = shape.batch === 1 && shape.n >= 8192;
+  const rows = shape.batch === 1 ? (tall || shape.k < 2048 ? 4 : 1) : shape.batch <= 4 ? 4 : 2;
   const c: MatvecConstants = {
     TYPE: TYPE_ID[shape.type],
     TEAM: opts.team ?? team,
     ROWS: opts.rows ?? (opts.sr ? 1 : rows),
     BATCH: shape.batch,
-    UNROLL: opts.unroll ?? 2,
+    UNROLL: opts.unroll ?? (tall ? 1 : 2),
     SR: opts.sr ? 1 : 0,
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,

@@ -16,7 +16,9 @@
 // owns ROWS rows. A row is K/8 units of 8 weights (4 units per 32-weight chunk, lib/quant.wgsl); invocation t
 // of a team takes units t, t + TEAM, ... of all its rows, so the invocations of a warp read consecutive weight
 // words and neighbouring x quads (coalesced), and each x quad it loads serves ROWS rows from registers. Each
-// invocation keeps ROWS·BATCH f32 accumulators; the team partials are added in workgroup memory in two
+// invocation keeps ROWS·BATCH f32 accumulators: at batch 1 with ROWS ≤ 4 in the components of one vec4 (row
+// bases in a vec4<u32>), with no arrays (small arrays cost registers or local memory on some drivers;
+// docs/PERF.md measured 1.2-1.3× on the H200); the team partials are added in workgroup memory in two
 // levels of 8 (or fewer) so that all invocations share the work.
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
 // SR = 1 (strength-reduced batch-1 loop; TYPE 23 or 8, TEAM % 32 == 0, ROWS = BATCH = 1): since TEAM is a

@@ -55,10 +55,11 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   // by type (set below).
   shapes.push({ type, k: 2 * be, n: 21, batch: 1 });
   const lastRows = [1, 2, 3, 8][QUANT_TYPES.indexOf(type) % 4]!;
-  // UNROLL 1 on the batch-3 cases (odd N, slice) and the other-batch case, the default 2 elsewhere.
+  // UNROLL 1 on the batch-3 cases (odd N, slice), the other-batch case and the last, the default 2 elsewhere.
   return shapes.map((shape, i) => {
-    const rows = i === shapes.length - 1 ? lastRows : undefined;
-    const constants = matvecConstants(shape, { unroll: i === 1 || i === 5 || i === 6 ? 1 : 2, rows });
+    const last = i === shapes.length - 1;
+    const rows = last ? lastRows : undefined;
+    const constants = matvecConstants(shape, { unroll: i === 1 || i === 5 || i === 6 || last ? 1 : 2, rows });
     const what = `matvec ${type} ne=[${shape.k}, ${shape.n}] batch ${shape.batch} ${
       JSON.stringify(constants)
     }`;

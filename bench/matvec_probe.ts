@@ -41,7 +41,7 @@ interface Variant {
   rows: number;
 }
 
-const NOX = 1, NOTAB = 2, NOHDR = 4, NOMATH = 8, TAB32 = 16;
+const NOX = 1, NOTAB = 2, NOHDR = 4, NOMATH = 8, TAB32 = 16, Q8X = 32;
 
 /** `f(i)` for i < n, joined by newlines (the generated code is unrolled over rows and units). */
 function each(n: number, f: (i: number) => string): string {
@@ -50,6 +50,27 @@ function each(n: number, f: (i: number) => string): string {
 
 /** wgsl/lib/common.wgsl (the codebook arithmetic and the byte-to-f32 trick), included in every variant. */
 const COMMON = await Deno.readTextFile(new URL("../wgsl/lib/common.wgsl", import.meta.url));
+
+/** Q8X: one unit step (8 weights of R rows against one int8 x quad pair), suffix-free (scoped block). */
+function stepQ8x(v: Variant, u: string): string {
+  const R = v.rows;
+  return `
+    {
+      let c = (${u}) >> 2u;
+      let j = (${u}) & 3u;
+      let ib = c & 7u;
+      let boff = 136u * (c >> 3u);
+      let xv = xq8[${u}];
+      let dx = bitcast<f32>(xv.z);
+      ${
+    each(R, (r) =>
+      `let blk${r} = (rb${r} + boff) >> 2u;
+      let s${r} = scale(blk${r}, ib) * dx;
+      let p${r} = pack8(weights[blk${r} + 2u + 4u * ib + j]);`)
+  }
+      ${each(R, (r) => `a${r} += s${r} * f32(dot4I8Packed(p${r}.x, xv.x) + dot4I8Packed(p${r}.y, xv.y));`)}
+    }`;
+}
 
 function source(v: Variant): string {
   const R = v.rows;
@@ -85,6 +106,8 @@ function source(v: Variant): string {
   }
     }`;
   const upu = v.vec === 1 ? 16 : 8;
+  const q8 = (v.mode & Q8X) !== 0;
+  const unitStep = (u: string) => q8 ? stepQ8x(v, u) : step(u);
   return `
 const WG: u32 = ${v.wg}u;
 const MODE: u32 = ${v.mode}u;
@@ -97,6 +120,11 @@ struct Params { k: u32, n: u32, row_bytes: u32, w_off: u32 }
 @group(0) @binding(4) var<storage, read_write> occ: array<atomic<u32>, 4>;
 @group(0) @binding(5) var<storage, read> weights2: array<vec2<u32>>;
 var<workgroup> tab32: array<f32, 512>;
+${q8 ? "@group(0) @binding(6) var<storage, read> xq8: array<vec4<u32>>;" : ""}
+// Q8X: the codebook as int8 bytes: tab8[b] = kv[b & 15] in byte 0, kv[b >> 4] in byte 2 (shared table), or
+// tab8b[n·32 + lane] = kv[n] in byte 0 (TAB32: one copy per bank).
+var<workgroup> tab8: array<u32, 256>;
+var<workgroup> tab8b: array<u32, 512>;
 var<workgroup> partial: array<f32, ${v.wg * R}>;
 var<private> lane: u32;
 
@@ -117,6 +145,26 @@ fn decode(w: u32) -> array<vec4<f32>, 2> {
     );
   }
   return common_kv_word(w);
+}
+// Q8X: the 8 codebook values of qs word w as two int8x4 words: [lo b0, lo b1, hi b0, hi b1], [lo b2, lo b3, hi b2,
+// hi b3] (the int8 x is stored in the same order). NOTAB: the raw nibbles (timing only).
+fn pack8(w: u32) -> vec2<u32> {
+  if ((MODE & ${NOTAB}u) != 0u) {
+    return vec2<u32>(w & 0x0F0F0F0Fu, (w >> 4u) & 0x0F0F0F0Fu);
+  }
+  if ((MODE & ${TAB32}u) != 0u) {
+    let lo = (vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(0xFu)) * 32u + lane;
+    let hi = (vec4<u32>(w >> 4u, w >> 12u, w >> 20u, w >> 28u) & vec4<u32>(0xFu)) * 32u + lane;
+    return vec2<u32>(
+      tab8b[lo.x] | (tab8b[lo.y] << 8u) | (tab8b[hi.x] << 16u) | (tab8b[hi.y] << 24u),
+      tab8b[lo.z] | (tab8b[lo.w] << 8u) | (tab8b[hi.z] << 16u) | (tab8b[hi.w] << 24u),
+    );
+  }
+  let t0 = tab8[w & 0xFFu];
+  let t1 = tab8[(w >> 8u) & 0xFFu];
+  let t2 = tab8[(w >> 16u) & 0xFFu];
+  let t3 = tab8[w >> 24u];
+  return vec2<u32>(t0 | (t1 << 8u), t2 | (t3 << 8u));
 }
 fn xq(i: u32, u: u32) -> vec4<f32> {
   if ((MODE & ${NOX}u) != 0u) {
@@ -147,7 +195,18 @@ fn main(
     atomicMax(&occ[1], c + 1u);
   }
   lane = lid & 31u;
-  if ((MODE & ${TAB32}u) != 0u) {
+  if (${q8} && (MODE & ${TAB32}u) != 0u) {
+    for (var i = lid; i < 512u; i += WG) {
+      tab8b[i] = u32(i32(common_kvalues(vec4<u32>(i >> 5u)).x)) & 0xFFu;
+    }
+    workgroupBarrier();
+  } else if (${q8} && (MODE & ${NOTAB}u) == 0u) {
+    for (var i = lid; i < 256u; i += WG) {
+      let kv = vec2<i32>(common_kvalues(vec4<u32>(i & 15u, i >> 4u, 0u, 0u)).xy);
+      tab8[i] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
+    }
+    workgroupBarrier();
+  } else if ((MODE & ${TAB32}u) != 0u) {
     for (var i = lid; i < 512u; i += WG) {
       tab32[i] = common_kvalues(vec4<u32>(i >> 5u)).x;
     }
@@ -172,12 +231,12 @@ fn main(
   ${
     v.unroll > 1
       ? `for (; u + ${32 * (v.unroll - 1)}u < n_units; u += ${32 * v.unroll}u) {
-    ${each(v.unroll, (i) => step(`u + ${32 * i}u`))}
+    ${each(v.unroll, (i) => unitStep(`u + ${32 * i}u`))}
   }`
       : ""
   }
   for (; u < n_units; u += 32u) {
-    ${step("u")}
+    ${unitStep("u")}
   }
   ${each(R, (r) => `partial[${r}u * WG + lid] = a${r};`)}
   workgroupBarrier();
@@ -227,6 +286,36 @@ const occ = device.createBuffer({
 });
 const occRead = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
 const sink = device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
+const xq8Buf = device.createBuffer({
+  size: 2 * 8192,
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+});
+
+/**
+ * Q8X: x quantized to int8 per 32-element chunk (d = max|x| / 127, q = round(x / d)), stored per 8-weight unit
+ * u = 4c + j as vec4<u32>(X0, X1, d, 0) with X0 = q at chunk positions [4j, 4j+1, 16+4j, 16+4j+1] and
+ * X1 = [4j+2, 4j+3, 16+4j+2, 16+4j+3] (the order pack8 puts the codebook bytes in); also the dequantized x.
+ */
+function quantizeX(xs: Float32Array): { words: Uint32Array<ArrayBuffer>; deq: Float64Array } {
+  const words = new Uint32Array(xs.length / 2);
+  const f = new Float32Array(words.buffer);
+  const deq = new Float64Array(xs.length);
+  for (let c = 0; c < xs.length / 32; c++) {
+    let amax = 0;
+    for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(xs[32 * c + i]!));
+    const d = Math.fround(amax / 127);
+    const q = (i: number) => (d === 0 ? 0 : Math.round(xs[32 * c + i]! / d));
+    for (let i = 0; i < 32; i++) deq[32 * c + i] = d * q(i);
+    const pack = (a: number[]) => a.reduce((w, i, b) => w | ((q(i) & 0xff) << (8 * b)), 0) >>> 0;
+    for (let j = 0; j < 4; j++) {
+      const u = 4 * c + j;
+      words[4 * u] = pack([4 * j, 4 * j + 1, 16 + 4 * j, 17 + 4 * j]);
+      words[4 * u + 1] = pack([4 * j + 2, 4 * j + 3, 18 + 4 * j, 19 + 4 * j]);
+      f[4 * u + 2] = d;
+    }
+  }
+  return { words, deq };
+}
 const params = device.createBuffer({
   size: 256 * 17,
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
@@ -238,24 +327,19 @@ const SHAPES = QUICK ? [{ name: "small", k: 2048, n: 8192 }] : [
   { name: "output", k: 2048, n: 248320 },
 ];
 const VARIANTS: Variant[] = [
+  // Round 3: the current production shape (shared table, ROWS 1 and 4), then int8 x (Q8X) with dot4I8Packed.
   { mode: 0, wg: 256, unroll: 1, vec: 0, rows: 1 },
-  { mode: TAB32, wg: 256, unroll: 1, vec: 0, rows: 1 },
-  { mode: TAB32, wg: 256, unroll: 2, vec: 0, rows: 1 },
-  { mode: TAB32, wg: 256, unroll: 1, vec: 0, rows: 2 },
-  { mode: TAB32, wg: 256, unroll: 1, vec: 0, rows: 4 },
-  { mode: TAB32, wg: 256, unroll: 2, vec: 0, rows: 2 },
-  { mode: TAB32, wg: 256, unroll: 1, vec: 1, rows: 1 },
-  { mode: TAB32, wg: 256, unroll: 2, vec: 1, rows: 1 },
-  { mode: TAB32, wg: 256, unroll: 1, vec: 1, rows: 2 },
-  { mode: TAB32, wg: 256, unroll: 1, vec: 1, rows: 4 },
-  { mode: TAB32, wg: 128, unroll: 1, vec: 1, rows: 2 },
   { mode: 0, wg: 256, unroll: 1, vec: 0, rows: 4 },
-  { mode: 0, wg: 256, unroll: 1, vec: 1, rows: 2 },
-  { mode: NOTAB, wg: 256, unroll: 1, vec: 1, rows: 2 },
-  { mode: NOTAB, wg: 256, unroll: 2, vec: 1, rows: 2 },
-  { mode: NOX | NOTAB, wg: 256, unroll: 2, vec: 1, rows: 2 },
-  { mode: NOX | NOTAB | NOHDR | NOMATH, wg: 256, unroll: 2, vec: 1, rows: 2 },
-  { mode: NOX | NOTAB | NOHDR | NOMATH, wg: 256, unroll: 4, vec: 1, rows: 1 },
+  { mode: TAB32, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X, wg: 256, unroll: 1, vec: 0, rows: 1 },
+  { mode: Q8X, wg: 256, unroll: 2, vec: 0, rows: 1 },
+  { mode: Q8X, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  { mode: Q8X, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X, wg: 256, unroll: 2, vec: 0, rows: 4 },
+  { mode: Q8X | TAB32, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  { mode: Q8X | TAB32, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X | NOTAB, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X | NOTAB | NOHDR, wg: 256, unroll: 1, vec: 0, rows: 4 },
 ];
 
 const pipes = new Map<string, GPUComputePipeline>();
@@ -314,17 +398,25 @@ for (const s of SHAPES) {
   line({ kernel: "stream_read", case: s.name, ms: tStream * 1e3, gbps: ceiling });
   // --quick: valid blocks in copy 0 and a float64 reference, to check the modes that compute real values.
   let ref: Float64Array | undefined;
+  let ref8: Float64Array | undefined;
   const xs = new Float32Array(s.k).map(() => Math.random() - 0.5);
+  const x8 = quantizeX(xs);
+  device.queue.writeBuffer(xq8Buf, 0, x8.words);
   if (QUICK) {
     const blocks = randomBlocks("IQ4_XS", (s.k / 256) * s.n, { scale: 0.05, seed: 3 });
     device.queue.writeBuffer(weights, 0, blocks as Uint8Array<ArrayBuffer>);
     device.queue.writeBuffer(xBuf, 0, xs);
     const w = dequantize("IQ4_XS", blocks, s.k * s.n);
     ref = new Float64Array(s.n);
+    ref8 = new Float64Array(s.n);
     for (let r = 0; r < s.n; r++) {
-      let a = 0;
-      for (let k = 0; k < s.k; k++) a += w[r * s.k + k]! * xs[k]!;
+      let a = 0, a8 = 0;
+      for (let k = 0; k < s.k; k++) {
+        a += w[r * s.k + k]! * xs[k]!;
+        a8 += w[r * s.k + k]! * x8.deq[k]!;
+      }
       ref[r] = a;
+      ref8[r] = a8;
     }
   }
   for (const v of VARIANTS) {
@@ -341,7 +433,11 @@ for (const s of SHAPES) {
           { binding: 3, resource: { buffer: yBuf } },
           { binding: 4, resource: { buffer: occ } },
           { binding: 5, resource: { buffer: weights } },
-        ].filter((e) => e.binding !== 5 || v.vec === 1),
+          { binding: 6, resource: { buffer: xq8Buf } },
+        ].filter((e) =>
+          (e.binding !== 5 || v.vec === 1) && (e.binding !== 6 || (v.mode & Q8X) !== 0) &&
+          (e.binding !== 2 || (v.mode & Q8X) === 0)
+        ),
       }));
     }
     const bindErr = await device.popErrorScope();
@@ -372,7 +468,8 @@ for (const s of SHAPES) {
     const o = new Uint32Array(occRead.getMappedRange().slice(0));
     occRead.unmap();
     let maxErr: number | undefined;
-    if (ref && (v.mode & (NOX | NOTAB | NOHDR | NOMATH)) === 0) {
+    const want = (v.mode & Q8X) !== 0 ? ref8 : ref;
+    if (want && (v.mode & (NOX | NOTAB | NOHDR | NOMATH)) === 0) {
       const enc2 = device.createCommandEncoder();
       const pass2 = enc2.beginComputePass();
       pass2.setPipeline(pipe);
@@ -390,7 +487,7 @@ for (const s of SHAPES) {
       rd.destroy();
       maxErr = 0;
       for (let r = 0; r < s.n; r++) {
-        maxErr = Math.max(maxErr, Math.abs(got[r]! - ref[r]!) / (Math.abs(ref[r]!) + 1e-3));
+        maxErr = Math.max(maxErr, Math.abs(got[r]! - want[r]!) / (Math.abs(want[r]!) + 1e-3));
       }
     }
     const gbps = tBytes / t / 1e9;
@@ -398,8 +495,9 @@ for (const s of SHAPES) {
       kernel: "probe",
       case: s.name,
       ...v,
-      flags: [["NOX", NOX], ["NOTAB", NOTAB], ["NOHDR", NOHDR], ["NOMATH", NOMATH], ["TAB32", TAB32]]
-        .filter(([, b]) => (v.mode & (b as number)) !== 0).map(([n]) => n).join("|") || "-",
+      flags:
+        [["NOX", NOX], ["NOTAB", NOTAB], ["NOHDR", NOHDR], ["NOMATH", NOMATH], ["TAB32", TAB32], ["Q8X", Q8X]]
+          .filter(([, b]) => (v.mode & (b as number)) !== 0).map(([n]) => n).join("|") || "-",
       ms: t * 1e3,
       gbps,
       ofCeiling: gbps / ceiling,

@@ -3,7 +3,8 @@
  * D_K=D_V=128), the chunked kernels (`gdn_chunk_prep`, `gdn_chunk`, `gdn_chunk_norm`, each timed alone and the
  * three together) beside `gdn_step` over the same tokens.
  *
- * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]`.
+ * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]
+ * [--split 1,2,4,8]` (`--split`: `gdn_step` with those SPLIT values, plus `gdn_chunk_norm` above 1).
  * Timestamp queries around one compute pass of `reps` repetitions when the adapter has them, else wall clock;
  * the best of 5 such passes after 3 untimed ones.
  * Prints one JSON line per measurement, never asserts.
@@ -21,6 +22,7 @@ import {
   type GdnStepBindings,
   type GdnStepConstants,
   gdnStepGrid,
+  gdnStepNeedsNorm,
   packGdnParams,
 } from "../wgsl/gdn_step.ts";
 
@@ -30,11 +32,13 @@ const { values: args } = parseArgs({
     reps: { type: "string", default: "5" },
     "step-max": { type: "string", default: "2048" },
     tiled: { type: "boolean", default: false },
+    split: { type: "string", default: "1" },
   },
 });
 const ns = args.n!.split(",").map(Number);
 const reps = Number(args.reps);
 const stepMax = Number(args["step-max"]);
+const splits = args.split!.split(",").map(Number);
 
 const gpu = await acquireGpu();
 const device = gpu.device;
@@ -58,6 +62,7 @@ const c: GdnStepConstants = {
   KAPPA_TILED: args.tiled!,
   BA_GROUPED: !args.tiled,
   A_OFF: 0,
+  SPLIT: 1,
 };
 const d = gdnDims(c);
 const maxN = Math.max(...ns);
@@ -103,7 +108,6 @@ function time(encode: (pass: GPUComputePassEncoder) => void): Promise<number> {
 }
 
 const pipes = await prepareGdnChunk(cache, c);
-const step = await cache.get(GDN_STEP, c);
 for (const n of ns) {
   const bindings: GdnStepBindings = { ...base, params: buf(2) };
   device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
@@ -119,15 +123,20 @@ for (const n of ns) {
   for (let i = 0; i < ds.length; i++) parts[ds[i]!.spec.name] = us(await time(one(i)));
   const all = await time((pass) => [0, 1, 2].forEach((i) => one(i)(pass)));
   line({ what: "gdn_chunk", nTokens: n, us: us(all), usPerToken: us(all / n), parts });
-  if (n <= stepMax) {
+  for (const split of n <= stepMax ? splits : []) {
+    // SPLIT > 1: the step writes o before the gated norm, so gdn_chunk_norm (ds[2]) follows it.
+    const cs = { ...c, SPLIT: split };
+    const step = await cache.get(GDN_STEP, cs);
     const g = bindGroup(device, step, GDN_STEP_BINDINGS.map((k) => bindings[k]));
     const s = await time((pass) => {
       pass.setPipeline(step);
       pass.setBindGroup(0, g);
-      pass.dispatchWorkgroups(...gdnStepGrid(c));
+      pass.dispatchWorkgroups(...gdnStepGrid(cs));
+      if (gdnStepNeedsNorm(cs)) one(2)(pass);
     });
     line({
       what: "gdn_step",
+      split,
       nTokens: n,
       us: us(s),
       usPerToken: us(s / n),

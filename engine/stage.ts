@@ -97,10 +97,17 @@ import {
   GDN_STEP,
   GDN_STEP_BINDINGS,
   gdnDims,
+  type GdnStepBindings,
   type GdnStepConstants,
   gdnStepGrid,
+  gdnStepNeedsNorm,
 } from "../wgsl/gdn_step.ts";
-import { gdnChunkDispatches, gdnChunkScratchBytes } from "../wgsl/gdn_chunk.ts";
+import {
+  GDN_CHUNK_NORM,
+  GDN_CHUNK_NORM_BINDINGS,
+  gdnChunkDispatches,
+  gdnChunkScratchBytes,
+} from "../wgsl/gdn_chunk.ts";
 import {
   checkGdnConvRing,
   GDN_CONV_RING,
@@ -1276,6 +1283,7 @@ export class Stage {
       KAPPA_TILED: kappaTiled(hp),
       BA_GROUPED: layout === "ssm_in" || layout === "qkv_ba",
       A_OFF: 0,
+      SPLIT: gdnSplit(hp.ssmInner / hp.ssmDtRank),
     };
   }
 
@@ -1499,6 +1507,15 @@ function sharedFusable(
     const s = file.tensor(shared[i]!);
     return r.type.id === s.type.id && r.nbytes % PACK_ALIGN_BYTES === 0;
   });
+}
+
+/**
+ * Workgroups per v-head of `gdn_step` (its SPLIT): 4 where the head dim allows (D_V a multiple of 64), else 2 or
+ * 1. H200, bench/gdn_chunk.ts at 35B-A3B dims, one decode step with the gated norm: 20.3 µs at 1, 16.9 at 2,
+ * 14.9 at 4, 15.0 at 8 (docs/PERF.md).
+ */
+function gdnSplit(dV: number): number {
+  return [4, 2, 1].find((s) => dV % (16 * s) === 0)!;
 }
 
 /** True when the file's κ is the modulo tiling (qwen35moe), false for the grouped one (qwen3next), spec §9. */
@@ -1916,6 +1933,18 @@ class GraphBuilder {
   }
 
   /** A mixer's output projection: decode adds W·x into h (ACC); prefill writes t for the residual add. */
+  /** After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens in place (spec §8.7). */
+  async #gdnStepNorm(label: string, c: GdnStepConstants, b: GdnStepBindings, n: number) {
+    if (!gdnStepNeedsNorm(c)) return;
+    await this.#push(
+      label,
+      GDN_CHUNK_NORM,
+      { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS },
+      GDN_CHUNK_NORM_BINDINGS.map((k) => b[k]),
+      [c.N_V, n, 1],
+    );
+  }
+
   async #outProj(label: string, w: GpuTensor, x: GPUBuffer, t: GPUBuffer, h: GPUBuffer) {
     if (this.#n === 1) await this.#matvec(`${label}+residual`, w, x, h, 1, { acc: true });
     else await this.#matvec(label, w, x, t, this.#n);
@@ -2228,6 +2257,7 @@ class GraphBuilder {
           GDN_STEP_BINDINGS.map((k) => bindings[k]),
           gdnStepGrid(c),
         );
+        await this.#gdnStepNorm(`L${l}.gdn_norm.${col}`, c, bindings, 1);
       }
       await this.#outProj(`L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
       return;
@@ -2264,6 +2294,7 @@ class GraphBuilder {
         GDN_STEP_BINDINGS.map((k) => bindings[k]),
         gdnStepGrid(c),
       );
+      await this.#gdnStepNorm(`L${l}.gdn_norm`, c, bindings, n);
     }
     if (n > 1) {
       const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV };

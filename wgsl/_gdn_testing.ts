@@ -31,7 +31,18 @@ function model(name: string, nK: number, nV: number, d: number, tiled: boolean):
   return {
     name,
     // qwen3next (grouped κ) also takes its b/a in the raw ssm_ba layout, so both gathers are covered.
-    c: { N_K: nK, N_V: nV, D_K: d, D_V: d, K_CONV: 4, EPS, KAPPA_TILED: tiled, BA_GROUPED: !tiled, A_OFF: 0 },
+    c: {
+      N_K: nK,
+      N_V: nV,
+      D_K: d,
+      D_V: d,
+      K_CONV: 4,
+      EPS,
+      KAPPA_TILED: tiled,
+      BA_GROUPED: !tiled,
+      A_OFF: 0,
+      SPLIT: 1,
+    },
   };
 }
 
@@ -43,11 +54,33 @@ export const REAL_35 = model("real qwen35moe", 16, 32, 128, true);
 // invocation, 2·256 + 16 > 512), and D_V < D_K with three column groups; a 2- and a 3-slot ring.
 export const ODD_A: Model = {
   name: "odd dims A",
-  c: { N_K: 1, N_V: 2, D_K: 256, D_V: 16, K_CONV: 2, EPS, KAPPA_TILED: false, BA_GROUPED: true, A_OFF: 0 },
+  c: {
+    N_K: 1,
+    N_V: 2,
+    D_K: 256,
+    D_V: 16,
+    K_CONV: 2,
+    EPS,
+    KAPPA_TILED: false,
+    BA_GROUPED: true,
+    A_OFF: 0,
+    SPLIT: 1,
+  },
 };
 export const ODD_B: Model = {
   name: "odd dims B",
-  c: { N_K: 3, N_V: 6, D_K: 64, D_V: 48, K_CONV: 3, EPS, KAPPA_TILED: true, BA_GROUPED: false, A_OFF: 0 },
+  c: {
+    N_K: 3,
+    N_V: 6,
+    D_K: 64,
+    D_V: 48,
+    K_CONV: 3,
+    EPS,
+    KAPPA_TILED: true,
+    BA_GROUPED: false,
+    A_OFF: 0,
+    SPLIT: 1,
+  },
 };
 
 /** Inputs of a whole token sequence, f32 as the kernels read them. */

@@ -25,6 +25,12 @@ export type GdnStepConstants = {
   readonly BA_GROUPED: boolean;
   /** Word offset of a in its binding when not grouped (N_V: a right after b in one buffer, decode only). */
   readonly A_OFF: number;
+  /**
+   * Workgroups per v-head (1, or a divisor of D_V/16), each owning D_V/SPLIT state columns: more workgroups for
+   * decode. Above 1, y receives o before the gated norm and `gdn_chunk_norm` must run after the dispatch
+   * ({@linkcode gdnStepNeedsNorm}). `gdn_chunk_prep` ignores it.
+   */
+  readonly SPLIT: number;
 };
 
 /** Kernel spec of `gdn_step`. */
@@ -42,6 +48,7 @@ export const GDN_STEP: KernelSpec = {
     KAPPA_TILED: "bool",
     BA_GROUPED: "bool",
     A_OFF: "u32",
+    SPLIT: "u32",
   },
 };
 
@@ -138,6 +145,12 @@ export function checkGdnConstants(c: GdnStepConstants): void {
       `gdn_step: D_V=${c.D_V} must be a multiple of 16 and at most 128 (workgroup storage)`,
     );
   }
+  if (!Number.isInteger(c.SPLIT) || c.SPLIT < 1 || c.D_V % (16 * c.SPLIT) !== 0) {
+    throw new RangeError(
+      `gdn_step: SPLIT=${c.SPLIT} must be a positive integer with D_V=${c.D_V} a multiple of 16·SPLIT ` +
+        `(16 state columns per workgroup at least)`,
+    );
+  }
   if (c.N_V > 65535) throw new RangeError(`gdn_step: N_V=${c.N_V} exceeds 65535 workgroups`);
   if (!(c.EPS > 0)) throw new RangeError(`gdn_step: EPS must be positive, got ${c.EPS}`);
   if (!Number.isInteger(c.A_OFF) || c.A_OFF < 0 || (c.BA_GROUPED && c.A_OFF !== 0)) {
@@ -184,9 +197,14 @@ export function checkGdnStep(
   }
 }
 
-/** Dispatch grid of `gdn_step`: one workgroup per v-head. */
+/** Dispatch grid of `gdn_step`: SPLIT workgroups per v-head. */
 export function gdnStepGrid(c: GdnStepConstants): [number, number, number] {
-  return [c.N_V, 1, 1];
+  return [c.N_V, c.SPLIT, 1];
+}
+
+/** Whether `gdn_chunk_norm` must follow the dispatch (SPLIT > 1: y holds o before the gated norm). */
+export function gdnStepNeedsNorm(c: GdnStepConstants): boolean {
+  return c.SPLIT > 1;
 }
 
 /**

@@ -22,16 +22,21 @@
 // Constants: N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32 (RMS eps, also the L2-norm floor);
 //   KAPPA_TILED: bool (true: κ(h) = h mod N_K, qwen35moe; false: κ(h) = floor(h / (N_V/N_K)), qwen3next, §9);
 //   BA_GROUPED: bool (true: b[h] = U[2r·floor(h/r) + h mod r], a[h] = U[2r·floor(h/r) + r + h mod r], §8.1).
+//   SPLIT: u32 (workgroups per v-head, each owning D_V / SPLIT state columns; > 1 writes o before the gated norm
+//   to y, and gdn_chunk_norm must run after this dispatch);
 //   A_OFF: u32 (not BA_GROUPED: a[h] of token t at word t·N_V + h + A_OFF of its binding; 0 for a buffer of its own,
 //   N_V for a decode whose a follows b in one buffer bound twice; 0 when BA_GROUPED).
-// Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % 16 == 0, D_V <= 128 (workgroup storage, ~21 KiB at
+// Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % (16·SPLIT) == 0, D_V <= 128 (workgroup storage, ~21 KiB at
 // D_K = D_V = 128, stays under lavapipe's 32 KiB); K_CONV >= 1.
 //
-// Grid (N_V, 1, 1): workgroup h owns v-head h for all n tokens. It computes the conv + SiLU of its key head's
-// 2·D_K q/k channels (repeated by the r workgroups sharing κ(h); the one with h mod r == 0, or h < N_K when
-// tiled, writes their ring slot) and of its D_V v channels; local channel lc = lid + 256·i is owned by one
+// Grid (N_V, SPLIT, 1): workgroup (h, s) owns columns s·D_V/SPLIT.. of v-head h's state for all n tokens (a
+// column's recurrence needs no other column; only the gated norm spans the head, hence gdn_chunk_norm after
+// a split step). With SPLIT = 1 the norm runs here. It computes the conv + SiLU of its key head's 2·D_K q/k
+// channels (repeated by the r workgroups sharing κ(h); the one with h mod r == 0, or h < N_K when tiled, and
+// s == 0, writes their ring slot) and of its D_V v channels; local channel lc = lid + 256·i is owned by one
 // invocation for all tokens, which keeps its taps and conv window in registers. Invocation (il = lid % 16,
-// jg = lid / 16) holds S_h columns j = jg + 16·c (c < D_V/16), rows i in the vec4s il + 16·m (m < D_K/64),
+// jg = lid / 16) holds S_h columns j = j0 + jg + 16·c (c < D_V/(16·SPLIT), j0 the workgroup's first), rows i
+// in the vec4s il + 16·m (m < D_K/64),
 // in registers for the whole token loop; dots over i are summed across the 16 lanes in workgroup memory.
 // The next token's inputs are loaded while the current one is processed (global latency off the chain).
 // Recurrence per token: one pass reads u = S_oldᵀk̂ and w = S_oldᵀq, then δ = β(v − decay·u),
@@ -54,13 +59,14 @@
 const WG: u32 = 256u;
 const LANES: u32 = 16u;
 const JG: u32 = WG / LANES;
-const NJ: u32 = D_V / JG;
+const COLS: u32 = D_V / SPLIT; // state columns (v channels) of one workgroup
+const NJ: u32 = COLS / JG;
 const M4: u32 = D_K / (4u * LANES);
 const R: u32 = N_V / N_K;
 const C_CH: u32 = 2u * N_K * D_K + N_V * D_V;
 const Y_W: u32 = N_V * D_V;
 const LOC_CH: u32 = 2u * D_K + D_V;
-const RED_W: u32 = D_V + 1u; // padded row of the lane partials: spreads the lanes over memory banks
+const RED_W: u32 = COLS + 1u; // padded row of the lane partials: spreads the lanes over memory banks
 const NCH: u32 = (LOC_CH + WG - 1u) / WG; // local channels per invocation
 
 var<workgroup> qs: array<f32, D_K>;
@@ -96,6 +102,7 @@ fn wg_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let h = wid.x;
+  let j0 = wid.y * COLS; // first column of this workgroup
   let pos0 = params[0];
   let n = params[1];
   var g = h / R;
@@ -114,7 +121,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // Loads that do not depend on each other, issued together: state, conv taps and window, token 0's inputs.
   var st: array<vec4<f32>, NJ * M4>;
   for (var c = 0u; c < NJ; c++) {
-    let row = (h * D_V + jg + JG * c) * (D_K / 4u) + il;
+    let row = (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
     for (var m = 0u; m < M4; m++) {
       st[c * M4 + m] = state[row + LANES * m];
     }
@@ -186,7 +193,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         } else {
           vs[lc - 2u * D_K] = yv;
         }
-        if (n == 1u && (lc >= 2u * D_K || qk_writer)) {
+        if (n == 1u && (lc >= 2u * D_K || qk_writer) && j0 == 0u) {
           conv_ring[(p % K_CONV) * C_CH + chs[i]] = xc[i];
         }
       }
@@ -221,22 +228,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     var o = 0.0;
-    if (lid < D_V) {
+    if (lid < COLS) {
       var uw = vec2<f32>(0.0);
       var kq_all = 0.0;
       for (var l = 0u; l < LANES; l++) {
         uw += red[l * RED_W + lid];
         kq_all += red_kq[l];
       }
-      let d = beta * (vs[lid] - decay * uw.x);
+      let d = beta * (vs[j0 + lid] - decay * uw.x);
       delta[lid] = d;
       o = decay * uw.y + d * kq_all;
     }
-    // §8.7 gated RMSNorm; the barriers inside also publish delta
-    let so = wg_sum(vec2<f32>(o * o, 0.0), lid);
-    if (lid < D_V) {
-      let inv_rms = 1.0 / sqrt(so.x / f32(D_V) + EPS);
-      y[t * Y_W + h * D_V + lid] = o * inv_rms * nw * (zc / (1.0 + exp(-zc)));
+    if (SPLIT == 1u) {
+      // §8.7 gated RMSNorm; the barriers inside also publish delta
+      let so = wg_sum(vec2<f32>(o * o, 0.0), lid);
+      if (lid < D_V) {
+        let inv_rms = 1.0 / sqrt(so.x / f32(D_V) + EPS);
+        y[t * Y_W + h * D_V + lid] = o * inv_rms * nw * (zc / (1.0 + exp(-zc)));
+      }
+    } else {
+      // o as it is (gdn_chunk_norm applies §8.7 after this dispatch); the barrier publishes delta
+      workgroupBarrier();
+      if (lid < COLS) {
+        y[t * Y_W + h * D_V + j0 + lid] = o;
+      }
     }
     for (var c = 0u; c < NJ; c++) {
       let d = delta[jg + JG * c];
@@ -247,7 +262,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 
   for (var c = 0u; c < NJ; c++) {
-    let row = (h * D_V + jg + JG * c) * (D_K / 4u) + il;
+    let row = (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
     for (var m = 0u; m < M4; m++) {
       state[row + LANES * m] = st[c * M4 + m];
     }

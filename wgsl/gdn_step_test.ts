@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
 import { assertClose, assertPoisoned } from "../tests/util/close.ts";
 import { POISON_F32, poisoned, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
@@ -9,8 +9,10 @@ import {
   GDN_STEP,
   gdnDims,
   type GdnStepBindings,
+  gdnStepNeedsNorm,
   packGdnParams,
 } from "./gdn_step.ts";
+import { GDN_CHUNK_NORM, GDN_CHUNK_NORM_BINDINGS } from "./gdn_chunk.ts";
 import { encodeGdnConvRing, GDN_CONV_RING } from "./gdn_conv_ring.ts";
 import {
   type Inputs,
@@ -53,6 +55,7 @@ async function record(
   const step = await cache.get(GDN_STEP, c);
   const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
+  const normPipe = await cache.get(GDN_CHUNK_NORM, { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS });
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
   const { ring, state, convW, dtBias, ssmA, normW } = uploadLayer(device, inp, owned);
   const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
@@ -87,6 +90,12 @@ async function record(
     };
     ys.push((bindings.y as { buffer: GPUBuffer }).buffer);
     encodeGdnStep(pass, { device, pipeline: step, constants: c, bindings, maxTokens: n });
+    if (gdnStepNeedsNorm(c)) {
+      // SPLIT > 1: y holds o; the gated norm runs as its own dispatch, as in the engine.
+      pass.setPipeline(normPipe);
+      pass.setBindGroup(0, bindGroup(device, normPipe, GDN_CHUNK_NORM_BINDINGS.map((k) => bindings[k])));
+      pass.dispatchWorkgroups(c.N_V, n);
+    }
     if (n > 1) {
       encodeGdnConvRing(pass, {
         device,
@@ -211,6 +220,29 @@ Deno.test("gdn_step + gdn_conv_ring: awkward dims, decode and prefill", async ()
   assertSame(got[2]!, got[3]!, "odd dims B: decode/prefill mix vs prefill", rng.seed);
 });
 
+Deno.test("gdn_step SPLIT (columns over workgroups, then gdn_chunk_norm): reference, and prefill = decode steps", async () => {
+  const rng = new Rng();
+  const split = (m: Model, s: number): Model => ({ name: `${m.name}, SPLIT ${s}`, c: { ...m.c, SPLIT: s } });
+  const real = makeInputs(rng, split(REAL_35, 4), {
+    nTokens: 3,
+    pos0: 1_000_001 + rng.int(0, 4),
+    fresh: false,
+  });
+  const tiny = makeInputs(rng, split(TINY_NEXT, 8), { nTokens: 7, pos0: 0, fresh: true });
+  const odd = makeInputs(rng, split(ODD_B, 3), { nTokens: 9, pos0: rng.int(0, 1000), fresh: false });
+  const runs: Run[] = [
+    { inp: real, schedule: [1, 1, 1] },
+    { inp: tiny, schedule: [7] },
+    { inp: tiny, schedule: Array(7).fill(1) },
+    { inp: odd, schedule: [1, 1, 5, 1, 1] },
+    { inp: odd, schedule: [9] },
+  ];
+  const got = await runAll(runs, record);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r.inp, r.schedule, rng.seed));
+  assertSame(got[1]!, got[2]!, "SPLIT 8: prefill 7 vs 7 decode steps", rng.seed);
+  assertSame(got[3]!, got[4]!, "SPLIT 3: decode/prefill mix vs prefill", rng.seed);
+});
+
 Deno.test("gdn_step: shape checks throw before encoding", async () => {
   const { device } = await testGpu();
   const c = TINY_35.c;
@@ -251,6 +283,8 @@ Deno.test("gdn_step: shape checks throw before encoding", async () => {
     /D_K=96 must be a multiple of 64/,
   );
   assert.throws(() => checkGdnStep({ ...c, N_V: 5 }, { bindings, maxTokens: 1 }), /N_V=5 is not a multiple/);
+  assert.throws(() => checkGdnStep({ ...c, SPLIT: 3 }, { bindings, maxTokens: 1 }), /SPLIT=3 must be/);
+  assert.throws(() => checkGdnStep({ ...c, SPLIT: 0 }, { bindings, maxTokens: 1 }), /SPLIT=0 must be/);
   assert.throws(() => packGdnParams(0, 0), /token count must be a positive integer/);
   assert.deepEqual([...packGdnParams(7, 3)], [7, 3]);
   bufs.forEach((b) => b.destroy());

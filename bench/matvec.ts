@@ -5,7 +5,7 @@
  * enough copies of the tensor that the set exceeds the GPU's L2 cache.
  *
  * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr]]` (`--quick`: small sizes, for lavapipe;
- * `--sweep`: also TEAM/ROWS/UNROLL variants for IQ4_XS, Q8_0 and Q6_K batch 1; `--sr`: and the SR = 1 loop at TEAM 32
+ * `--sweep`: also TEAM/ROWS/UNROLL variants at batch 1; `--sr`: and the SR = 1 loop at TEAM 32
  * and 64 with UNROLL 1, 2, 4, 8). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
@@ -75,6 +75,11 @@ for (const s of SHAPES) {
   for (const type of TYPES_MAIN) CASES.push({ ...s, type, batch: 1 });
 }
 CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
+// Short decode matrices: the router with the shared expert's gate row (F32) and attn_v (Q5_K).
+if (!QUICK) {
+  CASES.push({ name: "router", k: 2048, n: 257, type: "F32", batch: 1 });
+  CASES.push({ name: "attn_v", k: 2048, n: 512, type: "Q5_K", batch: 1 });
+}
 for (const type of ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTypeName[]) {
   CASES.push({ ...SHAPES[0]!, name: SHAPES[0]!.name, type, batch: 1 });
 }
@@ -178,7 +183,7 @@ for (const c of CASES) {
     gbps: ceiling,
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
-  if (args.sweep && c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0" || c.type === "Q6_K")) {
+  if (args.sweep && c.batch === 1) {
     // TEAM, ROWS, UNROLL: ROWS ≤ 4 is the array-free batch-1 path (rows share each x quad), 8 the general one.
     const sweep = [
       [32, 1, 1],
@@ -192,14 +197,17 @@ for (const c of CASES) {
       [64, 4, 2],
       [16, 4, 2],
       [128, 1, 2],
+      [256, 1, 2],
     ] as const;
     const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1 };
     for (const [team, rows, unroll] of sweep) {
-      if (team <= c.k / 8) variants.push(matvecConstants(shape, { team, rows, unroll }));
+      if (team <= c.k / 8 && (c.n < 8192 || team < 256)) {
+        variants.push(matvecConstants(shape, { team, rows, unroll }));
+      }
     }
     // The strength-reduced loop (SR = 1) with `--sr`.
     for (const team of args.sr ? [32, 64] : []) {
-      if (team > c.k / 8 || c.type === "Q6_K") continue;
+      if (team > c.k / 8 || (c.type !== "IQ4_XS" && c.type !== "Q8_0")) continue;
       for (const unroll of [1, 2, 4, 8]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
     }
   }

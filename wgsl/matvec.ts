@@ -146,11 +146,18 @@ export function matvecConstants(
   // one unit per step there (Q8_0 loses 10-15% at 2, IQ4_XS and Q6_K gain ≤ 2%); shorter ones keep more
   // workgroups with ROWS 1 from K = 2048.
   const tall = shape.batch === 1 && shape.n >= 8192;
-  const rows = shape.batch === 1 ? (tall || shape.k < 2048 ? 4 : 1) : shape.batch <= 4 ? 4 : 2;
+  const rows = opts.rows ??
+    (opts.sr ? 1 : shape.batch === 1 ? (tall || shape.k < 2048 ? 4 : 1) : shape.batch <= 4 ? 4 : 2);
+  // Short matrices at batch 1 (a router, a k/v projection): a wider team until there are 256 workgroups, so
+  // that the SMs are not left idle by a few dozen workgroups.
+  const wgs = (t: number) => Math.ceil(shape.n / ((256 / t) * rows));
+  if (shape.batch === 1 && opts.team === undefined) {
+    while (team < 256 && team * 2 <= units && wgs(team) < 256) team *= 2;
+  }
   const c: MatvecConstants = {
     TYPE: TYPE_ID[shape.type],
     TEAM: opts.team ?? team,
-    ROWS: opts.rows ?? (opts.sr ? 1 : rows),
+    ROWS: rows,
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? (tall ? 1 : 2),
     SR: opts.sr ? 1 : 0,

@@ -1671,19 +1671,18 @@ class GraphBuilder {
         A.h!,
       ], getRowsGrid(shape));
     }
-    // Each norm but the stage's first rides on the residual add before it (the MoE combine, residual_add
-    // NORM: the next layer's attn_norm, or the output norm). Decode (n = 1): the post-attention norm rides on
-    // the router mat-vec that reads it (matvec NORM: x = h, the normed rows written for the block's other
-    // readers) and each output projection adds into h itself (ACC), so no residual add and no norm but the
-    // stage's first has a dispatch of its own. Prefill: the post-attention norm rides on the mixer's residual.
+    // Decode (n = 1): every norm rides on the mat-vec that reads it (matvec NORM: x = h, the normed rows
+    // written for the block's other readers) and each output projection adds into h itself (ACC), so no norm
+    // and no residual add has a dispatch of its own. Prefill: each norm but the stage's first rides on the
+    // residual add before it (residual_add NORM).
     const decode = n === 1;
     const head = cx.outNorm !== undefined && cx.lmHead !== undefined && cx.rows !== "none";
     // The fused output norm writes every row in place; the LM head reads from row 0, so fuse it only when
-    // that is the row it wants (decode has one row).
-    const fuseOutNorm = head && cx.layers.length > 0 && (decode || cx.rows === "all");
+    // that is the row it wants.
+    const fuseOutNorm = head && !decode && cx.rows === "all";
     for (const [i, lw] of cx.layers.entries()) {
       const l = cx.firstLayer + i;
-      if (i === 0) await this.#norm(`L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
+      if (i === 0 || decode) await this.#norm(`L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
       if (lw.attention) await this.#attention(cx, l, lw);
       else await this.#deltaNet(cx, l, lw);
       if (decode) {
@@ -1695,14 +1694,17 @@ class GraphBuilder {
         });
       }
       const next = cx.layers[i + 1];
-      const norm = next
+      const norm = decode
+        ? undefined
+        : next
         ? { w: next.t("attn_norm"), y: A.a! }
         : fuseOutNorm
         ? { w: cx.outNorm!, y: A.a! }
         : undefined;
       await this.#moe(cx, l, lw, norm);
     }
-    if (head && !fuseOutNorm) {
+    if (head && decode) await this.#norm("output_norm", A.h!, cx.outNorm!, A.a!);
+    if (head && !decode && !fuseOutNorm) {
       const first = cx.rows === "all" ? 0 : n - 1;
       const rows = cx.rows === "all" ? n : 1;
       await this.#rmsNorm(

@@ -55,7 +55,7 @@ export type AttnDecodeBuffers = Readonly<Record<(typeof ATTN_DECODE_BINDINGS)[nu
 /** Workgroup memory of one variant in bytes (must fit the device's maxComputeWorkgroupStorageSize). */
 export function attnDecodeWorkgroupBytes(c: AttnDecodeConstants): number {
   const g = c.H_Q / c.H_KV;
-  return 4 * (g * c.D_H + c.TILE * c.D_H + g * c.TILE + 3 * g);
+  return 4 * (g * c.D_H + c.TILE * (c.D_H + 4) + g * c.TILE + 3 * g);
 }
 
 /**

@@ -16,9 +16,12 @@
 // each K/V row is read once for all G heads. Per tile of TILE positions: stage K in workgroup memory,
 // G * TILE invocations each take one full q.k dot, G invocations update the online softmax, stage V, then
 // invocation i accumulates outputs o = i + j * WG (head o / D_H, dim o % D_H) in registers.
+// The staged rows are vec4s with a stride of D_H / 4 + 1: the invocations of a dot read the same d of
+// different rows at once, which a stride of D_H (a multiple of 32 words) would put in one memory bank.
 // Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, WG: u32; const SCALE: f32; const KV_F16: bool.
-// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; D_H % 8 == 0 (16-byte cache loads); G * TILE <= WG is not required; workgroup memory
-// 4 * (G * D_H + TILE * D_H + G * TILE + 3 * G) bytes <= device limit (32 KiB on lavapipe).
+// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; D_H % 8 == 0 (16-byte cache loads); G * TILE <= WG is not
+// required; workgroup memory 4 * (G * D_H + TILE * (D_H + 4) + G * TILE + 3 * G) bytes <= device limit (32 KiB
+// on lavapipe).
 struct AttnParams {
   pos0: u32,
   n_tokens: u32,
@@ -36,8 +39,12 @@ const OPI: u32 = G * D_H / WG;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
 
-var<workgroup> qs: array<f32, G * D_H>;
-var<workgroup> kv: array<f32, TILE * D_H>;
+// Quads (4 elements) per head and per staged row (padded by one quad: no bank conflicts, header).
+const DQ: u32 = D_H / 4u;
+const KV_ROW: u32 = DQ + 1u;
+
+var<workgroup> qs: array<vec4<f32>, G * DQ>;
+var<workgroup> kv: array<vec4<f32>, TILE * KV_ROW>;
 var<workgroup> sc: array<f32, G * TILE>;
 var<workgroup> m_s: array<f32, G>;
 var<workgroup> l_s: array<f32, G>;
@@ -66,17 +73,15 @@ fn load_v4(e: u32) -> vec4<f32> {
 
 // Stages the K (V) rows t0 .. t0 + TILE - 1 of this split into kv, zeros past `end`.
 fn stage_tile(lid: u32, kv_base: u32, t0: u32, end: u32, is_k: bool) {
-  for (var i = lid; i < TILE * D_H / 4u; i += WG) {
-    let tp = t0 + (4u * i) / D_H;
+  for (var i = lid; i < TILE * DQ; i += WG) {
+    let row = i / DQ;
+    let col = i % DQ;
     var x = vec4<f32>(0.0);
-    if (tp < end) {
-      let e = kv_base + tp * D_H + (4u * i) % D_H;
+    if (t0 + row < end) {
+      let e = kv_base + (t0 + row) * D_H + 4u * col;
       x = select(load_v4(e), load_k4(e), is_k);
     }
-    kv[4u * i] = x.x;
-    kv[4u * i + 1u] = x.y;
-    kv[4u * i + 2u] = x.z;
-    kv[4u * i + 3u] = x.w;
+    kv[row * KV_ROW + col] = x;
   }
 }
 
@@ -90,8 +95,9 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let end = min(begin + per, ctx);
   let kv_base = g * P_MAX * D_H;
 
-  for (var i = lid; i < G * D_H; i += WG) {
-    qs[i] = q[g * G * D_H + i];
+  for (var i = lid; i < G * DQ; i += WG) {
+    let b = g * G * D_H + 4u * i;
+    qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
   }
   for (var h = lid; h < G; h += WG) {
     m_s[h] = NEG;
@@ -110,17 +116,10 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       if (t0 + tt < end) {
         // Four partial sums: a quarter of the dependent add chain of a single accumulator.
         var a4 = vec4<f32>(0.0);
-        var d = 0u;
-        for (; d + 4u <= D_H; d += 4u) {
-          let qb = h * D_H + d;
-          let kb = tt * D_H + d;
-          a4 += vec4<f32>(qs[qb], qs[qb + 1u], qs[qb + 2u], qs[qb + 3u]) *
-            vec4<f32>(kv[kb], kv[kb + 1u], kv[kb + 2u], kv[kb + 3u]);
+        for (var dq = 0u; dq < DQ; dq++) {
+          a4 += qs[h * DQ + dq] * kv[tt * KV_ROW + dq];
         }
-        var dot = (a4.x + a4.y) + (a4.z + a4.w);
-        for (; d < D_H; d++) {
-          dot += qs[h * D_H + d] * kv[tt * D_H + d];
-        }
+        let dot = (a4.x + a4.y) + (a4.z + a4.w);
         s = dot * SCALE;
       }
       sc[i] = s;
@@ -151,7 +150,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       let d = o % D_H;
       var a = acc[j] * corr[h];
       for (var tt = 0u; tt < TILE; tt++) {
-        a += sc[h * TILE + tt] * kv[tt * D_H + d];
+        a += sc[h * TILE + tt] * kv[tt * KV_ROW + d / 4u][d % 4u];
       }
       acc[j] = a;
     }

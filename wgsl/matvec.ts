@@ -148,12 +148,13 @@ export function matvecConstants(
   const tall = shape.batch === 1 && shape.n >= 8192;
   const rows = opts.rows ??
     (opts.sr ? 1 : shape.batch === 1 ? (tall || shape.k < 2048 ? 4 : 1) : shape.batch <= 4 ? 4 : 2);
-  // Short matrices at batch 1 (a router, a k/v projection): a wider team, up to 128, until there are 256
-  // workgroups, so that a few dozen workgroups do not leave the SMs idle (H200: router [2048, 257] F32 8.7 µs
-  // at TEAM 32, 4.9 at 128, 5.3-6.4 at 256; attn_v [2048, 512] Q5_K 11.8, 6.1, 6.1; docs/PERF.md).
-  const wgs = (t: number) => Math.ceil(shape.n / ((256 / t) * rows));
-  if (shape.batch === 1 && opts.team === undefined) {
-    while (team < 128 && team * 2 <= units && wgs(team) < 256) team *= 2;
+  // Short matrices (a router, a k/v projection): a wider team, up to 128, until one row per team gives 256
+  // workgroups, so that a few dozen workgroups do not leave the SMs idle (H200, batch 1: router [2048, 257]
+  // F32 8.7 µs at TEAM 32, 4.9 at 128, 5.3-6.4 at 256; attn_v [2048, 512] Q5_K 11.8, 6.1, 6.1; docs/PERF.md).
+  // TEAM depends on K and N only, never on the batch: it fixes each row's summation order, and a batched
+  // decode step must give every slot the bits of its solo step.
+  if (opts.team === undefined) {
+    while (team < 128 && team * 2 <= units && Math.ceil(shape.n / (256 / team)) < 256) team *= 2;
   }
   const c: MatvecConstants = {
     TYPE: TYPE_ID[shape.type],

@@ -404,3 +404,19 @@ Deno.test("matvecConstants rejects SR with a type, TEAM, ROWS, BATCH or UNROLL i
   assert.throws(() => matvecConstants(shape, { sr: true, unroll: 3 }), /UNROLL=3 with SR=1/);
   assert.throws(() => matvecConstants(shape, { unroll: 4 }), /4 and 8 need SR=1/);
 });
+
+Deno.test("matvecConstants: TEAM follows K and N only (a batched step sums each row as the solo step does)", () => {
+  for (const [k, n] of [[2048, 257], [2048, 512], [2048, 4096], [4096, 2048], [2048, 248320], [256, 40]]) {
+    const solo = matvecConstants({ type: "IQ4_XS", k: k!, n: n!, batch: 1 });
+    for (const batch of [2, 5, 8]) {
+      assert.equal(
+        matvecConstants({ type: "IQ4_XS", k: k!, n: n!, batch }).TEAM,
+        solo.TEAM,
+        `[${k}, ${n}] batch ${batch}`,
+      );
+    }
+  }
+  // Short matrices get a wider team (H200 sweep), tall ones keep 32.
+  assert.equal(matvecConstants({ type: "F32", k: 2048, n: 257, batch: 1 }).TEAM, 128);
+  assert.equal(matvecConstants({ type: "IQ4_XS", k: 2048, n: 131072, batch: 1 }).TEAM, 32);
+});

@@ -54,7 +54,7 @@ export type AttnPrefillBuffers = Readonly<Record<(typeof ATTN_PREFILL_BINDINGS)[
 /** Workgroup memory of one variant in bytes (must fit the device's maxComputeWorkgroupStorageSize). */
 export function attnPrefillWorkgroupBytes(c: AttnPrefillConstants): number {
   const r = c.BQ * c.H_Q / c.H_KV;
-  return 4 * (r * c.D_H + c.TILE * c.D_H + r * c.TILE + 3 * r);
+  return 4 * ((r + c.TILE) * (c.D_H + 4) + r * c.TILE + 3 * r);
 }
 
 /**
@@ -68,6 +68,7 @@ export function checkAttnPrefill(c: AttnPrefillConstants, nTokens: number, maxWo
     `attn_prefill: H_Q (${c.H_Q}) must be a multiple of H_KV (${c.H_KV})`,
   );
   checkInt("attn_prefill: D_H", c.D_H, 1, 4096);
+  checkShape(c.D_H % 4 === 0, `attn_prefill: D_H (${c.D_H}) must be a multiple of 4 (vec4 rows)`);
   checkInt("attn_prefill: P_MAX", c.P_MAX, 1, 2 ** 24);
   checkInt("attn_prefill: BQ", c.BQ, 1, 256);
   checkInt("attn_prefill: TILE", c.TILE, 1, 256);

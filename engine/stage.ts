@@ -149,7 +149,7 @@ export interface StageOptions {
   readonly maxChunk?: number;
   /**
    * Tallest decode mat-vec (rows) that computes a preceding RMSNorm in its prologue; taller ones get the norm as
-   * a dispatch of its own (default 1024, from the H200 measurements in docs/PERF.md; 0: never fuse).
+   * a dispatch of its own (default 16384, from the H200 measurements in docs/PERF.md; 0: never fuse).
    */
   readonly normPrologueMaxRows?: number;
   /**
@@ -1596,9 +1596,10 @@ interface BatchSlots {
  * router (257 rows) gains; the LM head (248k rows, ~31k workgroups each re-summing the norm) went from 483 to
  * 627 µs against ~10 µs for the norm's own dispatch (1eed379); the in-projections (~9-12k rows) with their
  * norm as a dispatch of its own made the whole step 1.5% faster (149.3 against 147 tok/s, limits 1024 and
- * 8192 alike, third session).
+ * 8192 alike, third session) while they ran one row per team; with 4 rows per team (a quarter of the
+ * workgroups) the prologue wins: 191.1 against 185.4 tok/s at limit 16384 (fifth session).
  */
-const NORM_PROLOGUE_MAX_ROWS = 1024;
+const NORM_PROLOGUE_MAX_ROWS = 16384;
 
 /** A norm fused into the residual add before it: weight and output rows. */
 interface FusedNorm {

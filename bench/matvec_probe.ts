@@ -4,15 +4,19 @@
  * out one at a time by constant flags, timed on the same bytes beside `stream_read`, plus the number of
  * workgroups resident at once (an atomic counter). Prints one JSON line per case; never asserts.
  *
- * Round 2 (this version): R rows per warp share each x quad (code generated per variant, no arrays), vec2 qs loads
- * (VEC 1: 16 weights per unit), unroll; with `--quick` (lavapipe) the value-computing modes are checked against a
- * float64 reference (maxRelErr). Round 1 (commit 11b351a) took the parts out of the ROWS = 1 loop one by one.
+ * Rounds: 1 (11b351a) took the parts out of the ROWS = 1 loop one by one; 2 (4583cf3) R rows per warp sharing
+ * each x quad (code generated per variant, no arrays), vec2 qs loads (VEC 1: 16 weights per unit), unroll; 3
+ * (0143b45) int8 x with dot4I8Packed (Q8X); 4 (this version's variant list) a whole 32-weight sub-block per lane
+ * step with int8 x (Q8S): written and checked on lavapipe, not yet run on the H200 (no device time was left).
+ * With `--quick` (lavapipe) the value-computing modes are checked against a float64 reference (maxRelErr).
  *
  * Flags (MODE bits): 1 NOX (x quads from the unit index instead of loads), 2 NOTAB (nibbles to f32 by
- * arithmetic instead of the workgroup codebook), 4 NOHDR (no block head/scale loads), 8 NOMATH (fold the raw
- * word instead of decoding), 16 TAB32 (the codebook as 16 f32 replicated once per bank: lane l reads entry e at
- * e·32 + l, conflict-free). Other knobs: WG (invocations per workgroup), UNROLL (units per loop step),
- * VEC (1: each lane loads two adjacent qs words as one vec2, i.e. 16 weights per unit).
+ * arithmetic instead of the workgroup codebook; with Q8X the raw nibbles, timing only), 4 NOHDR (no block
+ * head/scale loads), 8 NOMATH (fold the raw word instead of decoding), 16 TAB32 (the codebook replicated once
+ * per bank: lane l reads entry e at e·32 + l, conflict-free), 32 Q8X (x as int8 per 32-element chunk, the
+ * codebook as int8 bytes, dot4I8Packed), 64 Q8S (with Q8X: one sub-block per lane step). Other knobs: WG
+ * (invocations per workgroup), UNROLL (units per loop step), VEC (1: each lane loads two adjacent qs words as one
+ * vec2, i.e. 16 weights per unit).
  *
  * Usage: `deno run -A bench/matvec_probe.ts [--quick]`. No npm imports (runs on the lent GPU machine).
  * @module

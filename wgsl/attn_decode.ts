@@ -28,7 +28,7 @@ export type AttnDecodeConstants = {
 export const ATTN_DECODE: KernelSpec = {
   name: "attn_decode",
   url: new URL("./attn_decode.wgsl", import.meta.url),
-  lib: [],
+  lib: ["attn"],
   constants: {
     H_Q: "u32",
     H_KV: "u32",

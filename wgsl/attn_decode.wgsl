@@ -16,8 +16,7 @@
 // each K/V row is read once for all G heads. Per tile of TILE positions: stage K in workgroup memory,
 // G * TILE invocations each take one full q.k dot, G invocations update the online softmax, stage V, then
 // invocation i accumulates outputs o = i + j * WG (head o / D_H, dim o % D_H) in registers.
-// The staged rows are vec4s with a stride of D_H / 4 + 1: the invocations of a dot read the same d of
-// different rows at once, which a stride of D_H (a multiple of 32 words) would put in one memory bank.
+// The K/V tile staging (padded vec4 rows, no bank conflicts) is lib/attn.wgsl's.
 // Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, WG: u32; const SCALE: f32; const KV_F16: bool.
 // Limits: H_Q % H_KV == 0; G * D_H % WG == 0; D_H % 8 == 0 (16-byte cache loads); G * TILE <= WG is not
 // required; workgroup memory 4 * (G * D_H + TILE * (D_H + 4) + G * TILE + 3 * G) bytes <= device limit (32 KiB
@@ -39,12 +38,7 @@ const OPI: u32 = G * D_H / WG;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
 
-// Quads (4 elements) per head and per staged row (padded by one quad: no bank conflicts, header).
-const DQ: u32 = D_H / 4u;
-const KV_ROW: u32 = DQ + 1u;
-
-var<workgroup> qs: array<vec4<f32>, G * DQ>;
-var<workgroup> kv: array<vec4<f32>, TILE * KV_ROW>;
+var<workgroup> qs: array<vec4<f32>, G * ATTN_DQ>;
 var<workgroup> sc: array<f32, G * TILE>;
 var<workgroup> m_s: array<f32, G>;
 var<workgroup> l_s: array<f32, G>;
@@ -71,18 +65,12 @@ fn load_v4(e: u32) -> vec4<f32> {
   return load4(v_cache[select(e >> 2u, e >> 3u, KV_F16)], e);
 }
 
-// Stages the K (V) rows t0 .. t0 + TILE - 1 of this split into kv, zeros past `end`.
-fn stage_tile(lid: u32, kv_base: u32, t0: u32, end: u32, is_k: bool) {
-  for (var i = lid; i < TILE * DQ; i += WG) {
-    let row = i / DQ;
-    let col = i % DQ;
-    var x = vec4<f32>(0.0);
-    if (t0 + row < end) {
-      let e = kv_base + (t0 + row) * D_H + 4u * col;
-      x = select(load_v4(e), load_k4(e), is_k);
-    }
-    kv[row * KV_ROW + col] = x;
+// K or V elements e..e+3 for the tile staging (lib/attn.wgsl).
+fn attn_load4(is_k: bool, e: u32) -> vec4<f32> {
+  if (is_k) {
+    return load_k4(e);
   }
+  return load_v4(e);
 }
 
 @compute @workgroup_size(WG)
@@ -95,7 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let end = min(begin + per, ctx);
   let kv_base = g * P_MAX * D_H;
 
-  for (var i = lid; i < G * DQ; i += WG) {
+  for (var i = lid; i < G * ATTN_DQ; i += WG) {
     let b = g * G * D_H + 4u * i;
     qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
   }
@@ -107,7 +95,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   workgroupBarrier();
 
   for (var t0 = begin; t0 < end; t0 += TILE) {
-    stage_tile(lid, kv_base, t0, end, true);
+    attn_stage_tile(lid, kv_base, t0, end, true);
     workgroupBarrier();
     for (var i = lid; i < G * TILE; i += WG) {
       let h = i / TILE;
@@ -116,8 +104,8 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       if (t0 + tt < end) {
         // Four partial sums: a quarter of the dependent add chain of a single accumulator.
         var a4 = vec4<f32>(0.0);
-        for (var dq = 0u; dq < DQ; dq++) {
-          a4 += qs[h * DQ + dq] * kv[tt * KV_ROW + dq];
+        for (var dq = 0u; dq < ATTN_DQ; dq++) {
+          a4 += qs[h * ATTN_DQ + dq] * attn_kv[tt * ATTN_ROW + dq];
         }
         let dot = (a4.x + a4.y) + (a4.z + a4.w);
         s = dot * SCALE;
@@ -142,7 +130,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       m_s[h] = m_new;
       corr[h] = c;
     }
-    stage_tile(lid, kv_base, t0, end, false);
+    attn_stage_tile(lid, kv_base, t0, end, false);
     workgroupBarrier();
     for (var j = 0u; j < OPI; j++) {
       let o = lid + j * WG;
@@ -150,7 +138,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       let d = o % D_H;
       var a = acc[j] * corr[h];
       for (var tt = 0u; tt < TILE; tt++) {
-        a += sc[h * TILE + tt] * kv[tt * KV_ROW + d / 4u][d % 4u];
+        a += sc[h * TILE + tt] * attn_kv[tt * ATTN_ROW + d / 4u][d % 4u];
       }
       acc[j] = a;
     }

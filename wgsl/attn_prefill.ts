@@ -27,7 +27,7 @@ export type AttnPrefillConstants = {
 export const ATTN_PREFILL: KernelSpec = {
   name: "attn_prefill",
   url: new URL("./attn_prefill.wgsl", import.meta.url),
-  lib: [],
+  lib: ["attn"],
   constants: {
     H_Q: "u32",
     H_KV: "u32",

@@ -15,8 +15,7 @@
 // once for all of them. Keys run from 0 to the block's last position in tiles of TILE: stage K, R * TILE
 // invocations each take one full dot (masked when u > p_t), R invocations update the online softmax, stage
 // V, then invocation i accumulates outputs o = i + j * WG (row o / D_H, dim o % D_H) in registers.
-// Staged queries and K/V rows are vec4s with a row stride of D_H / 4 + 1: the invocations of a dot read the
-// same d of different rows at once, which a stride of D_H (a multiple of 32 words) would put in one bank.
+// Staged queries and K/V rows (lib/attn.wgsl) are vec4s with a row stride of D_H / 4 + 1 (no bank conflicts).
 // Constants: const H_Q, H_KV, D_H, P_MAX, BQ, TILE, WG: u32; const SCALE: f32; const KV_F16: bool.
 // Limits: H_Q % H_KV == 0; BQ * G * D_H % WG == 0; D_H % 4 == 0; workgroup memory
 // 4 * ((R + TILE) * (D_H + 4) + R * TILE + 3 * R) bytes <= device limit (32 KiB on lavapipe).
@@ -38,12 +37,7 @@ const OPI: u32 = R * D_H / WG;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
 
-// Quads per row, and the padded row stride of the staged rows (header).
-const DQ: u32 = D_H / 4u;
-const ROW: u32 = DQ + 1u;
-
-var<workgroup> qs: array<vec4<f32>, R * ROW>;
-var<workgroup> kv: array<vec4<f32>, TILE * ROW>;
+var<workgroup> qs: array<vec4<f32>, R * ATTN_ROW>;
 var<workgroup> sc: array<f32, R * TILE>;
 var<workgroup> m_s: array<f32, R>;
 var<workgroup> l_s: array<f32, R>;
@@ -69,22 +63,12 @@ fn load_v(e: u32) -> f32 {
   return bitcast<f32>(v_cache[e]);
 }
 
-// Stages the K (V) rows t0 .. t0 + TILE - 1 into kv, zeros from `end` on.
-fn stage_tile(lid: u32, kv_base: u32, t0: u32, end: u32, is_k: bool) {
-  for (var i = lid; i < TILE * DQ; i += WG) {
-    let row = i / DQ;
-    let col = i % DQ;
-    var x = vec4<f32>(0.0);
-    if (t0 + row < end) {
-      let e = kv_base + (t0 + row) * D_H + 4u * col;
-      if (is_k) {
-        x = vec4<f32>(load_k(e), load_k(e + 1u), load_k(e + 2u), load_k(e + 3u));
-      } else {
-        x = vec4<f32>(load_v(e), load_v(e + 1u), load_v(e + 2u), load_v(e + 3u));
-      }
-    }
-    kv[row * ROW + col] = x;
+// K or V elements e..e+3 for the tile staging (lib/attn.wgsl).
+fn attn_load4(is_k: bool, e: u32) -> vec4<f32> {
+  if (is_k) {
+    return vec4<f32>(load_k(e), load_k(e + 1u), load_k(e + 2u), load_k(e + 3u));
   }
+  return vec4<f32>(load_v(e), load_v(e + 1u), load_v(e + 2u), load_v(e + 3u));
 }
 
 @compute @workgroup_size(WG)
@@ -100,11 +84,11 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let end = min(pos0 + min(blk * BQ + BQ, n), P_MAX);
   let kv_base = g * P_MAX * D_H;
 
-  for (var i = lid; i < R * DQ; i += WG) {
-    let r = i / DQ;
+  for (var i = lid; i < R * ATTN_DQ; i += WG) {
+    let r = i / ATTN_DQ;
     let t = row_token(blk, r, n);
-    let b = (t * H_Q + g * G + r % G) * D_H + 4u * (i % DQ);
-    qs[r * ROW + i % DQ] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+    let b = (t * H_Q + g * G + r % G) * D_H + 4u * (i % ATTN_DQ);
+    qs[r * ATTN_ROW + i % ATTN_DQ] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
   }
   for (var r = lid; r < R; r += WG) {
     m_s[r] = NEG;
@@ -114,7 +98,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   workgroupBarrier();
 
   for (var t0 = 0u; t0 < end; t0 += TILE) {
-    stage_tile(lid, kv_base, t0, end, true);
+    attn_stage_tile(lid, kv_base, t0, end, true);
     workgroupBarrier();
     for (var i = lid; i < R * TILE; i += WG) {
       let r = i / TILE;
@@ -124,8 +108,8 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       if (t0 + tt <= qpos && t0 + tt < end) {
         // Four partial sums (as attn_decode): a quarter of the dependent add chain.
         var a4 = vec4<f32>(0.0);
-        for (var dq = 0u; dq < DQ; dq++) {
-          a4 += qs[r * ROW + dq] * kv[tt * ROW + dq];
+        for (var dq = 0u; dq < ATTN_DQ; dq++) {
+          a4 += qs[r * ATTN_ROW + dq] * attn_kv[tt * ATTN_ROW + dq];
         }
         s = ((a4.x + a4.y) + (a4.z + a4.w)) * SCALE;
       }
@@ -150,7 +134,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       m_s[r] = m_new;
       corr[r] = c;
     }
-    stage_tile(lid, kv_base, t0, end, false);
+    attn_stage_tile(lid, kv_base, t0, end, false);
     workgroupBarrier();
     for (var j = 0u; j < OPI; j++) {
       let oi = lid + j * WG;
@@ -158,7 +142,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       let d = oi % D_H;
       var a = acc[j] * corr[r];
       for (var tt = 0u; tt < TILE; tt++) {
-        a += sc[r * TILE + tt] * kv[tt * ROW + d / 4u][d % 4u];
+        a += sc[r * TILE + tt] * attn_kv[tt * ATTN_ROW + d / 4u][d % 4u];
       }
       acc[j] = a;
     }

@@ -162,7 +162,8 @@ export interface StageOptions {
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
-   * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step).
+   * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other
+   * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
    */
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
   /** Upload progress. */

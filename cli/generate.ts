@@ -5,15 +5,20 @@
  */
 import type { Command } from "../mod.ts";
 import { parseArgs } from "node:util";
-import { acquireGpu } from "../engine/gpu/device.ts";
-import { openGguf } from "../engine/gguf.ts";
-import { Stage, topCpu } from "../engine/stage.ts";
-import { planModel, synthesize } from "../engine/synth.ts";
-import { Tokenizer } from "../engine/text/tokenizer.ts";
-import { KEYS } from "../engine/names.ts";
-import { ChatTemplate } from "../engine/text/template.ts";
-import { StopMatcher } from "../engine/text/stop.ts";
-import { checkSampling, samplingParams } from "../engine/sampling.ts";
+import {
+  acquireGpu,
+  ChatTemplate,
+  checkSampling,
+  KEYS,
+  openGguf,
+  planModel,
+  samplingParams,
+  Stage,
+  StopMatcher,
+  synthesize,
+  Tokenizer,
+  topCpu,
+} from "../engine/mod.ts";
 
 const USAGE =
   `Usage: deno run -A mod.ts generate [--model FILE.gguf] (--prompt TEXT | --tokens 1,2,3) [options]

@@ -3,7 +3,7 @@
  * @module
  */
 import type { Command } from "../mod.ts";
-import { acquireGpu } from "../engine/gpu/device.ts";
+import { acquireGpu } from "../engine/mod.ts";
 
 /** The `gpu` command. */
 export const command: Command = {

@@ -7,12 +7,17 @@
  */
 import type { Command } from "../mod.ts";
 import { parseArgs } from "node:util";
-import { openGguf } from "../engine/gguf.ts";
-import { KEYS } from "../engine/names.ts";
-import { DEFAULT_BATCH_MIN, DEFAULT_MAX_CHUNK, startEngine } from "../engine/service.ts";
-import { planModel, synthesize } from "../engine/synth.ts";
-import { ChatTemplate } from "../engine/text/template.ts";
-import { Tokenizer } from "../engine/text/tokenizer.ts";
+import {
+  ChatTemplate,
+  DEFAULT_BATCH_MIN,
+  DEFAULT_MAX_CHUNK,
+  KEYS,
+  openGguf,
+  planModel,
+  startEngine,
+  synthesize,
+  Tokenizer,
+} from "../engine/mod.ts";
 import { createApp, DEFAULT_BODY_LIMIT_BYTES } from "../server/app.ts";
 import type { Engine } from "../server/engine_api.ts";
 

@@ -5,8 +5,7 @@
  */
 import type { Command } from "../mod.ts";
 import { parseArgs } from "node:util";
-import { openGguf } from "../engine/gguf.ts";
-import { formatReport, inspectModel } from "../engine/inspect.ts";
+import { formatReport, inspectModel, openGguf } from "../engine/mod.ts";
 
 const USAGE = `Usage: deno run -A mod.ts inspect FILE.gguf [--ctx N] [--slots S] [--json]
   --ctx N     positions of KV cache per slot for the memory table (default 4096)

@@ -4,16 +4,16 @@
  */
 import type { Command } from "../mod.ts";
 import { parseArgs } from "node:util";
-import { isArchName } from "../engine/models/mod.ts";
 import {
+  formatBytes,
+  isArchName,
   planModel,
   type Preset,
   PRESETS,
   QUANT_PRESETS,
   type QuantPreset,
   synthesize,
-} from "../engine/synth.ts";
-import { formatBytes } from "../engine/inspect.ts";
+} from "../engine/mod.ts";
 
 const USAGE = `Usage: deno run -A mod.ts synth --arch qwen35moe|qwen3next --out FILE.gguf [options]
   --preset ${PRESETS.join("|")}   dimensions (default tiny)

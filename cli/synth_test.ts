@@ -1,8 +1,6 @@
 import assert from "node:assert/strict";
 import { command } from "./synth.ts";
-import { openGguf } from "../engine/gguf.ts";
-import { archOf } from "../engine/models/mod.ts";
-import { tensorName } from "../engine/names.ts";
+import { archOf, openGguf, tensorName } from "../engine/mod.ts";
 
 /** Runs the command, returning its exit code and printed lines. */
 async function run(argv: string[]): Promise<{ code: number; out: string }> {

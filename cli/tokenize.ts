@@ -11,8 +11,7 @@
  */
 import { parseArgs } from "node:util";
 import type { Command } from "../mod.ts";
-import { openGguf } from "../engine/gguf.ts";
-import { Tokenizer } from "../engine/text/tokenizer.ts";
+import { openGguf, Tokenizer } from "../engine/mod.ts";
 
 const USAGE = "Usage: mod.ts tokenize --model FILE.gguf (--text TEXT | --file FILE | --decode 1,2,3) " +
   "[--json] [--no-parse-special] [--skip-control]";

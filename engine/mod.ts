@@ -71,3 +71,18 @@ export {
   type SamplingParams,
   samplingParams,
 } from "./sampling.ts";
+export * from "./text/mod.ts";
+export {
+  DEFAULT_BATCH_MIN,
+  DEFAULT_MAX_CHUNK,
+  type Engine,
+  type EngineOptions,
+  EngineService,
+  type EngineStatus,
+  type FinishReason,
+  type GenerateRequest as EngineGenerateRequest,
+  type GenerateResult as EngineGenerateResult,
+  QueueFullError,
+  type SamplingSettings,
+  startEngine,
+} from "./service.ts";

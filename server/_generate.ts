@@ -6,10 +6,14 @@
  * Streamed and non-streamed responses both consume these events, so they cannot disagree.
  * @module
  */
-import type { ChatTemplate } from "../engine/text/template.ts";
-import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { type ChatEvent, type ChatParseOptions, ChatStreamParser } from "../engine/text/tool_calls.ts";
-import { StopMatcher } from "../engine/text/stop.ts";
+import {
+  type ChatEvent,
+  type ChatParseOptions,
+  ChatStreamParser,
+  type ChatTemplate,
+  StopMatcher,
+  type Tokenizer,
+} from "../engine/mod.ts";
 import type { Engine, SamplingSettings } from "./engine_api.ts";
 import { ApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";

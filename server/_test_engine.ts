@@ -5,8 +5,7 @@
  * and stop-id behaviour. Not imported by production code.
  * @module
  */
-import { ChatTemplate, QWEN3_TEMPLATE } from "../engine/text/template.ts";
-import { TOKEN_TYPE, Tokenizer } from "../engine/text/tokenizer.ts";
+import { ChatTemplate, QWEN3_TEMPLATE, TOKEN_TYPE, Tokenizer } from "../engine/mod.ts";
 import {
   type Engine,
   type EngineStatus,

@@ -12,8 +12,7 @@
  * @module
  */
 import { Hono } from "hono";
-import type { ChatTemplate } from "../engine/text/template.ts";
-import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import { type ChatTemplate, type Tokenizer } from "../engine/mod.ts";
 import type { AppEnv, ServerDeps } from "./_generate.ts";
 import { auth } from "./auth.ts";
 import { chatCompletionsHandler } from "./chat_completions.ts";

@@ -10,12 +10,12 @@
  */
 import type { Context } from "hono";
 import {
+  type ChatEvent,
   type ChatMessage,
   type ChatToolCall,
   opensThinking,
   type ToolSpec,
-} from "../engine/text/template.ts";
-import type { ChatEvent } from "../engine/text/tool_calls.ts";
+} from "../engine/mod.ts";
 import {
   type AppEnv,
   checkLengths,

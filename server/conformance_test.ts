@@ -3,7 +3,7 @@
  * every bad input's status and message, queue full, loading, disconnect, stop strings.
  */
 import assert from "node:assert/strict";
-import { ChatTemplate, QWEN35_TEMPLATE } from "../engine/text/template.ts";
+import { ChatTemplate, QWEN35_TEMPLATE } from "../engine/mod.ts";
 import { type FakeEngineOptions, parseSse, post, type Script, testApp } from "./_test_engine.ts";
 
 /** What a response means, independent of dialect and of streaming. */

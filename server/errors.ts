@@ -4,7 +4,7 @@
  * whose body shows only a request id, while the server log gets the error itself.
  * @module
  */
-import { ChatTemplateError } from "../engine/text/template.ts";
+import { ChatTemplateError } from "../engine/mod.ts";
 import { QueueFullError } from "./engine_api.ts";
 
 /** The error shapes the head speaks: Anthropic Messages, or OpenAI (also used by llama.cpp `/completion`). */

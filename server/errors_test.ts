@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { ChatTemplateError } from "../engine/text/template.ts";
+import { ChatTemplateError } from "../engine/mod.ts";
 import { QueueFullError } from "./engine_api.ts";
 import { API_ERRORS, ApiError, dialectOf, errorResponse, toApiError } from "./errors.ts";
 

@@ -6,11 +6,7 @@
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
-import { openGguf } from "../engine/gguf.ts";
-import { startEngine } from "../engine/service.ts";
-import { planModel, synthesize } from "../engine/synth.ts";
-import { ChatTemplate } from "../engine/text/template.ts";
-import { Tokenizer } from "../engine/text/tokenizer.ts";
+import { ChatTemplate, openGguf, planModel, startEngine, synthesize, Tokenizer } from "../engine/mod.ts";
 import { createApp } from "./app.ts";
 
 Deno.test("live: official SDKs against the real engine service on loopback", async (t) => {

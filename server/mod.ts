@@ -8,7 +8,7 @@
  * @example
  * ```ts
  * import { createApp } from "./mod.ts";
- * import { startEngine } from "../engine/service.ts";
+ * import { startEngine } from "../engine/mod.ts";
  * const engine = startEngine({ model: "model.gguf", nCtx: 8192, nSlots: 4, queueSize: 16 });
  * const app = createApp({ engine, tokenizer, template, tempDefault: 0, tempCap: 2, bodyLimitBytes: 8 << 20 });
  * Deno.serve({ hostname: "127.0.0.1", port: 8080 }, app.fetch);
@@ -17,7 +17,7 @@
  */
 export { type AppOptions, createApp, DEFAULT_BODY_LIMIT_BYTES, type HeadApp } from "./app.ts";
 /** The text side's types the app's options name (tokenizer, chat template), re-exported for documentation. */
-export type * from "../engine/text/mod.ts";
+export type { ChatTemplate, Tokenizer } from "../engine/mod.ts";
 export {
   API_ERRORS,
   ApiError,

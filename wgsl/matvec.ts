@@ -22,7 +22,7 @@ import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
 export const MATVEC: KernelSpec = {
   name: "matvec",
   url: new URL("./matvec.wgsl", import.meta.url),
-  lib: [...QUANT_LIBS, "rms"],
+  lib: [...QUANT_LIBS, "rows", "rms"],
   constants: {
     TYPE: "u32",
     TEAM: "u32",

@@ -91,28 +91,12 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
     xh[b] = x_quad(xb, pos.y);
   }
   for (var r = 0u; r < ROWS; r++) {
-    let s = quant_scales((*rb)[r], c);
-    let q = quant_q((*rb)[r], c, j);
     for (var b = 0u; b < BATCH; b++) {
-      var v = s.x * dot(q[0], xl[b]) + s.y * dot(q[1], xh[b]);
-      if (QUANT_HAS_MIN) {
-        v -= s.z * dot(xl[b], vec4<f32>(1.0)) + s.w * dot(xh[b], vec4<f32>(1.0));
-      }
-      (*acc)[r][b] += v;
+      let sxl = dot(xl[b], vec4<f32>(1.0));
+      let sxh = dot(xh[b], vec4<f32>(1.0));
+      (*acc)[r][b] += rows_unit((*rb)[r], c, j, xl[b], xh[b], sxl, sxh);
     }
   }
-}
-
-// Unit (c, j) of the row at byte rb times the x quads xl, xh (the batch-1 paths: one expression shape for
-// every row, so that a row's sum does not depend on how many rows share its x quads).
-fn unit_row(rb: u32, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>) -> f32 {
-  let s = quant_scales(rb, c);
-  let q = quant_q(rb, c, j);
-  var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
-  if (QUANT_HAS_MIN) {
-    v -= s.z * dot(xl, vec4<f32>(1.0)) + s.w * dot(xh, vec4<f32>(1.0));
-  }
-  return v;
 }
 
 // Unit u of the team's ROWS (≤ 4) rows at bytes rb.x, rb.y, ... times column 0 of x: the x quads are loaded
@@ -123,17 +107,7 @@ fn unit_rows(u: u32, rb: vec4<u32>) -> vec4<f32> {
   let pos = quant_pos(c, j);
   let xl = x_quad(params.x_off, pos.x);
   let xh = x_quad(params.x_off, pos.y);
-  var v = vec4<f32>(unit_row(rb.x, c, j, xl, xh), 0.0, 0.0, 0.0);
-  if (ROWS >= 2u) {
-    v.y = unit_row(rb.y, c, j, xl, xh);
-  }
-  if (ROWS >= 3u) {
-    v.z = unit_row(rb.z, c, j, xl, xh);
-  }
-  if (ROWS >= 4u) {
-    v.w = unit_row(rb.w, c, j, xl, xh);
-  }
-  return v;
+  return rows_units(rb, c, j, xl, xh, dot(xl, vec4<f32>(1.0)), dot(xh, vec4<f32>(1.0)));
 }
 
 // SR = 1: where an invocation's units sit in their blocks, the same for all of its units.
@@ -199,7 +173,7 @@ fn sr_load(l: SrLane, wi: u32, eq: u32) -> SrLoad {
   return SrLoad(weight_word(wi), weight_word(q), weight_word(q + 1u), weight_word(q + 2u), xl, xh);
 }
 
-// SR = 1: the unit's dot product, the same expression as unit_row. Keep its shape (scale vec4, one return
+// SR = 1: the unit's dot product, the same expression as rows_unit (lib/rows.wgsl). Keep its shape (scale vec4, one return
 // of s.x·dot + s.y·dot): which products a driver fuses into FMAs follows the shape of the code, and a version
 // with one return per type differed from SR = 0 in the last bits on lavapipe.
 fn sr_dot(l: SrLane, u: SrLoad) -> f32 {

@@ -63,34 +63,6 @@ fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
 }
 
-// Unit (c, j) of the row at byte rb times the x quads xl, xh (with their sums sxl, sxh for types with a min).
-fn unit_row(rb: u32, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> f32 {
-  let s = quant_scales(rb, c);
-  let q = quant_q(rb, c, j);
-  var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
-  if (QUANT_HAS_MIN) {
-    v -= s.z * sxl + s.w * sxh;
-  }
-  return v;
-}
-
-// Unit (c, j) of the team's ROWS (≤ 4) rows of one matrix at bytes rb.x, rb.y, ...: row r's value in component
-// r (the others 0). Row bases and sums live in vec4 components, not arrays: small arrays cost registers or
-// local memory on some drivers (docs/PERF.md).
-fn unit_rows(rb: vec4<u32>, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> vec4<f32> {
-  var v = vec4<f32>(unit_row(rb.x, c, j, xl, xh, sxl, sxh), 0.0, 0.0, 0.0);
-  if (ROWS >= 2u) {
-    v.y = unit_row(rb.y, c, j, xl, xh, sxl, sxh);
-  }
-  if (ROWS >= 3u) {
-    v.z = unit_row(rb.z, c, j, xl, xh, sxl, sxh);
-  }
-  if (ROWS >= 4u) {
-    v.w = unit_row(rb.w, c, j, xl, xh, sxl, sxh);
-  }
-  return v;
-}
-
 // Sums of the invocation's rows: gate (or the only matrix) and up.
 struct Acc {
   g: vec4<f32>,
@@ -107,9 +79,9 @@ fn unit_acc(u: u32, xb: u32, rbg: vec4<u32>, rbu: vec4<u32>, a: Acc) -> Acc {
   let sxl = dot(xl, vec4<f32>(1.0));
   let sxh = dot(xh, vec4<f32>(1.0));
   var r = a;
-  r.g += unit_rows(rbg, c, j, xl, xh, sxl, sxh);
+  r.g += rows_units(rbg, c, j, xl, xh, sxl, sxh);
   if (GATE_UP) {
-    r.u += unit_rows(rbu, c, j, xl, xh, sxl, sxh);
+    r.u += rows_units(rbu, c, j, xl, xh, sxl, sxh);
   }
   return r;
 }

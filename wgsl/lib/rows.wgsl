@@ -1,0 +1,33 @@
+// rows: one 8-weight unit (chunk c, unit j; lib/quant.wgsl) of a weight row against its two x quads, for the
+// mat-vec kernels (matvec, moe_matvec). Every row value goes through rows_unit, one expression shape in every
+// path, so a row's sum does not depend on how many rows or columns share its x quads (batched decode equals
+// the solo step bit for bit). Needs lib/quant.wgsl and the including kernel's const ROWS: u32.
+
+// Unit (c, j) of the row at byte rb times the x quads xl, xh; sxl, sxh are their element sums (used by types
+// with a min).
+fn rows_unit(rb: u32, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> f32 {
+  let s = quant_scales(rb, c);
+  let q = quant_q(rb, c, j);
+  var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
+  if (QUANT_HAS_MIN) {
+    v -= s.z * sxl + s.w * sxh;
+  }
+  return v;
+}
+
+// Unit (c, j) of up to 4 rows at bytes rb.x, rb.y, ... (the first ROWS of them): row r's value in component r,
+// the others 0. Row bases and sums live in vec4 components, not arrays: small arrays cost registers or local
+// memory on some drivers (docs/PERF.md).
+fn rows_units(rb: vec4<u32>, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> vec4<f32> {
+  var v = vec4<f32>(rows_unit(rb.x, c, j, xl, xh, sxl, sxh), 0.0, 0.0, 0.0);
+  if (ROWS >= 2u) {
+    v.y = rows_unit(rb.y, c, j, xl, xh, sxl, sxh);
+  }
+  if (ROWS >= 3u) {
+    v.z = rows_unit(rb.z, c, j, xl, xh, sxl, sxh);
+  }
+  if (ROWS >= 4u) {
+    v.w = rows_unit(rb.w, c, j, xl, xh, sxl, sxh);
+  }
+  return v;
+}

@@ -43,9 +43,20 @@ interface Variant {
   unroll: number;
   vec: number;
   rows: number;
+  /** Workgroups per SM-sized slice (132 of them) in a grid-stride loop over row groups; 0: one per group. */
+  persist?: number;
 }
 
-const NOX = 1, NOTAB = 2, NOHDR = 4, NOMATH = 8, TAB32 = 16, Q8X = 32, Q8S = 64;
+const NOX = 1,
+  NOTAB = 2,
+  NOHDR = 4,
+  NOMATH = 8,
+  TAB32 = 16,
+  Q8X = 32,
+  Q8S = 64,
+  TABW = 128,
+  TAB16 = 256,
+  Q80 = 512;
 
 /** `f(i)` for i < n, joined by newlines (the generated code is unrolled over rows and units). */
 function each(n: number, f: (i: number) => string): string {
@@ -115,6 +126,83 @@ function stepQ8s(v: Variant, u: string): string {
     }`;
 }
 
+/** Q80 (Q8_0 weights): one 8-weight unit per lane step, f32 x or (Q8X) int8 x in natural order. */
+function stepQ80(v: Variant, u: string): string {
+  const R = v.rows;
+  const q8 = (v.mode & Q8X) !== 0;
+  return `
+    {
+      let c = (${u}) >> 2u;
+      let j = (${u}) & 3u;
+      ${
+    q8
+      ? `let xv = xq8[${u}];\n      let dx = bitcast<f32>(xv.z);`
+      : `let xl = x[8u * c + 2u * j];\n      let xh = x[8u * c + 2u * j + 1u];`
+  }
+      ${
+    each(R, (r) =>
+      `let hb${r} = rb${r} + 34u * c;
+      let hw${r} = unpack2x16float(weights[hb${r} >> 2u]);
+      let d${r} = select(hw${r}.x, hw${r}.y, (hb${r} & 2u) != 0u);
+      let i${r} = (hb${r} + 2u + 8u * j) >> 2u;
+      let sh${r} = ((hb${r} + 2u) & 3u) * 8u;
+      let w${r}_0 = weights[i${r}];
+      let w${r}_1 = weights[i${r} + 1u];
+      let w${r}_2 = weights[i${r} + 2u];`)
+  }
+      ${
+    each(R, (r) =>
+      `{
+        let lo = select((w${r}_0 >> sh${r}) | (w${r}_1 << (32u - sh${r})), w${r}_0, sh${r} == 0u);
+        let hi = select((w${r}_1 >> sh${r}) | (w${r}_2 << (32u - sh${r})), w${r}_1, sh${r} == 0u);
+        ${
+        q8
+          ? `a${r} += d${r} * dx * f32(dot4I8Packed(lo, xv.x) + dot4I8Packed(hi, xv.y));`
+          : `a${r} += d${r} * (dot(common_i8x4(lo), xl) + dot(common_i8x4(hi), xh));`
+      }
+      }`)
+  }
+    }`;
+}
+
+/** Q80|Q8S: one whole 34-byte block (32 weights, nine word loads) per lane step, int8 x. */
+function stepQ80s(v: Variant, u: string): string {
+  const R = v.rows;
+  return `
+    {
+      let c = ${u};
+      let x0 = xq8[4u * c];
+      let x1 = xq8[4u * c + 1u];
+      let x2 = xq8[4u * c + 2u];
+      let x3 = xq8[4u * c + 3u];
+      let dx = bitcast<f32>(x0.z);
+      ${
+    each(R, (r) =>
+      `let hb${r} = rb${r} + 34u * c;
+      let i${r} = hb${r} >> 2u;
+      let al${r} = (hb${r} & 2u) != 0u;
+      ${each(9, (k) => `let w${r}_${k} = weights[i${r} + ${k}u];`)}`)
+  }
+      ${
+    each(R, (r) =>
+      `{
+        let hw = unpack2x16float(w${r}_0);
+        let d = select(hw.x, hw.y, al${r});
+        ${
+        each(
+          8,
+          (k) => `let q${k} = select((w${r}_${k} >> 16u) | (w${r}_${k + 1} << 16u), w${r}_${k + 1}, al${r});`,
+        )
+      }
+        let isum = dot4I8Packed(q0, x0.x) + dot4I8Packed(q1, x0.y) + dot4I8Packed(q2, x1.x) +
+          dot4I8Packed(q3, x1.y) + dot4I8Packed(q4, x2.x) + dot4I8Packed(q5, x2.y) + dot4I8Packed(q6, x3.x) +
+          dot4I8Packed(q7, x3.y);
+        a${r} += d * dx * f32(isum);
+      }`)
+  }
+    }`;
+}
+
 function source(v: Variant): string {
   const R = v.rows;
   const wpu = v.vec === 1 ? 2 : 1; // qs words per unit
@@ -150,8 +238,10 @@ function source(v: Variant): string {
     }`;
   const q8 = (v.mode & Q8X) !== 0;
   const q8s = (v.mode & Q8S) !== 0;
+  const q80 = (v.mode & Q80) !== 0;
   const upu = q8s ? 32 : v.vec === 1 ? 16 : 8;
-  const unitStep = (u: string) => q8s ? stepQ8s(v, u) : q8 ? stepQ8x(v, u) : step(u);
+  const unitStep = (u: string) =>
+    q80 ? (q8s ? stepQ80s(v, u) : stepQ80(v, u)) : q8s ? stepQ8s(v, u) : q8 ? stepQ8x(v, u) : step(u);
   return `
 const WG: u32 = ${v.wg}u;
 const MODE: u32 = ${v.mode}u;
@@ -169,6 +259,10 @@ ${q8 ? "@group(0) @binding(6) var<storage, read> xq8: array<vec4<u32>>;" : ""}
 // tab8b[n·32 + lane] = kv[n] in byte 0 (TAB32: one copy per bank).
 var<workgroup> tab8: array<u32, 256>;
 var<workgroup> tab8b: array<u32, 512>;
+// TABW: the byte-pair table once per bank (entry b for lane l at b·32 + l); TAB16: four 16-entry tables, table p
+// holding kv[n] in byte p (a warp's lookups into one 16-word table never conflict).
+var<workgroup> tabw: array<u32, ${(v.mode & TABW) !== 0 ? 8192 : 1}>;
+var<workgroup> tab16: array<u32, 64>;
 var<workgroup> partial: array<f32, ${v.wg * R}>;
 var<private> lane: u32;
 
@@ -195,6 +289,21 @@ fn decode(w: u32) -> array<vec4<f32>, 2> {
 fn pack8(w: u32) -> vec2<u32> {
   if ((MODE & ${NOTAB}u) != 0u) {
     return vec2<u32>(w & 0x0F0F0F0Fu, (w >> 4u) & 0x0F0F0F0Fu);
+  }
+  if ((MODE & ${TABW}u) != 0u) {
+    let t0 = tabw[(w & 0xFFu) * 32u + lane];
+    let t1 = tabw[((w >> 8u) & 0xFFu) * 32u + lane];
+    let t2 = tabw[((w >> 16u) & 0xFFu) * 32u + lane];
+    let t3 = tabw[(w >> 24u) * 32u + lane];
+    return vec2<u32>(t0 + t1 * 256u, t2 + t3 * 256u);
+  }
+  if ((MODE & ${TAB16}u) != 0u) {
+    return vec2<u32>(
+      tab16[extractBits(w, 0u, 4u)] | tab16[16u + extractBits(w, 8u, 4u)] | tab16[32u + extractBits(w, 4u, 4u)] |
+        tab16[48u + extractBits(w, 12u, 4u)],
+      tab16[extractBits(w, 16u, 4u)] | tab16[16u + extractBits(w, 24u, 4u)] | tab16[32u + extractBits(w, 20u, 4u)] |
+        tab16[48u + (w >> 28u)],
+    );
   }
   if ((MODE & ${TAB32}u) != 0u) {
     let lo = (vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(0xFu)) * 32u + lane;
@@ -239,7 +348,18 @@ fn main(
     atomicMax(&occ[1], c + 1u);
   }
   lane = lid & 31u;
-  if (${q8} && (MODE & ${TAB32}u) != 0u) {
+  if ((MODE & ${TABW}u) != 0u) {
+    for (var i = lid; i < 8192u; i += WG) {
+      let kv = vec2<i32>(common_kvalues(vec4<u32>((i >> 5u) & 15u, i >> 9u, 0u, 0u)).xy);
+      tabw[i] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
+    }
+    workgroupBarrier();
+  } else if ((MODE & ${TAB16}u) != 0u) {
+    for (var i = lid; i < 64u; i += WG) {
+      tab16[i] = (u32(i32(common_kvalues(vec4<u32>(i & 15u)).x)) & 0xFFu) << (8u * (i >> 4u));
+    }
+    workgroupBarrier();
+  } else if (${q8} && (MODE & ${TAB32}u) != 0u) {
     for (var i = lid; i < 512u; i += WG) {
       tab8b[i] = u32(i32(common_kvalues(vec4<u32>(i >> 5u)).x)) & 0xFFu;
     }
@@ -263,7 +383,9 @@ fn main(
   }
   let team = lid / 32u;
   let t = lid % 32u;
-  let row0 = (wg * (WG / 32u) + team) * ROWS;
+  let n_groups = (params.n + WG / 32u * ROWS - 1u) / (WG / 32u * ROWS);
+  for (var g = wg; g < n_groups; g += ${v.persist ? "nwg.x * nwg.y" : "n_groups"}) {
+  let row0 = (g * (WG / 32u) + team) * ROWS;
   let base = params.w_off & 0x7FFFFFFFu;
   ${
     each(R, (r) =>
@@ -300,6 +422,8 @@ fn main(
     if (row0 + t < params.n) {
       y[row0 + t] = s;
     }
+  }
+  workgroupBarrier();
   }
   if (lid == 0u && params.w_off == 0xFFFFFFFFu) {
     atomicSub(&occ[0], 1u);
@@ -340,7 +464,10 @@ const xq8Buf = device.createBuffer({
  * u = 4c + j as vec4<u32>(X0, X1, d, 0) with X0 = q at chunk positions [4j, 4j+1, 16+4j, 16+4j+1] and
  * X1 = [4j+2, 4j+3, 16+4j+2, 16+4j+3] (the order pack8 puts the codebook bytes in); also the dequantized x.
  */
-function quantizeX(xs: Float32Array): { words: Uint32Array<ArrayBuffer>; deq: Float64Array } {
+function quantizeX(
+  xs: Float32Array,
+  natural = false,
+): { words: Uint32Array<ArrayBuffer>; deq: Float64Array } {
   const words = new Uint32Array(xs.length / 2);
   const f = new Float32Array(words.buffer);
   const deq = new Float64Array(xs.length);
@@ -353,8 +480,13 @@ function quantizeX(xs: Float32Array): { words: Uint32Array<ArrayBuffer>; deq: Fl
     const pack = (a: number[]) => a.reduce((w, i, b) => w | ((q(i) & 0xff) << (8 * b)), 0) >>> 0;
     for (let j = 0; j < 4; j++) {
       const u = 4 * c + j;
-      words[4 * u] = pack([4 * j, 4 * j + 1, 16 + 4 * j, 17 + 4 * j]);
-      words[4 * u + 1] = pack([4 * j + 2, 4 * j + 3, 18 + 4 * j, 19 + 4 * j]);
+      if (natural) { // Q8_0: unit j = chunk elements 8j..8j+7
+        words[4 * u] = pack([8 * j, 8 * j + 1, 8 * j + 2, 8 * j + 3]);
+        words[4 * u + 1] = pack([8 * j + 4, 8 * j + 5, 8 * j + 6, 8 * j + 7]);
+      } else {
+        words[4 * u] = pack([4 * j, 4 * j + 1, 16 + 4 * j, 17 + 4 * j]);
+        words[4 * u + 1] = pack([4 * j + 2, 4 * j + 3, 18 + 4 * j, 19 + 4 * j]);
+      }
       f[4 * u + 2] = d;
     }
   }
@@ -365,11 +497,15 @@ const params = device.createBuffer({
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
 
-const SHAPES = QUICK ? [{ name: "small", k: 2048, n: 8192 }] : [
-  { name: "ffn_up_exps", k: 2048, n: 131072 },
-  { name: "ffn_down_exps", k: 512, n: 524288 },
-  { name: "output", k: 2048, n: 248320 },
-];
+const SHAPES: { name: string; k: number; n: number; type: "IQ4_XS" | "Q8_0" }[] = QUICK
+  ? [{ name: "small", k: 2048, n: 8192, type: "IQ4_XS" }, { name: "small", k: 2048, n: 8192, type: "Q8_0" }]
+  : [
+    { name: "ffn_up_exps", k: 2048, n: 131072, type: "IQ4_XS" },
+    { name: "output", k: 2048, n: 248320, type: "IQ4_XS" },
+    { name: "ffn_down_exps", k: 512, n: 524288, type: "IQ4_XS" },
+    { name: "ffn_up_exps", k: 2048, n: 131072, type: "Q8_0" },
+    { name: "output", k: 2048, n: 248320, type: "Q8_0" },
+  ];
 const VARIANTS: Variant[] = [
   // Round 4: the engine's shape (shared table, ROWS 4), round 3's best (Q8X, 8 weights per lane step), and Q8S:
   // int8 x with a whole 32-weight sub-block per lane step (two 8-byte qs loads).
@@ -381,6 +517,22 @@ const VARIANTS: Variant[] = [
   { mode: Q8X | Q8S, wg: 256, unroll: 2, vec: 0, rows: 2 },
   { mode: Q8X | Q8S | NOTAB, wg: 256, unroll: 1, vec: 0, rows: 2 },
   { mode: Q8X | Q8S | NOTAB | NOHDR, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  // Round 5: codebook tables without bank conflicts: TAB16 (four 16-entry tables, one lookup per weight), TABW
+  // (the byte-pair table once per bank, 32 KiB, with a persistent grid so that its set-up is paid rarely).
+  { mode: Q8X | Q8S | TAB16, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  { mode: Q8X | Q8S | TAB16, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X | TAB16, wg: 256, unroll: 2, vec: 0, rows: 4 },
+  { mode: Q8X | Q8S | TABW, wg: 256, unroll: 1, vec: 0, rows: 2, persist: 6 },
+  { mode: Q8X | Q8S | TABW, wg: 256, unroll: 1, vec: 0, rows: 4, persist: 6 },
+  { mode: Q8X | Q8S, wg: 256, unroll: 1, vec: 0, rows: 2, persist: 8 },
+  // Q8_0: the engine's unit mapping with f32 x (the production arithmetic) and with int8 x; a block per lane.
+  { mode: Q80, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q80 | Q8X, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  { mode: Q80 | Q8X, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q80 | Q8X, wg: 256, unroll: 2, vec: 0, rows: 2 },
+  { mode: Q80 | Q8X | Q8S, wg: 256, unroll: 1, vec: 0, rows: 1 },
+  { mode: Q80 | Q8X | Q8S, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  { mode: Q80 | Q8X | Q8S, wg: 256, unroll: 1, vec: 0, rows: 4 },
 ];
 
 const pipes = new Map<string, GPUComputePipeline>();
@@ -404,7 +556,8 @@ function line(o: Record<string, unknown>): void {
 line({ event: "start", summary: gpu.summary });
 
 for (const s of SHAPES) {
-  const rowBytes = (s.k / 256) * 136;
+  const q80Shape = s.type === "Q8_0";
+  const rowBytes = q80Shape ? (s.k / 32) * 34 : (s.k / 256) * 136;
   const tBytes = rowBytes * s.n;
   const slot = Math.ceil(tBytes / 256) * 256;
   const copies = Math.max(
@@ -441,13 +594,13 @@ for (const s of SHAPES) {
   let ref: Float64Array | undefined;
   let ref8: Float64Array | undefined;
   const xs = new Float32Array(s.k).map(() => Math.random() - 0.5);
-  const x8 = quantizeX(xs);
+  const x8 = quantizeX(xs, q80Shape);
   device.queue.writeBuffer(xq8Buf, 0, x8.words);
   if (QUICK) {
-    const blocks = randomBlocks("IQ4_XS", (s.k / 256) * s.n, { scale: 0.05, seed: 3 });
+    const blocks = randomBlocks(s.type, (rowBytes / (q80Shape ? 34 : 136)) * s.n, { scale: 0.05, seed: 3 });
     device.queue.writeBuffer(weights, 0, blocks as Uint8Array<ArrayBuffer>);
     device.queue.writeBuffer(xBuf, 0, xs);
-    const w = dequantize("IQ4_XS", blocks, s.k * s.n);
+    const w = dequantize(s.type, blocks, s.k * s.n);
     ref = new Float64Array(s.n);
     ref8 = new Float64Array(s.n);
     for (let r = 0; r < s.n; r++) {
@@ -460,7 +613,7 @@ for (const s of SHAPES) {
       ref8[r] = a8;
     }
   }
-  for (const v of VARIANTS) {
+  for (const v of VARIANTS.filter((v) => ((v.mode & Q80) !== 0) === q80Shape)) {
     const pipe = await pipeline(v);
     const groups: GPUBindGroup[] = [];
     device.pushErrorScope("validation");
@@ -476,7 +629,7 @@ for (const s of SHAPES) {
           { binding: 5, resource: { buffer: weights } },
           { binding: 6, resource: { buffer: xq8Buf } },
         ].filter((e) =>
-          (e.binding !== 5 || v.vec === 1 || (v.mode & Q8S) !== 0) &&
+          (e.binding !== 5 || v.vec === 1 || (v.mode & (Q8S | Q80)) === Q8S) &&
           (e.binding !== 6 || (v.mode & Q8X) !== 0) &&
           (e.binding !== 2 || (v.mode & Q8X) === 0)
         ),
@@ -484,7 +637,9 @@ for (const s of SHAPES) {
     }
     const bindErr = await device.popErrorScope();
     if (bindErr) throw new Error(`probe ${JSON.stringify(v)} bind group: ${bindErr.message}`);
-    const wgs = Math.ceil(s.n / (v.wg / 32) / v.rows);
+    const wgs = v.persist
+      ? Math.min(132 * v.persist, Math.ceil(s.n / (v.wg / 32) / v.rows))
+      : Math.ceil(s.n / (v.wg / 32) / v.rows);
     const gx = Math.min(wgs, 65535);
     const gy = Math.ceil(wgs / gx);
     const t = await timer.perRep(
@@ -536,6 +691,7 @@ for (const s of SHAPES) {
     line({
       kernel: "probe",
       case: s.name,
+      type: s.type,
       ...v,
       flags: [
         ["NOX", NOX],
@@ -545,6 +701,9 @@ for (const s of SHAPES) {
         ["TAB32", TAB32],
         ["Q8X", Q8X],
         ["Q8S", Q8S],
+        ["TABW", TABW],
+        ["TAB16", TAB16],
+        ["Q80", Q80],
       ]
         .filter(([, b]) => (v.mode & (b as number)) !== 0).map(([n]) => n).join("|") || "-",
       ms: t * 1e3,

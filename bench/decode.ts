@@ -3,9 +3,10 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS] [--matvec TEAM,ROWS]`: `--slots` also measures
- * batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert mat-vecs'
- * constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N` StageOptions.normPrologueMaxRows.
+ * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS] [--matvec TEAM,ROWS] [--fuse-route]`: `--slots`
+ * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
+ * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
+ * StageOptions.normPrologueMaxRows, `--fuse-route` sets StageOptions.fuseDecodeRoute.
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -33,6 +34,7 @@ const { values: args } = parseArgs({
     "moe-down": { type: "string" },
     "norm-max-rows": { type: "string" },
     matvec: { type: "string" },
+    "fuse-route": { type: "boolean", default: false },
   },
 });
 
@@ -75,6 +77,7 @@ const stage = await Stage.load(gpu, file, {
   maxChunk,
   moeTuning,
   matvecTuning: tuning(args.matvec),
+  fuseDecodeRoute: args["fuse-route"],
   normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
 });
 emit("load", {
@@ -83,6 +86,7 @@ emit("load", {
   weightBytes: stage.weightBytes,
   moeTuning,
   matvecTuning: tuning(args.matvec),
+  fuseDecodeRoute: args["fuse-route"],
 });
 const hp = stage.hp;
 

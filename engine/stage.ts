@@ -166,6 +166,12 @@ export interface StageOptions {
    * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
    */
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
+  /**
+   * Decode (one token) routes the experts in the prologue of the routed gate·up pass (moe_matvec ROUTE)
+   * instead of in a moe_route dispatch of its own. Default off: every gate·up workgroup then repeats the
+   * ranking, and the whole step measured slower on the H200 (191.0-191.6 against 196.1 tok/s, docs/PERF.md).
+   */
+  readonly fuseDecodeRoute?: boolean;
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
 }
@@ -284,6 +290,7 @@ export class Stage {
   readonly #graphs = new Map<string, Op[]>();
   readonly #moeTuning: StageOptions["moeTuning"];
   readonly #matvecTuning: StageOptions["matvecTuning"];
+  readonly #fuseDecodeRoute: boolean;
   readonly #decoders = new Map<string, Decoder>();
   readonly #selectors = new Map<string, Selector>();
   readonly #batchGraphs = new Map<string, { ops: Op[]; pos: GPUBuffer[] }>();
@@ -305,6 +312,7 @@ export class Stage {
     normPrologueMaxRows: number;
     moeTuning: StageOptions["moeTuning"];
     matvecTuning: StageOptions["matvecTuning"];
+    fuseDecodeRoute: boolean;
     weights: Map<string, GpuTensor>;
     check: TensorCheck;
     nSlots: number;
@@ -322,6 +330,7 @@ export class Stage {
     this.normPrologueMaxRows = init.normPrologueMaxRows;
     this.#moeTuning = init.moeTuning;
     this.#matvecTuning = init.matvecTuning;
+    this.#fuseDecodeRoute = init.fuseDecodeRoute;
     this.#weights = init.weights;
     this.#tiedOutput = init.check.tiedOutput;
     let wb = 0;
@@ -456,6 +465,7 @@ export class Stage {
       normPrologueMaxRows: opts.normPrologueMaxRows ?? NORM_PROLOGUE_MAX_ROWS,
       moeTuning: opts.moeTuning,
       matvecTuning: opts.matvecTuning,
+      fuseDecodeRoute: opts.fuseDecodeRoute ?? false,
       weights,
       check,
       nSlots: opts.nSlots,
@@ -1182,6 +1192,7 @@ export class Stage {
       normPrologueMaxRows: this.normPrologueMaxRows,
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
+      fuseDecodeRoute: this.#fuseDecodeRoute,
     }).build({
       stage: this,
       slot: slots[0]!,
@@ -1350,6 +1361,7 @@ export class Stage {
       normPrologueMaxRows: this.normPrologueMaxRows,
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
+      fuseDecodeRoute: this.#fuseDecodeRoute,
     }).build({
       stage: this,
       slot,
@@ -1620,6 +1632,7 @@ class GraphBuilder {
   readonly #normPrologueMaxRows: number;
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #moeTuning: StageOptions["moeTuning"];
+  readonly #fuseDecodeRoute: boolean;
   /** A decode norm not pushed yet (see #norm). */
   #pending: { label: string; x: GPUBuffer; w: GpuTensor; y: GPUBuffer } | undefined;
 
@@ -1634,9 +1647,11 @@ class GraphBuilder {
       normPrologueMaxRows: number;
       moeTuning: StageOptions["moeTuning"];
       matvecTuning: StageOptions["matvecTuning"];
+      fuseDecodeRoute: boolean;
     },
   ) {
     this.#normPrologueMaxRows = opts.normPrologueMaxRows;
+    this.#fuseDecodeRoute = opts.fuseDecodeRoute;
     this.#moeTuning = opts.moeTuning;
     this.#matvecTuning = opts.matvecTuning;
     this.#device = device;
@@ -2324,10 +2339,11 @@ class GraphBuilder {
     if (routerFused.length === 0) await this.#matvec(`L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n);
     // The shared expert's gate logit: row nExpert of the fused router output, or its own mat-vec.
     const gam: Binding = routerFused.length === 2 ? sub(A.router!, hp.nExpert, 1) : A.gam!;
-    // Decode: the routing (softmax, top-k, weights) runs in the prologue of the routed gate·up pass
-    // (moe_matvec ROUTE), which writes ids and weights for the down pass and the combine: no dispatch of its
-    // own. Prefill routes in a dispatch of its own: there every workgroup of the n·K columns would repeat it
-    // (measured: route+gate·up 6.0 ms per layer for a 256-token chunk, docs/PERF.md).
+    // The routing (softmax, top-k, weights) runs in a moe_route dispatch of its own. With fuseDecodeRoute,
+    // decode runs it in the prologue of the routed gate·up pass instead (moe_matvec ROUTE, which writes ids and
+    // weights for the down pass and the combine): one dispatch less, but every gate·up workgroup repeats the
+    // ranking (measured slower on the H200, StageOptions.fuseDecodeRoute). Prefill never fuses: every workgroup
+    // of the n·K columns would repeat it (route+gate·up 6.0 ms per layer for a 256-token chunk, docs/PERF.md).
     const route = {
       logits: A.router!,
       weights: A.wts!,
@@ -2335,7 +2351,7 @@ class GraphBuilder {
       nExpertUsed: K,
       wScale: moeWeightsScale(hp.expertWeightsScale),
     };
-    const fuseRoute = n === 1;
+    const fuseRoute = n === 1 && this.#fuseDecodeRoute;
     if (!fuseRoute) {
       const rc: MoeRouteConstants = {
         N_EXPERT: hp.nExpert,

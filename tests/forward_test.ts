@@ -61,17 +61,19 @@ function gap12(v: ArrayLike<number>): number {
 
 // normPrologueMaxRows 0: decode pushes every norm as a dispatch of its own (the path of tall mat-vecs such
 // as a real LM head) instead of in the next mat-vec's prologue; 65536: every mat-vec here takes its norm in
-// the prologue (the in-projections too, which the default 1024 leaves to a dispatch of their own).
+// the prologue (the in-projections too, which the default 1024 leaves to a dispatch of their own);
+// fuseDecodeRoute: decode ranks the experts in the gate·up prologue (the default is a moe_route dispatch).
 const MODELS: {
   arch: ArchName;
   quant: QuantPreset;
   layout: "current" | "legacy";
   normPrologueMaxRows?: number;
+  fuseDecodeRoute?: boolean;
 }[] = [
   { arch: "qwen35moe", quant: "f32", layout: "current" },
   { arch: "qwen35moe", quant: "iq4_xs", layout: "current", normPrologueMaxRows: 0 },
   { arch: "qwen3next", quant: "f32", layout: "legacy", normPrologueMaxRows: 65536 },
-  { arch: "qwen3next", quant: "iq4_xs", layout: "current" },
+  { arch: "qwen3next", quant: "iq4_xs", layout: "current", fuseDecodeRoute: true },
 ];
 
 for (const m of MODELS) {
@@ -80,7 +82,8 @@ for (const m of MODELS) {
     : m.normPrologueMaxRows
     ? `, norm prologues up to ${m.normPrologueMaxRows} rows`
     : "";
-  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}, teacher-forced and greedy`, async () => {
+  const route = m.fuseDecodeRoute ? ", decode routing in the gate·up prologue" : "";
+  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}, teacher-forced and greedy`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
     const path = await synthTiny(m.arch, m.quant, m.layout, rng.u32());
@@ -90,6 +93,7 @@ for (const m of MODELS) {
       nSlots: 1,
       maxChunk: 16,
       normPrologueMaxRows: m.normPrologueMaxRows,
+      fuseDecodeRoute: m.fuseDecodeRoute,
     });
     const ref = await RefModel.load(file);
     try {

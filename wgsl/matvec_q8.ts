@@ -1,0 +1,283 @@
+/**
+ * Twins of `quantize_q8.wgsl` and `matvec_q8.wgsl`: the batch-1 mat-vec with int8 x. `quantize_q8` rounds x to
+ * int8 per 32-element chunk (one f32 scale each, in the byte order of the weight type); `matvec_q8` multiplies
+ * Q8_0 or IQ4_XS weights by it with integer dot products (`dot4I8Packed`).
+ *
+ * Numerics: the product is that of the dequantized weights with the *dequantized x* (d·q per element), up to
+ * f32 rounding; the x rounding itself (a relative error up to 1/254 of the chunk's largest element per
+ * element) is the price of the integer dot products, as in llama.cpp's quantized mat-vecs. The float64
+ * reference of a test therefore takes the x that `quantize_q8` produced.
+ *
+ * Uniform params: quantize_q8 16 bytes (k, x_off, 0, 0); matvec_q8 32 bytes (k, n, row_bytes, w_off, y_off,
+ * 0, 0, 0).
+ * @module
+ */
+import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
+import { bindingBytes, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import { checkWeightRows } from "./_quant.ts";
+
+/** Kernel description of `quantize_q8.wgsl`. */
+export const QUANTIZE_Q8: KernelSpec = {
+  name: "quantize_q8",
+  url: new URL("./quantize_q8.wgsl", import.meta.url),
+  lib: [],
+  constants: { LAYOUT: "u32" },
+};
+
+/** Kernel description of `matvec_q8.wgsl`. */
+export const MATVEC_Q8: KernelSpec = {
+  name: "matvec_q8",
+  url: new URL("./matvec_q8.wgsl", import.meta.url),
+  lib: ["common"],
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32" },
+};
+
+/** Weight types matvec_q8 reads. */
+export const MATVEC_Q8_TYPES: readonly GgmlTypeName[] = ["Q8_0", "IQ4_XS"];
+
+/** Size of quantize_q8's uniform params in bytes. */
+export const QUANTIZE_Q8_PARAMS_BYTES = 16;
+/** Size of matvec_q8's uniform params in bytes. */
+export const MATVEC_Q8_PARAMS_BYTES = 32;
+
+/** The x byte order quantize_q8 writes for weights of `type` (its LAYOUT constant). */
+export function q8Layout(type: GgmlTypeName): number {
+  checkQ8Type("quantize_q8", type);
+  return type === "IQ4_XS" ? 1 : 0;
+}
+
+/** Bytes of quantize_q8's output for K elements: K int8 values and K/32 f32 scales. */
+export function q8xBytes(k: number): number {
+  return k + (k / 32) * 4;
+}
+
+function checkQ8Type(kernel: string, type: GgmlTypeName): void {
+  checkShape(
+    MATVEC_Q8_TYPES.includes(type),
+    `Kernel ${kernel}: int8-x mat-vecs read ${MATVEC_Q8_TYPES.join(" or ")} weights, not ${type}: use matvec`,
+  );
+}
+
+/** One quantize_q8 problem: K elements of x at element offset `xOffset` of the x binding. */
+export interface QuantizeQ8Shape {
+  /** Weight type the output is for (its byte order). */
+  readonly type: GgmlTypeName;
+  /** Elements (a multiple of 32). */
+  readonly k: number;
+  /** Element offset of x[0] (multiple of 4; default 0). */
+  readonly xOffset?: number;
+}
+
+/** Bindings of quantize_q8. */
+export interface QuantizeQ8Bindings {
+  /** Uniform params ({@linkcode quantizeQ8Params}); offset a multiple of 256. */
+  readonly params: Binding;
+  /** x, f32 (storage, read). */
+  readonly x: Binding;
+  /** The int8 x and scales, {@linkcode q8xBytes} bytes (storage, read_write). */
+  readonly xq: Binding;
+}
+
+/** A checked, ready-to-encode dispatch. */
+export interface Q8Op {
+  /** The variant's pipeline. */
+  readonly pipeline: GPUComputePipeline;
+  /** Bind group 0. */
+  readonly bindGroup: GPUBindGroup;
+  /** Workgroups in x and y. */
+  readonly grid: readonly [number, number];
+}
+
+/** The uniform params of a quantize_q8 shape. */
+export function quantizeQ8Params(shape: QuantizeQ8Shape): Uint32Array<ArrayBuffer> {
+  return new Uint32Array([shape.k, shape.xOffset ?? 0, 0, 0]);
+}
+
+/**
+ * Throws before anything is encoded when the shape and bindings do not fit together.
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): void {
+  checkQ8Type("quantize_q8", shape.type);
+  checkShape(
+    Number.isInteger(shape.k) && shape.k >= 32 && shape.k % 32 === 0 &&
+      shape.k / 32 <= 64 * MAX_WORKGROUPS_PER_DIM,
+    `Kernel quantize_q8: K=${shape.k} must be a positive multiple of 32 (whole chunks)`,
+  );
+  const xOff = shape.xOffset ?? 0;
+  checkShape(
+    Number.isInteger(xOff) && xOff >= 0 && xOff % 4 === 0,
+    `Kernel quantize_q8: x offset ${xOff} must be a non-negative multiple of 4 (vec4 loads)`,
+  );
+  const need = (what: string, bind: Binding, bytes: number) =>
+    checkShape(
+      bindingBytes(bind) >= bytes,
+      `Kernel quantize_q8: binding ${what} holds ${bindingBytes(bind)} bytes but K=${shape.k} needs ${bytes}`,
+    );
+  need("params", b.params, QUANTIZE_Q8_PARAMS_BYTES);
+  need("x", b.x, 4 * (xOff + shape.k));
+  need("xq", b.xq, q8xBytes(shape.k));
+}
+
+/** Checks, compiles (or reuses) and binds one quantize_q8 dispatch. */
+export async function prepareQuantizeQ8(
+  cache: PipelineCache,
+  opts: { device: GPUDevice; shape: QuantizeQ8Shape; bindings: QuantizeQ8Bindings },
+): Promise<Q8Op> {
+  checkQuantizeQ8(opts.shape, opts.bindings);
+  const pipeline = await cache.get(QUANTIZE_Q8, { LAYOUT: q8Layout(opts.shape.type) });
+  const b = opts.bindings;
+  return {
+    pipeline,
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.x, b.xq]),
+    grid: [Math.ceil(opts.shape.k / 32 / 64), 1],
+  };
+}
+
+/** Constants of one matvec_q8 variant. */
+export interface MatvecQ8Constants {
+  /** ggml type id of the weights (8 or 23). */
+  readonly TYPE: number;
+  /** Invocations per row team (power of two, 1..256). */
+  readonly TEAM: number;
+  /** Rows per team (1..4). */
+  readonly ROWS: number;
+  /** 1: y += W·x; 0: y = W·x. */
+  readonly ACC: number;
+  /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
+  [key: string]: number;
+}
+
+/** One matvec_q8 problem: W ne=[k, n] of `type` at a byte offset of the weight binding, y at an offset. */
+export interface MatvecQ8Shape {
+  /** Weight type (Q8_0 or IQ4_XS). */
+  readonly type: GgmlTypeName;
+  /** Row length K. */
+  readonly k: number;
+  /** Rows N. */
+  readonly n: number;
+  /** Byte offset of row 0 in the weight binding (multiple of 4, of 8 for IQ4_XS; default 0). */
+  readonly wOffsetBytes?: number;
+  /** Element offset of y[0] (default 0). */
+  readonly yOffset?: number;
+}
+
+/** Bindings of matvec_q8 (the weight and xq buffers are bound twice by {@linkcode prepareMatvecQ8}). */
+export interface MatvecQ8Bindings {
+  /** Uniform params ({@linkcode matvecQ8Params}); offset a multiple of 256. */
+  readonly params: Binding;
+  /** Weight bytes (storage, read). */
+  readonly weights: Binding;
+  /** quantize_q8's output for this type (storage, read). */
+  readonly xq: Binding;
+  /** Output, f32 (storage, read_write). */
+  readonly y: Binding;
+}
+
+/**
+ * The default variant: TEAM = the number of chunks per row up to 32 (a warp per row group), ROWS = 4 from
+ * N = 8192 (rows share each x chunk; docs/PERF.md probe round 5: 82.6% Q8_0, 35.5% IQ4_XS at TEAM 32 ROWS 4),
+ * else 1 (more workgroups for short matrices).
+ */
+export function matvecQ8Constants(
+  shape: MatvecQ8Shape,
+  opts: { acc?: boolean; team?: number; rows?: number } = {},
+): MatvecQ8Constants {
+  let team = 1;
+  while (team < 32 && 2 * team <= shape.k / 32) team *= 2;
+  return {
+    TYPE: TYPE_ID[shape.type],
+    TEAM: opts.team ?? team,
+    ROWS: opts.rows ?? (shape.n >= 8192 ? 4 : 1),
+    ACC: opts.acc ? 1 : 0,
+  };
+}
+
+/** The uniform params of a matvec_q8 shape. */
+export function matvecQ8Params(shape: MatvecQ8Shape): Uint32Array<ArrayBuffer> {
+  const rowBytes = checkWeightRows("matvec_q8", shape.type, shape.k, shape.wOffsetBytes ?? 0);
+  return new Uint32Array([shape.k, shape.n, rowBytes, shape.wOffsetBytes ?? 0, shape.yOffset ?? 0, 0, 0, 0]);
+}
+
+/** Workgroups in x and y: rows split into workgroups, the count folded into 2-D past 65535. */
+export function matvecQ8Grid(shape: MatvecQ8Shape, c: MatvecQ8Constants): [number, number] {
+  const wgs = Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS));
+  const gx = Math.min(wgs, MAX_WORKGROUPS_PER_DIM);
+  return [gx, Math.ceil(wgs / gx)];
+}
+
+/**
+ * Throws before anything is encoded when the shape, constants and bindings do not fit together.
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkMatvecQ8(shape: MatvecQ8Shape, c: MatvecQ8Constants, b: MatvecQ8Bindings): void {
+  checkQ8Type("matvec_q8", shape.type);
+  const wOff = shape.wOffsetBytes ?? 0;
+  const rowBytes = checkWeightRows("matvec_q8", shape.type, shape.k, wOff);
+  checkShape(
+    shape.type !== "IQ4_XS" || wOff % 8 === 0,
+    `Kernel matvec_q8: IQ4_XS weight offset ${wOff} bytes must be a multiple of 8 (word-pair loads)`,
+  );
+  checkShape(
+    c.TYPE === TYPE_ID[shape.type],
+    `Kernel matvec_q8: TYPE=${c.TYPE} but the shape says ${shape.type}`,
+  );
+  checkShape(
+    isPow2(c.TEAM) && c.TEAM <= 256,
+    `Kernel matvec_q8: TEAM=${c.TEAM} must be a power of two ≤ 256`,
+  );
+  checkInt("Kernel matvec_q8: ROWS", c.ROWS, 1, 4);
+  checkInt("Kernel matvec_q8: ACC", c.ACC, 0, 1);
+  checkInt("Kernel matvec_q8: n", shape.n, 1, 2 ** 31);
+  const yOff = shape.yOffset ?? 0;
+  checkShape(Number.isInteger(yOff) && yOff >= 0, `Kernel matvec_q8: y offset ${yOff} must be ≥ 0`);
+  const [gx, gy] = matvecQ8Grid(shape, c);
+  checkShape(
+    gy <= MAX_WORKGROUPS_PER_DIM,
+    `Kernel matvec_q8: N=${shape.n} needs ${gx}×${gy} workgroups: split it`,
+  );
+  const need = (what: string, bind: Binding, bytes: number) =>
+    checkShape(
+      bindingBytes(bind) >= bytes,
+      `Kernel matvec_q8: binding ${what} holds ${
+        bindingBytes(bind)
+      } bytes but ${shape.type} ne=[${shape.k}, ` +
+        `${shape.n}] needs ${bytes}: allocate or slice it for this shape`,
+    );
+  need("params", b.params, MATVEC_Q8_PARAMS_BYTES);
+  need("weights", b.weights, Math.ceil((wOff + shape.n * rowBytes) / 4) * 4);
+  need("xq", b.xq, q8xBytes(shape.k));
+  need("y", b.y, 4 * (yOff + shape.n));
+}
+
+/**
+ * Checks the problem, compiles (or reuses) its variant and builds its bind group.
+ * @throws {RangeError} from {@linkcode checkMatvecQ8}
+ */
+export async function prepareMatvecQ8(
+  cache: PipelineCache,
+  opts: {
+    device: GPUDevice;
+    shape: MatvecQ8Shape;
+    bindings: MatvecQ8Bindings;
+    constants?: MatvecQ8Constants;
+  },
+): Promise<Q8Op> {
+  const c = opts.constants ?? matvecQ8Constants(opts.shape);
+  checkMatvecQ8(opts.shape, c, opts.bindings);
+  const pipeline = await cache.get(MATVEC_Q8, c);
+  const b = opts.bindings;
+  return {
+    pipeline,
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.weights, b.xq, b.xq, b.y]),
+    grid: matvecQ8Grid(opts.shape, c),
+  };
+}
+
+/** Records one quantize_q8 or matvec_q8 dispatch into a caller-owned compute pass. */
+export function encodeQ8(pass: GPUComputePassEncoder, op: Q8Op): void {
+  pass.setPipeline(op.pipeline);
+  pass.setBindGroup(0, op.bindGroup);
+  pass.dispatchWorkgroups(op.grid[0], op.grid[1]);
+}

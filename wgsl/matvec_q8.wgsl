@@ -1,0 +1,191 @@
+// matvec_q8: y[n] = Σ_k W[n][k] · x[k] at batch 1, with x given as int8 per 32-element chunk (quantize_q8) and
+// the products summed by integer dot products (dot4I8Packed): the arithmetic of llama.cpp's quantized dot
+// products. TYPE 8 (Q8_0) or 23 (IQ4_XS), read straight from their GGUF block bytes.
+//
+// Bindings (the weight buffer twice: as words for block heads and Q8_0, as word pairs for IQ4_XS qs; xq
+// twice: quads and scale words):
+//   params    uniform Params
+//   weights   array<u32>        W ne=[K, N]; row n starts at byte w_off + n·row_bytes
+//   weights2  array<vec2<u32>>  the same buffer (IQ4_XS: w_off % 8 == 0)
+//   xq        array<vec4<u32>>  quantize_q8's output for this TYPE's layout (K/4 + K/32 words)
+//   xs        array<u32>        the same buffer (the scale words at K/4 + c)
+//   y         array<f32>        element n at y_off + n
+// Value: y[n] = Σ_c (dw_c · dx_c) · Σ_{i<32} w_i · q_i in f32 (chunks c = 32 weights: a Q8_0 block, an IQ4_XS
+// sub-block; dw_c its scale, w_i its int8 values, IQ4_XS through the codebook; q_i, dx_c the int8 x), i.e. the
+// product of the dequantized weights with the dequantized x up to f32 rounding. ACC = 1 adds into y.
+// A lane takes a whole chunk per step (Q8_0: the 34-byte block as nine word loads; IQ4_XS: its 16 qs bytes as
+// two word-pair loads and the block head), so that each lane keeps ROWS·(36 or 24) bytes in flight; a team
+// of TEAM invocations owns ROWS rows and walks chunks t, t + TEAM, ...; each x chunk it loads serves its ROWS
+// rows. Measured on the H200 (docs/PERF.md, probe round 5): Q8_0 82.6% and IQ4_XS 35.5% of the streaming
+// ceiling at TEAM 32, ROWS 4, against 48.5% and 23.7% with f32 x.
+// IQ4_XS codebook: a 256-entry workgroup table per qs byte, the two int8 codebook values of its nibbles in
+// bytes 0 and 2, so two lookups and one multiply-add give four packed weights in x's LAYOUT 1 order.
+// Constants: const TYPE: u32 (8 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),
+//   const ACC: u32 (0 or 1).
+
+struct Params {
+  k: u32,
+  n: u32,
+  row_bytes: u32,
+  w_off: u32,
+  y_off: u32,
+  _pad0: u32,
+  _pad1: u32,
+  _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> weights: array<u32>;
+@group(0) @binding(2) var<storage, read> weights2: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> xs: array<u32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+const WG: u32 = 256u;
+const WG_ROWS: u32 = (WG / TEAM) * ROWS;
+
+var<workgroup> tab8: array<u32, 256>;
+var<workgroup> partial: array<f32, WG * ROWS>;
+
+fn weight_word(i: u32) -> u32 {
+  return weights[i];
+}
+
+// The loaded words of one chunk of one row. Q8_0: a = words 0..3, b = words 4..7, c = word 8 of the block's
+// first word on; IQ4_XS: a = (head, scales_l, -, -), b = the 16 qs bytes.
+struct Chunk {
+  a: vec4<u32>,
+  b: vec4<u32>,
+  c: u32,
+}
+
+fn load_chunk(rb: u32, c: u32) -> Chunk {
+  if (TYPE == 23u) {
+    let w0 = (rb + 136u * (c >> 3u)) >> 2u;
+    let q = (w0 + 2u + 4u * (c & 7u)) >> 1u;
+    let qa = weights2[q];
+    let qb = weights2[q + 1u];
+    return Chunk(vec4<u32>(weights[w0], weights[w0 + 1u], 0u, 0u), vec4<u32>(qa, qb), 0u);
+  }
+  let i = (rb + 34u * c) >> 2u;
+  return Chunk(
+    vec4<u32>(weights[i], weights[i + 1u], weights[i + 2u], weights[i + 3u]),
+    vec4<u32>(weights[i + 4u], weights[i + 5u], weights[i + 6u], weights[i + 7u]),
+    weights[i + 8u],
+  );
+}
+
+// IQ4_XS: the 8 codebook values of qs word w as two int8x4 words in x's LAYOUT 1 order.
+fn iq4_pack8(w: u32) -> vec2<u32> {
+  let t0 = tab8[w & 0xFFu];
+  let t1 = tab8[(w >> 8u) & 0xFFu];
+  let t2 = tab8[(w >> 16u) & 0xFFu];
+  let t3 = tab8[w >> 24u];
+  return vec2<u32>(t0 + t1 * 256u, t2 + t3 * 256u);
+}
+
+// Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
+fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
+  if (TYPE == 23u) {
+    let ib = c & 7u;
+    let d = unpack2x16float(l.a.x).x;
+    let ls = ((l.a.y >> (4u * ib)) & 0xFu) | (((l.a.x >> (16u + 2u * ib)) & 3u) << 4u);
+    let p0 = iq4_pack8(l.b.x);
+    let p1 = iq4_pack8(l.b.y);
+    let p2 = iq4_pack8(l.b.z);
+    let p3 = iq4_pack8(l.b.w);
+    let s = dot4I8Packed(p0.x, x0.x) + dot4I8Packed(p0.y, x0.y) + dot4I8Packed(p1.x, x0.z) +
+      dot4I8Packed(p1.y, x0.w) + dot4I8Packed(p2.x, x1.x) + dot4I8Packed(p2.y, x1.y) +
+      dot4I8Packed(p3.x, x1.z) + dot4I8Packed(p3.y, x1.w);
+    return d * (f32(ls) - 32.0) * f32(s);
+  }
+  // Q8_0: the block starts at byte 0 or 2 of its first word (blocks are 34 bytes); d is that word's low or
+  // high half, and the qs words are funnel-shifted or the next eight words as they are.
+  let al = ((rb + 34u * c) & 2u) != 0u;
+  let h = unpack2x16float(l.a.x);
+  let d = select(h.x, h.y, al);
+  let q0 = select((l.a.x >> 16u) | (l.a.y << 16u), l.a.y, al);
+  let q1 = select((l.a.y >> 16u) | (l.a.z << 16u), l.a.z, al);
+  let q2 = select((l.a.z >> 16u) | (l.a.w << 16u), l.a.w, al);
+  let q3 = select((l.a.w >> 16u) | (l.b.x << 16u), l.b.x, al);
+  let q4 = select((l.b.x >> 16u) | (l.b.y << 16u), l.b.y, al);
+  let q5 = select((l.b.y >> 16u) | (l.b.z << 16u), l.b.z, al);
+  let q6 = select((l.b.z >> 16u) | (l.b.w << 16u), l.b.w, al);
+  let q7 = select((l.b.w >> 16u) | (l.c << 16u), l.c, al);
+  let s = dot4I8Packed(q0, x0.x) + dot4I8Packed(q1, x0.y) + dot4I8Packed(q2, x0.z) + dot4I8Packed(q3, x0.w) +
+    dot4I8Packed(q4, x1.x) + dot4I8Packed(q5, x1.y) + dot4I8Packed(q6, x1.z) + dot4I8Packed(q7, x1.w);
+  return d * f32(s);
+}
+
+@compute @workgroup_size(256)
+fn main(
+  @builtin(local_invocation_index) lid: u32,
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+  let wg = wid.y * nwg.x + wid.x;
+  if (TYPE == 23u) {
+    // tab8[b] = the int8 codebook values of b's low and high nibble in bytes 0 and 2.
+    let kv = vec2<i32>(common_kvalues(vec4<u32>(lid & 15u, lid >> 4u, 0u, 0u)).xy);
+    tab8[lid] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
+    workgroupBarrier();
+  }
+  let team = lid / TEAM;
+  let t = lid % TEAM;
+  let row0 = wg * WG_ROWS + team * ROWS;
+  // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.
+  let rb = params.w_off +
+    min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(params.n - 1u)) * params.row_bytes;
+  let n_chunks = params.k / 32u;
+  let so = params.k / 4u;
+  var a = vec4<f32>(0.0);
+  for (var c = t; c < n_chunks; c += TEAM) {
+    // All rows' loads before any math (more bytes in flight per lane).
+    let x0 = xq[2u * c];
+    let x1 = xq[2u * c + 1u];
+    let dx = bitcast<f32>(xs[so + c]);
+    let l0 = load_chunk(rb.x, c);
+    var l1: Chunk;
+    var l2: Chunk;
+    var l3: Chunk;
+    if (ROWS >= 2u) {
+      l1 = load_chunk(rb.y, c);
+    }
+    if (ROWS >= 3u) {
+      l2 = load_chunk(rb.z, c);
+    }
+    if (ROWS >= 4u) {
+      l3 = load_chunk(rb.w, c);
+    }
+    a.x += dx * chunk_dot(rb.x, c, l0, x0, x1);
+    if (ROWS >= 2u) {
+      a.y += dx * chunk_dot(rb.y, c, l1, x0, x1);
+    }
+    if (ROWS >= 3u) {
+      a.z += dx * chunk_dot(rb.z, c, l2, x0, x1);
+    }
+    if (ROWS >= 4u) {
+      a.w += dx * chunk_dot(rb.w, c, l3, x0, x1);
+    }
+  }
+  for (var r = 0u; r < ROWS; r++) {
+    partial[(team * ROWS + r) * TEAM + t] = a[r];
+  }
+  workgroupBarrier();
+  // One invocation per row adds its team's TEAM partials (starting at a rotating offset: fewer bank conflicts).
+  for (var o = lid; o < WG_ROWS; o += WG) {
+    var s = 0.0;
+    for (var e = 0u; e < TEAM; e++) {
+      s += partial[o * TEAM + ((e + o) % TEAM)];
+    }
+    let row = wg * WG_ROWS + o;
+    if (row < params.n) {
+      let at = params.y_off + row;
+      if (ACC == 1u) {
+        y[at] = y[at] + s;
+      } else {
+        y[at] = s;
+      }
+    }
+  }
+}

@@ -1,0 +1,248 @@
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import type { GgmlTypeName } from "../engine/quant/types.ts";
+import { Rng } from "../tests/util/rng.ts";
+import { assertPoisoned } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { assertDotClose, randomWeights, refProduct } from "./_quant_testing.ts";
+import {
+  checkMatvecQ8,
+  checkQuantizeQ8,
+  encodeQ8,
+  MATVEC_Q8_PARAMS_BYTES,
+  type MatvecQ8Constants,
+  matvecQ8Constants,
+  matvecQ8Params,
+  type MatvecQ8Shape,
+  prepareMatvecQ8,
+  prepareQuantizeQ8,
+  q8xBytes,
+  QUANTIZE_Q8_PARAMS_BYTES,
+  quantizeQ8Params,
+} from "./matvec_q8.ts";
+import assert from "node:assert/strict";
+
+/** Element index (within its 32-chunk) of byte `b` of quad word `w` in quantize_q8's layout for `type`. */
+function elementOf(type: GgmlTypeName, w: number, b: number): number {
+  if (type === "Q8_0") return 4 * w + b;
+  const j = w >> 1;
+  const base = (w & 1) === 0 ? 4 * j : 4 * j + 2;
+  return [base, base + 1, base + 16, base + 17][b]!;
+}
+
+/** The dequantized x (d_c·q_i in element order) and the raw q values from quantize_q8's output words. */
+function decodeXq(
+  type: GgmlTypeName,
+  k: number,
+  words: Uint32Array,
+): { deq: Float64Array; q: Int8Array; d: Float32Array } {
+  const deq = new Float64Array(k);
+  const q = new Int8Array(k);
+  const d = new Float32Array(words.buffer, words.byteOffset + k, k / 32);
+  const bytes = new Int8Array(words.buffer, words.byteOffset, k);
+  for (let c = 0; c < k / 32; c++) {
+    for (let w = 0; w < 8; w++) {
+      for (let b = 0; b < 4; b++) {
+        const e = 32 * c + elementOf(type, w, b);
+        q[e] = bytes[32 * c + 4 * w + b]!;
+        deq[e] = d[c]! * q[e]!;
+      }
+    }
+  }
+  return { deq, q, d };
+}
+
+/** Runs quantize_q8 on x (at element offset xOff) and returns its output words (poison-checked guard). */
+async function quantize(
+  device: GPUDevice,
+  cache: PipelineCache,
+  type: GgmlTypeName,
+  x: Float32Array,
+  xOff: number,
+): Promise<{ words: Uint32Array; guard: Uint32Array }> {
+  const k = x.length;
+  const xAll = new Float32Array(xOff + k).fill(Number.NaN); // the offset's gap must not be read
+  xAll.set(x, xOff);
+  const xBuf = upload(device, xAll, "x");
+  const words = q8xBytes(k) / 4;
+  const xqBuf = poisoned(device, words);
+  const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+  device.queue.writeBuffer(pb, 0, quantizeQ8Params({ type, k, xOffset: xOff }));
+  const op = await prepareQuantizeQ8(cache, {
+    device,
+    shape: { type, k, xOffset: xOff },
+    bindings: { params: pb, x: xBuf, xq: { buffer: xqBuf, offset: 0, size: 4 * words } },
+  });
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encodeQ8(pass, op);
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const [out] = await readAll(device, [xqBuf]);
+  [xBuf, xqBuf, pb].forEach((b) => b.destroy());
+  return { words: new Uint32Array(out!, 0, words), guard: new Uint32Array(out!, 4 * words, GUARD_WORDS) };
+}
+
+Deno.test("quantize_q8 rounds every 32-element chunk to int8 at scale max|x|/127, in each type's byte order", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  for (const type of ["Q8_0", "IQ4_XS"] as const) {
+    for (const k of [32, 32 * rng.int(2, 70)]) {
+      const x = rng.normals(k, 10 ** rng.int(-3, 3));
+      if (k > 32) {
+        x.fill(0, 0, 32); // an all-zero chunk: scale 0, all q 0
+        x[40] = 1e4 * Math.abs(x[41]! + 1); // an outlier: the rest of its chunk rounds to small values
+      }
+      const xOff = 4 * rng.int(0, 5);
+      const what = `quantize_q8 ${type} K=${k} x offset ${xOff} (seed ${rng.seed})`;
+      const { words, guard } = await quantize(device, cache, type, x, xOff);
+      assertPoisoned(guard, POISON_F32, what);
+      const { q, d } = decodeXq(type, k, words);
+      for (let c = 0; c < k / 32; c++) {
+        let amax = 0;
+        for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(x[32 * c + i]!));
+        const want = amax / 127;
+        assert.ok(
+          Math.abs(d[c]! - want) <= 2 ** -22 * want,
+          `${what}: chunk ${c} scale ${d[c]} but max|x|/127 = ${want}`,
+        );
+        for (let i = 0; i < 32; i++) {
+          const e = 32 * c + i;
+          const exact = want === 0 ? 0 : x[e]! / d[c]!;
+          assert.ok(
+            Math.abs(q[e]!) <= 127 && Math.abs(q[e]! - exact) <= 0.5 + 1e-4,
+            `${what}: element ${e} q ${q[e]} but x/d = ${exact}`,
+          );
+        }
+      }
+    }
+  }
+});
+
+interface Case {
+  shape: MatvecQ8Shape;
+  constants: MatvecQ8Constants;
+  what: string;
+}
+
+function cases(rng: Rng, type: GgmlTypeName): Case[] {
+  const be = type === "IQ4_XS" ? 256 : 32;
+  const list: { shape: MatvecQ8Shape; opts?: { acc?: boolean; team?: number; rows?: number } }[] = [
+    { shape: { type, k: be, n: 1 } }, // debug: one block, one row
+    { shape: { type, k: 3 * be, n: 37 }, opts: { rows: 4 } }, // N not a multiple of the rows per workgroup
+    { shape: { type, k: 5 * be, n: 21 }, opts: { rows: 3, team: 4 } }, // a team smaller than the chunks
+    { shape: { type, k: 2 * be, n: 19 }, opts: { rows: 2, team: 64 } }, // a team larger than the chunks
+    // A slice: rows at a byte offset, y at an offset, y += W·x.
+    {
+      shape: { type, k: be * rng.int(1, 4), n: rng.int(1, 40), wOffsetBytes: 8 * rng.int(1, 20), yOffset: 5 },
+      opts: { acc: true },
+    },
+    { shape: { type, k: be * rng.int(1, 9), n: rng.int(1, 90) } }, // random, default constants
+  ];
+  if (type === "IQ4_XS") list.push({ shape: { type, k: 2048, n: 40 }, opts: { rows: 4 } }); // real K, TEAM 32
+  else list.push({ shape: { type, k: 2048, n: 9000 } }); // real K, the default ROWS 4 of tall matrices
+  return list.map(({ shape, opts }) => {
+    const constants = matvecQ8Constants(shape, opts);
+    return {
+      shape,
+      constants,
+      what: `matvec_q8 ${type} ne=[${shape.k}, ${shape.n}] ${JSON.stringify(constants)}`,
+    };
+  });
+}
+
+Deno.test("matvec_q8 equals the float64 product of the dequantized weights and the dequantized int8 x", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const failures: string[] = [];
+  for (const type of ["Q8_0", "IQ4_XS"] as const) {
+    for (const c of cases(rng, type)) {
+      const s = c.shape;
+      const x = rng.normals(s.k);
+      const { words } = await quantize(device, cache, type, x, 0);
+      const { deq } = decodeXq(type, s.k, words);
+      const bytes = randomWeights(rng, type, s.k, s.n);
+      const wOff = s.wOffsetBytes ?? 0;
+      const wAll = new Uint8Array(wOff + bytes.length);
+      wAll.set(bytes, wOff);
+      const yOff = s.yOffset ?? 0;
+      const yWords = yOff + s.n;
+      const y0 = rng.normals(s.n); // ACC: the values y starts with
+      const wBuf = upload(device, wAll, "weights");
+      const xqBuf = upload(device, words, "xq");
+      const yBuf = poisoned(device, yWords);
+      if (c.constants.ACC) device.queue.writeBuffer(yBuf, 4 * yOff, y0);
+      const pb = device.createBuffer({ size: 256, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      device.queue.writeBuffer(pb, 0, matvecQ8Params(s));
+      const op = await prepareMatvecQ8(cache, {
+        device,
+        shape: s,
+        constants: c.constants,
+        bindings: {
+          params: { buffer: pb, offset: 0, size: MATVEC_Q8_PARAMS_BYTES },
+          weights: wBuf,
+          xq: xqBuf,
+          y: { buffer: yBuf, offset: 0, size: 4 * yWords },
+        },
+      });
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeQ8(pass, op);
+      pass.end();
+      device.queue.submit([enc.finish()]);
+      const [out] = await readAll(device, [yBuf]);
+      [wBuf, xqBuf, yBuf, pb].forEach((b) => b.destroy());
+      const xf = new Float32Array(deq); // d·q is exact in f32 (8-bit q times an f32 d)
+      const { ref, mag } = refProduct(type, bytes, { k: s.k, n: s.n, cols: 1, x: xf });
+      if (c.constants.ACC) {
+        for (let r = 0; r < s.n; r++) {
+          ref[r] = ref[r]! + y0[r]!;
+          mag[r] = mag[r]! + Math.abs(y0[r]!);
+        }
+      }
+      try {
+        assertDotClose(new Float32Array(out!, 4 * yOff, s.n), ref, mag, { what: c.what, seed: rng.seed });
+        assertPoisoned(new Uint32Array(out!, 0, yOff), POISON_F32, `${c.what} head (seed ${rng.seed})`);
+        assertPoisoned(
+          new Uint32Array(out!, 4 * yWords, GUARD_WORDS),
+          POISON_F32,
+          `${c.what} (seed ${rng.seed})`,
+        );
+      } catch (e) {
+        failures.push((e as Error).message);
+      }
+    }
+  }
+  if (failures.length > 0) throw new Error(`${failures.length} cases failed:\n${failures.join("\n")}`);
+});
+
+Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
+  const buf = (size: number) => {
+    const b = { size } as unknown as GPUBuffer;
+    Object.setPrototypeOf(b, GPUBuffer.prototype);
+    return b;
+  };
+  const big = buf(1 << 20);
+  const shape: MatvecQ8Shape = { type: "IQ4_XS", k: 512, n: 4 };
+  const b = { params: big, weights: big, xq: big, y: big };
+  const c = matvecQ8Constants(shape);
+  assert.throws(
+    () => checkMatvecQ8({ ...shape, type: "Q4_K" }, c, b),
+    /read Q8_0 or IQ4_XS weights, not Q4_K/,
+  );
+  assert.throws(() => checkMatvecQ8({ ...shape, k: 480 }, c, b), /K=480/);
+  assert.throws(() => checkMatvecQ8({ ...shape, wOffsetBytes: 4 }, c, b), /multiple of 8/);
+  assert.throws(() => checkMatvecQ8(shape, { ...c, ROWS: 5 }, b), /ROWS must be an integer in \[1, 4\]/);
+  assert.throws(() => checkMatvecQ8(shape, { ...c, TYPE: 8 }, b), /TYPE=8 but the shape says IQ4_XS/);
+  assert.throws(() => checkMatvecQ8(shape, c, { ...b, xq: buf(q8xBytes(512) - 4) }), /binding xq/);
+  assert.throws(() => checkMatvecQ8(shape, c, { ...b, weights: buf(4 * 136 - 8) }), /binding weights/);
+  const q = { params: buf(QUANTIZE_Q8_PARAMS_BYTES), x: big, xq: big };
+  assert.throws(() => checkQuantizeQ8({ type: "Q8_0", k: 48 }, q), /K=48/);
+  assert.throws(() => checkQuantizeQ8({ type: "F16", k: 64 }, q), /not F16/);
+  assert.throws(() => checkQuantizeQ8({ type: "Q8_0", k: 64, xOffset: 2 }, q), /multiple of 4/);
+  assert.throws(
+    () => checkQuantizeQ8({ type: "Q8_0", k: 64 }, { ...q, xq: buf(q8xBytes(64) - 4) }),
+    /binding xq/,
+  );
+});

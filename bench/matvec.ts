@@ -6,7 +6,8 @@
  *
  * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr]]` (`--quick`: small sizes, for lavapipe;
  * `--sweep`: also TEAM/ROWS/UNROLL variants at batch 1; `--sr`: and the SR = 1 loop at TEAM 32
- * and 64 with UNROLL 1, 2, 4, 8). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * and 64 with UNROLL 1, 2, 4, 8). Batch-1 IQ4_XS and Q8_0 cases also run matvec_q8 (int8 x; its quantize_q8
+ * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -38,6 +39,20 @@ import {
   type StreamReadOp,
   streamReadParams,
 } from "../wgsl/stream_read.ts";
+import {
+  encodeQ8,
+  MATVEC_Q8_PARAMS_BYTES,
+  type MatvecQ8Constants,
+  matvecQ8Constants,
+  matvecQ8Params,
+  type MatvecQ8Shape,
+  prepareMatvecQ8,
+  prepareQuantizeQ8,
+  type Q8Op,
+  q8xBytes,
+  QUANTIZE_Q8_PARAMS_BYTES,
+  quantizeQ8Params,
+} from "../wgsl/matvec_q8.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -123,6 +138,11 @@ const sparams = device.createBuffer({
   size: 256 * MAX_COPIES,
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
+const q8params = device.createBuffer({
+  size: 256 * (MAX_COPIES + 1),
+  usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+});
+const xqBuf = device.createBuffer({ size: q8xBytes(maxK), usage: GPUBufferUsage.STORAGE });
 const timer = new PassTimer(device, gpu.timestamps);
 
 /** Seconds per dispatch of `ops` (rotated, `reps` in all) in one compute pass. */
@@ -249,6 +269,67 @@ for (const c of CASES) {
       ceilingGbps: ceiling,
       ofCeiling: gbps / ceiling,
     });
+  }
+  if (c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
+    // int8 x: quantize_q8 once (timed on its own), then matvec_q8 on the same copies as matvec.
+    const qshape = { type: c.type, k: c.k };
+    device.queue.writeBuffer(q8params, 256 * MAX_COPIES, quantizeQ8Params(qshape));
+    const qop = await prepareQuantizeQ8(cache, {
+      device,
+      shape: qshape,
+      bindings: {
+        params: { buffer: q8params, offset: 256 * MAX_COPIES, size: QUANTIZE_Q8_PARAMS_BYTES },
+        x: xBuf,
+        xq: { buffer: xqBuf, offset: 0, size: q8xBytes(c.k) },
+      },
+    });
+    const tq = await time((p) => encodeQ8(p, qop), 200);
+    line({ kernel: "quantize_q8", case: c.name, type: c.type, k: c.k, ms: tq * 1e3 });
+    const q8variants: (MatvecQ8Constants | undefined)[] = [undefined];
+    if (args.sweep) {
+      const shape: MatvecQ8Shape = { type: c.type, k: c.k, n: c.n };
+      for (const [team, rows] of [[32, 1], [32, 2], [32, 4], [16, 4], [64, 4]] as const) {
+        if (team <= c.k / 32) q8variants.push(matvecQ8Constants(shape, { team, rows }));
+      }
+    }
+    for (const v of q8variants) {
+      const ops: Q8Op[] = [];
+      let constants: MatvecQ8Constants | undefined;
+      for (let i = 0; i < copies; i++) {
+        const shape: MatvecQ8Shape = { type: c.type, k: c.k, n: c.n, wOffsetBytes: i * slot };
+        constants = v ?? matvecQ8Constants(shape);
+        device.queue.writeBuffer(q8params, 256 * i, matvecQ8Params(shape));
+        ops.push(
+          await prepareMatvecQ8(cache, {
+            device,
+            shape,
+            constants,
+            bindings: {
+              params: { buffer: q8params, offset: 256 * i, size: MATVEC_Q8_PARAMS_BYTES },
+              weights,
+              xq: { buffer: xqBuf, offset: 0, size: q8xBytes(c.k) },
+              y: yBuf,
+            },
+          }),
+        );
+      }
+      const t = await time((p, i) => encodeQ8(p, ops[i % copies]!), reps);
+      const gbps = tBytes / t / 1e9;
+      line({
+        kernel: "matvec_q8",
+        case: c.name,
+        type: c.type,
+        ne: [c.k, c.n],
+        constants,
+        bytes: tBytes,
+        copies,
+        reps,
+        ms: t * 1e3,
+        gbps,
+        ceilingGbps: ceiling,
+        ofCeiling: gbps / ceiling,
+      });
+    }
   }
 }
 // Prefill matmul: attn_qkv-shaped weights times M tokens (not bandwidth-bound: GFLOP/s = 2·K·N·M / time).

@@ -7,7 +7,8 @@
  * Rounds: 1 (11b351a) took the parts out of the ROWS = 1 loop one by one; 2 (4583cf3) R rows per warp sharing
  * each x quad (code generated per variant, no arrays), vec2 qs loads (VEC 1: 16 weights per unit), unroll; 3
  * (0143b45) int8 x with dot4I8Packed (Q8X); 4 (this version's variant list) a whole 32-weight sub-block per lane
- * step with int8 x (Q8S): written and checked on lavapipe, not yet run on the H200 (no device time was left).
+ * step with int8 x (Q8S), run at 37228b9 with round 5 (conflict-free codebook tables TAB16/TABW, Q8_0 with int8 x);
+ * 6 (`--round 6`, the default; `--round 5` runs rounds 4 and 5): matvec_q8's dense x layout (DX) in those loops.
  * With `--quick` (lavapipe) the value-computing modes are checked against a float64 reference (maxRelErr).
  *
  * Flags (MODE bits): 1 NOX (x quads from the unit index instead of loads), 2 NOTAB (nibbles to f32 by
@@ -18,7 +19,7 @@
  * (invocations per workgroup), UNROLL (units per loop step), VEC (1: each lane loads two adjacent qs words as one
  * vec2, i.e. 16 weights per unit).
  *
- * Usage: `deno run -A bench/matvec_probe.ts [--quick]`. No npm imports (runs on the lent GPU machine).
+ * Usage: `deno run -A bench/matvec_probe.ts [--quick] [--round 5|6]`. No npm imports (runs on the lent GPU machine).
  * @module
  */
 import { parseArgs } from "node:util";
@@ -34,7 +35,9 @@ import {
   streamReadParams,
 } from "../wgsl/stream_read.ts";
 
-const { values: args } = parseArgs({ options: { quick: { type: "boolean", default: false } } });
+const { values: args } = parseArgs({
+  options: { quick: { type: "boolean", default: false }, round: { type: "string", default: "6" } },
+});
 const QUICK = args.quick ?? false;
 
 interface Variant {
@@ -56,7 +59,8 @@ const NOX = 1,
   Q8S = 64,
   TABW = 128,
   TAB16 = 256,
-  Q80 = 512;
+  Q80 = 512,
+  DX = 1024;
 
 /** `f(i)` for i < n, joined by newlines (the generated code is unrolled over rows and units). */
 function each(n: number, f: (i: number) => string): string {
@@ -88,6 +92,28 @@ function stepQ8x(v: Variant, u: string): string {
 }
 
 /**
+ * Q8S: chunk c's int8 x as four quad pairs x0..x3 (.x, .y) and its scale dx: from the unit layout (a vec4 per
+ * 8-weight unit, scale in .z), or with DX from the dense layout of matvec_q8 (two vec4 per chunk, the scales
+ * after the K/4 quad words).
+ */
+function xChunk(v: Variant): string {
+  if ((v.mode & DX) !== 0) {
+    return `let xa = xq8[2u * c];
+      let xb = xq8[2u * c + 1u];
+      let x0 = xa.xyxy;
+      let x1 = xa.zwzw;
+      let x2 = xb.xyxy;
+      let x3 = xb.zwzw;
+      let dx = bitcast<f32>(xsd[params.k / 4u + c]);`;
+  }
+  return `let x0 = xq8[4u * c];
+      let x1 = xq8[4u * c + 1u];
+      let x2 = xq8[4u * c + 2u];
+      let x3 = xq8[4u * c + 3u];
+      let dx = bitcast<f32>(x0.z);`;
+}
+
+/**
  * Q8X|Q8S: one 32-weight sub-block (chunk `u`) of R rows per lane step: the chunk's four int8 x quads pairs
  * (Q8X layout, one vec4 per 8-weight unit), per row two 8-byte qs loads and eight dot4I8Packed.
  */
@@ -98,11 +124,7 @@ function stepQ8s(v: Variant, u: string): string {
       let c = ${u};
       let ib = c & 7u;
       let boff = 136u * (c >> 3u);
-      let x0 = xq8[4u * c];
-      let x1 = xq8[4u * c + 1u];
-      let x2 = xq8[4u * c + 2u];
-      let x3 = xq8[4u * c + 3u];
-      let dx = bitcast<f32>(x0.z);
+      ${xChunk(v)}
       ${
     each(R, (r) =>
       `let blk${r} = (rb${r} + boff) >> 2u;
@@ -171,11 +193,7 @@ function stepQ80s(v: Variant, u: string): string {
   return `
     {
       let c = ${u};
-      let x0 = xq8[4u * c];
-      let x1 = xq8[4u * c + 1u];
-      let x2 = xq8[4u * c + 2u];
-      let x3 = xq8[4u * c + 3u];
-      let dx = bitcast<f32>(x0.z);
+      ${xChunk(v)}
       ${
     each(R, (r) =>
       `let hb${r} = rb${r} + 34u * c;
@@ -255,6 +273,7 @@ struct Params { k: u32, n: u32, row_bytes: u32, w_off: u32 }
 @group(0) @binding(5) var<storage, read> weights2: array<vec2<u32>>;
 var<workgroup> tab32: array<f32, 512>;
 ${q8 ? "@group(0) @binding(6) var<storage, read> xq8: array<vec4<u32>>;" : ""}
+${(v.mode & DX) !== 0 ? "@group(0) @binding(7) var<storage, read> xsd: array<u32>;" : ""}
 // Q8X: the codebook as int8 bytes: tab8[b] = kv[b & 15] in byte 0, kv[b >> 4] in byte 2 (shared table), or
 // tab8b[n·32 + lane] = kv[n] in byte 0 (TAB32: one copy per bank).
 var<workgroup> tab8: array<u32, 256>;
@@ -458,6 +477,22 @@ const xq8Buf = device.createBuffer({
   size: 2 * 8192,
   usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
 });
+const xdBuf = device.createBuffer({
+  size: 8192 + 1024,
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+});
+
+/** DX: the unit layout of quantizeX rewritten densely (matvec_q8's layout): quad words 8c + 2j, 8c + 2j + 1,
+ * scales at K/4 + c. */
+function denseX(words: Uint32Array, k: number): Uint32Array<ArrayBuffer> {
+  const out = new Uint32Array(k / 4 + k / 32);
+  for (let u = 0; u < k / 8; u++) {
+    out[2 * u] = words[4 * u]!;
+    out[2 * u + 1] = words[4 * u + 1]!;
+  }
+  for (let c = 0; c < k / 32; c++) out[k / 4 + c] = words[4 * (4 * c) + 2]!;
+  return out;
+}
 
 /**
  * Q8X: x quantized to int8 per 32-element chunk (d = max|x| / 127, q = round(x / d)), stored per 8-weight unit
@@ -535,6 +570,20 @@ const VARIANTS: Variant[] = [
   { mode: Q80 | Q8X | Q8S, wg: 256, unroll: 1, vec: 0, rows: 4 },
 ];
 
+// Round 6: matvec_q8's dense x layout (DX) in the Q8S loops, with the unit layout beside it.
+const ROUND6: Variant[] = [
+  { mode: 0, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X | Q8S, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X | Q8S | DX, wg: 256, unroll: 1, vec: 0, rows: 2 },
+  { mode: Q8X | Q8S | DX, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X | Q8S | DX | NOTAB, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q8X | Q8S | DX | NOTAB | NOHDR, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q80 | Q8X | Q8S, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q80 | Q8X | Q8S | DX, wg: 256, unroll: 1, vec: 0, rows: 4 },
+  { mode: Q80 | Q8X | Q8S | DX, wg: 256, unroll: 1, vec: 0, rows: 2 },
+];
+const CHOSEN = args.round === "6" ? ROUND6 : VARIANTS;
+
 const pipes = new Map<string, GPUComputePipeline>();
 async function pipeline(v: Variant): Promise<GPUComputePipeline> {
   const key = JSON.stringify(v);
@@ -596,6 +645,7 @@ for (const s of SHAPES) {
   const xs = new Float32Array(s.k).map(() => Math.random() - 0.5);
   const x8 = quantizeX(xs, q80Shape);
   device.queue.writeBuffer(xq8Buf, 0, x8.words);
+  device.queue.writeBuffer(xdBuf, 0, denseX(x8.words, s.k));
   if (QUICK) {
     const blocks = randomBlocks(s.type, (rowBytes / (q80Shape ? 34 : 136)) * s.n, { scale: 0.05, seed: 3 });
     device.queue.writeBuffer(weights, 0, blocks as Uint8Array<ArrayBuffer>);
@@ -613,7 +663,7 @@ for (const s of SHAPES) {
       ref8[r] = a8;
     }
   }
-  for (const v of VARIANTS.filter((v) => ((v.mode & Q80) !== 0) === q80Shape)) {
+  for (const v of CHOSEN.filter((v) => ((v.mode & Q80) !== 0) === q80Shape)) {
     const pipe = await pipeline(v);
     const groups: GPUBindGroup[] = [];
     device.pushErrorScope("validation");
@@ -627,10 +677,12 @@ for (const s of SHAPES) {
           { binding: 3, resource: { buffer: yBuf } },
           { binding: 4, resource: { buffer: occ } },
           { binding: 5, resource: { buffer: weights } },
-          { binding: 6, resource: { buffer: xq8Buf } },
+          { binding: 6, resource: { buffer: (v.mode & DX) !== 0 ? xdBuf : xq8Buf } },
+          { binding: 7, resource: { buffer: xdBuf } },
         ].filter((e) =>
           (e.binding !== 5 || v.vec === 1 || (v.mode & (Q8S | Q80)) === Q8S) &&
           (e.binding !== 6 || (v.mode & Q8X) !== 0) &&
+          (e.binding !== 7 || (v.mode & DX) !== 0) &&
           (e.binding !== 2 || (v.mode & Q8X) === 0)
         ),
       }));
@@ -704,6 +756,7 @@ for (const s of SHAPES) {
         ["TABW", TABW],
         ["TAB16", TAB16],
         ["Q80", Q80],
+        ["DX", DX],
       ]
         .filter(([, b]) => (v.mode & (b as number)) !== 0).map(([n]) => n).join("|") || "-",
       ms: t * 1e3,

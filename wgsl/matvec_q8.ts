@@ -29,7 +29,7 @@ export const QUANTIZE_Q8: KernelSpec = {
 export const MATVEC_Q8: KernelSpec = {
   name: "matvec_q8",
   url: new URL("./matvec_q8.wgsl", import.meta.url),
-  lib: ["common"],
+  lib: ["common", "iq4_xs"],
   constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32" },
 };
 

@@ -88,8 +88,6 @@ fn iq4_pack8(w: u32) -> vec2<u32> {
 fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
   if (TYPE == 23u) {
     let ib = c & 7u;
-    let d = unpack2x16float(l.a.x).x;
-    let ls = ((l.a.y >> (4u * ib)) & 0xFu) | (((l.a.x >> (16u + 2u * ib)) & 3u) << 4u);
     let p0 = iq4_pack8(l.b.x);
     let p1 = iq4_pack8(l.b.y);
     let p2 = iq4_pack8(l.b.z);
@@ -97,7 +95,7 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
     let s = dot4I8Packed(p0.x, x0.x) + dot4I8Packed(p0.y, x0.y) + dot4I8Packed(p1.x, x0.z) +
       dot4I8Packed(p1.y, x0.w) + dot4I8Packed(p2.x, x1.x) + dot4I8Packed(p2.y, x1.y) +
       dot4I8Packed(p3.x, x1.z) + dot4I8Packed(p3.y, x1.w);
-    return d * (f32(ls) - 32.0) * f32(s);
+    return iq4xs_scale(l.a.x, l.a.y, 4u * ib, 16u + 2u * ib) * f32(s);
   }
   // Q8_0: the block starts at byte 0 or 2 of its first word (blocks are 34 bytes); d is that word's low or
   // high half, and the qs words are funnel-shifted or the next eight words as they are.

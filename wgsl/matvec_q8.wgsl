@@ -43,6 +43,8 @@ struct Params {
 
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
+// The length of the partial runs the first reduction step adds (1: none).
+const RUN: u32 = select(1u, 8u, TEAM >= 8u);
 
 var<workgroup> tab8: array<u32, 256>;
 var<workgroup> partial: array<f32, WG * ROWS>;
@@ -115,6 +117,23 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
   return d * f32(s);
 }
 
+// Adds row r of team `team`'s partials (runs of RUN after the first reduction step) and stores the sum.
+fn finish(wg: u32, team: u32, r: u32) {
+  var s = 0.0;
+  for (var j = 0u; j < TEAM; j += RUN) {
+    s += partial[r * WG + team * TEAM + j];
+  }
+  let row = wg * WG_ROWS + team * ROWS + r;
+  if (row < params.n) {
+    let at = params.y_off + row;
+    if (ACC == 1u) {
+      y[at] = y[at] + s;
+    } else {
+      y[at] = s;
+    }
+  }
+}
+
 @compute @workgroup_size(256)
 fn main(
   @builtin(local_invocation_index) lid: u32,
@@ -167,23 +186,33 @@ fn main(
     }
   }
   for (var r = 0u; r < ROWS; r++) {
-    partial[(team * ROWS + r) * TEAM + t] = a[r];
+    partial[r * WG + lid] = a[r];
   }
   workgroupBarrier();
-  // One invocation per row adds its team's TEAM partials (starting at a rotating offset: fewer bank conflicts).
-  for (var o = lid; o < WG_ROWS; o += WG) {
-    var s = 0.0;
-    for (var e = 0u; e < TEAM; e++) {
-      s += partial[o * TEAM + ((e + o) % TEAM)];
-    }
-    let row = wg * WG_ROWS + o;
-    if (row < params.n) {
-      let at = params.y_off + row;
-      if (ACC == 1u) {
-        y[at] = y[at] + s;
-      } else {
-        y[at] = s;
+  // Each team's TEAM partials per row: with TEAM >= 8, runs of 8 first, in parallel (lanes t % 8 == 0, each
+  // reading 8 consecutive words), so that the row's final sum takes TEAM/8 dependent adds instead of TEAM: on
+  // the short rows of the expert matrices (2 chunks per lane at K = 2048) a serial 32-add tail cost as much as
+  // the loads (docs/PERF.md).
+  if (TEAM >= 8u) {
+    if ((t & 7u) == 0u) {
+      for (var r = 0u; r < ROWS; r++) {
+        var s = 0.0;
+        for (var e = 0u; e < 8u; e++) {
+          s += partial[r * WG + lid + e];
+        }
+        partial[r * WG + lid] = s;
       }
+    }
+    workgroupBarrier();
+  }
+  // Row r of a team is finished by the team's lane r (TEAM >= ROWS), else by one invocation per row.
+  if (TEAM >= ROWS) {
+    if (t < ROWS) {
+      finish(wg, team, t);
+    }
+  } else {
+    for (var o = lid; o < WG_ROWS; o += WG) {
+      finish(wg, o / ROWS, o % ROWS);
     }
   }
 }

@@ -132,6 +132,8 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
     { shape: { type, k: 3 * be, n: 37 }, opts: { rows: 4 } }, // N not a multiple of the rows per workgroup
     { shape: { type, k: 5 * be, n: 21 }, opts: { rows: 3, team: 4 } }, // a team smaller than the chunks
     { shape: { type, k: 2 * be, n: 19 }, opts: { rows: 2, team: 64 } }, // a team larger than the chunks
+    { shape: { type, k: 3 * be, n: 23 }, opts: { rows: 4, team: 2 } }, // fewer lanes than rows per team
+    { shape: { type, k: 4 * be, n: 17 }, opts: { rows: 1, team: 8 } }, // one run of 8 per row
     // A slice: rows at a byte offset, y at an offset, y += W·x.
     {
       shape: { type, k: be * rng.int(1, 4), n: rng.int(1, 40), wOffsetBytes: 8 * rng.int(1, 20), yOffset: 5 },

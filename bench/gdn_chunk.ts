@@ -104,7 +104,7 @@ const timer = new PassTimer(device, gpu.timestamps);
 
 /** Seconds per repetition of `encode` in one compute pass: the best of 5 passes after 3 warm-ups. */
 function time(encode: (pass: GPUComputePassEncoder) => void): Promise<number> {
-  return timer.perRep((pass) => encode(pass), reps, { warm: 3, timed: 5 });
+  return timer.perRep((pass) => encode(pass), reps, { timed: 5 });
 }
 
 const pipes = await prepareGdnChunk(cache, c);

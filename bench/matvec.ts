@@ -4,10 +4,11 @@
  * timed with timestamp queries when the adapter has them (else wall clock around one submit), rotating over
  * enough copies of the tensor that the set exceeds the GPU's L2 cache.
  *
- * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr]]` (`--quick`: small sizes, for lavapipe;
+ * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr] | --q8]` (`--quick`: small sizes, for lavapipe;
  * `--sweep`: also TEAM/ROWS/UNROLL variants at batch 1; `--sr`: and the SR = 1 loop at TEAM 32
  * and 64 with UNROLL 1, 2, 4, 8). Batch-1 IQ4_XS and Q8_0 cases also run matvec_q8 (int8 x; its quantize_q8
- * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants; `--q8`: only those cases, matvec_q8 over
+ * TEAM 8-64, ROWS 1/2/4 and both team reductions). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -59,9 +60,12 @@ const { values: args } = parseArgs({
     quick: { type: "boolean", default: false },
     sweep: { type: "boolean", default: false },
     sr: { type: "boolean", default: false },
+    q8: { type: "boolean", default: false },
   },
 });
 const QUICK = args.quick ?? false;
+/** `--q8`: only the batch-1 IQ4_XS and Q8_0 shapes, matvec_q8 swept over TEAM, ROWS and RED (matvec at its default). */
+const Q8 = args.q8 ?? false;
 
 /** Bytes the rotation set must exceed (H200 L2 is 50 MiB; lavapipe: a CPU's last-level cache). */
 const MIN_SET_BYTES = QUICK ? 64 << 20 : 256 << 20;
@@ -89,16 +93,16 @@ const CASES: Case[] = [];
 for (const s of SHAPES) {
   for (const type of TYPES_MAIN) CASES.push({ ...s, type, batch: 1 });
 }
-CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
+if (!Q8) CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
 // Short decode matrices: the router with the shared expert's gate row (F32) and attn_v (Q5_K).
-if (!QUICK) {
+if (!QUICK && !Q8) {
   CASES.push({ name: "router", k: 2048, n: 257, type: "F32", batch: 1 });
   CASES.push({ name: "attn_v", k: 2048, n: 512, type: "Q5_K", batch: 1 });
 }
-for (const type of ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTypeName[]) {
+for (const type of Q8 ? [] : ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTypeName[]) {
   CASES.push({ ...SHAPES[0]!, name: SHAPES[0]!.name, type, batch: 1 });
 }
-for (const batch of [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!, type: "IQ4_XS", batch });
+for (const batch of Q8 ? [] : [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!, type: "IQ4_XS", batch });
 
 const gpu = await acquireGpu();
 const { device } = gpu;
@@ -203,7 +207,7 @@ for (const c of CASES) {
     gbps: ceiling,
   });
   const variants: (MatvecConstants | undefined)[] = [undefined];
-  if (args.sweep && c.batch === 1) {
+  if (args.sweep && !Q8 && c.batch === 1) {
     // TEAM, ROWS, UNROLL: ROWS ≤ 4 is the array-free batch-1 path (rows share each x quad), 8 the general one.
     const sweep = [
       [32, 1, 1],
@@ -286,8 +290,16 @@ for (const c of CASES) {
     const tq = await time((p) => encodeQ8(p, qop), 200);
     line({ kernel: "quantize_q8", case: c.name, type: c.type, k: c.k, ms: tq * 1e3 });
     const q8variants: (MatvecQ8Constants | undefined)[] = [undefined];
-    if (args.sweep) {
-      const shape: MatvecQ8Shape = { type: c.type, k: c.k, n: c.n };
+    const shape: MatvecQ8Shape = { type: c.type, k: c.k, n: c.n };
+    if (Q8) {
+      for (const team of [8, 16, 32, 64]) {
+        for (const rows of [1, 2, 4]) {
+          for (const red of [0, 1]) {
+            if (team <= c.k / 32) q8variants.push(matvecQ8Constants(shape, { team, rows, red }));
+          }
+        }
+      }
+    } else if (args.sweep) {
       for (const [team, rows] of [[32, 1], [32, 2], [32, 4], [16, 4], [64, 4]] as const) {
         if (team <= c.k / 32) q8variants.push(matvecQ8Constants(shape, { team, rows }));
       }
@@ -333,7 +345,7 @@ for (const c of CASES) {
   }
 }
 // Prefill matmul: attn_qkv-shaped weights times M tokens (not bandwidth-bound: GFLOP/s = 2·K·N·M / time).
-{
+if (!Q8) {
   const m = QUICK ? 64 : 512;
   const k = 2048;
   const n = QUICK ? 1024 : 8192;

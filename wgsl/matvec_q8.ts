@@ -30,7 +30,7 @@ export const MATVEC_Q8: KernelSpec = {
   name: "matvec_q8",
   url: new URL("./matvec_q8.wgsl", import.meta.url),
   lib: ["common", "iq4_xs"],
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32" },
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32", RED: "u32" },
 };
 
 /** Weight types matvec_q8 reads. */
@@ -145,6 +145,8 @@ export interface MatvecQ8Constants {
   readonly ROWS: number;
   /** 1: y += W·x; 0: y = W·x. */
   readonly ACC: number;
+  /** Team reduction: 0 one invocation per row adds the TEAM partials; 1 runs of 8 in parallel first. */
+  readonly RED: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -182,7 +184,7 @@ export interface MatvecQ8Bindings {
  */
 export function matvecQ8Constants(
   shape: MatvecQ8Shape,
-  opts: { acc?: boolean; team?: number; rows?: number } = {},
+  opts: { acc?: boolean; team?: number; rows?: number; red?: number } = {},
 ): MatvecQ8Constants {
   let team = 1;
   while (team < 32 && 2 * team <= shape.k / 32) team *= 2;
@@ -191,6 +193,7 @@ export function matvecQ8Constants(
     TEAM: opts.team ?? team,
     ROWS: opts.rows ?? (shape.n >= 8192 ? 4 : 1),
     ACC: opts.acc ? 1 : 0,
+    RED: opts.red ?? 1,
   };
 }
 
@@ -229,6 +232,7 @@ export function checkMatvecQ8(shape: MatvecQ8Shape, c: MatvecQ8Constants, b: Mat
   );
   checkInt("Kernel matvec_q8: ROWS", c.ROWS, 1, 4);
   checkInt("Kernel matvec_q8: ACC", c.ACC, 0, 1);
+  checkInt("Kernel matvec_q8: RED", c.RED, 0, 1);
   checkInt("Kernel matvec_q8: n", shape.n, 1, 2 ** 31);
   const yOff = shape.yOffset ?? 0;
   checkShape(Number.isInteger(yOff) && yOff >= 0, `Kernel matvec_q8: y offset ${yOff} must be ≥ 0`);

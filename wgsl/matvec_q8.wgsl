@@ -21,7 +21,8 @@
 // IQ4_XS codebook: a 256-entry workgroup table per qs byte, the two int8 codebook values of its nibbles in
 // bytes 0 and 2, so two lookups and one multiply-add give four packed weights in x's LAYOUT 1 order.
 // Constants: const TYPE: u32 (8 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),
-//   const ACC: u32 (0 or 1).
+//   const ACC: u32 (0 or 1), const RED: u32 (the team reduction: 0 one invocation per row adds TEAM partials,
+//   1 runs of 8 in parallel first).
 
 struct Params {
   k: u32,
@@ -43,7 +44,7 @@ struct Params {
 
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
-// The length of the partial runs the first reduction step adds (1: none).
+// RED 1: the length of the partial runs the first reduction step adds (1: none).
 const RUN: u32 = select(1u, 8u, TEAM >= 8u);
 
 var<workgroup> tab8: array<u32, 256>;
@@ -117,13 +118,17 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
   return d * f32(s);
 }
 
-// Adds row r of team `team`'s partials (runs of RUN after the first reduction step) and stores the sum.
+// RED 1: adds row r of team `team`'s partials (runs of RUN after the first step) and stores the sum.
 fn finish(wg: u32, team: u32, r: u32) {
   var s = 0.0;
   for (var j = 0u; j < TEAM; j += RUN) {
     s += partial[r * WG + team * TEAM + j];
   }
-  let row = wg * WG_ROWS + team * ROWS + r;
+  store(wg * WG_ROWS + team * ROWS + r, s);
+}
+
+// y[row] = s (ACC: y[row] += s) for rows inside N.
+fn store(row: u32, s: f32) {
   if (row < params.n) {
     let at = params.y_off + row;
     if (ACC == 1u) {
@@ -185,14 +190,28 @@ fn main(
       a.w += dx * chunk_dot(rb.w, c, l3, x0, x1);
     }
   }
+  if (RED == 0u) {
+    // One invocation per row adds its team's TEAM partials (row-major, each row's run read from a rotating
+    // start: consecutive invocations hit different banks).
+    for (var r = 0u; r < ROWS; r++) {
+      partial[(team * ROWS + r) * TEAM + t] = a[r];
+    }
+    workgroupBarrier();
+    for (var o = lid; o < WG_ROWS; o += WG) {
+      var s = 0.0;
+      for (var e = 0u; e < TEAM; e++) {
+        s += partial[o * TEAM + ((e + o) % TEAM)];
+      }
+      store(wg * WG_ROWS + o, s);
+    }
+    return;
+  }
+  // RED 1: runs of 8 first, in parallel (lanes t % 8 == 0 of each team, each reading 8 consecutive words), so
+  // that a row's final sum takes TEAM/8 dependent adds instead of TEAM.
   for (var r = 0u; r < ROWS; r++) {
     partial[r * WG + lid] = a[r];
   }
   workgroupBarrier();
-  // Each team's TEAM partials per row: with TEAM >= 8, runs of 8 first, in parallel (lanes t % 8 == 0, each
-  // reading 8 consecutive words), so that the row's final sum takes TEAM/8 dependent adds instead of TEAM: on
-  // the short rows of the expert matrices (2 chunks per lane at K = 2048) a serial 32-add tail cost as much as
-  // the loads (docs/PERF.md).
   if (TEAM >= 8u) {
     if ((t & 7u) == 0u) {
       for (var r = 0u; r < ROWS; r++) {

@@ -127,13 +127,19 @@ interface Case {
 
 function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const be = type === "IQ4_XS" ? 256 : 32;
-  const list: { shape: MatvecQ8Shape; opts?: { acc?: boolean; team?: number; rows?: number } }[] = [
+  const list: {
+    shape: MatvecQ8Shape;
+    opts?: { acc?: boolean; team?: number; rows?: number; red?: number };
+  }[] = [
     { shape: { type, k: be, n: 1 } }, // debug: one block, one row
     { shape: { type, k: 3 * be, n: 37 }, opts: { rows: 4 } }, // N not a multiple of the rows per workgroup
     { shape: { type, k: 5 * be, n: 21 }, opts: { rows: 3, team: 4 } }, // a team smaller than the chunks
     { shape: { type, k: 2 * be, n: 19 }, opts: { rows: 2, team: 64 } }, // a team larger than the chunks
     { shape: { type, k: 3 * be, n: 23 }, opts: { rows: 4, team: 2 } }, // fewer lanes than rows per team
     { shape: { type, k: 4 * be, n: 17 }, opts: { rows: 1, team: 8 } }, // one run of 8 per row
+    // The other team reduction (one invocation per row), a team larger and one smaller than the rows.
+    { shape: { type, k: 4 * be, n: 29 }, opts: { rows: 3, team: 16, red: 0 } },
+    { shape: { type, k: 2 * be, n: 13 }, opts: { rows: 4, team: 2, red: 0, acc: true } },
     // A slice: rows at a byte offset, y at an offset, y += W·x.
     {
       shape: { type, k: be * rng.int(1, 4), n: rng.int(1, 40), wOffsetBytes: 8 * rng.int(1, 20), yOffset: 5 },
@@ -236,6 +242,7 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8({ ...shape, k: 480 }, c, b), /K=480/);
   assert.throws(() => checkMatvecQ8({ ...shape, wOffsetBytes: 4 }, c, b), /multiple of 8/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, ROWS: 5 }, b), /ROWS must be an integer in \[1, 4\]/);
+  assert.throws(() => checkMatvecQ8(shape, { ...c, RED: 2 }, b), /RED must be an integer in \[0, 1\]/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, TYPE: 8 }, b), /TYPE=8 but the shape says IQ4_XS/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, xq: buf(q8xBytes(512) - 4) }), /binding xq/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, weights: buf(4 * 136 - 8) }), /binding weights/);

@@ -178,22 +178,25 @@ export interface MatvecQ8Bindings {
 }
 
 /**
- * The default variant: TEAM = the number of chunks per row up to 32 (a warp per row group), ROWS = 4 from
- * N = 8192 (rows share each x chunk; docs/PERF.md probe round 5: 82.6% Q8_0, 35.5% IQ4_XS at TEAM 32 ROWS 4),
- * else 1 (more workgroups for short matrices).
+ * The default variant (docs/PERF.md, seventh session). Tall matrices (N ≥ 8192, thousands of workgroups): TEAM
+ * = the chunks per row up to 16, ROWS 4 for IQ4_XS (rows share each x chunk and the codebook work) and 1 for
+ * Q8_0, RED 0 (one invocation per row adds the partials while other workgroups stream). Short ones (a few
+ * hundred workgroups, where each workgroup's tail shows): TEAM up to 32, ROWS 1, RED 1.
  */
 export function matvecQ8Constants(
   shape: MatvecQ8Shape,
   opts: { acc?: boolean; team?: number; rows?: number; red?: number } = {},
 ): MatvecQ8Constants {
+  const tall = shape.n >= 8192;
+  const maxTeam = tall ? 16 : 32;
   let team = 1;
-  while (team < 32 && 2 * team <= shape.k / 32) team *= 2;
+  while (team < maxTeam && 2 * team <= shape.k / 32) team *= 2;
   return {
     TYPE: TYPE_ID[shape.type],
     TEAM: opts.team ?? team,
-    ROWS: opts.rows ?? (shape.n >= 8192 ? 4 : 1),
+    ROWS: opts.rows ?? (tall && shape.type === "IQ4_XS" ? 4 : 1),
     ACC: opts.acc ? 1 : 0,
-    RED: opts.red ?? 1,
+    RED: opts.red ?? (tall ? 0 : 1),
   };
 }
 

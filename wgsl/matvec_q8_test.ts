@@ -147,8 +147,10 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
     },
     { shape: { type, k: be * rng.int(1, 9), n: rng.int(1, 90) } }, // random, default constants
   ];
-  if (type === "IQ4_XS") list.push({ shape: { type, k: 2048, n: 40 }, opts: { rows: 4 } }); // real K, TEAM 32
-  else list.push({ shape: { type, k: 2048, n: 9000 } }); // real K, the default ROWS 4 of tall matrices
+  if (type === "IQ4_XS") {
+    list.push({ shape: { type, k: 2048, n: 40 }, opts: { rows: 4 } }); // real K, TEAM 32
+    list.push({ shape: { type, k: 256, n: 8200 } }); // the tall defaults: ROWS 4, RED 0
+  } else list.push({ shape: { type, k: 2048, n: 9000 } }); // real K, the tall defaults: TEAM 16, RED 0
   return list.map(({ shape, opts }) => {
     const constants = matvecQ8Constants(shape, opts);
     return {

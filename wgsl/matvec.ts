@@ -297,9 +297,20 @@ const scratch = new WeakMap<GPUDevice, GPUBuffer>();
 
 /** The nw and xn bindings to use: the given ones, or stand-ins for a variant without NORM. */
 export function matvecNormBindings(device: GPUDevice, b: MatvecBindings): [Binding, Binding] {
+  return normBindings(device, b);
+}
+
+/**
+ * The nw and xn bindings of a kernel with an optional norm prologue (matvec, quantize_q8): the given ones, or
+ * stand-ins (x itself, and one 16-byte buffer per device) for a variant without it.
+ */
+export function normBindings(
+  device: GPUDevice,
+  b: { readonly x: Binding; readonly nw?: Binding; readonly xn?: Binding },
+): [Binding, Binding] {
   let s = scratch.get(device);
   if (!s) {
-    s = device.createBuffer({ label: "matvec unused xn", size: 16, usage: GPUBufferUsage.STORAGE });
+    s = device.createBuffer({ label: "unused xn", size: 16, usage: GPUBufferUsage.STORAGE });
     scratch.set(device, s);
   }
   return [b.nw ?? b.x, b.xn ?? s];

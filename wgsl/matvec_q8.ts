@@ -16,13 +16,14 @@ import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "..
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
 import { bindingBytes, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 import { checkWeightRows } from "./_quant.ts";
+import { normBindings } from "./matvec.ts";
 
 /** Kernel description of `quantize_q8.wgsl`. */
 export const QUANTIZE_Q8: KernelSpec = {
   name: "quantize_q8",
   url: new URL("./quantize_q8.wgsl", import.meta.url),
-  lib: [],
-  constants: { LAYOUT: "u32" },
+  lib: ["rms"],
+  constants: { LAYOUT: "u32", NORM: "u32", EPS: "f32" },
 };
 
 /** Kernel description of `matvec_q8.wgsl`. */
@@ -67,6 +68,8 @@ export interface QuantizeQ8Shape {
   readonly k: number;
   /** Element offset of x[0] (multiple of 4; default 0). */
   readonly xOffset?: number;
+  /** RMSNorm x first with this epsilon (the `nw` and `xn` bindings then matter); default: no norm. */
+  readonly norm?: { readonly eps: number };
 }
 
 /** Bindings of quantize_q8. */
@@ -77,6 +80,10 @@ export interface QuantizeQ8Bindings {
   readonly x: Binding;
   /** The int8 x and scales, {@linkcode q8xBytes} bytes (storage, read_write). */
   readonly xq: Binding;
+  /** With a norm: its weight, K f32 (storage, read). */
+  readonly nw?: Binding;
+  /** With a norm: receives the normed x at the x offset (storage, read_write; not aliasing x). */
+  readonly xn?: Binding;
 }
 
 /** A checked, ready-to-encode dispatch. */
@@ -102,7 +109,7 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
   checkQ8Type("quantize_q8", shape.type);
   checkShape(
     Number.isInteger(shape.k) && shape.k >= 32 && shape.k % 32 === 0 &&
-      shape.k / 32 <= 64 * MAX_WORKGROUPS_PER_DIM,
+      shape.k / 32 <= 256 * MAX_WORKGROUPS_PER_DIM,
     `Kernel quantize_q8: K=${shape.k} must be a positive multiple of 32 (whole chunks)`,
   );
   const xOff = shape.xOffset ?? 0;
@@ -118,6 +125,28 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
   need("params", b.params, QUANTIZE_Q8_PARAMS_BYTES);
   need("x", b.x, 4 * (xOff + shape.k));
   need("xq", b.xq, q8xBytes(shape.k));
+  if (shape.norm) {
+    checkShape(
+      b.nw !== undefined && b.xn !== undefined,
+      "Kernel quantize_q8: a norm needs the nw and xn bindings",
+    );
+    checkShape(
+      Number.isFinite(shape.norm.eps) && shape.norm.eps > 0,
+      `Kernel quantize_q8: norm epsilon ${shape.norm.eps} must be a positive number`,
+    );
+    need("nw", b.nw!, 4 * shape.k);
+    need("xn", b.xn!, 4 * (xOff + shape.k));
+  }
+}
+
+/** The constants of a quantize_q8 problem. */
+export function quantizeQ8Constants(shape: QuantizeQ8Shape): { LAYOUT: number; NORM: number; EPS: number } {
+  return { LAYOUT: q8Layout(shape.type), NORM: shape.norm ? 1 : 0, EPS: shape.norm?.eps ?? 0 };
+}
+
+/** Workgroups of a quantize_q8 problem (one invocation per chunk, 256 per workgroup). */
+export function quantizeQ8Grid(shape: QuantizeQ8Shape): [number, number] {
+  return [Math.ceil(shape.k / 32 / 256), 1];
 }
 
 /** Checks, compiles (or reuses) and binds one quantize_q8 dispatch. */
@@ -126,12 +155,12 @@ export async function prepareQuantizeQ8(
   opts: { device: GPUDevice; shape: QuantizeQ8Shape; bindings: QuantizeQ8Bindings },
 ): Promise<Q8Op> {
   checkQuantizeQ8(opts.shape, opts.bindings);
-  const pipeline = await cache.get(QUANTIZE_Q8, { LAYOUT: q8Layout(opts.shape.type) });
+  const pipeline = await cache.get(QUANTIZE_Q8, quantizeQ8Constants(opts.shape));
   const b = opts.bindings;
   return {
     pipeline,
-    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.x, b.xq]),
-    grid: [Math.ceil(opts.shape.k / 32 / 64), 1],
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.x, b.xq, ...normBindings(opts.device, b)]),
+    grid: quantizeQ8Grid(opts.shape),
   };
 }
 

@@ -20,6 +20,7 @@ import {
   quantizeQ8Params,
 } from "./matvec_q8.ts";
 import assert from "node:assert/strict";
+import { encodeRmsNorm, RMS_NORM, rmsNormBindGroup, type RmsNormConstants } from "./rms_norm.ts";
 
 /** Element index (within its 32-chunk) of byte `b` of quad word `w` in quantize_q8's layout for `type`. */
 function elementOf(type: GgmlTypeName, w: number, b: number): number {
@@ -112,6 +113,97 @@ Deno.test("quantize_q8 rounds every 32-element chunk to int8 at scale max|x|/127
           assert.ok(
             Math.abs(q[e]!) <= 127 && Math.abs(q[e]! - exact) <= 0.5 + 1e-4,
             `${what}: element ${e} q ${q[e]} but x/d = ${exact}`,
+          );
+        }
+      }
+    }
+  }
+});
+
+Deno.test("quantize_q8 NORM: xn has the bits of rms_norm's output, and xq is xn rounded to int8", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  for (const type of ["Q8_0", "IQ4_XS"] as const) {
+    // K above 8192 takes several workgroups, each summing x² itself.
+    for (const k of [256, 256 * rng.int(33, 48)]) {
+      const xOff = 4 * rng.int(1, 5);
+      const eps = 1e-6;
+      const what = `quantize_q8 NORM ${type} K=${k} x offset ${xOff} (seed ${rng.seed})`;
+      const x = rng.normals(k, 10 ** rng.int(-2, 2));
+      const nw = rng.normals(k, 1);
+      const xAll = new Float32Array(xOff + k).fill(Number.NaN);
+      xAll.set(x, xOff);
+      const xBuf = upload(device, xAll, "x");
+      const nwBuf = upload(device, nw, "nw");
+      const words = q8xBytes(k) / 4;
+      const xqBuf = poisoned(device, words);
+      const xnBuf = poisoned(device, xOff + k);
+      const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      const shape = { type, k, xOffset: xOff, norm: { eps } };
+      device.queue.writeBuffer(pb, 0, quantizeQ8Params(shape));
+      const op = await prepareQuantizeQ8(cache, {
+        device,
+        shape,
+        bindings: {
+          params: pb,
+          x: xBuf,
+          xq: { buffer: xqBuf, offset: 0, size: 4 * words },
+          nw: nwBuf,
+          xn: { buffer: xnBuf, offset: 0, size: 4 * (xOff + k) },
+        },
+      });
+      // rms_norm on the same row (its own copy: a bound offset must be 256-byte aligned), for the bits.
+      const x0Buf = upload(device, x, "x0");
+      const rc: RmsNormConstants = { N: k, EPS: eps, WG: 256 };
+      const rp = await cache.get(RMS_NORM, rc);
+      const yBuf = poisoned(device, k);
+      const rbg = rmsNormBindGroup(device, {
+        pipeline: rp,
+        constants: rc,
+        nRows: 1,
+        buffers: {
+          x: x0Buf,
+          w: nwBuf,
+          y: { buffer: yBuf, size: 4 * k },
+        },
+      });
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeQ8(pass, op);
+      encodeRmsNorm(pass, { pipeline: rp, bindGroup: rbg, constants: rc, nRows: 1 });
+      pass.end();
+      device.queue.submit([enc.finish()]);
+      const [xqOut, xnOut, yOut] = await readAll(device, [xqBuf, xnBuf, yBuf]);
+      [xBuf, x0Buf, nwBuf, xqBuf, xnBuf, pb, yBuf].forEach((b) => b.destroy());
+      assertPoisoned(new Uint32Array(xqOut!, 4 * words, GUARD_WORDS), POISON_F32, `${what} xq guard`);
+      assertPoisoned(new Uint32Array(xnOut!, 0, xOff), POISON_F32, `${what} xn head`);
+      assertPoisoned(new Uint32Array(xnOut!, 4 * (xOff + k), GUARD_WORDS), POISON_F32, `${what} xn guard`);
+      const xn = new Float32Array(xnOut!, 4 * xOff, k);
+      const y = new Float32Array(yOut!, 0, k);
+      // The float64 norm, then the bits of rms_norm.
+      let ss = 0;
+      for (let i = 0; i < k; i++) ss += x[i]! * x[i]!;
+      const scale = 1 / Math.sqrt(ss / k + eps);
+      for (let i = 0; i < k; i++) {
+        const ref = x[i]! * scale * nw[i]!;
+        assert.ok(
+          Math.abs(xn[i]! - ref) <= 1e-5 * Math.abs(ref) + 1e-30,
+          `${what}: xn[${i}] = ${xn[i]} but the float64 norm is ${ref}`,
+        );
+        assert.ok(Object.is(xn[i], y[i]), `${what}: xn[${i}] = ${xn[i]} but rms_norm wrote ${y[i]}`);
+      }
+      // xq: xn rounded per chunk.
+      const { q, d } = decodeXq(type, k, new Uint32Array(xqOut!, 0, words));
+      for (let c = 0; c < k / 32; c++) {
+        let amax = 0;
+        for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(xn[32 * c + i]!));
+        assert.ok(Math.abs(d[c]! - amax / 127) <= 2 ** -22 * amax / 127, `${what}: chunk ${c} scale ${d[c]}`);
+        for (let i = 0; i < 32; i++) {
+          const e = 32 * c + i;
+          assert.ok(
+            Math.abs(q[e]! - xn[e]! / d[c]!) <= 0.5 + 1e-4,
+            `${what}: element ${e} q ${q[e]} but xn/d = ${xn[e]! / d[c]!}`,
           );
         }
       }
@@ -250,6 +342,18 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, weights: buf(4 * 136 - 8) }), /binding weights/);
   const q = { params: buf(QUANTIZE_Q8_PARAMS_BYTES), x: big, xq: big };
   assert.throws(() => checkQuantizeQ8({ type: "Q8_0", k: 48 }, q), /K=48/);
+  assert.throws(
+    () => checkQuantizeQ8({ type: "Q8_0", k: 64, norm: { eps: 1e-6 } }, q),
+    /needs the nw and xn/,
+  );
+  assert.throws(
+    () => checkQuantizeQ8({ type: "Q8_0", k: 64, norm: { eps: 0 } }, { ...q, nw: buf(256), xn: buf(256) }),
+    /epsilon 0/,
+  );
+  assert.throws(
+    () => checkQuantizeQ8({ type: "Q8_0", k: 64, norm: { eps: 1e-6 } }, { ...q, nw: buf(128), xn: buf(256) }),
+    /binding nw/,
+  );
   assert.throws(() => checkQuantizeQ8({ type: "F16", k: 64 }, q), /not F16/);
   assert.throws(() => checkQuantizeQ8({ type: "Q8_0", k: 64, xOffset: 2 }, q), /multiple of 4/);
   assert.throws(

@@ -1,17 +1,23 @@
-// quantize_q8: x (f32, K elements) to int8 per 32-element chunk, the input of matvec_q8.
+// quantize_q8: x (f32, K elements) to int8 per 32-element chunk, the input of matvec_q8; with NORM, x is
+// RMSNorm-ed first (spec §5, the decode norm a matvec NORM prologue would compute).
 //
 // Bindings:
 //   params  uniform Params
 //   x       array<vec4<f32>>  ne=[K]; element k at x_off + k (x_off % 4 == 0)
 //   xq      array<u32>  read_write, K/4 + K/32 words: chunk c's eight int8 quad words at 8c..8c+7, its scale
 //           d_c (f32 bits) at K/4 + c
-// Chunk c: d = max|x| / 127 (0 for an all-zero chunk), q_i = round(x_i · (1/d)) (ties to even), clamped to ±127;
-// x_i ≈ d·q_i. LAYOUT orders the 32 bytes as the weight type's kernel reads them:
+//   nw      array<vec4<f32>>  ne=[K]  RMSNorm weight (NORM; otherwise bind any buffer of ≥ 16 bytes)
+//   xn      array<vec4<f32>>  ne=[K]  read_write: the normed x at x_off (NORM; otherwise any unaliased buffer)
+// NORM = 1: v = x · (1 / sqrt(Σ x² / K + EPS)) · nw, the scale from lib/rms.wgsl (every workgroup sums x² in
+// the one order every norm in the engine uses, so xn has the bits of rms_norm's output); v is written to xn
+// and quantized. NORM = 0: v = x.
+// Chunk c: d = max|v| / 127 (0 for an all-zero chunk), q_i = round(v_i · (1/d)) (ties to even), clamped to ±127;
+// v_i ≈ d·q_i. LAYOUT orders the 32 bytes as the weight type's kernel reads them:
 //   0 (Q8_0): word m = q[4m..4m+3] (natural order);
 //   1 (IQ4_XS): words 2j, 2j+1 = q[4j, 4j+1, 16+4j, 17+4j], q[4j+2, 4j+3, 18+4j, 19+4j] (j < 4): the order of
 //     the byte-pair codebook lookups of qs word j (low nibbles are elements 4j..4j+3, high ones 16+4j..19+4j).
-// One invocation per chunk, 64 per workgroup.
-// Constants: const LAYOUT: u32 (0 or 1).
+// One invocation per chunk, 256 per workgroup.
+// Constants: const LAYOUT: u32 (0 or 1), const NORM: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
 
 struct Params {
   k: u32,
@@ -23,14 +29,30 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(3) var<storage, read> nw: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> xn: array<vec4<f32>>;
+
+const WG: u32 = 256u;
 
 fn q4(v: vec4<f32>, inv: f32) -> vec4<i32> {
   return clamp(vec4<i32>(round(v * inv)), vec4<i32>(-127), vec4<i32>(127));
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let c = gid.x;
+@compute @workgroup_size(256)
+fn main(
+  @builtin(local_invocation_index) lid: u32,
+  @builtin(workgroup_id) wid: vec3<u32>,
+) {
+  var scale = 1.0;
+  if (NORM == 1u) {
+    var ss = 0.0;
+    for (var i = lid; i < params.k; i += WG) {
+      let v = x[(params.x_off + i) >> 2u][(params.x_off + i) & 3u];
+      ss += v * v;
+    }
+    scale = rms_scale(lid, ss, params.k, EPS);
+  }
+  let c = wid.x * WG + lid;
   if (c >= params.k / 32u) {
     return;
   }
@@ -39,6 +61,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   var amax = 0.0;
   for (var m = 0u; m < 8u; m++) {
     v[m] = x[xb + m];
+    if (NORM == 1u) {
+      v[m] = v[m] * scale * nw[8u * c + m];
+      xn[xb + m] = v[m];
+    }
     let a = abs(v[m]);
     amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
   }

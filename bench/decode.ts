@@ -20,6 +20,7 @@ import { parseTensorName } from "../engine/names.ts";
 import { type Op, Stage } from "../engine/stage.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { encodeStreamRead, prepareStreamRead, streamReadParams } from "../wgsl/stream_read.ts";
+import { PassTimer } from "./_pass_timer.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -124,18 +125,11 @@ async function wallMs(record: (enc: GPUCommandEncoder) => void): Promise<number>
   rb.unmap();
   return performance.now() - t;
 }
-function streamPass(reps: number): Promise<number> {
-  return wallMs((enc) => {
-    const pass = enc.beginComputePass();
-    for (let i = 0; i < reps; i++) encodeStreamRead(pass, sr);
-    pass.end();
-  });
-}
-await streamPass(2);
-// Marginal rate: the difference of two pass lengths cancels the fixed readback floor.
-const tShort = await streamPass(4);
-const tLong = await streamPass(24);
-const ceilingGBs = (20 * ceilingBytes) / ((tLong - tShort) / 1000) / 1e9;
+// The ceiling: 16 reads of the buffer in one pass, timed like the kernel benchmarks (bench/_pass_timer.ts:
+// timestamp queries, warm-up, best of 3). The wall-clock difference of two submits used before read as low
+// as 1938 GB/s right after loading (4233-4500 in bench/matvec.ts in the same call, docs/PERF.md).
+const ceilingTimer = new PassTimer(device, gpu.timestamps);
+const ceilingGBs = ceilingBytes / await ceilingTimer.perRep((pass) => encodeStreamRead(pass, sr), 16) / 1e9;
 emit("stream_ceiling", { gbPerSecond: ceilingGBs, bytesPerPass: ceilingBytes });
 src.destroy();
 

@@ -53,6 +53,26 @@ import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../wgsl/
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../wgsl/rms_norm.ts";
 import { MATVEC, matvecConstants, matvecGrid, matvecParams, type MatvecShape } from "../wgsl/matvec.ts";
 import { MATMUL, matmulConstants, matmulGrid, matmulParams, type MatmulShape } from "../wgsl/matmul.ts";
+import { normBindings } from "../wgsl/matvec.ts";
+import {
+  checkMatvecQ8,
+  checkQuantizeQ8,
+  decodeQ8x,
+  MATVEC_Q8,
+  MATVEC_Q8_TYPES,
+  type MatvecQ8Bindings,
+  matvecQ8Constants,
+  matvecQ8Grid,
+  matvecQ8Params,
+  type MatvecQ8Shape,
+  q8xBytes,
+  QUANTIZE_Q8,
+  type QuantizeQ8Bindings,
+  quantizeQ8Constants,
+  quantizeQ8Grid,
+  quantizeQ8Params,
+  type QuantizeQ8Shape,
+} from "../wgsl/matvec_q8.ts";
 import {
   MOE_MATVEC,
   moeMatvecConstants,
@@ -172,6 +192,23 @@ export interface StageOptions {
    * ranking, and the whole step measured slower on the H200 (191.0-191.6 against 196.1 tok/s, docs/PERF.md).
    */
   readonly fuseDecodeRoute?: boolean;
+  /**
+   * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0 and IQ4_XS
+   * weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot products, as
+   * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32 (their x also feeds the
+   * experts), and so do the expert mat-vecs and the prefill matmul. The kernel is faster per byte on the H200
+   * (docs/PERF.md; the whole decode step with it is not measured yet), the rounding is a different one:
+   * `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the decisions this stage
+   * logs with `int8Log`. Each column is its own dispatch pair, so batched steps keep their solo bits.
+   * Default off.
+   */
+  readonly int8Activations?: boolean;
+  /**
+   * Test hook for int8Activations: every quantize_q8 of a graph writes a region of its own in one log buffer
+   * (the mat-vecs after it read from there), and {@linkcode Stage.int8Log} returns the last `run()`'s
+   * rounding decisions, so that a reference can check them and continue with the same ones.
+   */
+  readonly int8Log?: boolean;
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
 }
@@ -241,6 +278,29 @@ export interface GenerateResult {
 const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 /** Widest chunk the mat-vec kernel takes (its batch limit); wider chunks use the tiled matmul. */
 const MATVEC_MAX_COLS = 8;
+/** Size of the int8Log buffer (the tiny test models log a few hundred KiB per chunk). */
+const INT8_LOG_BYTES = 16 << 20;
+
+/** Where one quantize_q8 of a graph logged its output (StageOptions.int8Log). */
+interface Int8LogEntry {
+  readonly label: string;
+  readonly col: number;
+  readonly k: number;
+  readonly type: GgmlTypeName;
+  readonly offset: number;
+}
+
+/** One logged rounding: the mat-vec it fed, the column, x's int8 values (element order) and scales. */
+export interface Int8Logged {
+  /** The mat-vec's label (`L<layer>.<tensor>...` or `output`). */
+  readonly label: string;
+  /** The column (token of the chunk, or slot of a batched step). */
+  readonly col: number;
+  /** int8 values in element order. */
+  readonly q: Int8Array;
+  /** Per 32 elements, the scale d (x ≈ d·q). */
+  readonly d: Float32Array;
+}
 /** Most slots one batched decode step takes (the mat-vec's column limit: one weight read for all). */
 export const MAX_BATCH_SLOTS: number = MATVEC_MAX_COLS;
 /** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
@@ -291,6 +351,9 @@ export class Stage {
   readonly #moeTuning: StageOptions["moeTuning"];
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #fuseDecodeRoute: boolean;
+  readonly #int8Activations: boolean;
+  /** int8Log: the log buffer, each graph's entries, and the graph of the last run() chunk. */
+  readonly #int8Log: { buffer: GPUBuffer; entries: Map<string, Int8LogEntry[]>; last?: string } | undefined;
   readonly #decoders = new Map<string, Decoder>();
   readonly #selectors = new Map<string, Selector>();
   readonly #batchGraphs = new Map<string, { ops: Op[]; pos: GPUBuffer[] }>();
@@ -313,6 +376,8 @@ export class Stage {
     moeTuning: StageOptions["moeTuning"];
     matvecTuning: StageOptions["matvecTuning"];
     fuseDecodeRoute: boolean;
+    int8Activations: boolean;
+    int8Log: boolean;
     weights: Map<string, GpuTensor>;
     check: TensorCheck;
     nSlots: number;
@@ -331,6 +396,18 @@ export class Stage {
     this.#moeTuning = init.moeTuning;
     this.#matvecTuning = init.matvecTuning;
     this.#fuseDecodeRoute = init.fuseDecodeRoute;
+    this.#int8Activations = init.int8Activations;
+    this.#int8Log = init.int8Log
+      ? {
+        buffer: gpu.device.createBuffer({
+          label: "int8 log",
+          size: INT8_LOG_BYTES,
+          usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+        }),
+        entries: new Map(),
+      }
+      : undefined;
+    if (this.#int8Log) this.#owned.push(this.#int8Log.buffer);
     this.#weights = init.weights;
     this.#tiedOutput = init.check.tiedOutput;
     let wb = 0;
@@ -466,6 +543,8 @@ export class Stage {
       moeTuning: opts.moeTuning,
       matvecTuning: opts.matvecTuning,
       fuseDecodeRoute: opts.fuseDecodeRoute ?? false,
+      int8Activations: opts.int8Activations ?? false,
+      int8Log: (opts.int8Activations ?? false) && (opts.int8Log ?? false),
       weights,
       check,
       nSlots: opts.nSlots,
@@ -538,6 +617,35 @@ export class Stage {
     staging.unmap();
     staging.destroy();
     return { kind: this.last ? "logits" : "hidden", data: out, rows: rows === "all" ? nTokens : 1 };
+  }
+
+  /**
+   * The rounding decisions of the last `run()` chunk (StageOptions.int8Log): per quantize_q8 in graph order,
+   * its mat-vec's label, the column, and x's int8 values (element order) and per-32 scales.
+   * @throws {Error} when the stage was loaded without int8Log or has not run
+   */
+  async int8Log(): Promise<Int8Logged[]> {
+    const log = this.#int8Log;
+    const entries = log?.last === undefined ? undefined : log.entries.get(log.last);
+    if (!log || !entries) {
+      throw new Error("int8Log: load the stage with int8Activations and int8Log, then run()");
+    }
+    const { device } = this.#gpu;
+    const end = entries.reduce((m, e) => Math.max(m, e.offset + q8xBytes(e.k)), 16);
+    const size = Math.ceil(end / 4) * 4;
+    const staging = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const enc = device.createCommandEncoder();
+    enc.copyBufferToBuffer(log.buffer, 0, staging, 0, size);
+    device.queue.submit([enc.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const bytes = new Uint8Array(staging.getMappedRange().slice(0));
+    staging.unmap();
+    staging.destroy();
+    return entries.map((e) => ({
+      label: e.label,
+      col: e.col,
+      ...decodeQ8x(e.type, e.k, bytes.subarray(e.offset, e.offset + q8xBytes(e.k))),
+    }));
   }
 
   /**
@@ -1193,6 +1301,7 @@ export class Stage {
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
       fuseDecodeRoute: this.#fuseDecodeRoute,
+      int8Activations: this.#int8Activations,
     }).build({
       stage: this,
       slot: slots[0]!,
@@ -1355,13 +1464,18 @@ export class Stage {
 
   async #graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<Op[]> {
     const key = `${slot}/${n}/${rows}`;
+    if (this.#int8Log) this.#int8Log.last = key;
     const hit = this.#graphs.get(key);
     if (hit) return hit;
+    const entries: Int8LogEntry[] = [];
+    this.#int8Log?.entries.set(key, entries);
     const ops = await new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n, this.#owned, {
       normPrologueMaxRows: this.normPrologueMaxRows,
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
       fuseDecodeRoute: this.#fuseDecodeRoute,
+      int8Activations: this.#int8Activations,
+      int8Log: this.#int8Log ? { buffer: this.#int8Log.buffer, entries } : undefined,
     }).build({
       stage: this,
       slot,
@@ -1633,6 +1747,12 @@ class GraphBuilder {
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #moeTuning: StageOptions["moeTuning"];
   readonly #fuseDecodeRoute: boolean;
+  readonly #int8Activations: boolean;
+  /** int8 x buffers (quantize_q8's output) by K, created on first use. */
+  readonly #xq = new Map<number, GPUBuffer>();
+  /** Stage int8Log: the log buffer, the entries of this graph, and the next free byte. */
+  readonly #int8Log: { buffer: GPUBuffer; entries: Int8LogEntry[] } | undefined;
+  #logAt = 0;
   /** A decode norm not pushed yet (see #norm). */
   #pending: { label: string; x: GPUBuffer; w: GpuTensor; y: GPUBuffer } | undefined;
 
@@ -1648,10 +1768,14 @@ class GraphBuilder {
       moeTuning: StageOptions["moeTuning"];
       matvecTuning: StageOptions["matvecTuning"];
       fuseDecodeRoute: boolean;
+      int8Activations: boolean;
+      int8Log?: { buffer: GPUBuffer; entries: Int8LogEntry[] };
     },
   ) {
     this.#normPrologueMaxRows = opts.normPrologueMaxRows;
     this.#fuseDecodeRoute = opts.fuseDecodeRoute;
+    this.#int8Activations = opts.int8Activations;
+    this.#int8Log = opts.int8Log;
     this.#moeTuning = opts.moeTuning;
     this.#matvecTuning = opts.matvecTuning;
     this.#device = device;
@@ -1825,8 +1949,13 @@ class GraphBuilder {
     x: GPUBuffer,
     y: GPUBuffer,
     cols: number,
-    opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number } = {},
+    opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; f32?: boolean } = {},
   ) {
+    if (
+      this.#int8Activations && !opts.f32 && cols <= MATVEC_MAX_COLS && MATVEC_Q8_TYPES.includes(typeName(w))
+    ) {
+      return await this.#matvecQ8(label, w, x, y, cols, opts);
+    }
     // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
     // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
     const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
@@ -1905,6 +2034,97 @@ class GraphBuilder {
   }
 
   /**
+   * `#matvec` with int8 x (StageOptions.int8Activations): per column, quantize_q8 (taking a deferred norm of
+   * x in its prologue, which also writes the normed rows for the block's other readers) into the graph's
+   * int8 buffer for K, then matvec_q8 on every part of W.
+   */
+  async #matvecQ8(
+    label: string,
+    w: GpuTensor,
+    x: GPUBuffer,
+    y: GPUBuffer,
+    cols: number,
+    opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number },
+  ) {
+    const p = this.#pending;
+    const norm = p && p.y === x && cols === 1 ? p : undefined;
+    if (norm) {
+      this.#pending = undefined;
+      label = `${label}+${norm.label.replace(/^L\d+\./, "")}`;
+    }
+    const type = typeName(w);
+    const k = w.ne[0]!;
+    const rowStart = opts.rowStart ?? 0;
+    const nRows = opts.rows ?? (w.parts.reduce((s, q) => s + q.nRows, 0) - rowStart);
+    let shared = this.#xq.get(k);
+    if (!shared) {
+      shared = this.#device.createBuffer({
+        label: `int8 x K=${k}`,
+        size: q8xBytes(k),
+        usage: GPUBufferUsage.STORAGE,
+      });
+      this.#owned.push(shared);
+      this.#xq.set(k, shared);
+    }
+    for (let col = 0; col < cols; col++) {
+      let xq: Binding = shared;
+      const log = this.#int8Log;
+      if (log) {
+        const offset = this.#logAt;
+        this.#logAt = Math.ceil((offset + q8xBytes(k)) / 256) * 256;
+        assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
+        log.entries.push({ label, col, k, type, offset });
+        xq = { buffer: log.buffer, offset, size: q8xBytes(k) };
+      }
+      const qs: QuantizeQ8Shape = {
+        type,
+        k,
+        xOffset: norm ? 0 : col * k,
+        norm: norm ? { eps: this.#hp.rmsEps } : undefined,
+      };
+      const qb: QuantizeQ8Bindings = {
+        params: this.#storage(quantizeQ8Params(qs)),
+        x: norm ? norm.x : x,
+        xq,
+        nw: norm ? part0(norm.w) : undefined,
+        xn: norm ? norm.y : undefined,
+      };
+      checkQuantizeQ8(qs, qb);
+      // A deferred norm this quantize does not take is pushed first (#checked), before anything reads x.
+      await this.#push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
+        qb.params,
+        qb.x,
+        xq,
+        ...normBindings(this.#device, qb),
+      ], [...quantizeQ8Grid(qs), 1]);
+      for (const part of w.parts) {
+        const lo = Math.max(rowStart, part.firstRow);
+        const hi = Math.min(rowStart + nRows, part.firstRow + part.nRows);
+        if (lo >= hi) continue;
+        const shape: MatvecQ8Shape = {
+          type,
+          k,
+          n: hi - lo,
+          wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
+          yOffset: col * (opts.yStride ?? nRows) + (lo - rowStart),
+        };
+        const c = matvecQ8Constants(shape, { acc: opts.acc });
+        const b: MatvecQ8Bindings = {
+          params: this.#storage(matvecQ8Params(shape)),
+          weights: part.buffer,
+          xq,
+          y,
+        };
+        checkMatvecQ8(shape, c, b);
+        await this.#push(label, MATVEC_Q8, c, [b.params, part.buffer, part.buffer, xq, xq, y], [
+          ...matvecQ8Grid(shape, c),
+          1,
+        ]);
+      }
+    }
+  }
+
+  /**
    * Decode (n = 1) of the longest leading run (≥ 2) of `ws` packed back to back in one buffer, as ONE
    * mat-vec into `out`; returns the output row offset of each fused tensor (empty when nothing was fused).
    * Every fused tensor's output must start 256-byte aligned (a bindable range) unless it is `joined`: read
@@ -1915,7 +2135,7 @@ class GraphBuilder {
     ws: readonly GpuTensor[],
     x: GPUBuffer,
     out: GPUBuffer,
-    opts: { joined?: GpuTensor } = {},
+    opts: { joined?: GpuTensor; f32?: boolean } = {},
   ): Promise<number[]> {
     if (this.#n !== 1) return [];
     const first = ws[0]!;
@@ -1945,7 +2165,7 @@ class GraphBuilder {
         sizeBytes: end * first.rowBytes,
       }],
     };
-    await this.#matvec(label, whole, x, out, 1);
+    await this.#matvec(label, whole, x, out, 1, { f32: opts.f32 });
     return offsets;
   }
 
@@ -2335,8 +2555,14 @@ class GraphBuilder {
     const A = cx.act;
     const K = hp.nExpertUsed;
     const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
-    const routerFused = await this.#fusedMatvec(`L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!);
-    if (routerFused.length === 0) await this.#matvec(`L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n);
+    // The router keeps f32 x under int8Activations: A.m also feeds the experts (f32), and a deferred norm
+    // rides on this mat-vec.
+    const routerFused = await this.#fusedMatvec(`L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
+      f32: true,
+    });
+    if (routerFused.length === 0) {
+      await this.#matvec(`L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true });
+    }
     // The shared expert's gate logit: row nExpert of the fused router output, or its own mat-vec.
     const gam: Binding = routerFused.length === 2 ? sub(A.router!, hp.nExpert, 1) : A.gam!;
     // The routing (softmax, top-k, weights) runs in a moe_route dispatch of its own. With fuseDecodeRoute,
@@ -2413,7 +2639,7 @@ class GraphBuilder {
       sho = A.sho!;
     }
     if (routerFused.length !== 2) {
-      await this.#matvec(`L${l}.ffn_gate_inp_shexp`, routerWs[1]!, A.m!, A.gam!, n);
+      await this.#matvec(`L${l}.ffn_gate_inp_shexp`, routerWs[1]!, A.m!, A.gam!, n, { f32: true });
     }
     const c: ResidualAddConstants = {
       D: hp.nEmbd,

@@ -17,12 +17,19 @@ import { testGpu } from "./util/gpu.ts";
 import { Rng } from "./util/rng.ts";
 import { fixturePath } from "./util/fixtures.ts";
 
-for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
-  Deno.test(`${name}: four slots decoded together equal their solo runs (greedy, sampled, late stop, cancel)`, async () => {
+// int8: StageOptions.int8Activations, where a batched step quantizes each slot's column on its own (after the
+// norm's own dispatch) and a solo step quantizes with the norm in the prologue: the same bits either way.
+for (
+  const [name, int8] of [["tiny-qwen35moe", false], ["tiny-qwen3next", false], [
+    "tiny-qwen3next",
+    true,
+  ]] as const
+) {
+  Deno.test(`${name}${int8 ? " int8 activations" : ""}: four slots decoded together equal their solo runs (greedy, sampled, late stop, cancel)`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
     using file = await openGguf(fixturePath(`${name}.q8_0.gguf`));
-    const stage = await Stage.load(gpu, file, { nCtx: 96, nSlots: 4, maxChunk: 8 });
+    const stage = await Stage.load(gpu, file, { nCtx: 96, nSlots: 4, maxChunk: 8, int8Activations: int8 });
     try {
       assert.ok(stage.canBatch, "the tiny shape binds per-slot rows");
       const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(2, 13) }, () => rng.int(0, 1021)));

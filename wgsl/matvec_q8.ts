@@ -60,6 +60,32 @@ function checkQ8Type(kernel: string, type: GgmlTypeName): void {
   );
 }
 
+/**
+ * quantize_q8's output bytes (`q8xBytes(k)`) for weights of `type` read back: the int8 values in element order
+ * and the K/32 scales.
+ */
+export function decodeQ8x(
+  type: GgmlTypeName,
+  k: number,
+  bytes: Uint8Array,
+): { q: Int8Array; d: Float32Array } {
+  const layout = q8Layout(type);
+  const q = new Int8Array(k);
+  const src = new Int8Array(bytes.buffer, bytes.byteOffset, k);
+  for (let c = 0; c < k; c += 32) {
+    for (let w = 0; w < 8; w++) {
+      for (let b = 0; b < 4; b++) {
+        // LAYOUT 1: words 2j, 2j+1 hold elements 4j, 4j+1, 16+4j, 17+4j and 4j+2, 4j+3, 18+4j, 19+4j.
+        const e = layout === 0 ? 4 * w + b : 4 * (w >> 1) + 2 * (w & 1) + (b & 1) + 16 * (b >> 1);
+        q[c + e] = src[c + 4 * w + b]!;
+      }
+    }
+  }
+  const d = new Float32Array(k / 32);
+  new Uint8Array(d.buffer).set(bytes.subarray(k, k + k / 8));
+  return { q, d };
+}
+
 /** One quantize_q8 problem: K elements of x at element offset `xOffset` of the x binding. */
 export interface QuantizeQ8Shape {
   /** Weight type the output is for (its byte order). */

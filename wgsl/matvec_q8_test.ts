@@ -7,6 +7,7 @@ import { assertDotClose, randomWeights, refProduct } from "./_quant_testing.ts";
 import {
   checkMatvecQ8,
   checkQuantizeQ8,
+  decodeQ8x,
   encodeQ8,
   MATVEC_Q8_PARAMS_BYTES,
   type MatvecQ8Constants,
@@ -99,6 +100,9 @@ Deno.test("quantize_q8 rounds every 32-element chunk to int8 at scale max|x|/127
       const { words, guard } = await quantize(device, cache, type, x, xOff);
       assertPoisoned(guard, POISON_F32, what);
       const { q, d } = decodeXq(type, k, words);
+      // The engine's reader of the same bytes (Stage.int8Log) agrees with this test's.
+      const dec = decodeQ8x(type, k, new Uint8Array(words.buffer, words.byteOffset, q8xBytes(k)));
+      assert.deepEqual([dec.q, dec.d], [q, new Float32Array(d)], `${what}: decodeQ8x`);
       for (let c = 0; c < k / 32; c++) {
         let amax = 0;
         for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(x[32 * c + i]!));

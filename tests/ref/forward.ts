@@ -92,6 +92,57 @@ export interface RefModelOptions {
   readonly chunk?: number;
   /** Debugging only: replaces the architecture's κ (spec §9), to try the alternative mapping. */
   readonly kvGroupOfVHead?: (h: number) => number;
+  /**
+   * Mirror of `StageOptions.int8Activations`: x rounded to int8 per 32 elements ({@linkcode roundQ8}) before
+   * each dense mat-vec of a Q8_0 or IQ4_XS weight (projections, output projections, LM head; not the router,
+   * not the experts). The engine rounds only in mat-vec chunks (at most 8 tokens). On its own this rounding
+   * decides near-ties differently from the f32 engine now and then; `int8Decisions` shares the engine's.
+   */
+  readonly int8Activations?: boolean;
+  /**
+   * With int8Activations: the engine's rounding decisions (`Stage.int8Log` of the same chunk), asked per
+   * rounding by layer (-1 for the LM head), x source (`in`: the normed mixer input; `attn_o`, `ssm_o`: the
+   * output projections' inputs; `head`) and token of the forward call. Each is checked against this model's
+   * own x (|x/d − q| ≤ ½ + {@linkcode INT8_Q_SLACK}, d within {@linkcode INT8_D_RTOL} of max|x|/127) and then
+   * used instead of its own rounding, so that a near-tie rounded the other way does not set the two apart.
+   */
+  readonly int8Decisions?: (at: Int8At) => { readonly q: ArrayLike<number>; readonly d: ArrayLike<number> };
+}
+
+/** Which rounding `RefModelOptions.int8Decisions` is asked for. */
+export interface Int8At {
+  /** Decoder layer, or -1 for the LM head. */
+  readonly layer: number;
+  /** The x the mat-vec reads. */
+  readonly source: "in" | "attn_o" | "ssm_o" | "head";
+  /** Token index within the forward call. */
+  readonly token: number;
+}
+
+/** Slack of an engine's int8 value against this model's x/d (the engine's x differs in f32 rounding). */
+export const INT8_Q_SLACK = 1e-3;
+/** Relative tolerance of an engine's chunk scale against this model's max|x|/127. */
+export const INT8_D_RTOL = 1e-4;
+
+/**
+ * x as `quantize_q8` leaves it: per 32-element chunk d = max|x| / 127, each element d·round(x / d) (ties to
+ * even, within ±127), in float64.
+ */
+export function roundQ8(x: ArrayLike<number>): Float64Array {
+  const out = new Float64Array(x.length);
+  for (let c = 0; c < x.length; c += 32) {
+    let amax = 0;
+    for (let i = c; i < c + 32; i++) amax = Math.max(amax, Math.abs(x[i]!));
+    const d = amax / 127;
+    for (let i = c; i < c + 32; i++) {
+      if (d === 0) continue;
+      const v = x[i]! / d;
+      let q = Math.round(v);
+      if (Math.abs(v - Math.trunc(v)) === 0.5 && q % 2 !== 0) q -= 1; // ties to even
+      out[i] = d * Math.max(-127, Math.min(127, q));
+    }
+  }
+  return out;
 }
 
 /** Dequantized weights of one layer (absent entries belong to the other layer kind or layout). */
@@ -137,6 +188,10 @@ export class RefModel {
   readonly #record: boolean;
   readonly #core: "recurrent" | "chunked";
   readonly #chunk: number;
+  readonly #int8: boolean;
+  readonly #decisions: RefModelOptions["int8Decisions"];
+  /** Weight type per `layer/id` (and `output`), for int8Activations. */
+  readonly #types: ReadonlyMap<string, GgmlTypeName>;
   #state: RefLayerState[] = [];
   #nPast = 0;
   #rec = new Map<string, Float64Array[]>();
@@ -149,6 +204,7 @@ export class RefModel {
       layouts: readonly (DeltaNetLayout | undefined)[];
       global: { embd?: Float64Array; outNorm?: Float64Array; output?: Float64Array };
       opts: RefModelOptions;
+      types: ReadonlyMap<string, GgmlTypeName>;
     },
   ) {
     this.hp = hp;
@@ -159,6 +215,9 @@ export class RefModel {
     this.#record = parts.opts.record ?? false;
     this.#core = parts.opts.deltaNet ?? "recurrent";
     this.#chunk = parts.opts.chunk ?? 64;
+    this.#int8 = parts.opts.int8Activations ?? false;
+    this.#decisions = parts.opts.int8Decisions;
+    this.#types = parts.types;
     this.reset();
   }
 
@@ -190,15 +249,22 @@ export class RefModel {
         ? (global.embd ?? await load(tensorName("token_embd")))
         : await load(tensorName("output"));
     }
+    const types = new Map<string, GgmlTypeName>();
+    const typeOf = (name: string) => file.tensor(name).type.name as GgmlTypeName;
+    if (b === hp.nLayer) {
+      types.set("output", typeOf(tensorName(check.tiedOutput ? "token_embd" : "output")));
+    }
     const w: LayerWeights[] = [];
     for (let layer = a; layer < b; layer++) {
       const lw: LayerWeights = {};
       for (const [name, spec] of check.specs) {
-        if (spec.layer === layer) lw[spec.id] = await load(name);
+        if (spec.layer !== layer) continue;
+        lw[spec.id] = await load(name);
+        types.set(`${layer}/${spec.id}`, typeOf(name));
       }
       w.push(lw);
     }
-    return new RefModel(hp, { layers: [a, b], w, layouts: check.layouts, global, opts });
+    return new RefModel(hp, { layers: [a, b], w, layouts: check.layouts, global, opts, types });
   }
 
   /** Positions consumed since the last reset. */
@@ -286,6 +352,47 @@ export class RefModel {
     if (this.#record) this.#rec.set(`${layer}/${name}`, rows.map((r) => Float64Array.from(r)));
   }
 
+  /**
+   * x as the mat-vec of weight `key` (`layer/id` or `output`) reads it for token `token` of the call:
+   * int8-rounded under int8Activations (with the engine's decisions when given).
+   */
+  #x8(key: string, x: Float64Array, token: number): Float64Array {
+    const t = this.#types.get(key);
+    if (!this.#int8 || (t !== "Q8_0" && t !== "IQ4_XS")) return x;
+    if (!this.#decisions) return roundQ8(x);
+    const [l, id] = key === "output" ? ["-1", "output"] : key.split("/");
+    const source = id === "output"
+      ? "head"
+      : id === "attn_output"
+      ? "attn_o"
+      : id === "ssm_out"
+      ? "ssm_o"
+      : "in";
+    const at: Int8At = { layer: Number(l), source, token };
+    const { q, d } = this.#decisions(at);
+    const where = `int8 decision of layer ${at.layer} ${source} token ${token} (${key})`;
+    if (q.length !== x.length || d.length !== x.length / 32) {
+      throw new Error(`${where}: ${q.length} values and ${d.length} scales for ${x.length} elements`);
+    }
+    const out = new Float64Array(x.length);
+    for (let c = 0; c < x.length / 32; c++) {
+      let amax = 0;
+      for (let i = 32 * c; i < 32 * c + 32; i++) amax = Math.max(amax, Math.abs(x[i]!));
+      const dc = d[c]!;
+      if (!(Math.abs(dc - amax / 127) <= INT8_D_RTOL * amax / 127 + 1e-30)) {
+        throw new Error(`${where}: chunk ${c} scale ${dc} but max|x|/127 = ${amax / 127}`);
+      }
+      for (let i = 32 * c; i < 32 * c + 32; i++) {
+        const want = dc === 0 ? 0 : x[i]! / dc;
+        if (!(Math.abs(want - q[i]!) <= 0.5 + INT8_Q_SLACK)) {
+          throw new Error(`${where}: element ${i} is ${q[i]} but x/d = ${want}`);
+        }
+        out[i] = dc * q[i]!;
+      }
+    }
+    return out;
+  }
+
   #run(h: Float64Array[]): Float64Array[] {
     const hp = this.hp;
     this.#rec = new Map();
@@ -315,7 +422,7 @@ export class RefModel {
     this.#nPast += h.length;
     const { outNorm, output } = this.#global;
     if (outNorm === undefined || output === undefined) return h;
-    return h.map((x) => matvec(output, rmsNorm(x, outNorm, { eps: hp.rmsEps })));
+    return h.map((x, t) => matvec(output, this.#x8("output", rmsNorm(x, outNorm, { eps: hp.rmsEps }), t)));
   }
 
   /** Spec §7: q/gate interleaved per head, QK-norm, partial NeoX rope, causal GQA, sigmoid gate. */
@@ -334,13 +441,13 @@ export class RefModel {
     const kNew = new Float64Array(hd * hp.nHeadKv * nT);
     const vNew = new Float64Array(hd * hp.nHeadKv * nT);
     for (let t = 0; t < nT; t++) {
-      const qf = matvec(need(w, "attn_q", layer), a[t]!);
+      const qf = matvec(need(w, "attn_q", layer), this.#x8(`${layer}/attn_q`, a[t]!, t));
       for (let h = 0; h < hp.nHead; h++) {
         q.set(qf.subarray(2 * hd * h, 2 * hd * h + hd), (t * hp.nHead + h) * hd);
         gate.set(qf.subarray(2 * hd * h + hd, 2 * hd * (h + 1)), (t * hp.nHead + h) * hd);
       }
-      kNew.set(matvec(need(w, "attn_k", layer), a[t]!), t * hd * hp.nHeadKv);
-      vNew.set(matvec(need(w, "attn_v", layer), a[t]!), t * hd * hp.nHeadKv);
+      kNew.set(matvec(need(w, "attn_k", layer), this.#x8(`${layer}/attn_k`, a[t]!, t)), t * hd * hp.nHeadKv);
+      vNew.set(matvec(need(w, "attn_v", layer), this.#x8(`${layer}/attn_v`, a[t]!, t)), t * hd * hp.nHeadKv);
     }
     const rope = { headDim: hd, nRot: hp.ropeDim, base: hp.ropeBase, pos };
     const qr = ropeNeox(rmsNorm(q, need(w, "attn_q_norm", layer), { eps: hp.rmsEps, n: hd }), rope);
@@ -361,7 +468,9 @@ export class RefModel {
     });
     const out = need(w, "attn_output", layer);
     const qRow = hd * hp.nHead;
-    return a.map((_, t) => matvec(out, o.subarray(t * qRow, (t + 1) * qRow)));
+    return a.map((_, t) =>
+      matvec(out, this.#x8(`${layer}/attn_output`, o.slice(t * qRow, (t + 1) * qRow), t))
+    );
   }
 
   /** Spec §8: projections (per layout), conv + SiLU, L2 norms, gates, the DeltaNet core, gated norm, out. */
@@ -380,7 +489,7 @@ export class RefModel {
       switch (layout) {
         case "ssm_in": {
           // §8.1 variant A: nK groups of [q_g | k_g | v_{rg..rg+r-1} | z_{rg..rg+r-1}]
-          const p = matvec(need(w, "ssm_in", layer), ai);
+          const p = matvec(need(w, "ssm_in", layer), this.#x8(`${layer}/ssm_in`, ai, t));
           const gs = 2 * dK + 2 * r * dV;
           for (let g = 0; g < nK; g++) {
             const o = g * gs;
@@ -393,18 +502,18 @@ export class RefModel {
         }
         case "qkv_ba":
         case "qkv_beta_alpha":
-          x.set(matvec(need(w, "attn_qkv", layer), ai), t * C);
-          z.set(matvec(need(w, "attn_gate", layer), ai), t * nV * dV);
+          x.set(matvec(need(w, "attn_qkv", layer), this.#x8(`${layer}/attn_qkv`, ai, t)), t * C);
+          z.set(matvec(need(w, "attn_gate", layer), this.#x8(`${layer}/attn_gate`, ai, t)), t * nV * dV);
           break;
         case undefined:
           throw new Error(`Internal error: layer ${layer} is DeltaNet but has no layout`);
       }
       if (layout === "qkv_beta_alpha") {
-        b.set(matvec(need(w, "ssm_beta", layer), ai), t * nV);
-        al.set(matvec(need(w, "ssm_alpha", layer), ai), t * nV);
+        b.set(matvec(need(w, "ssm_beta", layer), this.#x8(`${layer}/ssm_beta`, ai, t)), t * nV);
+        al.set(matvec(need(w, "ssm_alpha", layer), this.#x8(`${layer}/ssm_alpha`, ai, t)), t * nV);
       } else {
         // §8.1: nK groups of 2r: [b_{rg..rg+r-1} | a_{rg..rg+r-1}]
-        const u = matvec(need(w, "ssm_ba", layer), ai);
+        const u = matvec(need(w, "ssm_ba", layer), this.#x8(`${layer}/ssm_ba`, ai, t));
         for (let g = 0; g < nK; g++) {
           for (let j = 0; j < r; j++) {
             b[t * nV + r * g + j] = u[2 * r * g + j]!;
@@ -452,7 +561,7 @@ export class RefModel {
     // §8.7 gated norm per value head, then the output projection
     const on = rmsNormGated(res.o, need(w, "ssm_norm", layer), { z, eps: hp.rmsEps, n: dV });
     const out = need(w, "ssm_out", layer);
-    return rowsOf(on, nV * dV).map((row) => matvec(out, row));
+    return rowsOf(on, nV * dV).map((row, t) => matvec(out, this.#x8(`${layer}/ssm_out`, row, t)));
   }
 
   /** Spec §10: routed top-k experts plus the sigmoid-gated shared expert. */

@@ -152,8 +152,9 @@ function int8Key(label: string, col: number): string {
 Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rounding decisions", async () => {
   const rng = new Rng();
   const gpu = await testGpu();
-  for (const [arch, quant] of [["qwen35moe", "iq4_xs"], ["qwen3next", "q8_0"]] as const) {
-    const path = await synthTiny(arch, quant, "current", rng.u32());
+  const models = [["qwen35moe", "iq4_xs", "current"], ["qwen3next", "q8_0", "legacy"]] as const;
+  for (const [arch, quant, layout] of models) {
+    const path = await synthTiny(arch, quant, layout, rng.u32());
     using file = await openGguf(path);
     const stage = await Stage.load(gpu, file, {
       nCtx: 64,
@@ -181,7 +182,7 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
       const chunks = [tokens.slice(0, 8), tokens.slice(8, 13), ...tokens.slice(13).map((t) => [t])];
       let base = 0;
       for (const chunk of chunks) {
-        const what = `${arch} ${quant} tokens ${base}..${base + chunk.length} (seed ${rng.seed})`;
+        const what = `${arch} ${quant} ${layout} tokens ${base}..${base + chunk.length} (seed ${rng.seed})`;
         const got = await stage.run(0, { tokens: chunk }, base, { rows: "all" });
         logged.clear();
         asked.clear();

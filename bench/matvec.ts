@@ -8,7 +8,7 @@
  * `--sweep`: also TEAM/ROWS/UNROLL variants at batch 1; `--sr`: and the SR = 1 loop at TEAM 32
  * and 64 with UNROLL 1, 2, 4, 8). Batch-1 IQ4_XS and Q8_0 cases also run matvec_q8 (int8 x; its quantize_q8
  * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants; `--q8`: only those cases, matvec_q8 over
- * TEAM 8-64, ROWS 1/2/4 and both team reductions). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * TEAM 8-64, ROWS 1/2/4 and both team reductions, and table copies / row groups per workgroup). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -334,6 +334,13 @@ for (const c of CASES) {
             if (team <= c.k / 32) q8variants.push(matvecQ8Constants(shape, { team, rows, red }));
           }
         }
+      }
+      // Table copies (IQ4_XS: fewer bank conflicts) and several row groups per workgroup (the table built
+      // once for all), at the tall defaults' TEAM and ROWS.
+      const base = matvecQ8Constants(shape);
+      const extra: [number, number][] = c.type === "IQ4_XS" ? [[16, 1], [16, 4], [4, 1], [1, 4]] : [[1, 4]];
+      for (const [copies, groups] of extra) {
+        q8variants.push({ ...base, COPIES: copies, GROUPS: groups });
       }
     } else if (args.sweep) {
       for (const [team, rows] of [[32, 1], [32, 2], [32, 4], [16, 4], [64, 4]] as const) {

@@ -31,7 +31,7 @@ export const MATVEC_Q8: KernelSpec = {
   name: "matvec_q8",
   url: new URL("./matvec_q8.wgsl", import.meta.url),
   lib: ["common", "iq4_xs"],
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32", RED: "u32" },
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32", RED: "u32", COPIES: "u32", GROUPS: "u32" },
 };
 
 /** Weight types matvec_q8 reads. */
@@ -202,6 +202,10 @@ export interface MatvecQ8Constants {
   readonly ACC: number;
   /** Team reduction: 0 one invocation per row adds the TEAM partials; 1 runs of 8 in parallel first. */
   readonly RED: number;
+  /** Interleaved copies of the IQ4_XS codebook table (1, 2, 4, 8 or 16): fewer bank conflicts, more memory. */
+  readonly COPIES: number;
+  /** Row groups per workgroup, run one after another (the table is built once for all). */
+  readonly GROUPS: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -240,7 +244,7 @@ export interface MatvecQ8Bindings {
  */
 export function matvecQ8Constants(
   shape: MatvecQ8Shape,
-  opts: { acc?: boolean; team?: number; rows?: number; red?: number } = {},
+  opts: { acc?: boolean; team?: number; rows?: number; red?: number; copies?: number; groups?: number } = {},
 ): MatvecQ8Constants {
   const tall = shape.n >= 8192;
   const maxTeam = tall ? 16 : 32;
@@ -252,7 +256,14 @@ export function matvecQ8Constants(
     ROWS: opts.rows ?? (tall && shape.type === "IQ4_XS" ? 4 : 1),
     ACC: opts.acc ? 1 : 0,
     RED: opts.red ?? (tall ? 0 : 1),
+    COPIES: opts.copies ?? 1,
+    GROUPS: opts.groups ?? 1,
   };
+}
+
+/** Workgroup memory of a matvec_q8 variant in bytes (the codebook table copies and the partial sums). */
+export function matvecQ8WorkgroupBytes(c: MatvecQ8Constants): number {
+  return 1024 * c.COPIES + 1024 * c.ROWS;
 }
 
 /** The uniform params of a matvec_q8 shape. */
@@ -263,7 +274,7 @@ export function matvecQ8Params(shape: MatvecQ8Shape): Uint32Array<ArrayBuffer> {
 
 /** Workgroups in x and y: rows split into workgroups, the count folded into 2-D past 65535. */
 export function matvecQ8Grid(shape: MatvecQ8Shape, c: MatvecQ8Constants): [number, number] {
-  const wgs = Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS));
+  const wgs = Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS * c.GROUPS));
   const gx = Math.min(wgs, MAX_WORKGROUPS_PER_DIM);
   return [gx, Math.ceil(wgs / gx)];
 }
@@ -291,6 +302,11 @@ export function checkMatvecQ8(shape: MatvecQ8Shape, c: MatvecQ8Constants, b: Mat
   checkInt("Kernel matvec_q8: ROWS", c.ROWS, 1, 4);
   checkInt("Kernel matvec_q8: ACC", c.ACC, 0, 1);
   checkInt("Kernel matvec_q8: RED", c.RED, 0, 1);
+  checkShape(
+    isPow2(c.COPIES) && c.COPIES <= 16,
+    `Kernel matvec_q8: COPIES=${c.COPIES} must be 1, 2, 4, 8 or 16`,
+  );
+  checkInt("Kernel matvec_q8: GROUPS", c.GROUPS, 1, 64);
   checkInt("Kernel matvec_q8: n", shape.n, 1, 2 ** 31);
   const yOff = shape.yOffset ?? 0;
   checkShape(Number.isInteger(yOff) && yOff >= 0, `Kernel matvec_q8: y offset ${yOff} must be ≥ 0`);
@@ -328,6 +344,12 @@ export async function prepareMatvecQ8(
 ): Promise<Q8Op> {
   const c = opts.constants ?? matvecQ8Constants(opts.shape);
   checkMatvecQ8(opts.shape, c, opts.bindings);
+  const wgBytes = matvecQ8WorkgroupBytes(c);
+  checkShape(
+    wgBytes <= opts.device.limits.maxComputeWorkgroupStorageSize,
+    `Kernel matvec_q8: COPIES=${c.COPIES}, ROWS=${c.ROWS} need ${wgBytes} bytes of workgroup memory, the device ` +
+      `has ${opts.device.limits.maxComputeWorkgroupStorageSize}: use fewer copies`,
+  );
   const pipeline = await cache.get(MATVEC_Q8, c);
   const b = opts.bindings;
   return {

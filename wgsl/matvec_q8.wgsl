@@ -23,7 +23,9 @@
 // bytes 0 and 2, so two lookups and one multiply-add give four packed weights in x's LAYOUT 1 order.
 // Constants: const TYPE: u32 (8 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),
 //   const ACC: u32 (0 or 1), const RED: u32 (the team reduction: 0 one invocation per row adds TEAM partials,
-//   1 runs of 8 in parallel first).
+//   1 runs of 8 in parallel first), const COPIES: u32 (copies of the IQ4_XS table: 1, 2, 4, 8 or 16),
+//   const GROUPS: u32 (row groups of WG_ROWS rows per workgroup, one after another).
+// Workgroup memory: 1024·COPIES + 1024·ROWS bytes.
 
 struct Params {
   k: u32,
@@ -48,7 +50,10 @@ const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 // RED 1: the length of the partial runs the first reduction step adds (1: none).
 const RUN: u32 = select(1u, 8u, TEAM >= 8u);
 
-var<workgroup> tab8: array<u32, 256>;
+// IQ4_XS: COPIES interleaved copies of the byte-pair table (entry b of copy p at b·COPIES + p; lane l reads
+// copy l % COPIES): 16 copies leave about 2 distinct words per bank in a warp's random lookups instead of 3.
+var<workgroup> tab8: array<u32, 256 * COPIES>;
+var<private> tab_copy: u32;
 var<workgroup> partial: array<f32, WG * ROWS>;
 
 fn weight_word(i: u32) -> u32 {
@@ -81,10 +86,10 @@ fn load_chunk(rb: u32, c: u32) -> Chunk {
 
 // IQ4_XS: the 8 codebook values of qs word w as two int8x4 words in x's LAYOUT 1 order.
 fn iq4_pack8(w: u32) -> vec2<u32> {
-  let t0 = tab8[w & 0xFFu];
-  let t1 = tab8[(w >> 8u) & 0xFFu];
-  let t2 = tab8[(w >> 16u) & 0xFFu];
-  let t3 = tab8[w >> 24u];
+  let t0 = tab8[(w & 0xFFu) * COPIES + tab_copy];
+  let t1 = tab8[((w >> 8u) & 0xFFu) * COPIES + tab_copy];
+  let t2 = tab8[((w >> 16u) & 0xFFu) * COPIES + tab_copy];
+  let t3 = tab8[(w >> 24u) * COPIES + tab_copy];
   return vec2<u32>(t0 + t1 * 256u, t2 + t3 * 256u);
 }
 
@@ -148,11 +153,24 @@ fn main(
 ) {
   let wg = wid.y * nwg.x + wid.x;
   if (TYPE == 23u) {
-    // tab8[b] = the int8 codebook values of b's low and high nibble in bytes 0 and 2.
-    let kv = vec2<i32>(common_kvalues(vec4<u32>(lid & 15u, lid >> 4u, 0u, 0u)).xy);
-    tab8[lid] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
+    // tab8[b·COPIES + p] = the int8 codebook values of b's low and high nibble in bytes 0 and 2.
+    for (var i = lid; i < 256u * COPIES; i += WG) {
+      let b = i / COPIES;
+      let kv = vec2<i32>(common_kvalues(vec4<u32>(b & 15u, b >> 4u, 0u, 0u)).xy);
+      tab8[i] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
+    }
     workgroupBarrier();
   }
+  tab_copy = lid % COPIES;
+  // GROUPS row groups per workgroup, one after another (the table built once for all of them).
+  for (var g = 0u; g < GROUPS; g++) {
+    row_group(wg * GROUPS + g, lid);
+    workgroupBarrier();
+  }
+}
+
+// The WG_ROWS rows of row group `wg`: every invocation of the workgroup calls it (barriers).
+fn row_group(wg: u32, lid: u32) {
   let team = lid / TEAM;
   let t = lid % TEAM;
   let row0 = wg * WG_ROWS + team * ROWS;

@@ -225,7 +225,7 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const be = type === "IQ4_XS" ? 256 : 32;
   const list: {
     shape: MatvecQ8Shape;
-    opts?: { acc?: boolean; team?: number; rows?: number; red?: number };
+    opts?: { acc?: boolean; team?: number; rows?: number; red?: number; copies?: number; groups?: number };
   }[] = [
     { shape: { type, k: be, n: 1 } }, // debug: one block, one row
     { shape: { type, k: 3 * be, n: 37 }, opts: { rows: 4 } }, // N not a multiple of the rows per workgroup
@@ -236,6 +236,9 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
     // The other team reduction (one invocation per row), a team larger and one smaller than the rows.
     { shape: { type, k: 4 * be, n: 29 }, opts: { rows: 3, team: 16, red: 0 } },
     { shape: { type, k: 2 * be, n: 13 }, opts: { rows: 4, team: 2, red: 0, acc: true } },
+    // Several row groups per workgroup (N not a multiple of them), with table copies (IQ4_XS reads them).
+    { shape: { type, k: 2 * be, n: 230 }, opts: { rows: 2, team: 16, groups: 3, copies: 16 } },
+    { shape: { type, k: 3 * be, n: 70 }, opts: { rows: 4, team: 32, groups: 2, copies: 4, red: 0 } },
     // A slice: rows at a byte offset, y at an offset, y += W·x.
     {
       shape: { type, k: be * rng.int(1, 4), n: rng.int(1, 40), wOffsetBytes: 8 * rng.int(1, 20), yOffset: 5 },
@@ -341,6 +344,8 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8({ ...shape, wOffsetBytes: 4 }, c, b), /multiple of 8/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, ROWS: 5 }, b), /ROWS must be an integer in \[1, 4\]/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, RED: 2 }, b), /RED must be an integer in \[0, 1\]/);
+  assert.throws(() => checkMatvecQ8(shape, { ...c, COPIES: 3 }, b), /COPIES=3 must be 1, 2, 4, 8 or 16/);
+  assert.throws(() => checkMatvecQ8(shape, { ...c, GROUPS: 0 }, b), /GROUPS must be an integer in \[1, 64\]/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, TYPE: 8 }, b), /TYPE=8 but the shape says IQ4_XS/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, xq: buf(q8xBytes(512) - 4) }), /binding xq/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, weights: buf(4 * 136 - 8) }), /binding weights/);

@@ -65,6 +65,7 @@ import {
   matvecQ8Grid,
   matvecQ8Params,
   type MatvecQ8Shape,
+  q8Layout,
   q8xBytes,
   QUANTIZE_Q8,
   type QuantizeQ8Bindings,
@@ -1750,6 +1751,10 @@ class GraphBuilder {
   readonly #int8Activations: boolean;
   /** int8 x buffers (quantize_q8's output) by K, created on first use. */
   readonly #xq = new Map<number, GPUBuffer>();
+  /** The x the last int8 mat-vec quantized, and the op count after it (see #matvecQ8). */
+  #lastQ8:
+    | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
+    | undefined;
   /** Stage int8Log: the log buffer, the entries of this graph, and the next free byte. */
   readonly #int8Log: { buffer: GPUBuffer; entries: Int8LogEntry[] } | undefined;
   #logAt = 0;
@@ -1930,6 +1935,8 @@ class GraphBuilder {
    */
   async #norm(label: string, x: GPUBuffer, w: GpuTensor, y: GPUBuffer) {
     await this.#flushNorm();
+    // A deferred norm writes y later without an op now: no int8 x quantized before it may be reused.
+    this.#lastQ8 = undefined;
     if (this.#n === 1) this.#pending = { label, x, w, y };
     else await this.#rmsNorm(label, x, w, y, this.#n);
   }
@@ -2054,49 +2061,63 @@ class GraphBuilder {
     }
     const type = typeName(w);
     const k = w.ne[0]!;
+    const layout = q8Layout(type);
     const rowStart = opts.rowStart ?? 0;
     const nRows = opts.rows ?? (w.parts.reduce((s, q) => s + q.nRows, 0) - rowStart);
-    let shared = this.#xq.get(k);
-    if (!shared) {
-      shared = this.#device.createBuffer({
-        label: `int8 x K=${k}`,
-        size: q8xBytes(k),
-        usage: GPUBufferUsage.STORAGE,
-      });
-      this.#owned.push(shared);
-      this.#xq.set(k, shared);
+    // The int8 x of every column: quantized by the int8 mat-vec pushed last when it read the same x and
+    // nothing was pushed since (attn_qkv, attn_gate, ssm_beta, ... of a chunk; unfused attn_q/k/v), else here.
+    const last = this.#lastQ8;
+    const reuse = !norm && last !== undefined && last.x === x && last.k === k && last.layout === layout &&
+      last.cols === cols && last.at === this.#ops.length;
+    const regions: Binding[] = reuse ? last.regions : [];
+    if (!reuse) {
+      const stride = Math.ceil(q8xBytes(k) / 256) * 256;
+      let shared = this.#xq.get(k);
+      if (!shared) {
+        shared = this.#device.createBuffer({
+          label: `int8 x K=${k}`,
+          size: MATVEC_MAX_COLS * stride,
+          usage: GPUBufferUsage.STORAGE,
+        });
+        this.#owned.push(shared);
+        this.#xq.set(k, shared);
+      }
+      for (let col = 0; col < cols; col++) {
+        let xq: Binding = { buffer: shared, offset: col * stride, size: q8xBytes(k) };
+        const log = this.#int8Log;
+        if (log) {
+          const offset = this.#logAt;
+          this.#logAt = Math.ceil((offset + q8xBytes(k)) / 256) * 256;
+          assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
+          log.entries.push({ label, col, k, type, offset });
+          xq = { buffer: log.buffer, offset, size: q8xBytes(k) };
+        }
+        const qs: QuantizeQ8Shape = {
+          type,
+          k,
+          xOffset: norm ? 0 : col * k,
+          norm: norm ? { eps: this.#hp.rmsEps } : undefined,
+        };
+        const qb: QuantizeQ8Bindings = {
+          params: this.#storage(quantizeQ8Params(qs)),
+          x: norm ? norm.x : x,
+          xq,
+          nw: norm ? part0(norm.w) : undefined,
+          xn: norm ? norm.y : undefined,
+        };
+        checkQuantizeQ8(qs, qb);
+        // A deferred norm this quantize does not take is pushed first (#checked), before anything reads x.
+        await this.#push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
+          qb.params,
+          qb.x,
+          xq,
+          ...normBindings(this.#device, qb),
+        ], [...quantizeQ8Grid(qs), 1]);
+        regions.push(xq);
+      }
     }
     for (let col = 0; col < cols; col++) {
-      let xq: Binding = shared;
-      const log = this.#int8Log;
-      if (log) {
-        const offset = this.#logAt;
-        this.#logAt = Math.ceil((offset + q8xBytes(k)) / 256) * 256;
-        assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
-        log.entries.push({ label, col, k, type, offset });
-        xq = { buffer: log.buffer, offset, size: q8xBytes(k) };
-      }
-      const qs: QuantizeQ8Shape = {
-        type,
-        k,
-        xOffset: norm ? 0 : col * k,
-        norm: norm ? { eps: this.#hp.rmsEps } : undefined,
-      };
-      const qb: QuantizeQ8Bindings = {
-        params: this.#storage(quantizeQ8Params(qs)),
-        x: norm ? norm.x : x,
-        xq,
-        nw: norm ? part0(norm.w) : undefined,
-        xn: norm ? norm.y : undefined,
-      };
-      checkQuantizeQ8(qs, qb);
-      // A deferred norm this quantize does not take is pushed first (#checked), before anything reads x.
-      await this.#push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
-        qb.params,
-        qb.x,
-        xq,
-        ...normBindings(this.#device, qb),
-      ], [...quantizeQ8Grid(qs), 1]);
+      const xq = regions[col]!;
       for (const part of w.parts) {
         const lo = Math.max(rowStart, part.firstRow);
         const hi = Math.min(rowStart + nRows, part.firstRow + part.nRows);
@@ -2122,6 +2143,7 @@ class GraphBuilder {
         ]);
       }
     }
+    this.#lastQ8 = { x, k, layout, cols, regions, at: this.#ops.length };
   }
 
   /**

@@ -224,6 +224,27 @@ for (const c of CASES) {
       }),
     );
   }
+  /** A job timing `kernel` on this case's bytes, its line relative to the case's ceiling. */
+  const kernelJob = (kernel: string, encode: Job["encode"], fields: Record<string, unknown>): Job => ({
+    encode,
+    emit: (t, ceiling) => {
+      const gbps = tBytes / t / 1e9;
+      line({
+        kernel,
+        case: c.name,
+        type: c.type,
+        ne: [c.k, c.n],
+        ...fields,
+        bytes: tBytes,
+        copies,
+        reps,
+        ms: t * 1e3,
+        gbps,
+        ceilingGbps: ceiling,
+        ofCeiling: gbps / ceiling,
+      });
+    },
+  });
   const jobs: Job[] = [{
     encode: (p, i) => encodeStreamRead(p, sops[i % copies]!),
     emit: (t) =>
@@ -288,27 +309,9 @@ for (const c of CASES) {
         }),
       );
     }
-    jobs.push({
-      encode: (p, i) => encodeMatvec(p, ops[i % copies]!),
-      emit: (t, ceiling) => {
-        const gbps = tBytes / t / 1e9;
-        line({
-          kernel: "matvec",
-          case: c.name,
-          type: c.type,
-          ne: [c.k, c.n],
-          batch: c.batch,
-          constants,
-          bytes: tBytes,
-          copies,
-          reps,
-          ms: t * 1e3,
-          gbps,
-          ceilingGbps: ceiling,
-          ofCeiling: gbps / ceiling,
-        });
-      },
-    });
+    jobs.push(
+      kernelJob("matvec", (p, i) => encodeMatvec(p, ops[i % copies]!), { batch: c.batch, constants }),
+    );
   }
   if (c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
     // int8 x: quantize_q8 once (timed on its own), then matvec_q8 on the same copies as matvec.
@@ -368,26 +371,7 @@ for (const c of CASES) {
           }),
         );
       }
-      jobs.push({
-        encode: (p, i) => encodeQ8(p, ops[i % copies]!),
-        emit: (t, ceiling) => {
-          const gbps = tBytes / t / 1e9;
-          line({
-            kernel: "matvec_q8",
-            case: c.name,
-            type: c.type,
-            ne: [c.k, c.n],
-            constants,
-            bytes: tBytes,
-            copies,
-            reps,
-            ms: t * 1e3,
-            gbps,
-            ceilingGbps: ceiling,
-            ofCeiling: gbps / ceiling,
-          });
-        },
-      });
+      jobs.push(kernelJob("matvec_q8", (p, i) => encodeQ8(p, ops[i % copies]!), { constants }));
     }
   }
   const secs = await timeJobs(jobs, reps);

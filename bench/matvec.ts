@@ -47,6 +47,7 @@ import {
   matvecQ8Constants,
   matvecQ8Params,
   type MatvecQ8Shape,
+  matvecQ8WorkgroupBytes,
   prepareMatvecQ8,
   prepareQuantizeQ8,
   type Q8Op,
@@ -341,9 +342,20 @@ for (const c of CASES) {
       // Table copies (IQ4_XS: fewer bank conflicts) and several row groups per workgroup (the table built
       // once for all), at the tall defaults' TEAM and ROWS.
       const base = matvecQ8Constants(shape);
-      const extra: [number, number][] = c.type === "IQ4_XS" ? [[16, 1], [16, 4], [4, 1], [1, 4]] : [[1, 4]];
+      const extra: [number, number][] = c.type === "IQ4_XS"
+        ? [[1, 4], [4, 1], [8, 1], [16, 1], [16, 4], [32, 1], [32, 4], [32, 16]]
+        : [[1, 4]];
       for (const [copies, groups] of extra) {
-        q8variants.push({ ...base, COPIES: copies, GROUPS: groups });
+        const v = { ...base, COPIES: copies, GROUPS: groups };
+        const bytes = matvecQ8WorkgroupBytes(v);
+        if (bytes <= device.limits.maxComputeWorkgroupStorageSize) q8variants.push(v);
+        else {line({
+            event: "skip",
+            case: c.name,
+            type: c.type,
+            constants: v,
+            why: `${bytes} B of workgroup memory`,
+          });}
       }
     } else if (args.sweep) {
       for (const [team, rows] of [[32, 1], [32, 2], [32, 4], [16, 4], [64, 4]] as const) {

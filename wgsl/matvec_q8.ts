@@ -303,8 +303,8 @@ export function checkMatvecQ8(shape: MatvecQ8Shape, c: MatvecQ8Constants, b: Mat
   checkInt("Kernel matvec_q8: ACC", c.ACC, 0, 1);
   checkInt("Kernel matvec_q8: RED", c.RED, 0, 1);
   checkShape(
-    isPow2(c.COPIES) && c.COPIES <= 16,
-    `Kernel matvec_q8: COPIES=${c.COPIES} must be 1, 2, 4, 8 or 16`,
+    isPow2(c.COPIES) && c.COPIES <= 32,
+    `Kernel matvec_q8: COPIES=${c.COPIES} must be 1, 2, 4, 8, 16 or 32`,
   );
   checkInt("Kernel matvec_q8: GROUPS", c.GROUPS, 1, 64);
   checkInt("Kernel matvec_q8: n", shape.n, 1, 2 ** 31);

@@ -23,7 +23,7 @@
 // bytes 0 and 2, so two lookups and one multiply-add give four packed weights in x's LAYOUT 1 order.
 // Constants: const TYPE: u32 (8 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),
 //   const ACC: u32 (0 or 1), const RED: u32 (the team reduction: 0 one invocation per row adds TEAM partials,
-//   1 runs of 8 in parallel first), const COPIES: u32 (copies of the IQ4_XS table: 1, 2, 4, 8 or 16),
+//   1 runs of 8 in parallel first), const COPIES: u32 (copies of the IQ4_XS table: 1, 2, 4, 8, 16 or 32),
 //   const GROUPS: u32 (row groups of WG_ROWS rows per workgroup, one after another).
 // Workgroup memory: 1024·COPIES + 1024·ROWS bytes.
 
@@ -51,7 +51,8 @@ const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const RUN: u32 = select(1u, 8u, TEAM >= 8u);
 
 // IQ4_XS: COPIES interleaved copies of the byte-pair table (entry b of copy p at b·COPIES + p; lane l reads
-// copy l % COPIES): 16 copies leave about 2 distinct words per bank in a warp's random lookups instead of 3.
+// copy l % COPIES): 16 copies leave about 2 distinct words per bank in a warp's random lookups instead of 3,
+// 32 copies (32 KiB) put lane l's lookups in bank l, free of conflicts.
 var<workgroup> tab8: array<u32, 256 * COPIES>;
 var<private> tab_copy: u32;
 var<workgroup> partial: array<f32, WG * ROWS>;
@@ -153,13 +154,21 @@ fn main(
 ) {
   let wg = wid.y * nwg.x + wid.x;
   if (TYPE == 23u) {
-    // tab8[b·COPIES + p] = the int8 codebook values of b's low and high nibble in bytes 0 and 2.
-    for (var i = lid; i < 256u * COPIES; i += WG) {
-      let b = i / COPIES;
-      let kv = vec2<i32>(common_kvalues(vec4<u32>(b & 15u, b >> 4u, 0u, 0u)).xy);
-      tab8[i] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
-    }
+    // tab8[b·COPIES + p] = the int8 codebook values of b's low and high nibble in bytes 0 and 2: copy 0 from
+    // the codebook (one entry per invocation), then the other copies from copy 0 (a warp's reads hit
+    // 32 / COPIES words, its writes consecutive words).
+    let kv = vec2<i32>(common_kvalues(vec4<u32>(lid & 15u, lid >> 4u, 0u, 0u)).xy);
+    tab8[lid * COPIES] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
     workgroupBarrier();
+    if (COPIES > 1u) {
+      for (var i = lid; i < 256u * COPIES; i += WG) {
+        let p = i % COPIES;
+        if (p != 0u) {
+          tab8[i] = tab8[i - p];
+        }
+      }
+      workgroupBarrier();
+    }
   }
   tab_copy = lid % COPIES;
   // GROUPS row groups per workgroup, one after another (the table built once for all of them).

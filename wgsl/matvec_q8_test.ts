@@ -344,7 +344,7 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8({ ...shape, wOffsetBytes: 4 }, c, b), /multiple of 8/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, ROWS: 5 }, b), /ROWS must be an integer in \[1, 4\]/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, RED: 2 }, b), /RED must be an integer in \[0, 1\]/);
-  assert.throws(() => checkMatvecQ8(shape, { ...c, COPIES: 3 }, b), /COPIES=3 must be 1, 2, 4, 8 or 16/);
+  assert.throws(() => checkMatvecQ8(shape, { ...c, COPIES: 3 }, b), /COPIES=3 must be 1, 2, 4, 8, 16 or 32/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, GROUPS: 0 }, b), /GROUPS must be an integer in \[1, 64\]/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, TYPE: 8 }, b), /TYPE=8 but the shape says IQ4_XS/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, xq: buf(q8xBytes(512) - 4) }), /binding xq/);

@@ -22,7 +22,7 @@ import { normBindings } from "./matvec.ts";
 export const QUANTIZE_Q8: KernelSpec = {
   name: "quantize_q8",
   url: new URL("./quantize_q8.wgsl", import.meta.url),
-  lib: ["rms"],
+  lib: ["rms", "q8x"],
   constants: { LAYOUT: "u32", NORM: "u32", EPS: "f32" },
 };
 
@@ -30,8 +30,27 @@ export const QUANTIZE_Q8: KernelSpec = {
 export const MATVEC_Q8: KernelSpec = {
   name: "matvec_q8",
   url: new URL("./matvec_q8.wgsl", import.meta.url),
-  lib: ["common", "iq4_xs"],
+  lib: ["common", "iq4_xs", "q8dot"],
   constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32", RED: "u32", COPIES: "u32", GROUPS: "u32" },
+};
+
+/** Kernel description of `matvec_q8_fused.wgsl` (matvec_q8 with quantize_q8 in its prologue). */
+export const MATVEC_Q8_FUSED: KernelSpec = {
+  name: "matvec_q8_fused",
+  url: new URL("./matvec_q8_fused.wgsl", import.meta.url),
+  lib: ["rms", "q8x", "common", "iq4_xs", "q8dot"],
+  constants: {
+    TYPE: "u32",
+    TEAM: "u32",
+    ROWS: "u32",
+    ACC: "u32",
+    RED: "u32",
+    COPIES: "u32",
+    GROUPS: "u32",
+    NORM: "u32",
+    EPS: "f32",
+    KC: "u32",
+  },
 };
 
 /** Weight types matvec_q8 reads. */
@@ -222,6 +241,32 @@ export interface MatvecQ8Shape {
   readonly wOffsetBytes?: number;
   /** Element offset of y[0] (default 0). */
   readonly yOffset?: number;
+  /** matvec_q8_fused: element offset of x[0] in the x binding (multiple of 4; default 0). */
+  readonly xOffset?: number;
+}
+
+/** One matvec_q8_fused problem: a matvec_q8 one whose f32 x is quantized (RMSNorm-ed first with `norm`) in it. */
+export interface MatvecQ8FusedShape extends MatvecQ8Shape {
+  /** RMSNorm x first with this epsilon (the `nw` and `xn` bindings then matter); default: no norm. */
+  readonly norm?: { readonly eps: number };
+}
+
+/** Bindings of matvec_q8_fused (the weight buffer is bound twice by {@linkcode prepareMatvecQ8Fused}). */
+export interface MatvecQ8FusedBindings {
+  /** Uniform params ({@linkcode matvecQ8Params}); offset a multiple of 256. */
+  readonly params: Binding;
+  /** Weight bytes (storage, read). */
+  readonly weights: Binding;
+  /** x, f32 (storage, read). */
+  readonly x: Binding;
+  /** With a norm: its weight, K f32 (storage, read). */
+  readonly nw?: Binding;
+  /** With a norm: receives the normed x at the x offset (storage, read_write; not aliasing x). */
+  readonly xn?: Binding;
+  /** Receives quantize_q8's output for this type, {@linkcode q8xBytes} bytes (storage, read_write). */
+  readonly xo: Binding;
+  /** Output, f32 (storage, read_write). */
+  readonly y: Binding;
 }
 
 /** Bindings of matvec_q8 (the weight and xq buffers are bound twice by {@linkcode prepareMatvecQ8}). */
@@ -261,15 +306,52 @@ export function matvecQ8Constants(
   };
 }
 
+/** Constants of one matvec_q8_fused variant: matvec_q8's and the prologue's. */
+export interface MatvecQ8FusedConstants extends MatvecQ8Constants {
+  /** 1: RMSNorm x first. */
+  readonly NORM: number;
+  /** The norm's epsilon (0 without a norm). */
+  readonly EPS: number;
+  /** K / 32: the int8 x chunks each workgroup holds. */
+  readonly KC: number;
+}
+
+/** The default variant of a matvec_q8_fused problem: matvec_q8's body constants, and the prologue's. */
+export function matvecQ8FusedConstants(
+  shape: MatvecQ8FusedShape,
+  opts: Parameters<typeof matvecQ8Constants>[1] = {},
+): MatvecQ8FusedConstants {
+  return {
+    ...matvecQ8Constants(shape, opts),
+    NORM: shape.norm ? 1 : 0,
+    EPS: shape.norm?.eps ?? 0,
+    KC: shape.k / 32,
+  };
+}
+
 /** Workgroup memory of a matvec_q8 variant in bytes (the codebook table copies and the partial sums). */
 export function matvecQ8WorkgroupBytes(c: MatvecQ8Constants): number {
   return 1024 * c.COPIES + 1024 * c.ROWS;
 }
 
+/** Workgroup memory of a matvec_q8_fused variant in bytes: matvec_q8's, the int8 x and the norm's sums. */
+export function matvecQ8FusedWorkgroupBytes(c: MatvecQ8FusedConstants): number {
+  return matvecQ8WorkgroupBytes(c) + 36 * c.KC + 1024;
+}
+
 /** The uniform params of a matvec_q8 shape. */
 export function matvecQ8Params(shape: MatvecQ8Shape): Uint32Array<ArrayBuffer> {
   const rowBytes = checkWeightRows("matvec_q8", shape.type, shape.k, shape.wOffsetBytes ?? 0);
-  return new Uint32Array([shape.k, shape.n, rowBytes, shape.wOffsetBytes ?? 0, shape.yOffset ?? 0, 0, 0, 0]);
+  return new Uint32Array([
+    shape.k,
+    shape.n,
+    rowBytes,
+    shape.wOffsetBytes ?? 0,
+    shape.yOffset ?? 0,
+    shape.xOffset ?? 0,
+    0,
+    0,
+  ]);
 }
 
 /** Workgroups in x and y: rows split into workgroups, the count folded into 2-D past 65535. */
@@ -284,49 +366,100 @@ export function matvecQ8Grid(shape: MatvecQ8Shape, c: MatvecQ8Constants): [numbe
  * @throws {RangeError} naming the kernel, the value and what to change
  */
 export function checkMatvecQ8(shape: MatvecQ8Shape, c: MatvecQ8Constants, b: MatvecQ8Bindings): void {
-  checkQ8Type("matvec_q8", shape.type);
+  checkQ8Body("matvec_q8", shape, c, b);
+  need("matvec_q8", shape, "xq", b.xq, q8xBytes(shape.k));
+}
+
+/**
+ * Throws before anything is encoded when the shape, constants and bindings of a matvec_q8_fused problem do not
+ * fit together.
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkMatvecQ8Fused(
+  shape: MatvecQ8FusedShape,
+  c: MatvecQ8FusedConstants,
+  b: MatvecQ8FusedBindings,
+): void {
+  const kernel = "matvec_q8_fused";
+  checkQ8Body(kernel, shape, c, b);
+  checkShape(
+    c.KC === shape.k / 32,
+    `Kernel ${kernel}: KC=${c.KC} but K=${shape.k} has ${shape.k / 32} chunks`,
+  );
+  checkShape(
+    c.NORM === (shape.norm ? 1 : 0),
+    `Kernel ${kernel}: NORM=${c.NORM} but the shape ${shape.norm ? "has" : "has no"} norm`,
+  );
+  const xOff = shape.xOffset ?? 0;
+  checkShape(
+    Number.isInteger(xOff) && xOff >= 0 && xOff % 4 === 0,
+    `Kernel ${kernel}: x offset ${xOff} must be a non-negative multiple of 4 (vec4 loads)`,
+  );
+  need(kernel, shape, "x", b.x, 4 * (xOff + shape.k));
+  need(kernel, shape, "xo", b.xo, q8xBytes(shape.k));
+  if (shape.norm) {
+    checkShape(
+      b.nw !== undefined && b.xn !== undefined,
+      `Kernel ${kernel}: a norm needs the nw and xn bindings`,
+    );
+    checkShape(
+      Number.isFinite(shape.norm.eps) && shape.norm.eps > 0,
+      `Kernel ${kernel}: norm epsilon ${shape.norm.eps} must be a positive number`,
+    );
+    need(kernel, shape, "nw", b.nw!, 4 * shape.k);
+    need(kernel, shape, "xn", b.xn!, 4 * (xOff + shape.k));
+  }
+}
+
+/** The checks matvec_q8 and matvec_q8_fused share (the weights, the constants of the body, y). */
+function checkQ8Body(
+  kernel: string,
+  shape: MatvecQ8Shape,
+  c: MatvecQ8Constants,
+  b: { readonly params: Binding; readonly weights: Binding; readonly y: Binding },
+): void {
+  checkQ8Type(kernel, shape.type);
   const wOff = shape.wOffsetBytes ?? 0;
-  const rowBytes = checkWeightRows("matvec_q8", shape.type, shape.k, wOff);
+  const rowBytes = checkWeightRows(kernel, shape.type, shape.k, wOff);
   checkShape(
     shape.type !== "IQ4_XS" || wOff % 8 === 0,
-    `Kernel matvec_q8: IQ4_XS weight offset ${wOff} bytes must be a multiple of 8 (word-pair loads)`,
+    `Kernel ${kernel}: IQ4_XS weight offset ${wOff} bytes must be a multiple of 8 (word-pair loads)`,
   );
   checkShape(
     c.TYPE === TYPE_ID[shape.type],
-    `Kernel matvec_q8: TYPE=${c.TYPE} but the shape says ${shape.type}`,
+    `Kernel ${kernel}: TYPE=${c.TYPE} but the shape says ${shape.type}`,
   );
   checkShape(
     isPow2(c.TEAM) && c.TEAM <= 256,
-    `Kernel matvec_q8: TEAM=${c.TEAM} must be a power of two ≤ 256`,
+    `Kernel ${kernel}: TEAM=${c.TEAM} must be a power of two ≤ 256`,
   );
-  checkInt("Kernel matvec_q8: ROWS", c.ROWS, 1, 4);
-  checkInt("Kernel matvec_q8: ACC", c.ACC, 0, 1);
-  checkInt("Kernel matvec_q8: RED", c.RED, 0, 1);
+  checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
+  checkInt(`Kernel ${kernel}: ACC`, c.ACC, 0, 1);
+  checkInt(`Kernel ${kernel}: RED`, c.RED, 0, 1);
   checkShape(
     isPow2(c.COPIES) && c.COPIES <= 32,
-    `Kernel matvec_q8: COPIES=${c.COPIES} must be 1, 2, 4, 8, 16 or 32`,
+    `Kernel ${kernel}: COPIES=${c.COPIES} must be 1, 2, 4, 8, 16 or 32`,
   );
-  checkInt("Kernel matvec_q8: GROUPS", c.GROUPS, 1, 64);
-  checkInt("Kernel matvec_q8: n", shape.n, 1, 2 ** 31);
+  checkInt(`Kernel ${kernel}: GROUPS`, c.GROUPS, 1, 64);
+  checkInt(`Kernel ${kernel}: n`, shape.n, 1, 2 ** 31);
   const yOff = shape.yOffset ?? 0;
-  checkShape(Number.isInteger(yOff) && yOff >= 0, `Kernel matvec_q8: y offset ${yOff} must be ≥ 0`);
+  checkShape(Number.isInteger(yOff) && yOff >= 0, `Kernel ${kernel}: y offset ${yOff} must be ≥ 0`);
   const [gx, gy] = matvecQ8Grid(shape, c);
   checkShape(
     gy <= MAX_WORKGROUPS_PER_DIM,
-    `Kernel matvec_q8: N=${shape.n} needs ${gx}×${gy} workgroups: split it`,
+    `Kernel ${kernel}: N=${shape.n} needs ${gx}×${gy} workgroups: split it`,
   );
-  const need = (what: string, bind: Binding, bytes: number) =>
-    checkShape(
-      bindingBytes(bind) >= bytes,
-      `Kernel matvec_q8: binding ${what} holds ${
-        bindingBytes(bind)
-      } bytes but ${shape.type} ne=[${shape.k}, ` +
-        `${shape.n}] needs ${bytes}: allocate or slice it for this shape`,
-    );
-  need("params", b.params, MATVEC_Q8_PARAMS_BYTES);
-  need("weights", b.weights, Math.ceil((wOff + shape.n * rowBytes) / 4) * 4);
-  need("xq", b.xq, q8xBytes(shape.k));
-  need("y", b.y, 4 * (yOff + shape.n));
+  need(kernel, shape, "params", b.params, MATVEC_Q8_PARAMS_BYTES);
+  need(kernel, shape, "weights", b.weights, Math.ceil((wOff + shape.n * rowBytes) / 4) * 4);
+  need(kernel, shape, "y", b.y, 4 * (yOff + shape.n));
+}
+
+function need(kernel: string, shape: MatvecQ8Shape, what: string, bind: Binding, bytes: number): void {
+  checkShape(
+    bindingBytes(bind) >= bytes,
+    `Kernel ${kernel}: binding ${what} holds ${bindingBytes(bind)} bytes but ${shape.type} ne=[${shape.k}, ` +
+      `${shape.n}] needs ${bytes}: allocate or slice it for this shape`,
+  );
 }
 
 /**
@@ -359,7 +492,47 @@ export async function prepareMatvecQ8(
   };
 }
 
-/** Records one quantize_q8 or matvec_q8 dispatch into a caller-owned compute pass. */
+/**
+ * Checks a matvec_q8_fused problem, compiles (or reuses) its variant and builds its bind group.
+ * @throws {RangeError} from {@linkcode checkMatvecQ8Fused}, or when the variant needs more workgroup memory than
+ * the device has
+ */
+export async function prepareMatvecQ8Fused(
+  cache: PipelineCache,
+  opts: {
+    device: GPUDevice;
+    shape: MatvecQ8FusedShape;
+    bindings: MatvecQ8FusedBindings;
+    constants?: MatvecQ8FusedConstants;
+  },
+): Promise<Q8Op> {
+  const c = opts.constants ?? matvecQ8FusedConstants(opts.shape);
+  checkMatvecQ8Fused(opts.shape, c, opts.bindings);
+  const wgBytes = matvecQ8FusedWorkgroupBytes(c);
+  checkShape(
+    wgBytes <= opts.device.limits.maxComputeWorkgroupStorageSize,
+    `Kernel matvec_q8_fused: K=${opts.shape.k}, COPIES=${c.COPIES}, ROWS=${c.ROWS} need ${wgBytes} bytes of ` +
+      `workgroup memory, the device has ${opts.device.limits.maxComputeWorkgroupStorageSize}: use quantize_q8 ` +
+      `and matvec_q8`,
+  );
+  const pipeline = await cache.get(MATVEC_Q8_FUSED, c);
+  const b = opts.bindings;
+  return {
+    pipeline,
+    bindGroup: bindGroup(opts.device, pipeline, [
+      b.params,
+      b.weights,
+      b.weights,
+      b.x,
+      ...normBindings(opts.device, b),
+      b.xo,
+      b.y,
+    ]),
+    grid: matvecQ8Grid(opts.shape, c),
+  };
+}
+
+/** Records one quantize_q8, matvec_q8 or matvec_q8_fused dispatch into a caller-owned compute pass. */
 export function encodeQ8(pass: GPUComputePassEncoder, op: Q8Op): void {
   pass.setPipeline(op.pipeline);
   pass.setBindGroup(0, op.bindGroup);

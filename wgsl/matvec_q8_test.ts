@@ -6,15 +6,19 @@ import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../
 import { assertDotClose, randomWeights, refProduct } from "./_quant_testing.ts";
 import {
   checkMatvecQ8,
+  checkMatvecQ8Fused,
   checkQuantizeQ8,
   decodeQ8x,
   encodeQ8,
   MATVEC_Q8_PARAMS_BYTES,
   type MatvecQ8Constants,
   matvecQ8Constants,
+  matvecQ8FusedConstants,
+  type MatvecQ8FusedShape,
   matvecQ8Params,
   type MatvecQ8Shape,
   prepareMatvecQ8,
+  prepareMatvecQ8Fused,
   prepareQuantizeQ8,
   q8xBytes,
   QUANTIZE_Q8_PARAMS_BYTES,
@@ -326,6 +330,128 @@ Deno.test("matvec_q8 equals the float64 product of the dequantized weights and t
   if (failures.length > 0) throw new Error(`${failures.length} cases failed:\n${failures.join("\n")}`);
 });
 
+Deno.test("matvec_q8_fused gives the bits of quantize_q8 then matvec_q8: the int8 x, the normed x and y", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const failures: string[] = [];
+  for (const type of ["Q8_0", "IQ4_XS"] as const) {
+    const be = type === "IQ4_XS" ? 256 : 32;
+    const list: { shape: MatvecQ8FusedShape; opts?: Parameters<typeof matvecQ8Constants>[1] }[] = [
+      { shape: { type, k: be, n: 1 } },
+      // A norm, x at an offset, several workgroups (only workgroup 0 writes xo and xn).
+      { shape: { type, k: 2048, n: 300, xOffset: 8, norm: { eps: 1e-6 } } },
+      // More chunks than invocations (each takes two), y += W·x at an offset.
+      { shape: { type, k: 9216, n: 9, yOffset: 3, norm: { eps: 1e-5 } }, opts: { acc: true } },
+      // The tall defaults (IQ4_XS: ROWS 4), row groups, table copies.
+      { shape: { type, k: 512, n: 8200, xOffset: 4 } },
+      { shape: { type, k: 4 * be, n: 70 }, opts: { rows: 2, team: 8, groups: 3, copies: 4, red: 0 } },
+    ];
+    for (const { shape: s, opts } of list) {
+      const c = matvecQ8FusedConstants(s, opts);
+      const what =
+        `matvec_q8_fused ${type} ne=[${s.k}, ${s.n}] x offset ${s.xOffset ?? 0} norm ${!!s.norm} ` +
+        `${JSON.stringify(c)} (seed ${rng.seed})`;
+      const xOff = s.xOffset ?? 0;
+      const yOff = s.yOffset ?? 0;
+      const x = rng.normals(s.k, 10 ** rng.int(-2, 2));
+      const xAll = new Float32Array(xOff + s.k).fill(Number.NaN); // the offset's gap must not be read
+      xAll.set(x, xOff);
+      const nw = rng.normals(s.k, 1);
+      const bytes = randomWeights(rng, type, s.k, s.n);
+      const y0 = rng.normals(yOff + s.n);
+      const qWords = q8xBytes(s.k) / 4;
+      const xBuf = upload(device, xAll, "x");
+      const nwBuf = upload(device, nw, "nw");
+      const wBuf = upload(device, bytes, "weights");
+      // Two-dispatch path: quantize_q8 into xq (xn1), matvec_q8 into y1; fused: xo, xn2, y2.
+      const xqBuf = poisoned(device, qWords);
+      const xoBuf = poisoned(device, qWords);
+      const xn1Buf = poisoned(device, xOff + s.k);
+      const xn2Buf = poisoned(device, xOff + s.k);
+      const y1Buf = poisoned(device, yOff + s.n);
+      const y2Buf = poisoned(device, yOff + s.n);
+      if (c.ACC) [y1Buf, y2Buf].forEach((b) => device.queue.writeBuffer(b, 0, y0));
+      const uniform = (data: Uint32Array<ArrayBuffer>) => {
+        const b = device.createBuffer({ size: 256, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+        device.queue.writeBuffer(b, 0, data);
+        return b;
+      };
+      const qShape = { type, k: s.k, xOffset: xOff, norm: s.norm };
+      const qp = uniform(quantizeQ8Params(qShape));
+      const mp = uniform(matvecQ8Params(s));
+      const nb = (xn: GPUBuffer) =>
+        s.norm ? { nw: nwBuf, xn: { buffer: xn, offset: 0, size: 4 * (xOff + s.k) } } : {};
+      const qop = await prepareQuantizeQ8(cache, {
+        device,
+        shape: qShape,
+        bindings: { params: qp, x: xBuf, xq: { buffer: xqBuf, offset: 0, size: 4 * qWords }, ...nb(xn1Buf) },
+      });
+      const { NORM: _n, EPS: _e, KC: _k, ...body } = c;
+      const mop = await prepareMatvecQ8(cache, {
+        device,
+        shape: s,
+        constants: body,
+        bindings: {
+          params: { buffer: mp, offset: 0, size: MATVEC_Q8_PARAMS_BYTES },
+          weights: wBuf,
+          xq: { buffer: xqBuf, offset: 0, size: 4 * qWords },
+          y: { buffer: y1Buf, offset: 0, size: 4 * (yOff + s.n) },
+        },
+      });
+      const fop = await prepareMatvecQ8Fused(cache, {
+        device,
+        shape: s,
+        constants: c,
+        bindings: {
+          params: { buffer: mp, offset: 0, size: MATVEC_Q8_PARAMS_BYTES },
+          weights: wBuf,
+          x: xBuf,
+          ...nb(xn2Buf),
+          xo: { buffer: xoBuf, offset: 0, size: 4 * qWords },
+          y: { buffer: y2Buf, offset: 0, size: 4 * (yOff + s.n) },
+        },
+      });
+      const enc = device.createCommandEncoder();
+      for (const op of [qop, mop, fop]) {
+        const pass = enc.beginComputePass();
+        encodeQ8(pass, op);
+        pass.end();
+      }
+      device.queue.submit([enc.finish()]);
+      const [xq, xo, xn1, xn2, y1, y2] = await readAll(device, [xqBuf, xoBuf, xn1Buf, xn2Buf, y1Buf, y2Buf]);
+      [xBuf, nwBuf, wBuf, xqBuf, xoBuf, xn1Buf, xn2Buf, y1Buf, y2Buf, qp, mp].forEach((b) => b.destroy());
+      try {
+        const same = (a: ArrayBuffer, b: ArrayBuffer, n: number, name: string) => {
+          const u = new Uint32Array(a, 0, n);
+          const v = new Uint32Array(b, 0, n);
+          const i = u.findIndex((w, j) => w !== v[j]);
+          assert.ok(i < 0, `${what}: ${name} word ${i} is ${v[i]} fused but ${u[i]} from the two dispatches`);
+        };
+        same(xq!, xo!, qWords + GUARD_WORDS, "xo");
+        if (s.norm) same(xn1!, xn2!, xOff + s.k + GUARD_WORDS, "xn");
+        else assertPoisoned(new Uint32Array(xn2!), POISON_F32, `${what}: xn without a norm`);
+        same(y1!, y2!, yOff + s.n + GUARD_WORDS, "y");
+        assertPoisoned(new Uint32Array(xo!, 4 * qWords, GUARD_WORDS), POISON_F32, `${what}: xo guard`);
+        assertPoisoned(new Uint32Array(y2!, 4 * (yOff + s.n), GUARD_WORDS), POISON_F32, `${what}: y guard`);
+        // And y against the float64 product with the int8 x it logged.
+        const { deq } = decodeXq(type, s.k, new Uint32Array(xo!, 0, qWords));
+        const { ref, mag } = refProduct(type, bytes, { k: s.k, n: s.n, cols: 1, x: new Float32Array(deq) });
+        if (c.ACC) {
+          for (let r = 0; r < s.n; r++) {
+            ref[r] = ref[r]! + y0[yOff + r]!;
+            mag[r] = mag[r]! + Math.abs(y0[yOff + r]!);
+          }
+        }
+        assertDotClose(new Float32Array(y2!, 4 * yOff, s.n), ref, mag, { what, seed: rng.seed });
+      } catch (e) {
+        failures.push((e as Error).message);
+      }
+    }
+  }
+  if (failures.length > 0) throw new Error(`${failures.length} cases failed:\n${failures.join("\n")}`);
+});
+
 Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   const buf = (size: number) => {
     const b = { size } as unknown as GPUBuffer;
@@ -349,6 +475,20 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8(shape, { ...c, TYPE: 8 }, b), /TYPE=8 but the shape says IQ4_XS/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, xq: buf(q8xBytes(512) - 4) }), /binding xq/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, weights: buf(4 * 136 - 8) }), /binding weights/);
+  const fs: MatvecQ8FusedShape = { ...shape, norm: { eps: 1e-6 } };
+  const fc = matvecQ8FusedConstants(fs);
+  const fb = { params: big, weights: big, x: big, nw: big, xn: big, xo: big, y: big };
+  checkMatvecQ8Fused(fs, fc, fb);
+  assert.throws(() => checkMatvecQ8Fused(fs, { ...fc, KC: 8 }, fb), /KC=8 but K=512 has 16 chunks/);
+  assert.throws(
+    () => checkMatvecQ8Fused({ ...fs, norm: undefined }, fc, fb),
+    /NORM=1 but the shape has no norm/,
+  );
+  assert.throws(() => checkMatvecQ8Fused(fs, fc, { ...fb, nw: undefined }), /needs the nw and xn/);
+  assert.throws(() => checkMatvecQ8Fused({ ...fs, xOffset: 6 }, fc, fb), /x offset 6/);
+  assert.throws(() => checkMatvecQ8Fused(fs, fc, { ...fb, xo: buf(q8xBytes(512) - 4) }), /binding xo/);
+  assert.throws(() => checkMatvecQ8Fused(fs, fc, { ...fb, x: buf(2044) }), /binding x holds/);
+  assert.throws(() => checkMatvecQ8Fused(fs, { ...fc, ROWS: 0 }, fb), /matvec_q8_fused: ROWS/);
   const q = { params: buf(QUANTIZE_Q8_PARAMS_BYTES), x: big, xq: big };
   assert.throws(() => checkQuantizeQ8({ type: "Q8_0", k: 48 }, q), /K=48/);
   assert.throws(

@@ -45,10 +45,14 @@ import {
   MATVEC_Q8_PARAMS_BYTES,
   type MatvecQ8Constants,
   matvecQ8Constants,
+  type MatvecQ8FusedConstants,
+  matvecQ8FusedConstants,
+  type MatvecQ8FusedShape,
   matvecQ8Params,
   type MatvecQ8Shape,
   matvecQ8WorkgroupBytes,
   prepareMatvecQ8,
+  prepareMatvecQ8Fused,
   prepareQuantizeQ8,
   type Q8Op,
   q8xBytes,
@@ -144,10 +148,17 @@ const sparams = device.createBuffer({
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
 const q8params = device.createBuffer({
-  size: 256 * (MAX_COPIES + 1),
+  size: 256 * (MAX_COPIES + 2),
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
 const xqBuf = device.createBuffer({ size: q8xBytes(maxK), usage: GPUBufferUsage.STORAGE });
+// The decode norm's weight and output (matvec_q8_fused and quantize_q8 with NORM).
+const nwBuf = device.createBuffer({
+  size: 4 * maxK,
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+});
+device.queue.writeBuffer(nwBuf, 0, new Float32Array(maxK).map(() => 1 + 0.1 * Math.random()));
+const xnBuf = device.createBuffer({ size: 4 * maxK, usage: GPUBufferUsage.STORAGE });
 const timer = new PassTimer(device, gpu.timestamps);
 
 /** Seconds per dispatch of `ops` (rotated, `reps` in all) in one compute pass. */
@@ -385,6 +396,63 @@ for (const c of CASES) {
       }
       jobs.push(kernelJob("matvec_q8", (p, i) => encodeQ8(p, ops[i % copies]!), { constants }));
     }
+    // With the decode norm (the engine's in-projections): quantize_q8 NORM then matvec_q8, two dispatches,
+    // against matvec_q8_fused NORM, one.
+    const norm = { eps: 1e-6 };
+    const nshape = { type: c.type, k: c.k, norm };
+    device.queue.writeBuffer(q8params, 256 * (MAX_COPIES + 1), quantizeQ8Params(nshape));
+    const nqop = await prepareQuantizeQ8(cache, {
+      device,
+      shape: nshape,
+      bindings: {
+        params: { buffer: q8params, offset: 256 * (MAX_COPIES + 1), size: QUANTIZE_Q8_PARAMS_BYTES },
+        x: xBuf,
+        xq: { buffer: xqBuf, offset: 0, size: q8xBytes(c.k) },
+        nw: nwBuf,
+        xn: xnBuf,
+      },
+    });
+    const pairOps: Q8Op[] = [];
+    const fusedOps: Q8Op[] = [];
+    let fusedConstants: MatvecQ8FusedConstants | undefined;
+    for (let i = 0; i < copies; i++) {
+      const shape: MatvecQ8FusedShape = { type: c.type, k: c.k, n: c.n, wOffsetBytes: i * slot, norm };
+      const params = { buffer: q8params, offset: 256 * i, size: MATVEC_Q8_PARAMS_BYTES };
+      pairOps.push(
+        await prepareMatvecQ8(cache, {
+          device,
+          shape,
+          bindings: { params, weights, xq: { buffer: xqBuf, offset: 0, size: q8xBytes(c.k) }, y: yBuf },
+        }),
+      );
+      fusedConstants = matvecQ8FusedConstants(shape);
+      fusedOps.push(
+        await prepareMatvecQ8Fused(cache, {
+          device,
+          shape,
+          constants: fusedConstants,
+          bindings: {
+            params,
+            weights,
+            x: xBuf,
+            nw: nwBuf,
+            xn: xnBuf,
+            xo: { buffer: xqBuf, offset: 0, size: q8xBytes(c.k) },
+            y: yBuf,
+          },
+        }),
+      );
+    }
+    jobs.push(
+      kernelJob("quantize_q8+matvec_q8", (p, i) => {
+        encodeQ8(p, nqop);
+        encodeQ8(p, pairOps[i % copies]!);
+      }, { norm: true }),
+      kernelJob("matvec_q8_fused", (p, i) => encodeQ8(p, fusedOps[i % copies]!), {
+        norm: true,
+        constants: fusedConstants,
+      }),
+    );
   }
   const secs = await timeJobs(jobs, reps);
   const ceiling = tBytes / secs[0]! / 1e9;

@@ -56,12 +56,18 @@ import { MATMUL, matmulConstants, matmulGrid, matmulParams, type MatmulShape } f
 import { normBindings } from "../wgsl/matvec.ts";
 import {
   checkMatvecQ8,
+  checkMatvecQ8Fused,
   checkQuantizeQ8,
   decodeQ8x,
   MATVEC_Q8,
+  MATVEC_Q8_FUSED,
   MATVEC_Q8_TYPES,
   type MatvecQ8Bindings,
   matvecQ8Constants,
+  type MatvecQ8FusedBindings,
+  matvecQ8FusedConstants,
+  type MatvecQ8FusedShape,
+  matvecQ8FusedWorkgroupBytes,
   matvecQ8Grid,
   matvecQ8Params,
   type MatvecQ8Shape,
@@ -2041,9 +2047,10 @@ class GraphBuilder {
   }
 
   /**
-   * `#matvec` with int8 x (StageOptions.int8Activations): per column, quantize_q8 (taking a deferred norm of
-   * x in its prologue, which also writes the normed rows for the block's other readers) into the graph's
-   * int8 buffer for K, then matvec_q8 on every part of W.
+   * `#matvec` with int8 x (StageOptions.int8Activations): per column, matvec_q8_fused on the first part of W
+   * (quantizing x in its prologue, with a deferred norm of x, whose normed rows it also writes for the block's
+   * other readers; it leaves the int8 x in the graph's int8 buffer for K), then matvec_q8 on the other parts.
+   * Where the fused kernel's workgroup memory does not fit the device, a quantize_q8 dispatch comes first.
    */
   async #matvecQ8(
     label: string,
@@ -2070,19 +2077,32 @@ class GraphBuilder {
     const reuse = !norm && last !== undefined && last.x === x && last.k === k && last.layout === layout &&
       last.cols === cols && last.at === this.#ops.length;
     const regions: Binding[] = reuse ? last.regions : [];
-    if (!reuse) {
-      const stride = Math.ceil(q8xBytes(k) / 256) * 256;
-      let shared = this.#xq.get(k);
-      if (!shared) {
-        shared = this.#device.createBuffer({
-          label: `int8 x K=${k}`,
-          size: MATVEC_MAX_COLS * stride,
-          usage: GPUBufferUsage.STORAGE,
-        });
-        this.#owned.push(shared);
-        this.#xq.set(k, shared);
-      }
-      for (let col = 0; col < cols; col++) {
+    const parts = w.parts.flatMap((part) => {
+      const lo = Math.max(rowStart, part.firstRow);
+      const hi = Math.min(rowStart + nRows, part.firstRow + part.nRows);
+      return lo < hi ? [{ part, lo, hi }] : [];
+    });
+    const shapeOf = (col: number, { part, lo, hi }: (typeof parts)[number]): MatvecQ8Shape => ({
+      type,
+      k,
+      n: hi - lo,
+      wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
+      yOffset: col * (opts.yStride ?? nRows) + (lo - rowStart),
+    });
+    for (let col = 0; col < cols; col++) {
+      let first = 0; // the parts before it took this column's x from a fused mat-vec
+      if (!reuse) {
+        const stride = Math.ceil(q8xBytes(k) / 256) * 256;
+        let shared = this.#xq.get(k);
+        if (!shared) {
+          shared = this.#device.createBuffer({
+            label: `int8 x K=${k}`,
+            size: MATVEC_MAX_COLS * stride,
+            usage: GPUBufferUsage.STORAGE,
+          });
+          this.#owned.push(shared);
+          this.#xq.set(k, shared);
+        }
         let xq: Binding = { buffer: shared, offset: col * stride, size: q8xBytes(k) };
         const log = this.#int8Log;
         if (log) {
@@ -2092,52 +2112,85 @@ class GraphBuilder {
           log.entries.push({ label, col, k, type, offset });
           xq = { buffer: log.buffer, offset, size: q8xBytes(k) };
         }
-        const qs: QuantizeQ8Shape = {
-          type,
-          k,
-          xOffset: norm ? 0 : col * k,
-          norm: norm ? { eps: this.#hp.rmsEps } : undefined,
-        };
-        const qb: QuantizeQ8Bindings = {
-          params: this.#storage(quantizeQ8Params(qs)),
-          x: norm ? norm.x : x,
-          xq,
+        regions.push(xq);
+        const xOffset = norm ? 0 : col * k;
+        const normOpt = norm ? { eps: this.#hp.rmsEps } : undefined;
+        const xBind = norm ? norm.x : x;
+        const [nw, xn] = normBindings(this.#device, {
+          x: xBind,
           nw: norm ? part0(norm.w) : undefined,
           xn: norm ? norm.y : undefined,
-        };
-        checkQuantizeQ8(qs, qb);
-        // A deferred norm this quantize does not take is pushed first (#checked), before anything reads x.
-        await this.#push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
-          qb.params,
-          qb.x,
-          xq,
-          ...normBindings(this.#device, qb),
-        ], [...quantizeQ8Grid(qs), 1]);
-        regions.push(xq);
+        });
+        // The first part's mat-vec quantizes x in its prologue (matvec_q8_fused) and leaves the int8 x in the
+        // region for the other parts and the mat-vecs after it; where its workgroup memory does not fit, a
+        // quantize_q8 dispatch of its own does.
+        const fs: MatvecQ8FusedShape | undefined = parts.length > 0
+          ? { ...shapeOf(col, parts[0]!), xOffset, norm: normOpt }
+          : undefined;
+        const fc = fs && matvecQ8FusedConstants(fs, { acc: opts.acc });
+        if (
+          fs && fc && matvecQ8FusedWorkgroupBytes(fc) <= this.#device.limits.maxComputeWorkgroupStorageSize
+        ) {
+          const part = parts[0]!.part;
+          const b: MatvecQ8FusedBindings = {
+            params: this.#storage(matvecQ8Params(fs)),
+            weights: part.buffer,
+            x: xBind,
+            nw,
+            xn,
+            xo: xq,
+            y,
+          };
+          checkMatvecQ8Fused(fs, fc, b);
+          await this.#push(label, MATVEC_Q8_FUSED, fc, [
+            b.params,
+            part.buffer,
+            part.buffer,
+            xBind,
+            nw,
+            xn,
+            xq,
+            y,
+          ], [
+            ...matvecQ8Grid(fs, fc),
+            1,
+          ]);
+          first = 1;
+        } else {
+          const qs: QuantizeQ8Shape = { type, k, xOffset, norm: normOpt };
+          const qb: QuantizeQ8Bindings = {
+            params: this.#storage(quantizeQ8Params(qs)),
+            x: xBind,
+            xq,
+            nw,
+            xn,
+          };
+          checkQuantizeQ8(qs, qb);
+          // A deferred norm this quantize does not take is pushed first (#checked), before anything reads x.
+          await this.#push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
+            qb.params,
+            xBind,
+            xq,
+            nw,
+            xn,
+          ], [
+            ...quantizeQ8Grid(qs),
+            1,
+          ]);
+        }
       }
-    }
-    for (let col = 0; col < cols; col++) {
       const xq = regions[col]!;
-      for (const part of w.parts) {
-        const lo = Math.max(rowStart, part.firstRow);
-        const hi = Math.min(rowStart + nRows, part.firstRow + part.nRows);
-        if (lo >= hi) continue;
-        const shape: MatvecQ8Shape = {
-          type,
-          k,
-          n: hi - lo,
-          wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
-          yOffset: col * (opts.yStride ?? nRows) + (lo - rowStart),
-        };
+      for (const at of parts.slice(first)) {
+        const shape = shapeOf(col, at);
         const c = matvecQ8Constants(shape, { acc: opts.acc });
         const b: MatvecQ8Bindings = {
           params: this.#storage(matvecQ8Params(shape)),
-          weights: part.buffer,
+          weights: at.part.buffer,
           xq,
           y,
         };
         checkMatvecQ8(shape, c, b);
-        await this.#push(label, MATVEC_Q8, c, [b.params, part.buffer, part.buffer, xq, xq, y], [
+        await this.#push(label, MATVEC_Q8, c, [b.params, at.part.buffer, at.part.buffer, xq, xq, y], [
           ...matvecQ8Grid(shape, c),
           1,
         ]);

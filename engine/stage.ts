@@ -203,11 +203,12 @@ export interface StageOptions {
    * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0 and IQ4_XS
    * weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot products, as
    * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32 (their x also feeds the
-   * experts), and so do the expert mat-vecs and the prefill matmul. The kernel is faster per byte on the H200
-   * (docs/PERF.md; the whole decode step with it is not measured yet), the rounding is a different one:
-   * `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the decisions this stage
-   * logs with `int8Log`. Each column is its own dispatch pair, so batched steps keep their solo bits.
-   * Default off.
+   * experts), and so do the expert mat-vecs and the prefill matmul. The mat-vec is faster per byte on the
+   * H200, but the rounding of x costs about what it saves: the whole decode step measured 199.7-200.0 against
+   * 197.4-199.5 tok/s without it (docs/PERF.md, eighth session), so it stays off by default. The rounding is
+   * a different one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the
+   * decisions this stage logs with `int8Log`. Each column is its own dispatch (matvec_q8_fused, which
+   * quantizes x in its prologue), so batched steps keep their solo bits. Default off.
    */
   readonly int8Activations?: boolean;
   /**
@@ -2122,14 +2123,17 @@ class GraphBuilder {
           xn: norm ? norm.y : undefined,
         });
         // The first part's mat-vec quantizes x in its prologue (matvec_q8_fused) and leaves the int8 x in the
-        // region for the other parts and the mat-vecs after it; where its workgroup memory does not fit, a
-        // quantize_q8 dispatch of its own does.
+        // region for the other parts and the mat-vecs after it. A quantize_q8 dispatch of its own does it
+        // where the part is taller than normPrologueMaxRows (every workgroup repeats the prologue: on the H200
+        // 0.100 against 0.088 ms for the pair at 131072 rows, 0.0155 against 0.0158 at 8192, docs/PERF.md) or
+        // the fused kernel's workgroup memory does not fit the device.
         const fs: MatvecQ8FusedShape | undefined = parts.length > 0
           ? { ...shapeOf(col, parts[0]!), xOffset, norm: normOpt }
           : undefined;
         const fc = fs && matvecQ8FusedConstants(fs, { acc: opts.acc });
         if (
-          fs && fc && matvecQ8FusedWorkgroupBytes(fc) <= this.#device.limits.maxComputeWorkgroupStorageSize
+          fs && fc && fs.n <= this.#normPrologueMaxRows &&
+          matvecQ8FusedWorkgroupBytes(fc) <= this.#device.limits.maxComputeWorkgroupStorageSize
         ) {
           const part = parts[0]!.part;
           const b: MatvecQ8FusedBindings = {

@@ -1,0 +1,96 @@
+/**
+ * Probe: does `dot4I8Packed` compile to the GPU's packed 8-bit dot instruction (DP4A) on this stack, or to
+ * naga's polyfill (unpack, four multiplies, adds)? Times an issue-bound loop of eight independent dot products
+ * per step three ways: `dot4I8Packed`, the polyfill written out by hand, and one integer multiply-add in place
+ * of each dot (the cost of one instruction). A native instruction times like the multiply-add; the polyfill
+ * like the hand-written unpacking. Also prints the adapter's features and WGSL language features.
+ *
+ * Usage: `deno run -A bench/dot4_probe.ts [--iters 4096]`. One JSON line per kernel, never asserts. No npm
+ * imports: it runs on the lent GPU machine with nothing but Deno.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { PassTimer } from "./_pass_timer.ts";
+
+const { values: args } = parseArgs({ options: { iters: { type: "string", default: "4096" } } });
+const ITERS = Number(args.iters);
+
+const OPS: Record<string, string> = {
+  dot4I8Packed: "dot4I8Packed(x, y)",
+  polyfill: "dot(bitcast<vec4<i32>>(vec4<u32>(x) << SH) >> vec4<u32>(24u), " +
+    "bitcast<vec4<i32>>(vec4<u32>(y) << SH) >> vec4<u32>(24u))",
+  imad: "bitcast<i32>(x * y)",
+};
+
+function source(op: string): string {
+  return `
+const SH = vec4<u32>(24u, 16u, 8u, 0u);
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+fn op(x: u32, y: u32) -> i32 { return ${op}; }
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  var a = gid.x * 0x9E3779B9u;
+  let b = gid.x ^ 0x85EBCA6Bu;
+  var s = vec4<i32>(0);
+  var t = vec4<i32>(0);
+  for (var i = 0u; i < ${ITERS}u; i++) {
+    s += vec4<i32>(op(a, b), op(a ^ 1u, b), op(a ^ 2u, b), op(a ^ 3u, b));
+    t += vec4<i32>(op(a ^ 4u, b), op(a ^ 5u, b), op(a ^ 6u, b), op(a ^ 7u, b));
+    a = a * 1664525u + 1013904223u;
+  }
+  let r = s + t;
+  out[gid.x] = bitcast<u32>(r.x + r.y + r.z + r.w);
+}
+`;
+}
+
+const gpu = await acquireGpu();
+const { device, adapter } = gpu;
+const line = (o: Record<string, unknown>) => console.log(JSON.stringify({ bench: "dot4_probe", ...o }));
+line({
+  event: "start",
+  summary: gpu.summary,
+  features: [...adapter.features].sort(),
+  wgslLanguageFeatures: [
+    ...((navigator.gpu as unknown as { wgslLanguageFeatures?: Set<string> })
+      .wgslLanguageFeatures ?? []),
+  ].sort(),
+});
+const threads = 256 * 1056;
+const out = device.createBuffer({
+  size: 4 * threads,
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+});
+const timer = new PassTimer(device, gpu.timestamps);
+const pipes = await Promise.all(
+  Object.entries(OPS).map(async ([name, op]) => {
+    const module = device.createShaderModule({ code: source(op) });
+    const pipeline = await device.createComputePipelineAsync({ layout: "auto", compute: { module } });
+    const bg = device.createBindGroup({
+      layout: pipeline.getBindGroupLayout(0),
+      entries: [{ binding: 0, resource: { buffer: out } }],
+    });
+    return { name, pipeline, bg };
+  }),
+);
+const best = new Map<string, number>();
+for (let round = 0; round < 4; round++) {
+  for (const p of round % 2 === 0 ? pipes : [...pipes].reverse()) {
+    const t = await timer.perRep(
+      (pass) => {
+        pass.setPipeline(p.pipeline);
+        pass.setBindGroup(0, p.bg);
+        pass.dispatchWorkgroups(threads / 256);
+      },
+      4,
+      { warmMs: round === 0 ? 50 : 0 },
+    );
+    best.set(p.name, Math.min(best.get(p.name) ?? Infinity, t));
+  }
+}
+for (const [name, t] of best) {
+  const dots = threads * ITERS * 8;
+  line({ kernel: name, ms: t * 1e3, gDotsPerSecond: dots / t / 1e9, vsImad: t / best.get("imad")! });
+}
+device.destroy();

@@ -8,7 +8,7 @@
  * `--sweep`: also TEAM/ROWS/UNROLL variants at batch 1; `--sr`: and the SR = 1 loop at TEAM 32
  * and 64 with UNROLL 1, 2, 4, 8). Batch-1 IQ4_XS and Q8_0 cases also run matvec_q8 (int8 x; its quantize_q8
  * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants; `--q8`: only those cases, matvec_q8 over
- * TEAM 8-64, ROWS 1/2/4 and both team reductions, and table copies / row groups per workgroup). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * TEAM 8-64, ROWS 1/2/4, both team reductions and PF 0/1, and table copies / row groups per workgroup). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -69,7 +69,7 @@ const { values: args } = parseArgs({
   },
 });
 const QUICK = args.quick ?? false;
-/** `--q8`: only the batch-1 IQ4_XS and Q8_0 shapes, matvec_q8 swept over TEAM, ROWS and RED (matvec at its default). */
+/** `--q8`: only the batch-1 IQ4_XS and Q8_0 shapes, matvec_q8 swept over TEAM, ROWS, RED and PF (matvec at its default). */
 const Q8 = args.q8 ?? false;
 
 /** Bytes the rotation set must exceed (H200 L2 is 50 MiB; lavapipe: a CPU's last-level cache). */
@@ -346,18 +346,20 @@ for (const c of CASES) {
       for (const team of [8, 16, 32, 64]) {
         for (const rows of [1, 2, 4]) {
           for (const red of [0, 1]) {
-            if (team <= c.k / 32) q8variants.push(matvecQ8Constants(shape, { team, rows, red }));
+            for (const pf of [0, 1]) {
+              if (team <= c.k / 32) q8variants.push(matvecQ8Constants(shape, { team, rows, red, pf }));
+            }
           }
         }
       }
-      // Table copies (IQ4_XS: fewer bank conflicts) and several row groups per workgroup (the table built
-      // once for all), at the tall defaults' TEAM and ROWS.
+      // Table copies (IQ4_XS: fewer bank conflicts), several row groups per workgroup (the table built once
+      // for all) and the next chunk's loads before this one's math (PF), at the defaults' TEAM and ROWS.
       const base = matvecQ8Constants(shape);
-      const extra: [number, number][] = c.type === "IQ4_XS"
-        ? [[1, 4], [4, 1], [8, 1], [16, 1], [16, 4], [32, 1], [32, 4], [32, 16]]
-        : [[1, 4]];
-      for (const [copies, groups] of extra) {
-        const v = { ...base, COPIES: copies, GROUPS: groups };
+      const extra: [number, number, number][] = c.type === "IQ4_XS"
+        ? [[1, 4, 0], [16, 4, 0], [1, 1, 1], [1, 4, 1], [16, 4, 1]]
+        : [[1, 4, 0], [1, 1, 1]];
+      for (const [copies, groups, pf] of extra) {
+        const v = { ...base, COPIES: copies, GROUPS: groups, PF: pf };
         const bytes = matvecQ8WorkgroupBytes(v);
         if (bytes <= device.limits.maxComputeWorkgroupStorageSize) q8variants.push(v);
         else {line({

@@ -31,7 +31,16 @@ export const MATVEC_Q8: KernelSpec = {
   name: "matvec_q8",
   url: new URL("./matvec_q8.wgsl", import.meta.url),
   lib: ["common", "iq4_xs", "q8dot"],
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", ACC: "u32", RED: "u32", COPIES: "u32", GROUPS: "u32" },
+  constants: {
+    TYPE: "u32",
+    TEAM: "u32",
+    ROWS: "u32",
+    ACC: "u32",
+    RED: "u32",
+    COPIES: "u32",
+    GROUPS: "u32",
+    PF: "u32",
+  },
 };
 
 /** Kernel description of `matvec_q8_fused.wgsl` (matvec_q8 with quantize_q8 in its prologue). */
@@ -47,6 +56,7 @@ export const MATVEC_Q8_FUSED: KernelSpec = {
     RED: "u32",
     COPIES: "u32",
     GROUPS: "u32",
+    PF: "u32",
     NORM: "u32",
     EPS: "f32",
     KC: "u32",
@@ -225,6 +235,8 @@ export interface MatvecQ8Constants {
   readonly COPIES: number;
   /** Row groups per workgroup, run one after another (the table is built once for all). */
   readonly GROUPS: number;
+  /** 1: the weight loads of a lane's next chunk are issued before the math of this one. */
+  readonly PF: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -289,7 +301,15 @@ export interface MatvecQ8Bindings {
  */
 export function matvecQ8Constants(
   shape: MatvecQ8Shape,
-  opts: { acc?: boolean; team?: number; rows?: number; red?: number; copies?: number; groups?: number } = {},
+  opts: {
+    acc?: boolean;
+    team?: number;
+    rows?: number;
+    red?: number;
+    copies?: number;
+    groups?: number;
+    pf?: number;
+  } = {},
 ): MatvecQ8Constants {
   const tall = shape.n >= 8192;
   const maxTeam = tall ? 16 : 32;
@@ -303,6 +323,7 @@ export function matvecQ8Constants(
     RED: opts.red ?? (tall ? 0 : 1),
     COPIES: opts.copies ?? 1,
     GROUPS: opts.groups ?? 1,
+    PF: opts.pf ?? 0,
   };
 }
 
@@ -441,6 +462,7 @@ function checkQ8Body(
     `Kernel ${kernel}: COPIES=${c.COPIES} must be 1, 2, 4, 8, 16 or 32`,
   );
   checkInt(`Kernel ${kernel}: GROUPS`, c.GROUPS, 1, 64);
+  checkInt(`Kernel ${kernel}: PF`, c.PF, 0, 1);
   checkInt(`Kernel ${kernel}: n`, shape.n, 1, 2 ** 31);
   const yOff = shape.yOffset ?? 0;
   checkShape(Number.isInteger(yOff) && yOff >= 0, `Kernel ${kernel}: y offset ${yOff} must be ≥ 0`);

@@ -24,7 +24,8 @@
 // Constants: const TYPE: u32 (8 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),
 //   const ACC: u32 (0 or 1), const RED: u32 (the team reduction: 0 one invocation per row adds TEAM partials,
 //   1 runs of 8 in parallel first), const COPIES: u32 (copies of the IQ4_XS table: 1, 2, 4, 8, 16 or 32),
-//   const GROUPS: u32 (row groups of WG_ROWS rows per workgroup, one after another).
+//   const GROUPS: u32 (row groups of WG_ROWS rows per workgroup, one after another), const PF: u32 (1: the
+//   next step's weight loads are issued before this step's math).
 // Workgroup memory: 1024·COPIES + 1024·ROWS bytes.
 
 @group(0) @binding(0) var<uniform> params: Params;

@@ -229,7 +229,7 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const be = type === "IQ4_XS" ? 256 : 32;
   const list: {
     shape: MatvecQ8Shape;
-    opts?: { acc?: boolean; team?: number; rows?: number; red?: number; copies?: number; groups?: number };
+    opts?: Parameters<typeof matvecQ8Constants>[1];
   }[] = [
     { shape: { type, k: be, n: 1 } }, // debug: one block, one row
     { shape: { type, k: 3 * be, n: 37 }, opts: { rows: 4 } }, // N not a multiple of the rows per workgroup
@@ -243,6 +243,9 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
     // Several row groups per workgroup (N not a multiple of them), with table copies (IQ4_XS reads them).
     { shape: { type, k: 2 * be, n: 230 }, opts: { rows: 2, team: 16, groups: 3, copies: 16 } },
     { shape: { type, k: 3 * be, n: 70 }, opts: { rows: 4, team: 32, groups: 2, copies: 4, red: 0 } },
+    // The next chunk's loads before this one's math: steps of one, several and none per lane (ROWS 3, 1).
+    { shape: { type, k: 5 * be, n: 45 }, opts: { rows: 3, team: 2, pf: 1 } },
+    { shape: { type, k: 2 * be, n: 33 }, opts: { rows: 1, team: 8, pf: 1, red: 0, acc: true } },
     // A slice: rows at a byte offset, y at an offset, y += W·x.
     {
       shape: { type, k: be * rng.int(1, 4), n: rng.int(1, 40), wOffsetBytes: 8 * rng.int(1, 20), yOffset: 5 },
@@ -346,6 +349,7 @@ Deno.test("matvec_q8_fused gives the bits of quantize_q8 then matvec_q8: the int
       // The tall defaults (IQ4_XS: ROWS 4), row groups, table copies.
       { shape: { type, k: 512, n: 8200, xOffset: 4 } },
       { shape: { type, k: 4 * be, n: 70 }, opts: { rows: 2, team: 8, groups: 3, copies: 4, red: 0 } },
+      { shape: { type, k: 3 * be, n: 50, norm: { eps: 1e-6 } }, opts: { rows: 4, team: 4, pf: 1 } },
     ];
     for (const { shape: s, opts } of list) {
       const c = matvecQ8FusedConstants(s, opts);
@@ -472,6 +476,7 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8(shape, { ...c, RED: 2 }, b), /RED must be an integer in \[0, 1\]/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, COPIES: 3 }, b), /COPIES=3 must be 1, 2, 4, 8, 16 or 32/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, GROUPS: 0 }, b), /GROUPS must be an integer in \[1, 64\]/);
+  assert.throws(() => checkMatvecQ8(shape, { ...c, PF: 2 }, b), /PF must be an integer in \[0, 1\]/);
   assert.throws(() => checkMatvecQ8(shape, { ...c, TYPE: 8 }, b), /TYPE=8 but the shape says IQ4_XS/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, xq: buf(q8xBytes(512) - 4) }), /binding xq/);
   assert.throws(() => checkMatvecQ8(shape, c, { ...b, weights: buf(4 * 136 - 8) }), /binding weights/);

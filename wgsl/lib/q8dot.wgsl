@@ -1,5 +1,5 @@
 // q8dot: the body of the int8-x mat-vecs matvec_q8 and matvec_q8_fused (see matvec_q8.wgsl for the value and
-// the constants TYPE, TEAM, ROWS, ACC, RED, COPIES, GROUPS). The including kernel declares `const WG: u32 =
+// the constants TYPE, TEAM, ROWS, ACC, RED, COPIES, GROUPS, PF). The including kernel declares `const WG: u32 =
 // 256u`, the Params struct below as `params`, the weight bindings `weights` (array<u32>) and `weights2`
 // (array<vec2<u32>>), `y` (array<f32>, read_write), and `fn x_chunk(c: u32) -> XChunk` (chunk c of the int8 x).
 
@@ -59,6 +59,30 @@ fn load_chunk(rb: u32, c: u32) -> Chunk {
     vec4<u32>(weights[i + 4u], weights[i + 5u], weights[i + 6u], weights[i + 7u]),
     weights[i + 8u],
   );
+}
+
+// Chunk c of the team's ROWS rows (rows past ROWS left zero), all loads before any math (more bytes in
+// flight per lane).
+struct Rows {
+  r0: Chunk,
+  r1: Chunk,
+  r2: Chunk,
+  r3: Chunk,
+}
+
+fn load_rows(rb: vec4<u32>, c: u32) -> Rows {
+  var l: Rows;
+  l.r0 = load_chunk(rb.x, c);
+  if (ROWS >= 2u) {
+    l.r1 = load_chunk(rb.y, c);
+  }
+  if (ROWS >= 3u) {
+    l.r2 = load_chunk(rb.z, c);
+  }
+  if (ROWS >= 4u) {
+    l.r3 = load_chunk(rb.w, c);
+  }
+  return l;
 }
 
 // IQ4_XS: the 8 codebook values of qs word w as two int8x4 words in x's LAYOUT 1 order.
@@ -163,34 +187,35 @@ fn row_group(wg: u32, lid: u32) {
     min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(params.n - 1u)) * params.row_bytes;
   let n_chunks = params.k / 32u;
   var a = vec4<f32>(0.0);
+  // PF = 1: the weight loads of chunk c + TEAM are issued before chunk c's math (software pipelining: a lane
+  // keeps the next step's bytes in flight while it computes).
+  var next: Rows;
+  if (PF == 1u && t < n_chunks) {
+    next = load_rows(rb, t);
+  }
   for (var c = t; c < n_chunks; c += TEAM) {
-    // All rows' loads before any math (more bytes in flight per lane).
     let xc = x_chunk(c);
     let x0 = xc.a;
     let x1 = xc.b;
     let dx = xc.d;
-    let l0 = load_chunk(rb.x, c);
-    var l1: Chunk;
-    var l2: Chunk;
-    var l3: Chunk;
+    var l: Rows;
+    if (PF == 1u) {
+      l = next;
+      if (c + TEAM < n_chunks) {
+        next = load_rows(rb, c + TEAM);
+      }
+    } else {
+      l = load_rows(rb, c);
+    }
+    a.x += dx * chunk_dot(rb.x, c, l.r0, x0, x1);
     if (ROWS >= 2u) {
-      l1 = load_chunk(rb.y, c);
+      a.y += dx * chunk_dot(rb.y, c, l.r1, x0, x1);
     }
     if (ROWS >= 3u) {
-      l2 = load_chunk(rb.z, c);
+      a.z += dx * chunk_dot(rb.z, c, l.r2, x0, x1);
     }
     if (ROWS >= 4u) {
-      l3 = load_chunk(rb.w, c);
-    }
-    a.x += dx * chunk_dot(rb.x, c, l0, x0, x1);
-    if (ROWS >= 2u) {
-      a.y += dx * chunk_dot(rb.y, c, l1, x0, x1);
-    }
-    if (ROWS >= 3u) {
-      a.z += dx * chunk_dot(rb.z, c, l2, x0, x1);
-    }
-    if (ROWS >= 4u) {
-      a.w += dx * chunk_dot(rb.w, c, l3, x0, x1);
+      a.w += dx * chunk_dot(rb.w, c, l.r3, x0, x1);
     }
   }
   if (RED == 0u) {

@@ -294,10 +294,12 @@ export interface MatvecQ8Bindings {
 }
 
 /**
- * The default variant (docs/PERF.md, seventh session). Tall matrices (N ≥ 8192, thousands of workgroups): TEAM
- * = the chunks per row up to 16, ROWS 4 for IQ4_XS (rows share each x chunk and the codebook work) and 1 for
- * Q8_0, RED 0 (one invocation per row adds the partials while other workgroups stream). Short ones (a few
- * hundred workgroups, where each workgroup's tail shows): TEAM up to 32, ROWS 1, RED 1.
+ * The default variant (docs/PERF.md, seventh and eighth sessions). Tall matrices (N ≥ 8192): TEAM = the chunks
+ * per row up to 16, RED 0 (one invocation per row adds the partials while other workgroups stream); IQ4_XS
+ * from N = 32768 on ROWS 4 (rows share each x chunk and the codebook work; at N = 8192 its 128 workgroups
+ * leave SMs idle: 42% of the ceiling against 62% at ROWS 1), else ROWS 1. Short ones (a few hundred
+ * workgroups, where each workgroup's tail shows): TEAM up to 32, ROWS 1, RED 1. PF (the next chunk's loads
+ * before this one's math) stays 0: it lost on the tall shapes and went either way on the short ones.
  */
 export function matvecQ8Constants(
   shape: MatvecQ8Shape,
@@ -318,7 +320,7 @@ export function matvecQ8Constants(
   return {
     TYPE: TYPE_ID[shape.type],
     TEAM: opts.team ?? team,
-    ROWS: opts.rows ?? (tall && shape.type === "IQ4_XS" ? 4 : 1),
+    ROWS: opts.rows ?? (shape.n >= 32768 && shape.type === "IQ4_XS" ? 4 : 1),
     ACC: opts.acc ? 1 : 0,
     RED: opts.red ?? (tall ? 0 : 1),
     COPIES: opts.copies ?? 1,

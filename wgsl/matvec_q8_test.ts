@@ -255,7 +255,8 @@ function cases(rng: Rng, type: GgmlTypeName): Case[] {
   ];
   if (type === "IQ4_XS") {
     list.push({ shape: { type, k: 2048, n: 40 }, opts: { rows: 4 } }); // real K, TEAM 32
-    list.push({ shape: { type, k: 256, n: 8200 } }); // the tall defaults: ROWS 4, RED 0
+    list.push({ shape: { type, k: 256, n: 8200 } }); // the tall defaults: TEAM 8 (K), ROWS 1, RED 0
+    list.push({ shape: { type, k: 256, n: 32800 } }); // from 32768 rows ROWS 4
   } else list.push({ shape: { type, k: 2048, n: 9000 } }); // real K, the tall defaults: TEAM 16, RED 0
   return list.map(({ shape, opts }) => {
     const constants = matvecQ8Constants(shape, opts);

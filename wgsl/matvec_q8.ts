@@ -339,13 +339,19 @@ export interface MatvecQ8FusedConstants extends MatvecQ8Constants {
   readonly KC: number;
 }
 
-/** The default variant of a matvec_q8_fused problem: matvec_q8's body constants, and the prologue's. */
+/**
+ * The default variant of a matvec_q8_fused problem: matvec_q8's body constants, but IQ4_XS takes ROWS 4 from
+ * 8192 rows on: every workgroup repeats the prologue, so fewer workgroups pay it fewer times. On the H200 the
+ * decode in-projection (IQ4_XS, 8192+ rows) took 0.717 ms per step at ROWS 4 and 0.883 ms at ROWS 1, whose
+ * plain matvec_q8 is the faster one (docs/PERF.md, eighth session).
+ */
 export function matvecQ8FusedConstants(
   shape: MatvecQ8FusedShape,
   opts: Parameters<typeof matvecQ8Constants>[1] = {},
 ): MatvecQ8FusedConstants {
+  const rows = shape.type === "IQ4_XS" && shape.n >= 8192 ? 4 : undefined;
   return {
-    ...matvecQ8Constants(shape, opts),
+    ...matvecQ8Constants(shape, { rows, ...opts }),
     NORM: shape.norm ? 1 : 0,
     EPS: shape.norm?.eps ?? 0,
     KC: shape.k / 32,

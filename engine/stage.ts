@@ -2051,7 +2051,8 @@ class GraphBuilder {
    * `#matvec` with int8 x (StageOptions.int8Activations): per column, matvec_q8_fused on the first part of W
    * (quantizing x in its prologue, with a deferred norm of x, whose normed rows it also writes for the block's
    * other readers; it leaves the int8 x in the graph's int8 buffer for K), then matvec_q8 on the other parts.
-   * Where the fused kernel's workgroup memory does not fit the device, a quantize_q8 dispatch comes first.
+   * Where that part is taller than normPrologueMaxRows or the fused kernel's workgroup memory does not fit the
+   * device, a quantize_q8 dispatch comes first and every part runs matvec_q8.
    */
   async #matvecQ8(
     label: string,
@@ -2090,21 +2091,22 @@ class GraphBuilder {
       wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
       yOffset: col * (opts.yStride ?? nRows) + (lo - rowStart),
     });
+    // Each column's int8 x in a region of its own of the graph's buffer for K (or of the int8 log).
+    const stride = Math.ceil(q8xBytes(k) / 256) * 256;
+    let shared = this.#xq.get(k);
+    if (!reuse && !shared) {
+      shared = this.#device.createBuffer({
+        label: `int8 x K=${k}`,
+        size: MATVEC_MAX_COLS * stride,
+        usage: GPUBufferUsage.STORAGE,
+      });
+      this.#owned.push(shared);
+      this.#xq.set(k, shared);
+    }
     for (let col = 0; col < cols; col++) {
       let first = 0; // the parts before it took this column's x from a fused mat-vec
       if (!reuse) {
-        const stride = Math.ceil(q8xBytes(k) / 256) * 256;
-        let shared = this.#xq.get(k);
-        if (!shared) {
-          shared = this.#device.createBuffer({
-            label: `int8 x K=${k}`,
-            size: MATVEC_MAX_COLS * stride,
-            usage: GPUBufferUsage.STORAGE,
-          });
-          this.#owned.push(shared);
-          this.#xq.set(k, shared);
-        }
-        let xq: Binding = { buffer: shared, offset: col * stride, size: q8xBytes(k) };
+        let xq: Binding = { buffer: shared!, offset: col * stride, size: q8xBytes(k) };
         const log = this.#int8Log;
         if (log) {
           const offset = this.#logAt;

@@ -16,9 +16,11 @@
 // A lane takes a whole chunk per step (Q8_0: the 34-byte block as nine word loads; IQ4_XS: its 16 qs bytes as
 // two word-pair loads and the block head), so that each lane keeps ROWS·(36 or 24) bytes in flight; a team
 // of TEAM invocations owns ROWS rows and walks chunks t, t + TEAM, ...; each x chunk it loads serves its ROWS
-// rows. Measured on the H200 (docs/PERF.md, seventh session; best variant per shape): Q8_0 75-96% of the
-// streaming ceiling on the 35B-A3B shapes, IQ4_XS 39-44% on the tall ones (the codebook lookups bound it),
-// against 30-54% and 22-57% for the engine's f32-x matvec.
+// rows. The body is lib/q8dot.wgsl, shared with matvec_q8_fused. Measured on the H200 (docs/PERF.md, seventh
+// and eighth sessions; best variant per shape): Q8_0 80-96% of the streaming ceiling on the 35B-A3B shapes,
+// IQ4_XS 41-45% on the tall ones (the per-weight codebook lookups; neither table copies nor software
+// pipelining lifted it, and the dot product is the native DP4A), against 30-54% and 22-57% for the engine's
+// f32-x matvec.
 // IQ4_XS codebook: a 256-entry workgroup table per qs byte, the two int8 codebook values of its nibbles in
 // bytes 0 and 2, so two lookups and one multiply-add give four packed weights in x's LAYOUT 1 order.
 // Constants: const TYPE: u32 (8 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),

@@ -41,6 +41,15 @@ export function checkShape(cond: boolean, msg: string): void {
   if (!cond) throw new RangeError(msg);
 }
 
+/**
+ * Throws unless `bytes` of workgroup memory fit the device; `what` names the kernel and the constants that
+ * set it, `fix` says what to change.
+ */
+export function checkWorkgroupBytes(device: GPUDevice, what: string, bytes: number, fix: string): void {
+  const max = device.limits.maxComputeWorkgroupStorageSize;
+  checkShape(bytes <= max, `${what} need ${bytes} bytes of workgroup memory, the device has ${max}: ${fix}`);
+}
+
 /** Largest workgroup count per grid dimension WebGPU guarantees. */
 export const MAX_WORKGROUPS_PER_DIM = 65535;
 

@@ -14,7 +14,14 @@
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
-import { bindingBytes, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import {
+  bindingBytes,
+  checkInt,
+  checkShape,
+  checkWorkgroupBytes,
+  isPow2,
+  MAX_WORKGROUPS_PER_DIM,
+} from "./_twin.ts";
 import { checkWeightRows } from "./_quant.ts";
 import { normBindings } from "./matvec.ts";
 
@@ -507,11 +514,11 @@ export async function prepareMatvecQ8(
 ): Promise<Q8Op> {
   const c = opts.constants ?? matvecQ8Constants(opts.shape);
   checkMatvecQ8(opts.shape, c, opts.bindings);
-  const wgBytes = matvecQ8WorkgroupBytes(c);
-  checkShape(
-    wgBytes <= opts.device.limits.maxComputeWorkgroupStorageSize,
-    `Kernel matvec_q8: COPIES=${c.COPIES}, ROWS=${c.ROWS} need ${wgBytes} bytes of workgroup memory, the device ` +
-      `has ${opts.device.limits.maxComputeWorkgroupStorageSize}: use fewer copies`,
+  checkWorkgroupBytes(
+    opts.device,
+    `Kernel matvec_q8: COPIES=${c.COPIES}, ROWS=${c.ROWS}`,
+    matvecQ8WorkgroupBytes(c),
+    "use fewer copies",
   );
   const pipeline = await cache.get(MATVEC_Q8, c);
   const b = opts.bindings;
@@ -538,12 +545,11 @@ export async function prepareMatvecQ8Fused(
 ): Promise<Q8Op> {
   const c = opts.constants ?? matvecQ8FusedConstants(opts.shape);
   checkMatvecQ8Fused(opts.shape, c, opts.bindings);
-  const wgBytes = matvecQ8FusedWorkgroupBytes(c);
-  checkShape(
-    wgBytes <= opts.device.limits.maxComputeWorkgroupStorageSize,
-    `Kernel matvec_q8_fused: K=${opts.shape.k}, COPIES=${c.COPIES}, ROWS=${c.ROWS} need ${wgBytes} bytes of ` +
-      `workgroup memory, the device has ${opts.device.limits.maxComputeWorkgroupStorageSize}: use quantize_q8 ` +
-      `and matvec_q8`,
+  checkWorkgroupBytes(
+    opts.device,
+    `Kernel matvec_q8_fused: K=${opts.shape.k}, COPIES=${c.COPIES}, ROWS=${c.ROWS}`,
+    matvecQ8FusedWorkgroupBytes(c),
+    "use quantize_q8 and matvec_q8",
   );
   const pipeline = await cache.get(MATVEC_Q8_FUSED, c);
   const b = opts.bindings;

@@ -457,7 +457,7 @@ Deno.test("matvec_q8_fused gives the bits of quantize_q8 then matvec_q8: the int
   if (failures.length > 0) throw new Error(`${failures.length} cases failed:\n${failures.join("\n")}`);
 });
 
-Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
+Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", async () => {
   const buf = (size: number) => {
     const b = { size } as unknown as GPUBuffer;
     Object.setPrototypeOf(b, GPUBuffer.prototype);
@@ -495,6 +495,17 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8Fused(fs, fc, { ...fb, xo: buf(q8xBytes(512) - 4) }), /binding xo/);
   assert.throws(() => checkMatvecQ8Fused(fs, fc, { ...fb, x: buf(2044) }), /binding x holds/);
   assert.throws(() => checkMatvecQ8Fused(fs, { ...fc, ROWS: 0 }, fb), /matvec_q8_fused: ROWS/);
+  // Workgroup memory over the device's limit: refused before compiling, naming the fix.
+  const small = { limits: { maxComputeWorkgroupStorageSize: 16384 } } as unknown as GPUDevice;
+  const cache = {} as PipelineCache;
+  await assert.rejects(
+    prepareMatvecQ8(cache, { device: small, shape, bindings: b, constants: { ...c, COPIES: 16 } }),
+    /COPIES=16, ROWS=1 need 17408 bytes of workgroup memory, the device has 16384: use fewer copies/,
+  );
+  await assert.rejects(
+    prepareMatvecQ8Fused(cache, { device: small, shape: fs, bindings: fb, constants: { ...fc, COPIES: 16 } }),
+    /matvec_q8_fused: K=512, COPIES=16, ROWS=1 need 19008 bytes .* use quantize_q8 and matvec_q8/,
+  );
   const q = { params: buf(QUANTIZE_Q8_PARAMS_BYTES), x: big, xq: big };
   assert.throws(() => checkQuantizeQ8({ type: "Q8_0", k: 48 }, q), /K=48/);
   assert.throws(

@@ -4,11 +4,12 @@
  * timed with timestamp queries when the adapter has them (else wall clock around one submit), rotating over
  * enough copies of the tensor that the set exceeds the GPU's L2 cache.
  *
- * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr] | --q8]` (`--quick`: small sizes, for lavapipe;
+ * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr] | --q8 | --tables]` (`--quick`: small sizes, for lavapipe;
  * `--sweep`: also TEAM/ROWS/UNROLL variants at batch 1; `--sr`: and the SR = 1 loop at TEAM 32
  * and 64 with UNROLL 1, 2, 4, 8). Batch-1 IQ4_XS and Q8_0 cases also run matvec_q8 (int8 x; its quantize_q8
  * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants; `--q8`: only those cases, matvec_q8 over
- * TEAM 8-64, ROWS 1/2/4, both team reductions and PF 0/1, and table copies / row groups per workgroup). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * TEAM 8-64, ROWS 1/2/4, both team reductions and PF 0/1, and table copies / row groups per workgroup; `--tables`: IQ4_XS on the tall shapes only, over table
+ * copies × row groups). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -66,11 +67,18 @@ const { values: args } = parseArgs({
     sweep: { type: "boolean", default: false },
     sr: { type: "boolean", default: false },
     q8: { type: "boolean", default: false },
+    tables: { type: "boolean", default: false },
   },
 });
 const QUICK = args.quick ?? false;
 /** `--q8`: only the batch-1 IQ4_XS and Q8_0 shapes, matvec_q8 swept over TEAM, ROWS, RED and PF (matvec at its default). */
-const Q8 = args.q8 ?? false;
+/**
+ * `--tables`: only IQ4_XS on the tall shapes (ffn_up_exps, output), matvec_q8 at its default TEAM and ROWS
+ * over table copies × row groups per workgroup (copies without enough groups pay the table's build per
+ * workgroup; too many groups leave SMs idle).
+ */
+const TABLES = args.tables ?? false;
+const Q8 = (args.q8 ?? false) || TABLES;
 
 /** Bytes the rotation set must exceed (H200 L2 is 50 MiB; lavapipe: a CPU's last-level cache). */
 const MIN_SET_BYTES = QUICK ? 64 << 20 : 256 << 20;
@@ -96,7 +104,11 @@ const SHAPES = QUICK ? [{ name: "small", k: 2048, n: 4096 }] : [
 ];
 const CASES: Case[] = [];
 for (const s of SHAPES) {
-  for (const type of TYPES_MAIN) CASES.push({ ...s, type, batch: 1 });
+  for (const type of TYPES_MAIN) {
+    if (!TABLES || (type === "IQ4_XS" && (s.name === "ffn_up_exps" || s.name === "output"))) {
+      CASES.push({ ...s, type, batch: 1 });
+    }
+  }
 }
 if (!Q8) CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
 // Short decode matrices: the router with the shared expert's gate row (F32) and attn_v (Q5_K).
@@ -342,7 +354,15 @@ for (const c of CASES) {
     line({ kernel: "quantize_q8", case: c.name, type: c.type, k: c.k, ms: tq * 1e3 });
     const q8variants: (MatvecQ8Constants | undefined)[] = [undefined];
     const shape: MatvecQ8Shape = { type: c.type, k: c.k, n: c.n };
-    if (Q8) {
+    if (TABLES) {
+      const base = matvecQ8Constants(shape);
+      for (const copies of [1, 16, 32]) {
+        for (const groups of [1, 2, 3, 4, 6]) {
+          const v = { ...base, COPIES: copies, GROUPS: groups };
+          if (matvecQ8WorkgroupBytes(v) <= device.limits.maxComputeWorkgroupStorageSize) q8variants.push(v);
+        }
+      }
+    } else if (Q8) {
       for (const team of [8, 16, 32, 64]) {
         for (const rows of [1, 2, 4]) {
           for (const red of [0, 1]) {
@@ -397,6 +417,11 @@ for (const c of CASES) {
         );
       }
       jobs.push(kernelJob("matvec_q8", (p, i) => encodeQ8(p, ops[i % copies]!), { constants }));
+    }
+    if (TABLES) {
+      const secs = await timeJobs(jobs, reps);
+      jobs.forEach((j, i) => j.emit(secs[i]!, tBytes / secs[0]! / 1e9));
+      continue;
     }
     // With the decode norm (the engine's in-projections): quantize_q8 NORM then matvec_q8, two dispatches,
     // against matvec_q8_fused NORM, one.

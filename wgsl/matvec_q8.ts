@@ -29,7 +29,7 @@ import { normBindings } from "./matvec.ts";
 export const QUANTIZE_Q8: KernelSpec = {
   name: "quantize_q8",
   url: new URL("./quantize_q8.wgsl", import.meta.url),
-  lib: ["rms", "q8x"],
+  lib: ["rms", "q8pack", "q8x"],
   constants: { LAYOUT: "u32", NORM: "u32", EPS: "f32" },
 };
 
@@ -37,7 +37,7 @@ export const QUANTIZE_Q8: KernelSpec = {
 export const MATVEC_Q8: KernelSpec = {
   name: "matvec_q8",
   url: new URL("./matvec_q8.wgsl", import.meta.url),
-  lib: ["common", "iq4_xs", "q8dot"],
+  lib: ["common", "iq4_xs", "q8chunk", "q8dot"],
   constants: {
     TYPE: "u32",
     TEAM: "u32",
@@ -54,7 +54,7 @@ export const MATVEC_Q8: KernelSpec = {
 export const MATVEC_Q8_FUSED: KernelSpec = {
   name: "matvec_q8_fused",
   url: new URL("./matvec_q8_fused.wgsl", import.meta.url),
-  lib: ["rms", "q8x", "common", "iq4_xs", "q8dot"],
+  lib: ["rms", "q8pack", "q8x", "common", "iq4_xs", "q8chunk", "q8dot"],
   constants: {
     TYPE: "u32",
     TEAM: "u32",

@@ -1,0 +1,134 @@
+// q8chunk: one 32-weight chunk of a Q8_0 or IQ4_XS row against int8 x, the decode shared by the int8-x
+// mat-vecs (lib/q8dot.wgsl's row loop for matvec_q8 and matvec_q8_fused; moe_matvec_q8). The including kernel
+// declares `const WG: u32`, `const TYPE: u32` (8 Q8_0, 23 IQ4_XS), `const COPIES: u32` (copies of the IQ4_XS
+// table), `const ROWS: u32` (1..4) and the weight bindings `weights` (array<u32>) and `weights2`
+// (array<vec2<u32>>, the same buffer), and includes lib/common.wgsl and lib/iq4_xs.wgsl.
+
+// Chunk c of the int8 x: its 32 int8 values as eight quad words in the weight type's LAYOUT order (a, b) and
+// its scale d.
+struct XChunk {
+  a: vec4<u32>,
+  b: vec4<u32>,
+  d: f32,
+}
+
+// IQ4_XS: COPIES interleaved copies of the byte-pair table (entry b of copy p at b·COPIES + p; lane l reads
+// copy l % COPIES): 16 copies leave about 2 distinct words per bank in a warp's random lookups instead of 3,
+// 32 copies (32 KiB) put lane l's lookups in bank l, free of conflicts.
+var<workgroup> tab8: array<u32, 256 * COPIES>;
+var<private> tab_copy: u32;
+
+fn weight_word(i: u32) -> u32 {
+  return weights[i];
+}
+
+// The loaded words of one chunk of one row. Q8_0: a = words 0..3, b = words 4..7, c = word 8 of the block's
+// first word on; IQ4_XS: a = (head, scales_l, -, -), b = the 16 qs bytes.
+struct Chunk {
+  a: vec4<u32>,
+  b: vec4<u32>,
+  c: u32,
+}
+
+fn load_chunk(rb: u32, c: u32) -> Chunk {
+  if (TYPE == 23u) {
+    let w0 = (rb + 136u * (c >> 3u)) >> 2u;
+    let q = (w0 + 2u + 4u * (c & 7u)) >> 1u;
+    let qa = weights2[q];
+    let qb = weights2[q + 1u];
+    return Chunk(vec4<u32>(weights[w0], weights[w0 + 1u], 0u, 0u), vec4<u32>(qa, qb), 0u);
+  }
+  let i = (rb + 34u * c) >> 2u;
+  return Chunk(
+    vec4<u32>(weights[i], weights[i + 1u], weights[i + 2u], weights[i + 3u]),
+    vec4<u32>(weights[i + 4u], weights[i + 5u], weights[i + 6u], weights[i + 7u]),
+    weights[i + 8u],
+  );
+}
+
+// Chunk c of the team's ROWS rows (rows past ROWS left zero), all loads before any math (more bytes in
+// flight per lane).
+struct Rows {
+  r0: Chunk,
+  r1: Chunk,
+  r2: Chunk,
+  r3: Chunk,
+}
+
+fn load_rows(rb: vec4<u32>, c: u32) -> Rows {
+  var l: Rows;
+  l.r0 = load_chunk(rb.x, c);
+  if (ROWS >= 2u) {
+    l.r1 = load_chunk(rb.y, c);
+  }
+  if (ROWS >= 3u) {
+    l.r2 = load_chunk(rb.z, c);
+  }
+  if (ROWS >= 4u) {
+    l.r3 = load_chunk(rb.w, c);
+  }
+  return l;
+}
+
+// IQ4_XS: the 8 codebook values of qs word w as two int8x4 words in x's LAYOUT 1 order.
+fn iq4_pack8(w: u32) -> vec2<u32> {
+  let t0 = tab8[(w & 0xFFu) * COPIES + tab_copy];
+  let t1 = tab8[((w >> 8u) & 0xFFu) * COPIES + tab_copy];
+  let t2 = tab8[((w >> 16u) & 0xFFu) * COPIES + tab_copy];
+  let t3 = tab8[(w >> 24u) * COPIES + tab_copy];
+  return vec2<u32>(t0 + t1 * 256u, t2 + t3 * 256u);
+}
+
+// Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
+fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
+  if (TYPE == 23u) {
+    let ib = c & 7u;
+    let p0 = iq4_pack8(l.b.x);
+    let p1 = iq4_pack8(l.b.y);
+    let p2 = iq4_pack8(l.b.z);
+    let p3 = iq4_pack8(l.b.w);
+    let s = dot4I8Packed(p0.x, x0.x) + dot4I8Packed(p0.y, x0.y) + dot4I8Packed(p1.x, x0.z) +
+      dot4I8Packed(p1.y, x0.w) + dot4I8Packed(p2.x, x1.x) + dot4I8Packed(p2.y, x1.y) +
+      dot4I8Packed(p3.x, x1.z) + dot4I8Packed(p3.y, x1.w);
+    return iq4xs_scale(l.a.x, l.a.y, 4u * ib, 16u + 2u * ib) * f32(s);
+  }
+  // Q8_0: the block starts at byte 0 or 2 of its first word (blocks are 34 bytes); d is that word's low or
+  // high half, and the qs words are funnel-shifted or the next eight words as they are.
+  let al = ((rb + 34u * c) & 2u) != 0u;
+  let h = unpack2x16float(l.a.x);
+  let d = select(h.x, h.y, al);
+  let q0 = select((l.a.x >> 16u) | (l.a.y << 16u), l.a.y, al);
+  let q1 = select((l.a.y >> 16u) | (l.a.z << 16u), l.a.z, al);
+  let q2 = select((l.a.z >> 16u) | (l.a.w << 16u), l.a.w, al);
+  let q3 = select((l.a.w >> 16u) | (l.b.x << 16u), l.b.x, al);
+  let q4 = select((l.b.x >> 16u) | (l.b.y << 16u), l.b.y, al);
+  let q5 = select((l.b.y >> 16u) | (l.b.z << 16u), l.b.z, al);
+  let q6 = select((l.b.z >> 16u) | (l.b.w << 16u), l.b.w, al);
+  let q7 = select((l.b.w >> 16u) | (l.c << 16u), l.c, al);
+  let s = dot4I8Packed(q0, x0.x) + dot4I8Packed(q1, x0.y) + dot4I8Packed(q2, x0.z) + dot4I8Packed(q3, x0.w) +
+    dot4I8Packed(q4, x1.x) + dot4I8Packed(q5, x1.y) + dot4I8Packed(q6, x1.z) + dot4I8Packed(q7, x1.w);
+  return d * f32(s);
+}
+
+// Builds the IQ4_XS table (every invocation calls it: barriers) and sets tab_copy.
+fn q8dot_table(lid: u32) {
+  if (TYPE == 23u) {
+    // tab8[b·COPIES + p] = the int8 codebook values of b's low and high nibble in bytes 0 and 2: copy 0 from
+    // the codebook (one entry per invocation), then the other copies from copy 0 (a warp's reads hit
+    // 32 / COPIES words, its writes consecutive words).
+    let kv = vec2<i32>(common_kvalues(vec4<u32>(lid & 15u, lid >> 4u, 0u, 0u)).xy);
+    tab8[lid * COPIES] = (u32(kv.x) & 0xFFu) | ((u32(kv.y) & 0xFFu) << 16u);
+    workgroupBarrier();
+    if (COPIES > 1u) {
+      for (var i = lid; i < 256u * COPIES; i += WG) {
+        let p = i % COPIES;
+        if (p != 0u) {
+          tab8[i] = tab8[i - p];
+        }
+      }
+      workgroupBarrier();
+    }
+  }
+  tab_copy = lid % COPIES;
+}
+

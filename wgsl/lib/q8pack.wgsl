@@ -1,0 +1,46 @@
+// q8pack: 32 f32 values to int8 with one scale, the rounding of every int8 x in the engine (lib/q8x.wgsl for
+// quantize_q8 and matvec_q8_fused's prologue; moe_matvec_q8's QOUT epilogue), in ONE order of operations so that
+// all give the same bits. The including kernel declares `const LAYOUT: u32`.
+// d = max|v| / 127 (0 for an all-zero chunk), q_i = round(v_i · (1/d)) (ties to even), clamped to ±127;
+// v_i ≈ d·q_i. LAYOUT orders the 32 bytes as the weight type's kernel reads them:
+//   0 (Q8_0): word m = q[4m..4m+3] (natural order);
+//   1 (IQ4_XS): words 2j, 2j+1 = q[4j, 4j+1, 16+4j, 17+4j], q[4j+2, 4j+3, 18+4j, 19+4j] (j < 4): the order of
+//     the byte-pair codebook lookups of qs word j (low nibbles are elements 4j..4j+3, high ones 16+4j..19+4j).
+
+// One quantized chunk: its eight quad words in LAYOUT order, its scale, and the (normed) values.
+struct Q8xChunk {
+  w: array<u32, 8>,
+  d: f32,
+  v: array<vec4<f32>, 8>,
+}
+
+fn q8x_q4(v: vec4<f32>, inv: f32) -> vec4<i32> {
+  return clamp(vec4<i32>(round(v * inv)), vec4<i32>(-127), vec4<i32>(127));
+}
+
+// The chunk of values v (elements 4m..4m+3 in v[m]): its quad words in LAYOUT order, its scale, and v.
+fn q8x_pack(v: array<vec4<f32>, 8>) -> Q8xChunk {
+  var out: Q8xChunk;
+  out.v = v;
+  var amax = 0.0;
+  for (var m = 0u; m < 8u; m++) {
+    let a = abs(v[m]);
+    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+  }
+  let d = amax / 127.0;
+  let inv = select(0.0, 1.0 / d, d > 0.0);
+  out.d = d;
+  if (LAYOUT == 0u) {
+    for (var m = 0u; m < 8u; m++) {
+      out.w[m] = pack4xI8(q8x_q4(v[m], inv));
+    }
+  } else {
+    for (var j = 0u; j < 4u; j++) {
+      let lo = q8x_q4(v[j], inv);
+      let hi = q8x_q4(v[4u + j], inv);
+      out.w[2u * j] = pack4xI8(vec4<i32>(lo.xy, hi.xy));
+      out.w[2u * j + 1u] = pack4xI8(vec4<i32>(lo.zw, hi.zw));
+    }
+  }
+  return out;
+}

@@ -134,63 +134,72 @@ export function moeMatvecGrid(shape: MoeMatvecShape, c: MoeMatvecConstants): [nu
 }
 
 /**
- * Throws before encoding when shape, constants and bindings do not fit.
+ * Throws before encoding when shape, constants and bindings do not fit. `opts.kernel` names the kernel in the
+ * errors (moe_matvec_q8 reuses these checks); `opts.skipXY` leaves x and y to the caller's own checks.
  * @throws {RangeError} naming the kernel, the value and what to change
  */
-export function checkMoeMatvec(shape: MoeMatvecShape, c: MoeMatvecConstants, b: MoeMatvecBindings): void {
-  const rowBytes = checkWeightRows("moe_matvec", shape.type, shape.k, shape.offGateBytes);
+export function checkMoeMatvec(
+  shape: MoeMatvecShape,
+  c: MoeMatvecConstants,
+  b: MoeMatvecBindings,
+  opts: { kernel?: string; skipXY?: boolean } = {},
+): void {
+  const kernel = opts.kernel ?? "moe_matvec";
+  const rowBytes = checkWeightRows(kernel, shape.type, shape.k, shape.offGateBytes);
   checkShape(
     c.TYPE === TYPE_ID[shape.type],
-    `Kernel moe_matvec: TYPE=${c.TYPE} but the shape says ${shape.type}`,
+    `Kernel ${kernel}: TYPE=${c.TYPE} but the shape says ${shape.type}`,
   );
   checkShape(
     c.GATE_UP === shape.gateUp,
-    `Kernel moe_matvec: GATE_UP=${c.GATE_UP} but the shape says ${shape.gateUp}`,
+    `Kernel ${kernel}: GATE_UP=${c.GATE_UP} but the shape says ${shape.gateUp}`,
   );
   checkShape(
     isPow2(c.TEAM) && c.TEAM <= 256,
-    `Kernel moe_matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`,
+    `Kernel ${kernel}: TEAM=${c.TEAM} must be a power of two ≤ 256`,
   );
-  checkInt("Kernel moe_matvec: ROWS", c.ROWS, 1, 4);
-  checkInt("Kernel moe_matvec: nCols", shape.nCols, 1, MAX_WORKGROUPS_PER_DIM);
-  checkInt("Kernel moe_matvec: xDiv", shape.xDiv, 1, shape.nCols);
+  checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
+  checkInt(`Kernel ${kernel}: nCols`, shape.nCols, 1, MAX_WORKGROUPS_PER_DIM);
+  checkInt(`Kernel ${kernel}: xDiv`, shape.xDiv, 1, shape.nCols);
   checkShape(
     shape.nCols % shape.xDiv === 0,
-    `Kernel moe_matvec: nCols ${shape.nCols} not a multiple of xDiv`,
+    `Kernel ${kernel}: nCols ${shape.nCols} not a multiple of xDiv`,
   );
   checkShape(
     Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)) <= MAX_WORKGROUPS_PER_DIM,
-    `Kernel moe_matvec: N=${shape.n} needs too many workgroups: split it`,
+    `Kernel ${kernel}: N=${shape.n} needs too many workgroups: split it`,
   );
   const shared = shape.sharedCols ?? 0;
-  checkInt("Kernel moe_matvec: sharedCols", shared, 0, MAX_WORKGROUPS_PER_DIM - shape.nCols);
+  checkInt(`Kernel ${kernel}: sharedCols`, shared, 0, MAX_WORKGROUPS_PER_DIM - shape.nCols);
   checkShape(
     shared === 0 || (shape.gateUp ? shared * shape.xDiv === shape.nCols : shape.xDiv === 1),
-    `Kernel moe_matvec: ${shared} shared columns need one per token (gate·up) and xDiv 1 (down)`,
+    `Kernel ${kernel}: ${shared} shared columns need one per token (gate·up) and xDiv 1 (down)`,
   );
   const expertBytes = rowBytes * shape.n * (shape.nExpert + (shared > 0 ? 1 : 0));
   const ends = [shape.offGateBytes + expertBytes];
   if (shape.gateUp) {
     const up = shape.offUpBytes ?? -1;
-    checkShape(up >= 0 && up % 4 === 0, `Kernel moe_matvec: GATE_UP needs offUpBytes, a multiple of 4`);
+    checkShape(up >= 0 && up % 4 === 0, `Kernel ${kernel}: GATE_UP needs offUpBytes, a multiple of 4`);
     ends.push(up + expertBytes);
   }
-  checkBinding("moe_matvec", "params", b.params, [11]);
-  checkBinding("moe_matvec", "ids", b.ids, [shape.nCols]);
-  checkBinding("moe_matvec", "weights", b.weights, [Math.ceil(Math.max(...ends) / 4)]);
-  checkBinding("moe_matvec", "x", b.x, [
-    shape.k,
-    shape.gateUp ? shape.nCols / shape.xDiv : shape.nCols + shared,
-  ]);
-  checkBinding("moe_matvec", "y", b.y, [shape.n, shape.nCols + shared]);
+  checkBinding(kernel, "params", b.params, [11]);
+  checkBinding(kernel, "ids", b.ids, [shape.nCols]);
+  checkBinding(kernel, "weights", b.weights, [Math.ceil(Math.max(...ends) / 4)]);
+  if (!opts.skipXY) {
+    checkBinding(kernel, "x", b.x, [
+      shape.k,
+      shape.gateUp ? shape.nCols / shape.xDiv : shape.nCols + shared,
+    ]);
+    checkBinding(kernel, "y", b.y, [shape.n, shape.nCols + shared]);
+  }
   if (c.ROUTE) {
     checkShape(
       shape.gateUp && c.N_EXPERT === shape.nExpert && c.N_EXPERT_USED === shape.xDiv,
-      `Kernel moe_matvec: ROUTE runs on the gate·up pass with N_EXPERT = nExpert (${shape.nExpert}) and ` +
+      `Kernel ${kernel}: ROUTE runs on the gate·up pass with N_EXPERT = nExpert (${shape.nExpert}) and ` +
         `N_EXPERT_USED = xDiv (${shape.xDiv}), got ${c.N_EXPERT} and ${c.N_EXPERT_USED}`,
     );
-    checkInt("Kernel moe_matvec: N_EXPERT", c.N_EXPERT, 1, 4096);
-    checkBinding("moe_matvec", "logits", b.logits, [c.N_EXPERT, shape.nCols / shape.xDiv]);
-    checkBinding("moe_matvec", "routeWeights", b.routeWeights, [shape.nCols]);
+    checkInt(`Kernel ${kernel}: N_EXPERT`, c.N_EXPERT, 1, 4096);
+    checkBinding(kernel, "logits", b.logits, [c.N_EXPERT, shape.nCols / shape.xDiv]);
+    checkBinding(kernel, "routeWeights", b.routeWeights, [shape.nCols]);
   }
 }

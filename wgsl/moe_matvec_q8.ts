@@ -1,0 +1,147 @@
+/**
+ * Twin of `moe_matvec_q8.wgsl`: moe_matvec's expert mat-vecs (experts from a GPU id buffer, the shared expert
+ * as extra columns) with int8 x and integer dot products, as matvec_q8; with QOUT the gate·up pass also
+ * writes its output rounded to int8, the down pass's x. Params are moe_matvec's words (`moeMatvecParams`).
+ *
+ * Numerics: as matvec_q8's. The products are those of the dequantized weights with the dequantized int8 x,
+ * up to f32 rounding. A float64 reference takes the x that quantize_q8 (or QOUT) produced.
+ * @module
+ */
+import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, rowBytes, TYPE_ID } from "../engine/quant/types.ts";
+import { checkBinding, checkInt, checkShape } from "./_twin.ts";
+import { checkMoeMatvec, type MoeMatvecShape, type MoeMatvecTuning } from "./moe_matvec.ts";
+import { MATVEC_Q8_TYPES, q8Layout } from "./matvec_q8.ts";
+
+/** Kernel description of `moe_matvec_q8.wgsl`. */
+export const MOE_MATVEC_Q8: KernelSpec = {
+  name: "moe_matvec_q8",
+  url: new URL("./moe_matvec_q8.wgsl", import.meta.url),
+  lib: ["common", "iq4_xs", "q8chunk", "q8pack"],
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", OUT_LAYOUT: "u32", GATE_UP: "bool", QOUT: "bool" },
+};
+
+/** Constants of one variant. */
+export type MoeMatvecQ8Constants = {
+  readonly TYPE: number;
+  readonly TEAM: number;
+  readonly ROWS: number;
+  /** QOUT's byte order: `q8Layout` of the down weights' type (0 without QOUT). */
+  readonly OUT_LAYOUT: number;
+  readonly GATE_UP: boolean;
+  /** Also write y rounded to int8 per 32 rows into `yq`. */
+  readonly QOUT: boolean;
+};
+
+/** Binding order of `moe_matvec_q8.wgsl`. */
+export const MOE_MATVEC_Q8_BINDINGS = ["params", "ids", "weights", "weights2", "xq", "y", "yq"] as const;
+
+/**
+ * Buffers of one dispatch by binding name; `weights2` is `weights` again. Without QOUT, `yq` may be any
+ * buffer not bound elsewhere in the dispatch.
+ */
+export type MoeMatvecQ8Bindings = Readonly<Record<(typeof MOE_MATVEC_Q8_BINDINGS)[number], Binding>>;
+
+/** Words of one int8 x column of K elements (K/4 quad words and K/32 scales: quantize_q8's format). */
+export function q8ColumnWords(k: number): number {
+  return (9 * k) / 32;
+}
+
+/**
+ * Default constants. TEAM: a power of two ≤ min(16, K/32) (at least 2 chunks per invocation); ROWS 2 at TEAM
+ * 16, else 1. Without tuning, QOUT then holds whole 32-row chunks (WG_ROWS ≥ 32). `outType`: the down weights'
+ * type when the gate·up pass should write their int8 x (QOUT).
+ */
+export function moeMatvecQ8Constants(
+  shape: MoeMatvecShape,
+  outType?: GgmlTypeName,
+  tuning?: MoeMatvecTuning,
+): MoeMatvecQ8Constants {
+  let team = 1;
+  while (team * 2 <= Math.min(16, shape.k / 64)) team *= 2;
+  return {
+    TYPE: TYPE_ID[shape.type],
+    TEAM: tuning?.team ?? team,
+    ROWS: tuning?.rows ?? (team === 16 ? 2 : 1),
+    OUT_LAYOUT: outType === undefined ? 0 : q8Layout(outType),
+    GATE_UP: shape.gateUp,
+    QOUT: outType !== undefined,
+  };
+}
+
+/** Dispatch grid: row blocks × columns (routed and shared). */
+export function moeMatvecQ8Grid(shape: MoeMatvecShape, c: MoeMatvecQ8Constants): [number, number, number] {
+  return [Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)), shape.nCols + (shape.sharedCols ?? 0), 1];
+}
+
+/**
+ * Throws before encoding when shape, constants and bindings do not fit (moe_matvec's checks, then the int8
+ * ones).
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkMoeMatvecQ8(
+  shape: MoeMatvecShape,
+  c: MoeMatvecQ8Constants,
+  b: MoeMatvecQ8Bindings,
+): void {
+  checkShape(
+    MATVEC_Q8_TYPES.includes(shape.type),
+    `Kernel moe_matvec_q8: int8-x expert mat-vecs read ${MATVEC_Q8_TYPES.join(" or ")} weights, not ` +
+      `${shape.type}: use moe_matvec`,
+  );
+  // moe_matvec's checks of the constants, the shape and the shared bindings (x and y below: x is int8).
+  checkMoeMatvec(
+    shape,
+    {
+      TYPE: c.TYPE,
+      TEAM: c.TEAM,
+      ROWS: c.ROWS,
+      GATE_UP: c.GATE_UP,
+      ROUTE: false,
+      N_EXPERT: 4,
+      N_EXPERT_USED: 1,
+      W_SCALE: 1,
+    },
+    {
+      params: b.params,
+      ids: b.ids,
+      weights: b.weights,
+      x: b.y,
+      y: b.y,
+      logits: b.y,
+      routeWeights: b.y,
+    },
+    { kernel: "moe_matvec_q8", skipXY: true },
+  );
+  checkShape(
+    shape.k % 128 === 0,
+    `Kernel moe_matvec_q8: K=${shape.k} must be a multiple of 128 (int8 x columns start on 16 bytes): use ` +
+      `moe_matvec`,
+  );
+  const align = shape.type === "IQ4_XS" ? 8 : 4;
+  for (const [what, off] of [["offGateBytes", shape.offGateBytes], ["offUpBytes", shape.offUpBytes ?? 0]]) {
+    checkShape(
+      (off as number) % align === 0,
+      `Kernel moe_matvec_q8: ${what}=${off} must be a multiple of ${align} for ${shape.type}`,
+    );
+  }
+  checkShape(
+    shape.type !== "IQ4_XS" || rowBytes(shape.type, shape.k) % 8 === 0,
+    `Kernel moe_matvec_q8: IQ4_XS rows of K=${shape.k} are not 8-byte aligned`,
+  );
+  const wgRows = (256 / c.TEAM) * c.ROWS;
+  if (c.QOUT) {
+    checkShape(
+      wgRows % 32 === 0 && shape.n % 32 === 0,
+      `Kernel moe_matvec_q8: QOUT rounds whole 32-row chunks: needs (256/TEAM)·ROWS = ${wgRows} and ` +
+        `N = ${shape.n} multiples of 32`,
+    );
+    checkInt("Kernel moe_matvec_q8: OUT_LAYOUT", c.OUT_LAYOUT, 0, 1);
+  }
+  const shared = shape.sharedCols ?? 0;
+  const cols = shape.nCols + shared;
+  const xCols = shape.gateUp ? shape.nCols / shape.xDiv : cols;
+  checkBinding("moe_matvec_q8", "xq", b.xq, [q8ColumnWords(shape.k), xCols]);
+  checkBinding("moe_matvec_q8", "y", b.y, [shape.n, cols]);
+  if (c.QOUT) checkBinding("moe_matvec_q8", "yq", b.yq, [q8ColumnWords(shape.n), cols]);
+}

@@ -338,8 +338,8 @@ Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT
   const ok: MoeMatvecQ8Bindings = {
     params: b(11),
     ids: b(2),
-    weights: b(2 * 4 * 64 * 68),
-    weights2: b(2 * 4 * 64 * 68),
+    weights: b(2 * 4 * 64 * 68 + 8),
+    weights2: b(2 * 4 * 64 * 68 + 8),
     xq: b(q8ColumnWords(512)),
     y: b(64 * 2),
     yq: b(q8ColumnWords(64) * 2),

@@ -1,8 +1,9 @@
 /**
  * Benchmark: the expert mat-vecs of one decode step (`moe_matvec`: routed gate·up and down of 8 experts plus
  * the shared expert as a 9th column) at 35B-A3B shapes, over full-size IQ4_XS expert tensors, for a sweep of
- * TEAM/ROWS. Each dispatch takes another random expert set (64 sets), so the experts come from memory as in a
- * real step, not from L2. Beside it: the streaming-read time of the same bytes (9 experts' matrices).
+ * TEAM/ROWS, then the same passes with int8 x (`moe_matvec_q8`: int8 x read, or rounded in the prologue (XIN); the gate·up pass also with QOUT).
+ * Each dispatch takes another random expert set (64 sets), so the experts come from memory as in a real step,
+ * not from L2. Each line gives the GB/s of the 9 experts' matrices read.
  *
  * Usage: `deno run -A bench/moe.ts [--quick]` (`--quick`: 16 experts, for lavapipe). One JSON line per
  * measurement, never asserts. No npm imports.
@@ -22,6 +23,15 @@ import {
   moeMatvecParams,
   type MoeMatvecShape,
 } from "../wgsl/moe_matvec.ts";
+import {
+  checkMoeMatvecQ8,
+  MOE_MATVEC_Q8,
+  MOE_MATVEC_Q8_BINDINGS,
+  type MoeMatvecQ8Bindings,
+  moeMatvecQ8Constants,
+  moeMatvecQ8Grid,
+  q8ColumnWords,
+} from "../wgsl/moe_matvec_q8.ts";
 
 const { values: args } = parseArgs({ options: { quick: { type: "boolean", default: false } } });
 const QUICK = args.quick ?? false;
@@ -61,6 +71,21 @@ for (let s = 0; s < SETS; s++) {
 const x = device.createBuffer({ size: 4 * EMBD * (USED + 1), usage: STORAGE });
 device.queue.writeBuffer(x, 0, new Float32Array(EMBD * (USED + 1)).map(() => Math.random() - 0.5));
 const y = device.createBuffer({ size: 4 * EMBD * (USED + 1), usage: STORAGE });
+// int8 x for moe_matvec_q8 (random int8 values, scales 1.0: timing does not depend on them) and the int8 y
+// that QOUT writes.
+const xqWords = q8ColumnWords(EMBD) * (USED + 1);
+const xqData = new Uint32Array(xqWords).map(() => (Math.random() * 2 ** 32) >>> 0);
+for (let col = 0; col <= USED; col++) {
+  for (const k of [EMBD, FF]) {
+    for (let c = 0; c < k / 32; c++) {
+      const at = col * q8ColumnWords(k) + k / 4 + c;
+      if (at < xqWords) xqData[at] = 0x3F800000;
+    }
+  }
+}
+const xq = device.createBuffer({ size: 4 * xqWords, usage: STORAGE });
+device.queue.writeBuffer(xq, 0, xqData);
+const yq = device.createBuffer({ size: 4 * q8ColumnWords(FF) * (USED + 1), usage: STORAGE });
 const scratch = device.createBuffer({ size: 256, usage: STORAGE });
 const timer = new PassTimer(device, gpu.timestamps);
 
@@ -150,6 +175,52 @@ for (const [name, s] of Object.entries(shapes)) {
         us: sec * 1e6,
         gbPerSecond: s.bytes / sec / 1e9,
       }));
+    }
+  }
+  // moe_matvec_q8 over TEAM × ROWS: int8 x read (xq); the gate·up pass also with QOUT (its output rounded to
+  // int8 for the down pass) where whole 32-row chunks fit a workgroup; and f32 x rounded in every workgroup's
+  // prologue (xin, its log into the xq buffer).
+  for (const team of [4, 8, 16, 32, 64]) {
+    for (const rows of [1, 2, 4]) {
+      for (const mode of s.shape.gateUp ? ["xq", "qout", "xin"] : ["xq", "xin"]) {
+        const qout = mode === "qout";
+        const xin = mode === "xin";
+        if (team > s.shape.k / 32 || (qout && ((256 / team) * rows) % 32 !== 0)) continue;
+        const c = moeMatvecQ8Constants(s.shape, qout ? "IQ4_XS" : undefined, { team, rows, xin });
+        const pipeline = await cache.get(MOE_MATVEC_Q8, c);
+        const groups = Array.from({ length: SETS }, (_, set) => {
+          const b: MoeMatvecQ8Bindings = {
+            params,
+            ids: { buffer: ids, offset: 256 * set, size: 4 * USED },
+            weights: s.weights,
+            weights2: s.weights,
+            xq: xin ? x : xq,
+            y,
+            yq: qout ? yq : xin ? xq : scratch,
+          };
+          checkMoeMatvecQ8(s.shape, c, b);
+          return bindGroup(device, pipeline, MOE_MATVEC_Q8_BINDINGS.map((n) => b[n]));
+        });
+        const grid = moeMatvecQ8Grid(s.shape, c);
+        const sec = await time((pass, i) => {
+          pass.setPipeline(pipeline);
+          pass.setBindGroup(0, groups[i % SETS]!);
+          pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
+        });
+        const def = moeMatvecQ8Constants(s.shape, qout ? "IQ4_XS" : undefined);
+        console.log(JSON.stringify({
+          bench: "moe",
+          kernel: "moe_matvec_q8",
+          pass: name,
+          team,
+          rows,
+          mode,
+          isDefault: team === def.TEAM && rows === def.ROWS,
+          workgroups: grid[0] * grid[1],
+          us: sec * 1e6,
+          gbPerSecond: s.bytes / sec / 1e9,
+        }));
+      }
     }
   }
 }

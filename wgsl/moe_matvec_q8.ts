@@ -18,7 +18,16 @@ export const MOE_MATVEC_Q8: KernelSpec = {
   name: "moe_matvec_q8",
   url: new URL("./moe_matvec_q8.wgsl", import.meta.url),
   lib: ["common", "iq4_xs", "q8chunk", "q8pack"],
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", OUT_LAYOUT: "u32", GATE_UP: "bool", QOUT: "bool" },
+  constants: {
+    TYPE: "u32",
+    TEAM: "u32",
+    ROWS: "u32",
+    OUT_LAYOUT: "u32",
+    GATE_UP: "bool",
+    QOUT: "bool",
+    XIN: "bool",
+    KC: "u32",
+  },
 };
 
 /** Constants of one variant. */
@@ -31,6 +40,10 @@ export type MoeMatvecQ8Constants = {
   readonly GATE_UP: boolean;
   /** Also write y rounded to int8 per 32 rows into `yq`. */
   readonly QOUT: boolean;
+  /** x is f32, rounded to int8 in every workgroup's prologue (`xq` holds f32 bits; `yq` gets the int8 x). */
+  readonly XIN: boolean;
+  /** XIN: K / 32 (the chunks held in workgroup memory); 1 otherwise. */
+  readonly KC: number;
 };
 
 /** Binding order of `moe_matvec_q8.wgsl`. */
@@ -55,7 +68,7 @@ export function q8ColumnWords(k: number): number {
 export function moeMatvecQ8Constants(
   shape: MoeMatvecShape,
   outType?: GgmlTypeName,
-  tuning?: MoeMatvecTuning,
+  tuning?: MoeMatvecTuning & { xin?: boolean },
 ): MoeMatvecQ8Constants {
   let team = 1;
   while (team * 2 <= Math.min(16, shape.k / 64)) team *= 2;
@@ -66,6 +79,8 @@ export function moeMatvecQ8Constants(
     OUT_LAYOUT: outType === undefined ? 0 : q8Layout(outType),
     GATE_UP: shape.gateUp,
     QOUT: outType !== undefined,
+    XIN: tuning?.xin ?? false,
+    KC: tuning?.xin ? shape.k / 32 : 1,
   };
 }
 
@@ -138,10 +153,22 @@ export function checkMoeMatvecQ8(
     );
     checkInt("Kernel moe_matvec_q8: OUT_LAYOUT", c.OUT_LAYOUT, 0, 1);
   }
+  if (c.XIN) {
+    checkShape(!c.QOUT, `Kernel moe_matvec_q8: XIN and QOUT both write yq: use one`);
+    checkShape(
+      c.KC === shape.k / 32,
+      `Kernel moe_matvec_q8: XIN needs KC = K/32 = ${shape.k / 32}, got ${c.KC}`,
+    );
+  }
   const shared = shape.sharedCols ?? 0;
   const cols = shape.nCols + shared;
   const xCols = shape.gateUp ? shape.nCols / shape.xDiv : cols;
-  checkBinding("moe_matvec_q8", "xq", b.xq, [q8ColumnWords(shape.k), xCols]);
+  if (c.XIN) {
+    checkBinding("moe_matvec_q8", "xq (f32 x with XIN)", b.xq, [shape.k, xCols]);
+    checkBinding("moe_matvec_q8", "yq (the int8 x with XIN)", b.yq, [q8ColumnWords(shape.k), xCols]);
+  } else {
+    checkBinding("moe_matvec_q8", "xq", b.xq, [q8ColumnWords(shape.k), xCols]);
+  }
   checkBinding("moe_matvec_q8", "y", b.y, [shape.n, cols]);
   if (c.QOUT) checkBinding("moe_matvec_q8", "yq", b.yq, [q8ColumnWords(shape.n), cols]);
 }

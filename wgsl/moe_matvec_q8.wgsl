@@ -8,7 +8,10 @@
 // where x̂ is the int8 x dequantized (d·q per element) and each dot product is Σ_c (dw_c·dx_c)·Σ_i w_i·q_i in
 // f32, as matvec_q8. QOUT: the workgroup also rounds its rows of y to int8 per 32 rows (lib/q8pack.wgsl, the
 // bits quantize_q8 would give, in the byte order OUT_LAYOUT) into yq: the int8 x of the down pass, without a
-// quantize dispatch between the passes.
+// quantize dispatch between the passes. XIN: x is f32 instead (xq holds its bits, column xc at quad xc·K/4),
+// and every workgroup rounds its column to int8 in its prologue (lib/q8pack.wgsl, quantize_q8's bits; one
+// invocation per quad word) into workgroup memory; workgroups (0, col) also write it to yq (quantize_q8's
+// format at word xc·9K/32) for the engine's int8 log and the tests.
 // Bindings:
 //   0 params   array<u32> ne=[11]: moe_matvec's words [k, n, row_bytes, expert_bytes, off_g, off_u, n_cols,
 //              x_div, n_routed, shared_e, shared_x0]
@@ -23,9 +26,9 @@
 // Grid (ceil(N / WG_ROWS), n_cols): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col; a
 // team of TEAM invocations owns ROWS rows and walks chunks t, t + TEAM, ... (a whole 32-weight chunk per step,
 // gate's and up's loads issued before their math); one invocation per row adds its team's TEAM partials.
-// Constants: TYPE (8 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1): u32; GATE_UP, QOUT:
-//   bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0).
-// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) bytes.
+// Constants: TYPE (8 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN: K/32, else
+//   1): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0; not both QOUT and XIN).
+// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC (XIN) bytes.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -40,6 +43,10 @@ const COPIES: u32 = 1u;
 const LAYOUT: u32 = OUT_LAYOUT;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const MATS: u32 = select(1u, 2u, GATE_UP);
+// XIN: the column's int8 x (quad words in TYPE's byte order, and scales), rounded in the prologue.
+const X_LAYOUT: u32 = select(0u, 1u, TYPE == 23u);
+var<workgroup> xw: array<vec4<u32>, select(1u, 2u * KC, XIN)>;
+var<workgroup> sw: array<f32, select(1u, KC, XIN)>;
 
 // partial[(m · WG_ROWS + local row) · TEAM + t]
 var<workgroup> partial: array<f32, WG * ROWS * MATS>;
@@ -50,11 +57,45 @@ fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
 }
 
-// Chunk c of the int8 x column whose words start at xw (a multiple of 4); k = K.
-fn x_chunk(xw: u32, k: u32, c: u32) -> XChunk {
-  let q = xw >> 2u;
-  let s = xw + k / 4u + c;
+// Chunk c of the int8 x column whose words start at xq word xb (a multiple of 4; XIN: workgroup memory); k = K.
+fn x_chunk(xb: u32, k: u32, c: u32) -> XChunk {
+  if (XIN) {
+    return XChunk(xw[2u * c], xw[2u * c + 1u], sw[c]);
+  }
+  let q = xb >> 2u;
+  let s = xb + k / 4u + c;
   return XChunk(xq[q + 2u * c], xq[q + 2u * c + 1u], bitcast<f32>(xq[s >> 2u][s & 3u]));
+}
+
+// XIN: rounds f32 x column xc (quads from xq quad xc·K/4, as bits) to int8 into xw and sw, one invocation per
+// quad word (each computes its chunk's scale: the same bits); workgroup (0, col) also writes it to yq at word
+// xc·9K/32 in quantize_q8's format. Every invocation calls it (barrier).
+fn round_x(lid: u32, xc: u32, k: u32, log: bool) {
+  let xb = xc * (k / 4u);
+  for (var i = lid; i < 8u * KC; i += WG) {
+    let c = i / 8u;
+    let m = i % 8u;
+    var amax = 0.0;
+    for (var j = 0u; j < 8u; j++) {
+      amax = max(amax, q8x_amax4(bitcast<vec4<f32>>(xq[xb + 8u * c + j])));
+    }
+    let dv = q8x_d(amax);
+    let lo = bitcast<vec4<f32>>(xq[xb + 8u * c + select(m, m / 2u, X_LAYOUT == 1u)]);
+    let hi = bitcast<vec4<f32>>(xq[xb + 8u * c + 4u + m / 2u]);
+    let w = q8x_word(X_LAYOUT, m, lo, hi, dv.y);
+    xw[2u * c + m / 4u][m % 4u] = w;
+    if (m == 0u) {
+      sw[c] = dv.x;
+    }
+    if (log) {
+      let o = xc * (9u * k / 32u);
+      yq[o + 8u * c + m] = w;
+      if (m == 0u) {
+        yq[o + k / 4u + c] = bitcast<u32>(dv.x);
+      }
+    }
+  }
+  workgroupBarrier();
 }
 
 // The chunk dots of the ROWS rows at byte bases rb (rows past ROWS: 0).
@@ -90,6 +131,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     e = ids[col];
     xc = col / params[7];
   }
+  if (XIN) {
+    round_x(lid, xc, k, wid.x == 0u);
+  }
   let team = lid / TEAM;
   let t = lid % TEAM;
   let row0 = wid.x * WG_ROWS + team * ROWS;
@@ -97,11 +141,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
   let rbg = params[4] + e * params[3] + rows;
   let rbu = params[5] + e * params[3] + rows;
-  let xw = xc * (9u * k / 32u);
+  let xb = xc * (9u * k / 32u);
   var ag = vec4<f32>(0.0);
   var au = vec4<f32>(0.0);
   for (var c = t; c < k / 32u; c += TEAM) {
-    let xk = x_chunk(xw, k, c);
+    let xk = x_chunk(xb, k, c);
     let lg = load_rows(rbg, c);
     if (GATE_UP) {
       let lu = load_rows(rbu, c);

@@ -294,6 +294,60 @@ Deno.test("moe_matvec_q8 QOUT: gate·up writes its output as quantize_q8 would r
   }
 });
 
+Deno.test("moe_matvec_q8 XIN: every workgroup rounds f32 x as quantize_q8 does, logs it, and multiplies by it", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  for (const type of TYPES) {
+    for (const gateUp of [true, false]) {
+      const tokens = rng.int(1, 3);
+      const nExpert = rng.int(2, 6);
+      const ids = Uint32Array.from({ length: rng.int(1, 4) * tokens }, () => rng.int(0, nExpert));
+      const c = makeCase(rng, type, gateUp, { tokens, nExpert, ids: gateUp ? ids : undefined, shared: true });
+      const xCols = gateUp ? tokens : c.shape.nCols + tokens;
+      const xf = rng.normals(c.shape.k * xCols, 10 ** rng.int(-2, 2));
+      xf.fill(0, 32, 64); // an all-zero chunk
+      const team = [4, 16, 64][rng.int(0, 3)]!;
+      const consts = moeMatvecQ8Constants(c.shape, undefined, { team, rows: rng.int(1, 5), xin: true });
+      const cols = c.shape.nCols + tokens;
+      const y = poisoned(device, c.shape.n * cols);
+      const logWords = q8ColumnWords(c.shape.k) * xCols;
+      const log = poisoned(device, logWords);
+      const w = upload(device, c.w);
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      await encode(pass, device, cache, c.shape, consts, {
+        params: upload(device, moeMatvecParams(c.shape)),
+        ids: upload(device, c.ids),
+        weights: w,
+        weights2: w,
+        xq: upload(device, xf),
+        y: { buffer: y, size: 4 * c.shape.n * cols },
+        yq: { buffer: log, size: 4 * logWords },
+      });
+      pass.end();
+      device.queue.submit([enc.finish()]);
+      const [gy, glog] = await readAll(device, [y, log]);
+      const what = `moe_matvec_q8 XIN ${type} ${gateUp ? "gate·up" : "down"} k=${c.shape.k} n=${c.shape.n} ` +
+        `ids=${[...c.ids]} TEAM ${consts.TEAM} ROWS ${consts.ROWS} (seed ${rng.seed})`;
+      assertPoisoned(new Uint32Array(glog!, 4 * logWords, GUARD_WORDS), POISON_F32, `${what}: log guard`);
+      const x = new Float64Array(c.shape.k * xCols);
+      const cw = q8ColumnWords(c.shape.k);
+      for (let col = 0; col < xCols; col++) {
+        const want = await quantize(device, cache, type, xf.subarray(col * c.shape.k, (col + 1) * c.shape.k));
+        assert.deepEqual(
+          [...new Uint32Array(glog!, 4 * cw * col, cw)],
+          [...want],
+          `${what}: int8 x column ${col}`,
+        );
+        const { q, d } = decodeQ8x(type, c.shape.k, new Uint8Array(glog!, 4 * cw * col, q8xBytes(c.shape.k)));
+        for (let i = 0; i < c.shape.k; i++) x[col * c.shape.k + i] = d[i >> 5]! * q[i]!;
+      }
+      checkY(gy!, { ...c, xq: null, x }, what);
+    }
+  }
+});
+
 /** quantize_q8's output words for x (weights of `type`). */
 async function quantize(
   device: GPUDevice,
@@ -356,4 +410,11 @@ Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT
   throws(shape, c, { ...ok, xq: b(q8ColumnWords(512) - 1) }, /binding xq/);
   throws(shape, c, { ...ok, yq: b(q8ColumnWords(64)) }, /binding yq/);
   throws(shape, { ...c, TYPE: 8 }, ok, /moe_matvec_q8: TYPE=8/);
+  const xin = moeMatvecQ8Constants(shape, undefined, { team: 16, rows: 2, xin: true });
+  const okXin = { ...ok, xq: b(512 * 1), yq: b(q8ColumnWords(512)) };
+  checkMoeMatvecQ8(shape, xin, okXin);
+  throws(shape, { ...xin, KC: 8 }, okXin, /XIN needs KC = K\/32 = 16/);
+  throws(shape, { ...xin, QOUT: true }, okXin, /XIN and QOUT both write yq/);
+  throws(shape, xin, { ...okXin, xq: b(511) }, /binding xq \(f32 x with XIN\)/);
+  throws(shape, xin, { ...okXin, yq: b(q8ColumnWords(512) - 1) }, /binding yq \(the int8 x with XIN\)/);
 });

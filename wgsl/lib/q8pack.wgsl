@@ -18,29 +18,41 @@ fn q8x_q4(v: vec4<f32>, inv: f32) -> vec4<i32> {
   return clamp(vec4<i32>(round(v * inv)), vec4<i32>(-127), vec4<i32>(127));
 }
 
+// The largest |v| of a quad.
+fn q8x_amax4(v: vec4<f32>) -> f32 {
+  let a = abs(v);
+  return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// (d, 1/d) of a chunk whose largest |v| is amax (1/d = 0 for an all-zero chunk).
+fn q8x_d(amax: f32) -> vec2<f32> {
+  let d = amax / 127.0;
+  return vec2<f32>(d, select(0.0, 1.0 / d, d > 0.0));
+}
+
+// Quad word m of a chunk in byte order `order` (a LAYOUT), from its element quads: order 0 reads lo = v[m];
+// order 1 lo = v[m / 2] and hi = v[4 + m / 2] (word m takes their x, y (m even) or z, w (m odd) halves).
+fn q8x_word(order: u32, m: u32, lo: vec4<f32>, hi: vec4<f32>, inv: f32) -> u32 {
+  let l = q8x_q4(lo, inv);
+  if (order == 0u) {
+    return pack4xI8(l);
+  }
+  let h = q8x_q4(hi, inv);
+  return select(pack4xI8(vec4<i32>(l.xy, h.xy)), pack4xI8(vec4<i32>(l.zw, h.zw)), (m & 1u) == 1u);
+}
+
 // The chunk of values v (elements 4m..4m+3 in v[m]): its quad words in LAYOUT order, its scale, and v.
 fn q8x_pack(v: array<vec4<f32>, 8>) -> Q8xChunk {
   var out: Q8xChunk;
   out.v = v;
   var amax = 0.0;
   for (var m = 0u; m < 8u; m++) {
-    let a = abs(v[m]);
-    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    amax = max(amax, q8x_amax4(v[m]));
   }
-  let d = amax / 127.0;
-  let inv = select(0.0, 1.0 / d, d > 0.0);
-  out.d = d;
-  if (LAYOUT == 0u) {
-    for (var m = 0u; m < 8u; m++) {
-      out.w[m] = pack4xI8(q8x_q4(v[m], inv));
-    }
-  } else {
-    for (var j = 0u; j < 4u; j++) {
-      let lo = q8x_q4(v[j], inv);
-      let hi = q8x_q4(v[4u + j], inv);
-      out.w[2u * j] = pack4xI8(vec4<i32>(lo.xy, hi.xy));
-      out.w[2u * j + 1u] = pack4xI8(vec4<i32>(lo.zw, hi.zw));
-    }
+  let dv = q8x_d(amax);
+  out.d = dv.x;
+  for (var m = 0u; m < 8u; m++) {
+    out.w[m] = q8x_word(LAYOUT, m, v[select(m, m / 2u, LAYOUT == 1u)], v[4u + m / 2u], dv.y);
   }
   return out;
 }

@@ -88,6 +88,14 @@ import {
   type MoeMatvecShape,
 } from "../wgsl/moe_matvec.ts";
 import {
+  checkMoeMatvecQ8,
+  MOE_MATVEC_Q8,
+  type MoeMatvecQ8Bindings,
+  moeMatvecQ8Constants,
+  moeMatvecQ8Fits,
+  moeMatvecQ8Grid,
+} from "../wgsl/moe_matvec_q8.ts";
+import {
   MOE_ROUTE,
   moeRouteBindGroup,
   type MoeRouteConstants,
@@ -1758,6 +1766,8 @@ class GraphBuilder {
   readonly #int8Activations: boolean;
   /** int8 x buffers (quantize_q8's output) by K, created on first use. */
   readonly #xq = new Map<number, GPUBuffer>();
+  /** The expert passes' rounded x when nothing logs it (#expertsQ8). */
+  #moeXq: GPUBuffer | undefined;
   /** The x the last int8 mat-vec quantized, and the op count after it (see #matvecQ8). */
   #lastQ8:
     | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
@@ -2778,22 +2788,14 @@ class GraphBuilder {
       gateUp: true,
       sharedCols: e.shared ? n : 0,
     };
-    let c = moeMatvecConstants(gu, e.route, this.#moeTuning?.gateUp);
-    await this.#push(
-      e.route ? `${label}.route+gate_up` : `${label}.gate_up`,
-      MOE_MATVEC,
-      c,
-      [
-        this.#storage(moeMatvecParams(gu)),
-        e.ids,
-        g.buffer,
-        cx.act.m!,
-        e.act,
-        e.route?.logits ?? cx.act.m!,
-        e.route?.weights ?? this.#scratch(),
-      ],
-      moeMatvecGrid(gu, c),
-    );
+    // int8Activations: the expert passes take int8 x where their weights allow it (moe_matvec_q8 XIN: every
+    // workgroup rounds its f32 x column in its prologue), up to the mat-vec chunk width as the dense ones.
+    const int8 = this.#int8Activations && n <= MATVEC_MAX_COLS && !e.route;
+    if (int8 && moeMatvecQ8Fits(gu)) {
+      await this.#expertsQ8(`${label}.gate_up`, gu, g.buffer, e.ids, cx.act.m!, e.act, n);
+    } else {
+      await this.#expertsF32(label, gu, e, g.buffer, cx.act.m!, e.act, e.route);
+    }
     const dp = e.down.parts[0]!;
     assert(e.down.parts.length === 1, `${label}: down in one binding`);
     const dn: MoeMatvecShape = {
@@ -2807,13 +2809,120 @@ class GraphBuilder {
       gateUp: false,
       sharedCols: e.shared ? n : 0,
     };
-    c = moeMatvecConstants(dn, undefined, this.#moeTuning?.down);
+    if (int8 && moeMatvecQ8Fits(dn)) {
+      await this.#expertsQ8(
+        `${label}.down`,
+        dn,
+        dp.buffer,
+        e.ids,
+        e.act,
+        e.out,
+        e.used * n + (e.shared ? n : 0),
+      );
+    } else {
+      await this.#expertsF32(label, dn, e, dp.buffer, e.act, e.out);
+    }
+  }
+
+  /** One expert pass through moe_matvec (f32 x); `route`: the gate·up pass routes in its prologue. */
+  async #expertsF32(
+    label: string,
+    shape: MoeMatvecShape,
+    e: { ids: GPUBuffer },
+    weights: GPUBuffer,
+    x: GPUBuffer,
+    y: GPUBuffer,
+    route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number },
+  ) {
+    const gu = shape;
+    if (!shape.gateUp) {
+      const c = moeMatvecConstants(shape, undefined, this.#moeTuning?.down);
+      await this.#push(
+        `${label}.down`,
+        MOE_MATVEC,
+        c,
+        [this.#storage(moeMatvecParams(shape)), e.ids, weights, x, y, x, this.#scratch()],
+        moeMatvecGrid(shape, c),
+      );
+      return;
+    }
+    const c = moeMatvecConstants(gu, route, this.#moeTuning?.gateUp);
     await this.#push(
-      `${label}.down`,
+      route ? `${label}.route+gate_up` : `${label}.gate_up`,
       MOE_MATVEC,
       c,
-      [this.#storage(moeMatvecParams(dn)), e.ids, dp.buffer, e.act, e.out, e.act, this.#scratch()],
-      moeMatvecGrid(dn, c),
+      [
+        this.#storage(moeMatvecParams(gu)),
+        e.ids,
+        weights,
+        x,
+        y,
+        route?.logits ?? x,
+        route?.weights ?? this.#scratch(),
+      ],
+      moeMatvecGrid(gu, c),
+    );
+  }
+
+  /**
+   * One expert pass through moe_matvec_q8 with XIN: f32 x (xCols columns) rounded to int8 in every
+   * workgroup's prologue, the rounded x written to the int8 log (int8Log) or to a scratch buffer.
+   */
+  async #expertsQ8(
+    label: string,
+    shape: MoeMatvecShape,
+    weights: GPUBuffer,
+    ids: GPUBuffer,
+    x: GPUBuffer,
+    y: GPUBuffer,
+    xCols: number,
+  ) {
+    const c = moeMatvecQ8Constants(shape, undefined, { xin: true });
+    const bytes = xCols * q8xBytes(shape.k);
+    let yq: Binding;
+    const log = this.#int8Log;
+    if (log) {
+      const offset = this.#logAt;
+      this.#logAt = Math.ceil((offset + bytes) / 256) * 256;
+      assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
+      for (let col = 0; col < xCols; col++) {
+        log.entries.push({
+          label,
+          col,
+          k: shape.k,
+          type: shape.type,
+          offset: offset + col * q8xBytes(shape.k),
+        });
+      }
+      yq = { buffer: log.buffer, offset, size: Math.ceil(bytes / 4) * 4 };
+    } else {
+      // The rounded x nobody reads back: one scratch buffer for every expert pass of the graph.
+      if (!this.#moeXq || this.#moeXq.size < bytes) {
+        this.#moeXq = this.#device.createBuffer({
+          label: "moe int8 x",
+          size: Math.ceil(bytes / 256) * 256,
+          usage: GPUBufferUsage.STORAGE,
+        });
+        this.#owned.push(this.#moeXq);
+      }
+      yq = { buffer: this.#moeXq, offset: 0, size: Math.ceil(bytes / 4) * 4 };
+    }
+    const b: MoeMatvecQ8Bindings = {
+      params: this.#storage(moeMatvecParams(shape)),
+      ids,
+      weights,
+      weights2: weights,
+      xq: x,
+      y,
+      yq,
+    };
+    checkMoeMatvecQ8(shape, c, b);
+    await this.#push(
+      label,
+      MOE_MATVEC_Q8,
+      c,
+      [b.params, ids, weights, weights, x, y, yq],
+      moeMatvecQ8Grid(shape, c),
     );
   }
 }

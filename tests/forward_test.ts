@@ -137,9 +137,22 @@ for (const m of MODELS) {
   });
 }
 
-/** The reference's name for the rounding a logged int8 x fed (label `L<l>.<tensor>...` or `output...`). */
-function int8Key(label: string, col: number): string {
+/**
+ * The reference's name for the rounding a logged int8 x fed (label `L<l>.<tensor>...` or `output...`), in a
+ * chunk of n tokens with `used` experts per token. Expert passes: `L<l>.ffn_exps[+shexp].gate_up` logs x per
+ * token; `.down` per activation column (token·used + slot for the routed ones, then one shared column per
+ * token); `L<l>.ffn_shexp.*` the shared expert on its own (slot `used`).
+ */
+function int8Key(label: string, col: number, n: number, used: number): string {
   if (label.startsWith("output")) return `-1/head/${col}`;
+  const e = /^L(\d+)\.ffn_(exps|exps\+shexp|shexp)\.(gate_up|down)$/.exec(label);
+  if (e) {
+    if (e[3] === "gate_up") return `${e[1]}/moe_in/${col}`;
+    if (e[2] === "shexp") return `${e[1]}/moe_act/${col}.${used}`;
+    return col < used * n
+      ? `${e[1]}/moe_act/${Math.floor(col / used)}.${col % used}`
+      : `${e[1]}/moe_act/${col - used * n}.${used}`;
+  }
   const m = /^L(\d+)\.([a-z_]+)/.exec(label);
   assert.ok(m, `unexpected int8 mat-vec label ${label}`);
   const source = m[2] === "attn_output" ? "attn_o" : m[2] === "ssm_out" ? "ssm_o" : "in";
@@ -173,7 +186,7 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
     const ref = await RefModel.load(file, {
       int8Activations: true,
       int8Decisions: (at) => {
-        const key = `${at.layer}/${at.source}/${at.token}`;
+        const key = `${at.layer}/${at.source}/${at.token}${at.slot === undefined ? "" : `.${at.slot}`}`;
         const e = logged.get(key);
         if (!e) throw new Error(`the GPU logged no int8 x for ${key}`);
         asked.add(key);
@@ -194,7 +207,7 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
         logged.clear();
         asked.clear();
         for (const e of await stage.int8Log()) {
-          const key = int8Key(e.label, e.col);
+          const key = int8Key(e.label, e.col, chunk.length, stage.hp.nExpertUsed);
           const prev = logged.get(key);
           // Two mat-vecs reading the same x (attn_q, attn_k, ... unfused) must have rounded it alike.
           if (prev) {

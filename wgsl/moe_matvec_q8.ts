@@ -61,27 +61,40 @@ export function q8ColumnWords(k: number): number {
 }
 
 /**
- * Default constants. TEAM: a power of two ≤ min(16, K/32) (at least 2 chunks per invocation); ROWS 2 at TEAM
- * 16, else 1. Without tuning, QOUT then holds whole 32-row chunks (WG_ROWS ≥ 32). `outType`: the down weights'
- * type when the gate·up pass should write their int8 x (QOUT).
+ * Default constants, from the H200 sweep (bench/moe.ts, docs/PERF.md; decode shapes): TEAM the largest power
+ * of two ≤ min(16, K/128), ROWS 1 (gate·up [2048 → 2×512] at T16 R1: 10.8 µs with int8 x read, 13.7 with XIN;
+ * down [512 → 2048] at T4 R1: 10.7 and 12.8), or 2 at TEAM 16 with QOUT (whole 32-row chunks per workgroup).
+ * `outType`: the down weights' type when the gate·up pass should write their int8 x (QOUT); `tuning`
+ * overrides TEAM and ROWS and asks for XIN.
  */
 export function moeMatvecQ8Constants(
   shape: MoeMatvecShape,
   outType?: GgmlTypeName,
-  tuning?: MoeMatvecTuning & { xin?: boolean },
+  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean },
 ): MoeMatvecQ8Constants {
   let team = 1;
-  while (team * 2 <= Math.min(16, shape.k / 64)) team *= 2;
+  while (team * 2 <= Math.min(16, shape.k / 128)) team *= 2;
+  const qout = outType !== undefined;
   return {
     TYPE: TYPE_ID[shape.type],
     TEAM: tuning?.team ?? team,
-    ROWS: tuning?.rows ?? (team === 16 ? 2 : 1),
-    OUT_LAYOUT: outType === undefined ? 0 : q8Layout(outType),
+    ROWS: tuning?.rows ?? (qout && team === 16 ? 2 : 1),
+    OUT_LAYOUT: qout ? q8Layout(outType) : 0,
     GATE_UP: shape.gateUp,
-    QOUT: outType !== undefined,
+    QOUT: qout,
     XIN: tuning?.xin ?? false,
     KC: tuning?.xin ? shape.k / 32 : 1,
   };
+}
+
+/**
+ * Whether moe_matvec_q8 takes this expert pass: Q8_0 or IQ4_XS weights, K a multiple of 128, and matrix
+ * offsets the kernel's word-pair loads allow (8 bytes for IQ4_XS, 4 for Q8_0).
+ */
+export function moeMatvecQ8Fits(shape: MoeMatvecShape): boolean {
+  const align = shape.type === "IQ4_XS" ? 8 : 4;
+  return MATVEC_Q8_TYPES.includes(shape.type) && shape.k % 128 === 0 && shape.offGateBytes % align === 0 &&
+    (shape.offUpBytes ?? 0) % align === 0;
 }
 
 /** Dispatch grid: row blocks × columns (routed and shared). */

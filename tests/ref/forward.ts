@@ -94,15 +94,17 @@ export interface RefModelOptions {
   readonly kvGroupOfVHead?: (h: number) => number;
   /**
    * Mirror of `StageOptions.int8Activations`: x rounded to int8 per 32 elements ({@linkcode roundQ8}) before
-   * each dense mat-vec of a Q8_0 or IQ4_XS weight (projections, output projections, LM head; not the router,
-   * not the experts). The engine rounds only in mat-vec chunks (at most 8 tokens). On its own this rounding
+   * each mat-vec of a Q8_0 or IQ4_XS weight (projections, output projections, LM head, the experts' gate·up
+   * and down, each pair of passes by its own weights' type; not the router). The engine rounds only in mat-vec
+   * chunks (at most 8 tokens). On its own this rounding
    * decides near-ties differently from the f32 engine now and then; `int8Decisions` shares the engine's.
    */
   readonly int8Activations?: boolean;
   /**
    * With int8Activations: the engine's rounding decisions (`Stage.int8Log` of the same chunk), asked per
    * rounding by layer (-1 for the LM head), x source (`in`: the normed mixer input; `attn_o`, `ssm_o`: the
-   * output projections' inputs; `head`) and token of the forward call. Each is checked against this model's
+   * output projections' inputs; `head`; `moe_in`: the experts' input, `moe_act`: the hidden activations of
+   * expert `slot`) and token of the forward call. Each is checked against this model's
    * own x (|x/d − q| ≤ ½ + {@linkcode INT8_Q_SLACK}, d within {@linkcode INT8_D_RTOL} of max|x|/127) and then
    * used instead of its own rounding, so that a near-tie rounded the other way does not set the two apart.
    */
@@ -114,9 +116,11 @@ export interface Int8At {
   /** Decoder layer, or -1 for the LM head. */
   readonly layer: number;
   /** The x the mat-vec reads. */
-  readonly source: "in" | "attn_o" | "ssm_o" | "head";
+  readonly source: "in" | "attn_o" | "ssm_o" | "head" | "moe_in" | "moe_act";
   /** Token index within the forward call. */
   readonly token: number;
+  /** moe_act: the selected expert's rank (0..nUsed-1), or nUsed for the shared expert. */
+  readonly slot?: number;
 }
 
 /** Slack of an engine's int8 value against this model's x/d (the engine's x differs in f32 rounding). */
@@ -368,9 +372,14 @@ export class RefModel {
       : id === "ssm_out"
       ? "ssm_o"
       : "in";
-    const at: Int8At = { layer: Number(l), source, token };
-    const { q, d } = this.#decisions(at);
-    const where = `int8 decision of layer ${at.layer} ${source} token ${token} (${key})`;
+    return this.#decided({ layer: Number(l), source, token }, x, key);
+  }
+
+  /** x rounded as the engine decided at `at` (int8Decisions), each decision checked against x first. */
+  #decided(at: Int8At, x: Float64Array, key: string): Float64Array {
+    const { q, d } = this.#decisions!(at);
+    const where = `int8 decision of layer ${at.layer} ${at.source} token ${at.token}` +
+      `${at.slot === undefined ? "" : ` slot ${at.slot}`} (${key})`;
     if (q.length !== x.length || d.length !== x.length / 32) {
       throw new Error(`${where}: ${q.length} values and ${d.length} scales for ${x.length} elements`);
     }
@@ -414,7 +423,7 @@ export class RefModel {
       this.#put("ffn_inp", layer, h);
       const m = h.map((x) => rmsNorm(x, need(w, "post_attention_norm", layer), { eps: hp.rmsEps }));
       this.#put("ffn_norm", layer, m);
-      const f = m.map((x) => this.#moe(layer, w, x));
+      const f = m.map((x, t) => this.#moe(layer, w, x, t));
       this.#put("ffn_out", layer, f);
       h = h.map((x, t) => add(x, f[t]!));
       this.#put("l_out", layer, h);
@@ -565,8 +574,26 @@ export class RefModel {
   }
 
   /** Spec §10: routed top-k experts plus the sigmoid-gated shared expert. */
-  #moe(layer: number, w: LayerWeights, m: Float64Array): Float64Array {
+  #moe(layer: number, w: LayerWeights, m: Float64Array, token: number): Float64Array {
+    // int8Activations: the gate·up pair and the down pair (routed and shared alike) round their x when their
+    // weights are Q8_0 or IQ4_XS, as the engine's moe_matvec_q8 passes.
+    const q8 = (id: string) => {
+      const t = this.#types.get(`${layer}/${id}`);
+      return this.#int8 && (t === "Q8_0" || t === "IQ4_XS");
+    };
+    const round = (x: Float64Array, at: Int8At, key: string) =>
+      this.#decisions ? this.#decided(at, x, key) : roundQ8(x);
+    const x8 = {
+      in: q8("ffn_gate_exps") && q8("ffn_up_exps")
+        ? (x: Float64Array) => round(x, { layer, source: "moe_in", token }, `${layer}/ffn_gate_exps`)
+        : undefined,
+      act: q8("ffn_down_exps")
+        ? (hid: Float64Array, slot: number) =>
+          round(hid, { layer, source: "moe_act", token, slot }, `${layer}/ffn_down_exps`)
+        : undefined,
+    };
     return moeFfn(m, {
+      x8,
       gateInp: need(w, "ffn_gate_inp", layer),
       gateExps: need(w, "ffn_gate_exps", layer),
       upExps: need(w, "ffn_up_exps", layer),

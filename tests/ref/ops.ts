@@ -506,7 +506,13 @@ export function moeRoute(
  */
 export function expertFfn(
   x: ArrayLike<number>,
-  opts: { gate: ArrayLike<number>; up: ArrayLike<number>; down: ArrayLike<number> },
+  opts: {
+    gate: ArrayLike<number>;
+    up: ArrayLike<number>;
+    down: ArrayLike<number>;
+    /** What the down projection reads instead of the hidden activations (int8 activations). */
+    act?: (hid: Float64Array) => ArrayLike<number>;
+  },
 ): Float64Array {
   const a = matvec(opts.gate, x);
   const b = matvec(opts.up, x);
@@ -517,7 +523,7 @@ export function expertFfn(
   }
   const hid = new Float64Array(a.length);
   for (let i = 0; i < a.length; i++) hid[i] = silu(a[i]!) * b[i]!;
-  return matvec(opts.down, hid);
+  return matvec(opts.down, opts.act ? opts.act(hid) : hid);
 }
 
 /** Weights of one MoE FFN block (spec §4, §10), dequantized. */
@@ -548,7 +554,20 @@ export interface MoeWeights {
  */
 export function moeFfn(
   x: ArrayLike<number>,
-  opts: MoeWeights & { nExpert: number; nUsed: number; weightsScale?: number },
+  opts: MoeWeights & {
+    nExpert: number;
+    nUsed: number;
+    weightsScale?: number;
+    /**
+     * What the expert mat-vecs read instead of the exact values (int8 activations): `in` the x of the gate and
+     * up projections, `act` the hidden activations of selected expert `slot` (0..nUsed-1; nUsed: the shared
+     * expert) for its down projection. The router reads x as it is.
+     */
+    x8?: {
+      in?: (x: Float64Array) => ArrayLike<number>;
+      act?: (hid: Float64Array, slot: number) => ArrayLike<number>;
+    };
+  },
 ): Float64Array {
   const D = x.length;
   const F = opts.gateExps.length / (D * opts.nExpert);
@@ -563,15 +582,23 @@ export function moeFfn(
   }
   const route = moeRoute(matvec(opts.gateInp, x, { ne1: opts.nExpert }), opts);
   const out = new Float64Array(D);
+  const xe = opts.x8?.in ? opts.x8.in(Float64Array.from(x)) : x;
+  const act = opts.x8?.act;
   route.ids.forEach((e, i) => {
-    const y = expertFfn(x, {
+    const y = expertFfn(xe, {
       gate: opts.gateExps.subarray(e * D * F, (e + 1) * D * F),
       up: opts.upExps.subarray(e * D * F, (e + 1) * D * F),
       down: opts.downExps.subarray(e * F * D, (e + 1) * F * D),
+      act: act && ((hid) => act(hid, i)),
     });
     for (let d = 0; d < D; d++) out[d] = out[d]! + route.weights[i]! * y[d]!;
   });
-  const shared = expertFfn(x, { gate: opts.gateShexp, up: opts.upShexp, down: opts.downShexp });
+  const shared = expertFfn(xe, {
+    gate: opts.gateShexp,
+    up: opts.upShexp,
+    down: opts.downShexp,
+    act: act && ((hid) => act(hid, opts.nUsed)),
+  });
   const gam = sigmoid(matvec(opts.gateInpShexp, x, { ne1: 1 })[0]!);
   for (let d = 0; d < D; d++) out[d] = out[d]! + gam * shared[d]!;
   return out;

@@ -210,8 +210,9 @@ export interface StageOptions {
   /**
    * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0 and IQ4_XS
    * weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot products, as
-   * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32 (their x also feeds the
-   * experts), and so do the expert mat-vecs and the prefill matmul. The mat-vec is faster per byte on the
+   * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32, and so does the
+   * prefill matmul. Expert passes of such weights (gate·up, down) round their x in each workgroup's prologue
+   * (moe_matvec_q8 XIN), except with fuseDecodeRoute. The mat-vec is faster per byte on the
    * H200, but the rounding of x costs about what it saves: the whole decode step measured 199.7-200.0 against
    * 197.4-199.5 tok/s without it (docs/PERF.md, eighth session), so it stays off by default. The rounding is
    * a different one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the
@@ -2646,8 +2647,8 @@ class GraphBuilder {
     const A = cx.act;
     const K = hp.nExpertUsed;
     const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
-    // The router keeps f32 x under int8Activations: A.m also feeds the experts (f32), and a deferred norm
-    // rides on this mat-vec.
+    // The router keeps f32 x under int8Activations: a deferred norm rides on this mat-vec, and the expert
+    // passes round A.m themselves (moe_matvec_q8 XIN).
     const routerFused = await this.#fusedMatvec(`L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
       f32: true,
     });

@@ -1769,6 +1769,8 @@ class GraphBuilder {
   readonly #xq = new Map<number, GPUBuffer>();
   /** The expert passes' rounded x when nothing logs it (#expertsQ8). */
   #moeXq: GPUBuffer | undefined;
+  /** The experts' input rounded by moe_route when nothing logs it (#moeInXq). */
+  #moeInXqBuf: GPUBuffer | undefined;
   /** The x the last int8 mat-vec quantized, and the op count after it (see #matvecQ8). */
   #lastQ8:
     | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
@@ -2670,22 +2672,40 @@ class GraphBuilder {
       wScale: moeWeightsScale(hp.expertWeightsScale),
     };
     const fuseRoute = n === 1 && this.#fuseDecodeRoute;
+    const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
+    // int8Activations: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
+    // instead of in every gate·up workgroup's prologue).
+    const xq8 = this.#int8Activations && n <= MATVEC_MAX_COLS && !fuseRoute &&
+        moeMatvecQ8Fits(this.#gateUpShape(exps, K, n, hp.nExpert, false))
+      ? {
+        type: typeName(exps.gate),
+        binding: this.#moeInXq(`L${l}.ffn_exps.gate_up`, hp.nEmbd, typeName(exps.gate), n),
+      }
+      : undefined;
     if (!fuseRoute) {
       const rc: MoeRouteConstants = {
         N_EXPERT: hp.nExpert,
         N_EXPERT_USED: K,
         WG: 256, // one expert per invocation: the rank count is a serial loop over all experts
         W_SCALE: route.wScale,
+        XQ: xq8 !== undefined,
+        KC: xq8 ? hp.nEmbd / 32 : 1,
+        LAYOUT: xq8 ? q8Layout(xq8.type) : 0,
       };
       await this.#checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
         moeRouteBindGroup(this.#device, {
           pipeline,
           constants: rc,
           nTokens: n,
-          buffers: { logits: A.router!, ids: A.ids!, weights: A.wts! },
+          buffers: {
+            logits: A.router!,
+            ids: A.ids!,
+            weights: A.wts!,
+            x: xq8 ? A.m! : A.router!,
+            xq: xq8?.binding ?? this.#scratch(),
+          },
         }), moeRouteGrid(n));
     }
-    const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
     const shexp = { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
     const follows = (a: GpuTensor, b: GpuTensor) =>
       a.parts.length === 1 && b.parts.length === 1 && a.parts[0]!.buffer === b.parts[0]!.buffer &&
@@ -2705,6 +2725,7 @@ class GraphBuilder {
         nExpert: hp.nExpert,
         shared: true,
         route: fuseRoute ? route : undefined,
+        xq8,
       }, cx);
     } else {
       await this.#experts(`L${l}.ffn_exps`, {
@@ -2717,6 +2738,7 @@ class GraphBuilder {
         nExpert: hp.nExpert,
         shared: false,
         route: fuseRoute ? route : undefined,
+        xq8,
       }, cx);
       await this.#experts(`L${l}.ffn_shexp`, {
         ...shexp,
@@ -2727,6 +2749,7 @@ class GraphBuilder {
         nFf: hp.nFfShexp,
         nExpert: 1,
         shared: false,
+        xq8,
       }, cx);
       sho = A.sho!;
     }
@@ -2766,6 +2789,8 @@ class GraphBuilder {
       shared: boolean;
       /** Route in the gate·up prologue: logits in, weights out (ids go to `ids`). */
       route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number };
+      /** The tokens' x rounded to int8 by moe_route, in the byte order of weights of `type`. */
+      xq8?: { type: GgmlTypeName; binding: Binding };
     },
     cx: BuildContext,
   ) {
@@ -2793,7 +2818,8 @@ class GraphBuilder {
     // workgroup rounds its f32 x column in its prologue), up to the mat-vec chunk width as the dense ones.
     const int8 = this.#int8Activations && n <= MATVEC_MAX_COLS && !e.route;
     if (int8 && moeMatvecQ8Fits(gu)) {
-      await this.#expertsQ8(`${label}.gate_up`, gu, g.buffer, e.ids, cx.act.m!, e.act, n);
+      const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
+      await this.#expertsQ8(`${label}.gate_up`, gu, g.buffer, e.ids, cx.act.m!, e.act, n, xq8);
     } else {
       await this.#expertsF32(label, gu, e, g.buffer, cx.act.m!, e.act, e.route);
     }
@@ -2823,6 +2849,55 @@ class GraphBuilder {
     } else {
       await this.#expertsF32(label, dn, e, dp.buffer, e.act, e.out);
     }
+  }
+
+  /** The gate·up pass of packed gate and up expert tensors over n tokens (used experts each). */
+  #gateUpShape(
+    e: { gate: GpuTensor; up: GpuTensor },
+    used: number,
+    n: number,
+    nExpert: number,
+    shared: boolean,
+  ): MoeMatvecShape {
+    return {
+      type: typeName(e.gate),
+      k: this.#hp.nEmbd,
+      n: e.gate.ne[1]!,
+      nExpert,
+      nCols: used * n,
+      xDiv: used,
+      offGateBytes: e.gate.parts[0]!.offsetBytes,
+      offUpBytes: e.up.parts[0]!.offsetBytes,
+      gateUp: true,
+      sharedCols: shared ? n : 0,
+    };
+  }
+
+  /**
+   * Where moe_route leaves n tokens' int8 x (K elements each, quantize_q8's format, 16-byte aligned columns):
+   * a region of the int8 log (logged under `label`, the gate·up pass that reads it) or a buffer of its own.
+   */
+  #moeInXq(label: string, k: number, type: GgmlTypeName, n: number): Binding {
+    const bytes = n * q8xBytes(k);
+    const log = this.#int8Log;
+    if (log) {
+      const offset = this.#logAt;
+      this.#logAt = Math.ceil((offset + bytes) / 256) * 256;
+      assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
+      for (let col = 0; col < n; col++) {
+        log.entries.push({ label, col, k, type, offset: offset + col * q8xBytes(k) });
+      }
+      return { buffer: log.buffer, offset, size: Math.ceil(bytes / 4) * 4 };
+    }
+    if (!this.#moeInXqBuf || this.#moeInXqBuf.size < bytes) {
+      this.#moeInXqBuf = this.#device.createBuffer({
+        label: "moe int8 input",
+        size: Math.ceil(bytes / 256) * 256,
+        usage: GPUBufferUsage.STORAGE,
+      });
+      this.#owned.push(this.#moeInXqBuf);
+    }
+    return { buffer: this.#moeInXqBuf, offset: 0, size: Math.ceil(bytes / 4) * 4 };
   }
 
   /** One expert pass through moe_matvec (f32 x); `route`: the gate·up pass routes in its prologue. */
@@ -2877,7 +2952,30 @@ class GraphBuilder {
     x: GPUBuffer,
     y: GPUBuffer,
     xCols: number,
+    xq8?: Binding,
   ) {
+    if (xq8) {
+      // x already rounded (moe_route XQ): read it as it is.
+      const c = moeMatvecQ8Constants(shape);
+      const b: MoeMatvecQ8Bindings = {
+        params: this.#storage(moeMatvecParams(shape)),
+        ids,
+        weights,
+        weights2: weights,
+        xq: xq8,
+        y,
+        yq: this.#scratch(),
+      };
+      checkMoeMatvecQ8(shape, c, b);
+      await this.#push(
+        label,
+        MOE_MATVEC_Q8,
+        c,
+        [b.params, ids, weights, weights, xq8, y, b.yq],
+        moeMatvecQ8Grid(shape, c),
+      );
+      return;
+    }
     const c = moeMatvecQ8Constants(shape, undefined, { xin: true });
     const bytes = xCols * q8xBytes(shape.k);
     let yq: Binding;

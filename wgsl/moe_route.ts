@@ -15,21 +15,36 @@ export type MoeRouteConstants = {
   readonly N_EXPERT_USED: number;
   readonly WG: number;
   readonly W_SCALE: number;
+  /** Also round each token's x to int8 for the gate·up pass (moe_matvec_q8 reading int8 x). */
+  readonly XQ: boolean;
+  /** XQ: the chunks of x (K / 32); 1 otherwise. */
+  readonly KC: number;
+  /** XQ: the byte order of the experts' weight type (`q8Layout`); 0 otherwise. */
+  readonly LAYOUT: number;
 };
 
 /** Kernel spec of `moe_route.wgsl`. */
 export const MOE_ROUTE: KernelSpec = {
   name: "moe_route",
   url: new URL("./moe_route.wgsl", import.meta.url),
-  lib: ["route"],
-  constants: { N_EXPERT: "u32", N_EXPERT_USED: "u32", WG: "u32", W_SCALE: "f32" },
+  lib: ["route", "q8pack"],
+  constants: {
+    N_EXPERT: "u32",
+    N_EXPERT_USED: "u32",
+    WG: "u32",
+    W_SCALE: "f32",
+    XQ: "bool",
+    KC: "u32",
+    LAYOUT: "u32",
+  },
 };
 
 /**
  * Binding order: logits f32 ne=[N_EXPERT, nTokens]; ids u32 ne=[N_EXPERT_USED, nTokens];
- * weights f32 ne=[N_EXPERT_USED, nTokens].
+ * weights f32 ne=[N_EXPERT_USED, nTokens]; x f32 ne=[32·KC, nTokens] and xq u32 ne=[9·KC, nTokens] (XQ;
+ * otherwise any buffer, and for xq one not bound elsewhere).
  */
-export const MOE_ROUTE_BINDINGS = ["logits", "ids", "weights"] as const;
+export const MOE_ROUTE_BINDINGS = ["logits", "ids", "weights", "x", "xq"] as const;
 
 /** Buffers of one `moe_route` dispatch, by binding name. */
 export type MoeRouteBuffers = Readonly<Record<(typeof MOE_ROUTE_BINDINGS)[number], Binding>>;
@@ -49,6 +64,10 @@ export function checkMoeRoute(c: MoeRouteConstants, nTokens: number): void {
   checkShape(isPow2(c.WG) && c.WG <= 256, `moe_route: WG must be a power of two <= 256, got ${c.WG}`);
   checkShape(Number.isFinite(c.W_SCALE) && c.W_SCALE !== 0, `moe_route: W_SCALE must be finite and non-zero`);
   checkInt("moe_route: nTokens", nTokens, 1, MAX_WORKGROUPS_PER_DIM);
+  if (c.XQ) {
+    checkInt("moe_route: KC (K / 32 with XQ)", c.KC, 1, 1 << 20);
+    checkInt("moe_route: LAYOUT", c.LAYOUT, 0, 1);
+  }
 }
 
 /**
@@ -69,6 +88,10 @@ export function moeRouteBindGroup(
   checkBinding("moe_route", "logits", b.logits, [c.N_EXPERT, n]);
   checkBinding("moe_route", "ids", b.ids, [c.N_EXPERT_USED, n]);
   checkBinding("moe_route", "weights", b.weights, [c.N_EXPERT_USED, n]);
+  if (c.XQ) {
+    checkBinding("moe_route", "x", b.x, [32 * c.KC, n]);
+    checkBinding("moe_route", "xq", b.xq, [9 * c.KC, n]);
+  }
   return bindGroup(device, opts.pipeline, MOE_ROUTE_BINDINGS.map((name) => b[name]));
 }
 

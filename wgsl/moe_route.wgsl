@@ -4,14 +4,21 @@
 //   logits   f32 ne=[N_EXPERT, nTokens]       router logits (ffn_gate_inp output)
 //   ids      u32 ne=[N_EXPERT_USED, nTokens]  selected experts, most probable first
 //   weights  f32 ne=[N_EXPERT_USED, nTokens]  their routing weights
+//   x        f32 ne=[32·KC, nTokens]  the experts' input (XQ; otherwise any buffer of ≥ 16 bytes)
+//   xq       u32 read_write: token t's x rounded to int8 at word t·9·KC in quantize_q8's format and byte order
+//            LAYOUT (lib/q8pack.wgsl, the same bits), the gate·up pass's int8 x (XQ; otherwise any buffer not
+//            bound elsewhere)
 // Grid (nTokens): workgroup t owns token t.
 // Constants: const N_EXPERT, N_EXPERT_USED, WG: u32 (WG power of two <= 256); const W_SCALE: f32 (1 when
-// the model has no expert_weights_scale).
+// the model has no expert_weights_scale); const XQ: bool, const KC, LAYOUT: u32 (XQ: the chunks of x and the
+// byte order of the experts' weight type; 1 and 0 otherwise).
 // Limits: N_EXPERT <= 4096 (16 KiB of workgroup memory); N_EXPERT_USED <= min(N_EXPERT, 256).
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> weights: array<f32>;
+@group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 
 fn route_logit(t: u32, e: u32) -> f32 {
   return logits[t * N_EXPERT + e];
@@ -24,5 +31,25 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   for (var j = lid; j < N_EXPERT_USED; j += WG) {
     ids[t * N_EXPERT_USED + j] = route_id[j];
     weights[t * N_EXPERT_USED + j] = route_w[j];
+  }
+  if (XQ) {
+    // One invocation per quad word of the int8 x; each computes its chunk's scale (the same bits).
+    let xb = t * 8u * KC;
+    let o = t * 9u * KC;
+    for (var i = lid; i < 8u * KC; i += WG) {
+      let c = i / 8u;
+      let m = i % 8u;
+      var amax = 0.0;
+      for (var j = 0u; j < 8u; j++) {
+        amax = max(amax, q8x_amax4(x[xb + 8u * c + j]));
+      }
+      let dv = q8x_d(amax);
+      let lo = x[xb + 8u * c + select(m, m / 2u, LAYOUT == 1u)];
+      let hi = x[xb + 8u * c + 4u + m / 2u];
+      xq[o + 8u * c + m] = q8x_word(LAYOUT, m, lo, hi, dv.y);
+      if (m == 0u) {
+        xq[o + 8u * KC + c] = bitcast<u32>(dv.x);
+      }
+    }
   }
 }

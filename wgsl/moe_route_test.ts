@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { PipelineCache } from "../engine/gpu/kernel.ts";
 import { moeRoute } from "../tests/ref/ops.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
-import { GUARD_WORDS, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
 import {
   encodeMoeRoute,
@@ -12,6 +12,8 @@ import {
   moeWeightsScale,
 } from "./moe_route.ts";
 import { checkF32 } from "./_test_util.ts";
+import { encodeQ8, prepareQuantizeQ8, q8Layout, q8xBytes, quantizeQ8Params } from "./matvec_q8.ts";
+import type { GgmlTypeName } from "../engine/quant/types.ts";
 
 /** f32 exp and a sum over <= 512 experts, then a ratio of two f32 sums: a few ulp relative. */
 const TOL = { atol: 1e-7, rtol: 2e-6 };
@@ -42,15 +44,34 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
-  const runs = [];
+  const runs: {
+    k: Case;
+    c: MoeRouteConstants;
+    b: { logits: GPUBuffer; ids: GPUBuffer; weights: GPUBuffer; x: GPUBuffer; xq: GPUBuffer };
+    refIds: number[];
+    refW: number[];
+    x: Float32Array;
+    xType: GgmlTypeName | undefined;
+    kc: number;
+  }[] = [];
   for (const k of cases) {
     const nUsed = k.nUsed || rng.int(1, Math.min(k.nExpert, 16) + 1);
+    // Every other case also rounds each token's x to int8 (XQ), in a random weight type's byte order.
+    const xType: GgmlTypeName | undefined = runs.length % 2 === 0
+      ? (["Q8_0", "IQ4_XS"] as const)[rng.int(0, 2)]
+      : undefined;
+    const kc = rng.int(1, 80);
     const c: MoeRouteConstants = {
       N_EXPERT: k.nExpert,
       N_EXPERT_USED: nUsed,
       WG: k.wg,
       W_SCALE: moeWeightsScale(k.scale),
+      XQ: xType !== undefined,
+      KC: xType ? kc : 1,
+      LAYOUT: xType ? q8Layout(xType) : 0,
     };
+    const x = rng.normals(32 * kc * k.nTokens, 10 ** rng.int(-2, 3));
+    x.fill(0, 0, 32); // an all-zero chunk
     const logits = k.ties
       ? Float32Array.from({ length: k.nExpert * k.nTokens }, () => rng.int(-3, 4) * 0.75)
       : rng.normals(k.nExpert * k.nTokens, 3);
@@ -58,6 +79,8 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
       logits: upload(device, logits),
       ids: poisoned(device, nUsed * k.nTokens, POISON_U32),
       weights: poisoned(device, nUsed * k.nTokens),
+      x: upload(device, x),
+      xq: poisoned(device, xType ? 9 * kc * k.nTokens : 1),
     };
     const pipeline = await cache.get(MOE_ROUTE, c);
     const bg = moeRouteBindGroup(device, { pipeline, constants: c, nTokens: k.nTokens, buffers: b });
@@ -72,26 +95,80 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
       refIds.push(...r.ids);
       refW.push(...r.weights);
     }
-    runs.push({ k, c, b, refIds, refW });
+    runs.push({ k, c, b, refIds, refW, x, xType, kc });
   }
   pass.end();
   device.queue.submit([enc.finish()]);
-  const outs = await readAll(device, runs.flatMap((r) => [r.b.ids, r.b.weights]));
-  runs.forEach((r, i) => {
+  const outs = await readAll(device, runs.flatMap((r) => [r.b.ids, r.b.weights, r.b.xq]));
+  for (const [i, r] of runs.entries()) {
     const what = `moe_route N_EXPERT=${r.c.N_EXPERT} N_EXPERT_USED=${r.c.N_EXPERT_USED} WG=${r.c.WG} ` +
       `nTokens=${r.k.nTokens} ties=${r.k.ties}`;
     const n = r.refIds.length;
-    const ids = new Uint32Array(outs[2 * i]!);
+    const ids = new Uint32Array(outs[3 * i]!);
     assert.deepEqual(Array.from(ids.subarray(0, n)), r.refIds, `${what} (seed ${rng.seed}): ids`);
     assertPoisoned(ids.subarray(n, n + GUARD_WORDS), POISON_U32, `${what} (seed ${rng.seed}) ids`);
-    checkF32(outs[2 * i + 1]!, r.refW, TOL, { what: `${what} weights`, seed: rng.seed });
+    checkF32(outs[3 * i + 1]!, r.refW, TOL, { what: `${what} weights`, seed: rng.seed });
+    if (r.xType) {
+      // XQ: each token's int8 x has the bits quantize_q8 gives it.
+      const words = 9 * r.kc;
+      const got = new Uint32Array(outs[3 * i + 2]!);
+      for (let t = 0; t < r.k.nTokens; t++) {
+        const want = await quantize(device, cache, r.xType, r.x.subarray(32 * r.kc * t, 32 * r.kc * (t + 1)));
+        assert.deepEqual(
+          [...got.subarray(words * t, words * (t + 1))],
+          [...want],
+          `${what} XQ ${r.xType} K=${32 * r.kc} (seed ${rng.seed}): token ${t}'s int8 x`,
+        );
+      }
+      assertPoisoned(
+        got.subarray(words * r.k.nTokens, words * r.k.nTokens + GUARD_WORDS),
+        POISON_F32,
+        `${what} xq`,
+      );
+    }
     Object.values(r.b).forEach((buf) => buf.destroy());
-  });
+  }
 });
+
+/** quantize_q8's output words for x (weights of `type`). */
+async function quantize(
+  device: GPUDevice,
+  cache: PipelineCache,
+  type: GgmlTypeName,
+  x: Float32Array,
+): Promise<Uint32Array> {
+  const k = x.length;
+  const xBuf = upload(device, x, "x");
+  const words = q8xBytes(k) / 4;
+  const xqBuf = poisoned(device, words);
+  const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+  device.queue.writeBuffer(pb, 0, quantizeQ8Params({ type, k }));
+  const op = await prepareQuantizeQ8(cache, {
+    device,
+    shape: { type, k },
+    bindings: { params: pb, x: xBuf, xq: { buffer: xqBuf, offset: 0, size: 4 * words } },
+  });
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encodeQ8(pass, op);
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const [out] = await readAll(device, [xqBuf]);
+  [xBuf, xqBuf, pb].forEach((b) => b.destroy());
+  return new Uint32Array(out!, 0, words);
+}
 
 Deno.test("moe_route shape check throws before encoding", async () => {
   const { device } = await testGpu();
-  const c: MoeRouteConstants = { N_EXPERT: 256, N_EXPERT_USED: 8, WG: 256, W_SCALE: 1 };
+  const c: MoeRouteConstants = {
+    N_EXPERT: 256,
+    N_EXPERT_USED: 8,
+    WG: 256,
+    W_SCALE: 1,
+    XQ: false,
+    KC: 1,
+    LAYOUT: 0,
+  };
   const pipeline = await new PipelineCache(device).get(MOE_ROUTE, c);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
   assert.throws(
@@ -100,17 +177,29 @@ Deno.test("moe_route shape check throws before encoding", async () => {
         pipeline,
         constants: c,
         nTokens: 2,
-        buffers: { logits: small, ids: small, weights: small },
+        buffers: { logits: small, ids: small, weights: small, x: small, xq: small },
       }),
     /binding logits holds 1024 bytes but ne=\[256, 2\]/,
   );
+  const big = device.createBuffer({ size: 4096, usage: GPUBufferUsage.STORAGE });
+  assert.throws(
+    () =>
+      moeRouteBindGroup(device, {
+        pipeline,
+        constants: { ...c, XQ: true, KC: 64, LAYOUT: 1 },
+        nTokens: 1,
+        buffers: { logits: big, ids: small, weights: small, x: small, xq: big },
+      }),
+    /binding x holds 1024 bytes but ne=\[2048, 1\]/,
+  );
+  big.destroy();
   assert.throws(
     () =>
       moeRouteBindGroup(device, {
         pipeline,
         constants: { ...c, N_EXPERT_USED: 300 },
         nTokens: 1,
-        buffers: { logits: small, ids: small, weights: small },
+        buffers: { logits: small, ids: small, weights: small, x: small, xq: small },
       }),
     /N_EXPERT_USED must be an integer in \[1, 256\]/,
   );

@@ -192,11 +192,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     for (var q = lid; q < WG_ROWS / 32u; q += WG) {
       let gc = wid.x * (WG_ROWS / 32u) + q;
       if (gc < n / 32u) {
-        var v: array<vec4<f32>, 8>;
+        var p: Q8xChunk;
+        var amax = 0.0;
         for (var m = 0u; m < 8u; m++) {
-          v[m] = yv[8u * q + m];
+          p.v[m] = yv[8u * q + m];
+          amax = max(amax, q8x_amax4(p.v[m]));
         }
-        let p = q8x_pack(v);
+        q8x_fill(&p, amax);
         for (var m = 0u; m < 8u; m++) {
           yq[yw + 8u * gc + m] = p.w[m];
         }

@@ -1,6 +1,8 @@
 // q8pack: 32 f32 values to int8 with one scale, the rounding of every int8 x in the engine (lib/q8x.wgsl for
-// quantize_q8 and matvec_q8_fused's prologue; moe_matvec_q8's QOUT epilogue), in ONE order of operations so that
-// all give the same bits. The including kernel declares `const LAYOUT: u32`.
+// quantize_q8 and matvec_q8_fused's prologue, moe_matvec_q8's QOUT epilogue: all eight words at once,
+// q8x_fill; moe_matvec_q8's XIN prologue and moe_route's XQ: one word per invocation, q8x_word), in ONE
+// order of operations so that all give the same bits (tested). The including kernel declares `const LAYOUT:
+// u32`.
 // d = max|v| / 127 (0 for an all-zero chunk), q_i = round(v_i · (1/d)) (ties to even), clamped to ±127;
 // v_i ≈ d·q_i. LAYOUT orders the 32 bytes as the weight type's kernel reads them:
 //   0 (Q8_0): word m = q[4m..4m+3] (natural order);
@@ -38,21 +40,26 @@ fn q8x_word(order: u32, m: u32, lo: vec4<f32>, hi: vec4<f32>, inv: f32) -> u32 {
     return pack4xI8(l);
   }
   let h = q8x_q4(hi, inv);
-  return select(pack4xI8(vec4<i32>(l.xy, h.xy)), pack4xI8(vec4<i32>(l.zw, h.zw)), (m & 1u) == 1u);
+  if ((m & 1u) == 0u) {
+    return pack4xI8(vec4<i32>(l.xy, h.xy));
+  }
+  return pack4xI8(vec4<i32>(l.zw, h.zw));
 }
 
-// The chunk of values v (elements 4m..4m+3 in v[m]): its quad words in LAYOUT order, its scale, and v.
-fn q8x_pack(v: array<vec4<f32>, 8>) -> Q8xChunk {
-  var out: Q8xChunk;
-  out.v = v;
-  var amax = 0.0;
-  for (var m = 0u; m < 8u; m++) {
-    amax = max(amax, q8x_amax4(v[m]));
-  }
+// Rounds the values of `out` (out.v, their largest |v| amax) into out.w and out.d, all eight words at once.
+fn q8x_fill(out: ptr<function, Q8xChunk>, amax: f32) {
   let dv = q8x_d(amax);
-  out.d = dv.x;
-  for (var m = 0u; m < 8u; m++) {
-    out.w[m] = q8x_word(LAYOUT, m, v[select(m, m / 2u, LAYOUT == 1u)], v[4u + m / 2u], dv.y);
+  (*out).d = dv.x;
+  if (LAYOUT == 0u) {
+    for (var m = 0u; m < 8u; m++) {
+      (*out).w[m] = pack4xI8(q8x_q4((*out).v[m], dv.y));
+    }
+  } else {
+    for (var j = 0u; j < 4u; j++) {
+      let lo = q8x_q4((*out).v[j], dv.y);
+      let hi = q8x_q4((*out).v[4u + j], dv.y);
+      (*out).w[2u * j] = pack4xI8(vec4<i32>(lo.xy, hi.xy));
+      (*out).w[2u * j + 1u] = pack4xI8(vec4<i32>(lo.zw, hi.zw));
+    }
   }
-  return out;
 }

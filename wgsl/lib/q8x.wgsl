@@ -19,14 +19,20 @@ fn q8x_scale(lid: u32, x_off: u32, k: u32) -> f32 {
   return rms_scale(lid, ss, k, EPS);
 }
 
-// Chunk c of the x whose quad c·8 sits at quad index xb (x_off / 4 + 8c), normed with `scale` (NORM).
+// Chunk c of the x whose quad c·8 sits at quad index xb (x_off / 4 + 8c), normed with `scale` (NORM). The
+// values go straight into the chunk and q8x_fill rounds them in place (a chunk assembled from an array
+// argument ran several times slower in matvec_q8_fused's prologue on the H200, docs/PERF.md).
 fn q8x_chunk(xb: u32, c: u32, scale: f32) -> Q8xChunk {
-  var v: array<vec4<f32>, 8>;
+  var out: Q8xChunk;
+  var amax = 0.0;
   for (var m = 0u; m < 8u; m++) {
-    v[m] = x[xb + m];
+    var v = x[xb + m];
     if (NORM == 1u) {
-      v[m] = v[m] * scale * nw[8u * c + m];
+      v = v * scale * nw[8u * c + m];
     }
+    out.v[m] = v;
+    amax = max(amax, q8x_amax4(v));
   }
-  return q8x_pack(v);
+  q8x_fill(&out, amax);
+  return out;
 }

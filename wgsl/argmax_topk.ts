@@ -5,7 +5,14 @@
  * @module
  */
 import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "../engine/gpu/kernel.ts";
-import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import {
+  checkBinding,
+  checkInt,
+  checkShape,
+  checkWorkgroupBytes,
+  isPow2,
+  MAX_WORKGROUPS_PER_DIM,
+} from "./_twin.ts";
 
 /**
  * Settings of one top-k: vocabulary size, K, partial workgroups, workgroup size and the sort buffer
@@ -81,11 +88,7 @@ export function argmaxTopkBindGroups(
   const { constants: c, buffers: b } = opts;
   checkArgmaxTopk(c);
   const bytes = 8 * c.BUF;
-  checkShape(
-    bytes <= device.limits.maxComputeWorkgroupStorageSize,
-    `argmax_topk: BUF=${c.BUF} needs ${bytes} bytes of workgroup memory, the device has ` +
-      `${device.limits.maxComputeWorkgroupStorageSize}: lower BUF`,
-  );
+  checkWorkgroupBytes(device, `argmax_topk: BUF=${c.BUF}`, bytes, "lower BUF");
   checkBinding("argmax_topk", "logits", b.logits, [c.N_VOCAB]);
   checkBinding("argmax_topk", "pairs", b.pairs, [2, c.K, c.N_BLOCK]);
   checkBinding("argmax_topk", "result", b.result, [2, c.K]);

@@ -7,7 +7,14 @@
  * @module
  */
 import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "../engine/gpu/kernel.ts";
-import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import {
+  checkBinding,
+  checkInt,
+  checkShape,
+  checkWorkgroupBytes,
+  isPow2,
+  MAX_WORKGROUPS_PER_DIM,
+} from "./_twin.ts";
 
 /**
  * Settings of one sampler: vocabulary size, candidate cap `K` (<= 64), partial workgroups, workgroup size,
@@ -211,11 +218,7 @@ export function sampleBindGroups(
   const { constants: c, buffers: b } = opts;
   checkSample(c);
   const bytes = sampleWorkgroupBytes(c);
-  checkShape(
-    bytes <= device.limits.maxComputeWorkgroupStorageSize,
-    `sample: BUF=${c.BUF} HIST=${c.HIST} WG=${c.WG} need ${bytes} bytes of workgroup memory, the device ` +
-      `has ${device.limits.maxComputeWorkgroupStorageSize}: lower BUF`,
-  );
+  checkWorkgroupBytes(device, `sample: BUF=${c.BUF} HIST=${c.HIST} WG=${c.WG}`, bytes, "lower BUF");
   checkBinding("sample", "logits", b.logits, [c.N_VOCAB]);
   checkBinding("sample", "pairs", b.pairs, [2, c.K + 1, c.N_BLOCK]);
   checkBinding("sample", "result", b.result, [2, c.K + 1]);

@@ -1,10 +1,11 @@
 /**
  * Twin of `moe_matvec_q8.wgsl`: moe_matvec's expert mat-vecs (experts from a GPU id buffer, the shared expert
- * as extra columns) with int8 x and integer dot products, as matvec_q8; with QOUT the gate·up pass also
- * writes its output rounded to int8, the down pass's x. Params are moe_matvec's words (`moeMatvecParams`).
+ * as extra columns) with int8 x and integer dot products, as matvec_q8. With XIN the x is f32 and every
+ * workgroup rounds its column itself (the engine's down pass); with QOUT the gate·up pass also writes its
+ * output rounded to int8, the down pass's x. Params are moe_matvec's words (`moeMatvecParams`).
  *
  * Numerics: as matvec_q8's. The products are those of the dequantized weights with the dequantized int8 x,
- * up to f32 rounding. A float64 reference takes the x that quantize_q8 (or QOUT) produced.
+ * up to f32 rounding. A float64 reference takes the x that quantize_q8 (or QOUT, or the XIN log) produced.
  * @module
  */
 import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";

@@ -211,11 +211,10 @@ export interface StageOptions {
    * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0 and IQ4_XS
    * weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot products, as
    * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32, and so does the
-   * prefill matmul. Expert passes of such weights (gate·up, down) round their x in each workgroup's prologue
-   * (moe_matvec_q8 XIN), except with fuseDecodeRoute. The mat-vec is faster per byte on the
-   * H200, but the rounding of x costs about what it saves: the whole decode step measured 199.7-200.0 against
-   * 197.4-199.5 tok/s without it (docs/PERF.md, eighth session), so it stays off by default. The rounding is
-   * a different one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the
+   * prefill matmul. Expert passes of such weights take int8 x too (moe_matvec_q8; moe_route rounds the
+   * experts' input, the down pass its own x), except with fuseDecodeRoute. On the H200 the whole decode step
+   * measured 206.1 / 205.3 against 196.9 tok/s without it (docs/PERF.md, ninth session). It is still off by
+   * default: it changes the default numerics, which is a step of its own. The rounding is a different one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the
    * decisions this stage logs with `int8Log`. Each column is its own dispatch (matvec_q8_fused, which
    * quantizes x in its prologue), so batched steps keep their solo bits. Default off.
    */

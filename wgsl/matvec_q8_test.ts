@@ -4,6 +4,7 @@ import { Rng } from "../tests/util/rng.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
 import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { assertDotClose, randomWeights, refProduct } from "./_quant_testing.ts";
+import { quantizeOnGpu } from "./_q8_testing.ts";
 import {
   checkMatvecQ8,
   checkMatvecQ8Fused,
@@ -57,36 +58,7 @@ function decodeXq(
   return { deq, q, d };
 }
 
-/** Runs quantize_q8 on x (at element offset xOff) and returns its output words (poison-checked guard). */
-async function quantize(
-  device: GPUDevice,
-  cache: PipelineCache,
-  type: GgmlTypeName,
-  x: Float32Array,
-  xOff: number,
-): Promise<{ words: Uint32Array; guard: Uint32Array }> {
-  const k = x.length;
-  const xAll = new Float32Array(xOff + k).fill(Number.NaN); // the offset's gap must not be read
-  xAll.set(x, xOff);
-  const xBuf = upload(device, xAll, "x");
-  const words = q8xBytes(k) / 4;
-  const xqBuf = poisoned(device, words);
-  const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-  device.queue.writeBuffer(pb, 0, quantizeQ8Params({ type, k, xOffset: xOff }));
-  const op = await prepareQuantizeQ8(cache, {
-    device,
-    shape: { type, k, xOffset: xOff },
-    bindings: { params: pb, x: xBuf, xq: { buffer: xqBuf, offset: 0, size: 4 * words } },
-  });
-  const enc = device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  encodeQ8(pass, op);
-  pass.end();
-  device.queue.submit([enc.finish()]);
-  const [out] = await readAll(device, [xqBuf]);
-  [xBuf, xqBuf, pb].forEach((b) => b.destroy());
-  return { words: new Uint32Array(out!, 0, words), guard: new Uint32Array(out!, 4 * words, GUARD_WORDS) };
-}
+const quantize = quantizeOnGpu;
 
 Deno.test("quantize_q8 rounds every 32-element chunk to int8 at scale max|x|/127, in each type's byte order", async () => {
   const rng = new Rng();

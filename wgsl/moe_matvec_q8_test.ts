@@ -1,5 +1,4 @@
 import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
-import { dequantize } from "../engine/quant/dequant.ts";
 import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import { moeMatvecParams, type MoeMatvecShape } from "./moe_matvec.ts";
 import {
@@ -12,8 +11,10 @@ import {
   moeMatvecQ8Grid,
   q8ColumnWords,
 } from "./moe_matvec_q8.ts";
-import { decodeQ8x, encodeQ8, prepareQuantizeQ8, q8xBytes, quantizeQ8Params } from "./matvec_q8.ts";
-import { DOT_ATOL, DOT_RTOL, randomWeights } from "./_quant_testing.ts";
+import { decodeQ8x, q8xBytes } from "./matvec_q8.ts";
+import { randomWeights } from "./_quant_testing.ts";
+import { moeReference } from "./_moe_testing.ts";
+import { quantizeOnGpu } from "./_q8_testing.ts";
 import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
 import { Rng } from "../tests/util/rng.ts";
@@ -97,47 +98,6 @@ function makeCase(
   };
 }
 
-/** Float64 reference of the case's columns with the dequantized int8 x, and a tolerance per element. */
-function reference(c: Case): { ref: Float64Array; tol: Float64Array } {
-  const { type, k, n, nExpert, xDiv, gateUp } = c.shape;
-  const shared = c.shape.sharedCols ?? 0;
-  const nCols = c.shape.nCols + shared;
-  const nMats = nExpert + (shared > 0 ? 1 : 0);
-  const rb = (k / typeInfo(type).blockElems) * typeInfo(type).blockBytes;
-  const mat = (off: number) => dequantize(type, c.w.subarray(off, off + rb * n * nMats), k * n * nMats);
-  const g = mat(c.shape.offGateBytes);
-  const u = gateUp ? mat(c.shape.offUpBytes!) : undefined;
-  const ref = new Float64Array(n * nCols);
-  const tol = new Float64Array(n * nCols);
-  for (let col = 0; col < nCols; col++) {
-    const routed = col < c.shape.nCols;
-    const e = routed ? c.ids[col]! : nExpert;
-    const xc = routed ? Math.floor(col / xDiv) : gateUp ? col - c.shape.nCols : col;
-    for (let r = 0; r < n; r++) {
-      let sg = 0, mg = 0, su = 0, mu = 0;
-      for (let i = 0; i < k; i++) {
-        const xv = c.x[xc * k + i]!;
-        sg += g[(e * n + r) * k + i]! * xv;
-        mg += Math.abs(g[(e * n + r) * k + i]! * xv);
-        if (u) {
-          su += u[(e * n + r) * k + i]! * xv;
-          mu += Math.abs(u[(e * n + r) * k + i]! * xv);
-        }
-      }
-      if (u) {
-        const sig = 1 / (1 + Math.exp(-sg));
-        ref[col * n + r] = sg * sig * su;
-        // DOT_RTOL on each dot, carried through silu (derivative ≤ 1.1) and the product.
-        tol[col * n + r] = DOT_RTOL * (1.1 * mg * Math.abs(su) + Math.abs(sg * sig) * mu) + DOT_ATOL;
-      } else {
-        ref[col * n + r] = sg;
-        tol[col * n + r] = DOT_RTOL * mg + DOT_ATOL;
-      }
-    }
-  }
-  return { ref, tol };
-}
-
 /** Checks one dispatch's shape and bindings, then records it into `pass`. */
 async function encode(
   pass: GPUComputePassEncoder,
@@ -156,7 +116,7 @@ async function encode(
 
 /** y (and its poisoned guard) against the reference, element by element. */
 function checkY(got: ArrayBuffer, c: Case, what: string): void {
-  const { ref, tol } = reference(c);
+  const { ref, tol } = moeReference(c);
   const g = new Float32Array(got, 0, ref.length);
   const bad = [...g].findIndex((v, j) => !(Math.abs(v - ref[j]!) <= tol[j]!));
   assert.equal(bad, -1, `${what}: y[${bad}] = ${g[bad]}, want ${ref[bad]} ± ${tol[bad]}`);
@@ -261,7 +221,12 @@ Deno.test("moe_matvec_q8 QOUT: gate·up writes its output as quantize_q8 would r
     // yq has the bits quantize_q8 gives each column of y.
     const yf = new Float32Array(gy!, 0, nFf * cols);
     for (let col = 0; col < cols; col++) {
-      const want = await quantize(device, cache, downType, yf.subarray(col * nFf, (col + 1) * nFf));
+      const { words: want } = await quantizeOnGpu(
+        device,
+        cache,
+        downType,
+        yf.subarray(col * nFf, (col + 1) * nFf),
+      );
       const have = new Uint32Array(gyq!, 4 * q8ColumnWords(nFf) * col, q8ColumnWords(nFf));
       assert.deepEqual([...have], [...want], `${what}: yq column ${col}`);
     }
@@ -334,7 +299,12 @@ Deno.test("moe_matvec_q8 XIN: every workgroup rounds f32 x as quantize_q8 does, 
       const x = new Float64Array(c.shape.k * xCols);
       const cw = q8ColumnWords(c.shape.k);
       for (let col = 0; col < xCols; col++) {
-        const want = await quantize(device, cache, type, xf.subarray(col * c.shape.k, (col + 1) * c.shape.k));
+        const { words: want } = await quantizeOnGpu(
+          device,
+          cache,
+          type,
+          xf.subarray(col * c.shape.k, (col + 1) * c.shape.k),
+        );
         assert.deepEqual(
           [...new Uint32Array(glog!, 4 * cw * col, cw)],
           [...want],
@@ -347,34 +317,6 @@ Deno.test("moe_matvec_q8 XIN: every workgroup rounds f32 x as quantize_q8 does, 
     }
   }
 });
-
-/** quantize_q8's output words for x (weights of `type`). */
-async function quantize(
-  device: GPUDevice,
-  cache: PipelineCache,
-  type: GgmlTypeName,
-  x: Float32Array,
-): Promise<Uint32Array> {
-  const k = x.length;
-  const xBuf = upload(device, x, "x");
-  const words = q8xBytes(k) / 4;
-  const xqBuf = poisoned(device, words);
-  const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-  device.queue.writeBuffer(pb, 0, quantizeQ8Params({ type, k }));
-  const op = await prepareQuantizeQ8(cache, {
-    device,
-    shape: { type, k },
-    bindings: { params: pb, x: xBuf, xq: { buffer: xqBuf, offset: 0, size: 4 * words } },
-  });
-  const enc = device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  encodeQ8(pass, op);
-  pass.end();
-  device.queue.submit([enc.finish()]);
-  const [out] = await readAll(device, [xqBuf]);
-  [xBuf, xqBuf, pb].forEach((b) => b.destroy());
-  return new Uint32Array(out!, 0, words);
-}
 
 Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT chunks, bindings", () => {
   const shape: MoeMatvecShape = {

@@ -1,5 +1,4 @@
 import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
-import { dequantize } from "../engine/quant/dequant.ts";
 import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import {
   checkMoeMatvec,
@@ -12,7 +11,8 @@ import {
   moeMatvecParams,
   type MoeMatvecShape,
 } from "./moe_matvec.ts";
-import { DOT_ATOL, DOT_RTOL, randomWeights } from "./_quant_testing.ts";
+import { randomWeights } from "./_quant_testing.ts";
+import { moeReference } from "./_moe_testing.ts";
 import { QUANT_TYPES } from "./_quant.ts";
 import { checkF32 } from "./_test_util.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
@@ -74,47 +74,6 @@ async function encode(
   pass.dispatchWorkgroups(...moeMatvecGrid(shape, consts));
 }
 
-/** Float64 reference and its magnitude Σ|terms| (gate·up: the product rule bound). */
-function reference(c: Case): { ref: Float64Array; tol: Float64Array } {
-  const { type, k, n, nExpert, xDiv, gateUp } = c.shape;
-  const shared = c.shape.sharedCols ?? 0;
-  const nCols = c.shape.nCols + shared;
-  const nMats = nExpert + (shared > 0 ? 1 : 0);
-  const rb = (k / typeInfo(type).blockElems) * typeInfo(type).blockBytes;
-  const mat = (off: number) => dequantize(type, c.w.subarray(off, off + rb * n * nMats), k * n * nMats);
-  const g = mat(c.shape.offGateBytes);
-  const u = gateUp ? mat(c.shape.offUpBytes!) : undefined;
-  const ref = new Float64Array(n * nCols);
-  const tol = new Float64Array(n * nCols);
-  for (let col = 0; col < nCols; col++) {
-    const routed = col < c.shape.nCols;
-    const e = routed ? c.ids[col]! : nExpert;
-    const xc = routed ? Math.floor(col / xDiv) : gateUp ? col - c.shape.nCols : col;
-    for (let r = 0; r < n; r++) {
-      let sg = 0, mg = 0, su = 0, mu = 0;
-      for (let i = 0; i < k; i++) {
-        const xv = c.x[xc * k + i]!;
-        sg += g[(e * n + r) * k + i]! * xv;
-        mg += Math.abs(g[(e * n + r) * k + i]! * xv);
-        if (u) {
-          su += u[(e * n + r) * k + i]! * xv;
-          mu += Math.abs(u[(e * n + r) * k + i]! * xv);
-        }
-      }
-      if (u) {
-        const sig = 1 / (1 + Math.exp(-sg));
-        ref[col * n + r] = sg * sig * su;
-        // Relative error DOT_RTOL on each dot, carried through silu (derivative ≤ 1.1) and the product.
-        tol[col * n + r] = DOT_RTOL * (1.1 * mg * Math.abs(su) + Math.abs(sg * sig) * mu) + DOT_ATOL;
-      } else {
-        ref[col * n + r] = sg;
-        tol[col * n + r] = DOT_RTOL * mg + DOT_ATOL;
-      }
-    }
-  }
-  return { ref, tol };
-}
-
 Deno.test("moe_matvec: routed experts by GPU ids, gate·up with silu and plain down, every type", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
@@ -149,7 +108,7 @@ Deno.test("moe_matvec: routed experts by GPU ids, gate·up with silu and plain d
   device.queue.submit([enc.finish()]);
   const got = await readAll(device, outs);
   cases.forEach((c, i) => {
-    const { ref, tol } = reference(c);
+    const { ref, tol } = moeReference(c);
     const what =
       `moe_matvec ${c.shape.type} ${c.shape.gateUp ? "gate·up" : "down"} k=${c.shape.k} n=${c.shape.n} ` +
       `ids=${[...c.ids]} shared=${c.shape.sharedCols}`;
@@ -242,7 +201,7 @@ Deno.test("moe_matvec ROUTE: the gate·up pass routes in its prologue (ids, weig
       what: `${what}: weights`,
       seed: rng.seed,
     });
-    const { ref, tol } = reference(c);
+    const { ref, tol } = moeReference(c);
     const g = new Float32Array(got[3 * i]!, 0, ref.length);
     const bad = [...g].findIndex((v, j) => !(Math.abs(v - ref[j]!) <= tol[j]!));
     assert.equal(bad, -1, `${what}: y[${bad}] = ${g[bad]}, want ${ref[bad]} ± ${tol[bad]}`);

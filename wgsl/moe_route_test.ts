@@ -12,7 +12,8 @@ import {
   moeWeightsScale,
 } from "./moe_route.ts";
 import { checkF32 } from "./_test_util.ts";
-import { encodeQ8, prepareQuantizeQ8, q8Layout, q8xBytes, quantizeQ8Params } from "./matvec_q8.ts";
+import { quantizeOnGpu } from "./_q8_testing.ts";
+import { q8Layout } from "./matvec_q8.ts";
 import type { GgmlTypeName } from "../engine/quant/types.ts";
 
 /** f32 exp and a sum over <= 512 experts, then a ratio of two f32 sums: a few ulp relative. */
@@ -113,7 +114,12 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
       const words = 9 * r.kc;
       const got = new Uint32Array(outs[3 * i + 2]!);
       for (let t = 0; t < r.k.nTokens; t++) {
-        const want = await quantize(device, cache, r.xType, r.x.subarray(32 * r.kc * t, 32 * r.kc * (t + 1)));
+        const { words: want } = await quantizeOnGpu(
+          device,
+          cache,
+          r.xType,
+          r.x.subarray(32 * r.kc * t, 32 * r.kc * (t + 1)),
+        );
         assert.deepEqual(
           [...got.subarray(words * t, words * (t + 1))],
           [...want],
@@ -129,34 +135,6 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
     Object.values(r.b).forEach((buf) => buf.destroy());
   }
 });
-
-/** quantize_q8's output words for x (weights of `type`). */
-async function quantize(
-  device: GPUDevice,
-  cache: PipelineCache,
-  type: GgmlTypeName,
-  x: Float32Array,
-): Promise<Uint32Array> {
-  const k = x.length;
-  const xBuf = upload(device, x, "x");
-  const words = q8xBytes(k) / 4;
-  const xqBuf = poisoned(device, words);
-  const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-  device.queue.writeBuffer(pb, 0, quantizeQ8Params({ type, k }));
-  const op = await prepareQuantizeQ8(cache, {
-    device,
-    shape: { type, k },
-    bindings: { params: pb, x: xBuf, xq: { buffer: xqBuf, offset: 0, size: 4 * words } },
-  });
-  const enc = device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  encodeQ8(pass, op);
-  pass.end();
-  device.queue.submit([enc.finish()]);
-  const [out] = await readAll(device, [xqBuf]);
-  [xBuf, xqBuf, pb].forEach((b) => b.destroy());
-  return new Uint32Array(out!, 0, words);
-}
 
 Deno.test("moe_route shape check throws before encoding", async () => {
   const { device } = await testGpu();

@@ -11,7 +11,7 @@
  */
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
-import { PassTimer } from "./_pass_timer.ts";
+import { PROBE_THREADS, timeProbes } from "./_probe.ts";
 
 const { values: args } = parseArgs({ options: { iters: { type: "string", default: "4096" } } });
 const ITERS = Number(args.iters);
@@ -57,38 +57,12 @@ line({
       .wgslLanguageFeatures ?? []),
   ].sort(),
 });
-const threads = 256 * 1056;
-const out = device.createBuffer({
-  size: 4 * threads,
-  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
-});
-const timer = new PassTimer(device, gpu.timestamps);
-const pipes = await Promise.all(
-  Object.entries(OPS).map(async ([name, op]) => {
-    const module = device.createShaderModule({ code: source(op) });
-    const pipeline = await device.createComputePipelineAsync({ layout: "auto", compute: { module } });
-    const bg = device.createBindGroup({
-      layout: pipeline.getBindGroupLayout(0),
-      entries: [{ binding: 0, resource: { buffer: out } }],
-    });
-    return { name, pipeline, bg };
-  }),
+const threads = PROBE_THREADS;
+const best = await timeProbes(
+  device,
+  gpu.timestamps,
+  Object.fromEntries(Object.entries(OPS).map(([name, op]) => [name, source(op)])),
 );
-const best = new Map<string, number>();
-for (let round = 0; round < 4; round++) {
-  for (const p of round % 2 === 0 ? pipes : [...pipes].reverse()) {
-    const t = await timer.perRep(
-      (pass) => {
-        pass.setPipeline(p.pipeline);
-        pass.setBindGroup(0, p.bg);
-        pass.dispatchWorkgroups(threads / 256);
-      },
-      4,
-      { warmMs: round === 0 ? 50 : 0 },
-    );
-    best.set(p.name, Math.min(best.get(p.name) ?? Infinity, t));
-  }
-}
 for (const [name, t] of best) {
   const dots = threads * ITERS * 8;
   line({ kernel: name, ms: t * 1e3, gDotsPerSecond: dots / t / 1e9, vsImad: t / best.get("imad")! });

@@ -19,7 +19,7 @@
  */
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
-import { PassTimer } from "./_pass_timer.ts";
+import { PROBE_THREADS, timeProbes } from "./_probe.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -129,38 +129,12 @@ const gpu = await acquireGpu();
 const { device } = gpu;
 const line = (o: Record<string, unknown>) => console.log(JSON.stringify({ bench: "lookup_probe", ...o }));
 line({ event: "start", summary: gpu.summary, iters: ITERS, ceilingGBs: CEILING_GBS });
-const threads = 256 * 1056;
-const out = device.createBuffer({
-  size: 4 * threads,
-  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
-});
-const timer = new PassTimer(device, gpu.timestamps);
-const pipes = await Promise.all(
-  Object.entries(SCHEMES).map(async ([name, s]) => {
-    const module = device.createShaderModule({ code: source(s) });
-    const pipeline = await device.createComputePipelineAsync({ layout: "auto", compute: { module } });
-    const bg = device.createBindGroup({
-      layout: pipeline.getBindGroupLayout(0),
-      entries: [{ binding: 0, resource: { buffer: out } }],
-    });
-    return { name, pipeline, bg };
-  }),
+const threads = PROBE_THREADS;
+const best = await timeProbes(
+  device,
+  gpu.timestamps,
+  Object.fromEntries(Object.entries(SCHEMES).map(([name, sc]) => [name, source(sc)])),
 );
-const best = new Map<string, number>();
-for (let round = 0; round < 4; round++) {
-  for (const p of round % 2 === 0 ? pipes : [...pipes].reverse()) {
-    const t = await timer.perRep(
-      (pass) => {
-        pass.setPipeline(p.pipeline);
-        pass.setBindGroup(0, p.bg);
-        pass.dispatchWorkgroups(threads / 256);
-      },
-      4,
-      { warmMs: round === 0 ? 50 : 0 },
-    );
-    best.set(p.name, Math.min(best.get(p.name) ?? Infinity, t));
-  }
-}
 // Weights per second that 70% of the ceiling asks of IQ4_XS (136 bytes per 256 weights).
 const needed = 0.7 * CEILING_GBS * 1e9 / (136 / 256);
 for (const [name, t] of best) {

@@ -1766,10 +1766,8 @@ class GraphBuilder {
   readonly #int8Activations: boolean;
   /** int8 x buffers (quantize_q8's output) by K, created on first use. */
   readonly #xq = new Map<number, GPUBuffer>();
-  /** The expert passes' rounded x when nothing logs it (#expertsQ8). */
-  #moeXq: GPUBuffer | undefined;
-  /** The experts' input rounded by moe_route when nothing logs it (#moeInXq). */
-  #moeInXqBuf: GPUBuffer | undefined;
+  /** The expert side's int8 x when nothing logs it, by use (#q8Region). */
+  readonly #moeXq = new Map<"in" | "act", GPUBuffer>();
   /** The x the last int8 mat-vec quantized, and the op count after it (see #matvecQ8). */
   #lastQ8:
     | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
@@ -2678,7 +2676,7 @@ class GraphBuilder {
         moeMatvecQ8Fits(this.#gateUpShape(exps, K, n, hp.nExpert, false))
       ? {
         type: typeName(exps.gate),
-        binding: this.#moeInXq(`L${l}.ffn_exps.gate_up`, hp.nEmbd, typeName(exps.gate), n),
+        binding: this.#q8Region(`L${l}.ffn_exps.gate_up`, hp.nEmbd, typeName(exps.gate), n, "in"),
       }
       : undefined;
     if (!fuseRoute) {
@@ -2873,30 +2871,35 @@ class GraphBuilder {
   }
 
   /**
-   * Where moe_route leaves n tokens' int8 x (K elements each, quantize_q8's format, 16-byte aligned columns):
-   * a region of the int8 log (logged under `label`, the gate·up pass that reads it) or a buffer of its own.
+   * Where an expert-side rounding leaves `cols` columns of int8 x (K elements each, quantize_q8's format): a
+   * region of the int8 log (each column logged under `label`, the pass that reads it) or, when nothing logs,
+   * the graph's scratch buffer `scratch` (grown as needed; "in": moe_route's output, read by gate·up;
+   * "act": the down pass's own log, read by nobody).
    */
-  #moeInXq(label: string, k: number, type: GgmlTypeName, n: number): Binding {
-    const bytes = n * q8xBytes(k);
+  #q8Region(label: string, k: number, type: GgmlTypeName, cols: number, scratch: "in" | "act"): Binding {
+    const bytes = cols * q8xBytes(k);
+    const size = Math.ceil(bytes / 4) * 4;
     const log = this.#int8Log;
     if (log) {
       const offset = this.#logAt;
       this.#logAt = Math.ceil((offset + bytes) / 256) * 256;
       assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
-      for (let col = 0; col < n; col++) {
+      for (let col = 0; col < cols; col++) {
         log.entries.push({ label, col, k, type, offset: offset + col * q8xBytes(k) });
       }
-      return { buffer: log.buffer, offset, size: Math.ceil(bytes / 4) * 4 };
+      return { buffer: log.buffer, offset, size };
     }
-    if (!this.#moeInXqBuf || this.#moeInXqBuf.size < bytes) {
-      this.#moeInXqBuf = this.#device.createBuffer({
-        label: "moe int8 input",
+    let buf = this.#moeXq.get(scratch);
+    if (!buf || buf.size < bytes) {
+      buf = this.#device.createBuffer({
+        label: `moe int8 x (${scratch})`,
         size: Math.ceil(bytes / 256) * 256,
         usage: GPUBufferUsage.STORAGE,
       });
-      this.#owned.push(this.#moeInXqBuf);
+      this.#owned.push(buf);
+      this.#moeXq.set(scratch, buf);
     }
-    return { buffer: this.#moeInXqBuf, offset: 0, size: Math.ceil(bytes / 4) * 4 };
+    return { buffer: buf, offset: 0, size };
   }
 
   /** One expert pass through moe_matvec (f32 x); `route`: the gate·up pass routes in its prologue. */
@@ -2909,7 +2912,6 @@ class GraphBuilder {
     y: GPUBuffer,
     route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number },
   ) {
-    const gu = shape;
     if (!shape.gateUp) {
       const c = moeMatvecConstants(shape, undefined, this.#moeTuning?.down);
       await this.#push(
@@ -2921,13 +2923,13 @@ class GraphBuilder {
       );
       return;
     }
-    const c = moeMatvecConstants(gu, route, this.#moeTuning?.gateUp);
+    const c = moeMatvecConstants(shape, route, this.#moeTuning?.gateUp);
     await this.#push(
       route ? `${label}.route+gate_up` : `${label}.gate_up`,
       MOE_MATVEC,
       c,
       [
-        this.#storage(moeMatvecParams(gu)),
+        this.#storage(moeMatvecParams(shape)),
         e.ids,
         weights,
         x,
@@ -2935,7 +2937,7 @@ class GraphBuilder {
         route?.logits ?? x,
         route?.weights ?? this.#scratch(),
       ],
-      moeMatvecGrid(gu, c),
+      moeMatvecGrid(shape, c),
     );
   }
 
@@ -2976,35 +2978,7 @@ class GraphBuilder {
       return;
     }
     const c = moeMatvecQ8Constants(shape, undefined, { xin: true });
-    const bytes = xCols * q8xBytes(shape.k);
-    let yq: Binding;
-    const log = this.#int8Log;
-    if (log) {
-      const offset = this.#logAt;
-      this.#logAt = Math.ceil((offset + bytes) / 256) * 256;
-      assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
-      for (let col = 0; col < xCols; col++) {
-        log.entries.push({
-          label,
-          col,
-          k: shape.k,
-          type: shape.type,
-          offset: offset + col * q8xBytes(shape.k),
-        });
-      }
-      yq = { buffer: log.buffer, offset, size: Math.ceil(bytes / 4) * 4 };
-    } else {
-      // The rounded x nobody reads back: one scratch buffer for every expert pass of the graph.
-      if (!this.#moeXq || this.#moeXq.size < bytes) {
-        this.#moeXq = this.#device.createBuffer({
-          label: "moe int8 x",
-          size: Math.ceil(bytes / 256) * 256,
-          usage: GPUBufferUsage.STORAGE,
-        });
-        this.#owned.push(this.#moeXq);
-      }
-      yq = { buffer: this.#moeXq, offset: 0, size: Math.ceil(bytes / 4) * 4 };
-    }
+    const yq = this.#q8Region(label, shape.k, shape.type, xCols, "act");
     const b: MoeMatvecQ8Bindings = {
       params: this.#storage(moeMatvecParams(shape)),
       ids,

@@ -6,10 +6,11 @@
  *
  * Usage: `deno run -A bench/matvec.ts [--quick] [--sweep [--sr] | --q8 | --tables]` (`--quick`: small sizes, for lavapipe;
  * `--sweep`: also TEAM/ROWS/UNROLL variants at batch 1; `--sr`: and the SR = 1 loop at TEAM 32
- * and 64 with UNROLL 1, 2, 4, 8). Batch-1 IQ4_XS and Q8_0 cases also run matvec_q8 (int8 x; its quantize_q8
+ * and 64 with UNROLL 1, 2, 4, 8). Batch-1 IQ4_XS, Q8_0 and Q6_K cases also run matvec_q8 (int8 x; its quantize_q8
  * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants; `--q8`: only those cases, matvec_q8 over
  * TEAM 8-64, ROWS 1/2/4, both team reductions and PF 0/1, and table copies / row groups per workgroup; `--tables`: IQ4_XS on the tall shapes only, over table
- * copies × row groups). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * copies × row groups; `--type T`: only the cases of weight type T, e.g. `--q8 --type Q6_K` for the LM head's
+ * int8 mat-vec). No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -44,6 +45,7 @@ import {
 import {
   encodeQ8,
   MATVEC_Q8_PARAMS_BYTES,
+  MATVEC_Q8_TYPES,
   type MatvecQ8Constants,
   matvecQ8Constants,
   type MatvecQ8FusedConstants,
@@ -68,6 +70,7 @@ const { values: args } = parseArgs({
     sr: { type: "boolean", default: false },
     q8: { type: "boolean", default: false },
     tables: { type: "boolean", default: false },
+    type: { type: "string" },
   },
 });
 const QUICK = args.quick ?? false;
@@ -110,7 +113,8 @@ for (const s of SHAPES) {
     }
   }
 }
-if (!Q8) CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
+// The LM head's type in the real IQ4_XS files (matvec_q8 reads it too).
+if (!TABLES) CASES.push({ ...SHAPES[SHAPES.length - 1]!, type: "Q6_K", batch: 1 });
 // Short decode matrices: the router with the shared expert's gate row (F32) and attn_v (Q5_K).
 if (!QUICK && !Q8) {
   CASES.push({ name: "router", k: 2048, n: 257, type: "F32", batch: 1 });
@@ -120,6 +124,7 @@ for (const type of Q8 ? [] : ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTy
   CASES.push({ ...SHAPES[0]!, name: SHAPES[0]!.name, type, batch: 1 });
 }
 for (const batch of Q8 ? [] : [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!, type: "IQ4_XS", batch });
+if (args.type !== undefined) CASES.splice(0, CASES.length, ...CASES.filter((c) => c.type === args.type));
 
 const gpu = await acquireGpu();
 const { device } = gpu;
@@ -337,7 +342,7 @@ for (const c of CASES) {
       kernelJob("matvec", (p, i) => encodeMatvec(p, ops[i % copies]!), { batch: c.batch, constants }),
     );
   }
-  if (c.batch === 1 && (c.type === "IQ4_XS" || c.type === "Q8_0")) {
+  if (c.batch === 1 && MATVEC_Q8_TYPES.includes(c.type)) {
     // int8 x: quantize_q8 once (timed on its own), then matvec_q8 on the same copies as matvec.
     const qshape = { type: c.type, k: c.k };
     device.queue.writeBuffer(q8params, 256 * MAX_COPIES, quantizeQ8Params(qshape));

@@ -1,7 +1,7 @@
 /**
  * Twins of `quantize_q8.wgsl` and `matvec_q8.wgsl`: the batch-1 mat-vec with int8 x. `quantize_q8` rounds x to
  * int8 per 32-element chunk (one f32 scale each, in the byte order of the weight type); `matvec_q8` multiplies
- * Q8_0 or IQ4_XS weights by it with integer dot products (`dot4I8Packed`).
+ * Q8_0, Q6_K or IQ4_XS weights by it with integer dot products (`dot4I8Packed`).
  *
  * Numerics: the product is that of the dequantized weights with the *dequantized x* (d·q per element), up to
  * f32 rounding; the x rounding itself (a relative error up to 1/254 of the chunk's largest element per
@@ -71,7 +71,7 @@ export const MATVEC_Q8_FUSED: KernelSpec = {
 };
 
 /** Weight types matvec_q8 reads. */
-export const MATVEC_Q8_TYPES: readonly GgmlTypeName[] = ["Q8_0", "IQ4_XS"];
+export const MATVEC_Q8_TYPES: readonly GgmlTypeName[] = ["Q8_0", "Q6_K", "IQ4_XS"];
 
 /** Size of quantize_q8's uniform params in bytes. */
 export const QUANTIZE_Q8_PARAMS_BYTES = 16;
@@ -89,10 +89,15 @@ export function q8xBytes(k: number): number {
   return k + (k / 32) * 4;
 }
 
+/** "A, B or C". */
+export function typeList(types: readonly GgmlTypeName[]): string {
+  return types.length < 2 ? types.join("") : `${types.slice(0, -1).join(", ")} or ${types.at(-1)}`;
+}
+
 function checkQ8Type(kernel: string, type: GgmlTypeName): void {
   checkShape(
     MATVEC_Q8_TYPES.includes(type),
-    `Kernel ${kernel}: int8-x mat-vecs read ${MATVEC_Q8_TYPES.join(" or ")} weights, not ${type}: use matvec`,
+    `Kernel ${kernel}: int8-x mat-vecs read ${typeList(MATVEC_Q8_TYPES)} weights, not ${type}: use matvec`,
   );
 }
 
@@ -250,7 +255,7 @@ export interface MatvecQ8Constants {
 
 /** One matvec_q8 problem: W ne=[k, n] of `type` at a byte offset of the weight binding, y at an offset. */
 export interface MatvecQ8Shape {
-  /** Weight type (Q8_0 or IQ4_XS). */
+  /** Weight type (Q8_0, Q6_K or IQ4_XS). */
   readonly type: GgmlTypeName;
   /** Row length K. */
   readonly k: number;

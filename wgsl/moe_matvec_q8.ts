@@ -12,7 +12,7 @@ import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
 import { type GgmlTypeName, rowBytes, TYPE_ID } from "../engine/quant/types.ts";
 import { checkBinding, checkInt, checkShape } from "./_twin.ts";
 import { checkMoeMatvec, type MoeMatvecShape, type MoeMatvecTuning } from "./moe_matvec.ts";
-import { MATVEC_Q8_TYPES, q8Layout } from "./matvec_q8.ts";
+import { MATVEC_Q8_TYPES, q8Layout, typeList } from "./matvec_q8.ts";
 
 /** Kernel description of `moe_matvec_q8.wgsl`. */
 export const MOE_MATVEC_Q8: KernelSpec = {
@@ -89,7 +89,7 @@ export function moeMatvecQ8Constants(
 }
 
 /**
- * Whether moe_matvec_q8 takes this expert pass: Q8_0 or IQ4_XS weights, K a multiple of 128, and matrix
+ * Whether moe_matvec_q8 takes this expert pass: Q8_0, Q6_K or IQ4_XS weights, K a multiple of 128, and matrix
  * offsets the kernel's word-pair loads allow (8 bytes for IQ4_XS, 4 for Q8_0).
  */
 export function moeMatvecQ8Fits(shape: MoeMatvecShape): boolean {
@@ -115,7 +115,7 @@ export function checkMoeMatvecQ8(
 ): void {
   checkShape(
     MATVEC_Q8_TYPES.includes(shape.type),
-    `Kernel moe_matvec_q8: int8-x expert mat-vecs read ${MATVEC_Q8_TYPES.join(" or ")} weights, not ` +
+    `Kernel moe_matvec_q8: int8-x expert mat-vecs read ${typeList(MATVEC_Q8_TYPES)} weights, not ` +
       `${shape.type}: use moe_matvec`,
   );
   // moe_matvec's checks of the constants, the shape and the shared bindings (x and y below: x is int8).

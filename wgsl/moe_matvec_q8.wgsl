@@ -1,5 +1,5 @@
 // moe_matvec_q8: moe_matvec (the expert mat-vecs of a MoE block, the expert of each column read from a GPU id
-// buffer) with int8 x and integer dot products: matvec_q8's arithmetic (lib/q8chunk.wgsl) for Q8_0 or IQ4_XS
+// buffer) with int8 x and integer dot products: matvec_q8's arithmetic (lib/q8chunk.wgsl) for Q8_0, Q6_K or IQ4_XS
 // experts. Columns as moe_matvec's:
 //   routed column (col < n_routed): e = ids[col],  xc = col / x_div
 //   shared column (col >= n_routed): e = shared_e, xc = col - n_routed + shared_x0

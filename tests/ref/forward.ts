@@ -10,6 +10,7 @@ import { archOf, convChannels, type DeltaNetLayout, type Hparams } from "../../e
 import { type TensorId, tensorName } from "../../engine/names.ts";
 import { dequantize } from "../../engine/quant/dequant.ts";
 import type { GgmlTypeName } from "../../engine/quant/types.ts";
+import { MATVEC_Q8_TYPES } from "../../wgsl/matvec_q8.ts";
 import {
   attention,
   conv1dStep,
@@ -94,7 +95,7 @@ export interface RefModelOptions {
   readonly kvGroupOfVHead?: (h: number) => number;
   /**
    * Mirror of `StageOptions.int8Activations`: x rounded to int8 per 32 elements ({@linkcode roundQ8}) before
-   * each mat-vec of a Q8_0 or IQ4_XS weight (projections, output projections, LM head, the experts' gate·up
+   * each mat-vec of a weight of a type in `MATVEC_Q8_TYPES` (Q8_0, Q6_K, IQ4_XS: projections, output projections, LM head, the experts' gate·up
    * and down, each pair of passes by its own weights' type; not the router). The engine rounds only in mat-vec
    * chunks (at most 8 tokens). On its own this rounding
    * decides near-ties differently from the f32 engine now and then; `int8Decisions` shares the engine's.
@@ -362,7 +363,7 @@ export class RefModel {
    */
   #x8(key: string, x: Float64Array, token: number): Float64Array {
     const t = this.#types.get(key);
-    if (!this.#int8 || (t !== "Q8_0" && t !== "IQ4_XS")) return x;
+    if (!this.#int8 || t === undefined || !MATVEC_Q8_TYPES.includes(t)) return x;
     if (!this.#decisions) return roundQ8(x);
     const [l, id] = key === "output" ? ["-1", "output"] : key.split("/");
     const source = id === "output"
@@ -576,10 +577,10 @@ export class RefModel {
   /** Spec §10: routed top-k experts plus the sigmoid-gated shared expert. */
   #moe(layer: number, w: LayerWeights, m: Float64Array, token: number): Float64Array {
     // int8Activations: the gate·up pair and the down pair (routed and shared alike) round their x when their
-    // weights are Q8_0 or IQ4_XS, as the engine's moe_matvec_q8 passes.
+    // weights are of a type the engine's moe_matvec_q8 passes read.
     const q8 = (id: string) => {
       const t = this.#types.get(`${layer}/${id}`);
-      return this.#int8 && (t === "Q8_0" || t === "IQ4_XS");
+      return this.#int8 && t !== undefined && MATVEC_Q8_TYPES.includes(t);
     };
     const round = (x: Float64Array, at: Int8At, key: string) =>
       this.#decisions ? this.#decided(at, x, key) : roundQ8(x);

@@ -1,6 +1,6 @@
-// q8chunk: one 32-weight chunk of a Q8_0 or IQ4_XS row against int8 x, the decode shared by the int8-x
+// q8chunk: one 32-weight chunk of a Q8_0, Q6_K or IQ4_XS row against int8 x, the decode shared by the int8-x
 // mat-vecs (lib/q8dot.wgsl's row loop for matvec_q8 and matvec_q8_fused; moe_matvec_q8). The including kernel
-// declares `const WG: u32`, `const TYPE: u32` (8 Q8_0, 23 IQ4_XS), `const COPIES: u32` (copies of the IQ4_XS
+// declares `const WG: u32`, `const TYPE: u32` (8 Q8_0, 14 Q6_K, 23 IQ4_XS), `const COPIES: u32` (copies of the IQ4_XS
 // table), `const ROWS: u32` (1..4) and the weight bindings `weights` (array<u32>) and `weights2`
 // (array<vec2<u32>>, the same buffer), and includes lib/common.wgsl and lib/iq4_xs.wgsl.
 
@@ -23,27 +23,59 @@ fn weight_word(i: u32) -> u32 {
 }
 
 // The loaded words of one chunk of one row. Q8_0: a = words 0..3, b = words 4..7, c = word 8 of the block's
-// first word on; IQ4_XS: a = (head, scales_l, -, -), b = the 16 qs bytes.
+// first word on; IQ4_XS: a = (head, scales_l, -, -), b = the 16 qs bytes; Q6_K: a, b, c = the nine words from
+// the one holding the chunk's first ql byte, e, f, g = the same for its qh bytes, h = (the word holding its
+// two scales, the word holding d).
 struct Chunk {
   a: vec4<u32>,
   b: vec4<u32>,
   c: u32,
+  e: vec4<u32>,
+  f: vec4<u32>,
+  g: u32,
+  h: vec2<u32>,
+}
+
+// Q6_K chunk c (elements 32c..32c+31 of the row, one x chunk): block c / 8, quarter q = c % 4 of half
+// n = (c / 4) % 2. Its 6-bit values: the low nibbles (q < 2) or high nibbles of the 32 ql bytes at
+// 64n + 32·(q % 2), and bits 2q, 2q+1 of the 32 qh bytes at 128 + 32n; elements 0..15 take scale
+// sc[8n + 2q], 16..31 sc[8n + 2q + 1]. Blocks (210 bytes) start at byte 0 or 2 of a word.
+fn q6k_block(rb: u32, c: u32) -> u32 {
+  return rb + 210u * (c >> 3u);
+}
+
+fn nine_words(i: u32) -> Chunk {
+  var l: Chunk;
+  l.a = vec4<u32>(weights[i], weights[i + 1u], weights[i + 2u], weights[i + 3u]);
+  l.b = vec4<u32>(weights[i + 4u], weights[i + 5u], weights[i + 6u], weights[i + 7u]);
+  l.c = weights[i + 8u];
+  return l;
 }
 
 fn load_chunk(rb: u32, c: u32) -> Chunk {
+  if (TYPE == 14u) {
+    let blk = q6k_block(rb, c);
+    let j = c & 7u;
+    let n = j >> 2u;
+    var l = nine_words((blk + 64u * n + 32u * (j & 1u)) >> 2u);
+    let h = nine_words((blk + 128u + 32u * n) >> 2u);
+    l.e = h.a;
+    l.f = h.b;
+    l.g = h.c;
+    l.h = vec2<u32>(weights[(blk + 192u + 8u * n + 2u * (j & 3u)) >> 2u], weights[(blk + 208u) >> 2u]);
+    return l;
+  }
   if (TYPE == 23u) {
     let w0 = (rb + 136u * (c >> 3u)) >> 2u;
     let q = (w0 + 2u + 4u * (c & 7u)) >> 1u;
     let qa = weights2[q];
     let qb = weights2[q + 1u];
-    return Chunk(vec4<u32>(weights[w0], weights[w0 + 1u], 0u, 0u), vec4<u32>(qa, qb), 0u);
+    var l: Chunk;
+    l.a = vec4<u32>(weights[w0], weights[w0 + 1u], 0u, 0u);
+    l.b = vec4<u32>(qa, qb);
+    return l;
   }
-  let i = (rb + 34u * c) >> 2u;
-  return Chunk(
-    vec4<u32>(weights[i], weights[i + 1u], weights[i + 2u], weights[i + 3u]),
-    vec4<u32>(weights[i + 4u], weights[i + 5u], weights[i + 6u], weights[i + 7u]),
-    weights[i + 8u],
-  );
+  return nine_words((rb + 34u * c) >> 2u);
 }
 
 // Chunk c of the team's ROWS rows (rows past ROWS left zero), all loads before any math (more bytes in
@@ -79,8 +111,53 @@ fn iq4_pack8(w: u32) -> vec2<u32> {
   return vec2<u32>(t0 + t1 * 256u, t2 + t3 * 256u);
 }
 
+// Word i of a run of bytes that starts at byte 2 of word lo when `al` (else at byte 0): lo's high half and
+// hi's low half.
+fn half_shift(lo: u32, hi: u32, al: bool) -> u32 {
+  return select(lo, (lo >> 16u) | (hi << 16u), al);
+}
+
+// Q6_K: four 6-bit values (0..63) as bytes, from a ql word (nibbles at shift s) and a qh word (bits at t).
+fn q6k_quad(ql: u32, qh: u32, s: u32, t: u32) -> u32 {
+  return ((ql >> s) & 0x0F0F0F0Fu) | (((qh >> t) & 0x03030303u) << 4u);
+}
+
+// Q6_K: Σ_i (v_i − 32)·q_i over one 16-element half as Σ v_i·q_i − 32·Σ q_i (the values are unsigned bytes).
+fn q6k_half(v: vec4<u32>, x: vec4<u32>) -> i32 {
+  let ones = 0x01010101u;
+  let s = dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w);
+  let xs = dot4I8Packed(ones, x.x) + dot4I8Packed(ones, x.y) + dot4I8Packed(ones, x.z) + dot4I8Packed(ones, x.w);
+  return s - 32 * xs;
+}
+
 // Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
 fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
+  if (TYPE == 14u) {
+    let blk = q6k_block(rb, c);
+    let j = c & 7u;
+    let al = (blk & 2u) != 0u;
+    let s = 4u * ((j >> 1u) & 1u);
+    let t = 2u * (j & 3u);
+    let v0 = vec4<u32>(
+      q6k_quad(half_shift(l.a.x, l.a.y, al), half_shift(l.e.x, l.e.y, al), s, t),
+      q6k_quad(half_shift(l.a.y, l.a.z, al), half_shift(l.e.y, l.e.z, al), s, t),
+      q6k_quad(half_shift(l.a.z, l.a.w, al), half_shift(l.e.z, l.e.w, al), s, t),
+      q6k_quad(half_shift(l.a.w, l.b.x, al), half_shift(l.e.w, l.f.x, al), s, t),
+    );
+    let v1 = vec4<u32>(
+      q6k_quad(half_shift(l.b.x, l.b.y, al), half_shift(l.f.x, l.f.y, al), s, t),
+      q6k_quad(half_shift(l.b.y, l.b.z, al), half_shift(l.f.y, l.f.z, al), s, t),
+      q6k_quad(half_shift(l.b.z, l.b.w, al), half_shift(l.f.z, l.f.w, al), s, t),
+      q6k_quad(half_shift(l.b.w, l.c, al), half_shift(l.f.w, l.g, al), s, t),
+    );
+    // The scale pair sits at byte 0 or 2 of h.x (a 2-byte-aligned pair never straddles words; the 8n of its
+    // offset keeps the parity); d at byte 0 or 2 of h.y, as the block.
+    let sh = 8u * ((blk + 192u + 2u * (j & 3u)) & 2u);
+    let sc = bitcast<i32>(l.h.x);
+    let dh = unpack2x16float(l.h.y);
+    let s16 = extractBits(sc, sh, 8u) * q6k_half(v0, x0) + extractBits(sc, sh + 8u, 8u) * q6k_half(v1, x1);
+    return select(dh.x, dh.y, al) * f32(s16);
+  }
   if (TYPE == 23u) {
     let ib = c & 7u;
     let p0 = iq4_pack8(l.b.x);

@@ -213,7 +213,7 @@ export interface StageOptions {
    * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32, and so does the
    * prefill matmul. Expert passes of such weights take int8 x too (moe_matvec_q8; moe_route rounds the
    * experts' input, the down pass its own x), except with fuseDecodeRoute. On the H200 the whole decode step
-   * measured 206.1 / 205.3 against 196.9 tok/s without it (docs/PERF.md, ninth session). It is still off by
+   * measured 212.7 / 214.3 against 196.6 / 198.1 tok/s without it (docs/PERF.md, tenth session). It is still off by
    * default: it changes the default numerics, which is a step of its own. The rounding is a different one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the
    * decisions this stage logs with `int8Log`. Each column is its own dispatch (matvec_q8_fused, which
    * quantizes x in its prologue), so batched steps keep their solo bits. Default off.

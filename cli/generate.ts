@@ -36,7 +36,9 @@ const USAGE =
   --ignore-eos  do not stop at the end-of-generation ids of the vocabulary
   --temp T      sampling temperature (default 0: greedy); with --top-k, --top-p, --min-p, --repeat-penalty
   --seed S      seed of the sampler's random stream (same seed, same tokens)
-  --json        print {"tokens":[...], "top":[...], "reason":...} (and "prompt_top" with --echo)`;
+  --json        print {"tokens":[...], "top":[...], "reason":...} (and "prompt_top" with --echo)
+  --int8        x rounded to int8 before quantized mat-vecs in chunks of at most 8 tokens (the decode steps):
+                faster decode, llama.cpp's quantized arithmetic (StageOptions.int8Activations)`;
 
 function int(flag: string, value: string, min: number): number {
   const n = Number(value);
@@ -82,6 +84,7 @@ export const command: Command = {
         "min-p": { type: "string" },
         "repeat-penalty": { type: "string" },
         seed: { type: "string" },
+        int8: { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -132,7 +135,7 @@ export const command: Command = {
       if (!m) throw new RangeError(`--layers ${values.layers} must look like a:b`);
       layers = [Number(m[1]), Number(m[2])];
     }
-    const stage = await Stage.load(gpu, file, { nCtx, nSlots: 1, layers });
+    const stage = await Stage.load(gpu, file, { nCtx, nSlots: 1, layers, int8Activations: values.int8 });
     if (!stage.first || !stage.last) {
       throw new RangeError(
         `--layers ${values.layers} is a partial stage of 0:${stage.hp.nLayer}: generate needs the whole model ` +

@@ -35,7 +35,11 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --grace S         seconds in-flight requests may run after a shutdown signal (default 30)
   --chunk N         prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}; memory grows with it)
   --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN};
-                    0: never, requests take turns)`;
+                    0: never, requests take turns)
+  --int8            decode with x rounded to int8 before quantized mat-vecs (Q8_0, Q6_K, IQ4_XS), as
+                    llama.cpp's quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill
+                    chunks wider than 8 tokens keep f32, so a prompt's tokens can differ with its chunking
+                    (prefix reuse, snapshots)`;
 
 /** Seconds between progress lines while loading on a non-terminal. */
 const PROGRESS_EVERY_MS = 1000;
@@ -117,6 +121,7 @@ export const command: Command = {
         grace: { type: "string", default: "30" },
         "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
+        int8: { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -157,7 +162,15 @@ export const command: Command = {
     }
     console.error(`Chat template: ${template.origin} (${template.kind})`);
 
-    const engine = startEngine({ model: path, nCtx, nSlots, queueSize, batchMin, maxChunk });
+    const engine = startEngine({
+      model: path,
+      nCtx,
+      nSlots,
+      queueSize,
+      batchMin,
+      maxChunk,
+      int8Activations: values.int8,
+    });
     const stopProgress = new AbortController();
     const loaded = showProgress(engine, stopProgress.signal);
     let draining = false;

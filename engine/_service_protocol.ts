@@ -25,6 +25,8 @@ export type ToWorker =
     readonly batchMin: number;
     /** Tokens per prefill chunk. */
     readonly maxChunk: number;
+    /** StageOptions.int8Activations. */
+    readonly int8Activations: boolean;
   }
   | {
     readonly type: "generate";

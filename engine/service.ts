@@ -81,6 +81,12 @@ export interface EngineOptions {
    * once for more tokens; activation memory grows with it (the logits rows: vocabulary × chunk × 4 bytes).
    */
   readonly maxChunk?: number;
+  /**
+   * Round x to int8 before quantized mat-vecs in chunks of at most 8 tokens (StageOptions.int8Activations;
+   * default false): faster decode, but a prompt prefilled in other chunks (prefix reuse, snapshots) can
+   * continue differently, since wider chunks keep f32.
+   */
+  readonly int8Activations?: boolean;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -238,6 +244,7 @@ export class EngineService implements Engine {
       prefillTurn,
       batchMin,
       maxChunk,
+      int8Activations: opts.int8Activations ?? false,
     });
   }
 

@@ -74,6 +74,7 @@ Deno.test("the default model: loading at once, synthesized and logged, then read
     assert.equal(s.arch, "qwen35moe");
     assert.ok(s.totalBytes > 0 && s.loadedBytes === s.totalBytes, JSON.stringify(s));
     assert.ok(log.some((l) => /tiny synthetic qwen35moe/.test(l)), log.join("\n"));
+    assert.ok(log.some((l) => /x f32 in the decode mat-vecs/.test(l)), log.join("\n"));
     path = await e.modelPath();
     assert.ok(path.endsWith(".gguf") && (await Deno.stat(path)).isFile, path);
     const r = await e.generate({ prompt: [1, 2, 3], maxTokens: 4, sampling: GREEDY, stopIds: [] });
@@ -83,6 +84,28 @@ Deno.test("the default model: loading at once, synthesized and logged, then read
     await e.close();
   }
   await assert.rejects(Deno.stat(path), Deno.errors.NotFound, "close() removes the synthesized model");
+});
+
+Deno.test("int8Activations reaches the stage: logged, and a request gives its Stage's int8 greedy tokens", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(MODEL);
+  const stage = await Stage.load(gpu, file, { nCtx: N_CTX, nSlots: 1, int8Activations: true });
+  const log: string[] = [];
+  // snapshotBack 0: the prompt in one prefill chunk, as Stage.generate takes it (chunks wider than 8 tokens
+  // keep f32, so other chunkings may continue differently).
+  const e = engine(1, 0, { int8Activations: true, snapshotBack: 0, onLog: (l) => log.push(l) });
+  try {
+    const prompt = randomPrompt(rng, rng.int(1, 20));
+    const want = (await stage.generate(0, prompt, { nNew: 12 })).tokens;
+    await ready(e);
+    const got = await e.generate({ prompt, maxTokens: 12, sampling: GREEDY, stopIds: [] });
+    assert.deepEqual(got.tokens, want, `prompt ${prompt} (seed ${rng.seed})`);
+    assert.ok(log.some((l) => /x int8 in the decode mat-vecs/.test(l)), log.join("\n"));
+  } finally {
+    await e.close();
+    stage.destroy();
+  }
 });
 
 Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, streamed in order", async () => {

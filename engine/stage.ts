@@ -344,6 +344,8 @@ export class Stage {
   readonly maxChunk: number;
   /** See {@linkcode StageOptions.normPrologueMaxRows}. */
   readonly normPrologueMaxRows: number;
+  /** See {@linkcode StageOptions.int8Activations}. */
+  readonly int8Activations: boolean;
   /** Slot state buffers (KV caches, conv rings, recurrent states) and snapshots. */
   readonly states: SlotStates;
   /** Bytes of weights on the GPU. */
@@ -367,7 +369,6 @@ export class Stage {
   readonly #moeTuning: StageOptions["moeTuning"];
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #fuseDecodeRoute: boolean;
-  readonly #int8Activations: boolean;
   /** int8Log: the log buffer, each graph's entries, and the graph of the last run() chunk. */
   readonly #int8Log: { buffer: GPUBuffer; entries: Map<string, Int8LogEntry[]>; last?: string } | undefined;
   readonly #decoders = new Map<string, Decoder>();
@@ -412,7 +413,7 @@ export class Stage {
     this.#moeTuning = init.moeTuning;
     this.#matvecTuning = init.matvecTuning;
     this.#fuseDecodeRoute = init.fuseDecodeRoute;
-    this.#int8Activations = init.int8Activations;
+    this.int8Activations = init.int8Activations;
     this.#int8Log = init.int8Log
       ? {
         buffer: gpu.device.createBuffer({
@@ -1317,7 +1318,7 @@ export class Stage {
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
       fuseDecodeRoute: this.#fuseDecodeRoute,
-      int8Activations: this.#int8Activations,
+      int8Activations: this.int8Activations,
     }).build({
       stage: this,
       slot: slots[0]!,
@@ -1490,7 +1491,7 @@ export class Stage {
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
       fuseDecodeRoute: this.#fuseDecodeRoute,
-      int8Activations: this.#int8Activations,
+      int8Activations: this.int8Activations,
       int8Log: this.#int8Log ? { buffer: this.#int8Log.buffer, entries } : undefined,
     }).build({
       stage: this,

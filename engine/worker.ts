@@ -56,6 +56,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       nCtx: m.nCtx,
       nSlots: m.nSlots,
       maxChunk: m.maxChunk,
+      int8Activations: m.int8Activations,
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
     if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);
@@ -71,7 +72,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       line: `Loaded ${model} (${arch}, ${(stage.weightBytes / 2 ** 20).toFixed(1)} MiB of weights, ` +
         `${m.nSlots} slots of ${m.nCtx} positions, ${
           (stage.states.totalBytes / 2 ** 20).toFixed(1)
-        } MiB of state)`,
+        } MiB of state; x ${stage.int8Activations ? "int8" : "f32"} in the decode mat-vecs)`,
     });
     post({ type: "ready", nVocab: stage.hp.nVocab });
     pump();

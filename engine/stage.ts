@@ -100,6 +100,7 @@ import {
   moeRouteBindGroup,
   type MoeRouteConstants,
   moeRouteGrid,
+  moeRouteWorkgroupBytes,
   moeWeightsScale,
 } from "../wgsl/moe_route.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../wgsl/residual_add.ts";
@@ -2672,8 +2673,10 @@ class GraphBuilder {
     const fuseRoute = n === 1 && this.#fuseDecodeRoute;
     const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
     // int8Activations: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
-    // instead of in every gate·up workgroup's prologue).
+    // instead of in every gate·up workgroup's prologue), where its workgroup memory holds the token's x.
+    const xqBytes = moeRouteWorkgroupBytes({ N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32 });
     const xq8 = this.#int8Activations && n <= MATVEC_MAX_COLS && !fuseRoute &&
+        xqBytes <= this.#device.limits.maxComputeWorkgroupStorageSize &&
         moeMatvecQ8Fits(this.#gateUpShape(exps, K, n, hp.nExpert, false))
       ? {
         type: typeName(exps.gate),

@@ -4,7 +4,14 @@
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
-import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import {
+  checkBinding,
+  checkInt,
+  checkShape,
+  checkWorkgroupBytes,
+  isPow2,
+  MAX_WORKGROUPS_PER_DIM,
+} from "./_twin.ts";
 
 /**
  * Constants of `moe_route.wgsl`: nExpert, nExpertUsed, workgroup size, weights scale (1 when the model has
@@ -85,6 +92,12 @@ export function moeRouteBindGroup(
 ): GPUBindGroup {
   const { constants: c, nTokens: n, buffers: b } = opts;
   checkMoeRoute(c, n);
+  checkWorkgroupBytes(
+    device,
+    `moe_route: N_EXPERT=${c.N_EXPERT}, N_EXPERT_USED=${c.N_EXPERT_USED}, KC=${c.KC}`,
+    moeRouteWorkgroupBytes(c),
+    "route without XQ (the expert passes then round x themselves)",
+  );
   checkBinding("moe_route", "logits", b.logits, [c.N_EXPERT, n]);
   checkBinding("moe_route", "ids", b.ids, [c.N_EXPERT_USED, n]);
   checkBinding("moe_route", "weights", b.weights, [c.N_EXPERT_USED, n]);
@@ -93,6 +106,13 @@ export function moeRouteBindGroup(
     checkBinding("moe_route", "xq", b.xq, [9 * c.KC, n]);
   }
   return bindGroup(device, opts.pipeline, MOE_ROUTE_BINDINGS.map((name) => b[name]));
+}
+
+/** Workgroup memory of a moe_route variant in bytes: the logits, the selection and (XQ) the token's x. */
+export function moeRouteWorkgroupBytes(
+  c: Pick<MoeRouteConstants, "N_EXPERT" | "N_EXPERT_USED" | "KC">,
+): number {
+  return 4 * c.N_EXPERT + 8 * c.N_EXPERT_USED + 128 * c.KC;
 }
 
 /** Dispatch grid: one workgroup per token. */

@@ -12,7 +12,8 @@
 // Constants: const N_EXPERT, N_EXPERT_USED, WG: u32 (WG power of two <= 256); const W_SCALE: f32 (1 when
 // the model has no expert_weights_scale); const XQ: bool, const KC, LAYOUT: u32 (XQ: the chunks of x and the
 // byte order of the experts' weight type; 1 and 0 otherwise).
-// Limits: N_EXPERT <= 4096 (16 KiB of workgroup memory); N_EXPERT_USED <= min(N_EXPERT, 256).
+// Limits: N_EXPERT <= 4096; N_EXPERT_USED <= min(N_EXPERT, 256). Workgroup memory: 4·N_EXPERT + 8·N_EXPERT_USED
+// + 128·KC bytes.
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> ids: array<u32>;
@@ -24,9 +25,18 @@ fn route_logit(t: u32, e: u32) -> f32 {
   return logits[t * N_EXPERT + e];
 }
 
+// XQ: token t's x, loaded before the routing (its loads in flight with the logits'; route_token's first
+// barrier publishes it).
+var<workgroup> xs: array<vec4<f32>, 8u * KC>;
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
   let t = wid.x;
+  if (XQ) {
+    for (var i = lid; i < 8u * KC; i += WG) {
+      xs[i] = x[t * 8u * KC + i];
+    }
+  }
   route_token(t, lid);
   for (var j = lid; j < N_EXPERT_USED; j += WG) {
     ids[t * N_EXPERT_USED + j] = route_id[j];
@@ -34,18 +44,17 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   }
   if (XQ) {
     // One invocation per quad word of the int8 x; each computes its chunk's scale (the same bits).
-    let xb = t * 8u * KC;
     let o = t * 9u * KC;
     for (var i = lid; i < 8u * KC; i += WG) {
       let c = i / 8u;
       let m = i % 8u;
       var amax = 0.0;
       for (var j = 0u; j < 8u; j++) {
-        amax = max(amax, q8x_amax4(x[xb + 8u * c + j]));
+        amax = max(amax, q8x_amax4(xs[8u * c + j]));
       }
       let dv = q8x_d(amax);
-      let lo = x[xb + 8u * c + select(m, m / 2u, LAYOUT == 1u)];
-      let hi = x[xb + 8u * c + 4u + m / 2u];
+      let lo = xs[8u * c + select(m, m / 2u, LAYOUT == 1u)];
+      let hi = xs[8u * c + 4u + m / 2u];
       xq[o + 8u * c + m] = q8x_word(LAYOUT, m, lo, hi, dv.y);
       if (m == 0u) {
         xq[o + 8u * KC + c] = bitcast<u32>(dv.x);

@@ -1,7 +1,7 @@
 /**
  * Twins of `quantize_q8.wgsl` and `matvec_q8.wgsl`: the batch-1 mat-vec with int8 x. `quantize_q8` rounds x to
  * int8 per 32-element chunk (one f32 scale each, in the byte order of the weight type); `matvec_q8` multiplies
- * Q8_0, Q6_K or IQ4_XS weights by it with integer dot products (`dot4I8Packed`).
+ * Q8_0, Q4_K, Q5_K, Q6_K or IQ4_XS weights by it with integer dot products (`dot4I8Packed`).
  *
  * Numerics: the product is that of the dequantized weights with the *dequantized x* (d·q per element), up to
  * f32 rounding; the x rounding itself (a relative error up to 1/254 of the chunk's largest element per
@@ -37,7 +37,7 @@ export const QUANTIZE_Q8: KernelSpec = {
 export const MATVEC_Q8: KernelSpec = {
   name: "matvec_q8",
   url: new URL("./matvec_q8.wgsl", import.meta.url),
-  lib: ["common", "iq4_xs", "q8chunk", "q8dot"],
+  lib: ["common", "iq4_xs", "q4_k", "q8chunk", "q8dot"],
   constants: {
     TYPE: "u32",
     TEAM: "u32",
@@ -54,7 +54,7 @@ export const MATVEC_Q8: KernelSpec = {
 export const MATVEC_Q8_FUSED: KernelSpec = {
   name: "matvec_q8_fused",
   url: new URL("./matvec_q8_fused.wgsl", import.meta.url),
-  lib: ["rms", "q8pack", "q8x", "common", "iq4_xs", "q8chunk", "q8dot"],
+  lib: ["rms", "q8pack", "q8x", "common", "iq4_xs", "q4_k", "q8chunk", "q8dot"],
   constants: {
     TYPE: "u32",
     TEAM: "u32",
@@ -71,7 +71,7 @@ export const MATVEC_Q8_FUSED: KernelSpec = {
 };
 
 /** Weight types matvec_q8 reads. */
-export const MATVEC_Q8_TYPES: readonly GgmlTypeName[] = ["Q8_0", "Q6_K", "IQ4_XS"];
+export const MATVEC_Q8_TYPES: readonly GgmlTypeName[] = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"];
 
 /** Size of quantize_q8's uniform params in bytes. */
 export const QUANTIZE_Q8_PARAMS_BYTES = 16;
@@ -233,7 +233,7 @@ export async function prepareQuantizeQ8(
 
 /** Constants of one matvec_q8 variant. */
 export interface MatvecQ8Constants {
-  /** ggml type id of the weights (8 or 23). */
+  /** ggml type id of the weights (8, 12, 13, 14 or 23: MATVEC_Q8_TYPES). */
   readonly TYPE: number;
   /** Invocations per row team (power of two, 1..256). */
   readonly TEAM: number;
@@ -255,7 +255,7 @@ export interface MatvecQ8Constants {
 
 /** One matvec_q8 problem: W ne=[k, n] of `type` at a byte offset of the weight binding, y at an offset. */
 export interface MatvecQ8Shape {
-  /** Weight type (Q8_0, Q6_K or IQ4_XS). */
+  /** Weight type (one of MATVEC_Q8_TYPES). */
   readonly type: GgmlTypeName;
   /** Row length K. */
   readonly k: number;

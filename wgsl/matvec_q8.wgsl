@@ -1,6 +1,6 @@
 // matvec_q8: y[n] = Σ_k W[n][k] · x[k] at batch 1, with x given as int8 per 32-element chunk (quantize_q8) and
 // the products summed by integer dot products (dot4I8Packed): the arithmetic of llama.cpp's quantized dot
-// products. TYPE 8 (Q8_0) or 23 (IQ4_XS), read straight from their GGUF block bytes.
+// products. TYPE 8 (Q8_0), 12 (Q4_K), 13 (Q5_K), 14 (Q6_K) or 23 (IQ4_XS), read straight from their GGUF block bytes.
 //
 // Bindings (the weight buffer twice: as words for block heads and Q8_0, as word pairs for IQ4_XS qs; xq
 // twice: quads and scale words):
@@ -23,7 +23,7 @@
 // f32-x matvec.
 // IQ4_XS codebook: a 256-entry workgroup table per qs byte, the two int8 codebook values of its nibbles in
 // bytes 0 and 2, so two lookups and one multiply-add give four packed weights in x's LAYOUT 1 order.
-// Constants: const TYPE: u32 (8 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),
+// Constants: const TYPE: u32 (8, 12, 13, 14 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..4),
 //   const ACC: u32 (0 or 1), const RED: u32 (the team reduction: 0 one invocation per row adds TEAM partials,
 //   1 runs of 8 in parallel first), const COPIES: u32 (copies of the IQ4_XS table: 1, 2, 4, 8, 16 or 32),
 //   const GROUPS: u32 (row groups of WG_ROWS rows per workgroup, one after another), const PF: u32 (1: the

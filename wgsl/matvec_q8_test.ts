@@ -65,7 +65,7 @@ Deno.test("quantize_q8 rounds every 32-element chunk to int8 at scale max|x|/127
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  for (const type of ["Q8_0", "Q6_K", "IQ4_XS"] as const) {
+  for (const type of ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"] as const) {
     for (const k of [32, 32 * rng.int(2, 70)]) {
       const x = rng.normals(k, 10 ** rng.int(-3, 3));
       if (k > 32) {
@@ -105,7 +105,7 @@ Deno.test("quantize_q8 NORM: xn has the bits of rms_norm's output, and xq is xn 
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  for (const type of ["Q8_0", "Q6_K", "IQ4_XS"] as const) {
+  for (const type of ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"] as const) {
     // K above 8192 takes several workgroups, each summing x² itself.
     for (const k of [256, 256 * rng.int(33, 48)]) {
       const xOff = 4 * rng.int(1, 5);
@@ -246,7 +246,7 @@ Deno.test("matvec_q8 equals the float64 product of the dequantized weights and t
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
   const failures: string[] = [];
-  for (const type of ["Q8_0", "Q6_K", "IQ4_XS"] as const) {
+  for (const type of ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"] as const) {
     for (const c of cases(rng, type)) {
       const s = c.shape;
       const x = rng.normals(s.k);
@@ -312,7 +312,7 @@ Deno.test("matvec_q8_fused gives the bits of quantize_q8 then matvec_q8: the int
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
   const failures: string[] = [];
-  for (const type of ["Q8_0", "Q6_K", "IQ4_XS"] as const) {
+  for (const type of ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"] as const) {
     const be = type === "Q8_0" ? 32 : 256;
     const list: { shape: MatvecQ8FusedShape; opts?: Parameters<typeof matvecQ8Constants>[1] }[] = [
       { shape: { type, k: be, n: 1 } },
@@ -441,8 +441,8 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", async () => 
   const b = { params: big, weights: big, xq: big, y: big };
   const c = matvecQ8Constants(shape);
   assert.throws(
-    () => checkMatvecQ8({ ...shape, type: "Q4_K" }, c, b),
-    /read Q8_0, Q6_K or IQ4_XS weights, not Q4_K/,
+    () => checkMatvecQ8({ ...shape, type: "Q4_0" }, c, b),
+    /read Q8_0, Q4_K, Q5_K, Q6_K or IQ4_XS weights, not Q4_0/,
   );
   assert.throws(() => checkMatvecQ8({ ...shape, k: 480 }, c, b), /K=480/);
   assert.throws(() => checkMatvecQ8({ ...shape, wOffsetBytes: 4 }, c, b), /multiple of 8/);

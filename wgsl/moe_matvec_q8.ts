@@ -18,7 +18,7 @@ import { MATVEC_Q8_TYPES, q8Layout, typeList } from "./matvec_q8.ts";
 export const MOE_MATVEC_Q8: KernelSpec = {
   name: "moe_matvec_q8",
   url: new URL("./moe_matvec_q8.wgsl", import.meta.url),
-  lib: ["common", "iq4_xs", "q8chunk", "q8pack"],
+  lib: ["common", "iq4_xs", "q4_k", "q8chunk", "q8pack"],
   constants: {
     TYPE: "u32",
     TEAM: "u32",
@@ -89,7 +89,7 @@ export function moeMatvecQ8Constants(
 }
 
 /**
- * Whether moe_matvec_q8 takes this expert pass: Q8_0, Q6_K or IQ4_XS weights, K a multiple of 128, and matrix
+ * Whether moe_matvec_q8 takes this expert pass: Q8_0, Q4_K, Q5_K, Q6_K or IQ4_XS weights, K a multiple of 128, and matrix
  * offsets the kernel's word-pair loads allow (8 bytes for IQ4_XS, 4 for Q8_0).
  */
 export function moeMatvecQ8Fits(shape: MoeMatvecShape): boolean {

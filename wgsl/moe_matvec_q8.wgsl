@@ -1,5 +1,5 @@
 // moe_matvec_q8: moe_matvec (the expert mat-vecs of a MoE block, the expert of each column read from a GPU id
-// buffer) with int8 x and integer dot products: matvec_q8's arithmetic (lib/q8chunk.wgsl) for Q8_0, Q6_K or IQ4_XS
+// buffer) with int8 x and integer dot products: matvec_q8's arithmetic (lib/q8chunk.wgsl) for Q8_0, Q4_K, Q5_K, Q6_K or IQ4_XS
 // experts. Columns as moe_matvec's:
 //   routed column (col < n_routed): e = ids[col],  xc = col / x_div
 //   shared column (col >= n_routed): e = shared_e, xc = col - n_routed + shared_x0
@@ -26,7 +26,7 @@
 // Grid (ceil(N / WG_ROWS), n_cols): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col; a
 // team of TEAM invocations owns ROWS rows and walks chunks t, t + TEAM, ... (a whole 32-weight chunk per step,
 // gate's and up's loads issued before their math); one invocation per row adds its team's TEAM partials.
-// Constants: TYPE (8 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN: K/32, else
+// Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN: K/32, else
 //   1): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0; not both QOUT and XIN).
 // Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC (XIN) bytes.
 

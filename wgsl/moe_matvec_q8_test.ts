@@ -20,7 +20,7 @@ import { assertPoisoned } from "../tests/util/close.ts";
 import { Rng } from "../tests/util/rng.ts";
 import assert from "node:assert/strict";
 
-const TYPES: GgmlTypeName[] = ["Q8_0", "Q6_K", "IQ4_XS"];
+const TYPES: GgmlTypeName[] = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"];
 
 /** Element index (within its 32-chunk) of byte `b` of quad word `w` in quantize_q8's byte order for `type`. */
 function elementOf(type: GgmlTypeName, w: number, b: number): number {
@@ -123,7 +123,7 @@ function checkY(got: ArrayBuffer, c: Case, what: string): void {
   assertPoisoned(new Uint32Array(got, 4 * ref.length, GUARD_WORDS), POISON_F32, `${what}: y guard`);
 }
 
-Deno.test("moe_matvec_q8: routed experts by GPU ids with int8 x, gate·up with silu and plain down, Q8_0, Q6_K and IQ4_XS", async () => {
+Deno.test("moe_matvec_q8: routed experts by GPU ids with int8 x, gate·up with silu and plain down, every int8-x type", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
@@ -345,10 +345,10 @@ Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT
   const throws = (s: MoeMatvecShape, cc: MoeMatvecQ8Constants, bb: MoeMatvecQ8Bindings, re: RegExp) =>
     assert.throws(() => checkMoeMatvecQ8(s, cc, bb), re);
   throws(
-    { ...shape, type: "Q4_K" },
+    { ...shape, type: "Q4_0" },
     c,
     ok,
-    /moe_matvec_q8: int8-x expert mat-vecs read Q8_0, Q6_K or IQ4_XS/,
+    /moe_matvec_q8: int8-x expert mat-vecs read Q8_0, Q4_K, Q5_K, Q6_K or IQ4_XS/,
   );
   throws({ ...shape, type: "Q8_0", k: 96 }, { ...c, TYPE: 8 }, ok, /K=96 must be a multiple of 128/);
   throws({ ...shape, offUpBytes: 4 * 64 * 272 + 4 }, c, ok, /offUpBytes=.* multiple of 8/);

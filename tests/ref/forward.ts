@@ -95,7 +95,7 @@ export interface RefModelOptions {
   readonly kvGroupOfVHead?: (h: number) => number;
   /**
    * Mirror of `StageOptions.int8Activations`: x rounded to int8 per 32 elements ({@linkcode roundQ8}) before
-   * each mat-vec of a weight of a type in `MATVEC_Q8_TYPES` (Q8_0, Q6_K, IQ4_XS: projections, output projections, LM head, the experts' gate·up
+   * each mat-vec of a weight of a type in `MATVEC_Q8_TYPES` (Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS: projections, output projections, LM head, the experts' gate·up
    * and down, each pair of passes by its own weights' type; not the router). The engine rounds only in mat-vec
    * chunks (at most 8 tokens). On its own this rounding
    * decides near-ties differently from the f32 engine now and then; `int8Decisions` shares the engine's.

@@ -12,9 +12,11 @@ fn q4k_pos(c: u32, j: u32) -> vec2<u32> {
 // get_scale_min_k4 (quants.md) for sub-blocks 2g and 2g+1 from the 12 scale bytes at word `sw` (aligned):
 // returns (sc[2g], sc[2g+1], m[2g], m[2g+1]) as integers.
 fn q4k_scale_min(sw: u32, g: u32) -> vec4<u32> {
-  let s0 = weight_word(sw);
-  let s1 = weight_word(sw + 1u);
-  let s2 = weight_word(sw + 2u);
+  return q4k_scale_min_words(weight_word(sw), weight_word(sw + 1u), weight_word(sw + 2u), g);
+}
+
+// q4k_scale_min from the three scale words s0..s2 as loaded.
+fn q4k_scale_min_words(s0: u32, s1: u32, s2: u32, g: u32) -> vec4<u32> {
   let a = unpack4xU8(s0);
   let b = unpack4xU8(s1);
   let cc = unpack4xU8(s2);

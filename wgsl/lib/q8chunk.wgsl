@@ -1,8 +1,8 @@
-// q8chunk: one 32-weight chunk of a Q8_0, Q6_K or IQ4_XS row against int8 x, the decode shared by the int8-x
+// q8chunk: one 32-weight chunk of a Q8_0, Q4_K, Q5_K, Q6_K or IQ4_XS row against int8 x, the decode shared by the int8-x
 // mat-vecs (lib/q8dot.wgsl's row loop for matvec_q8 and matvec_q8_fused; moe_matvec_q8). The including kernel
-// declares `const WG: u32`, `const TYPE: u32` (8 Q8_0, 14 Q6_K, 23 IQ4_XS), `const COPIES: u32` (copies of the IQ4_XS
+// declares `const WG: u32`, `const TYPE: u32` (8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 23 IQ4_XS), `const COPIES: u32` (copies of the IQ4_XS
 // table), `const ROWS: u32` (1..4) and the weight bindings `weights` (array<u32>) and `weights2`
-// (array<vec2<u32>>, the same buffer), and includes lib/common.wgsl and lib/iq4_xs.wgsl.
+// (array<vec2<u32>>, the same buffer), and includes lib/common.wgsl, lib/iq4_xs.wgsl and lib/q4_k.wgsl.
 
 // Chunk c of the int8 x: its 32 int8 values as eight quad words in the weight type's LAYOUT order (a, b) and
 // its scale d.
@@ -25,7 +25,8 @@ fn weight_word(i: u32) -> u32 {
 // The loaded words of one chunk of one row. Q8_0: a = words 0..3, b = words 4..7, c = word 8 of the block's
 // first word on; IQ4_XS: a = (head, scales_l, -, -), b = the 16 qs bytes; Q6_K: a, b, c = the nine words from
 // the one holding the chunk's first ql byte, e, f, g = the same for its qh bytes, h = (the word holding its
-// two scales, the word holding d).
+// two scales, the word holding d); Q4_K and Q5_K: a, b = its 8 qs words, e, f = Q5_K's 8 qh words, s = the
+// block's 3 scale words, h.x = (d, dmin).
 struct Chunk {
   a: vec4<u32>,
   b: vec4<u32>,
@@ -34,7 +35,15 @@ struct Chunk {
   f: vec4<u32>,
   g: u32,
   h: vec2<u32>,
+  s: vec3<u32>,
 }
+
+// Q4_K / Q5_K chunk c (elements 32c..32c+31 of the row, one x chunk): block c / 8 of KQ_BYTES bytes,
+// sub-block s = c % 8 of group g = s / 2: the low (s even) or high nibbles of the group's 32 qs bytes (at
+// 16 + 32g in Q4_K, 48 + 32g in Q5_K), Q5_K's fifth bit bit s of the 32 qh bytes at 16; scale sc[s] and min
+// m[s] from the 12 scale bytes at 4. Blocks are 16-byte aligned.
+const KQ_BYTES: u32 = select(144u, 176u, TYPE == 13u);
+const KQ_QS: u32 = select(16u, 48u, TYPE == 13u);
 
 // Q6_K chunk c (elements 32c..32c+31 of the row, one x chunk): block c / 8, quarter q = c % 4 of half
 // n = (c / 4) % 2. Its 6-bit values: the low nibbles (q < 2) or high nibbles of the 32 ql bytes at
@@ -53,6 +62,20 @@ fn nine_words(i: u32) -> Chunk {
 }
 
 fn load_chunk(rb: u32, c: u32) -> Chunk {
+  if (TYPE == 12u || TYPE == 13u) {
+    let w0 = (rb + KQ_BYTES * (c >> 3u)) >> 2u;
+    let qs = w0 + KQ_QS / 4u + 8u * ((c & 7u) >> 1u);
+    var l: Chunk;
+    l.a = vec4<u32>(weights[qs], weights[qs + 1u], weights[qs + 2u], weights[qs + 3u]);
+    l.b = vec4<u32>(weights[qs + 4u], weights[qs + 5u], weights[qs + 6u], weights[qs + 7u]);
+    if (TYPE == 13u) {
+      l.e = vec4<u32>(weights[w0 + 4u], weights[w0 + 5u], weights[w0 + 6u], weights[w0 + 7u]);
+      l.f = vec4<u32>(weights[w0 + 8u], weights[w0 + 9u], weights[w0 + 10u], weights[w0 + 11u]);
+    }
+    l.s = vec3<u32>(weights[w0 + 1u], weights[w0 + 2u], weights[w0 + 3u]);
+    l.h = vec2<u32>(weights[w0], 0u);
+    return l;
+  }
   if (TYPE == 14u) {
     let blk = q6k_block(rb, c);
     let j = c & 7u;
@@ -130,8 +153,39 @@ fn q6k_half(v: vec4<u32>, x: vec4<u32>) -> i32 {
   return s - 32 * xs;
 }
 
+// Q4_K / Q5_K: the four 4- or 5-bit values (0..31) of qs word w (nibbles at shift s) and
+// qh word h (Q5_K: bits at shift b) as bytes.
+fn kq_quad(w: u32, h: u32, s: u32, b: u32) -> u32 {
+  let v = (w >> s) & 0x0F0F0F0Fu;
+  if (TYPE == 13u) {
+    return v | (((h >> b) & 0x01010101u) << 4u);
+  }
+  return v;
+}
+
+// Σ_i q_i over the chunk's x quads.
+fn x_sum(x0: vec4<u32>, x1: vec4<u32>) -> i32 {
+  let ones = 0x01010101u;
+  return dot4I8Packed(ones, x0.x) + dot4I8Packed(ones, x0.y) + dot4I8Packed(ones, x0.z) +
+    dot4I8Packed(ones, x0.w) + dot4I8Packed(ones, x1.x) + dot4I8Packed(ones, x1.y) + dot4I8Packed(ones, x1.z) +
+    dot4I8Packed(ones, x1.w);
+}
+
 // Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
 fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
+  if (TYPE == 12u || TYPE == 13u) {
+    // w_i = d·sc·v_i − dmin·m: Σ w_i·q_i = d·sc·Σ v_i·q_i − dmin·m·Σ q_i.
+    let s = c & 7u;
+    let sh = 4u * (s & 1u);
+    let v = dot4I8Packed(kq_quad(l.a.x, l.e.x, sh, s), x0.x) + dot4I8Packed(kq_quad(l.a.y, l.e.y, sh, s), x0.y) +
+      dot4I8Packed(kq_quad(l.a.z, l.e.z, sh, s), x0.z) + dot4I8Packed(kq_quad(l.a.w, l.e.w, sh, s), x0.w) +
+      dot4I8Packed(kq_quad(l.b.x, l.f.x, sh, s), x1.x) + dot4I8Packed(kq_quad(l.b.y, l.f.y, sh, s), x1.y) +
+      dot4I8Packed(kq_quad(l.b.z, l.f.z, sh, s), x1.z) + dot4I8Packed(kq_quad(l.b.w, l.f.w, sh, s), x1.w);
+    let sm = q4k_scale_min_words(l.s.x, l.s.y, l.s.z, s >> 1u);
+    let odd = (s & 1u) == 1u;
+    let dd = unpack2x16float(l.h.x);
+    return dd.x * f32(select(sm.x, sm.y, odd)) * f32(v) - dd.y * f32(select(sm.z, sm.w, odd)) * f32(x_sum(x0, x1));
+  }
   if (TYPE == 14u) {
     let blk = q6k_block(rb, c);
     let j = c & 7u;

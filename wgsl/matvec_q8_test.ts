@@ -1,4 +1,5 @@
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { GDN_CHUNK_NORM } from "./gdn_chunk.ts";
 import type { GgmlTypeName } from "../engine/quant/types.ts";
 import { Rng } from "../tests/util/rng.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
@@ -425,6 +426,146 @@ Deno.test("matvec_q8_fused gives the bits of quantize_q8 then matvec_q8: the int
       } catch (e) {
         failures.push((e as Error).message);
       }
+    }
+  }
+  if (failures.length > 0) throw new Error(`${failures.length} cases failed:\n${failures.join("\n")}`);
+});
+
+Deno.test("matvec_q8_fused GNORM gives the bits of gdn_chunk_norm, then quantize_q8 and matvec_q8", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const failures: string[] = [];
+  // [type, heads, head size, rows, x offset]: one head; heads of 64 and of 128 (two partials per lane); more
+  // chunks than invocations (K = 8192: each takes two).
+  const list: [GgmlTypeName, number, number, number, number][] = [
+    ["IQ4_XS", 2, 128, 1, 0],
+    ["Q8_0", 1, 64, 37, 4],
+    ["IQ4_XS", 32, 128, 300, 8],
+    ["Q6_K", 64, 128, 20, 0],
+    ["Q4_K", 4, 64, 9, 0],
+  ];
+  for (const [type, heads, dv, n, xOff] of list) {
+    const k = heads * dv;
+    const s: MatvecQ8FusedShape = { type, k, n, xOffset: xOff, gatedNorm: { eps: 1e-6, headDim: dv } };
+    const c = matvecQ8FusedConstants(s);
+    const what =
+      `matvec_q8_fused GNORM ${type} ne=[${k}, ${n}] D_V ${dv} x offset ${xOff} ${JSON.stringify(c)} ` +
+      `(seed ${rng.seed})`;
+    const o = new Float32Array(xOff + k).fill(Number.NaN);
+    o.set(rng.normals(k, 10 ** rng.int(-2, 2)), xOff);
+    const z = new Float32Array(xOff + k).fill(Number.NaN);
+    z.set(rng.normals(k, 2), xOff);
+    const nw = rng.normals(dv, 1);
+    const bytes = randomWeights(rng, type, k, n);
+    const qWords = q8xBytes(k) / 4;
+    const oBuf = upload(device, o, "o");
+    const zBuf = upload(device, z, "z");
+    const nwBuf = upload(device, nw, "nw");
+    const wBuf = upload(device, bytes, "weights");
+    // Three-dispatch path: gdn_chunk_norm in place on a copy of o's K elements (one token of `heads` heads),
+    // quantize_q8, matvec_q8; fused (x and z from the offset): xo, y2.
+    const normed = upload(device, o.slice(xOff), "normed");
+    const z0 = upload(device, z.slice(xOff), "z from 0");
+    const xqBuf = poisoned(device, qWords);
+    const xoBuf = poisoned(device, qWords);
+    const y1Buf = poisoned(device, n);
+    const y2Buf = poisoned(device, n);
+    const uniform = (data: Uint32Array<ArrayBuffer>) => {
+      const b = device.createBuffer({ size: 256, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      device.queue.writeBuffer(b, 0, data);
+      return b;
+    };
+    const gp = upload(device, Uint32Array.of(0, 1), "gdn params");
+    const gnorm = await cache.get(GDN_CHUNK_NORM, { N_V: heads, D_V: dv, EPS: 1e-6 });
+    const gBind = bindGroup(device, gnorm, [gp, z0, nwBuf, normed]);
+    const qShape = { type, k };
+    const qp = uniform(quantizeQ8Params(qShape));
+    const mp = uniform(matvecQ8Params(s));
+    const qop = await prepareQuantizeQ8(cache, {
+      device,
+      shape: qShape,
+      bindings: { params: qp, x: normed, xq: { buffer: xqBuf, offset: 0, size: 4 * qWords } },
+    });
+    const { NORM: _n, EPS: _e, KC: _k, GNORM: _g, ...body } = c;
+    const mop = await prepareMatvecQ8(cache, {
+      device,
+      shape: s,
+      constants: body,
+      bindings: {
+        params: { buffer: mp, offset: 0, size: MATVEC_Q8_PARAMS_BYTES },
+        weights: wBuf,
+        xq: { buffer: xqBuf, offset: 0, size: 4 * qWords },
+        y: { buffer: y1Buf, offset: 0, size: 4 * n },
+      },
+    });
+    const fop = await prepareMatvecQ8Fused(cache, {
+      device,
+      shape: s,
+      constants: c,
+      bindings: {
+        params: { buffer: mp, offset: 0, size: MATVEC_Q8_PARAMS_BYTES },
+        weights: wBuf,
+        x: oBuf,
+        nw: nwBuf,
+        z: zBuf,
+        xo: { buffer: xoBuf, offset: 0, size: 4 * qWords },
+        y: { buffer: y2Buf, offset: 0, size: 4 * n },
+      },
+    });
+    const enc = device.createCommandEncoder();
+    let pass = enc.beginComputePass();
+    pass.setPipeline(gnorm);
+    pass.setBindGroup(0, gBind);
+    pass.dispatchWorkgroups(heads, 1, 1);
+    pass.end();
+    for (const op of [qop, mop, fop]) {
+      pass = enc.beginComputePass();
+      encodeQ8(pass, op);
+      pass.end();
+    }
+    device.queue.submit([enc.finish()]);
+    const [xq, xo, y1, y2] = await readAll(device, [xqBuf, xoBuf, y1Buf, y2Buf]);
+    [oBuf, zBuf, z0, nwBuf, wBuf, normed, xqBuf, xoBuf, y1Buf, y2Buf, qp, mp, gp].forEach((b) => b.destroy());
+    try {
+      const same = (a: ArrayBuffer, b: ArrayBuffer, words: number, name: string) => {
+        const u = new Uint32Array(a, 0, words);
+        const v = new Uint32Array(b, 0, words);
+        const i = u.findIndex((w, j) => w !== v[j]);
+        assert.ok(i < 0, `${what}: ${name} word ${i} is ${v[i]} fused but ${u[i]} from the three dispatches`);
+      };
+      assert.ok(!new Float32Array(y2!, 0, n).some(Number.isNaN), `${what}: y has NaN`);
+      same(xq!, xo!, qWords + GUARD_WORDS, "xo");
+      same(y1!, y2!, n + GUARD_WORDS, "y");
+      // And the int8 x against the float64 gated norm: each value within rounding of x/d.
+      const { deq } = decodeXq(type, k, new Uint32Array(xo!, 0, qWords));
+      for (let h = 0; h < heads; h++) {
+        let ss = 0;
+        for (let j = 0; j < dv; j++) ss += o[xOff + h * dv + j]! ** 2;
+        const r = 1 / Math.sqrt(ss / dv + 1e-6);
+        for (let j = 0; j < dv; j++) {
+          const i = h * dv + j;
+          const zi = z[xOff + i]!;
+          const want = o[xOff + i]! * r * nw[j]! * zi / (1 + Math.exp(-zi));
+          let amax = 0;
+          for (let e = i - (i % 32); e < i - (i % 32) + 32; e++) {
+            const he = Math.floor(e / dv);
+            let s2 = 0;
+            for (let q = 0; q < dv; q++) s2 += o[xOff + he * dv + q]! ** 2;
+            const ze = z[xOff + e]!;
+            amax = Math.max(
+              amax,
+              Math.abs(o[xOff + e]! / Math.sqrt(s2 / dv + 1e-6) * nw[e % dv]! * ze / (1 + Math.exp(-ze))),
+            );
+          }
+          assert.ok(
+            Math.abs(deq[i]! - want) <= 0.51 * amax / 127 + 1e-6 * amax,
+            `${what}: element ${i} is ${deq[i]}, the gated norm gives ${want} (chunk max ${amax})`,
+          );
+        }
+      }
+    } catch (e) {
+      failures.push((e as Error).message);
     }
   }
   if (failures.length > 0) throw new Error(`${failures.length} cases failed:\n${failures.join("\n")}`);

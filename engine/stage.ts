@@ -1779,21 +1779,6 @@ class GraphBuilder {
   #logAt = 0;
   /** A decode norm not pushed yet (see #norm). */
   #pending: { label: string; x: GPUBuffer; w: GpuTensor; y: GPUBuffer } | undefined;
-  /**
-   * A decode gated DeltaNet norm not pushed yet (see #gdnStepNorm): in place on `o`; the int8 ssm_out mat-vec
-   * computes it in its prologue (matvec_q8_fused GNORM), any other push first pushes it (`push`).
-   */
-  #pendingGated:
-    | {
-      label: string;
-      o: GPUBuffer;
-      z: Binding;
-      w: Binding;
-      headDim: number;
-      eps: number;
-      push: () => Promise<void>;
-    }
-    | undefined;
 
   /** @param owned receives every buffer the graph creates (its owner destroys them) */
   constructor(
@@ -1912,11 +1897,6 @@ class GraphBuilder {
     bindGroupOf: (pipeline: GPUComputePipeline) => GPUBindGroup,
     grid: readonly number[],
   ) {
-    const gated = this.#pendingGated;
-    if (gated) {
-      this.#pendingGated = undefined;
-      await gated.push();
-    }
     if (this.#pending && spec !== MATVEC) await this.#flushNorm();
     const pipeline = await this.#cache.get(spec, c);
     this.#ops.push({
@@ -2100,10 +2080,6 @@ class GraphBuilder {
       this.#pending = undefined;
       label = `${label}+${norm.label.replace(/^L\d+\./, "")}`;
     }
-    // A deferred gated norm of x: in the fused kernel's prologue, or pushed before the quantize below.
-    const g = this.#pendingGated;
-    const gated = g && g.o === x && cols === 1 && !norm ? g : undefined;
-    if (gated) this.#pendingGated = undefined;
     const type = typeName(w);
     const k = w.ne[0]!;
     const layout = q8Layout(type);
@@ -2112,8 +2088,8 @@ class GraphBuilder {
     // The int8 x of every column: quantized by the int8 mat-vec pushed last when it read the same x and
     // nothing was pushed since (attn_qkv, attn_gate, ssm_beta, ... of a chunk; unfused attn_q/k/v), else here.
     const last = this.#lastQ8;
-    const reuse = !norm && !gated && last !== undefined && last.x === x && last.k === k &&
-      last.layout === layout && last.cols === cols && last.at === this.#ops.length;
+    const reuse = !norm && last !== undefined && last.x === x && last.k === k && last.layout === layout &&
+      last.cols === cols && last.at === this.#ops.length;
     const regions: Binding[] = reuse ? last.regions : [];
     const parts = w.parts.flatMap((part) => {
       const lo = Math.max(rowStart, part.firstRow);
@@ -2165,9 +2141,8 @@ class GraphBuilder {
         // where the part is taller than normPrologueMaxRows (every workgroup repeats the prologue: on the H200
         // 0.100 against 0.088 ms for the pair at 131072 rows, 0.0155 against 0.0158 at 8192, docs/PERF.md) or
         // the fused kernel's workgroup memory does not fit the device.
-        const gatedNorm = gated ? { eps: gated.eps, headDim: gated.headDim } : undefined;
         const fs: MatvecQ8FusedShape | undefined = parts.length > 0
-          ? { ...shapeOf(col, parts[0]!), xOffset, norm: normOpt, gatedNorm }
+          ? { ...shapeOf(col, parts[0]!), xOffset, norm: normOpt }
           : undefined;
         const fc = fs && matvecQ8FusedConstants(fs, { acc: opts.acc });
         if (
@@ -2179,36 +2154,27 @@ class GraphBuilder {
             params: this.#storage(matvecQ8Params(fs)),
             weights: part.buffer,
             x: xBind,
-            nw: gated ? gated.w : nw,
+            nw,
             xn,
             xo: xq,
             y,
-            z: gated?.z,
           };
           checkMatvecQ8Fused(fs, fc, b);
-          await this.#push(
-            gated ? `${label}+${gated.label.replace(/^L\d+\./, "")}` : label,
-            MATVEC_Q8_FUSED,
-            fc,
-            [
-              b.params,
-              part.buffer,
-              part.buffer,
-              xBind,
-              b.nw!,
-              xn,
-              xq,
-              y,
-              b.z ?? xBind,
-            ],
-            [
-              ...matvecQ8Grid(fs, fc),
-              1,
-            ],
-          );
+          await this.#push(label, MATVEC_Q8_FUSED, fc, [
+            b.params,
+            part.buffer,
+            part.buffer,
+            xBind,
+            nw,
+            xn,
+            xq,
+            y,
+          ], [
+            ...matvecQ8Grid(fs, fc),
+            1,
+          ]);
           first = 1;
         } else {
-          if (gated) await gated.push();
           const qs: QuantizeQ8Shape = { type, k, xOffset, norm: normOpt };
           const qb: QuantizeQ8Bindings = {
             params: this.#storage(quantizeQ8Params(qs)),
@@ -2297,33 +2263,16 @@ class GraphBuilder {
   }
 
   /** A mixer's output projection: decode adds W·x into h (ACC); prefill writes t for the residual add. */
-  /**
-   * After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens in place (spec §8.7). With
-   * `defer` (one token, the int8 ssm_out mat-vec next), it waits for that mat-vec, whose prologue computes
-   * it (matvec_q8_fused GNORM: one dispatch fewer per DeltaNet layer); any other push pushes it first.
-   */
-  async #gdnStepNorm(label: string, c: GdnStepConstants, b: GdnStepBindings, n: number, defer = false) {
+  /** After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens in place (spec §8.7). */
+  async #gdnStepNorm(label: string, c: GdnStepConstants, b: GdnStepBindings, n: number) {
     if (!gdnStepNeedsNorm(c)) return;
-    const push = () =>
-      this.#push(
-        label,
-        GDN_CHUNK_NORM,
-        { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS },
-        GDN_CHUNK_NORM_BINDINGS.map((k) => b[k]),
-        [c.N_V, n, 1],
-      );
-    const o = b.y;
-    if (defer && n === 1 && !("buffer" in o && o.offset) && c.D_V % 64 === 0) {
-      this.#pendingGated = {
-        label,
-        o: "buffer" in o ? o.buffer : o,
-        z: b.z,
-        w: b.normW,
-        headDim: c.D_V,
-        eps: c.EPS,
-        push,
-      };
-    } else await push();
+    await this.#push(
+      label,
+      GDN_CHUNK_NORM,
+      { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS },
+      GDN_CHUNK_NORM_BINDINGS.map((k) => b[k]),
+      [c.N_V, n, 1],
+    );
   }
 
   async #outProj(label: string, w: GpuTensor, x: GPUBuffer, t: GPUBuffer, h: GPUBuffer) {
@@ -2675,9 +2624,7 @@ class GraphBuilder {
         GDN_STEP_BINDINGS.map((k) => bindings[k]),
         gdnStepGrid(c),
       );
-      // Decode with an int8 ssm_out: the norm in its prologue.
-      const defer = this.#int8Activations && MATVEC_Q8_TYPES.includes(typeName(lw.t("ssm_out")));
-      await this.#gdnStepNorm(`L${l}.gdn_norm`, c, bindings, n, defer);
+      await this.#gdnStepNorm(`L${l}.gdn_norm`, c, bindings, n);
     }
     if (n > 1) {
       const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV };

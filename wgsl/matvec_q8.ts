@@ -67,7 +67,6 @@ export const MATVEC_Q8_FUSED: KernelSpec = {
     NORM: "u32",
     EPS: "f32",
     KC: "u32",
-    GNORM: "u32",
   },
 };
 
@@ -274,11 +273,6 @@ export interface MatvecQ8Shape {
 export interface MatvecQ8FusedShape extends MatvecQ8Shape {
   /** RMSNorm x first with this epsilon (the `nw` and `xn` bindings then matter); default: no norm. */
   readonly norm?: { readonly eps: number };
-  /**
-   * x is a gated DeltaNet's o: apply its gated RMSNorm per head of `headDim` elements first (spec §8.7, the bits
-   * of gdn_chunk_norm; `nw` the headDim-element ssm_norm weight, `z` the gate input); not with `norm`.
-   */
-  readonly gatedNorm?: { readonly eps: number; readonly headDim: number };
 }
 
 /** Bindings of matvec_q8_fused (the weight buffer is bound twice by {@linkcode prepareMatvecQ8Fused}). */
@@ -297,8 +291,6 @@ export interface MatvecQ8FusedBindings {
   readonly xo: Binding;
   /** Output, f32 (storage, read_write). */
   readonly y: Binding;
-  /** With a gated norm: its gate input z, f32 like x from the x offset (storage, read). */
-  readonly z?: Binding;
 }
 
 /** Bindings of matvec_q8 (the weight and xq buffers are bound twice by {@linkcode prepareMatvecQ8}). */
@@ -357,8 +349,6 @@ export interface MatvecQ8FusedConstants extends MatvecQ8Constants {
   readonly EPS: number;
   /** K / 32: the int8 x chunks each workgroup holds. */
   readonly KC: number;
-  /** The gated norm's head size D_V (0: none). */
-  readonly GNORM: number;
 }
 
 /**
@@ -375,9 +365,8 @@ export function matvecQ8FusedConstants(
   return {
     ...matvecQ8Constants(shape, { rows, ...opts }),
     NORM: shape.norm ? 1 : 0,
-    EPS: shape.norm?.eps ?? shape.gatedNorm?.eps ?? 0,
+    EPS: shape.norm?.eps ?? 0,
     KC: shape.k / 32,
-    GNORM: shape.gatedNorm?.headDim ?? 0,
   };
 }
 
@@ -388,8 +377,7 @@ export function matvecQ8WorkgroupBytes(c: MatvecQ8Constants): number {
 
 /** Workgroup memory of a matvec_q8_fused variant in bytes: matvec_q8's, the int8 x and the norm's sums. */
 export function matvecQ8FusedWorkgroupBytes(c: MatvecQ8FusedConstants): number {
-  const heads = c.GNORM > 0 ? (32 * c.KC) / c.GNORM : 1;
-  return matvecQ8WorkgroupBytes(c) + 36 * c.KC + 1024 + 260 * heads;
+  return matvecQ8WorkgroupBytes(c) + 36 * c.KC + 1024;
 }
 
 /** The uniform params of a matvec_q8 shape. */
@@ -443,28 +431,6 @@ export function checkMatvecQ8Fused(
     c.NORM === (shape.norm ? 1 : 0),
     `Kernel ${kernel}: NORM=${c.NORM} but the shape ${shape.norm ? "has" : "has no"} norm`,
   );
-  const g = shape.gatedNorm;
-  checkShape(
-    c.GNORM === (g?.headDim ?? 0),
-    `Kernel ${kernel}: GNORM=${c.GNORM} but the shape's gated norm has head size ${g?.headDim ?? 0}`,
-  );
-  if (g) {
-    checkShape(!shape.norm, `Kernel ${kernel}: a gated norm and an RMSNorm together`);
-    checkShape(
-      Number.isInteger(g.headDim) && g.headDim > 0 && g.headDim % 64 === 0 && shape.k % g.headDim === 0,
-      `Kernel ${kernel}: gated norm head size ${g.headDim} must be a multiple of 64 dividing K=${shape.k}`,
-    );
-    checkShape(
-      Number.isFinite(g.eps) && g.eps > 0,
-      `Kernel ${kernel}: gated norm epsilon ${g.eps} must be a positive number`,
-    );
-    checkShape(
-      b.nw !== undefined && b.z !== undefined,
-      `Kernel ${kernel}: a gated norm needs the nw and z bindings`,
-    );
-    need(kernel, shape, "nw", b.nw!, 4 * g.headDim);
-    need(kernel, shape, "z", b.z!, 4 * ((shape.xOffset ?? 0) + shape.k));
-  }
   const xOff = shape.xOffset ?? 0;
   checkShape(
     Number.isInteger(xOff) && xOff >= 0 && xOff % 4 === 0,
@@ -602,7 +568,6 @@ export async function prepareMatvecQ8Fused(
       ...normBindings(opts.device, b),
       b.xo,
       b.y,
-      b.z ?? b.x,
     ]),
     grid: matvecQ8Grid(opts.shape, c),
   };

@@ -140,35 +140,19 @@ fn half_shift(lo: u32, hi: u32, al: bool) -> u32 {
   return select(lo, (lo >> 16u) | (hi << 16u), al);
 }
 
-// Q6_K: four 6-bit values (0..63) as bytes, from a ql word (nibbles at shift s) and a qh word (bits at t).
-fn q6k_quad(ql: u32, qh: u32, s: u32, t: u32) -> u32 {
-  return ((ql >> s) & 0x0F0F0F0Fu) | (((qh >> t) & 0x03030303u) << 4u);
+// K-quants: four unsigned values as bytes, the nibbles of word w at shift s below the high bits of word h at
+// shift t under mask m (per byte: Q6_K 2 bits, m = 0x03030303; Q5_K 1 bit, 0x01010101; Q4_K none, 0).
+fn k_quad(w: u32, s: u32, h: u32, t: u32, m: u32) -> u32 {
+  return ((w >> s) & 0x0F0F0F0Fu) | (((h >> t) & m) << 4u);
 }
 
-// Q6_K: Σ_i (v_i − 32)·q_i over one 16-element half as Σ v_i·q_i − 32·Σ q_i (the values are unsigned bytes).
-fn q6k_half(v: vec4<u32>, x: vec4<u32>) -> i32 {
+// Σ_i v_i·q_i and Σ_i q_i over 16 elements: four packed value words against four x words.
+fn dot16(v: vec4<u32>, x: vec4<u32>) -> vec2<i32> {
   let ones = 0x01010101u;
-  let s = dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w);
-  let xs = dot4I8Packed(ones, x.x) + dot4I8Packed(ones, x.y) + dot4I8Packed(ones, x.z) + dot4I8Packed(ones, x.w);
-  return s - 32 * xs;
-}
-
-// Q4_K / Q5_K: the four 4- or 5-bit values (0..31) of qs word w (nibbles at shift s) and
-// qh word h (Q5_K: bits at shift b) as bytes.
-fn kq_quad(w: u32, h: u32, s: u32, b: u32) -> u32 {
-  let v = (w >> s) & 0x0F0F0F0Fu;
-  if (TYPE == 13u) {
-    return v | (((h >> b) & 0x01010101u) << 4u);
-  }
-  return v;
-}
-
-// Σ_i q_i over the chunk's x quads.
-fn x_sum(x0: vec4<u32>, x1: vec4<u32>) -> i32 {
-  let ones = 0x01010101u;
-  return dot4I8Packed(ones, x0.x) + dot4I8Packed(ones, x0.y) + dot4I8Packed(ones, x0.z) +
-    dot4I8Packed(ones, x0.w) + dot4I8Packed(ones, x1.x) + dot4I8Packed(ones, x1.y) + dot4I8Packed(ones, x1.z) +
-    dot4I8Packed(ones, x1.w);
+  return vec2<i32>(
+    dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w),
+    dot4I8Packed(ones, x.x) + dot4I8Packed(ones, x.y) + dot4I8Packed(ones, x.z) + dot4I8Packed(ones, x.w),
+  );
 }
 
 // Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
@@ -177,14 +161,22 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
     // w_i = d·sc·v_i − dmin·m: Σ w_i·q_i = d·sc·Σ v_i·q_i − dmin·m·Σ q_i.
     let s = c & 7u;
     let sh = 4u * (s & 1u);
-    let v = dot4I8Packed(kq_quad(l.a.x, l.e.x, sh, s), x0.x) + dot4I8Packed(kq_quad(l.a.y, l.e.y, sh, s), x0.y) +
-      dot4I8Packed(kq_quad(l.a.z, l.e.z, sh, s), x0.z) + dot4I8Packed(kq_quad(l.a.w, l.e.w, sh, s), x0.w) +
-      dot4I8Packed(kq_quad(l.b.x, l.f.x, sh, s), x1.x) + dot4I8Packed(kq_quad(l.b.y, l.f.y, sh, s), x1.y) +
-      dot4I8Packed(kq_quad(l.b.z, l.f.z, sh, s), x1.z) + dot4I8Packed(kq_quad(l.b.w, l.f.w, sh, s), x1.w);
+    let m = select(0u, 0x01010101u, TYPE == 13u);
+    let lo = dot16(
+      vec4<u32>(k_quad(l.a.x, sh, l.e.x, s, m), k_quad(l.a.y, sh, l.e.y, s, m), k_quad(l.a.z, sh, l.e.z, s, m),
+        k_quad(l.a.w, sh, l.e.w, s, m)),
+      x0,
+    );
+    let hi = dot16(
+      vec4<u32>(k_quad(l.b.x, sh, l.f.x, s, m), k_quad(l.b.y, sh, l.f.y, s, m), k_quad(l.b.z, sh, l.f.z, s, m),
+        k_quad(l.b.w, sh, l.f.w, s, m)),
+      x1,
+    );
+    let v = lo + hi;
     let sm = q4k_scale_min_words(l.s.x, l.s.y, l.s.z, s >> 1u);
     let odd = (s & 1u) == 1u;
     let dd = unpack2x16float(l.h.x);
-    return dd.x * f32(select(sm.x, sm.y, odd)) * f32(v) - dd.y * f32(select(sm.z, sm.w, odd)) * f32(x_sum(x0, x1));
+    return dd.x * f32(select(sm.x, sm.y, odd)) * f32(v.x) - dd.y * f32(select(sm.z, sm.w, odd)) * f32(v.y);
   }
   if (TYPE == 14u) {
     let blk = q6k_block(rb, c);
@@ -193,23 +185,26 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
     let s = 4u * ((j >> 1u) & 1u);
     let t = 2u * (j & 3u);
     let v0 = vec4<u32>(
-      q6k_quad(half_shift(l.a.x, l.a.y, al), half_shift(l.e.x, l.e.y, al), s, t),
-      q6k_quad(half_shift(l.a.y, l.a.z, al), half_shift(l.e.y, l.e.z, al), s, t),
-      q6k_quad(half_shift(l.a.z, l.a.w, al), half_shift(l.e.z, l.e.w, al), s, t),
-      q6k_quad(half_shift(l.a.w, l.b.x, al), half_shift(l.e.w, l.f.x, al), s, t),
+      k_quad(half_shift(l.a.x, l.a.y, al), s, half_shift(l.e.x, l.e.y, al), t, 0x03030303u),
+      k_quad(half_shift(l.a.y, l.a.z, al), s, half_shift(l.e.y, l.e.z, al), t, 0x03030303u),
+      k_quad(half_shift(l.a.z, l.a.w, al), s, half_shift(l.e.z, l.e.w, al), t, 0x03030303u),
+      k_quad(half_shift(l.a.w, l.b.x, al), s, half_shift(l.e.w, l.f.x, al), t, 0x03030303u),
     );
     let v1 = vec4<u32>(
-      q6k_quad(half_shift(l.b.x, l.b.y, al), half_shift(l.f.x, l.f.y, al), s, t),
-      q6k_quad(half_shift(l.b.y, l.b.z, al), half_shift(l.f.y, l.f.z, al), s, t),
-      q6k_quad(half_shift(l.b.z, l.b.w, al), half_shift(l.f.z, l.f.w, al), s, t),
-      q6k_quad(half_shift(l.b.w, l.c, al), half_shift(l.f.w, l.g, al), s, t),
+      k_quad(half_shift(l.b.x, l.b.y, al), s, half_shift(l.f.x, l.f.y, al), t, 0x03030303u),
+      k_quad(half_shift(l.b.y, l.b.z, al), s, half_shift(l.f.y, l.f.z, al), t, 0x03030303u),
+      k_quad(half_shift(l.b.z, l.b.w, al), s, half_shift(l.f.z, l.f.w, al), t, 0x03030303u),
+      k_quad(half_shift(l.b.w, l.c, al), s, half_shift(l.f.w, l.g, al), t, 0x03030303u),
     );
     // The scale pair sits at byte 0 or 2 of h.x (a 2-byte-aligned pair never straddles words; the 8n of its
     // offset keeps the parity); d at byte 0 or 2 of h.y, as the block.
     let sh = 8u * ((blk + 192u + 2u * (j & 3u)) & 2u);
     let sc = bitcast<i32>(l.h.x);
     let dh = unpack2x16float(l.h.y);
-    let s16 = extractBits(sc, sh, 8u) * q6k_half(v0, x0) + extractBits(sc, sh + 8u, 8u) * q6k_half(v1, x1);
+    // Σ (v_i − 32)·q_i per half as Σ v_i·q_i − 32·Σ q_i (the values are unsigned bytes).
+    let d0 = dot16(v0, x0);
+    let d1 = dot16(v1, x1);
+    let s16 = extractBits(sc, sh, 8u) * (d0.x - 32 * d0.y) + extractBits(sc, sh + 8u, 8u) * (d1.x - 32 * d1.y);
     return select(dh.x, dh.y, al) * f32(s16);
   }
   if (TYPE == 23u) {

@@ -53,6 +53,20 @@ Deno.test("generate --tokens --json --echo reproduces llama.cpp's greedy tokens 
   assert.ok(Math.abs(got.prompt_top.at(-1)[0][1] - last[0]![1]) < 1e-2);
 });
 
+Deno.test("generate --int8 reaches the stage: its logits move by the int8 rounding of x, not more", async () => {
+  const args = ["--model", fixturePath("tiny-qwen35moe.q8_0.gguf"), "--tokens", "1,2,3,4", "--n", "3"];
+  const runs = await Promise.all(
+    [[], ["--int8"]].map((a) => generate([...args, "--top", "1", "--json", ...a])),
+  );
+  for (const r of runs) assert.equal(r.code, 0, r.stderr);
+  const [f32, int8] = runs.map((r) => JSON.parse(r.stdout) as { top: [number, number][][] });
+  // Step 0's logits come from the 4-token prompt chunk: int8 x with --int8 (chunks of at most 8 tokens).
+  const a = f32!.top[0]![0]![1];
+  const b = int8!.top[0]![0]![1];
+  assert.notEqual(a, b, "--int8 gave the f32 run's logit bit for bit");
+  assert.ok(Math.abs(a - b) < 0.05 * Math.max(1, Math.abs(a)), `top logit ${b} with --int8 against ${a}`);
+});
+
 Deno.test("generate: bad arguments fail with a message and a non-zero exit", async () => {
   const model = fixturePath("tiny-qwen3next.q8_0.gguf");
   let r = await generate(["--model", model]);

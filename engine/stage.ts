@@ -2946,8 +2946,8 @@ class GraphBuilder {
   }
 
   /**
-   * One expert pass through moe_matvec_q8 with XIN: f32 x (xCols columns) rounded to int8 in every
-   * workgroup's prologue, the rounded x written to the int8 log (int8Log) or to a scratch buffer.
+   * One expert pass through moe_matvec_q8: int8 x given (`xq8`), or with XIN f32 x (xCols columns) rounded to
+   * int8 in every workgroup's prologue, the rounded x written to the int8 log (int8Log) or to a scratch buffer.
    */
   async #expertsQ8(
     label: string,
@@ -2959,45 +2959,24 @@ class GraphBuilder {
     xCols: number,
     xq8?: Binding,
   ) {
-    if (xq8) {
-      // x already rounded (moe_route XQ): read it as it is.
-      const c = moeMatvecQ8Constants(shape);
-      const b: MoeMatvecQ8Bindings = {
-        params: this.#storage(moeMatvecParams(shape)),
-        ids,
-        weights,
-        weights2: weights,
-        xq: xq8,
-        y,
-        yq: this.#scratch(),
-      };
-      checkMoeMatvecQ8(shape, c, b);
-      await this.#push(
-        label,
-        MOE_MATVEC_Q8,
-        c,
-        [b.params, ids, weights, weights, xq8, y, b.yq],
-        moeMatvecQ8Grid(shape, c),
-      );
-      return;
-    }
-    const c = moeMatvecQ8Constants(shape, undefined, { xin: true });
-    const yq = this.#q8Region(label, shape.k, shape.type, xCols, "act");
+    // x already rounded (moe_route XQ): read it as it is; otherwise XIN rounds it in every workgroup and
+    // workgroups (0, col) log it.
+    const c = xq8 ? moeMatvecQ8Constants(shape) : moeMatvecQ8Constants(shape, undefined, { xin: true });
     const b: MoeMatvecQ8Bindings = {
       params: this.#storage(moeMatvecParams(shape)),
       ids,
       weights,
       weights2: weights,
-      xq: x,
+      xq: xq8 ?? x,
       y,
-      yq,
+      yq: xq8 ? this.#scratch() : this.#q8Region(label, shape.k, shape.type, xCols, "act"),
     };
     checkMoeMatvecQ8(shape, c, b);
     await this.#push(
       label,
       MOE_MATVEC_Q8,
       c,
-      [b.params, ids, weights, weights, x, y, yq],
+      [b.params, ids, weights, weights, b.xq, y, b.yq],
       moeMatvecQ8Grid(shape, c),
     );
   }

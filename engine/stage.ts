@@ -2010,7 +2010,7 @@ class GraphBuilder {
         if (opts.acc || norm) {
           throw new Error(`${label}: NORM and ACC are decode-only (matvec), not for ${cols} columns`);
         }
-        // Prefill: the register-tiled matmul reads each weight tile once per 64 tokens.
+        // Prefill: the register-tiled matmul reads each weight tile once per tile of tokens.
         const shape: MatmulShape = {
           type: typeName(w),
           k,
@@ -2022,10 +2022,10 @@ class GraphBuilder {
           yStride: nRows,
         };
         const params = this.#storage(matmulParams(shape));
-        await this.#push(label, MATMUL, matmulConstants(shape), [params, p.buffer, x, y], [
-          ...matmulGrid(shape),
-          1,
-        ]);
+        const mc = matmulConstants(shape, {
+          maxWorkgroupBytes: this.#device.limits.maxComputeWorkgroupStorageSize,
+        });
+        await this.#push(label, MATMUL, mc, [params, p.buffer, x, y], [...matmulGrid(shape, mc), 1]);
         continue;
       }
       for (let c0 = 0; c0 < cols; c0 += 8) {

@@ -1,8 +1,8 @@
 /**
  * Twin of `matmul.wgsl`: prefill product `Y[m][n] = Σ_k W[n][k]·X[m][k]` for any M ≥ 1 tokens and any N,
  * reading packed weights of any supported type straight from their GGUF block bytes (same raw layout as
- * `matvec.ts`, no repacking): 64×64 register tiles, weights dequantized into f32 workgroup memory per
- * 32-element chunk, f32 accumulation.
+ * `matvec.ts`, no repacking): tiles of 16·TR rows × 16·TT tokens, TR × TT per invocation, weights
+ * dequantized into f32 workgroup memory per 32-element chunk, f32 accumulation.
  *
  * Uniform `Params` (48 bytes, 12 × u32, in struct order): 0 k, 4 n, 8 m, 12 row_bytes, 16 w_off (bytes),
  * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36..47 padding. Bindings: 0 params, 1 weights,
@@ -11,7 +11,7 @@
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
-import { bindingBytes, checkInt, checkShape, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import { bindingBytes, checkInt, checkShape, checkWorkgroupBytes, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
 
 /** Kernel description of `matmul.wgsl`. */
@@ -19,13 +19,17 @@ export const MATMUL: KernelSpec = {
   name: "matmul",
   url: new URL("./matmul.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32" },
+  constants: { TYPE: "u32", TR: "u32", TT: "u32" },
 };
 
 /** Constants of one matmul variant. */
 export interface MatmulConstants {
   /** ggml type id of the weights. */
   readonly TYPE: number;
+  /** Rows per invocation (4 or 8): the tile has 16·TR rows. */
+  readonly TR: number;
+  /** Tokens per invocation (4 or 8): the tile has 16·TT tokens. */
+  readonly TT: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -33,8 +37,8 @@ export interface MatmulConstants {
 /** Size of the uniform params block in bytes. */
 export const MATMUL_PARAMS_BYTES = 48;
 
-/** Rows and tokens of one workgroup's output tile. */
-export const MATMUL_TILE = 64;
+/** Rows or tokens per invocation a variant may take. */
+export const MATMUL_THREAD_TILES: readonly number[] = [4, 8];
 
 /** One matmul problem: W ne=[k, n] of `type`, X ne=[k, m], Y ne=[n, m], as slices of bindings. */
 export interface MatmulShape {
@@ -80,9 +84,27 @@ export interface MatmulOp {
   readonly grid: readonly [number, number];
 }
 
-/** The variant of a shape. */
-export function matmulConstants(shape: MatmulShape): MatmulConstants {
-  return { TYPE: TYPE_ID[shape.type] };
+/** Workgroup memory of a variant in bytes: the f32 tiles, and the IQ4 codebook table. */
+export function matmulWorkgroupBytes(c: MatmulConstants): number {
+  const iq4 = c.TYPE === TYPE_ID.IQ4_XS || c.TYPE === TYPE_ID.IQ4_NL;
+  return 2048 * (c.TR + c.TT) + (iq4 ? 2048 : 0);
+}
+
+/**
+ * The variant of a shape: TR × TT per invocation, `tile` where given, else the default that fits in
+ * `maxWorkgroupBytes` (the device's `maxComputeWorkgroupStorageSize`; WebGPU's guaranteed 16384 if omitted).
+ */
+export function matmulConstants(
+  shape: MatmulShape,
+  opts: { maxWorkgroupBytes?: number; tile?: readonly [number, number] } = {},
+): MatmulConstants {
+  const TYPE = TYPE_ID[shape.type];
+  if (opts.tile) return { TYPE, TR: opts.tile[0], TT: opts.tile[1] };
+  const max = opts.maxWorkgroupBytes ?? 16384;
+  for (const [TR, TT] of [[8, 4], [4, 4]] as const) {
+    if (matmulWorkgroupBytes({ TYPE, TR, TT }) <= max) return { TYPE, TR, TT };
+  }
+  return { TYPE, TR: 4, TT: 4 };
 }
 
 /** The uniform params of `shape` (write them at a 256-byte-aligned offset of a uniform buffer). */
@@ -105,8 +127,8 @@ export function matmulParams(shape: MatmulShape): Uint32Array<ArrayBuffer> {
 }
 
 /** Workgroups: row tiles in x, token tiles in y. */
-export function matmulGrid(shape: MatmulShape): [number, number] {
-  return [Math.ceil(shape.n / MATMUL_TILE), Math.ceil(shape.m / MATMUL_TILE)];
+export function matmulGrid(shape: MatmulShape, c: MatmulConstants): [number, number] {
+  return [Math.ceil(shape.n / (16 * c.TR)), Math.ceil(shape.m / (16 * c.TT))];
 }
 
 /**
@@ -119,6 +141,12 @@ export function checkMatmul(shape: MatmulShape, c: MatmulConstants, b: MatmulBin
     c.TYPE === TYPE_ID[shape.type],
     `Kernel matmul: TYPE=${c.TYPE} but the shape says ${shape.type}`,
   );
+  for (const [name, v] of [["TR", c.TR], ["TT", c.TT]] as const) {
+    checkShape(
+      MATMUL_THREAD_TILES.includes(v),
+      `Kernel matmul: ${name}=${v} must be one of ${MATMUL_THREAD_TILES.join(", ")}`,
+    );
+  }
   checkInt("Kernel matmul: n", shape.n, 1, 2 ** 31);
   checkInt("Kernel matmul: m", shape.m, 1, 2 ** 31);
   const xOff = shape.xOffset ?? 0;
@@ -135,7 +163,7 @@ export function checkMatmul(shape: MatmulShape, c: MatmulConstants, b: MatmulBin
     Number.isInteger(yOff) && yOff >= 0 && Number.isInteger(yStride) && yStride >= shape.n,
     `Kernel matmul: y offset ${yOff} must be ≥ 0 and stride ${yStride} ≥ N=${shape.n}`,
   );
-  const [gx, gy] = matmulGrid(shape);
+  const [gx, gy] = matmulGrid(shape, c);
   checkShape(
     gx <= MAX_WORKGROUPS_PER_DIM && gy <= MAX_WORKGROUPS_PER_DIM,
     `Kernel matmul: N=${shape.n}, M=${shape.m} need ${gx}×${gy} workgroups (each ≤ 65535): split the problem`,
@@ -158,16 +186,23 @@ export function checkMatmul(shape: MatmulShape, c: MatmulConstants, b: MatmulBin
  */
 export async function prepareMatmul(
   cache: PipelineCache,
-  opts: { device: GPUDevice; shape: MatmulShape; bindings: MatmulBindings },
+  opts: { device: GPUDevice; shape: MatmulShape; bindings: MatmulBindings; constants?: MatmulConstants },
 ): Promise<MatmulOp> {
-  const c = matmulConstants(opts.shape);
+  const max = opts.device.limits.maxComputeWorkgroupStorageSize;
+  const c = opts.constants ?? matmulConstants(opts.shape, { maxWorkgroupBytes: max });
   checkMatmul(opts.shape, c, opts.bindings);
+  checkWorkgroupBytes(
+    opts.device,
+    `Kernel matmul TR=${c.TR} TT=${c.TT}`,
+    matmulWorkgroupBytes(c),
+    "take a smaller TR or TT",
+  );
   const pipeline = await cache.get(MATMUL, c);
   const b = opts.bindings;
   return {
     pipeline,
     bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y]),
-    grid: matmulGrid(opts.shape),
+    grid: matmulGrid(opts.shape, c),
   };
 }
 

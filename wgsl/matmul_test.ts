@@ -10,20 +10,26 @@ import {
   checkMatmul,
   encodeMatmul,
   MATMUL_PARAMS_BYTES,
+  MATMUL_THREAD_TILES,
+  type MatmulConstants,
   matmulConstants,
   matmulParams,
   type MatmulShape,
+  matmulWorkgroupBytes,
   prepareMatmul,
 } from "./matmul.ts";
 
-/** The cases of one type: debug, odd N and M around the 64×64 tile, a slice with offsets, a random shape. */
-function cases(rng: Rng, type: GgmlTypeName): MatmulShape[] {
+/**
+ * The cases of one type and tile (16·TR rows × 16·TT tokens): debug, odd N and M around the tile, a slice
+ * with offsets, a random shape.
+ */
+function cases(rng: Rng, type: GgmlTypeName, [tr, tt]: readonly [number, number]): MatmulShape[] {
   const be = Math.max(32, typeInfo(type).blockElems);
   return [
     { type, k: be, n: 1, m: 1 }, // debug: one block, one row, one token
     { type, k: 2 * be, n: 13, m: 7 },
-    { type, k: be, n: 65, m: 33 }, // one row past a tile
-    { type, k: be, n: 3, m: 70 }, // tokens past a tile
+    { type, k: be, n: 16 * tr + 1, m: 33 }, // one row past a tile
+    { type, k: be, n: 3, m: 16 * tt + 6 }, // tokens past a tile
     // A slice: rows at a byte offset, tokens with offsets and padded strides.
     {
       type,
@@ -36,24 +42,57 @@ function cases(rng: Rng, type: GgmlTypeName): MatmulShape[] {
       yOffset: 5,
       yStride: 9,
     },
-    { type, k: be * rng.int(1, 4), n: rng.int(1, 140), m: rng.int(1, 80) }, // random
+    { type, k: be * rng.int(1, 4), n: rng.int(1, 40 * tr), m: rng.int(1, 20 * tt) }, // random
   ];
 }
+
+/** Every TR × TT variant; those whose workgroup memory the device lacks are checked to throw instead. */
+const TILES = MATMUL_THREAD_TILES.flatMap((tr) => MATMUL_THREAD_TILES.map((tt) => [tr, tt] as const));
 
 Deno.test("matmul matches the float64 reference for every type and odd N, M", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  const all = QUANT_TYPES.flatMap((t) => cases(rng, t));
+  const max = device.limits.maxComputeWorkgroupStorageSize;
+  const all: { s: MatmulShape; c: MatmulConstants }[] = [];
+  for (const type of QUANT_TYPES) {
+    for (const tile of TILES) {
+      const c = matmulConstants({ type, k: 32, n: 1, m: 1 }, { tile });
+      if (matmulWorkgroupBytes(c) <= max) {
+        all.push(...cases(rng, type, tile).map((s) => ({ s, c })));
+        continue;
+      }
+      // Too big for this device: prepareMatmul must say so rather than fail at pipeline creation.
+      const s: MatmulShape = { type, k: 256, n: 1, m: 1 };
+      const buf = device.createBuffer({ size: 4096, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.UNIFORM });
+      await assert.rejects(
+        prepareMatmul(cache, {
+          device,
+          shape: s,
+          constants: c,
+          bindings: { params: buf, weights: buf, x: buf, y: buf },
+        }),
+        /workgroup memory/,
+      );
+      buf.destroy();
+    }
+  }
   const params = device.createBuffer({
     size: 256 * all.length,
     usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
   });
   const created: GPUBuffer[] = [params];
-  const checks: { s: MatmulShape; y: GPUBuffer; ref: Float64Array; mag: Float64Array; yWords: number }[] = [];
+  const checks: {
+    s: MatmulShape;
+    c: MatmulConstants;
+    y: GPUBuffer;
+    ref: Float64Array;
+    mag: Float64Array;
+    yWords: number;
+  }[] = [];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
-  for (const [i, s] of all.entries()) {
+  for (const [i, { s, c }] of all.entries()) {
     const bytes = randomWeights(rng, s.type, s.k, s.n);
     const wOff = s.wOffsetBytes ?? 0;
     const wAll = new Uint8Array(wOff + bytes.length + 4);
@@ -74,6 +113,7 @@ Deno.test("matmul matches the float64 reference for every type and odd N, M", as
     const op = await prepareMatmul(cache, {
       device,
       shape: s,
+      constants: c,
       bindings: {
         params: { buffer: params, offset: 256 * i, size: MATMUL_PARAMS_BYTES },
         weights: wBuf,
@@ -84,6 +124,7 @@ Deno.test("matmul matches the float64 reference for every type and odd N, M", as
     encodeMatmul(pass, op);
     checks.push({
       s,
+      c,
       y: yBuf,
       yWords,
       ...refProduct(s.type, bytes, { k: s.k, n: s.n, cols: s.m, x: xDense }),
@@ -94,8 +135,8 @@ Deno.test("matmul matches the float64 reference for every type and odd N, M", as
   const outs = await readAll(device, checks.map((k) => k.y));
   created.forEach((b) => b.destroy());
   const failures: string[] = [];
-  for (const [i, { s, ref, mag, yWords }] of checks.entries()) {
-    const what = `matmul ${s.type} ne=[${s.k}, ${s.n}] M=${s.m} ${JSON.stringify(matmulConstants(s))}`;
+  for (const [i, { s, c, ref, mag, yWords }] of checks.entries()) {
+    const what = `matmul ${s.type} ne=[${s.k}, ${s.n}] M=${s.m} ${JSON.stringify(c)}`;
     try {
       const buf = outs[i]!;
       const f = new Float32Array(buf);
@@ -133,5 +174,7 @@ Deno.test("matmul shape check throws before encoding", () => {
   assert.throws(() => checkMatmul({ ...shape, m: 0 }, c, b), /m must be/);
   assert.throws(() => checkMatmul({ ...shape, xStride: 510 }, c, b), /stride/);
   assert.throws(() => checkMatmul(shape, c, { ...b, y: small }), /binding y/);
-  assert.throws(() => checkMatmul(shape, { TYPE: 23 }, b), /TYPE=23/);
+  assert.throws(() => checkMatmul(shape, { ...c, TYPE: 23 }, b), /TYPE=23/);
+  assert.throws(() => checkMatmul(shape, { ...c, TR: 6 }, b), /TR=6/);
+  assert.throws(() => checkMatmul({ ...shape, n: 16 * 8 * 65536 }, { ...c, TR: 8 }, b), /workgroups/);
 });

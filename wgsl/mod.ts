@@ -16,7 +16,7 @@ export {
   encodeMatmul,
   MATMUL,
   MATMUL_PARAMS_BYTES,
-  MATMUL_TILE,
+  MATMUL_THREAD_TILES,
   type MatmulBindings,
   type MatmulConstants,
   matmulConstants,
@@ -24,6 +24,7 @@ export {
   type MatmulOp,
   matmulParams,
   type MatmulShape,
+  matmulWorkgroupBytes,
   prepareMatmul,
 } from "./matmul.ts";
 export {

@@ -1,0 +1,134 @@
+/**
+ * Benchmark: the prefill matmul's TR × TT variants on 35B-A3B prefill shapes, in one run. Prints one JSON line
+ * per measurement (never asserts): ms per dispatch and GFLOP/s (2·K·N·M / time). Every pipeline is built
+ * first; then ROUNDS rounds over all variants, every other one in reverse, keep each variant's best (the
+ * H200's SM clock drifts within a run, docs/PERF.md).
+ *
+ * Usage: `deno run -A bench/matmul.ts [--quick] [--m 256] [--type IQ4_XS]` (`--quick`: small sizes, for
+ * lavapipe). Pass BENCH_COMMIT on machines without git. No npm imports: it runs on the lent GPU machine with
+ * nothing but Deno.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { PassTimer } from "./_pass_timer.ts";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, rowBytes } from "../engine/quant/types.ts";
+import {
+  encodeMatmul,
+  MATMUL_PARAMS_BYTES,
+  MATMUL_THREAD_TILES,
+  matmulConstants,
+  type MatmulOp,
+  matmulParams,
+  type MatmulShape,
+  matmulWorkgroupBytes,
+  prepareMatmul,
+} from "../wgsl/matmul.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    quick: { type: "boolean", default: false },
+    m: { type: "string" },
+    type: { type: "string" },
+  },
+});
+const QUICK = args.quick ?? false;
+const M = Number(args.m ?? (QUICK ? 64 : 256));
+const TYPES = (args.type ? [args.type] : ["IQ4_XS", "Q8_0", "Q6_K"]) as GgmlTypeName[];
+const SHAPES = QUICK ? [{ name: "small", k: 512, n: 1024 }] : [
+  { name: "attn_qkv", k: 2048, n: 8192 },
+  { name: "attn_gate", k: 2048, n: 4096 },
+  { name: "ssm_out", k: 4096, n: 2048 },
+  { name: "shexp_gate_up", k: 2048, n: 1024 },
+];
+const ROUNDS = 4;
+
+const gpu = await acquireGpu();
+const { device } = gpu;
+const cache = new PipelineCache(device, { f16: gpu.f16 });
+const adapter = gpu.adapter.info.description || gpu.adapter.info.device || "unknown";
+const commit = Deno.env.get("BENCH_COMMIT") ?? "unknown";
+const timer = new PassTimer(device, gpu.timestamps);
+const max = device.limits.maxComputeWorkgroupStorageSize;
+
+const maxW = Math.max(...SHAPES.flatMap((s) => TYPES.map((t) => s.n * rowBytes(t, s.k))));
+const weights = device.createBuffer({ size: maxW, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
+{
+  // Random bytes (scales included): timing does not depend on the values.
+  const chunk = new Uint8Array(Math.min(maxW, 16 << 20));
+  for (let o = 0; o < chunk.length; o += 65536) crypto.getRandomValues(chunk.subarray(o, o + 65536));
+  for (let o = 0; o < maxW; o += chunk.length) {
+    device.queue.writeBuffer(weights, o, chunk, 0, Math.min(chunk.length, maxW - o));
+  }
+}
+const maxK = Math.max(...SHAPES.map((s) => s.k));
+const maxN = Math.max(...SHAPES.map((s) => s.n));
+const x = device.createBuffer({
+  size: 4 * maxK * M,
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+});
+device.queue.writeBuffer(x, 0, new Float32Array(maxK * M).map(() => Math.random() - 0.5));
+const y = device.createBuffer({ size: 4 * maxN * M, usage: GPUBufferUsage.STORAGE });
+
+interface Job {
+  shape: MatmulShape;
+  name: string;
+  tile: readonly [number, number];
+  op: MatmulOp;
+  best: number;
+}
+const jobs: Job[] = [];
+const tiles = MATMUL_THREAD_TILES.flatMap((tr) => MATMUL_THREAD_TILES.map((tt) => [tr, tt] as const));
+const params = device.createBuffer({
+  size: 256 * SHAPES.length * TYPES.length,
+  usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+});
+let slot = 0;
+for (const s of SHAPES) {
+  for (const type of TYPES) {
+    const shape: MatmulShape = { type, k: s.k, n: s.n, m: M };
+    device.queue.writeBuffer(params, 256 * slot, matmulParams(shape));
+    const p = { buffer: params, offset: 256 * slot++, size: MATMUL_PARAMS_BYTES };
+    for (const tile of tiles) {
+      const c = matmulConstants(shape, { tile });
+      if (matmulWorkgroupBytes(c) > max) continue;
+      const op = await prepareMatmul(cache, {
+        device,
+        shape,
+        constants: c,
+        bindings: { params: p, weights, x, y },
+      });
+      jobs.push({ shape, name: s.name, tile, op, best: Infinity });
+    }
+  }
+}
+const reps = QUICK ? 2 : 20;
+for (let r = 0; r < ROUNDS; r++) {
+  const order = r % 2 === 0 ? jobs : [...jobs].reverse();
+  for (const j of order) {
+    j.best = Math.min(j.best, await timer.perRep((pass) => encodeMatmul(pass, j.op), reps));
+  }
+}
+const deflt = new Map(
+  jobs.map((j) => {
+    const c = matmulConstants(j.shape, { maxWorkgroupBytes: max });
+    return [`${j.name}/${j.shape.type}`, `${c.TR}x${c.TT}`];
+  }),
+);
+for (const j of jobs) {
+  const { k, n, m, type } = j.shape;
+  console.log(JSON.stringify({
+    bench: "matmul",
+    commit,
+    adapter,
+    name: j.name,
+    type,
+    ne: [k, n],
+    m,
+    tile: `${j.tile[0]}x${j.tile[1]}`,
+    default: deflt.get(`${j.name}/${type}`) === `${j.tile[0]}x${j.tile[1]}`,
+    ms: +(j.best * 1e3).toFixed(4),
+    gflops: Math.round((2 * k * n * m) / j.best / 1e9),
+  }));
+}

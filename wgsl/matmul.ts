@@ -91,7 +91,8 @@ export function matmulWorkgroupBytes(c: MatmulConstants): number {
 }
 
 /**
- * The variant of a shape: TR × TT per invocation, `tile` where given, else the default that fits in
+ * The variant of a shape: TR × TT per invocation, `tile` where given. Else 8 rows per invocation from
+ * N ≥ 2048 and 8 tokens from M ≥ 128 (fewer would leave SMs idle), where the variant fits in
  * `maxWorkgroupBytes` (the device's `maxComputeWorkgroupStorageSize`; WebGPU's guaranteed 16384 if omitted).
  */
 export function matmulConstants(
@@ -101,7 +102,9 @@ export function matmulConstants(
   const TYPE = TYPE_ID[shape.type];
   if (opts.tile) return { TYPE, TR: opts.tile[0], TT: opts.tile[1] };
   const max = opts.maxWorkgroupBytes ?? 16384;
-  for (const [TR, TT] of [[8, 4], [4, 4]] as const) {
+  const tr = shape.n >= 2048 ? 8 : 4;
+  const tt = shape.m >= 128 ? 8 : 4;
+  for (const [TR, TT] of [[tr, tt], [tr, 4], [4, tt], [4, 4]] as const) {
     if (matmulWorkgroupBytes({ TYPE, TR, TT }) <= max) return { TYPE, TR, TT };
   }
   return { TYPE, TR: 4, TT: 4 };

@@ -48,6 +48,46 @@ fn weight_word(i: u32) -> u32 {
   return weights[i];
 }
 
+// The rank-1 update of a 4 × 4 block: column i holds row i's 4 tokens.
+fn outer(a: vec4<f32>, b: vec4<f32>) -> mat4x4<f32> {
+  return mat4x4<f32>(a.x * b, a.y * b, a.z * b, a.w * b);
+}
+
+// Stages one weight unit (8 weights of tile row 4·g + comp, unit wj) into wt.
+fn stage_w(g: u32, comp: u32, wj: u32, sc: vec4<f32>, q: array<vec4<f32>, 2>) {
+  let lo = q[0] * sc.x - vec4<f32>(sc.z);
+  let hi = q[1] * sc.y - vec4<f32>(sc.w);
+  for (var i = 0u; i < 4u; i++) {
+    wt[(8u * wj + i) * WG_R + g][comp] = lo[i];
+    wt[(8u * wj + 4u + i) * WG_R + g][comp] = hi[i];
+  }
+}
+
+// Stages one input unit (8 inputs of tile token 4·g + comp, unit xj) into xt; zeros for tokens ≥ M.
+fn stage_x(g: u32, comp: u32, xj: u32, valid: bool, xl: vec4<f32>, xh: vec4<f32>) {
+  let l = select(vec4<f32>(0.0), xl, valid);
+  let h = select(vec4<f32>(0.0), xh, valid);
+  for (var i = 0u; i < 4u; i++) {
+    xt[(8u * xj + i) * WG_T + g][comp] = l[i];
+    xt[(8u * xj + 4u + i) * WG_T + g][comp] = h[i];
+  }
+}
+
+// Stores block (a, b) of the invocation's accumulators: rows 4·(ty + 16·a) + i, tokens 4·(tx + 16·b) + j.
+fn store_block(n0: u32, m0: u32, ty: u32, tx: u32, a: u32, b: u32, blk: mat4x4<f32>) {
+  for (var i = 0u; i < 4u; i++) {
+    let row = n0 + 4u * (ty + 16u * a) + i;
+    for (var j = 0u; j < 4u; j++) {
+      let m = m0 + 4u * (tx + 16u * b) + j;
+      if (row < params.n && m < params.m) {
+        y[params.y_off + m * params.y_stride + row] = blk[i][j];
+      }
+    }
+  }
+}
+
+// Every per-invocation set (second row group, second token group) is a named variable under a constant
+// condition rather than an array indexed in a loop: the driver then keeps all of it in registers.
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
   let n0 = wid.x * (16u * TR);
@@ -60,112 +100,95 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     workgroupBarrier();
   }
 
-  // Weight staging: rows wr + 64·a, unit wj. Input staging: tokens xm + 64·b, unit xj.
+  // Weight staging: rows wr (and wr + 64), unit wj. Input staging: tokens xm (and xm + 64), unit xj.
   let wr = lid / 4u;
   let wj = lid % 4u;
-  var rb: array<u32, RV>;
-  for (var a = 0u; a < RV; a++) {
-    rb[a] = params.w_off + min(n0 + wr + 64u * a, params.n - 1u) * params.row_bytes;
-  }
+  let rb0 = params.w_off + min(n0 + wr, params.n - 1u) * params.row_bytes;
+  let rb1 = params.w_off + min(n0 + wr + 64u, params.n - 1u) * params.row_bytes;
   let xm = lid % 64u;
   let xj = lid / 64u;
-  var xb: array<u32, TV>;
-  var x_valid: array<bool, TV>;
-  for (var b = 0u; b < TV; b++) {
-    x_valid[b] = m0 + xm + 64u * b < params.m;
-    xb[b] = params.x_off + min(m0 + xm + 64u * b, params.m - 1u) * params.x_stride;
-  }
+  let xv0 = m0 + xm < params.m;
+  let xv1 = m0 + xm + 64u < params.m;
+  let xb0 = params.x_off + min(m0 + xm, params.m - 1u) * params.x_stride;
+  let xb1 = params.x_off + min(m0 + xm + 64u, params.m - 1u) * params.x_stride;
 
-  var acc: array<vec4<f32>, TR * TV>;
-  for (var i = 0u; i < TR * TV; i++) {
-    acc[i] = vec4<f32>(0.0);
-  }
+  var m00 = mat4x4<f32>();
+  var m01 = mat4x4<f32>();
+  var m10 = mat4x4<f32>();
+  var m11 = mat4x4<f32>();
 
   // The next chunk's weights and inputs are loaded into registers before this chunk's rank-1 updates run,
   // so the global loads of step c + 1 are in flight during the math of step c (register double buffering).
-  var sc_n: array<vec4<f32>, RV>;
-  var q_n: array<array<vec4<f32>, 2>, RV>;
-  for (var a = 0u; a < RV; a++) {
-    sc_n[a] = quant_scales(rb[a], 0u);
-    q_n[a] = quant_q(rb[a], 0u, wj);
+  var sc0 = quant_scales(rb0, 0u);
+  var q0 = quant_q(rb0, 0u, wj);
+  var sc1 = vec4<f32>(0.0);
+  var q1 = array<vec4<f32>, 2>();
+  if (RV > 1u) {
+    sc1 = quant_scales(rb1, 0u);
+    q1 = quant_q(rb1, 0u, wj);
   }
-  var pos_n = quant_pos(0u, xj);
-  var xl_n: array<vec4<f32>, TV>;
-  var xh_n: array<vec4<f32>, TV>;
-  for (var b = 0u; b < TV; b++) {
-    xl_n[b] = x[(xb[b] + pos_n.x) >> 2u];
-    xh_n[b] = x[(xb[b] + pos_n.y) >> 2u];
+  var pos = quant_pos(0u, xj);
+  var xl0 = x[(xb0 + pos.x) >> 2u];
+  var xh0 = x[(xb0 + pos.y) >> 2u];
+  var xl1 = vec4<f32>(0.0);
+  var xh1 = vec4<f32>(0.0);
+  if (TV > 1u) {
+    xl1 = x[(xb1 + pos.x) >> 2u];
+    xh1 = x[(xb1 + pos.y) >> 2u];
   }
   for (var c = 0u; c < n_chunks; c++) {
-    for (var a = 0u; a < RV; a++) {
-      let sc = sc_n[a];
-      let lo = q_n[a][0] * sc.x - vec4<f32>(sc.z);
-      let hi = q_n[a][1] * sc.y - vec4<f32>(sc.w);
-      let g = (wr + 64u * a) / 4u;
-      let comp = wr % 4u;
-      for (var i = 0u; i < 4u; i++) {
-        wt[(8u * wj + i) * WG_R + g][comp] = lo[i];
-        wt[(8u * wj + 4u + i) * WG_R + g][comp] = hi[i];
-      }
+    stage_w(wr / 4u, wr % 4u, wj, sc0, q0);
+    if (RV > 1u) {
+      stage_w(wr / 4u + 16u, wr % 4u, wj, sc1, q1);
     }
-    for (var b = 0u; b < TV; b++) {
-      var xl = xl_n[b];
-      var xh = xh_n[b];
-      if (!x_valid[b]) {
-        xl = vec4<f32>(0.0);
-        xh = vec4<f32>(0.0);
-      }
-      let g = (xm + 64u * b) / 4u;
-      let comp = xm % 4u;
-      for (var i = 0u; i < 4u; i++) {
-        xt[(8u * xj + i) * WG_T + g][comp] = xl[i];
-        xt[(8u * xj + 4u + i) * WG_T + g][comp] = xh[i];
-      }
+    stage_x(xm / 4u, xm % 4u, xj, xv0, xl0, xh0);
+    if (TV > 1u) {
+      stage_x(xm / 4u + 16u, xm % 4u, xj, xv1, xl1, xh1);
     }
     workgroupBarrier();
     // The last step reloads its own chunk (in bounds, unused) rather than branching.
     let cn = min(c + 1u, n_chunks - 1u);
-    for (var a = 0u; a < RV; a++) {
-      sc_n[a] = quant_scales(rb[a], cn);
-      q_n[a] = quant_q(rb[a], cn, wj);
+    sc0 = quant_scales(rb0, cn);
+    q0 = quant_q(rb0, cn, wj);
+    if (RV > 1u) {
+      sc1 = quant_scales(rb1, cn);
+      q1 = quant_q(rb1, cn, wj);
     }
-    pos_n = quant_pos(cn, xj);
-    for (var b = 0u; b < TV; b++) {
-      xl_n[b] = x[(xb[b] + pos_n.x) >> 2u];
-      xh_n[b] = x[(xb[b] + pos_n.y) >> 2u];
+    pos = quant_pos(cn, xj);
+    xl0 = x[(xb0 + pos.x) >> 2u];
+    xh0 = x[(xb0 + pos.y) >> 2u];
+    if (TV > 1u) {
+      xl1 = x[(xb1 + pos.x) >> 2u];
+      xh1 = x[(xb1 + pos.y) >> 2u];
     }
     for (var kk = 0u; kk < 32u; kk++) {
-      var av: array<vec4<f32>, RV>;
-      var bv: array<vec4<f32>, TV>;
-      for (var a = 0u; a < RV; a++) {
-        av[a] = wt[kk * WG_R + ty + 16u * a];
-      }
-      for (var b = 0u; b < TV; b++) {
-        bv[b] = xt[kk * WG_T + tx + 16u * b];
-      }
-      for (var a = 0u; a < RV; a++) {
-        for (var b = 0u; b < TV; b++) {
-          acc[(4u * a + 0u) * TV + b] += av[a].x * bv[b];
-          acc[(4u * a + 1u) * TV + b] += av[a].y * bv[b];
-          acc[(4u * a + 2u) * TV + b] += av[a].z * bv[b];
-          acc[(4u * a + 3u) * TV + b] += av[a].w * bv[b];
+      let a0 = wt[kk * WG_R + ty];
+      let b0 = xt[kk * WG_T + tx];
+      m00 += outer(a0, b0);
+      if (TV > 1u) {
+        let b1 = xt[kk * WG_T + tx + 16u];
+        m01 += outer(a0, b1);
+        if (RV > 1u) {
+          let a1 = wt[kk * WG_R + ty + 16u];
+          m10 += outer(a1, b0);
+          m11 += outer(a1, b1);
         }
+      } else if (RV > 1u) {
+        let a1 = wt[kk * WG_R + ty + 16u];
+        m10 += outer(a1, b0);
       }
     }
     workgroupBarrier();
   }
 
-  for (var a = 0u; a < RV; a++) {
-    for (var i = 0u; i < 4u; i++) {
-      let row = n0 + 4u * (ty + 16u * a) + i;
-      for (var b = 0u; b < TV; b++) {
-        for (var j = 0u; j < 4u; j++) {
-          let m = m0 + 4u * (tx + 16u * b) + j;
-          if (row < params.n && m < params.m) {
-            y[params.y_off + m * params.y_stride + row] = acc[(4u * a + i) * TV + b][j];
-          }
-        }
-      }
+  store_block(n0, m0, ty, tx, 0u, 0u, m00);
+  if (TV > 1u) {
+    store_block(n0, m0, ty, tx, 0u, 1u, m01);
+  }
+  if (RV > 1u) {
+    store_block(n0, m0, ty, tx, 1u, 0u, m10);
+    if (TV > 1u) {
+      store_block(n0, m0, ty, tx, 1u, 1u, m11);
     }
   }
 }

@@ -35,12 +35,14 @@ const { values: args } = parseArgs({
 });
 const QUICK = args.quick ?? false;
 const M = Number(args.m ?? (QUICK ? 64 : 256));
-const TYPES = (args.type ? [args.type] : ["IQ4_XS", "Q8_0", "Q6_K"]) as GgmlTypeName[];
+const TYPES = (args.type ? [args.type] : ["IQ4_XS", "Q8_0", "Q6_K", "F32"]) as GgmlTypeName[];
 const SHAPES = QUICK ? [{ name: "small", k: 512, n: 1024 }] : [
   { name: "attn_qkv", k: 2048, n: 8192 },
   { name: "attn_gate", k: 2048, n: 4096 },
   { name: "ssm_out", k: 4096, n: 2048 },
   { name: "shexp_gate_up", k: 2048, n: 1024 },
+  { name: "router", k: 2048, n: 256 },
+  { name: "ssm_alpha", k: 2048, n: 32 },
 ];
 const ROUNDS = 4;
 

@@ -17,6 +17,7 @@ export {
   MATMUL,
   MATMUL_PARAMS_BYTES,
   MATMUL_THREAD_TILES,
+  MATMUL_WIDE_MIN_WORKGROUPS,
   type MatmulBindings,
   type MatmulConstants,
   matmulConstants,

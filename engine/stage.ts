@@ -52,7 +52,18 @@ import {
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../wgsl/get_rows.ts";
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../wgsl/rms_norm.ts";
 import { MATVEC, matvecConstants, matvecGrid, matvecParams, type MatvecShape } from "../wgsl/matvec.ts";
-import { MATMUL, matmulConstants, matmulGrid, matmulParams, type MatmulShape } from "../wgsl/matmul.ts";
+import {
+  MATMUL,
+  MATMUL_SPLITS,
+  matmulConstants,
+  matmulDefaultSplits,
+  matmulGrid,
+  matmulParams,
+  type MatmulShape,
+  matmulSplits,
+  matmulSplitsGrid,
+  matmulSplitsParams,
+} from "../wgsl/matmul.ts";
 import { normBindings } from "../wgsl/matvec.ts";
 import {
   checkMatvecQ8,
@@ -1761,6 +1772,7 @@ class GraphBuilder {
   readonly #ops: Op[] = [];
   readonly #owned: GPUBuffer[];
   #unused: GPUBuffer | undefined;
+  #splitBuf: GPUBuffer | undefined;
   readonly #normPrologueMaxRows: number;
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #moeTuning: StageOptions["moeTuning"];
@@ -2021,11 +2033,26 @@ class GraphBuilder {
           yOffset: lo - rowStart,
           yStride: nRows,
         };
-        const params = this.#storage(matmulParams(shape));
         const mc = matmulConstants(shape, {
           maxWorkgroupBytes: this.#device.limits.maxComputeWorkgroupStorageSize,
         });
-        await this.#push(label, MATMUL, mc, [params, p.buffer, x, y], [...matmulGrid(shape, mc), 1]);
+        // Small N: runs of K in workgroups of their own, added by matmul_splits (docs/PERF.md).
+        const splits = matmulDefaultSplits(shape);
+        if (splits > 1) {
+          const split: MatmulShape = { ...shape, yOffset: undefined, yStride: undefined, splits };
+          const part = this.#splitPart(4 * matmulSplits(split).splits * shape.n * shape.m);
+          await this.#push(label, MATMUL, mc, [this.#storage(matmulParams(split)), p.buffer, x, part], [
+            ...matmulGrid(split, mc),
+          ]);
+          await this.#push(`${label}.splits`, MATMUL_SPLITS, {}, [
+            this.#storage(matmulSplitsParams(split)),
+            part,
+            y,
+          ], matmulSplitsGrid(split));
+          continue;
+        }
+        const params = this.#storage(matmulParams(shape));
+        await this.#push(label, MATMUL, mc, [params, p.buffer, x, y], [...matmulGrid(shape, mc)]);
         continue;
       }
       for (let c0 = 0; c0 < cols; c0 += 8) {
@@ -2308,6 +2335,19 @@ class GraphBuilder {
   }
 
   /** A 16-byte buffer for writable bindings a variant does not use (one per graph). */
+  /** The split-K matmuls' partial products: one buffer per graph, grown as needed (`bytes` of it). */
+  #splitPart(bytes: number): Binding {
+    if (!this.#splitBuf || this.#splitBuf.size < bytes) {
+      this.#splitBuf = this.#device.createBuffer({
+        label: "matmul split partials",
+        size: Math.ceil(bytes / 256) * 256,
+        usage: GPUBufferUsage.STORAGE,
+      });
+      this.#owned.push(this.#splitBuf);
+    }
+    return { buffer: this.#splitBuf, offset: 0, size: bytes };
+  }
+
   #scratch(): GPUBuffer {
     if (!this.#unused) {
       this.#unused = this.#device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });

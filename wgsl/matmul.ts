@@ -5,8 +5,12 @@
  * dequantized into f32 workgroup memory per 32-element chunk, f32 accumulation.
  *
  * Uniform `Params` (48 bytes, 12 × u32, in struct order): 0 k, 4 n, 8 m, 12 row_bytes, 16 w_off (bytes),
- * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36..47 padding. Bindings: 0 params, 1 weights,
- * 2 x, 3 y.
+ * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36 chunks_per_split, 40 split_stride, 44 padding.
+ * Bindings: 0 params, 1 weights, 2 x, 3 y.
+ *
+ * Split K (`splits` > 1): grid z workgroups each sum a run of the K / 32 chunks into a partial product, and
+ * `matmul_splits.wgsl` ({@linkcode MATMUL_SPLITS}) adds them into Y. For small N, where a few workgroups
+ * would each step through every chunk in turn (docs/PERF.md: 0.27-0.34 ms for N ≤ 257).
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
@@ -60,6 +64,27 @@ export interface MatmulShape {
   readonly xStride?: number;
   /** Elements between tokens in y (≥ n; default n). */
   readonly yStride?: number;
+  /**
+   * Runs of K to sum apart (default 1). Above 1, binding y is the dense partial product [N, M, splits] (see
+   * {@linkcode matmulSplits}), and `yOffset`/`yStride` are not allowed: they belong to matmul_splits' Y.
+   */
+  readonly splits?: number;
+}
+
+/**
+ * The split of a shape: chunks per run and the runs (grid z). Every run has at least one chunk, so the runs
+ * may be fewer than `shape.splits`.
+ */
+export function matmulSplits(shape: MatmulShape): { chunksPerSplit: number; splits: number } {
+  const chunks = shape.k / 32;
+  const chunksPerSplit = Math.ceil(chunks / Math.max(1, Math.min(shape.splits ?? 1, chunks)));
+  return { chunksPerSplit, splits: Math.ceil(chunks / chunksPerSplit) };
+}
+
+/** Splits the engine takes: enough runs for 256 workgroups where the 4 × 4 tiles give fewer than 128. */
+export function matmulDefaultSplits(shape: MatmulShape): number {
+  const tiles = Math.ceil(shape.n / 64) * Math.ceil(shape.m / 64);
+  return tiles >= MATMUL_WIDE_MIN_WORKGROUPS ? 1 : Math.min(shape.k / 32, Math.ceil(256 / tiles));
 }
 
 /** The four bindings in binding order. */
@@ -80,8 +105,8 @@ export interface MatmulOp {
   readonly pipeline: GPUComputePipeline;
   /** Bind group 0. */
   readonly bindGroup: GPUBindGroup;
-  /** Workgroups in x (row tiles) and y (token tiles). */
-  readonly grid: readonly [number, number];
+  /** Workgroups in x (row tiles), y (token tiles) and z (runs of K). */
+  readonly grid: readonly [number, number, number];
 }
 
 /** Workgroup memory of a variant in bytes: the f32 tiles, and the IQ4 codebook table. */
@@ -130,15 +155,15 @@ export function matmulParams(shape: MatmulShape): Uint32Array<ArrayBuffer> {
     shape.yOffset ?? 0,
     shape.xStride ?? shape.k,
     shape.yStride ?? shape.n,
-    0,
-    0,
+    matmulSplits(shape).chunksPerSplit,
+    shape.n * shape.m,
     0,
   ]);
 }
 
-/** Workgroups: row tiles in x, token tiles in y. */
-export function matmulGrid(shape: MatmulShape, c: MatmulConstants): [number, number] {
-  return [Math.ceil(shape.n / (16 * c.TR)), Math.ceil(shape.m / (16 * c.TT))];
+/** Workgroups: row tiles in x, token tiles in y, runs of K in z. */
+export function matmulGrid(shape: MatmulShape, c: MatmulConstants): [number, number, number] {
+  return [Math.ceil(shape.n / (16 * c.TR)), Math.ceil(shape.m / (16 * c.TT)), matmulSplits(shape).splits];
 }
 
 /**
@@ -173,6 +198,13 @@ export function checkMatmul(shape: MatmulShape, c: MatmulConstants, b: MatmulBin
     Number.isInteger(yOff) && yOff >= 0 && Number.isInteger(yStride) && yStride >= shape.n,
     `Kernel matmul: y offset ${yOff} must be ≥ 0 and stride ${yStride} ≥ N=${shape.n}`,
   );
+  const split = (shape.splits ?? 1) > 1;
+  checkShape(
+    !split || (shape.yOffset === undefined && shape.yStride === undefined),
+    `Kernel matmul: with splits=${shape.splits} y is the dense partial product; give yOffset/yStride to ` +
+      `matmul_splits instead`,
+  );
+  checkInt("Kernel matmul: splits", shape.splits ?? 1, 1, 65535);
   const [gx, gy] = matmulGrid(shape, c);
   checkShape(
     gx <= MAX_WORKGROUPS_PER_DIM && gy <= MAX_WORKGROUPS_PER_DIM,
@@ -187,7 +219,11 @@ export function checkMatmul(shape: MatmulShape, c: MatmulConstants, b: MatmulBin
   need("params", b.params, MATMUL_PARAMS_BYTES);
   need("weights", b.weights, Math.ceil(((shape.wOffsetBytes ?? 0) + shape.n * rowBytes) / 4) * 4);
   need("x", b.x, 4 * (xOff + (shape.m - 1) * xStride + shape.k));
-  need("y", b.y, 4 * (yOff + (shape.m - 1) * yStride + shape.n));
+  need(
+    "y",
+    b.y,
+    4 * (split ? matmulSplits(shape).splits * shape.m * shape.n : yOff + (shape.m - 1) * yStride + shape.n),
+  );
 }
 
 /**
@@ -220,5 +256,38 @@ export async function prepareMatmul(
 export function encodeMatmul(pass: GPUComputePassEncoder, op: MatmulOp): void {
   pass.setPipeline(op.pipeline);
   pass.setBindGroup(0, op.bindGroup);
-  pass.dispatchWorkgroups(op.grid[0], op.grid[1]);
+  pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
+}
+
+/** Kernel description of `matmul_splits.wgsl`: Y = the sum of a split-K matmul's partial products. */
+export const MATMUL_SPLITS: KernelSpec = {
+  name: "matmul_splits",
+  url: new URL("./matmul_splits.wgsl", import.meta.url),
+  lib: [],
+  constants: {},
+};
+
+/** Size of matmul_splits' uniform params in bytes. */
+export const MATMUL_SPLITS_PARAMS_BYTES = 32;
+
+/** matmul_splits' params for `shape` (its N, M, runs, and the Y offset and stride). */
+export function matmulSplitsParams(shape: MatmulShape): Uint32Array<ArrayBuffer> {
+  return new Uint32Array([
+    shape.n,
+    shape.m,
+    matmulSplits(shape).splits,
+    shape.yOffset ?? 0,
+    shape.yStride ?? shape.n,
+    0,
+    0,
+    0,
+  ]);
+}
+
+/** matmul_splits' grid: one invocation per element of Y, 2-D past 65535 workgroups. */
+export function matmulSplitsGrid(shape: MatmulShape): [number, number, number] {
+  const wg = Math.ceil((shape.n * shape.m) / 256);
+  return wg <= MAX_WORKGROUPS_PER_DIM
+    ? [wg, 1, 1]
+    : [MAX_WORKGROUPS_PER_DIM, Math.ceil(wg / MAX_WORKGROUPS_PER_DIM), 1];
 }

@@ -5,6 +5,10 @@
 //   weights array<u32>  W ne=[K, N] of type TYPE, raw GGUF block bytes; row n starts at byte w_off + n·row_bytes
 //   x       array<vec4<f32>>  X ne=[K, M]; element (k, m) at x_off + m·x_stride + k (x_off, x_stride % 4 == 0)
 //   y       array<f32>  Y ne=[N, M]; element (n, m) at y_off + m·y_stride + n
+// Split K (grid z > 1; small N, where a few workgroups would each run every chunk step in turn): workgroup z
+// sums chunks [z·chunks_per_split, (z + 1)·chunks_per_split) only and writes its partial Y at
+// y_off + z·split_stride + m·y_stride + n; matmul_splits.wgsl then adds the partials in z order. Without a
+// split, chunks_per_split = K / 32 and the grid's z is 1.
 // A workgroup (256 invocations, 16 × 16) owns a tile of BN = 16·TR rows × BM = 16·TT tokens; an invocation
 // owns TR rows × TT tokens (f32 accumulators): row groups ty + 16·a and token groups tx + 16·b of 4 each.
 // Per K step of one chunk (32 positions, lib/quant.wgsl), the invocations dequantize the tile's units (8
@@ -25,8 +29,8 @@ struct Params {
   y_off: u32,
   x_stride: u32,
   y_stride: u32,
-  pad0: u32,
-  pad1: u32,
+  chunks_per_split: u32,
+  split_stride: u32,
   pad2: u32,
 }
 
@@ -74,13 +78,13 @@ fn stage_x(g: u32, comp: u32, xj: u32, valid: bool, xl: vec4<f32>, xh: vec4<f32>
 }
 
 // Stores block (a, b) of the invocation's accumulators: rows 4·(ty + 16·a) + i, tokens 4·(tx + 16·b) + j.
-fn store_block(n0: u32, m0: u32, ty: u32, tx: u32, a: u32, b: u32, blk: mat4x4<f32>) {
+fn store_block(y0: u32, n0: u32, m0: u32, ty: u32, tx: u32, a: u32, b: u32, blk: mat4x4<f32>) {
   for (var i = 0u; i < 4u; i++) {
     let row = n0 + 4u * (ty + 16u * a) + i;
     for (var j = 0u; j < 4u; j++) {
       let m = m0 + 4u * (tx + 16u * b) + j;
       if (row < params.n && m < params.m) {
-        y[params.y_off + m * params.y_stride + row] = blk[i][j];
+        y[y0 + m * params.y_stride + row] = blk[i][j];
       }
     }
   }
@@ -94,7 +98,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   let m0 = wid.y * (16u * TT);
   let tx = lid % 16u; // token group
   let ty = lid / 16u; // row group
-  let n_chunks = params.k / 32u;
+  // This workgroup's chunks [c0, c1) of the K / 32 (all of them without a split).
+  let c0 = wid.z * params.chunks_per_split;
+  let c1 = min(c0 + params.chunks_per_split, params.k / 32u);
   if (QUANT_NEEDS_INIT) {
     quant_init(lid);
     workgroupBarrier();
@@ -119,15 +125,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 
   // The next chunk's weights and inputs are loaded into registers before this chunk's rank-1 updates run,
   // so the global loads of step c + 1 are in flight during the math of step c (register double buffering).
-  var sc0 = quant_scales(rb0, 0u);
-  var q0 = quant_q(rb0, 0u, wj);
+  var sc0 = quant_scales(rb0, c0);
+  var q0 = quant_q(rb0, c0, wj);
   var sc1 = vec4<f32>(0.0);
   var q1 = array<vec4<f32>, 2>();
   if (RV > 1u) {
-    sc1 = quant_scales(rb1, 0u);
-    q1 = quant_q(rb1, 0u, wj);
+    sc1 = quant_scales(rb1, c0);
+    q1 = quant_q(rb1, c0, wj);
   }
-  var pos = quant_pos(0u, xj);
+  var pos = quant_pos(c0, xj);
   var xl0 = x[(xb0 + pos.x) >> 2u];
   var xh0 = x[(xb0 + pos.y) >> 2u];
   var xl1 = vec4<f32>(0.0);
@@ -136,7 +142,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     xl1 = x[(xb1 + pos.x) >> 2u];
     xh1 = x[(xb1 + pos.y) >> 2u];
   }
-  for (var c = 0u; c < n_chunks; c++) {
+  for (var c = c0; c < c1; c++) {
     stage_w(wr / 4u, wr % 4u, wj, sc0, q0);
     if (RV > 1u) {
       stage_w(wr / 4u + 16u, wr % 4u, wj, sc1, q1);
@@ -147,7 +153,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     workgroupBarrier();
     // The last step reloads its own chunk (in bounds, unused) rather than branching.
-    let cn = min(c + 1u, n_chunks - 1u);
+    let cn = min(c + 1u, c1 - 1u);
     sc0 = quant_scales(rb0, cn);
     q0 = quant_q(rb0, cn, wj);
     if (RV > 1u) {
@@ -181,14 +187,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     workgroupBarrier();
   }
 
-  store_block(n0, m0, ty, tx, 0u, 0u, m00);
+  let y0 = params.y_off + wid.z * params.split_stride;
+  store_block(y0, n0, m0, ty, tx, 0u, 0u, m00);
   if (TV > 1u) {
-    store_block(n0, m0, ty, tx, 0u, 1u, m01);
+    store_block(y0, n0, m0, ty, tx, 0u, 1u, m01);
   }
   if (RV > 1u) {
-    store_block(n0, m0, ty, tx, 1u, 0u, m10);
+    store_block(y0, n0, m0, ty, tx, 1u, 0u, m10);
     if (TV > 1u) {
-      store_block(n0, m0, ty, tx, 1u, 1u, m11);
+      store_block(y0, n0, m0, ty, tx, 1u, 1u, m11);
     }
   }
 }

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
 import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import { Rng } from "../tests/util/rng.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
@@ -10,11 +10,16 @@ import {
   checkMatmul,
   encodeMatmul,
   MATMUL_PARAMS_BYTES,
+  MATMUL_SPLITS,
   MATMUL_THREAD_TILES,
   type MatmulConstants,
   matmulConstants,
+  matmulDefaultSplits,
   matmulParams,
   type MatmulShape,
+  matmulSplits,
+  matmulSplitsGrid,
+  matmulSplitsParams,
   matmulWorkgroupBytes,
   prepareMatmul,
 } from "./matmul.ts";
@@ -186,4 +191,109 @@ Deno.test("matmul shape check throws before encoding", () => {
     TT: 4,
   });
   assert.throws(() => checkMatmul({ ...shape, n: 16 * 8 * 65536 }, { ...c, TR: 8 }, b), /workgroups/);
+});
+
+/** A uniform buffer holding `words`. */
+function uniform(device: GPUDevice, words: Uint32Array): GPUBuffer {
+  const buf = device.createBuffer({
+    size: words.byteLength,
+    usage: GPUBufferUsage.UNIFORM,
+    mappedAtCreation: true,
+  });
+  new Uint32Array(buf.getMappedRange()).set(words);
+  buf.unmap();
+  return buf;
+}
+
+Deno.test("split-K matmul and matmul_splits match the float64 reference for every type", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const max = device.limits.maxComputeWorkgroupStorageSize;
+  const sumPipe = await cache.get(MATMUL_SPLITS, {});
+  const created: GPUBuffer[] = [];
+  const checks: { what: string; y: GPUBuffer; s: MatmulShape; ref: Float64Array; mag: Float64Array }[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  for (const type of QUANT_TYPES) {
+    for (const tile of [[4, 4], [8, 8]] as const) {
+      const c = matmulConstants({ type, k: 32, n: 1, m: 1 }, { tile });
+      if (matmulWorkgroupBytes(c) > max) continue;
+      const be = Math.max(32, typeInfo(type).blockElems);
+      const k = be * Math.ceil(224 / be); // 7 chunks or more: runs of unequal length
+      const splits = rng.int(2, 5);
+      const s: MatmulShape = { type, k, n: rng.int(1, 40 * tile[0]), m: rng.int(1, 20 * tile[1]), splits };
+      const yStride = s.n + rng.int(0, 3);
+      const yOffset = rng.int(0, 5);
+      const bytes = randomWeights(rng, type, k, s.n);
+      const xDense = rng.normals(k * s.m);
+      const runs = matmulSplits(s).splits;
+      const wBuf = upload(device, bytes, "weights");
+      const xBuf = upload(device, xDense, "x");
+      const part = poisoned(device, runs * s.n * s.m);
+      const yWords = yOffset + yStride * (s.m - 1) + s.n;
+      const yBuf = poisoned(device, yWords);
+      const pm = uniform(device, matmulParams(s));
+      const final: MatmulShape = { ...s, splits, yOffset, yStride };
+      const ps = uniform(device, matmulSplitsParams(final));
+      created.push(wBuf, xBuf, part, yBuf, pm, ps);
+      const op = await prepareMatmul(cache, {
+        device,
+        shape: s,
+        constants: c,
+        bindings: { params: pm, weights: wBuf, x: xBuf, y: part },
+      });
+      assert.equal(op.grid[2], runs);
+      encodeMatmul(pass, op);
+      pass.setPipeline(sumPipe);
+      pass.setBindGroup(0, bindGroup(device, sumPipe, [ps, part, yBuf]));
+      pass.dispatchWorkgroups(...matmulSplitsGrid(final));
+      checks.push({
+        what: `split matmul ${type} ${
+          JSON.stringify(c)
+        } ne=[${k}, ${s.n}] M=${s.m} splits=${splits} (${runs} runs)`,
+        y: yBuf,
+        s: final,
+        ...refProduct(type, bytes, { k, n: s.n, cols: s.m, x: xDense }),
+      });
+    }
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, checks.map((k) => k.y));
+  created.forEach((b) => b.destroy());
+  for (const [i, { what, s, ref, mag }] of checks.entries()) {
+    const f = new Float32Array(outs[i]!);
+    const got = new Float32Array(s.n * s.m);
+    for (let m = 0; m < s.m; m++) {
+      const at = s.yOffset! + m * s.yStride!;
+      got.set(f.subarray(at, at + s.n), m * s.n);
+      assertPoisoned(
+        new Uint32Array(outs[i]!, 4 * (at + s.n), m + 1 < s.m ? s.yStride! - s.n : 0),
+        POISON_F32,
+        what,
+      );
+    }
+    assertPoisoned(new Uint32Array(outs[i]!, 0, s.yOffset!), POISON_F32, `${what} head`);
+    assertDotClose(got, ref, mag, { what, seed: rng.seed });
+  }
+  assert.ok(checks.length >= QUANT_TYPES.length, "every type ran split");
+});
+
+Deno.test("matmul splits: runs cover K with none empty; the engine splits only small N", () => {
+  for (const [k, splits, cps, runs] of [[256, 3, 3, 3], [224, 3, 3, 3], [64, 5, 1, 2], [96, 1, 3, 1]]) {
+    assert.deepEqual(matmulSplits({ type: "F32", k: k!, n: 1, m: 1, splits }), {
+      chunksPerSplit: cps,
+      splits: runs,
+    });
+  }
+  assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 8192, m: 256 }), 1);
+  assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 32, m: 256 }), 64);
+  assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 257, m: 256 }), 13);
+  const big = Object.setPrototypeOf({ size: 1 << 20 }, GPUBuffer.prototype) as GPUBuffer;
+  const shape: MatmulShape = { type: "F32", k: 256, n: 4, m: 3, splits: 2, yStride: 5 };
+  assert.throws(
+    () => checkMatmul(shape, matmulConstants(shape), { params: big, weights: big, x: big, y: big }),
+    /dense partial/,
+  );
 });

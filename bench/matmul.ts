@@ -1,6 +1,7 @@
 /**
  * Benchmark: the prefill matmul's TR × TT variants on 35B-A3B prefill shapes, in one run. Prints one JSON line
- * per measurement (never asserts): ms per dispatch and GFLOP/s (2·K·N·M / time). Every pipeline is built
+ * per measurement (never asserts): ms per dispatch and GFLOP/s (2·K·N·M / time). Shapes the engine splits
+ * (small N) are also timed split, the matmul and matmul_splits together. Every pipeline is built
  * first; then ROUNDS rounds over all variants, every other one in reverse, keep each variant's best (the
  * H200's SM clock drifts within a run, docs/PERF.md).
  *
@@ -17,11 +18,15 @@ import { type GgmlTypeName, rowBytes } from "../engine/quant/types.ts";
 import {
   encodeMatmul,
   MATMUL_PARAMS_BYTES,
+  MATMUL_SPLITS,
   MATMUL_THREAD_TILES,
   matmulConstants,
+  matmulDefaultSplits,
   type MatmulOp,
   matmulParams,
   type MatmulShape,
+  matmulSplitsGrid,
+  matmulSplitsParams,
   matmulWorkgroupBytes,
   prepareMatmul,
 } from "../wgsl/matmul.ts";
@@ -78,6 +83,8 @@ interface Job {
   name: string;
   tile: readonly [number, number];
   op: MatmulOp;
+  /** Split K: matmul_splits' pipeline and bind group after the matmul. */
+  sum?: { pipeline: GPUComputePipeline; bindGroup: GPUBindGroup; grid: [number, number, number] };
   best: number;
 }
 const jobs: Job[] = [];
@@ -87,6 +94,12 @@ const params = device.createBuffer({
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
 let slot = 0;
+const sumPipe = await cache.get(MATMUL_SPLITS, {});
+const part = device.createBuffer({ size: 64 << 20, usage: GPUBufferUsage.STORAGE });
+const sparams = device.createBuffer({
+  size: 256 * SHAPES.length * TYPES.length,
+  usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+});
 for (const s of SHAPES) {
   for (const type of TYPES) {
     const shape: MatmulShape = { type, k: s.k, n: s.n, m: M };
@@ -103,21 +116,60 @@ for (const s of SHAPES) {
       });
       jobs.push({ shape, name: s.name, tile, op, best: Infinity });
     }
+    // The engine's split of small N (4 × 4 tiles), the matmul and matmul_splits in one timing.
+    const splits = matmulDefaultSplits(shape);
+    if (splits > 1) {
+      const split: MatmulShape = { ...shape, splits };
+      const c = matmulConstants(split, { tile: [4, 4] });
+      device.queue.writeBuffer(sparams, 256 * slot, matmulParams(split));
+      device.queue.writeBuffer(sparams, 256 * slot + 128, matmulSplitsParams(split));
+      const op = await prepareMatmul(cache, {
+        device,
+        shape: split,
+        constants: c,
+        bindings: {
+          params: { buffer: sparams, offset: 256 * slot, size: MATMUL_PARAMS_BYTES },
+          weights,
+          x,
+          y: part,
+        },
+      });
+      const bindGroup = device.createBindGroup({
+        layout: sumPipe.getBindGroupLayout(0),
+        entries: [
+          { binding: 0, resource: { buffer: sparams, offset: 256 * slot + 128, size: 32 } },
+          { binding: 1, resource: { buffer: part } },
+          { binding: 2, resource: { buffer: y } },
+        ],
+      });
+      const sum = { pipeline: sumPipe, bindGroup, grid: matmulSplitsGrid(split) };
+      jobs.push({ shape: split, name: s.name, tile: [4, 4], op, sum, best: Infinity });
+    }
   }
 }
 const reps = QUICK ? 2 : 20;
 for (let r = 0; r < ROUNDS; r++) {
   const order = r % 2 === 0 ? jobs : [...jobs].reverse();
   for (const j of order) {
-    j.best = Math.min(j.best, await timer.perRep((pass) => encodeMatmul(pass, j.op), reps));
+    j.best = Math.min(
+      j.best,
+      await timer.perRep((pass) => {
+        encodeMatmul(pass, j.op);
+        if (j.sum) {
+          pass.setPipeline(j.sum.pipeline);
+          pass.setBindGroup(0, j.sum.bindGroup);
+          pass.dispatchWorkgroups(...j.sum.grid);
+        }
+      }, reps),
+    );
   }
 }
-const deflt = new Map(
-  jobs.map((j) => {
-    const c = matmulConstants(j.shape, { maxWorkgroupBytes: max });
-    return [`${j.name}/${j.shape.type}`, `${c.TR}x${c.TT}`];
-  }),
-);
+/** The engine's choice per shape: its tile, split where matmulDefaultSplits says so. */
+function isDefault(j: Job): boolean {
+  const c = matmulConstants(j.shape, { maxWorkgroupBytes: max });
+  const splits = matmulDefaultSplits({ ...j.shape, splits: undefined });
+  return (j.shape.splits ?? 1) === splits && (splits > 1 || (c.TR === j.tile[0] && c.TT === j.tile[1]));
+}
 for (const j of jobs) {
   const { k, n, m, type } = j.shape;
   console.log(JSON.stringify({
@@ -129,7 +181,8 @@ for (const j of jobs) {
     ne: [k, n],
     m,
     tile: `${j.tile[0]}x${j.tile[1]}`,
-    default: deflt.get(`${j.name}/${type}`) === `${j.tile[0]}x${j.tile[1]}`,
+    splits: j.shape.splits ?? 1,
+    default: isDefault(j),
     ms: +(j.best * 1e3).toFixed(4),
     gflops: Math.round((2 * k * n * m) / j.best / 1e9),
   }));

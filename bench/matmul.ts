@@ -57,6 +57,11 @@ const cache = new PipelineCache(device, { f16: gpu.f16 });
 const adapter = gpu.adapter.info.description || gpu.adapter.info.device || "unknown";
 const commit = Deno.env.get("BENCH_COMMIT") ?? "unknown";
 const timer = new PassTimer(device, gpu.timestamps);
+// A validation error skips the pass it is in: a timing after one would be stale, so stop at the first.
+device.addEventListener("uncapturederror", (e) => {
+  console.error(`bench/matmul.ts: WebGPU error: ${(e as GPUUncapturedErrorEvent).error.message}`);
+  Deno.exit(1);
+});
 const max = device.limits.maxComputeWorkgroupStorageSize;
 
 const maxW = Math.max(...SHAPES.flatMap((s) => TYPES.map((t) => s.n * rowBytes(t, s.k))));
@@ -96,8 +101,10 @@ const params = device.createBuffer({
 let slot = 0;
 const sumPipe = await cache.get(MATMUL_SPLITS, {});
 const part = device.createBuffer({ size: 64 << 20, usage: GPUBufferUsage.STORAGE });
+// Per shape and type: the split matmul's params at 512·slot, matmul_splits' at 512·slot + 256 (uniform
+// offsets must be multiples of 256).
 const sparams = device.createBuffer({
-  size: 256 * SHAPES.length * TYPES.length,
+  size: 512 * SHAPES.length * TYPES.length,
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
 for (const s of SHAPES) {
@@ -121,8 +128,9 @@ for (const s of SHAPES) {
     if (splits > 1) {
       const split: MatmulShape = { ...shape, splits };
       const c = matmulConstants(split, { tile: [4, 4] });
-      device.queue.writeBuffer(sparams, 256 * slot, matmulParams(split));
-      device.queue.writeBuffer(sparams, 256 * slot + 128, matmulSplitsParams(split));
+      const at = 512 * (slot - 1);
+      device.queue.writeBuffer(sparams, at, matmulParams(split));
+      device.queue.writeBuffer(sparams, at + 256, matmulSplitsParams(split));
       const op = await prepareMatmul(cache, {
         device,
         shape: split,
@@ -137,7 +145,7 @@ for (const s of SHAPES) {
       const bindGroup = device.createBindGroup({
         layout: sumPipe.getBindGroupLayout(0),
         entries: [
-          { binding: 0, resource: { buffer: sparams, offset: 256 * slot + 128, size: 32 } },
+          { binding: 0, resource: { buffer: sparams, offset: at + 256, size: 32 } },
           { binding: 1, resource: { buffer: part } },
           { binding: 2, resource: { buffer: y } },
         ],

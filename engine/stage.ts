@@ -2956,8 +2956,11 @@ class GraphBuilder {
     y: GPUBuffer,
     route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number },
   ) {
+    // Prefill chunks (wider than the mat-vec's 8 columns) take moe_matvec's prefill constants; batched decode
+    // keeps the solo step's, so that its slots equal their solo runs bit for bit.
+    const prefill = this.#n > MATVEC_MAX_COLS;
     if (!shape.gateUp) {
-      const c = moeMatvecConstants(shape, undefined, this.#moeTuning?.down);
+      const c = moeMatvecConstants(shape, undefined, this.#moeTuning?.down, prefill);
       await this.#push(
         `${label}.down`,
         MOE_MATVEC,
@@ -2967,7 +2970,7 @@ class GraphBuilder {
       );
       return;
     }
-    const c = moeMatvecConstants(shape, route, this.#moeTuning?.gateUp);
+    const c = moeMatvecConstants(shape, route, this.#moeTuning?.gateUp, prefill);
     await this.#push(
       route ? `${label}.route+gate_up` : `${label}.gate_up`,
       MOE_MATVEC,

@@ -87,21 +87,25 @@ export interface MoeMatvecTuning {
 /**
  * Default constants from the H200 sweep (bench/moe.ts, docs/PERF.md): TEAM = largest power of two ≤
  * min(64, K/32) (at least 4 units per invocation), ROWS 2, or 4 with the routing prologue (half the
- * workgroups repeat it); `tuning` overrides both (benchmarks).
+ * workgroups repeat it). Prefill passes (`prefill`: chunks wider than the engine's batched decode) take half
+ * that TEAM and ROWS 4 (bench/decode.ts on the H200: gate·up 95.2 against 108.7 ms, down 58.7 against 62.3
+ * per 256-token chunk; decode is slower with them). `tuning` overrides both (benchmarks).
  */
 export function moeMatvecConstants(
   shape: MoeMatvecShape,
   route?: { nExpert: number; nExpertUsed: number; wScale: number },
   tuning?: MoeMatvecTuning,
+  prefill = false,
 ): MoeMatvecConstants {
   // H200 sweep (bench/moe.ts, docs/PERF.md): 4 units per invocation at least; ROWS 2, or 4 with the routing
   // prologue (fewer workgroups repeat it).
   let team = 1;
   while (team * 2 <= Math.min(64, shape.k / 32)) team *= 2;
+  prefill &&= !route;
   return {
     TYPE: TYPE_ID[shape.type],
-    TEAM: tuning?.team ?? team,
-    ROWS: tuning?.rows ?? (route ? 4 : 2),
+    TEAM: tuning?.team ?? (prefill ? Math.max(1, team / 2) : team),
+    ROWS: tuning?.rows ?? (route || prefill ? 4 : 2),
     GATE_UP: shape.gateUp,
     ROUTE: route !== undefined,
     N_EXPERT: route?.nExpert ?? 4,

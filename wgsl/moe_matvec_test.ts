@@ -87,8 +87,12 @@ Deno.test("moe_matvec: routed experts by GPU ids, gate·up with silu and plain d
   const pass = enc.beginComputePass();
   const outs: GPUBuffer[] = [];
   for (const [i, c] of cases.entries()) {
-    // ROWS 1..4 in turn (each type's gate·up and down share one), so every vec4 width of the row sums runs.
-    const consts = { ...moeMatvecConstants(c.shape), ROWS: [1, 3, 2, 4][(i >> 1) % 4]! };
+    // ROWS 1..4 in turn (each type's gate·up and down share one), so every vec4 width of the row sums runs;
+    // every other type with the prefill TEAM (half the decode one).
+    const consts = {
+      ...moeMatvecConstants(c.shape, undefined, undefined, (i >> 1) % 2 === 1),
+      ROWS: [1, 3, 2, 4][(i >> 1) % 4]!,
+    };
     const cols = c.shape.nCols + (c.shape.sharedCols ?? 0);
     const y = poisoned(device, c.shape.n * cols);
     outs.push(y);
@@ -207,4 +211,23 @@ Deno.test("moe_matvec ROUTE: the gate·up pass routes in its prologue (ids, weig
     assert.equal(bad, -1, `${what}: y[${bad}] = ${g[bad]}, want ${ref[bad]} ± ${tol[bad]}`);
     assertPoisoned(new Uint32Array(got[3 * i]!, 4 * ref.length, GUARD_WORDS), POISON_F32, `${what}: y guard`);
   });
+});
+
+Deno.test("moe_matvec constants: prefill halves TEAM and takes ROWS 4; decode and ROUTE keep theirs", () => {
+  const shape: MoeMatvecShape = {
+    type: "IQ4_XS",
+    k: 2048,
+    n: 512,
+    nExpert: 256,
+    nCols: 2048,
+    xDiv: 8,
+    offGateBytes: 0,
+    gateUp: true,
+  };
+  const dec = moeMatvecConstants(shape);
+  const pre = moeMatvecConstants(shape, undefined, undefined, true);
+  assert.deepEqual([dec.TEAM, dec.ROWS, pre.TEAM, pre.ROWS], [64, 2, 32, 4]);
+  const route = { nExpert: 256, nExpertUsed: 8, wScale: 1 };
+  assert.equal(moeMatvecConstants(shape, route, undefined, true).TEAM, 64);
+  assert.equal(moeMatvecConstants({ ...shape, k: 32 }, undefined, undefined, true).TEAM, 1);
 });

@@ -52,18 +52,7 @@ import {
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../wgsl/get_rows.ts";
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../wgsl/rms_norm.ts";
 import { MATVEC, matvecConstants, matvecGrid, matvecParams, type MatvecShape } from "../wgsl/matvec.ts";
-import {
-  MATMUL,
-  MATMUL_SPLITS,
-  matmulConstants,
-  matmulDefaultSplits,
-  matmulGrid,
-  matmulParams,
-  type MatmulShape,
-  matmulSplits,
-  matmulSplitsGrid,
-  matmulSplitsParams,
-} from "../wgsl/matmul.ts";
+import { MATMUL, MATMUL_SPLITS, matmulPlan, type MatmulShape } from "../wgsl/matmul.ts";
 import { normBindings } from "../wgsl/matvec.ts";
 import {
   checkMatvecQ8,
@@ -2033,26 +2022,25 @@ class GraphBuilder {
           yOffset: lo - rowStart,
           yStride: nRows,
         };
-        const mc = matmulConstants(shape, {
-          maxWorkgroupBytes: this.#device.limits.maxComputeWorkgroupStorageSize,
-        });
-        // Small N: runs of K in workgroups of their own, added by matmul_splits (docs/PERF.md).
-        const splits = matmulDefaultSplits(shape);
-        if (splits > 1) {
-          const split: MatmulShape = { ...shape, yOffset: undefined, yStride: undefined, splits };
-          const part = this.#splitPart(4 * matmulSplits(split).splits * shape.n * shape.m);
-          await this.#push(label, MATMUL, mc, [this.#storage(matmulParams(split)), p.buffer, x, part], [
-            ...matmulGrid(split, mc),
-          ]);
-          await this.#push(`${label}.splits`, MATMUL_SPLITS, {}, [
-            this.#storage(matmulSplitsParams(split)),
-            part,
-            y,
-          ], matmulSplitsGrid(split));
-          continue;
+        const plan = matmulPlan(shape, this.#device.limits.maxComputeWorkgroupStorageSize);
+        // Small N: runs of K in workgroups of their own into a scratch binding, added by matmul_splits.
+        const part = plan.sum && this.#splitPart(plan.sum.partBytes);
+        await this.#push(
+          label,
+          MATMUL,
+          plan.constants,
+          [this.#storage(plan.params), p.buffer, x, part ?? y],
+          plan.grid,
+        );
+        if (plan.sum) {
+          await this.#push(
+            `${label}.splits`,
+            MATMUL_SPLITS,
+            {},
+            [this.#storage(plan.sum.params), part!, y],
+            plan.sum.grid,
+          );
         }
-        const params = this.#storage(matmulParams(shape));
-        await this.#push(label, MATMUL, mc, [params, p.buffer, x, y], [...matmulGrid(shape, mc)]);
         continue;
       }
       for (let c0 = 0; c0 < cols; c0 += 8) {

@@ -71,6 +71,9 @@ export interface MatmulShape {
   readonly splits?: number;
 }
 
+/** Workgroups from which 8 × 8 per invocation beats 4 × 4 (H200, 132 SMs: docs/PERF.md). */
+export const MATMUL_WIDE_MIN_WORKGROUPS = 128;
+
 /**
  * The split of a shape: chunks per run and the runs (grid z). Every run has at least one chunk, so the runs
  * may be fewer than `shape.splits`.
@@ -114,9 +117,6 @@ export function matmulWorkgroupBytes(c: MatmulConstants): number {
   const iq4 = c.TYPE === TYPE_ID.IQ4_XS || c.TYPE === TYPE_ID.IQ4_NL;
   return 2048 * (c.TR + c.TT) + (iq4 ? 2048 : 0);
 }
-
-/** Workgroups from which 8 × 8 per invocation beats 4 × 4 (H200, 132 SMs: docs/PERF.md). */
-export const MATMUL_WIDE_MIN_WORKGROUPS = 128;
 
 /**
  * The variant of a shape: TR × TT per invocation, `tile` where given. Else 8 × 8 where that still gives
@@ -282,6 +282,35 @@ export function matmulSplitsParams(shape: MatmulShape): Uint32Array<ArrayBuffer>
     0,
     0,
   ]);
+}
+
+/**
+ * How the engine runs one matmul: its constants, the matmul's params and grid, and for small N
+ * ({@linkcode matmulDefaultSplits}) the split: the matmul then writes `sum.partBytes` of partial products
+ * into a scratch binding, and matmul_splits (`sum.params`, `sum.grid`) adds them into Y at the shape's own
+ * offset and stride.
+ */
+export function matmulPlan(shape: MatmulShape, maxWorkgroupBytes: number): {
+  constants: MatmulConstants;
+  params: Uint32Array<ArrayBuffer>;
+  grid: [number, number, number];
+  sum?: { params: Uint32Array<ArrayBuffer>; grid: [number, number, number]; partBytes: number };
+} {
+  const constants = matmulConstants(shape, { maxWorkgroupBytes });
+  const splits = matmulDefaultSplits(shape);
+  if (splits === 1) return { constants, params: matmulParams(shape), grid: matmulGrid(shape, constants) };
+  const split: MatmulShape = { ...shape, yOffset: undefined, yStride: undefined, splits };
+  const sum: MatmulShape = { ...shape, splits };
+  return {
+    constants,
+    params: matmulParams(split),
+    grid: matmulGrid(split, constants),
+    sum: {
+      params: matmulSplitsParams(sum),
+      grid: matmulSplitsGrid(sum),
+      partBytes: 4 * matmulSplits(split).splits * shape.n * shape.m,
+    },
+  };
 }
 
 /** matmul_splits' grid: one invocation per element of Y, 2-D past 65535 workgroups. */

@@ -16,6 +16,7 @@ import {
   matmulConstants,
   matmulDefaultSplits,
   matmulParams,
+  matmulPlan,
   type MatmulShape,
   matmulSplits,
   matmulSplitsGrid,
@@ -290,6 +291,17 @@ Deno.test("matmul splits: runs cover K with none empty; the engine splits only s
   assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 8192, m: 256 }), 1);
   assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 32, m: 256 }), 64);
   assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 257, m: 256 }), 13);
+  // The engine's plan: a small N slice writes its partials densely, and matmul_splits puts Y where the
+  // unsplit matmul would have (the slice's offset and stride); a big N runs unsplit.
+  const slice: MatmulShape = { type: "Q8_0", k: 2048, n: 32, m: 256, yOffset: 7, yStride: 300 };
+  const plan = matmulPlan(slice, 49152);
+  assert.deepEqual([...plan.params.subarray(6, 11)], [0, 2048, 32, 1, 32 * 256]);
+  assert.deepEqual(plan.grid, [1, 4, 64]);
+  assert.deepEqual([...plan.sum!.params.subarray(0, 5)], [32, 256, 64, 7, 300]);
+  assert.equal(plan.sum!.partBytes, 4 * 64 * 32 * 256);
+  const wide = matmulPlan({ ...slice, n: 8192 }, 49152);
+  assert.equal(wide.sum, undefined);
+  assert.deepEqual([...wide.params.subarray(6, 9)], [7, 2048, 300]);
   const big = Object.setPrototypeOf({ size: 1 << 20 }, GPUBuffer.prototype) as GPUBuffer;
   const shape: MatmulShape = { type: "F32", k: 256, n: 4, m: 3, splits: 2, yStride: 5 };
   assert.throws(

@@ -24,6 +24,7 @@ export {
   matmulGrid,
   type MatmulOp,
   matmulParams,
+  matmulPlan,
   type MatmulShape,
   matmulWorkgroupBytes,
   prepareMatmul,

@@ -2322,7 +2322,6 @@ class GraphBuilder {
     return norm ? { NORM: true, EPS: this.#hp.rmsEps } : { NORM: false, EPS: 0 };
   }
 
-  /** A 16-byte buffer for writable bindings a variant does not use (one per graph). */
   /** The split-K matmuls' partial products: one buffer per graph, grown as needed (`bytes` of it). */
   #splitPart(bytes: number): Binding {
     if (!this.#splitBuf || this.#splitBuf.size < bytes) {
@@ -2336,6 +2335,7 @@ class GraphBuilder {
     return { buffer: this.#splitBuf, offset: 0, size: bytes };
   }
 
+  /** A 16-byte buffer for writable bindings a variant does not use (one per graph). */
   #scratch(): GPUBuffer {
     if (!this.#unused) {
       this.#unused = this.#device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });

@@ -9,8 +9,8 @@
  * Bindings: 0 params, 1 weights, 2 x, 3 y.
  *
  * Split K (`splits` > 1): grid z workgroups each sum a run of the K / 32 chunks into a partial product, and
- * `matmul_splits.wgsl` ({@linkcode MATMUL_SPLITS}) adds them into Y. For small N, where a few workgroups
- * would each step through every chunk in turn (docs/PERF.md: 0.27-0.34 ms for N ≤ 257).
+ * `matmul_splits.wgsl` ({@linkcode MATMUL_SPLITS}) adds them into Y. It is for small N, where a few
+ * workgroups would each step through every chunk in turn (docs/PERF.md: 0.27-0.34 ms for N ≤ 257 unsplit).
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";

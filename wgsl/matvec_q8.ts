@@ -30,7 +30,7 @@ export const QUANTIZE_Q8: KernelSpec = {
   name: "quantize_q8",
   url: new URL("./quantize_q8.wgsl", import.meta.url),
   lib: ["rms", "q8pack", "q8x"],
-  constants: { LAYOUT: "u32", NORM: "u32", EPS: "f32" },
+  constants: { LAYOUT: "u32", NORM: "u32", ROUND: "u32", EPS: "f32" },
 };
 
 /** Kernel description of `matvec_q8.wgsl`. */
@@ -127,7 +127,10 @@ export function decodeQ8x(
   return { q, d };
 }
 
-/** One quantize_q8 problem: K elements of x at element offset `xOffset` of the x binding. */
+/**
+ * One quantize_q8 problem: `cols` columns of K elements of x, column c at element offset `xOffset + c·xStride`
+ * of the x binding; output column c at byte `c·q8xBytes(k)` of xq.
+ */
 export interface QuantizeQ8Shape {
   /** Weight type the output is for (its byte order). */
   readonly type: GgmlTypeName;
@@ -135,8 +138,14 @@ export interface QuantizeQ8Shape {
   readonly k: number;
   /** Element offset of x[0] (multiple of 4; default 0). */
   readonly xOffset?: number;
+  /** Columns (default 1). */
+  readonly cols?: number;
+  /** Elements between columns of x (multiple of 4, ≥ k; default k). */
+  readonly xStride?: number;
   /** RMSNorm x first with this epsilon (the `nw` and `xn` bindings then matter); default: no norm. */
   readonly norm?: { readonly eps: number };
+  /** Write the rounded x (d·q, f32) to xn at x's place (not with a norm; one column per row of the grid). */
+  readonly round?: boolean;
 }
 
 /** Bindings of quantize_q8. */
@@ -149,7 +158,8 @@ export interface QuantizeQ8Bindings {
   readonly xq: Binding;
   /** With a norm: its weight, K f32 (storage, read). */
   readonly nw?: Binding;
-  /** With a norm: receives the normed x at the x offset (storage, read_write; not aliasing x). */
+  /** With a norm: receives the normed x at the x offset; with round, the rounded x (storage, read_write; not
+   * aliasing x). */
   readonly xn?: Binding;
 }
 
@@ -165,7 +175,7 @@ export interface Q8Op {
 
 /** The uniform params of a quantize_q8 shape. */
 export function quantizeQ8Params(shape: QuantizeQ8Shape): Uint32Array<ArrayBuffer> {
-  return new Uint32Array([shape.k, shape.xOffset ?? 0, 0, 0]);
+  return new Uint32Array([shape.k, shape.xOffset ?? 0, shape.xStride ?? shape.k, 0]);
 }
 
 /**
@@ -184,14 +194,29 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
     Number.isInteger(xOff) && xOff >= 0 && xOff % 4 === 0,
     `Kernel quantize_q8: x offset ${xOff} must be a non-negative multiple of 4 (vec4 loads)`,
   );
+  const cols = shape.cols ?? 1;
+  const xStride = shape.xStride ?? shape.k;
+  checkShape(
+    Number.isInteger(cols) && cols >= 1 && cols <= MAX_WORKGROUPS_PER_DIM && Number.isInteger(xStride) &&
+      xStride >= shape.k && xStride % 4 === 0,
+    `Kernel quantize_q8: ${cols} columns (1..${MAX_WORKGROUPS_PER_DIM}) with x stride ${xStride} (a multiple ` +
+      `of 4, ≥ K=${shape.k})`,
+  );
+  checkShape(!(shape.round && shape.norm), "Kernel quantize_q8: round and norm both write xn: take one");
   const need = (what: string, bind: Binding, bytes: number) =>
     checkShape(
       bindingBytes(bind) >= bytes,
-      `Kernel quantize_q8: binding ${what} holds ${bindingBytes(bind)} bytes but K=${shape.k} needs ${bytes}`,
+      `Kernel quantize_q8: binding ${what} holds ${bindingBytes(bind)} bytes but K=${shape.k} × ${cols} ` +
+        `columns needs ${bytes}`,
     );
+  const xEnd = 4 * (xOff + (cols - 1) * xStride + shape.k);
   need("params", b.params, QUANTIZE_Q8_PARAMS_BYTES);
-  need("x", b.x, 4 * (xOff + shape.k));
-  need("xq", b.xq, q8xBytes(shape.k));
+  need("x", b.x, xEnd);
+  need("xq", b.xq, cols * q8xBytes(shape.k));
+  if (shape.round) {
+    checkShape(b.xn !== undefined, "Kernel quantize_q8: round needs the xn binding");
+    need("xn", b.xn!, xEnd);
+  }
   if (shape.norm) {
     checkShape(
       b.nw !== undefined && b.xn !== undefined,
@@ -207,13 +232,20 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
 }
 
 /** The constants of a quantize_q8 problem. */
-export function quantizeQ8Constants(shape: QuantizeQ8Shape): { LAYOUT: number; NORM: number; EPS: number } {
-  return { LAYOUT: q8Layout(shape.type), NORM: shape.norm ? 1 : 0, EPS: shape.norm?.eps ?? 0 };
+export function quantizeQ8Constants(
+  shape: QuantizeQ8Shape,
+): { LAYOUT: number; NORM: number; ROUND: number; EPS: number } {
+  return {
+    LAYOUT: q8Layout(shape.type),
+    NORM: shape.norm ? 1 : 0,
+    ROUND: shape.round ? 1 : 0,
+    EPS: shape.norm?.eps ?? 0,
+  };
 }
 
-/** Workgroups of a quantize_q8 problem (one invocation per chunk, 256 per workgroup). */
+/** Workgroups of a quantize_q8 problem (one invocation per chunk, 256 per workgroup; y: columns). */
 export function quantizeQ8Grid(shape: QuantizeQ8Shape): [number, number] {
-  return [Math.ceil(shape.k / 32 / 256), 1];
+  return [Math.ceil(shape.k / 32 / 256), shape.cols ?? 1];
 }
 
 /** Checks, compiles (or reuses) and binds one quantize_q8 dispatch. */

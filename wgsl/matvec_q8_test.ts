@@ -101,6 +101,71 @@ Deno.test("quantize_q8 rounds every 32-element chunk to int8 at scale max|x|/127
   }
 });
 
+Deno.test("quantize_q8 over columns: each column's bits as its own dispatch; ROUND writes d·q as f32", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  for (const type of ["Q8_0", "Q6_K", "IQ4_XS"] as const) {
+    const k = 32 * rng.int(1, 20);
+    const cols = rng.int(2, 12);
+    const xOff = 4 * rng.int(0, 3);
+    const xStride = k + 4 * rng.int(0, 3);
+    const what =
+      `quantize_q8 ${type} K=${k} × ${cols} columns, x offset ${xOff} stride ${xStride} (seed ${rng.seed})`;
+    const xAll = new Float32Array(xOff + (cols - 1) * xStride + k).fill(Number.NaN); // gaps must not be read
+    for (let c = 0; c < cols; c++) xAll.set(rng.normals(k, 10 ** rng.int(-2, 2)), xOff + c * xStride);
+    const xBuf = upload(device, xAll, "x");
+    const words = (cols * q8xBytes(k)) / 4;
+    const xqBuf = poisoned(device, words);
+    const xnBuf = poisoned(device, xAll.length);
+    const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+    const shape = { type, k, xOffset: xOff, cols, xStride, round: true };
+    device.queue.writeBuffer(pb, 0, quantizeQ8Params(shape));
+    const op = await prepareQuantizeQ8(cache, {
+      device,
+      shape,
+      bindings: {
+        params: pb,
+        x: xBuf,
+        xq: { buffer: xqBuf, offset: 0, size: 4 * words },
+        xn: { buffer: xnBuf, offset: 0, size: 4 * xAll.length },
+      },
+    });
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    pass.setPipeline(op.pipeline);
+    pass.setBindGroup(0, op.bindGroup);
+    pass.dispatchWorkgroups(...op.grid);
+    pass.end();
+    device.queue.submit([enc.finish()]);
+    const [xqOut, xnOut] = await readAll(device, [xqBuf, xnBuf]);
+    const xq = new Uint32Array(xqOut!);
+    const xn = new Float32Array(xnOut!);
+    assertPoisoned(new Uint32Array(xqOut!, 4 * words, GUARD_WORDS), POISON_F32, `${what}: xq guard`);
+    for (let c = 0; c < cols; c++) {
+      const col = xAll.subarray(xOff + c * xStride, xOff + c * xStride + k);
+      const one = await quantize(device, cache, type, col, 0);
+      const mine = xq.subarray((c * q8xBytes(k)) / 4, ((c + 1) * q8xBytes(k)) / 4);
+      assert.deepEqual(mine, one.words.subarray(0, q8xBytes(k) / 4), `${what}: column ${c} bits`);
+      const { q, d } = decodeXq(type, k, mine);
+      for (let i = 0; i < k; i++) {
+        const want = Math.fround(d[i >> 5]! * q[i]!);
+        const got = xn[xOff + c * xStride + i]!;
+        assert.ok(Object.is(got, want), `${what}: column ${c} element ${i} rounded ${got}, d·q = ${want}`);
+      }
+      // Between columns xn keeps its poison: ROUND writes x's own places only.
+      if (c + 1 < cols) {
+        assertPoisoned(
+          new Uint32Array(xnOut!, 4 * (xOff + c * xStride + k), xStride - k),
+          POISON_F32,
+          `${what}: xn gap ${c}`,
+        );
+      }
+    }
+    for (const b of [xBuf, xqBuf, xnBuf, pb]) b.destroy();
+  }
+});
+
 Deno.test("quantize_q8 NORM: xn has the bits of rms_norm's output, and xq is xn rounded to int8", async () => {
   const rng = new Rng();
   const { device } = await testGpu();

@@ -1761,7 +1761,8 @@ class GraphBuilder {
   readonly #ops: Op[] = [];
   readonly #owned: GPUBuffer[];
   #unused: GPUBuffer | undefined;
-  #splitBuf: GPUBuffer | undefined;
+  /** Buffers of this graph by purpose (#grown). */
+  readonly #grownBufs = new Map<string, GPUBuffer>();
   readonly #normPrologueMaxRows: number;
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #moeTuning: StageOptions["moeTuning"];
@@ -2000,6 +2001,11 @@ class GraphBuilder {
       x = norm.x;
     }
     const k = w.ne[0]!;
+    if (
+      this.#int8Activations && !opts.f32 && cols > MATVEC_MAX_COLS && MATVEC_Q8_TYPES.includes(typeName(w))
+    ) {
+      x = await this.#roundX(label, x, k, cols, typeName(w), "dense");
+    }
     const rowStart = opts.rowStart ?? 0;
     const nRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - rowStart);
     for (const p of w.parts) {
@@ -2322,17 +2328,65 @@ class GraphBuilder {
     return norm ? { NORM: true, EPS: this.#hp.rmsEps } : { NORM: false, EPS: 0 };
   }
 
-  /** The split-K matmuls' partial products: one buffer per graph, grown as needed (`bytes` of it). */
-  #splitPart(bytes: number): Binding {
-    if (!this.#splitBuf || this.#splitBuf.size < bytes) {
-      this.#splitBuf = this.#device.createBuffer({
-        label: "matmul split partials",
+  /**
+   * int8Activations in a prefill chunk (wider than the int8 mat-vecs take): x's `cols` columns of K rounded
+   * to int8 per 32 elements as the mat-vecs round them (quantize_q8 ROUND), written back as f32 (d·q, exact)
+   * into a buffer of the graph for `use`, which the f32 matmul or moe_matvec then reads instead of x. So a
+   * prompt rounds alike in every chunk width, and the products differ from the int8 mat-vecs' only in f32
+   * summation order. Logged like the mat-vecs' roundings (int8Log), in `type`'s byte order.
+   */
+  async #roundX(
+    label: string,
+    x: GPUBuffer,
+    k: number,
+    cols: number,
+    type: GgmlTypeName,
+    use: "dense" | "moe_in" | "moe_act",
+  ): Promise<GPUBuffer> {
+    const out = this.#grown(`int8-rounded x (${use})`, 4 * k * cols);
+    const bytes = cols * q8xBytes(k);
+    let xq: Binding = { buffer: this.#grown("int8 x (prefill)", bytes), offset: 0, size: bytes };
+    const log = this.#int8Log;
+    if (log) {
+      const offset = this.#logAt;
+      this.#logAt = Math.ceil((offset + bytes) / 256) * 256;
+      assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
+      for (let col = 0; col < cols; col++) {
+        log.entries.push({ label, col, k, type, offset: offset + col * q8xBytes(k) });
+      }
+      xq = { buffer: log.buffer, offset, size: bytes };
+    }
+    const qs: QuantizeQ8Shape = { type, k, cols, round: true };
+    const qb: QuantizeQ8Bindings = { params: this.#storage(quantizeQ8Params(qs)), x, xq, xn: out };
+    checkQuantizeQ8(qs, qb);
+    await this.#push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
+      qb.params,
+      x,
+      xq,
+      x,
+      out,
+    ], [...quantizeQ8Grid(qs), 1]);
+    return out;
+  }
+
+  /** A buffer of the graph for `name`, at least `bytes` long (created or replaced by a bigger one). */
+  #grown(name: string, bytes: number): GPUBuffer {
+    let buf = this.#grownBufs.get(name);
+    if (!buf || buf.size < bytes) {
+      buf = this.#device.createBuffer({
+        label: name,
         size: Math.ceil(bytes / 256) * 256,
         usage: GPUBufferUsage.STORAGE,
       });
-      this.#owned.push(this.#splitBuf);
+      this.#owned.push(buf);
+      this.#grownBufs.set(name, buf);
     }
-    return { buffer: this.#splitBuf, offset: 0, size: bytes };
+    return buf;
+  }
+
+  /** The split-K matmuls' partial products: one buffer per graph, grown as needed (`bytes` of it). */
+  #splitPart(bytes: number): Binding {
+    return { buffer: this.#grown("matmul split partials", bytes), offset: 0, size: bytes };
   }
 
   /** A 16-byte buffer for writable bindings a variant does not use (one per graph). */
@@ -2846,11 +2900,18 @@ class GraphBuilder {
     // int8Activations: the expert passes take int8 x where their weights allow it (moe_matvec_q8 XIN: every
     // workgroup rounds its f32 x column in its prologue), up to the mat-vec chunk width as the dense ones.
     const int8 = this.#int8Activations && n <= MATVEC_MAX_COLS && !e.route;
+    // Prefill chunks under int8Activations: the f32 passes read x and the activations rounded as the int8
+    // passes would (#roundX).
+    const round = (t: GgmlTypeName) =>
+      this.#int8Activations && n > MATVEC_MAX_COLS && !e.route && MATVEC_Q8_TYPES.includes(t);
     if (int8 && moeMatvecQ8Fits(gu)) {
       const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
       await this.#expertsQ8(`${label}.gate_up`, gu, g.buffer, e.ids, cx.act.m!, e.act, n, xq8);
     } else {
-      await this.#expertsF32(label, gu, e, g.buffer, cx.act.m!, e.act, e.route);
+      const x = round(gu.type)
+        ? await this.#roundX(`${label}.gate_up`, cx.act.m!, hp.nEmbd, n, gu.type, "moe_in")
+        : cx.act.m!;
+      await this.#expertsF32(label, gu, e, g.buffer, x, e.act, e.route);
     }
     const dp = e.down.parts[0]!;
     assert(e.down.parts.length === 1, `${label}: down in one binding`);
@@ -2876,7 +2937,11 @@ class GraphBuilder {
         e.used * n + (e.shared ? n : 0),
       );
     } else {
-      await this.#expertsF32(label, dn, e, dp.buffer, e.act, e.out);
+      const cols = e.used * n + (e.shared ? n : 0);
+      const act = round(dn.type)
+        ? await this.#roundX(`${label}.down`, e.act, e.nFf, cols, dn.type, "moe_act")
+        : e.act;
+      await this.#expertsF32(label, dn, e, dp.buffer, act, e.out);
     }
   }
 

@@ -176,7 +176,7 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
     const stage = await Stage.load(gpu, file, {
       nCtx: 64,
       nSlots: 1,
-      maxChunk: 8,
+      maxChunk: 16,
       int8Activations: true,
       int8Log: true,
       normPrologueMaxRows,
@@ -194,10 +194,15 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
       },
     });
     try {
-      const tokens = Array.from({ length: 16 }, () => rng.int(0, stage.hp.nVocab));
-      // A chunk of 8 and one of 5 (mat-vec chunks), then one-token steps (the decode graph: the norm rides
-      // on the quantize).
-      const chunks = [tokens.slice(0, 8), tokens.slice(8, 13), ...tokens.slice(13).map((t) => [t])];
+      const tokens = Array.from({ length: 28 }, () => rng.int(0, stage.hp.nVocab));
+      // A chunk of 12 (prefill: matmul and moe_matvec read x rounded by quantize_q8 ROUND), one of 8 and one
+      // of 5 (mat-vec chunks), then one-token steps (the decode graph: the norm rides on the quantize).
+      const chunks = [
+        tokens.slice(0, 12),
+        tokens.slice(12, 20),
+        tokens.slice(20, 25),
+        ...tokens.slice(25).map((t) => [t]),
+      ];
       let base = 0;
       for (const chunk of chunks) {
         const what =

@@ -37,8 +37,9 @@ const USAGE =
   --temp T      sampling temperature (default 0: greedy); with --top-k, --top-p, --min-p, --repeat-penalty
   --seed S      seed of the sampler's random stream (same seed, same tokens)
   --json        print {"tokens":[...], "top":[...], "reason":...} (and "prompt_top" with --echo)
-  --int8        x rounded to int8 before quantized mat-vecs in chunks of at most 8 tokens (the decode steps):
-                faster decode, llama.cpp's quantized arithmetic (StageOptions.int8Activations)`;
+  --int8        x rounded to int8 before quantized mat-vecs (integer dot products in decode steps, the
+                rounded x in prefill): faster decode, llama.cpp's quantized arithmetic
+                (StageOptions.int8Activations)`;
 
 function int(flag: string, value: string, min: number): number {
   const n = Number(value);

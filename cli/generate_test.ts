@@ -60,7 +60,7 @@ Deno.test("generate --int8 reaches the stage: its logits move by the int8 roundi
   );
   for (const r of runs) assert.equal(r.code, 0, r.stderr);
   const [f32, int8] = runs.map((r) => JSON.parse(r.stdout) as { top: [number, number][][] });
-  // Step 0's logits come from the 4-token prompt chunk: int8 x with --int8 (chunks of at most 8 tokens).
+  // Step 0's logits come from the 4-token prompt chunk: int8 x with --int8 (a mat-vec chunk).
   const a = f32!.top[0]![0]![1];
   const b = int8!.top[0]![0]![1];
   assert.notEqual(a, b, "--int8 gave the f32 run's logit bit for bit");

@@ -36,10 +36,9 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --chunk N         prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}; memory grows with it)
   --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN};
                     0: never, requests take turns)
-  --int8            decode with x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as
-                    llama.cpp's quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill
-                    chunks wider than 8 tokens keep f32, so a prompt's tokens can differ with its chunking
-                    (prefix reuse, snapshots)`;
+  --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
+                    quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill rounds x
+                    alike, so a prompt's chunking (prefix reuse, snapshots) moves only f32 rounding`;
 
 /** Seconds between progress lines while loading on a non-terminal. */
 const PROGRESS_EVERY_MS = 1000;

@@ -82,9 +82,8 @@ export interface EngineOptions {
    */
   readonly maxChunk?: number;
   /**
-   * Round x to int8 before quantized mat-vecs in chunks of at most 8 tokens (StageOptions.int8Activations;
-   * default false): faster decode, but a prompt prefilled in other chunks (prefix reuse, snapshots) can
-   * continue differently, since wider chunks keep f32.
+   * Round x to int8 before quantized mat-vecs (StageOptions.int8Activations; default false): faster decode.
+   * Prefill chunks round x alike, so prefix reuse and snapshots differ from a cold run only by f32 order.
    */
   readonly int8Activations?: boolean;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */

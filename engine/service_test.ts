@@ -92,8 +92,8 @@ Deno.test("int8Activations reaches the stage: logged, and a request gives its St
   using file = await openGguf(MODEL);
   const stage = await Stage.load(gpu, file, { nCtx: N_CTX, nSlots: 1, int8Activations: true });
   const log: string[] = [];
-  // snapshotBack 0: the prompt in one prefill chunk, as Stage.generate takes it (chunks wider than 8 tokens
-  // keep f32, so other chunkings may continue differently).
+  // snapshotBack 0: the prompt in one prefill chunk, as Stage.generate takes it (another chunking would differ
+  // by f32 summation order, enough to decide a near-tie the other way).
   const e = engine(1, 0, { int8Activations: true, snapshotBack: 0, onLog: (l) => log.push(l) });
   try {
     const prompt = randomPrompt(rng, rng.int(1, 20));

@@ -211,9 +211,10 @@ export interface StageOptions {
   /**
    * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS
    * weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot products, as
-   * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32, and so does the
-   * prefill matmul. Expert passes of such weights take int8 x too (moe_matvec_q8; moe_route rounds the
-   * experts' input, the down pass its own x), except with fuseDecodeRoute. On the H200 the whole decode step
+   * llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32. Expert passes of such
+   * weights take int8 x too (moe_matvec_q8; moe_route rounds the experts' input, the down pass its own x),
+   * except with fuseDecodeRoute. Wider (prefill) chunks round x the same way (quantize_q8 ROUND) and feed the
+   * rounded f32 values to the f32 matmul and moe_matvec, so every chunk width rounds alike. On the H200 the whole decode step
    * measured 212.7 / 214.3 against 196.6 / 198.1 tok/s without it (docs/PERF.md, tenth session). It is still off by
    * default: it changes the default numerics, which is a step of its own. The rounding is a different one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the
    * decisions this stage logs with `int8Log`. Each column is its own dispatch (matvec_q8_fused, which

@@ -1762,6 +1762,10 @@ class GraphBuilder {
   readonly #ops: Op[] = [];
   readonly #owned: GPUBuffer[];
   #unused: GPUBuffer | undefined;
+  /** The x the last prefill matmul under int8Activations rounded, and the op count after it (see #matvec). */
+  #lastRound:
+    | { from: GPUBuffer; k: number; cols: number; out: GPUBuffer; at: number }
+    | undefined;
   /** Buffers of this graph by purpose (#grown). */
   readonly #grownBufs = new Map<string, GPUBuffer>();
   readonly #normPrologueMaxRows: number;
@@ -2002,10 +2006,18 @@ class GraphBuilder {
       x = norm.x;
     }
     const k = w.ne[0]!;
+    let roundedFrom: GPUBuffer | undefined;
     if (
       this.#int8Activations && !opts.f32 && cols > MATVEC_MAX_COLS && MATVEC_Q8_TYPES.includes(typeName(w))
     ) {
-      x = await this.#roundX(label, x, k, cols, typeName(w), "dense");
+      // The rounded x of the matmul pushed last when it read the same x and nothing was pushed since
+      // (attn_qkv, attn_gate, ssm_beta, ssm_alpha of a chunk), else rounded here. The values d·q do not
+      // depend on the weight type (only the logged byte order does).
+      const last = this.#lastRound;
+      const reuse = last !== undefined && last.from === x && last.k === k && last.cols === cols &&
+        last.at === this.#ops.length;
+      roundedFrom = x;
+      x = reuse ? last.out : await this.#roundX(label, x, k, cols, typeName(w), "dense");
     }
     const rowStart = opts.rowStart ?? 0;
     const nRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - rowStart);
@@ -2079,6 +2091,7 @@ class GraphBuilder {
         ], [...matvecGrid(shape, c), 1]);
       }
     }
+    if (roundedFrom) this.#lastRound = { from: roundedFrom, k, cols, out: x, at: this.#ops.length };
   }
 
   /**

@@ -1775,8 +1775,6 @@ class GraphBuilder {
   readonly #int8Activations: boolean;
   /** int8 x buffers (quantize_q8's output) by K, created on first use. */
   readonly #xq = new Map<number, GPUBuffer>();
-  /** The expert side's int8 x when nothing logs it, by use (#q8Region). */
-  readonly #moeXq = new Map<"in" | "act", GPUBuffer>();
   /** The x the last int8 mat-vec quantized, and the op count after it (see #matvecQ8). */
   #lastQ8:
     | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
@@ -2358,18 +2356,7 @@ class GraphBuilder {
     use: "dense" | "moe_in" | "moe_act",
   ): Promise<GPUBuffer> {
     const out = this.#grown(`int8-rounded x (${use})`, 4 * k * cols);
-    const bytes = cols * q8xBytes(k);
-    let xq: Binding = { buffer: this.#grown("int8 x (prefill)", bytes), offset: 0, size: bytes };
-    const log = this.#int8Log;
-    if (log) {
-      const offset = this.#logAt;
-      this.#logAt = Math.ceil((offset + bytes) / 256) * 256;
-      assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
-      for (let col = 0; col < cols; col++) {
-        log.entries.push({ label, col, k, type, offset: offset + col * q8xBytes(k) });
-      }
-      xq = { buffer: log.buffer, offset, size: bytes };
-    }
+    const xq = this.#q8Region(label, k, type, cols, "prefill");
     const qs: QuantizeQ8Shape = { type, k, cols, round: true };
     const qb: QuantizeQ8Bindings = { params: this.#storage(quantizeQ8Params(qs)), x, xq, xn: out };
     checkQuantizeQ8(qs, qb);
@@ -2985,9 +2972,15 @@ class GraphBuilder {
    * Where an expert-side rounding leaves `cols` columns of int8 x (K elements each, quantize_q8's format): a
    * region of the int8 log (each column logged under `label`, the pass that reads it) or, when nothing logs,
    * the graph's scratch buffer `scratch` (grown as needed; "in": moe_route's output, read by gate·up;
-   * "act": the down pass's own log, read by nobody).
+   * "act": the down pass's own log, read by nobody; "prefill": #roundX's, read by nobody).
    */
-  #q8Region(label: string, k: number, type: GgmlTypeName, cols: number, scratch: "in" | "act"): Binding {
+  #q8Region(
+    label: string,
+    k: number,
+    type: GgmlTypeName,
+    cols: number,
+    scratch: "in" | "act" | "prefill",
+  ): Binding {
     const bytes = cols * q8xBytes(k);
     const size = Math.ceil(bytes / 4) * 4;
     const log = this.#int8Log;
@@ -3000,17 +2993,7 @@ class GraphBuilder {
       }
       return { buffer: log.buffer, offset, size };
     }
-    let buf = this.#moeXq.get(scratch);
-    if (!buf || buf.size < bytes) {
-      buf = this.#device.createBuffer({
-        label: `moe int8 x (${scratch})`,
-        size: Math.ceil(bytes / 256) * 256,
-        usage: GPUBufferUsage.STORAGE,
-      });
-      this.#owned.push(buf);
-      this.#moeXq.set(scratch, buf);
-    }
-    return { buffer: buf, offset: 0, size };
+    return { buffer: this.#grown(`int8 x (${scratch})`, bytes), offset: 0, size };
   }
 
   /** One expert pass through moe_matvec (f32 x); `route`: the gate·up pass routes in its prologue. */

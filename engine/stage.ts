@@ -2046,7 +2046,7 @@ class GraphBuilder {
           label,
           MATMUL,
           plan.constants,
-          [this.#storage(plan.params), p.buffer, x, part ?? y],
+          [this.#storage(plan.params), p.buffer, x, part ?? y, x],
           plan.grid,
         );
         if (plan.sum) {

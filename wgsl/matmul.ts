@@ -4,13 +4,18 @@
  * `matvec.ts`, no repacking): tiles of 16·TR rows × 16·TT tokens, TR × TT per invocation, weights
  * dequantized into f32 workgroup memory per 32-element chunk, f32 accumulation.
  *
- * Uniform `Params` (48 bytes, 12 × u32, in struct order): 0 k, 4 n, 8 m, 12 row_bytes, 16 w_off (bytes),
- * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36 chunks_per_split, 40 split_stride, 44 padding.
- * Bindings: 0 params, 1 weights, 2 x, 3 y.
+ * Uniform `Params` (80 bytes, 20 × u32, in struct order): 0 k, 4 n, 8 m, 12 row_bytes, 16 w_off (bytes),
+ * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36 chunks_per_split, 40 split_stride, then the
+ * grouped fields 44 expert_bytes, 48 w_off_up, 52 cap, 56 x_div, 60 n_groups, 64 n_routed, 68 shared_x0, 72
+ * and 76 padding. Bindings: 0 params, 1 weights, 2 x, 3 y, 4 groups (GROUPED; any storage buffer otherwise).
  *
  * Split K (`splits` > 1): grid z workgroups each sum a run of the K / 32 chunks into a partial product, and
  * `matmul_splits.wgsl` ({@linkcode MATMUL_SPLITS}) adds them into Y. It is for small N, where a few
  * workgroups would each step through every chunk in turn (docs/PERF.md: 0.27-0.34 ms for N ≤ 257 unsplit).
+ *
+ * Grouped (`GROUPED`, {@linkcode GroupedMatmulShape}): the routed experts of a prefill chunk, one expert per
+ * grid z, its tokens listed by `moe_group.wgsl`; each expert's weights are read once per tile of its tokens
+ * instead of once per token column (moe_matvec). `GATE_UP` writes silu(gate)·up.
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
@@ -23,23 +28,25 @@ export const MATMUL: KernelSpec = {
   name: "matmul",
   url: new URL("./matmul.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32", TR: "u32", TT: "u32" },
+  constants: { TYPE: "u32", TR: "u32", TT: "u32", GROUPED: "bool", GATE_UP: "bool" },
 };
 
 /** Constants of one matmul variant. */
-export interface MatmulConstants {
+export type MatmulConstants = {
   /** ggml type id of the weights. */
   readonly TYPE: number;
   /** Rows per invocation (4 or 8): the tile has 16·TR rows. */
   readonly TR: number;
   /** Tokens per invocation (4 or 8): the tile has 16·TT tokens. */
   readonly TT: number;
-  /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
-  [key: string]: number;
-}
+  /** Experts' tokens from a moe_group list, one expert per grid z. */
+  readonly GROUPED: boolean;
+  /** GROUPED with TR 8: 64 gate rows and the same up rows per tile, Y = silu(gate)·up. */
+  readonly GATE_UP: boolean;
+};
 
 /** Size of the uniform params block in bytes. */
-export const MATMUL_PARAMS_BYTES = 48;
+export const MATMUL_PARAMS_BYTES = 80;
 
 /** Rows or tokens per invocation a variant may take. */
 export const MATMUL_THREAD_TILES: readonly number[] = [4, 8];
@@ -90,7 +97,7 @@ export function matmulDefaultSplits(shape: MatmulShape): number {
   return tiles >= MATMUL_WIDE_MIN_WORKGROUPS ? 1 : Math.min(shape.k / 32, Math.ceil(256 / tiles));
 }
 
-/** The four bindings in binding order. */
+/** The bindings in binding order. */
 export interface MatmulBindings {
   /** Uniform params (MATMUL_PARAMS_BYTES, from {@linkcode matmulParams}); offset a multiple of 256. */
   readonly params: Binding;
@@ -100,6 +107,8 @@ export interface MatmulBindings {
   readonly x: Binding;
   /** Output, f32 (storage, read_write). */
   readonly y: Binding;
+  /** GROUPED: moe_group's counts and lists (u32); otherwise omitted (x is bound in its place). */
+  readonly groups?: Binding;
 }
 
 /** A checked, ready-to-encode matmul: pipeline, bind group and grid. */
@@ -130,8 +139,9 @@ export function matmulConstants(
   opts: { maxWorkgroupBytes?: number; tile?: readonly [number, number] } = {},
 ): MatmulConstants {
   const TYPE = TYPE_ID[shape.type];
-  if (opts.tile) return { TYPE, TR: opts.tile[0], TT: opts.tile[1] };
-  const wide = { TYPE, TR: 8, TT: 8 };
+  const dense = { GROUPED: false, GATE_UP: false };
+  if (opts.tile) return { TYPE, TR: opts.tile[0], TT: opts.tile[1], ...dense };
+  const wide = { TYPE, TR: 8, TT: 8, ...dense };
   const workgroups = Math.ceil(shape.n / 128) * Math.ceil(shape.m / 128);
   if (
     workgroups >= MATMUL_WIDE_MIN_WORKGROUPS &&
@@ -139,7 +149,7 @@ export function matmulConstants(
   ) {
     return wide;
   }
-  return { TYPE, TR: 4, TT: 4 };
+  return { TYPE, TR: 4, TT: 4, ...dense };
 }
 
 /** The uniform params of `shape` (write them at a 256-byte-aligned offset of a uniform buffer). */
@@ -157,7 +167,7 @@ export function matmulParams(shape: MatmulShape): Uint32Array<ArrayBuffer> {
     shape.yStride ?? shape.n,
     matmulSplits(shape).chunksPerSplit,
     shape.n * shape.m,
-    0,
+    ...[0, 0, 0, 1, 0, 0, 0, 0, 0],
   ]);
 }
 
@@ -243,11 +253,12 @@ export async function prepareMatmul(
     matmulWorkgroupBytes(c),
     "take a smaller TR or TT",
   );
+  checkShape(!c.GROUPED, "Kernel matmul: GROUPED variants take a GroupedMatmulShape (prepareGroupedMatmul)");
   const pipeline = await cache.get(MATMUL, c);
   const b = opts.bindings;
   return {
     pipeline,
-    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y]),
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y, b.groups ?? b.x]),
     grid: matmulGrid(opts.shape, c),
   };
 }
@@ -319,4 +330,154 @@ export function matmulSplitsGrid(shape: MatmulShape): [number, number, number] {
   return wg <= MAX_WORKGROUPS_PER_DIM
     ? [wg, 1, 1]
     : [MAX_WORKGROUPS_PER_DIM, Math.ceil(wg / MAX_WORKGROUPS_PER_DIM), 1];
+}
+
+/**
+ * The experts of one MoE pass over a prefill chunk, grouped by `moe_group.wgsl`: for group e (grid z),
+ * Y[col] = W_e · x[xc] for each column col of its list, where W_e starts at byte `wOffsetBytes` +
+ * e·`expertBytes` and xc = col / `xDiv` for routed columns (col < `nRouted`), col − nRouted + `sharedX0`
+ * for the shared expert's (group nExpert, packed right after the routed experts). With `upOffsetBytes`
+ * the pass is gate·up: W_e is the gate and Y gets silu(gate·x)·(up·x).
+ */
+export interface GroupedMatmulShape {
+  /** Weight type. */
+  readonly type: GgmlTypeName;
+  /** Row length K (a multiple of 32). */
+  readonly k: number;
+  /** Rows N per expert (gate rows for gate·up). */
+  readonly n: number;
+  /** Groups (grid z): the routed experts, plus one for the shared expert. */
+  readonly nGroups: number;
+  /** Whether the last group is the shared expert's (columns nRouted + t, t < cap). */
+  readonly shared: boolean;
+  /** Most columns in a group: the chunk's tokens. */
+  readonly cap: number;
+  /** Routed columns (tokens × experts used). */
+  readonly nRouted: number;
+  /** Routed column col reads x row col / xDiv. */
+  readonly xDiv: number;
+  /** The shared expert's column nRouted + t reads x row sharedX0 + t. */
+  readonly sharedX0: number;
+  /** Byte offset of expert 0's matrix (its gate with upOffsetBytes). */
+  readonly wOffsetBytes: number;
+  /** Gate·up: byte offset of expert 0's up matrix. */
+  readonly upOffsetBytes?: number;
+  /** Bytes from one expert's matrix to the next. */
+  readonly expertBytes: number;
+  /** Elements between x rows (multiple of 4, ≥ k). */
+  readonly xStride: number;
+  /** Elements between Y columns (≥ n). */
+  readonly yStride: number;
+}
+
+/** The grouped variant: 8 rows per invocation (gate·up: 64 gate and 64 up rows per tile), 4 tokens. */
+export function groupedMatmulConstants(shape: GroupedMatmulShape): MatmulConstants {
+  return {
+    TYPE: TYPE_ID[shape.type],
+    TR: 8,
+    TT: 4,
+    GROUPED: true,
+    GATE_UP: shape.upOffsetBytes !== undefined,
+  };
+}
+
+/** The uniform params of a grouped pass (write them at a 256-byte-aligned offset of a uniform buffer). */
+export function groupedMatmulParams(shape: GroupedMatmulShape): Uint32Array<ArrayBuffer> {
+  const rowBytes = checkWeightRows("matmul", shape.type, shape.k, shape.wOffsetBytes);
+  return new Uint32Array([
+    shape.k,
+    shape.n,
+    shape.cap,
+    rowBytes,
+    shape.wOffsetBytes,
+    0,
+    0,
+    shape.xStride,
+    shape.yStride,
+    shape.k / 32,
+    0,
+    shape.expertBytes,
+    shape.upOffsetBytes ?? 0,
+    shape.cap,
+    shape.xDiv,
+    shape.nGroups,
+    shape.nRouted,
+    shape.sharedX0,
+    0,
+    0,
+  ]);
+}
+
+/** Grouped grid: row tiles in x, token tiles of the longest possible group in y, groups in z. */
+export function groupedMatmulGrid(shape: GroupedMatmulShape, c: MatmulConstants): [number, number, number] {
+  const rows = c.GATE_UP ? 64 : 16 * c.TR;
+  return [Math.ceil(shape.n / rows), Math.ceil(shape.cap / (16 * c.TT)), shape.nGroups];
+}
+
+/**
+ * Throws before encoding when a grouped pass and its bindings do not fit together.
+ * @throws {RangeError} naming the value or binding and what it needs
+ */
+export function checkGroupedMatmul(shape: GroupedMatmulShape, c: MatmulConstants, b: MatmulBindings): void {
+  const rowBytes = checkWeightRows("matmul", shape.type, shape.k, shape.wOffsetBytes);
+  checkShape(
+    c.GROUPED && c.TYPE === TYPE_ID[shape.type],
+    "Kernel matmul: a grouped shape needs GROUPED and its TYPE",
+  );
+  checkShape(
+    c.GATE_UP === (shape.upOffsetBytes !== undefined) && (!c.GATE_UP || c.TR === 8),
+    "Kernel matmul: GATE_UP goes with upOffsetBytes and TR=8",
+  );
+  checkInt("Kernel matmul: n", shape.n, 1, 2 ** 24);
+  checkInt("Kernel matmul: cap", shape.cap, 1, 2 ** 24);
+  checkInt("Kernel matmul: nGroups", shape.nGroups, 1, MAX_WORKGROUPS_PER_DIM);
+  checkInt("Kernel matmul: xDiv", shape.xDiv, 1, 2 ** 16);
+  checkShape(
+    shape.xStride >= shape.k && shape.xStride % 4 === 0 && shape.yStride >= shape.n,
+    `Kernel matmul: x stride ${shape.xStride} must be a multiple of 4 ≥ K=${shape.k}, y stride ${shape.yStride} ≥ N`,
+  );
+  checkShape(
+    Number.isInteger(shape.expertBytes) && shape.expertBytes >= shape.n * rowBytes &&
+      (shape.upOffsetBytes ?? 0) % 4 === 0,
+    `Kernel matmul: expertBytes ${shape.expertBytes} must hold N=${shape.n} rows of ${rowBytes} bytes, and the ` +
+      `up offset be a multiple of 4`,
+  );
+  const cols = shape.nRouted + (shape.shared ? shape.cap : 0);
+  const xRows = Math.max(
+    Math.ceil(shape.nRouted / shape.xDiv),
+    shape.shared ? shape.sharedX0 + shape.cap : 0,
+  );
+  const need = (what: string, bind: Binding | undefined, bytes: number) =>
+    checkShape(
+      bind !== undefined && bindingBytes(bind) >= bytes,
+      `Kernel matmul: grouped binding ${what} holds ${
+        bind ? bindingBytes(bind) : 0
+      } bytes but needs ${bytes}`,
+    );
+  need("params", b.params, MATMUL_PARAMS_BYTES);
+  const wEnd = Math.max(shape.wOffsetBytes, shape.upOffsetBytes ?? 0) + shape.nGroups * shape.expertBytes;
+  need("weights", b.weights, wEnd);
+  need("x", b.x, 4 * (xRows - 1) * shape.xStride + 4 * shape.k);
+  need("y", b.y, 4 * ((cols - 1) * shape.yStride + shape.n));
+  need("groups", b.groups, 4 * shape.nGroups * (1 + shape.cap));
+}
+
+/**
+ * Checks a grouped pass, compiles (or reuses) its variant and builds its bind group.
+ * @throws {RangeError} from {@linkcode checkGroupedMatmul}
+ */
+export async function prepareGroupedMatmul(
+  cache: PipelineCache,
+  opts: { device: GPUDevice; shape: GroupedMatmulShape; bindings: MatmulBindings },
+): Promise<MatmulOp> {
+  const c = groupedMatmulConstants(opts.shape);
+  checkGroupedMatmul(opts.shape, c, opts.bindings);
+  checkWorkgroupBytes(opts.device, "Kernel matmul GROUPED", matmulWorkgroupBytes(c), "use moe_matvec");
+  const pipeline = await cache.get(MATMUL, c);
+  const b = opts.bindings;
+  return {
+    pipeline,
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y, b.groups!]),
+    grid: groupedMatmulGrid(opts.shape, c),
+  };
 }

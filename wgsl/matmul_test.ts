@@ -184,12 +184,26 @@ Deno.test("matmul shape check throws before encoding", () => {
   assert.throws(() => checkMatmul(shape, { ...c, TR: 6 }, b), /TR=6/);
   // Defaults: 8 × 8 only with enough workgroups and workgroup memory.
   const qkv: MatmulShape = { type: "IQ4_XS", k: 2048, n: 8192, m: 256 };
-  assert.deepEqual(matmulConstants(qkv, { maxWorkgroupBytes: 49152 }), { TYPE: 23, TR: 8, TT: 8 });
-  assert.deepEqual(matmulConstants(qkv, { maxWorkgroupBytes: 32768 }), { TYPE: 23, TR: 4, TT: 4 });
+  assert.deepEqual(matmulConstants(qkv, { maxWorkgroupBytes: 49152 }), {
+    TYPE: 23,
+    TR: 8,
+    TT: 8,
+    GROUPED: false,
+    GATE_UP: false,
+  });
+  assert.deepEqual(matmulConstants(qkv, { maxWorkgroupBytes: 32768 }), {
+    TYPE: 23,
+    TR: 4,
+    TT: 4,
+    GROUPED: false,
+    GATE_UP: false,
+  });
   assert.deepEqual(matmulConstants({ ...qkv, n: 4096 }, { maxWorkgroupBytes: 49152 }), {
     TYPE: 23,
     TR: 4,
     TT: 4,
+    GROUPED: false,
+    GATE_UP: false,
   });
   assert.throws(() => checkMatmul({ ...shape, n: 16 * 8 * 65536 }, { ...c, TR: 8 }, b), /workgroups/);
 });

@@ -1,0 +1,235 @@
+import assert from "node:assert/strict";
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
+import { Rng } from "../tests/util/rng.ts";
+import { assertPoisoned } from "../tests/util/close.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { randomWeights } from "./_quant_testing.ts";
+import { moeReference } from "./_moe_testing.ts";
+import { assertCloseEach } from "./_test_util.ts";
+import { QUANT_TYPES } from "./_quant.ts";
+import {
+  checkGroupedMatmul,
+  encodeMatmul,
+  groupedMatmulConstants,
+  groupedMatmulParams,
+  type GroupedMatmulShape,
+  MATMUL_PARAMS_BYTES,
+  prepareGroupedMatmul,
+} from "./matmul.ts";
+import {
+  checkMoeGroup,
+  MOE_GROUP,
+  moeGroupCount,
+  moeGroupGrid,
+  moeGroupParams,
+  type MoeGroupShape,
+  moeGroupWords,
+} from "./moe_group.ts";
+
+interface Case {
+  group: MoeGroupShape;
+  shape: GroupedMatmulShape;
+  used: number;
+  ids: Uint32Array;
+  w: Uint8Array;
+  x: Float32Array;
+}
+
+/**
+ * A pass over `tokens` tokens with `used` distinct experts each; expert 0 is most tokens' first pick, so
+ * with more than 64 tokens its group spans several token tiles, and some experts may get no token.
+ */
+function makeCase(rng: Rng, type: GgmlTypeName, gateUp: boolean, shared: boolean, tokens: number): Case {
+  const be = Math.max(32, typeInfo(type).blockElems);
+  const k = be * rng.int(1, 3);
+  const n = rng.int(1, 150);
+  const nExpert = rng.int(2, 7);
+  const used = rng.int(1, Math.min(3, nExpert) + 1);
+  const ids = new Uint32Array(tokens * used);
+  for (let t = 0; t < tokens; t++) {
+    const order = Array.from({ length: nExpert }, (_, e) => e);
+    for (let i = nExpert - 1; i > 0; i--) {
+      const j = rng.int(0, i + 1);
+      [order[i], order[j]] = [order[j]!, order[i]!];
+    }
+    if (rng.float() < 0.8) order.unshift(...order.splice(order.indexOf(0), 1));
+    for (let j = 0; j < used; j++) ids[t * used + j] = order[j]!;
+  }
+  const nRouted = tokens * used;
+  const nMats = nExpert + (shared ? 1 : 0);
+  const rowBytes = (k / typeInfo(type).blockElems) * typeInfo(type).blockBytes;
+  const matsBytes = rowBytes * n * nMats;
+  const offGate = 4 * rng.int(0, 8);
+  const offUp = gateUp ? Math.ceil((offGate + matsBytes) / 4) * 4 + 4 * rng.int(0, 8) : undefined;
+  const w = new Uint8Array((offUp ?? offGate) + matsBytes);
+  w.set(randomWeights(rng, type, k, n * nMats, 0.1), offGate);
+  if (offUp !== undefined) w.set(randomWeights(rng, type, k, n * nMats, 0.1), offUp);
+  const xRows = gateUp ? tokens : nRouted + (shared ? tokens : 0);
+  return {
+    group: { nRouted, nTokens: tokens, nExpert, shared },
+    shape: {
+      type,
+      k,
+      n,
+      nGroups: nMats,
+      shared,
+      cap: tokens,
+      nRouted,
+      xDiv: gateUp ? used : 1,
+      sharedX0: gateUp ? 0 : nRouted,
+      wOffsetBytes: offGate,
+      upOffsetBytes: offUp,
+      expertBytes: rowBytes * n,
+      xStride: k,
+      yStride: n,
+    },
+    used,
+    ids,
+    w,
+    x: rng.normals(k * xRows),
+  };
+}
+
+/** The groups moe_group must write: counts, then each group's ascending columns. */
+function refGroups(c: Case): { counts: number[]; lists: number[][] } {
+  const lists: number[][] = Array.from({ length: moeGroupCount(c.group) }, () => []);
+  c.ids.forEach((e, col) => lists[e]!.push(col));
+  if (c.group.shared) {
+    for (let t = 0; t < c.group.nTokens; t++) lists[c.group.nExpert]!.push(c.group.nRouted + t);
+  }
+  return { counts: lists.map((l) => l.length), lists };
+}
+
+Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, gate·up and down ≡ float64, every type", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: Case[] = [];
+  for (const [i, type] of QUANT_TYPES.entries()) {
+    const shared = i % 2 === 0;
+    const tokens = i % 3 === 0 ? rng.int(65, 150) : rng.int(1, 40);
+    cases.push(makeCase(rng, type, true, shared, tokens), makeCase(rng, type, false, !shared, tokens));
+  }
+  const groupPipeline = await cache.get(MOE_GROUP, {});
+  const params = device.createBuffer({
+    size: 256 * cases.length,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const outs: GPUBuffer[] = [];
+  for (const [i, c] of cases.entries()) {
+    const groupWords = moeGroupWords(c.group);
+    const groups = poisoned(device, groupWords, 0xdeadbeef);
+    const gb = {
+      params: upload(device, moeGroupParams(c.group)),
+      ids: upload(device, c.ids),
+      groups: { buffer: groups, offset: 0, size: 4 * groupWords },
+    };
+    checkMoeGroup(c.group, gb);
+    pass.setPipeline(groupPipeline);
+    pass.setBindGroup(0, bindGroup(device, groupPipeline, [gb.params, gb.ids, gb.groups]));
+    pass.dispatchWorkgroups(...moeGroupGrid(c.group));
+    const cols = c.shape.nRouted + (c.shape.shared ? c.shape.cap : 0);
+    const y = poisoned(device, c.shape.n * cols);
+    device.queue.writeBuffer(params, 256 * i, groupedMatmulParams(c.shape));
+    const op = await prepareGroupedMatmul(cache, {
+      device,
+      shape: c.shape,
+      bindings: {
+        params: { buffer: params, offset: 256 * i, size: MATMUL_PARAMS_BYTES },
+        weights: upload(device, c.w),
+        x: upload(device, c.x),
+        y: { buffer: y, offset: 0, size: 4 * c.shape.n * cols },
+        groups: gb.groups,
+      },
+    });
+    encodeMatmul(pass, op);
+    outs.push(groups, y);
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const got = await readAll(device, outs);
+  const failures: string[] = [];
+  for (const [i, c] of cases.entries()) {
+    const gateUp = c.shape.upOffsetBytes !== undefined;
+    const what = `grouped ${c.shape.type} ${gateUp ? "gate·up" : "down"} k=${c.shape.k} n=${c.shape.n} ` +
+      `experts=${c.group.nExpert} used=${c.used} tokens=${c.group.nTokens} shared=${c.group.shared}`;
+    try {
+      const words = new Uint32Array(got[2 * i]!);
+      const { counts, lists } = refGroups(c);
+      const nGroups = counts.length;
+      assert.deepEqual([...words.subarray(0, nGroups)], counts, `${what}: counts`);
+      lists.forEach((l, e) => {
+        const at = nGroups + e * c.group.nTokens;
+        assert.deepEqual([...words.subarray(at, at + l.length)], l, `${what}: group ${e}`);
+      });
+      const { ref, tol } = moeReference({
+        shape: {
+          type: c.shape.type,
+          k: c.shape.k,
+          n: c.shape.n,
+          nExpert: c.group.nExpert,
+          nCols: c.shape.nRouted,
+          xDiv: c.shape.xDiv,
+          offGateBytes: c.shape.wOffsetBytes,
+          offUpBytes: c.shape.upOffsetBytes,
+          gateUp,
+          sharedCols: c.shape.shared ? c.shape.cap : 0,
+        },
+        ids: c.ids,
+        w: c.w,
+        x: c.x,
+      });
+      const y = new Float32Array(got[2 * i + 1]!, 0, ref.length);
+      assertCloseEach(y, ref, tol, { atol: 0, rtol: 0 }, { what, seed: rng.seed });
+      assertPoisoned(
+        new Uint32Array(got[2 * i + 1]!, 4 * ref.length, GUARD_WORDS),
+        POISON_F32,
+        `${what} guard`,
+      );
+    } catch (e) {
+      failures.push((e as Error).message);
+    }
+  }
+  if (failures.length > 0) {
+    throw new Error(`${failures.length} of ${cases.length} cases failed:\n${failures.join("\n")}`);
+  }
+});
+
+Deno.test("grouped matmul and moe_group checks throw before encoding", () => {
+  const big = Object.setPrototypeOf({ size: 1 << 20 }, GPUBuffer.prototype) as GPUBuffer;
+  const small = Object.setPrototypeOf({ size: 16 }, GPUBuffer.prototype) as GPUBuffer;
+  const shape: GroupedMatmulShape = {
+    type: "Q8_0",
+    k: 64,
+    n: 40,
+    nGroups: 5,
+    shared: true,
+    cap: 16,
+    nRouted: 32,
+    xDiv: 2,
+    sharedX0: 0,
+    wOffsetBytes: 0,
+    upOffsetBytes: 40 * 68 * 5,
+    expertBytes: 40 * 68,
+    xStride: 64,
+    yStride: 40,
+  };
+  const c = groupedMatmulConstants(shape);
+  assert.deepEqual(c, { TYPE: 8, TR: 8, TT: 4, GROUPED: true, GATE_UP: true });
+  const b = { params: big, weights: big, x: big, y: big, groups: big };
+  checkGroupedMatmul(shape, c, b);
+  assert.throws(() => checkGroupedMatmul(shape, c, { ...b, groups: undefined }), /groups holds 0 bytes/);
+  assert.throws(() => checkGroupedMatmul(shape, c, { ...b, y: small }), /binding y/);
+  assert.throws(() => checkGroupedMatmul(shape, { ...c, GATE_UP: false }, b), /GATE_UP goes with/);
+  assert.throws(() => checkGroupedMatmul(shape, { ...c, TR: 4 }, b), /TR=8/);
+  assert.throws(() => checkGroupedMatmul({ ...shape, expertBytes: 68 }, c, b), /expertBytes/);
+  assert.throws(() => checkGroupedMatmul({ ...shape, k: 48 }, c, b), /48/);
+  const g: MoeGroupShape = { nRouted: 32, nTokens: 16, nExpert: 4, shared: true };
+  assert.equal(moeGroupWords(g), 5 * 17);
+  checkMoeGroup(g, { params: big, ids: big, groups: big });
+  assert.throws(() => checkMoeGroup(g, { params: big, ids: small, groups: big }), /ids/);
+  assert.throws(() => checkMoeGroup(g, { params: big, ids: big, groups: small }), /groups/);
+});

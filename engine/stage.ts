@@ -52,7 +52,26 @@ import {
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../wgsl/get_rows.ts";
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../wgsl/rms_norm.ts";
 import { MATVEC, matvecConstants, matvecGrid, matvecParams, type MatvecShape } from "../wgsl/matvec.ts";
-import { MATMUL, MATMUL_SPLITS, matmulPlan, type MatmulShape } from "../wgsl/matmul.ts";
+import {
+  checkGroupedMatmul,
+  groupedMatmulConstants,
+  groupedMatmulGrid,
+  groupedMatmulParams,
+  type GroupedMatmulShape,
+  groupedMatmulWorkgroupBytes,
+  MATMUL,
+  MATMUL_SPLITS,
+  matmulPlan,
+  type MatmulShape,
+} from "../wgsl/matmul.ts";
+import {
+  checkMoeGroup,
+  MOE_GROUP,
+  moeGroupGrid,
+  moeGroupParams,
+  type MoeGroupShape,
+  moeGroupWords,
+} from "../wgsl/moe_group.ts";
 import { normBindings } from "../wgsl/matvec.ts";
 import {
   checkMatvecQ8,
@@ -208,6 +227,13 @@ export interface StageOptions {
    * ranking, and the whole step measured slower on the H200 (191.0-191.6 against 196.1 tok/s, docs/PERF.md).
    */
   readonly fuseDecodeRoute?: boolean;
+  /**
+   * Prefill chunks wider than 8 tokens run the routed experts (and the packed shared one) as one grouped
+   * matmul per pass: moe_group lists each expert's columns, and matmul GROUPED reads each expert's weights
+   * once per tile of its tokens instead of once per column (moe_matvec). Default off until measured on the
+   * H200 (docs/ARCHITECTURE.md); the results differ from moe_matvec's by f32 summation order only.
+   */
+  readonly groupedExperts?: boolean;
   /**
    * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS
    * weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot products, as
@@ -371,6 +397,7 @@ export class Stage {
   readonly #moeTuning: StageOptions["moeTuning"];
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #fuseDecodeRoute: boolean;
+  readonly #groupedExperts: boolean;
   /** int8Log: the log buffer, each graph's entries, and the graph of the last run() chunk. */
   readonly #int8Log: { buffer: GPUBuffer; entries: Map<string, Int8LogEntry[]>; last?: string } | undefined;
   readonly #decoders = new Map<string, Decoder>();
@@ -395,6 +422,7 @@ export class Stage {
     moeTuning: StageOptions["moeTuning"];
     matvecTuning: StageOptions["matvecTuning"];
     fuseDecodeRoute: boolean;
+    groupedExperts: boolean;
     int8Activations: boolean;
     int8Log: boolean;
     weights: Map<string, GpuTensor>;
@@ -415,6 +443,7 @@ export class Stage {
     this.#moeTuning = init.moeTuning;
     this.#matvecTuning = init.matvecTuning;
     this.#fuseDecodeRoute = init.fuseDecodeRoute;
+    this.#groupedExperts = init.groupedExperts;
     this.int8Activations = init.int8Activations;
     this.#int8Log = init.int8Log
       ? {
@@ -562,6 +591,7 @@ export class Stage {
       moeTuning: opts.moeTuning,
       matvecTuning: opts.matvecTuning,
       fuseDecodeRoute: opts.fuseDecodeRoute ?? false,
+      groupedExperts: opts.groupedExperts ?? false,
       int8Activations: opts.int8Activations ?? false,
       int8Log: (opts.int8Activations ?? false) && (opts.int8Log ?? false),
       weights,
@@ -1320,6 +1350,7 @@ export class Stage {
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
       fuseDecodeRoute: this.#fuseDecodeRoute,
+      groupedExperts: this.#groupedExperts,
       int8Activations: this.int8Activations,
     }).build({
       stage: this,
@@ -1493,6 +1524,7 @@ export class Stage {
       moeTuning: this.#moeTuning,
       matvecTuning: this.#matvecTuning,
       fuseDecodeRoute: this.#fuseDecodeRoute,
+      groupedExperts: this.#groupedExperts,
       int8Activations: this.int8Activations,
       int8Log: this.#int8Log ? { buffer: this.#int8Log.buffer, entries } : undefined,
     }).build({
@@ -1772,6 +1804,7 @@ class GraphBuilder {
   readonly #matvecTuning: StageOptions["matvecTuning"];
   readonly #moeTuning: StageOptions["moeTuning"];
   readonly #fuseDecodeRoute: boolean;
+  readonly #groupedExperts: boolean;
   readonly #int8Activations: boolean;
   /** int8 x buffers (quantize_q8's output) by K, created on first use. */
   readonly #xq = new Map<number, GPUBuffer>();
@@ -1797,12 +1830,14 @@ class GraphBuilder {
       moeTuning: StageOptions["moeTuning"];
       matvecTuning: StageOptions["matvecTuning"];
       fuseDecodeRoute: boolean;
+      groupedExperts: boolean;
       int8Activations: boolean;
       int8Log?: { buffer: GPUBuffer; entries: Int8LogEntry[] };
     },
   ) {
     this.#normPrologueMaxRows = opts.normPrologueMaxRows;
     this.#fuseDecodeRoute = opts.fuseDecodeRoute;
+    this.#groupedExperts = opts.groupedExperts;
     this.#int8Activations = opts.int8Activations;
     this.#int8Log = opts.int8Log;
     this.#moeTuning = opts.moeTuning;
@@ -2905,6 +2940,32 @@ class GraphBuilder {
     // passes would (#roundX).
     const round = (t: GgmlTypeName) =>
       this.#int8Activations && n > MATVEC_MAX_COLS && !e.route && MATVEC_Q8_TYPES.includes(t);
+    // groupedExperts: prefill chunks group the columns by expert once, for both passes.
+    const wgBytes = Math.max(
+      groupedMatmulWorkgroupBytes(typeName(e.gate)),
+      groupedMatmulWorkgroupBytes(typeName(e.down)),
+    );
+    const groups = this.#groupedExperts && n > MATVEC_MAX_COLS && !e.route &&
+        wgBytes <= this.#device.limits.maxComputeWorkgroupStorageSize
+      ? await this.#moeGroup(`${label}.group`, e.ids, e.used * n, e.nExpert, e.shared)
+      : undefined;
+    const grouped = (
+      m: GpuTensor,
+      more: { upOffsetBytes?: number; xDiv: number; sharedX0: number },
+    ): GroupedMatmulShape => ({
+      type: typeName(m),
+      k: m.ne[0]!,
+      n: m.ne[1]!,
+      nGroups: e.nExpert + (e.shared ? 1 : 0),
+      shared: e.shared,
+      cap: n,
+      nRouted: e.used * n,
+      wOffsetBytes: m.parts[0]!.offsetBytes,
+      expertBytes: m.ne[1]! * m.rowBytes,
+      xStride: m.ne[0]!,
+      yStride: m.ne[1]!,
+      ...more,
+    });
     if (int8 && moeMatvecQ8Fits(gu)) {
       const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
       await this.#expertsQ8(`${label}.gate_up`, gu, g.buffer, e.ids, cx.act.m!, e.act, n, xq8);
@@ -2912,7 +2973,12 @@ class GraphBuilder {
       const x = round(gu.type)
         ? await this.#roundX(`${label}.gate_up`, cx.act.m!, hp.nEmbd, n, gu.type, "moe_in")
         : cx.act.m!;
-      await this.#expertsF32(label, gu, e, g.buffer, x, e.act, e.route);
+      if (groups) {
+        const shape = grouped(e.gate, { upOffsetBytes: u.offsetBytes, xDiv: e.used, sharedX0: 0 });
+        await this.#expertsGrouped(`${label}.gate_up`, shape, g.buffer, x, e.act, groups);
+      } else {
+        await this.#expertsF32(label, gu, e, g.buffer, x, e.act, e.route);
+      }
     }
     const dp = e.down.parts[0]!;
     assert(e.down.parts.length === 1, `${label}: down in one binding`);
@@ -2942,8 +3008,47 @@ class GraphBuilder {
       const act = round(dn.type)
         ? await this.#roundX(`${label}.down`, e.act, e.nFf, cols, dn.type, "moe_act")
         : e.act;
-      await this.#expertsF32(label, dn, e, dp.buffer, act, e.out);
+      if (groups) {
+        const shape = grouped(e.down, { xDiv: 1, sharedX0: e.used * n });
+        await this.#expertsGrouped(`${label}.down`, shape, dp.buffer, act, e.out, groups);
+      } else {
+        await this.#expertsF32(label, dn, e, dp.buffer, act, e.out);
+      }
     }
+  }
+
+  /**
+   * moe_group: the chunk's `nRouted` columns grouped by their expert in `ids` (and the shared expert's
+   * columns as group nExpert), into a buffer of the graph that every layer's experts reuse in turn.
+   */
+  async #moeGroup(label: string, ids: GPUBuffer, nRouted: number, nExpert: number, shared: boolean) {
+    const shape: MoeGroupShape = { nRouted, nTokens: this.#n, nExpert, shared };
+    const groups = this.#grown("moe groups", 4 * moeGroupWords(shape));
+    const params = this.#storage(moeGroupParams(shape));
+    checkMoeGroup(shape, { params, ids, groups });
+    await this.#push(label, MOE_GROUP, {}, [params, ids, groups], moeGroupGrid(shape));
+    return groups;
+  }
+
+  /** One expert pass of a prefill chunk as a grouped matmul over moe_group's lists. */
+  async #expertsGrouped(
+    label: string,
+    shape: GroupedMatmulShape,
+    weights: GPUBuffer,
+    x: Binding,
+    y: GPUBuffer,
+    groups: GPUBuffer,
+  ) {
+    const c = groupedMatmulConstants(shape);
+    const b = { params: this.#storage(groupedMatmulParams(shape)), weights, x, y, groups };
+    checkGroupedMatmul(shape, c, b);
+    await this.#push(
+      label,
+      MATMUL,
+      c,
+      [b.params, b.weights, b.x, b.y, b.groups],
+      groupedMatmulGrid(shape, c),
+    );
   }
 
   /** The gate·up pass of packed gate and up expert tensors over n tokens (used experts each). */

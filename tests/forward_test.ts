@@ -62,18 +62,21 @@ function gap12(v: ArrayLike<number>): number {
 // normPrologueMaxRows 0: decode pushes every norm as a dispatch of its own (the path of tall mat-vecs such
 // as a real LM head) instead of in the next mat-vec's prologue; 65536: every mat-vec here takes its norm in
 // the prologue (the in-projections too, which the default 1024 leaves to a dispatch of their own);
-// fuseDecodeRoute: decode ranks the experts in the gate·up prologue (the default is a moe_route dispatch).
+// fuseDecodeRoute: decode ranks the experts in the gate·up prologue (the default is a moe_route dispatch);
+// groupedExperts: prefill chunks over 8 tokens run the experts as grouped matmuls (moe_group + matmul GROUPED).
 const MODELS: {
   arch: ArchName;
   quant: QuantPreset;
   layout: "current" | "legacy";
   normPrologueMaxRows?: number;
   fuseDecodeRoute?: boolean;
+  groupedExperts?: boolean;
 }[] = [
   { arch: "qwen35moe", quant: "f32", layout: "current" },
   { arch: "qwen35moe", quant: "iq4_xs", layout: "current", normPrologueMaxRows: 0 },
   { arch: "qwen3next", quant: "f32", layout: "legacy", normPrologueMaxRows: 65536 },
   { arch: "qwen3next", quant: "iq4_xs", layout: "current", fuseDecodeRoute: true },
+  { arch: "qwen35moe", quant: "iq4_xs", layout: "current", groupedExperts: true },
 ];
 
 for (const m of MODELS) {
@@ -83,7 +86,8 @@ for (const m of MODELS) {
     ? `, norm prologues up to ${m.normPrologueMaxRows} rows`
     : "";
   const route = m.fuseDecodeRoute ? ", decode routing in the gate·up prologue" : "";
-  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}, teacher-forced and greedy`, async () => {
+  const grouped = m.groupedExperts ? ", experts as grouped matmuls in prefill" : "";
+  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}${grouped}, teacher-forced and greedy`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
     const path = await synthTiny(m.arch, m.quant, m.layout, rng.u32());
@@ -94,11 +98,18 @@ for (const m of MODELS) {
       maxChunk: 16,
       normPrologueMaxRows: m.normPrologueMaxRows,
       fuseDecodeRoute: m.fuseDecodeRoute,
+      groupedExperts: m.groupedExperts,
     });
+    // groupedExperts: the same stage without it, to show that the grouped path ran (other bits).
+    const plain = m.groupedExperts
+      ? await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk: 16 })
+      : undefined;
     const ref = await RefModel.load(file);
     try {
       for (let p = 0; p < 2; p++) {
-        const prompt = Array.from({ length: rng.int(1, 20) }, () => rng.int(0, stage.hp.nVocab));
+        // Grouped: prompts wider than 8 tokens, so that the prefill takes the grouped path.
+        const len = rng.int(m.groupedExperts ? 9 : 1, 20);
+        const prompt = Array.from({ length: len }, () => rng.int(0, stage.hp.nVocab));
         const what = `${m.arch} ${m.quant} ${m.layout} prompt ${prompt} (seed ${rng.seed})`;
         ref.reset();
         // Free-running reference greedy, recording each step's logits.
@@ -130,9 +141,17 @@ for (const m of MODELS) {
           const { err, tol } = logitError(tf.data.subarray(at * V, (at + 1) * V), refLogits[i]!);
           assert.ok(err <= tol, `${what}: position ${at} logit error ${err} > ${tol}`);
         }
+        if (plain) {
+          const other = await plain.run(0, { tokens: history }, 0, { rows: "all" });
+          assert.ok(
+            other.data.some((v, i) => v !== tf.data[i]),
+            `${what}: grouped and per-column prefill agree bit for bit`,
+          );
+        }
       }
     } finally {
       stage.destroy();
+      plain?.destroy();
     }
   });
 }

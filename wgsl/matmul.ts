@@ -381,6 +381,11 @@ export function groupedMatmulConstants(shape: GroupedMatmulShape): MatmulConstan
   };
 }
 
+/** Workgroup memory of the grouped variant for weights of `type` (26 KiB with the IQ4 table). */
+export function groupedMatmulWorkgroupBytes(type: GgmlTypeName): number {
+  return matmulWorkgroupBytes({ TYPE: TYPE_ID[type], TR: 8, TT: 4, GROUPED: true, GATE_UP: false });
+}
+
 /** The uniform params of a grouped pass (write them at a 256-byte-aligned offset of a uniform buffer). */
 export function groupedMatmulParams(shape: GroupedMatmulShape): Uint32Array<ArrayBuffer> {
   const rowBytes = checkWeightRows("matmul", shape.type, shape.k, shape.wOffsetBytes);

@@ -12,8 +12,14 @@
 export type { Binding, ConstType, ConstValues, KernelSpec, PipelineCache } from "../engine/gpu/kernel.ts";
 export type { GgmlTypeName } from "../engine/quant/types.ts";
 export {
+  checkGroupedMatmul,
   checkMatmul,
   encodeMatmul,
+  groupedMatmulConstants,
+  groupedMatmulGrid,
+  groupedMatmulParams,
+  type GroupedMatmulShape,
+  groupedMatmulWorkgroupBytes,
   MATMUL,
   MATMUL_PARAMS_BYTES,
   MATMUL_THREAD_TILES,
@@ -27,8 +33,18 @@ export {
   matmulPlan,
   type MatmulShape,
   matmulWorkgroupBytes,
+  prepareGroupedMatmul,
   prepareMatmul,
 } from "./matmul.ts";
+export {
+  checkMoeGroup,
+  MOE_GROUP,
+  moeGroupCount,
+  moeGroupGrid,
+  moeGroupParams,
+  type MoeGroupShape,
+  moeGroupWords,
+} from "./moe_group.ts";
 export {
   checkMatvec,
   encodeMatvec,

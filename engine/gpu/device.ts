@@ -67,7 +67,8 @@ export async function acquireGpu(): Promise<Gpu> {
     throw new GpuError(
       "No WebGPU adapter found: install a Vulkan driver (on Debian without a GPU: " +
         "`apt-get install mesa-vulkan-drivers` for the lavapipe software adapter; with a GPU: its vendor's " +
-        "Vulkan ICD), or set VK_DRIVER_FILES to the driver's ICD json",
+        "Vulkan ICD), or set VK_DRIVER_FILES to the driver's ICD json (wgpu's GL backend is left out unless " +
+        "DENO_WEBGPU_BACKEND names it)",
     );
   }
   const requiredLimits: Record<string, number> = {};

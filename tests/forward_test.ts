@@ -184,12 +184,13 @@ function int8Key(label: string, col: number, n: number, used: number): string {
 Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rounding decisions", async () => {
   const rng = new Rng();
   const gpu = await testGpu();
-  // normPrologueMaxRows 0: x is rounded by quantize_q8 dispatches instead of matvec_q8_fused prologues.
+  // normPrologueMaxRows 0: x is rounded by quantize_q8 dispatches instead of matvec_q8_fused prologues;
+  // groupedExperts: the 12-token chunk's experts read their rounded x through the grouped matmul.
   const models = [
-    ["qwen35moe", "iq4_xs", "current", undefined],
-    ["qwen3next", "q8_0", "legacy", 0],
+    ["qwen35moe", "iq4_xs", "current", undefined, false],
+    ["qwen3next", "q8_0", "legacy", 0, true],
   ] as const;
-  for (const [arch, quant, layout, normPrologueMaxRows] of models) {
+  for (const [arch, quant, layout, normPrologueMaxRows, groupedExperts] of models) {
     const path = await synthTiny(arch, quant, layout, rng.u32());
     using file = await openGguf(path);
     const stage = await Stage.load(gpu, file, {
@@ -199,6 +200,7 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
       int8Activations: true,
       int8Log: true,
       normPrologueMaxRows,
+      groupedExperts,
     });
     const logged = new Map<string, Int8Logged>();
     const asked = new Set<string>();
@@ -225,7 +227,8 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
       let base = 0;
       for (const chunk of chunks) {
         const what =
-          `${arch} ${quant} ${layout} normPrologueMaxRows ${normPrologueMaxRows} tokens ${base}..` +
+          `${arch} ${quant} ${layout} normPrologueMaxRows ${normPrologueMaxRows} grouped ${groupedExperts} ` +
+          `tokens ${base}..` +
           `${base + chunk.length} (seed ${rng.seed})`;
         const got = await stage.run(0, { tokens: chunk }, base, { rows: "all" });
         logged.clear();

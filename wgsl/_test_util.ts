@@ -63,3 +63,21 @@ export function assertCloseEach(
     );
   }
 }
+
+/**
+ * Runs `check` on every case and then throws one error that lists every case that failed, so a run shows
+ * the whole pattern of failures (one type, one tile, one shape) rather than the first.
+ */
+export function checkEach<T>(cases: readonly T[], check: (c: T, i: number) => void): void {
+  const failures: string[] = [];
+  cases.forEach((c, i) => {
+    try {
+      check(c, i);
+    } catch (e) {
+      failures.push((e as Error).message);
+    }
+  });
+  if (failures.length > 0) {
+    throw new Error(`${failures.length} of ${cases.length} cases failed:\n${failures.join("\n")}`);
+  }
+}

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { checkEach } from "./_test_util.ts";
 import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
 import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import { Rng } from "../tests/util/rng.ts";
@@ -140,34 +141,26 @@ Deno.test("matmul matches the float64 reference for every type and odd N, M", as
   device.queue.submit([enc.finish()]);
   const outs = await readAll(device, checks.map((k) => k.y));
   created.forEach((b) => b.destroy());
-  const failures: string[] = [];
-  for (const [i, { s, c, ref, mag, yWords }] of checks.entries()) {
+  checkEach(checks, ({ s, c, ref, mag, yWords }, i) => {
     const what = `matmul ${s.type} ne=[${s.k}, ${s.n}] M=${s.m} ${JSON.stringify(c)}`;
-    try {
-      const buf = outs[i]!;
-      const f = new Float32Array(buf);
-      const got = new Float32Array(s.n * s.m);
-      const yStride = s.yStride ?? s.n;
-      const yOff = s.yOffset ?? 0;
-      for (let m = 0; m < s.m; m++) {
-        got.set(f.subarray(yOff + m * yStride, yOff + m * yStride + s.n), m * s.n);
-        const gap = m + 1 < s.m ? yStride - s.n : 0;
-        assertPoisoned(
-          new Uint32Array(buf, 4 * (yOff + m * yStride + s.n), gap),
-          POISON_F32,
-          `${what} gap ${m}`,
-        );
-      }
-      assertDotClose(got, ref, mag, { what, seed: rng.seed });
-      assertPoisoned(new Uint32Array(buf, 4 * yWords, GUARD_WORDS), POISON_F32, `${what} (seed ${rng.seed})`);
-      assertPoisoned(new Uint32Array(buf, 0, yOff), POISON_F32, `${what} head (seed ${rng.seed})`);
-    } catch (e) {
-      failures.push((e as Error).message);
+    const buf = outs[i]!;
+    const f = new Float32Array(buf);
+    const got = new Float32Array(s.n * s.m);
+    const yStride = s.yStride ?? s.n;
+    const yOff = s.yOffset ?? 0;
+    for (let m = 0; m < s.m; m++) {
+      got.set(f.subarray(yOff + m * yStride, yOff + m * yStride + s.n), m * s.n);
+      const gap = m + 1 < s.m ? yStride - s.n : 0;
+      assertPoisoned(
+        new Uint32Array(buf, 4 * (yOff + m * yStride + s.n), gap),
+        POISON_F32,
+        `${what} gap ${m}`,
+      );
     }
-  }
-  if (failures.length > 0) {
-    throw new Error(`${failures.length} of ${checks.length} cases failed:\n${failures.join("\n")}`);
-  }
+    assertDotClose(got, ref, mag, { what, seed: rng.seed });
+    assertPoisoned(new Uint32Array(buf, 4 * yWords, GUARD_WORDS), POISON_F32, `${what} (seed ${rng.seed})`);
+    assertPoisoned(new Uint32Array(buf, 0, yOff), POISON_F32, `${what} head (seed ${rng.seed})`);
+  });
 });
 
 Deno.test("matmul shape check throws before encoding", () => {

@@ -16,6 +16,7 @@ import {
   prepareMatvec,
 } from "./matvec.ts";
 import assert from "node:assert/strict";
+import { checkEach } from "./_test_util.ts";
 
 interface Case {
   shape: MatvecShape;
@@ -121,18 +122,8 @@ Deno.test("matvec matches the float64 reference for every type, batch 1..8 and o
   pass.end();
   device.queue.submit([enc.finish()]);
   const outs = await readAll(device, checks.map((k) => k.y));
-  const failures: string[] = [];
-  for (const [i, { c, ref, mag, yWords }] of checks.entries()) {
-    try {
-      checkCase(i, c, ref, mag, yWords);
-    } catch (e) {
-      failures.push((e as Error).message);
-    }
-  }
   created.forEach((b) => b.destroy());
-  if (failures.length > 0) {
-    throw new Error(`${failures.length} of ${checks.length} cases failed:\n${failures.join("\n")}`);
-  }
+  checkEach(checks, ({ c, ref, mag, yWords }, i) => checkCase(i, c, ref, mag, yWords));
 
   function checkCase(i: number, c: Case, ref: Float64Array, mag: Float64Array, yWords: number): void {
     const s = c.shape;

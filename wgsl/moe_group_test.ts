@@ -6,7 +6,7 @@ import { assertPoisoned } from "../tests/util/close.ts";
 import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { randomWeights } from "./_quant_testing.ts";
 import { moeReference } from "./_moe_testing.ts";
-import { assertCloseEach } from "./_test_util.ts";
+import { assertCloseEach, checkEach } from "./_test_util.ts";
 import { QUANT_TYPES } from "./_quant.ts";
 import {
   checkGroupedMatmul,
@@ -151,51 +151,43 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
   pass.end();
   device.queue.submit([enc.finish()]);
   const got = await readAll(device, outs);
-  const failures: string[] = [];
-  for (const [i, c] of cases.entries()) {
+  checkEach(cases, (c, i) => {
     const gateUp = c.shape.upOffsetBytes !== undefined;
     const what = `grouped ${c.shape.type} ${gateUp ? "gate·up" : "down"} k=${c.shape.k} n=${c.shape.n} ` +
       `experts=${c.group.nExpert} used=${c.used} tokens=${c.group.nTokens} shared=${c.group.shared}`;
-    try {
-      const words = new Uint32Array(got[2 * i]!);
-      const { counts, lists } = refGroups(c);
-      const nGroups = counts.length;
-      assert.deepEqual([...words.subarray(0, nGroups)], counts, `${what}: counts`);
-      lists.forEach((l, e) => {
-        const at = nGroups + e * c.group.nTokens;
-        assert.deepEqual([...words.subarray(at, at + l.length)], l, `${what}: group ${e}`);
-      });
-      const { ref, tol } = moeReference({
-        shape: {
-          type: c.shape.type,
-          k: c.shape.k,
-          n: c.shape.n,
-          nExpert: c.group.nExpert,
-          nCols: c.shape.nRouted,
-          xDiv: c.shape.xDiv,
-          offGateBytes: c.shape.wOffsetBytes,
-          offUpBytes: c.shape.upOffsetBytes,
-          gateUp,
-          sharedCols: c.shape.shared ? c.shape.cap : 0,
-        },
-        ids: c.ids,
-        w: c.w,
-        x: c.x,
-      });
-      const y = new Float32Array(got[2 * i + 1]!, 0, ref.length);
-      assertCloseEach(y, ref, tol, { atol: 0, rtol: 0 }, { what, seed: rng.seed });
-      assertPoisoned(
-        new Uint32Array(got[2 * i + 1]!, 4 * ref.length, GUARD_WORDS),
-        POISON_F32,
-        `${what} guard`,
-      );
-    } catch (e) {
-      failures.push((e as Error).message);
-    }
-  }
-  if (failures.length > 0) {
-    throw new Error(`${failures.length} of ${cases.length} cases failed:\n${failures.join("\n")}`);
-  }
+    const words = new Uint32Array(got[2 * i]!);
+    const { counts, lists } = refGroups(c);
+    const nGroups = counts.length;
+    assert.deepEqual([...words.subarray(0, nGroups)], counts, `${what}: counts`);
+    lists.forEach((l, e) => {
+      const at = nGroups + e * c.group.nTokens;
+      assert.deepEqual([...words.subarray(at, at + l.length)], l, `${what}: group ${e}`);
+    });
+    const { ref, tol } = moeReference({
+      shape: {
+        type: c.shape.type,
+        k: c.shape.k,
+        n: c.shape.n,
+        nExpert: c.group.nExpert,
+        nCols: c.shape.nRouted,
+        xDiv: c.shape.xDiv,
+        offGateBytes: c.shape.wOffsetBytes,
+        offUpBytes: c.shape.upOffsetBytes,
+        gateUp,
+        sharedCols: c.shape.shared ? c.shape.cap : 0,
+      },
+      ids: c.ids,
+      w: c.w,
+      x: c.x,
+    });
+    const y = new Float32Array(got[2 * i + 1]!, 0, ref.length);
+    assertCloseEach(y, ref, tol, { atol: 0, rtol: 0 }, { what, seed: rng.seed });
+    assertPoisoned(
+      new Uint32Array(got[2 * i + 1]!, 4 * ref.length, GUARD_WORDS),
+      POISON_F32,
+      `${what} guard`,
+    );
+  });
 });
 
 Deno.test("grouped matmul and moe_group checks throw before encoding", () => {

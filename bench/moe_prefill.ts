@@ -1,0 +1,214 @@
+/**
+ * Benchmark: the expert passes of one MoE layer over a prefill chunk at 35B-A3B shapes (full-size IQ4_XS expert
+ * tensors, 8 of 256 experts per token plus the shared one), per-column `moe_matvec` (the default) beside the
+ * grouped path (`moe_group`, then `matmul` GROUPED for gate·up and for down: StageOptions.groupedExperts), in
+ * the same run. Routing is uniform at random over the experts, each token's 8 distinct.
+ *
+ * Usage: `deno run -A bench/moe_prefill.ts [--tokens 256,1024] [--quick]` (`--quick`: 16 experts and 32
+ * tokens, for lavapipe). One JSON line per measurement (µs per pass and per layer), never asserts. No npm
+ * imports.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { PassTimer } from "./_pass_timer.ts";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { rowBytes } from "../engine/quant/types.ts";
+import {
+  checkMoeMatvec,
+  MOE_MATVEC,
+  MOE_MATVEC_BINDINGS,
+  moeMatvecConstants,
+  moeMatvecGrid,
+  moeMatvecParams,
+  type MoeMatvecShape,
+} from "../wgsl/moe_matvec.ts";
+import {
+  encodeMatmul,
+  groupedMatmulParams,
+  type GroupedMatmulShape,
+  MATMUL_PARAMS_BYTES,
+  type MatmulOp,
+  prepareGroupedMatmul,
+} from "../wgsl/matmul.ts";
+import {
+  checkMoeGroup,
+  MOE_GROUP,
+  moeGroupGrid,
+  moeGroupParams,
+  type MoeGroupShape,
+  moeGroupWords,
+} from "../wgsl/moe_group.ts";
+
+const { values: args } = parseArgs({
+  options: { tokens: { type: "string" }, quick: { type: "boolean", default: false } },
+});
+const QUICK = args.quick ?? false;
+const N_EXPERT = QUICK ? 16 : 256;
+const USED = 8;
+const EMBD = 2048;
+const FF = 512;
+const TOKENS = (args.tokens ?? (QUICK ? "32" : "256,1024")).split(",").map(Number);
+const REPS = QUICK ? 1 : 8;
+
+const gpu = await acquireGpu();
+const { device } = gpu;
+const cache = new PipelineCache(device, { f16: gpu.f16 });
+const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
+const timer = new PassTimer(device, gpu.timestamps);
+
+function randomBuffer(bytes: number, f32 = false): GPUBuffer {
+  const buf = device.createBuffer({ size: bytes, usage: STORAGE });
+  const chunk = new Uint8Array(Math.min(bytes, 16 << 20));
+  if (f32) new Float32Array(chunk.buffer).forEach((_, i, a) => a[i] = Math.random() - 0.5);
+  else for (let o = 0; o < chunk.length; o += 65536) crypto.getRandomValues(chunk.subarray(o, o + 65536));
+  for (let o = 0; o < bytes; o += chunk.length) {
+    device.queue.writeBuffer(buf, o, chunk, 0, Math.min(chunk.length, bytes - o));
+  }
+  return buf;
+}
+
+// Gate and up (the routed experts, then the shared one at index N_EXPERT) back to back; down likewise.
+const guRow = rowBytes("IQ4_XS", EMBD);
+const dnRow = rowBytes("IQ4_XS", FF);
+const gateBytes = guRow * FF * (N_EXPERT + 1);
+const gateUp = randomBuffer(2 * gateBytes);
+const down = randomBuffer(dnRow * EMBD * (N_EXPERT + 1));
+
+console.log(
+  JSON.stringify({ bench: "moe_prefill", event: "start", adapter: gpu.summary, experts: N_EXPERT }),
+);
+for (const T of TOKENS) {
+  const nRouted = USED * T;
+  const cols = nRouted + T;
+  const ids = new Uint32Array(nRouted);
+  for (let t = 0; t < T; t++) {
+    const set = new Set<number>();
+    while (set.size < USED) set.add(Math.floor(Math.random() * N_EXPERT));
+    ids.set([...set], t * USED);
+  }
+  const idsBuf = device.createBuffer({ size: 4 * nRouted, usage: STORAGE });
+  device.queue.writeBuffer(idsBuf, 0, ids);
+  const x = randomBuffer(4 * EMBD * T, true);
+  const act = randomBuffer(4 * FF * cols, true);
+  const out = device.createBuffer({ size: 4 * EMBD * cols, usage: STORAGE });
+  const scratch = device.createBuffer({ size: 256, usage: STORAGE });
+
+  // Per-column moe_matvec with the prefill constants, as the stage runs it.
+  const perColumn = async (shape: MoeMatvecShape, weights: GPUBuffer, xb: GPUBuffer, y: GPUBuffer) => {
+    const params = device.createBuffer({ size: 64, usage: STORAGE });
+    device.queue.writeBuffer(params, 0, moeMatvecParams(shape));
+    const c = moeMatvecConstants(shape, undefined, undefined, true);
+    const b = { params, ids: idsBuf, weights, x: xb, y, logits: xb, routeWeights: scratch };
+    checkMoeMatvec(shape, c, b);
+    const pipeline = await cache.get(MOE_MATVEC, c);
+    const group = bindGroup(device, pipeline, MOE_MATVEC_BINDINGS.map((n) => b[n]));
+    const grid = moeMatvecGrid(shape, c);
+    return (pass: GPUComputePassEncoder) => {
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, group);
+      pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
+    };
+  };
+  const common = {
+    type: "IQ4_XS" as const,
+    nExpert: N_EXPERT,
+    nCols: nRouted,
+    sharedCols: T,
+    offGateBytes: 0,
+  };
+  const guCol = await perColumn(
+    { ...common, k: EMBD, n: FF, xDiv: USED, offUpBytes: gateBytes, gateUp: true },
+    gateUp,
+    x,
+    act,
+  );
+  const dnCol = await perColumn({ ...common, k: FF, n: EMBD, xDiv: 1, gateUp: false }, down, act, out);
+
+  // Grouped: moe_group, then the two grouped matmuls.
+  const gShape: MoeGroupShape = { nRouted, nTokens: T, nExpert: N_EXPERT, shared: true };
+  const groups = device.createBuffer({ size: 4 * moeGroupWords(gShape), usage: STORAGE });
+  const gParams = device.createBuffer({ size: 32, usage: STORAGE });
+  device.queue.writeBuffer(gParams, 0, moeGroupParams(gShape));
+  checkMoeGroup(gShape, { params: gParams, ids: idsBuf, groups });
+  const groupPipeline = await cache.get(MOE_GROUP, {});
+  const groupBind = bindGroup(device, groupPipeline, [gParams, idsBuf, groups]);
+  const grouped = async (shape: GroupedMatmulShape, weights: GPUBuffer, xb: GPUBuffer, y: GPUBuffer) => {
+    const params = device.createBuffer({
+      size: MATMUL_PARAMS_BYTES,
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    });
+    device.queue.writeBuffer(params, 0, groupedMatmulParams(shape));
+    return await prepareGroupedMatmul(cache, {
+      device,
+      shape,
+      bindings: { params, weights, x: xb, y, groups },
+    });
+  };
+  const gcommon = {
+    type: "IQ4_XS" as const,
+    nGroups: N_EXPERT + 1,
+    shared: true,
+    cap: T,
+    nRouted,
+    wOffsetBytes: 0,
+  };
+  const guOp: MatmulOp = await grouped(
+    {
+      ...gcommon,
+      k: EMBD,
+      n: FF,
+      xDiv: USED,
+      sharedX0: 0,
+      upOffsetBytes: gateBytes,
+      expertBytes: guRow * FF,
+      xStride: EMBD,
+      yStride: FF,
+    },
+    gateUp,
+    x,
+    act,
+  );
+  const dnOp: MatmulOp = await grouped(
+    {
+      ...gcommon,
+      k: FF,
+      n: EMBD,
+      xDiv: 1,
+      sharedX0: nRouted,
+      expertBytes: dnRow * EMBD,
+      xStride: FF,
+      yStride: EMBD,
+    },
+    down,
+    act,
+    out,
+  );
+  const group = (pass: GPUComputePassEncoder) => {
+    pass.setPipeline(groupPipeline);
+    pass.setBindGroup(0, groupBind);
+    pass.dispatchWorkgroups(...moeGroupGrid(gShape));
+  };
+
+  const us = async (encode: (pass: GPUComputePassEncoder) => void) =>
+    1e6 * await timer.perRep((pass) => encode(pass), REPS, { timed: QUICK ? 1 : 3 });
+  const r = {
+    perColumnGateUp: await us(guCol),
+    perColumnDown: await us(dnCol),
+    group: await us(group),
+    groupedGateUp: await us((p) => encodeMatmul(p, guOp)),
+    groupedDown: await us((p) => encodeMatmul(p, dnOp)),
+  };
+  const columnSum = r.perColumnGateUp + r.perColumnDown;
+  const groupedSum = r.group + r.groupedGateUp + r.groupedDown;
+  console.log(JSON.stringify({
+    bench: "moe_prefill",
+    tokens: T,
+    experts: N_EXPERT,
+    us: r,
+    perColumnUs: columnSum,
+    groupedUs: groupedSum,
+    speedup: columnSum / groupedSum,
+  }));
+  for (const b of [idsBuf, x, act, out, scratch, groups, gParams]) b.destroy();
+}

@@ -11,6 +11,7 @@
  */
 import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
+import { randomBuffer } from "./_buffers.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
 import { rowBytes } from "../engine/quant/types.ts";
@@ -47,21 +48,11 @@ const { device } = gpu;
 const cache = new PipelineCache(device, { f16: gpu.f16 });
 const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 
-function randomBuffer(bytes: number): GPUBuffer {
-  const buf = device.createBuffer({ size: bytes, usage: STORAGE });
-  const chunk = new Uint8Array(Math.min(bytes, 16 << 20));
-  for (let o = 0; o < chunk.length; o += 65536) crypto.getRandomValues(chunk.subarray(o, o + 65536));
-  for (let o = 0; o < bytes; o += chunk.length) {
-    device.queue.writeBuffer(buf, o, chunk, 0, Math.min(chunk.length, bytes - o));
-  }
-  return buf;
-}
-
 // Gate and up (routed experts, then the shared one at index N_EXPERT) back to back; down likewise.
 const guRow = rowBytes("IQ4_XS", EMBD);
 const gateBytes = guRow * FF * (N_EXPERT + 1);
-const gateUp = randomBuffer(2 * gateBytes);
-const down = randomBuffer(rowBytes("IQ4_XS", FF) * EMBD * (N_EXPERT + 1));
+const gateUp = randomBuffer(device, 2 * gateBytes);
+const down = randomBuffer(device, rowBytes("IQ4_XS", FF) * EMBD * (N_EXPERT + 1));
 const ids = device.createBuffer({ size: 256 * SETS, usage: STORAGE });
 for (let s = 0; s < SETS; s++) {
   const set = new Set<number>();

@@ -11,6 +11,7 @@
  */
 import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
+import { randomBuffer } from "./_buffers.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
 import { rowBytes } from "../engine/quant/types.ts";
@@ -57,23 +58,12 @@ const cache = new PipelineCache(device, { f16: gpu.f16 });
 const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 const timer = new PassTimer(device, gpu.timestamps);
 
-function randomBuffer(bytes: number, f32 = false): GPUBuffer {
-  const buf = device.createBuffer({ size: bytes, usage: STORAGE });
-  const chunk = new Uint8Array(Math.min(bytes, 16 << 20));
-  if (f32) new Float32Array(chunk.buffer).forEach((_, i, a) => a[i] = Math.random() - 0.5);
-  else for (let o = 0; o < chunk.length; o += 65536) crypto.getRandomValues(chunk.subarray(o, o + 65536));
-  for (let o = 0; o < bytes; o += chunk.length) {
-    device.queue.writeBuffer(buf, o, chunk, 0, Math.min(chunk.length, bytes - o));
-  }
-  return buf;
-}
-
 // Gate and up (the routed experts, then the shared one at index N_EXPERT) back to back; down likewise.
 const guRow = rowBytes("IQ4_XS", EMBD);
 const dnRow = rowBytes("IQ4_XS", FF);
 const gateBytes = guRow * FF * (N_EXPERT + 1);
-const gateUp = randomBuffer(2 * gateBytes);
-const down = randomBuffer(dnRow * EMBD * (N_EXPERT + 1));
+const gateUp = randomBuffer(device, 2 * gateBytes);
+const down = randomBuffer(device, dnRow * EMBD * (N_EXPERT + 1));
 
 console.log(
   JSON.stringify({ bench: "moe_prefill", event: "start", adapter: gpu.summary, experts: N_EXPERT }),
@@ -89,8 +79,8 @@ for (const T of TOKENS) {
   }
   const idsBuf = device.createBuffer({ size: 4 * nRouted, usage: STORAGE });
   device.queue.writeBuffer(idsBuf, 0, ids);
-  const x = randomBuffer(4 * EMBD * T, true);
-  const act = randomBuffer(4 * FF * cols, true);
+  const x = randomBuffer(device, 4 * EMBD * T, { f32: true });
+  const act = randomBuffer(device, 4 * FF * cols, { f32: true });
   const out = device.createBuffer({ size: 4 * EMBD * cols, usage: STORAGE });
   const scratch = device.createBuffer({ size: 256, usage: STORAGE });
 

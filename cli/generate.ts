@@ -12,6 +12,7 @@ import {
   KEYS,
   openGguf,
   planModel,
+  renderPrompt,
   samplingParams,
   Stage,
   StopMatcher,
@@ -112,14 +113,15 @@ export const command: Command = {
       ids = values.tokens.split(",").map((s) => int("tokens", s.trim(), 0));
     } else {
       if (!tok) throw new RangeError(`${path} has no tokenizer: pass --tokens instead of --prompt`);
-      const text = values.chat
-        ? ChatTemplate.fromGguf(file.metadata).render({
+      // --chat: the prompt is a user message, so a control-token spelling in it stays text (renderPrompt);
+      // without --chat it is raw prompt text, control tokens included.
+      ids = values.chat
+        ? renderPrompt(ChatTemplate.fromGguf(file.metadata), tok, {
           messages: [{ role: "user", content: values.prompt! }],
           addGenerationPrompt: true,
           enableThinking: !values["no-think"],
-        })
-        : values.prompt!;
-      ids = tok.encode(text, { parseSpecial: true });
+        }).ids
+        : tok.encode(values.prompt!, { parseSpecial: true });
     }
     if (values.chat && values.tokens !== undefined) {
       throw new RangeError("--chat needs --prompt, not --tokens");

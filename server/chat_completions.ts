@@ -14,6 +14,7 @@ import {
   type ChatMessage,
   type ChatToolCall,
   opensThinking,
+  renderPrompt,
   type ToolSpec,
 } from "../engine/mod.ts";
 import {
@@ -265,13 +266,12 @@ export function chatCompletionsHandler(deps: ServerDeps): (c: Context<AppEnv>) =
     const body = await readJson(c.req.raw, deps.bodyLimitBytes);
     const req = parseChatCompletionsRequest(body);
     const nCtx = readyContext(deps.engine);
-    const text = deps.template.render({
+    const { text, ids: prompt } = renderPrompt(deps.template, deps.tokenizer, {
       messages: req.messages,
       tools: req.tools,
       addGenerationPrompt: true,
       enableThinking: req.enableThinking,
     });
-    const prompt = deps.tokenizer.encode(text, { parseSpecial: true });
     const field = body.max_completion_tokens !== undefined ? "max_completion_tokens" : "max_tokens";
     const maxTokens = checkLengths(prompt.length, req.maxTokens, nCtx, field);
     const model = deps.engine.status().model;

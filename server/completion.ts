@@ -1,6 +1,6 @@
 /**
- * `POST /completion`: llama.cpp-style raw completion. The prompt is text (tokenized with special tokens
- * parsed, no template) or token ids; the output is raw text (no thinking or tool-call parsing), with the ids
+ * `POST /completion`: llama.cpp-style raw completion. The prompt is text (no template; control-token
+ * spellings such as `<|im_start|>` become control tokens unless `parse_special` is false) or token ids; the output is raw text (no thinking or tool-call parsing), with the ids
  * when `return_tokens` is set. Streaming sends `data: {"content", "tokens", "stop": false}` frames and a final
  * `stop: true` frame with the counts; errors use the OpenAI error shape, as llama.cpp does.
  * @module
@@ -23,8 +23,10 @@ import { streamResponse } from "./sse.ts";
 
 /** A parsed `/completion` request. */
 export interface CompletionRequest {
-  /** Prompt text (tokenized with special tokens) or ids. */
+  /** Prompt text or ids. */
   prompt: string | number[];
+  /** Tokenize prompt text with control-token spellings as control tokens (default true, as llama.cpp). */
+  parseSpecial: boolean;
   /** Tokens to generate; undefined: until the context is full. */
   nPredict: number | undefined;
   /** Stop strings. */
@@ -72,6 +74,7 @@ export function parseCompletionRequest(body: Json, nVocab: number): CompletionRe
   const seed = optNumber(body, "seed", { min: -1, integer: true });
   return {
     prompt,
+    parseSpecial: optBool(body, "parse_special") ?? true,
     nPredict: n === undefined || n === -1 ? undefined : n,
     stops: optStops(body, "stop"),
     stream: optBool(body, "stream") ?? false,
@@ -130,7 +133,7 @@ export function completionHandler(deps: ServerDeps): (c: Context<AppEnv>) => Pro
     const req = parseCompletionRequest(body, deps.tokenizer.nVocab);
     const nCtx = readyContext(deps.engine);
     const prompt = typeof req.prompt === "string"
-      ? deps.tokenizer.encode(req.prompt, { parseSpecial: true })
+      ? deps.tokenizer.encode(req.prompt, { parseSpecial: req.parseSpecial })
       : req.prompt;
     const maxTokens = checkLengths(prompt.length, req.nPredict, nCtx, "n_predict");
     const model = deps.engine.status().model;

@@ -13,9 +13,12 @@ import type { Context } from "hono";
 import {
   type ChatEvent,
   type ChatMessage,
+  type ChatPrompt,
   type ChatTemplate,
   type ChatToolCall,
   opensThinking,
+  renderPrompt,
+  type Tokenizer,
   type ToolSpec,
 } from "../engine/mod.ts";
 import {
@@ -366,12 +369,16 @@ function usage(r: RunResult): Record<string, number> {
 }
 
 /**
- * Renders a request to prompt text. `thinking` switches a hybrid template's thinking mode (off unless
- * enabled, as in the Anthropic API). A final assistant message with text and no tool calls is a prefill:
- * the prompt ends right after its text, and the reply continues it.
+ * Renders a request to a prompt (client strings can spell no control token). `thinking` switches a hybrid
+ * template's thinking mode (off unless enabled, as in the Anthropic API). A final assistant message with
+ * text and no tool calls is a prefill: the prompt ends right after its text, and the reply continues it.
  * @throws {ChatTemplateError} when the template rejects the conversation
  */
-export function renderMessagesPrompt(template: ChatTemplate, req: MessagesRequest): string {
+export function renderMessagesPrompt(
+  template: ChatTemplate,
+  tokenizer: Tokenizer,
+  req: MessagesRequest,
+): ChatPrompt {
   const enableThinking = template.kind === "hybrid"
     ? req.thinking === "enabled" || req.thinking === "adaptive"
     : undefined;
@@ -379,17 +386,12 @@ export function renderMessagesPrompt(template: ChatTemplate, req: MessagesReques
   const prefill = last?.role === "assistant" && (last.toolCalls ?? []).length === 0
     ? (last.content ?? "").trimEnd()
     : "";
-  if (prefill !== "") {
-    const full = template.render({ messages: req.messages, tools: req.tools, enableThinking });
-    const at = full.lastIndexOf(prefill);
-    if (at >= 0) return full.slice(0, at + prefill.length);
-  }
-  return template.render({
+  return renderPrompt(template, tokenizer, {
     messages: req.messages,
     tools: req.tools,
     addGenerationPrompt: true,
     enableThinking,
-  });
+  }, { prefill });
 }
 
 /** The `POST /v1/messages/count_tokens` handler: `{"input_tokens": n}` for a Messages request. */
@@ -398,8 +400,7 @@ export function countTokensHandler(deps: ServerDeps): (c: Context<AppEnv>) => Pr
     const body = await readJson(c.req.raw, deps.bodyLimitBytes);
     // count_tokens takes no max_tokens; the parser's other checks apply unchanged.
     const req = parseMessagesRequest({ ...body, max_tokens: 1 });
-    const text = renderMessagesPrompt(deps.template, req);
-    return c.json({ input_tokens: deps.tokenizer.encode(text, { parseSpecial: true }).length });
+    return c.json({ input_tokens: renderMessagesPrompt(deps.template, deps.tokenizer, req).ids.length });
   };
 }
 
@@ -410,8 +411,7 @@ export function messagesHandler(deps: ServerDeps): (c: Context<AppEnv>) => Promi
     const body = await readJson(c.req.raw, deps.bodyLimitBytes);
     const req = parseMessagesRequest(body);
     const nCtx = readyContext(deps.engine);
-    const text = renderMessagesPrompt(deps.template, req);
-    const prompt = deps.tokenizer.encode(text, { parseSpecial: true });
+    const { text, ids: prompt } = renderMessagesPrompt(deps.template, deps.tokenizer, req);
     const maxTokens = checkLengths(prompt.length, req.maxTokens, nCtx, "max_tokens");
     const model = deps.engine.status().model;
     const id = newId("msg_");

@@ -17,6 +17,7 @@
  */
 export {
   type DecodeOptions,
+  DEFUSE_MARK,
   type EncodeOptions,
   IncrementalDecoder,
   PRE_TOKENIZERS,
@@ -43,6 +44,7 @@ export {
   renderChat,
   type ToolSpec,
 } from "./template.ts";
+export { type ChatPrompt, defuseRequest, renderPrompt, type RenderPromptOptions } from "./prompt.ts";
 export {
   type ChatEvent,
   type ChatOutput,

@@ -147,6 +147,8 @@ export class Tokenizer {
   /** Matches USER_DEFINED texts; with `All`, also CONTROL and UNKNOWN texts. Undefined when none exist. */
   readonly #specialUser: RegExp | undefined;
   readonly #specialAll: RegExp | undefined;
+  /** Matches CONTROL and UNKNOWN texts only (what {@linkcode defuse} marks). */
+  readonly #specialControl: RegExp | undefined;
   readonly #specialIds = new Map<string, number>();
 
   /** Use {@linkcode Tokenizer.fromGguf} or {@linkcode Tokenizer.fromVocab}. */
@@ -224,6 +226,7 @@ export class Tokenizer {
 
     const user: string[] = [];
     const all: string[] = [];
+    const control: string[] = [];
     for (let i = 0; i < n; i++) {
       const t = this.#types[i]!;
       if (t !== TOKEN_TYPE.userDefined && t !== TOKEN_TYPE.control && t !== TOKEN_TYPE.unknown) continue;
@@ -232,9 +235,11 @@ export class Tokenizer {
       this.#specialIds.set(text, i);
       all.push(text);
       if (t === TOKEN_TYPE.userDefined) user.push(text);
+      else control.push(text);
     }
     this.#specialUser = alternation(user);
     this.#specialAll = alternation(all);
+    this.#specialControl = alternation(control);
   }
 
   /**
@@ -316,6 +321,69 @@ export class Tokenizer {
       last = m.index + m[0].length;
     }
     if (last < text.length) this.#encodeFragment(last === 0 ? text : text.slice(last), out);
+    return out;
+  }
+
+  /**
+   * `text` with every CONTROL or UNKNOWN token spelling in it broken by {@linkcode DEFUSE_MARK} (and any mark
+   * already in it doubled), so that after it passes through a chat template {@linkcode encodeDefused} encodes
+   * it as plain text while the template's own markup still becomes control tokens. Use it on every string a
+   * client controls (message contents, tool results, tool arguments, tool descriptions) before rendering.
+   * @example
+   * ```ts
+   * tok.encodeDefused(`<|im_start|>user\n${tok.defuse("hi<|im_end|>")}<|im_end|>`);
+   * // [<|im_start|>, ...plain ids of "user\nhi<|im_end|>", <|im_end|>]
+   * ```
+   */
+  defuse(text: string): string {
+    const re = this.#specialControl;
+    if (re === undefined && !text.includes(DEFUSE_MARK)) return text;
+    const escaped = text.replaceAll(DEFUSE_MARK, DEFUSE_MARK + DEFUSE_MARK);
+    if (re === undefined) return escaped;
+    // After the first code point, so a spelling that starts with a surrogate pair stays well formed. Repeated
+    // until nothing matches: a spelling that is a suffix of another one survives the first pass.
+    const mark = (m: string) => {
+      const first = String.fromCodePoint(m.codePointAt(0)!).length;
+      return m.slice(0, first) + DEFUSE_MARK + m.slice(first);
+    };
+    let out = escaped;
+    for (let again = true; again;) {
+      const next = out.replace(re, mark);
+      again = next !== out;
+      out = next;
+    }
+    return out;
+  }
+
+  /**
+   * The inverse of {@linkcode defuse} on any text built from defused strings and unmarked template text:
+   * a doubled mark becomes one mark, a single mark disappears.
+   */
+  undefuse(text: string): string {
+    if (!text.includes(DEFUSE_MARK)) return text;
+    return text.replace(DEFUSE_MARKS, (m) => m.length === 2 ? DEFUSE_MARK : "");
+  }
+
+  /**
+   * Token ids of a prompt rendered from {@linkcode defuse}d client strings: CONTROL tokens only where their
+   * spelling is unmarked (the template's own markup), everything else as {@linkcode encode} without special
+   * parsing would give for the {@linkcode undefuse}d text, fragment by fragment between the control tokens.
+   */
+  encodeDefused(text: string): number[] {
+    const re = this.#specialAll;
+    if (re === undefined) return this.encode(this.undefuse(text));
+    const out: number[] = [];
+    let last = 0;
+    const plain = (end: number) => {
+      if (end > last) out.push(...this.encode(this.undefuse(text.slice(last, end))));
+    };
+    re.lastIndex = 0;
+    for (let m = re.exec(text); m !== null; m = re.exec(text)) {
+      plain(m.index);
+      out.push(this.#specialIds.get(m[0])!);
+      last = m.index + m[0].length;
+    }
+    plain(text.length);
     return out;
   }
 
@@ -439,6 +507,14 @@ export class Tokenizer {
 }
 
 const EMPTY = new Uint8Array(0);
+
+/**
+ * The character {@linkcode Tokenizer.defuse} puts inside control-token spellings of client text: U+FDD0, a
+ * Unicode noncharacter (reserved for internal use, never in a chat template's own text).
+ */
+export const DEFUSE_MARK = "\uFDD0";
+/** One mark or a doubled one, read left to right. */
+const DEFUSE_MARKS = /\uFDD0\uFDD0?/g;
 
 /** A regex matching any of `texts`, longest first at each position (undefined when `texts` is empty). */
 function alternation(texts: string[]): RegExp | undefined {

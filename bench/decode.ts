@@ -15,7 +15,7 @@
  */
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "../wgsl/kernel.ts";
 import { openGguf } from "../engine/gguf.ts";
 import { parseTensorName } from "../engine/names.ts";
 import { type Op, Stage } from "../engine/stage.ts";

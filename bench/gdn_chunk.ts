@@ -13,7 +13,7 @@
 import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
-import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "../wgsl/kernel.ts";
 import { gdnChunkDispatches, gdnChunkScratchBytes, prepareGdnChunk } from "../wgsl/gdn_chunk.ts";
 import {
   GDN_STEP,

@@ -25,7 +25,7 @@
 import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "../wgsl/kernel.ts";
 import { dequantize, randomBlocks } from "../engine/quant/mod.ts";
 import {
   encodeStreamRead,

@@ -13,7 +13,7 @@ import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
 import { randomBuffer } from "./_buffers.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
-import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "../wgsl/kernel.ts";
 import { rowBytes } from "../engine/quant/types.ts";
 import {
   checkMoeMatvec,

@@ -19,7 +19,7 @@ import {
   Tokenizer,
 } from "../engine/mod.ts";
 import { createApp, DEFAULT_BODY_LIMIT_BYTES } from "../server/app.ts";
-import type { Engine } from "../server/engine_api.ts";
+import type { Engine } from "../engine/mod.ts";
 
 const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --model F         GGUF (first part of a split set); default: a tiny synthetic qwen35moe

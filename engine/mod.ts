@@ -20,7 +20,7 @@ export {
   type KernelSpec,
   PipelineCache,
   variantKey,
-} from "./gpu/kernel.ts";
+} from "../wgsl/kernel.ts";
 export { assert, GgufError, type GgufErrorCode, GpuError } from "./errors.ts";
 export {
   GGML_TYPES,
@@ -85,4 +85,4 @@ export {
   QueueFullError,
   type SamplingSettings,
   startEngine,
-} from "./service.ts";
+} from "./serve/service.ts";

@@ -16,7 +16,7 @@
  * @module
  */
 import type { Gpu } from "./gpu/device.ts";
-import { bindGroup, type Binding, type ConstValues, type KernelSpec, PipelineCache } from "./gpu/kernel.ts";
+import { bindGroup, type Binding, type ConstValues, type KernelSpec, PipelineCache } from "../wgsl/kernel.ts";
 import { type GpuTensor, PACK_ALIGN_BYTES, type UploadProgress, uploadTensors } from "./gpu/weights.ts";
 import { SlotStates, type StateSpec } from "./state.ts";
 import type { GgufFile } from "./gguf.ts";

@@ -14,7 +14,7 @@ import {
   StopMatcher,
   type Tokenizer,
 } from "../engine/mod.ts";
-import type { Engine, SamplingSettings } from "./engine_api.ts";
+import type { Engine, SamplingSettings } from "../engine/mod.ts";
 import { ApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
 

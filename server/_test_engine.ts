@@ -9,10 +9,10 @@ import { ChatTemplate, QWEN3_TEMPLATE, TOKEN_TYPE, Tokenizer } from "../engine/m
 import {
   type Engine,
   type EngineStatus,
-  type GenerateRequest,
-  type GenerateResult,
+  type EngineGenerateRequest as GenerateRequest,
+  type EngineGenerateResult as GenerateResult,
   QueueFullError,
-} from "./engine_api.ts";
+} from "../engine/mod.ts";
 import { createApp } from "./app.ts";
 
 const SPECIALS = [

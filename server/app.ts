@@ -17,7 +17,7 @@ import type { AppEnv, ServerDeps } from "./_generate.ts";
 import { auth } from "./auth.ts";
 import { chatCompletionsHandler } from "./chat_completions.ts";
 import { completionHandler } from "./completion.ts";
-import type { Engine } from "./engine_api.ts";
+import type { Engine } from "../engine/mod.ts";
 import { ApiError, dialectOf, errorResponse } from "./errors.ts";
 import { healthHandler } from "./health.ts";
 import { countTokensHandler, messagesHandler } from "./messages.ts";

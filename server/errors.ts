@@ -5,7 +5,7 @@
  * @module
  */
 import { ChatTemplateError } from "../engine/mod.ts";
-import { QueueFullError } from "./engine_api.ts";
+import { QueueFullError } from "../engine/mod.ts";
 
 /** The error shapes the head speaks: Anthropic Messages, or OpenAI (also used by llama.cpp `/completion`). */
 export type Dialect = "anthropic" | "openai";

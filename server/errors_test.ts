@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { ChatTemplateError } from "../engine/mod.ts";
-import { QueueFullError } from "./engine_api.ts";
+import { QueueFullError } from "../engine/mod.ts";
 import { API_ERRORS, ApiError, dialectOf, errorResponse, toApiError } from "./errors.ts";
 
 Deno.test("errors: table rows map each kind to its status and both dialects' types", async () => {

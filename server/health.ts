@@ -5,7 +5,7 @@
  * @module
  */
 import type { Context } from "hono";
-import type { EngineStatus } from "./engine_api.ts";
+import type { EngineStatus } from "../engine/mod.ts";
 
 /** The `GET /health` handler. */
 export function healthHandler(status: () => EngineStatus): (c: Context) => Response {

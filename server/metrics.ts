@@ -5,7 +5,7 @@
  * @module
  */
 import type { Context } from "hono";
-import type { EngineStatus } from "./engine_api.ts";
+import type { EngineStatus } from "../engine/mod.ts";
 
 /** Upper bounds (seconds) of the time-to-first-token histogram buckets. */
 export const TTFT_BUCKETS_S: readonly number[] = [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];

@@ -30,4 +30,12 @@ export {
 } from "./errors.ts";
 export { type GenerationSample, Metrics, TTFT_BUCKETS_S } from "./metrics.ts";
 export { SseStream, streamResponse } from "./sse.ts";
-export * from "./engine_api.ts";
+export {
+  type Engine,
+  type EngineGenerateRequest as GenerateRequest,
+  type EngineGenerateResult as GenerateResult,
+  type EngineStatus,
+  type FinishReason,
+  QueueFullError,
+  type SamplingSettings,
+} from "../engine/mod.ts";

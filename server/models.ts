@@ -5,7 +5,7 @@
  * @module
  */
 import type { Context } from "hono";
-import type { EngineStatus } from "./engine_api.ts";
+import type { EngineStatus } from "../engine/mod.ts";
 
 /** The `GET /v1/models` handler; `startedAt` is reported as the model's creation time. */
 export function modelsHandler(status: () => EngineStatus, startedAt: Date): (c: Context) => Response {

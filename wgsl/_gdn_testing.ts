@@ -3,7 +3,7 @@
  * float64 reference of a whole layer's core from the in-projection outputs to ô.
  * @module
  */
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "./kernel.ts";
 import { GUARD_WORDS, POISON_F32, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import type { Rng } from "../tests/util/rng.ts";
 import {

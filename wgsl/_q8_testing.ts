@@ -3,7 +3,7 @@
  * rounding every other int8 rounding in the engine must equal bit for bit.
  * @module
  */
-import type { PipelineCache } from "../engine/gpu/kernel.ts";
+import type { PipelineCache } from "./kernel.ts";
 import type { GgmlTypeName } from "../engine/quant/types.ts";
 import { GUARD_WORDS, poisoned, readAll, upload } from "../tests/util/gpu.ts";
 import { encodeQ8, prepareQuantizeQ8, q8xBytes, quantizeQ8Params } from "./matvec_q8.ts";

@@ -4,7 +4,7 @@
  * binding and sizes named instead of reading or writing out of bounds on the GPU.
  * @module
  */
-import type { Binding } from "../engine/gpu/kernel.ts";
+import type { Binding } from "./kernel.ts";
 
 /** Bytes a binding exposes to the shader. */
 export function bindingBytes(b: Binding): number {

@@ -4,7 +4,7 @@
  * into the next step's token buffer and a slot of the output ring.
  * @module
  */
-import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "./kernel.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /**

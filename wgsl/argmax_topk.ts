@@ -4,7 +4,7 @@
  * merge of their `N_BLOCK * K` candidates.
  * @module
  */
-import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "./kernel.ts";
 import {
   checkBinding,
   checkInt,

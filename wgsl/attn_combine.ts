@@ -3,7 +3,7 @@
  * gate (spec §7 steps 6-7) for one query token.
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
 import { checkBinding, checkInt, checkShape, isPow2 } from "./_twin.ts";
 
 /** Constants of `attn_combine.wgsl`: query heads, headDim, split count (as in attn_decode), workgroup size. */

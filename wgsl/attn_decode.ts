@@ -4,7 +4,7 @@
  * whatever the position, so a decode step can be pre-encoded.
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
 import { ATTN_PARAMS_WORDS, kvCacheWords } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "./kernel.ts";
 import { attention } from "../tests/ref/ops.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";

@@ -3,7 +3,7 @@
  * steps 3-5) for `nTokens` tokens at positions `pos0 + t` read from the `AttnParams` buffer.
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
 import { ATTN_PARAMS_WORDS, kvCacheWords } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 

@@ -6,7 +6,7 @@
  * and (with `gdn_conv_ring` after them) conv ring, up to f32 rounding: a drop-in for `gdn_step` when n > 1.
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "./kernel.ts";
 import {
   bindingBytes,
   checkGdnStep,

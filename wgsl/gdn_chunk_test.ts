@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "./kernel.ts";
 import { assertClose, assertPoisoned, type Tolerance } from "../tests/util/close.ts";
 import { POISON_F32, poisoned, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";

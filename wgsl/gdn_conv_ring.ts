@@ -3,7 +3,7 @@
  * inputs in the conv ring (spec qwen3next.md §8.3, ring layout in `gdn_step.wgsl`).
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
 import { bindingBytes, GDN_PARAMS_WORDS } from "./gdn_step.ts";
 
 /** Specialisation constants of `gdn_conv_ring` (a type alias, so it is assignable to `ConstValues`). */

@@ -3,7 +3,7 @@
  * the in-projection outputs to the gated-RMSNorm output ô (spec qwen3next.md §8.2-§8.5, §8.7).
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
 
 /** Specialisation constants of `gdn_step`: GDN hyper-parameters (a type alias, so it is assignable to `ConstValues`). */
 export type GdnStepConstants = {

@@ -3,7 +3,7 @@
  * ids may be written by the previous step's sampler on the GPU).
  * @module
  */
-import { type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { type Binding, type KernelSpec } from "./kernel.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
 import { checkBinding, checkInt, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "./kernel.ts";
 import { dequantizeRow } from "../engine/quant/dequant.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
 import {

@@ -18,7 +18,7 @@
  * instead of once per token column (moe_matvec). `GATE_UP` writes silu(gate)·up.
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "./kernel.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
 import { bindingBytes, checkInt, checkShape, checkWorkgroupBytes, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { checkEach } from "./_test_util.ts";
-import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "./kernel.ts";
 import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import { Rng } from "../tests/util/rng.ts";
 import { assertPoisoned } from "../tests/util/close.ts";

@@ -13,7 +13,7 @@
  * (norm weight), 5 xn (normed x out); 4 and 5 matter only with NORM.
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec, PipelineCache } from "./kernel.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
 import { bindingBytes, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";

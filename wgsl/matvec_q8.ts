@@ -12,7 +12,7 @@
  * 0, 0, 0).
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "./kernel.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
 import {
   bindingBytes,

@@ -1,4 +1,4 @@
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "./kernel.ts";
 import type { GgmlTypeName } from "../engine/quant/types.ts";
 import { Rng } from "../tests/util/rng.ts";
 import { assertPoisoned } from "../tests/util/close.ts";

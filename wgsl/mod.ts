@@ -9,7 +9,7 @@
  * @module
  */
 // The engine types the twins' signatures name, so that this surface documents completely.
-export type { Binding, ConstType, ConstValues, KernelSpec, PipelineCache } from "../engine/gpu/kernel.ts";
+export type { Binding, ConstType, ConstValues, KernelSpec, PipelineCache } from "./kernel.ts";
 export type { GgmlTypeName } from "../engine/quant/types.ts";
 export {
   checkGroupedMatmul,

@@ -4,7 +4,7 @@
  * (`matmul.wgsl` GROUPED, {@linkcode groupedMatmulParams} in `matmul.ts`).
  * @module
  */
-import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
+import type { Binding, KernelSpec } from "./kernel.ts";
 import { checkBinding, checkInt, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /** Kernel description of `moe_group.wgsl`. */

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "./kernel.ts";
 import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import { Rng } from "../tests/util/rng.ts";
 import { assertPoisoned } from "../tests/util/close.ts";

@@ -3,7 +3,7 @@
  * the shared expert through the same kernel with zero ids. Gate and up must share one weight binding.
  * @module
  */
-import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
+import type { Binding, KernelSpec } from "./kernel.ts";
 import { type GgmlTypeName, TYPE_ID } from "../engine/quant/types.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";

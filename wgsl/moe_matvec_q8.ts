@@ -8,7 +8,7 @@
  * up to f32 rounding. A float64 reference takes the x that quantize_q8 (or QOUT, or the XIN log) produced.
  * @module
  */
-import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
+import type { Binding, KernelSpec } from "./kernel.ts";
 import { type GgmlTypeName, rowBytes, TYPE_ID } from "../engine/quant/types.ts";
 import { checkBinding, checkInt, checkShape } from "./_twin.ts";
 import { checkMoeMatvec, type MoeMatvecShape, type MoeMatvecTuning } from "./moe_matvec.ts";

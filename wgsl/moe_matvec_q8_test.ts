@@ -1,4 +1,4 @@
-import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "./kernel.ts";
 import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import { moeMatvecParams, type MoeMatvecShape } from "./moe_matvec.ts";
 import {

@@ -3,7 +3,7 @@
  * renormalised weights (spec §10), left in GPU buffers for the expert matvecs.
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
 import {
   checkBinding,
   checkInt,

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "./kernel.ts";
 import { moeRoute } from "../tests/ref/ops.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
 import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";

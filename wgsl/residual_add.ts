@@ -3,7 +3,7 @@
  * optionally followed by the RMSNorm of the new rows (`NORM`: the next block's input, no separate dispatch).
  * @module
  */
-import type { Binding, KernelSpec } from "../engine/gpu/kernel.ts";
+import type { Binding, KernelSpec } from "./kernel.ts";
 import { checkBinding, checkInt, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /** Kernel description of `residual_add.wgsl`. */

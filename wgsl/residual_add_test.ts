@@ -1,4 +1,4 @@
-import { bindGroup, PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, PipelineCache } from "./kernel.ts";
 import {
   checkResidualAdd,
   RESIDUAL_ADD,

@@ -2,7 +2,7 @@
  * Host twin of `rms_norm.wgsl`: RMSNorm of `nRows` rows of `N` f32 values (spec §5).
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /** Constants of `rms_norm.wgsl`: row length, epsilon, workgroup size (power of two, <= 256). */

@@ -1,4 +1,4 @@
-import { PipelineCache } from "../engine/gpu/kernel.ts";
+import { PipelineCache } from "./kernel.ts";
 import { Rng } from "../tests/util/rng.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { encodeRmsNorm, RMS_NORM, rmsNormBindGroup, type RmsNormConstants } from "./rms_norm.ts";

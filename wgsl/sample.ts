@@ -6,7 +6,7 @@
  * output ring, history append, step advance).
  * @module
  */
-import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type ConstValues, type KernelSpec } from "./kernel.ts";
 import {
   checkBinding,
   checkInt,

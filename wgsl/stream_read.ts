@@ -6,7 +6,7 @@
  * Bindings: 0 params, 1 src, 2 out (16 bytes).
  * @module
  */
-import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "../engine/gpu/kernel.ts";
+import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "./kernel.ts";
 import { bindingBytes, checkInt, checkShape, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /** Kernel description of `stream_read.wgsl`. */

@@ -22,10 +22,10 @@
  *   snapshot can seed any free slot.
  * @module
  */
-import { type BatchItem, MAX_BATCH_SLOTS, type Stage } from "./stage.ts";
-import { assert } from "./errors.ts";
-import type { SamplingParams } from "./sampling.ts";
-import type { JobResult } from "./_service_protocol.ts";
+import { type BatchItem, MAX_BATCH_SLOTS, type Stage } from "../stage.ts";
+import { assert } from "../errors.ts";
+import type { SamplingParams } from "../sampling.ts";
+import type { JobResult } from "./_protocol.ts";
 
 /** One request as the runner sees it. */
 export interface RunnerJob {

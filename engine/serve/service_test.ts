@@ -5,13 +5,13 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { openGguf } from "./gguf.ts";
-import { Stage } from "./stage.ts";
+import { openGguf } from "../gguf.ts";
+import { Stage } from "../stage.ts";
 import { type EngineOptions, type EngineService, startEngine } from "./service.ts";
-import { type GenerateResult, QueueFullError, type SamplingSettings } from "../server/engine_api.ts";
-import { testGpu } from "../tests/util/gpu.ts";
-import { fixturePath } from "../tests/util/fixtures.ts";
-import { Rng } from "../tests/util/rng.ts";
+import { type GenerateResult, QueueFullError, type SamplingSettings } from "./api.ts";
+import { testGpu } from "../../tests/util/gpu.ts";
+import { fixturePath } from "../../tests/util/fixtures.ts";
+import { Rng } from "../../tests/util/rng.ts";
 
 const MODEL = fixturePath("tiny-qwen35moe.q8_0.gguf");
 const N_CTX = 96;

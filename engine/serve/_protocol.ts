@@ -3,7 +3,7 @@
  * which owns the GPU device and the Stage), and the error codec both sides share.
  * @module
  */
-import type { SamplingParams } from "./sampling.ts";
+import type { SamplingParams } from "../sampling.ts";
 
 /** Main thread → worker. */
 export type ToWorker =

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { bindGroup, buildSource, type KernelSpec, PipelineCache, variantKey } from "./kernel.ts";
-import { poisoned, readAll, testGpu, upload } from "../../tests/util/gpu.ts";
+import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 
 const PROBE: KernelSpec = {
   name: "kernel_test_probe",

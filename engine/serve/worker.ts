@@ -4,13 +4,13 @@
  * A blocking `mapAsync` here never stalls the main thread's event loop. Messages: `_service_protocol.ts`.
  * @module
  */
-import { acquireGpu } from "./gpu/device.ts";
-import { type GgufFile, openGguf } from "./gguf.ts";
-import { KEYS } from "./names.ts";
-import { Stage } from "./stage.ts";
-import { planModel, synthesize } from "./synth.ts";
-import { SlotRunner } from "./_service_runner.ts";
-import { encodeError, type FromWorker, type ToWorker } from "./_service_protocol.ts";
+import { acquireGpu } from "../gpu/device.ts";
+import { type GgufFile, openGguf } from "../gguf.ts";
+import { KEYS } from "../names.ts";
+import { Stage } from "../stage.ts";
+import { planModel, synthesize } from "../synth.ts";
+import { SlotRunner } from "./_runner.ts";
+import { encodeError, type FromWorker, type ToWorker } from "./_protocol.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;

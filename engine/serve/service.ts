@@ -1,6 +1,6 @@
 /**
- * The engine service: the main-thread side of {@linkcode Engine} (`server/engine_api.ts`). The model runs in a
- * Worker (`engine/worker.ts`) that owns the GPU; this side validates requests, admits up to `nSlots` of them
+ * The engine service: the main-thread side of {@linkcode Engine} (`engine/serve/api.ts`). The model runs in a
+ * Worker (`engine/serve/worker.ts`) that owns the GPU; this side validates requests, admits up to `nSlots` of them
  * into the worker, holds the rest in a bounded FIFO queue, forwards streamed ids, turns an `AbortSignal` into
  * a cancel and keeps the status and counters.
  *
@@ -18,7 +18,7 @@
  * ```
  * @module
  */
-import { checkSampling, samplingParams } from "./sampling.ts";
+import { checkSampling, samplingParams } from "../sampling.ts";
 import {
   type Engine,
   type EngineStatus,
@@ -26,8 +26,8 @@ import {
   type GenerateRequest,
   type GenerateResult,
   QueueFullError,
-} from "../server/engine_api.ts";
-import { decodeError, type FromWorker, type JobResult, type ToWorker } from "./_service_protocol.ts";
+} from "./api.ts";
+import { decodeError, type FromWorker, type JobResult, type ToWorker } from "./_protocol.ts";
 
 export type {
   Engine,
@@ -36,7 +36,7 @@ export type {
   GenerateRequest,
   GenerateResult,
   SamplingSettings,
-} from "../server/engine_api.ts";
+} from "./api.ts";
 export { QueueFullError };
 
 /** Options of {@linkcode startEngine}. */

@@ -24,7 +24,7 @@ export interface KernelSpec {
 /** Values of a kernel's constants. */
 export type ConstValues = Readonly<Record<string, number | boolean>>;
 
-const LIB_DIR = new URL("../../wgsl/lib/", import.meta.url);
+const LIB_DIR = new URL("./lib/", import.meta.url);
 const sourceCache = new Map<string, string>();
 
 function readSource(url: URL): string {

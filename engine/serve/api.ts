@@ -1,5 +1,5 @@
 /**
- * The contract between the HTTP head (`server/*`) and the engine service that owns the GPU (`engine/service.ts`,
+ * The contract between the HTTP head (`server/*`) and the engine service that owns the GPU (`engine/serve/service.ts`,
  * running the model in a `Worker`). The head tokenizes and templates; the service schedules token ids onto
  * slots, reuses cached prefixes and streams ids back. Types only.
  * @module

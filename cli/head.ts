@@ -19,6 +19,7 @@ import {
   Tokenizer,
 } from "../engine/mod.ts";
 import { createApp, DEFAULT_BODY_LIMIT_BYTES } from "../server/app.ts";
+import { parseCorsOrigins } from "../server/cors.ts";
 import type { Engine } from "../engine/mod.ts";
 
 const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
@@ -29,6 +30,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --ctx N           context positions per slot (default 8192)
   --queue N         requests that may wait for a slot before 503 (default 16)
   --api-key K       require this key (x-api-key or Authorization: Bearer); default: open
+  --cors ORIGINS    allow browser clients from these origins (comma-separated, or *): OPTIONS preflight
+                    and Access-Control-* headers; default: off (docs/SECURITY.md)
   --temp-default T  temperature when a request sends none (default 0: greedy)
   --temp-cap T      highest temperature a request gets (default 2)
   --body-limit N    request body limit in bytes (default ${DEFAULT_BODY_LIMIT_BYTES})
@@ -114,6 +117,7 @@ export const command: Command = {
         ctx: { type: "string", default: "8192" },
         queue: { type: "string", default: "16" },
         "api-key": { type: "string" },
+        cors: { type: "string" },
         "temp-default": { type: "string", default: "0" },
         "temp-cap": { type: "string", default: "2" },
         "body-limit": { type: "string", default: String(DEFAULT_BODY_LIMIT_BYTES) },
@@ -147,6 +151,8 @@ export const command: Command = {
     if (values["api-key"] === "") {
       throw new RangeError("--api-key is empty: give a key or leave the flag out");
     }
+
+    const corsOrigins = values.cors === undefined ? undefined : parseCorsOrigins(values.cors);
 
     const synth = values.model === undefined ? await defaultModel() : undefined;
     const path = values.model ?? synth!.path;
@@ -182,6 +188,7 @@ export const command: Command = {
       tempCap,
       bodyLimitBytes,
       draining: () => draining,
+      corsOrigins,
     });
     const server = Deno.serve({
       hostname: values.host,

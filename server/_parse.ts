@@ -194,3 +194,69 @@ export function optStops(o: Json, key: string, parent = ""): string[] {
     return s;
   });
 }
+
+/**
+ * Refuses a field this server does not implement yet when it asks for something (`null`, `false`, `0`, an
+ * empty object or array and the `allowed` values count as not asking).
+ * @throws {ApiError} 400 naming the field
+ */
+export function refuseUnsupported(o: Json, key: string, why: string, allowed: readonly unknown[] = []): void {
+  const v = o[key];
+  if (v === undefined || v === null || v === false || v === 0 || allowed.includes(v)) return;
+  if (Array.isArray(v) && v.length === 0) return;
+  if (isObject(v) && Object.keys(v).length === 0) return;
+  throw new ApiError(
+    "invalid_request",
+    `Field ${key} is not supported yet: ${why}: leave it out`,
+    { param: key },
+  );
+}
+
+/**
+ * Checks tool names are unique and returns them.
+ * @throws {ApiError} 400 naming the second declaration of a name
+ */
+export function uniqueToolNames(names: readonly string[], path: (i: number) => string): Set<string> {
+  const seen = new Set<string>();
+  names.forEach((n, i) => {
+    if (seen.has(n)) {
+      throw new ApiError(
+        "invalid_request",
+        `Field ${path(i)} is ${JSON.stringify(n)}, a tool name declared earlier: give each tool its own name`,
+        { param: path(i) },
+      );
+    }
+    seen.add(n);
+  });
+  return seen;
+}
+
+/**
+ * Checks a tool_choice that forces a tool use (`any`/`required`, or one named tool) against the tools sent.
+ * @param forced `true` for any tool, a tool name, or undefined when nothing is forced
+ * @param field the request field of the choice (`tool_choice`, `tool_choice.name`)
+ * @throws {ApiError} 400 when no tools are sent or the named tool is not among them
+ */
+export function checkToolChoice(
+  forced: string | true | undefined,
+  tools: ReadonlySet<string>,
+  field: string,
+): void {
+  if (forced === undefined) return;
+  if (tools.size === 0) {
+    throw new ApiError(
+      "invalid_request",
+      `Field ${field} asks for a tool call but the request declares no tools: send tools or drop ${field}`,
+      { param: field },
+    );
+  }
+  if (forced !== true && !tools.has(forced)) {
+    throw new ApiError(
+      "invalid_request",
+      `Field ${field} is ${JSON.stringify(forced)}, which is not a declared tool (declared: ${
+        [...tools].join(", ")
+      }): name one of the tools`,
+      { param: field },
+    );
+  }
+}

@@ -8,9 +8,9 @@
 import { ChatTemplate, QWEN3_TEMPLATE, TOKEN_TYPE, Tokenizer } from "../engine/mod.ts";
 import {
   type Engine,
-  type EngineStatus,
   type EngineGenerateRequest as GenerateRequest,
   type EngineGenerateResult as GenerateResult,
+  type EngineStatus,
   QueueFullError,
 } from "../engine/mod.ts";
 import { createApp } from "./app.ts";
@@ -220,6 +220,7 @@ export function testApp(
     bodyLimitBytes?: number;
     draining?: () => boolean;
     template?: ChatTemplate;
+    corsOrigins?: readonly string[];
   } = {},
 ): { app: ReturnType<typeof createApp>; engine: FakeEngine; tokenizer: Tokenizer } {
   const tokenizer = testTokenizer();
@@ -233,6 +234,7 @@ export function testApp(
     tempCap: opts.tempCap ?? 2,
     bodyLimitBytes: opts.bodyLimitBytes ?? 1 << 20,
     draining: opts.draining,
+    corsOrigins: opts.corsOrigins,
   });
   return { app, engine, tokenizer };
 }

@@ -1,7 +1,8 @@
 /**
  * The head's HTTP app: Hono routes over an {@linkcode Engine}, the model's tokenizer and chat template.
- * Middleware order: request id → metrics (counts every answer) → shutdown gate → API key → the endpoint.
- * Every error leaves through one table (errors.ts) in the dialect of its path.
+ * Middleware order: request id → metrics (counts every answer) → CORS (when `--cors`) → shutdown gate →
+ * API key → the endpoint. A known path asked with another method gets 405 with `Allow`. Every error leaves
+ * through one table (errors.ts) in the dialect of its path.
  *
  * @example
  * ```ts
@@ -17,12 +18,13 @@ import type { AppEnv, ServerDeps } from "./_generate.ts";
 import { auth } from "./auth.ts";
 import { chatCompletionsHandler } from "./chat_completions.ts";
 import { completionHandler } from "./completion.ts";
+import { cors } from "./cors.ts";
 import type { Engine } from "../engine/mod.ts";
 import { ApiError, dialectOf, errorResponse } from "./errors.ts";
 import { healthHandler } from "./health.ts";
 import { countTokensHandler, messagesHandler } from "./messages.ts";
 import { Metrics, metricsHandler } from "./metrics.ts";
-import { modelsHandler } from "./models.ts";
+import { modelHandler, modelsHandler } from "./models.ts";
 
 /** Default request body limit: 8 MiB (a long conversation with tool results fits easily). */
 export const DEFAULT_BODY_LIMIT_BYTES = 8 << 20;
@@ -47,16 +49,35 @@ export interface AppOptions {
   metrics?: Metrics;
   /** True once the server is shutting down: generation endpoints answer 503 from then on. */
   draining?: () => boolean;
+  /** Origins allowed by CORS (`*` for any; see cors.ts); undefined: CORS off. */
+  corsOrigins?: readonly string[];
 }
 
 const GENERATION_PATHS = new Set(["/v1/messages", "/v1/chat/completions", "/completion"]);
-const KNOWN_PATHS = new Set([
-  ...GENERATION_PATHS,
-  "/v1/messages/count_tokens",
-  "/v1/models",
-  "/health",
-  "/metrics",
-]);
+const GET = ["GET", "HEAD"] as const;
+/** Every route and its methods (405 with `Allow` for the others). */
+const ROUTES: Readonly<Record<string, readonly string[]>> = {
+  "/v1/messages": ["POST"],
+  "/v1/messages/count_tokens": ["POST"],
+  "/v1/chat/completions": ["POST"],
+  "/completion": ["POST"],
+  "/v1/models": GET,
+  "/health": GET,
+  "/metrics": GET,
+};
+const MODEL_PREFIX = "/v1/models/";
+
+/** The route a path belongs to, as `/metrics` labels it (`other` when none). */
+function routeOf(path: string): string {
+  if (Object.hasOwn(ROUTES, path)) return path;
+  return path.startsWith(MODEL_PREFIX) && path.length > MODEL_PREFIX.length ? "/v1/models/{id}" : "other";
+}
+
+/** Methods a path takes; undefined for an unknown path. */
+function methodsOf(path: string): readonly string[] | undefined {
+  const r = routeOf(path);
+  return r === "other" ? undefined : r === "/v1/models/{id}" ? GET : ROUTES[r];
+}
 
 /** The built app: its fetch handler for `Deno.serve`, and Hono's in-process `request` for tests. */
 export interface HeadApp {
@@ -84,8 +105,9 @@ export function createApp(opts: AppOptions): HeadApp {
     c.set("requestId", id);
     await next();
     c.header("request-id", id);
-    deps.metrics.request(KNOWN_PATHS.has(c.req.path) ? c.req.path : "other", c.res.status);
+    deps.metrics.request(routeOf(c.req.path), c.res.status);
   });
+  app.use(cors(opts.corsOrigins, methodsOf));
   app.use(async (c, next) => {
     if (opts.draining?.() && GENERATION_PATHS.has(c.req.path)) {
       const err = new ApiError(
@@ -104,10 +126,22 @@ export function createApp(opts: AppOptions): HeadApp {
   app.post("/v1/messages/count_tokens", countTokensHandler(deps));
   app.post("/v1/chat/completions", chatCompletionsHandler(deps));
   app.post("/completion", completionHandler(deps));
-  app.get("/v1/models", modelsHandler(status, new Date()));
+  const startedAt = new Date();
+  app.get("/v1/models", modelsHandler(status, startedAt));
+  app.get(`${MODEL_PREFIX}*`, modelHandler(status, startedAt));
   app.get("/health", healthHandler(status));
   app.get("/metrics", metricsHandler(deps.metrics, status));
   app.notFound((c) => {
+    const methods = methodsOf(c.req.path);
+    if (methods !== undefined) {
+      const allow = opts.corsOrigins === undefined ? methods : [...methods, "OPTIONS"];
+      const err = new ApiError(
+        "method_not_allowed",
+        `Method ${c.req.method} is not allowed on ${c.req.path}: use ${allow.join(" or ")}`,
+        { allow },
+      );
+      return errorResponse(err, dialectOf(c.req.path), c.get("requestId") ?? "req_none");
+    }
     const err = new ApiError(
       "not_found",
       `No route ${c.req.method} ${c.req.path}: see GET /v1/models, POST /v1/messages, ` +

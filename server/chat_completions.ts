@@ -30,7 +30,10 @@ import {
 } from "./_generate.ts";
 import {
   at,
+  checkToolChoice,
+  isObject,
   type Json,
+  missing,
   objectAt,
   optArray,
   optBool,
@@ -39,8 +42,10 @@ import {
   optStops,
   optString,
   readJson,
+  refuseUnsupported,
   reqArray,
   reqString,
+  uniqueToolNames,
   wrongType,
 } from "./_parse.ts";
 import { ApiError } from "./errors.ts";
@@ -82,7 +87,8 @@ export function parseChatCompletionsRequest(body: Json): ChatCompletionsRequest 
       param: "messages",
     });
   }
-  const messages = raw.map((_, i) => convertMessage(objectAt(raw, i, "messages"), `messages[${i}]`));
+  const callIds = new Set<string>();
+  const messages = raw.map((_, i) => convertMessage(objectAt(raw, i, "messages"), `messages[${i}]`, callIds));
   const n = optNumber(body, "n", { min: 1, integer: true });
   if (n !== undefined && n !== 1) {
     throw new ApiError(
@@ -95,6 +101,7 @@ export function parseChatCompletionsRequest(body: Json): ChatCompletionsRequest 
   }
   const rawTools = optArray(body, "tools") ?? [];
   const tools = rawTools.map((_, i) => convertTool(objectAt(rawTools, i, "tools"), `tools[${i}]`));
+  const names = uniqueToolNames(tools.map((t) => t.function.name), (i) => `tools[${i}].function.name`);
   const choice = body.tool_choice;
   if (typeof choice === "string") {
     if (!["none", "auto", "required"].includes(choice)) {
@@ -104,9 +111,30 @@ export function parseChatCompletionsRequest(body: Json): ChatCompletionsRequest 
         { param: "tool_choice" },
       );
     }
+    if (choice === "required") checkToolChoice(true, names, "tool_choice");
   } else {
     const o = optObject(body, "tool_choice");
-    if (o !== undefined) optString(o, "type", "tool_choice");
+    if (o !== undefined) {
+      const type = optString(o, "type", "tool_choice");
+      if (type !== undefined && type !== "function") {
+        throw new ApiError(
+          "invalid_request",
+          `Field tool_choice.type is ${JSON.stringify(type)}, expected function`,
+          { param: "tool_choice.type" },
+        );
+      }
+      const fn = optObject(o, "function", "tool_choice");
+      if (fn === undefined) throw missing("tool_choice.function", "an object with the tool's name");
+      checkToolChoice(reqString(fn, "name", "tool_choice.function"), names, "tool_choice.function.name");
+    }
+  }
+  refuseUnsupported(body, "logprobs", "this server does not return token log-probabilities");
+  refuseUnsupported(body, "top_logprobs", "this server does not return token log-probabilities");
+  refuseUnsupported(body, "logit_bias", "this server's sampler takes no per-token bias");
+  if (isObject(body.response_format) && body.response_format.type !== "text") {
+    refuseUnsupported(body, "response_format", "this server has no constrained (JSON) decoding");
+  } else if (body.response_format !== undefined && body.response_format !== null) {
+    optObject(body, "response_format");
   }
   const streamOptions = optObject(body, "stream_options");
   const kwargs = optObject(body, "chat_template_kwargs");
@@ -159,7 +187,7 @@ function contentText(v: unknown, path: string): string | null {
   }).join("");
 }
 
-function convertMessage(m: Json, path: string): ChatMessage {
+function convertMessage(m: Json, path: string, callIds: Set<string>): ChatMessage {
   const role = reqString(m, "role", path);
   if (!(ROLES as readonly string[]).includes(role)) {
     throw new ApiError(
@@ -175,8 +203,18 @@ function convertMessage(m: Json, path: string): ChatMessage {
       return { role: "system", content: content ?? "" };
     case "user":
       return { role: "user", content: content ?? "" };
-    case "tool":
-      return { role: "tool", content: content ?? "", toolCallId: optString(m, "tool_call_id", path) };
+    case "tool": {
+      const id = optString(m, "tool_call_id", path);
+      if (id !== undefined && !callIds.has(id)) {
+        throw new ApiError(
+          "invalid_request",
+          `Field ${path}.tool_call_id is ${JSON.stringify(id)}, which no earlier assistant tool call has: ` +
+            `answer only tool calls made in this conversation`,
+          { param: `${path}.tool_call_id` },
+        );
+      }
+      return { role: "tool", content: content ?? "", toolCallId: id };
+    }
     default: {
       const msg: ChatMessage = { role: "assistant", content };
       const reasoning = optString(m, "reasoning_content", path);
@@ -194,8 +232,10 @@ function convertMessage(m: Json, path: string): ChatMessage {
           ) {
             throw wrongType(`${cp}.function.arguments`, args, "a JSON object text");
           }
+          const id = optString(call, "id", cp);
+          if (id !== undefined) callIds.add(id);
           return {
-            id: optString(call, "id", cp),
+            id,
             name: reqString(fn, "name", `${cp}.function`),
             arguments: args as string | Record<string, unknown>,
           };

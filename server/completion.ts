@@ -17,7 +17,17 @@ import {
   type SamplingInput,
   type ServerDeps,
 } from "./_generate.ts";
-import { at, type Json, missing, optBool, optNumber, optStops, readJson, wrongType } from "./_parse.ts";
+import {
+  at,
+  type Json,
+  missing,
+  optBool,
+  optNumber,
+  optStops,
+  readJson,
+  refuseUnsupported,
+  wrongType,
+} from "./_parse.ts";
 import { ApiError } from "./errors.ts";
 import { streamResponse } from "./sse.ts";
 
@@ -71,6 +81,11 @@ export function parseCompletionRequest(body: Json, nVocab: number): CompletionRe
       },
     );
   }
+  refuseUnsupported(body, "n_probs", "this server does not return token probabilities");
+  refuseUnsupported(body, "logit_bias", "this server's sampler takes no per-token bias");
+  refuseUnsupported(body, "grammar", "this server has no constrained decoding");
+  refuseUnsupported(body, "json_schema", "this server has no constrained decoding");
+  refuseUnsupported(body, "response_format", "this server has no constrained decoding");
   const seed = optNumber(body, "seed", { min: -1, integer: true });
   return {
     prompt,

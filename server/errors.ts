@@ -14,8 +14,12 @@ export type Dialect = "anthropic" | "openai";
 export type ApiErrorKind =
   | "invalid_request"
   | "authentication"
+  | "forbidden"
   | "not_found"
+  | "method_not_allowed"
+  | "request_timeout"
   | "request_too_large"
+  | "headers_too_large"
   | "overloaded"
   | "unavailable"
   | "internal";
@@ -36,12 +40,36 @@ export const API_ERRORS: Readonly<
     openai: "invalid_request_error",
     openaiCode: "invalid_api_key",
   },
+  forbidden: {
+    status: 403,
+    anthropic: "permission_error",
+    openai: "invalid_request_error",
+    openaiCode: null,
+  },
   not_found: { status: 404, anthropic: "not_found_error", openai: "invalid_request_error", openaiCode: null },
+  method_not_allowed: {
+    status: 405,
+    anthropic: "invalid_request_error",
+    openai: "invalid_request_error",
+    openaiCode: "method_not_allowed",
+  },
+  request_timeout: {
+    status: 408,
+    anthropic: "timeout_error",
+    openai: "invalid_request_error",
+    openaiCode: "request_timeout",
+  },
   request_too_large: {
     status: 413,
     anthropic: "request_too_large",
     openai: "invalid_request_error",
     openaiCode: "request_too_large",
+  },
+  headers_too_large: {
+    status: 431,
+    anthropic: "request_too_large",
+    openai: "invalid_request_error",
+    openaiCode: "request_header_fields_too_large",
   },
   overloaded: {
     status: 503,
@@ -66,23 +94,26 @@ export class ApiError extends Error {
   readonly param: string | null;
   /** Seconds to wait before retrying (sent as `Retry-After`). */
   readonly retryAfterSeconds: number | undefined;
+  /** Methods the path takes (sent as `Allow` with a 405). */
+  readonly allow: readonly string[] | undefined;
 
   /**
    * Creates the error.
    * @param kind which row of the table
    * @param message full human message: what failed, expected vs got, what to do
-   * @param opts request field, retry delay and cause
+   * @param opts request field, retry delay, allowed methods (405) and cause
    */
   constructor(
     kind: ApiErrorKind,
     message: string,
-    opts: { param?: string; retryAfterSeconds?: number; cause?: unknown } = {},
+    opts: { param?: string; retryAfterSeconds?: number; allow?: readonly string[]; cause?: unknown } = {},
   ) {
     super(message, { cause: opts.cause });
     this.name = "ApiError";
     this.kind = kind;
     this.param = opts.param ?? null;
     this.retryAfterSeconds = opts.retryAfterSeconds;
+    this.allow = opts.allow;
   }
 
   /** HTTP status of this error. */
@@ -148,6 +179,7 @@ export function errorResponse(e: unknown, dialect: Dialect, requestId: string): 
   if (err.retryAfterSeconds !== undefined) {
     headers.set("retry-after", String(Math.max(1, Math.ceil(err.retryAfterSeconds))));
   }
+  if (err.allow !== undefined) headers.set("allow", err.allow.join(", "));
   return new Response(JSON.stringify(errorBody(err, dialect, requestId)), { status: err.status, headers });
 }
 

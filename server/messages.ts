@@ -5,8 +5,10 @@
  * answered as one JSON message or as the SSE event sequence message_start, content_block_start, ping,
  * content_block_delta…, content_block_stop, message_delta, message_stop.
  *
- * `tool_choice` `none` withholds the tools from the prompt; `any` and `tool` cannot be enforced without
- * constrained decoding and are treated as `auto`. `metadata` is accepted and ignored.
+ * `tool_choice` `none` withholds the tools from the prompt; `any` and `tool` are checked against the tools
+ * sent (some tools; a declared name) but cannot be enforced without constrained decoding and are treated as
+ * `auto`. Tool names must be unique and a tool_result must answer an earlier tool_use id. `metadata` is
+ * accepted and ignored.
  * @module
  */
 import type { Context } from "hono";
@@ -34,6 +36,7 @@ import {
 } from "./_generate.ts";
 import {
   at,
+  checkToolChoice,
   isObject,
   type Json,
   objectAt,
@@ -46,6 +49,7 @@ import {
   readJson,
   reqArray,
   reqString,
+  uniqueToolNames,
   wrongType,
 } from "./_parse.ts";
 import { ApiError } from "./errors.ts";
@@ -94,8 +98,14 @@ export function parseMessagesRequest(body: Json): MessagesRequest {
       param: "messages",
     });
   }
-  raw.forEach((_, i) => messages.push(...convertMessage(objectAt(raw, i, "messages"), `messages[${i}]`)));
+  const toolUseIds = new Set<string>();
+  raw.forEach((_, i) =>
+    messages.push(...convertMessage(objectAt(raw, i, "messages"), `messages[${i}]`, toolUseIds))
+  );
 
+  const rawTools = optArray(body, "tools") ?? [];
+  const tools = rawTools.map((_, i) => convertTool(objectAt(rawTools, i, "tools"), `tools[${i}]`));
+  const names = uniqueToolNames(tools.map((t) => t.function.name), (i) => `tools[${i}].name`);
   const toolChoice = optObject(body, "tool_choice");
   let choice = "auto";
   if (toolChoice !== undefined) {
@@ -107,9 +117,11 @@ export function parseMessagesRequest(body: Json): MessagesRequest {
         { param: "tool_choice.type" },
       );
     }
+    if (choice === "any") checkToolChoice(true, names, "tool_choice");
+    if (choice === "tool") {
+      checkToolChoice(reqString(toolChoice, "name", "tool_choice"), names, "tool_choice.name");
+    }
   }
-  const rawTools = optArray(body, "tools") ?? [];
-  const tools = rawTools.map((_, i) => convertTool(objectAt(rawTools, i, "tools"), `tools[${i}]`));
 
   const thinkingObj = optObject(body, "thinking");
   let thinking: MessagesRequest["thinking"];
@@ -164,7 +176,7 @@ function unsupportedBlock(path: string, type: string, allowed: string): ApiError
 }
 
 /** One API message → template messages (tool results become `tool` messages before the user's text). */
-function convertMessage(m: Json, path: string): ChatMessage[] {
+function convertMessage(m: Json, path: string, toolUseIds: Set<string>): ChatMessage[] {
   const role = reqString(m, "role", path);
   if (role !== "user" && role !== "assistant") {
     throw new ApiError(
@@ -191,13 +203,25 @@ function convertMessage(m: Json, path: string): ChatMessage[] {
     if (type === "text") texts.push(reqString(b, "text", bp));
     else if (type === "tool_result" && role === "user") {
       const id = reqString(b, "tool_use_id", bp);
+      if (!toolUseIds.has(id)) {
+        throw new ApiError(
+          "invalid_request",
+          `Field ${bp}.tool_use_id is ${
+            JSON.stringify(id)
+          }, which no earlier assistant tool_use block has: ` +
+            `answer only tool calls made in this conversation`,
+          { param: `${bp}.tool_use_id` },
+        );
+      }
       const c = b.content === undefined || b.content === null ? "" : textOf(b.content, `${bp}.content`);
       optBool(b, "is_error", bp);
       out.push({ role: "tool", content: c, toolCallId: id });
     } else if (type === "tool_use" && role === "assistant") {
       const input = b.input;
       if (!isObject(input)) throw wrongType(`${bp}.input`, input, "an object");
-      calls.push({ id: reqString(b, "id", bp), name: reqString(b, "name", bp), arguments: input });
+      const id = reqString(b, "id", bp);
+      toolUseIds.add(id);
+      calls.push({ id, name: reqString(b, "name", bp), arguments: input });
     } else if (type === "thinking" && role === "assistant") {
       reasoning = (reasoning ?? "") + reqString(b, "thinking", bp);
     } else if (type !== "redacted_thinking") {

@@ -76,6 +76,12 @@ export const command: Command = {
       layout: pick("layout", values.layout, ["current", "legacy"] as const),
       mtp: values.mtp,
     });
+    if (parts > plan.tensors.length) {
+      throw new RangeError(
+        `--split-parts ${parts} is more than the model's ${plan.tensors.length} tensors: every split part ` +
+          `holds at least one tensor, so give at most ${plan.tensors.length}`,
+      );
+    }
     console.log(
       `synth ${values.arch} ${values.preset} ${values.quant}: ${plan.tensors.length} tensors, ` +
         `${formatBytes(plan.totalBytes)} of data, DeltaNet layout ${plan.layout}`,

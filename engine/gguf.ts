@@ -912,10 +912,21 @@ function readLe(dv: DataView, t: GgufValueType, off: number): number | bigint {
 }
 
 async function openHandle(path: string, missing: () => GgufError): Promise<PartHandle> {
+  const notRegular = (what: string) =>
+    new GgufError(
+      "io",
+      `GGUF path ${path} is ${what}, not a regular file: pass the .gguf file itself (a FIFO, device or ` +
+        `folder would block or never end)`,
+      { path },
+    );
   let file: Deno.FsFile;
   try {
+    // Checked before opening: opening a FIFO for reading blocks until a writer appears.
+    const pre = await Deno.stat(path);
+    if (!pre.isFile) throw notRegular(kindOf(pre));
     file = await Deno.open(path, { read: true });
   } catch (e) {
+    if (e instanceof GgufError) throw e;
     if (e instanceof Deno.errors.NotFound) throw missing();
     throw new GgufError("io", `Cannot open GGUF file ${path}: ${(e as Error).message}: check the path`, {
       path,
@@ -924,16 +935,21 @@ async function openHandle(path: string, missing: () => GgufError): Promise<PartH
   }
   try {
     const st = await file.stat();
-    if (!st.isFile) {
-      throw new GgufError("io", `GGUF path ${path} is not a regular file: pass the .gguf file itself`, {
-        path,
-      });
-    }
+    if (!st.isFile) throw notRegular(kindOf(st));
     return new PartHandle(path, file, st.size);
   } catch (e) {
     file.close();
     throw e;
   }
+}
+
+/** What a non-regular path is, for messages. */
+function kindOf(st: Deno.FileInfo): string {
+  if (st.isDirectory) return "a folder";
+  if (st.isFifo) return "a FIFO (named pipe)";
+  if (st.isCharDevice || st.isBlockDevice) return "a device file";
+  if (st.isSocket) return "a socket";
+  return "a special file";
 }
 
 /** Reads and validates the header of one part (no tensor data is read). */

@@ -41,8 +41,8 @@ export function sampleHeadHello(over: Partial<HelloInfo> = {}): HelloInfo {
  */
 export class FakeBackend implements StageBackend {
   readonly #hello: HelloInfo;
-  /** Milliseconds each run waits before answering. */
-  delayMs = 0;
+  /** Milliseconds each run waits before answering (a number, or one per request). */
+  delayMs: number | ((req: RunRequest) => number) = 0;
   /** When true, runs never answer (a stalled stage). */
   stall = false;
   /** Every call, in order, as `op:args`. */
@@ -65,7 +65,8 @@ export class FakeBackend implements StageBackend {
     const nRows = req.rows.length / req.nEmbd;
     this.calls.push(`run:${req.slot}:${req.basePos}:${nRows}`);
     if (this.stall) await new Promise(() => {});
-    if (this.delayMs > 0) await new Promise((r) => setTimeout(r, this.delayMs));
+    const ms = typeof this.delayMs === "number" ? this.delayMs : this.delayMs(req);
+    if (ms > 0) await new Promise((r) => setTimeout(r, ms));
     switch (req.want) {
       case "none":
         return { kind: "none", timesUs: [7] };

@@ -953,9 +953,11 @@ export class FrameDecoder {
       }
       return out;
     } catch (e) {
+      // Only a bug reaches the second branch (every check above throws WireError); the connection closes
+      // with a WireError all the same, and the fuzz tests fail on this message.
       this.#failed = e instanceof WireError
         ? e
-        : new WireError("bad_value", `Frame could not be decoded: ${e}`, { cause: e });
+        : new WireError("bad_value", `Internal error: frame could not be decoded: ${e}`, { cause: e });
       throw this.#failed;
     }
   }

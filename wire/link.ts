@@ -186,6 +186,70 @@ function payloadOf(f: Frame): Uint8Array {
   return encodeFrame(f).subarray(HEADER_BYTES);
 }
 
+/** TLS material as the CLI flags give it: `--tls-cert`/`--tls-key` (listening side), `--tls-ca` (connecting side). */
+export interface TlsFlags {
+  /** PEM certificate chain file of a listening worker. */
+  readonly tlsCert?: string;
+  /** PEM private key file of a listening worker. */
+  readonly tlsKey?: string;
+  /** PEM CA file the connecting side trusts (besides the system's roots). */
+  readonly tlsCa?: string;
+}
+
+/** TLS material read from {@linkcode TlsFlags}. */
+export interface TlsMaterial {
+  /** Listening side: certificate chain and key (PEM). */
+  readonly listen?: { readonly cert: string; readonly key: string };
+  /** Connecting side: extra trusted CAs (PEM); present whenever `--tls-ca` was given. */
+  readonly connect?: { readonly caCerts: readonly string[] };
+}
+
+/**
+ * Reads the TLS files named by the flags.
+ * @throws {TypeError} when only one of `--tls-cert`/`--tls-key` is given, or a file cannot be read
+ */
+export async function readTlsFlags(flags: TlsFlags): Promise<TlsMaterial> {
+  if ((flags.tlsCert === undefined) !== (flags.tlsKey === undefined)) {
+    throw new TypeError(
+      `--tls-cert and --tls-key go together but only ${
+        flags.tlsCert ? "--tls-cert" : "--tls-key"
+      } was given: ` +
+        `pass both (PEM files)`,
+    );
+  }
+  const read = async (flag: string, path: string) => {
+    try {
+      return await Deno.readTextFile(path);
+    } catch (e) {
+      throw new TypeError(`Cannot read ${flag} ${path}: ${describe(e)}: pass a readable PEM file`, {
+        cause: e,
+      });
+    }
+  };
+  return {
+    ...(flags.tlsCert && flags.tlsKey
+      ? {
+        listen: { cert: await read("--tls-cert", flags.tlsCert), key: await read("--tls-key", flags.tlsKey) },
+      }
+      : {}),
+    ...(flags.tlsCa ? { connect: { caCerts: [await read("--tls-ca", flags.tlsCa)] } } : {}),
+  };
+}
+
+/**
+ * Opens the worker's listener: plain TCP, or TLS with `tls` (Deno.listenTls). Note: Deno gives no
+ * setNoDelay on accepted TLS connections, so replies over TLS may wait on Nagle's algorithm.
+ * @throws {Deno.errors.AddrInUse} and the other errors of Deno.listen/listenTls
+ */
+export function listenWorker(
+  addr: LinkAddress,
+  opts: { tls?: { cert: string; key: string } } = {},
+): Deno.Listener {
+  return opts.tls
+    ? Deno.listenTls({ hostname: addr.hostname, port: addr.port, cert: opts.tls.cert, key: opts.tls.key })
+    : Deno.listen({ hostname: addr.hostname, port: addr.port, transport: "tcp" });
+}
+
 /** Options of {@linkcode connectLink} and {@linkcode openLink}. */
 export interface ConnectOptions {
   /** This side's hello (its limits are what it accepts in replies). */

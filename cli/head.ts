@@ -1,8 +1,9 @@
 /**
  * `mod.ts head`: the single-box HTTP server. Reads the tokenizer and chat template from the GGUF, starts the
- * engine service (model in a Worker; `/health` answers `loading` meanwhile), serves the Hono app on
- * `Deno.serve`, and on SIGINT/SIGTERM stops admitting, lets in-flight requests finish (cancelling them after a
- * grace period, or at once on a second signal) and exits 0.
+ * engine service (model in a Worker; `/health` answers `loading` meanwhile), serves the Hono app on the
+ * bounded HTTP/1.1 server (server/http1.ts: header and body timeouts, a connection cap), and on
+ * SIGINT/SIGTERM answers new generation requests with 503, lets in-flight ones finish (cancelling them after a
+ * grace period, or at once on a second signal), then stops listening and exits 0.
  * @module
  */
 import type { Command } from "../mod.ts";
@@ -19,6 +20,8 @@ import {
   Tokenizer,
 } from "../engine/mod.ts";
 import { createApp, DEFAULT_BODY_LIMIT_BYTES } from "../server/app.ts";
+import { HTTP1_DEFAULTS, serveHttp1 } from "../server/http1.ts";
+import { Metrics } from "../server/metrics.ts";
 import { parseCorsOrigins } from "../server/cors.ts";
 import type { Engine } from "../engine/mod.ts";
 
@@ -35,6 +38,11 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --temp-default T  temperature when a request sends none (default 0: greedy)
   --temp-cap T      highest temperature a request gets (default 2)
   --body-limit N    request body limit in bytes (default ${DEFAULT_BODY_LIMIT_BYTES})
+  --max-connections N  connections open at once; one more gets 503 (default ${HTTP1_DEFAULTS.maxConnections})
+  --header-timeout S   seconds to receive a request's head; also the keep-alive idle limit (default ${
+  HTTP1_DEFAULTS.headerTimeoutMs / 1000
+})
+  --body-timeout S     seconds to receive a request's body (default ${HTTP1_DEFAULTS.bodyTimeoutMs / 1000})
   --grace S         seconds in-flight requests may run after a shutdown signal (default 30)
   --chunk N         prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}; memory grows with it)
   --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN};
@@ -121,6 +129,9 @@ export const command: Command = {
         "temp-default": { type: "string", default: "0" },
         "temp-cap": { type: "string", default: "2" },
         "body-limit": { type: "string", default: String(DEFAULT_BODY_LIMIT_BYTES) },
+        "max-connections": { type: "string", default: String(HTTP1_DEFAULTS.maxConnections) },
+        "header-timeout": { type: "string", default: String(HTTP1_DEFAULTS.headerTimeoutMs / 1000) },
+        "body-timeout": { type: "string", default: String(HTTP1_DEFAULTS.bodyTimeoutMs / 1000) },
         grace: { type: "string", default: "30" },
         "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
@@ -142,6 +153,9 @@ export const command: Command = {
     const tempDefault = num("temp-default", values["temp-default"], 0, 2);
     const bodyLimitBytes = int("body-limit", values["body-limit"], 1024);
     const graceMs = num("grace", values.grace, 0, 86400) * 1000;
+    const maxConnections = int("max-connections", values["max-connections"], 1);
+    const headerTimeoutMs = num("header-timeout", values["header-timeout"], 0.1, 3600) * 1000;
+    const bodyTimeoutMs = num("body-timeout", values["body-timeout"], 0.1, 3600) * 1000;
     const batchMin = int("batch-min", values["batch-min"], 0);
     const maxChunk = int("chunk", values.chunk, 1);
     if (maxChunk > 4096) throw new RangeError(`--chunk must be 1..4096, got ${maxChunk}`);
@@ -179,7 +193,9 @@ export const command: Command = {
     const stopProgress = new AbortController();
     const loaded = showProgress(engine, stopProgress.signal);
     let draining = false;
+    const metrics = new Metrics();
     const app = createApp({
+      metrics,
       engine,
       tokenizer,
       template,
@@ -190,14 +206,23 @@ export const command: Command = {
       draining: () => draining,
       corsOrigins,
     });
-    const server = Deno.serve({
+    const server = serveHttp1({
       hostname: values.host,
       port,
+      maxConnections,
+      headerTimeoutMs,
+      bodyTimeoutMs,
       onListen: ({ hostname, port }) => console.error(`Listening on http://${hostname}:${port}`),
-    }, app.fetch);
+      onEvent: (e) => metrics.connection(e),
+    }, (req) => app.fetch(req));
 
     let cancelTimer: ReturnType<typeof setTimeout> | undefined;
     const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];
+    /** Stops listening once no request is being answered (new generations get 503 meanwhile). */
+    const closeWhenIdle = async () => {
+      while (server.activeRequests > 0) await new Promise((r) => setTimeout(r, 50));
+      await server.shutdown();
+    };
     const onSignal = () => {
       if (draining) {
         console.error("Second signal: cancelling in-flight requests");
@@ -207,14 +232,14 @@ export const command: Command = {
       draining = true;
       const st = engine.status();
       console.error(
-        `Shutting down: no new requests; ${st.busySlots} running and ${st.queued} queued may finish within ` +
-          `${graceMs / 1000} s`,
+        `Shutting down: new requests get 503; ${st.busySlots} running and ${st.queued} queued may finish ` +
+          `within ${graceMs / 1000} s`,
       );
       cancelTimer = setTimeout(() => {
         console.error("Grace period over: cancelling in-flight requests");
         void engine.close({ cancel: true });
       }, graceMs);
-      void server.shutdown();
+      void closeWhenIdle();
     };
     for (const s of signals) Deno.addSignalListener(s, onSignal);
     let failed = false;

@@ -1,6 +1,6 @@
 /**
- * The `head` command as a process: serves the embedded default model, then on SIGTERM refuses new work,
- * lets the in-flight stream finish cleanly and exits 0.
+ * The `head` command as a process: serves the embedded default model, then on SIGTERM answers new work
+ * with 503 while the in-flight stream finishes cleanly, and exits 0.
  */
 import assert from "node:assert/strict";
 
@@ -41,12 +41,23 @@ Deno.test("head: serves, and on SIGTERM finishes the in-flight stream and exits 
     assert.equal((await (await fetch(`${base}/health`)).json()).status, "ok");
     const r = await fetch(`${base}/completion`, {
       method: "POST",
-      body: JSON.stringify({ prompt: "Hello", n_predict: 40, stream: true }),
+      body: JSON.stringify({ prompt: "Hello", n_predict: 100, stream: true }),
     });
     const reader = r.body!.pipeThrough(new TextDecoderStream()).getReader();
     let body = (await reader.read()).value ?? "";
     child.kill("SIGTERM");
-    await waitFor(/Shutting down: no new requests; 1 running and 0 queued/);
+    await waitFor(/Shutting down: new requests get 503; 1 running and 0 queued/);
+    const refused = await fetch(`${base}/v1/messages`, {
+      method: "POST",
+      body: JSON.stringify({ max_tokens: 2, messages: [{ role: "user", content: "hi" }] }),
+    });
+    assert.equal(refused.status, 503, "a new request while draining");
+    assert.match((await refused.json()).error.message, /^Server is shutting down/);
+    assert.equal(
+      (await (await fetch(`${base}/health`)).json()).status,
+      "ok",
+      "health answers while draining",
+    );
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;

@@ -25,6 +25,7 @@ import { healthHandler } from "./health.ts";
 import { countTokensHandler, messagesHandler } from "./messages.ts";
 import { Metrics, metricsHandler } from "./metrics.ts";
 import { modelHandler, modelsHandler } from "./models.ts";
+import { methodsOf, MODEL_PREFIX, routeOf } from "./routes.ts";
 
 /** Default request body limit: 8 MiB (a long conversation with tool results fits easily). */
 export const DEFAULT_BODY_LIMIT_BYTES = 8 << 20;
@@ -54,31 +55,6 @@ export interface AppOptions {
 }
 
 const GENERATION_PATHS = new Set(["/v1/messages", "/v1/chat/completions", "/completion"]);
-const GET = ["GET", "HEAD"] as const;
-/** Every route and its methods (405 with `Allow` for the others). */
-const ROUTES: Readonly<Record<string, readonly string[]>> = {
-  "/v1/messages": ["POST"],
-  "/v1/messages/count_tokens": ["POST"],
-  "/v1/chat/completions": ["POST"],
-  "/completion": ["POST"],
-  "/v1/models": GET,
-  "/health": GET,
-  "/metrics": GET,
-};
-const MODEL_PREFIX = "/v1/models/";
-
-/** The route a path belongs to, as `/metrics` labels it (`other` when none). */
-function routeOf(path: string): string {
-  if (Object.hasOwn(ROUTES, path)) return path;
-  return path.startsWith(MODEL_PREFIX) && path.length > MODEL_PREFIX.length ? "/v1/models/{id}" : "other";
-}
-
-/** Methods a path takes; undefined for an unknown path. */
-function methodsOf(path: string): readonly string[] | undefined {
-  const r = routeOf(path);
-  return r === "other" ? undefined : r === "/v1/models/{id}" ? GET : ROUTES[r];
-}
-
 /** The built app: its fetch handler for `Deno.serve`, and Hono's in-process `request` for tests. */
 export interface HeadApp {
   /** Answers one request (pass to `Deno.serve`). */
@@ -105,7 +81,8 @@ export function createApp(opts: AppOptions): HeadApp {
     c.set("requestId", id);
     await next();
     c.header("request-id", id);
-    deps.metrics.request(routeOf(c.req.path), c.res.status);
+    // A client that went away is counted as such (499, nginx's "client closed request"), never as a 500.
+    deps.metrics.request(routeOf(c.req.path), c.req.raw.signal.aborted ? 499 : c.res.status);
   });
   app.use(cors(opts.corsOrigins, methodsOf));
   app.use(async (c, next) => {

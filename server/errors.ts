@@ -20,6 +20,7 @@ export type ApiErrorKind =
   | "request_timeout"
   | "request_too_large"
   | "headers_too_large"
+  | "client_closed"
   | "overloaded"
   | "unavailable"
   | "internal";
@@ -70,6 +71,12 @@ export const API_ERRORS: Readonly<
     anthropic: "request_too_large",
     openai: "invalid_request_error",
     openaiCode: "request_header_fields_too_large",
+  },
+  client_closed: {
+    status: 499,
+    anthropic: "invalid_request_error",
+    openai: "invalid_request_error",
+    openaiCode: "client_closed_request",
   },
   overloaded: {
     status: 503,
@@ -124,13 +131,17 @@ export class ApiError extends Error {
 
 /**
  * Converts anything thrown while serving a request into an {@linkcode ApiError}: ApiError as is, a full
- * queue → 503 with Retry-After, a chat template's rejection of the conversation → 400, and everything else
+ * queue → 503 with Retry-After, an abort (the client went away) → 499 unlogged, a chat template's rejection of the conversation → 400, and everything else
  * (bugs) → 500 naming only the request id; the original error is logged with that id.
  */
 export function toApiError(e: unknown, requestId: string): ApiError {
   if (e instanceof ApiError) return e;
   if (e instanceof QueueFullError) {
     return new ApiError("overloaded", e.message, { retryAfterSeconds: e.retryAfterSeconds, cause: e });
+  }
+  if (e instanceof DOMException && e.name === "AbortError") {
+    // The client went away (its request signal aborted the work): not a server fault, nothing to log.
+    return new ApiError("client_closed", `Client closed the connection: ${e.message}`, { cause: e });
   }
   if (e instanceof ChatTemplateError && (e.code === "rejected" || e.code === "bad_request")) {
     return new ApiError("invalid_request", e.message, { param: "messages", cause: e });

@@ -1,11 +1,13 @@
 /**
  * `GET /metrics`: Prometheus text exposition (format 0.0.4) of the head's own counters (requests by
- * endpoint and status, tokens in and out, generation throughput, time-to-first-token histogram) and the
+ * endpoint and status, client aborts, open and refused connections, tokens in and out, generation throughput, time-to-first-token histogram) and the
  * engine's live gauges (queue depth, busy slots) and counters (prefix-cache hits).
  * @module
  */
 import type { Context } from "hono";
 import type { EngineStatus } from "../engine/mod.ts";
+import type { Http1Event } from "./http1.ts";
+import { routeOf } from "./routes.ts";
 
 /** Upper bounds (seconds) of the time-to-first-token histogram buckets. */
 export const TTFT_BUCKETS_S: readonly number[] = [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
@@ -34,6 +36,33 @@ export class Metrics {
   #ttftCounts: number[] = TTFT_BUCKETS_S.map(() => 0);
   #ttftSum = 0;
   #ttftCount = 0;
+  #connectionsOpen = 0;
+  #refused = new Map<string, number>();
+  #aborts = new Map<string, number>();
+
+  /** Counts one connection-level event of the HTTP server (opens, closes, refusals, client aborts). */
+  connection(e: Http1Event): void {
+    switch (e.type) {
+      case "open":
+        this.#connectionsOpen++;
+        return;
+      case "close":
+        this.#connectionsOpen--;
+        return;
+      case "refused":
+        this.#refused.set(e.reason, (this.#refused.get(e.reason) ?? 0) + 1);
+        return;
+      case "client_abort": {
+        const route = routeOf(e.path);
+        this.#aborts.set(route, (this.#aborts.get(route) ?? 0) + 1);
+        return;
+      }
+      default: {
+        const never: never = e;
+        throw new Error(`Internal error: unknown HTTP event ${JSON.stringify(never)}`);
+      }
+    }
+  }
 
   /** Counts one answered request. */
   request(endpoint: string, status: number): void {
@@ -68,6 +97,21 @@ export class Metrics {
       "counter",
       "HTTP requests answered, by endpoint and status.",
       [...this.#requests].map(([k, v]) => `llm_http_requests_total{${k}} ${v}`),
+    );
+    metric(
+      "llm_http_client_aborts_total",
+      "counter",
+      "Requests whose client went away before the response was complete, by endpoint.",
+      [...this.#aborts].map(([k, v]) => `llm_http_client_aborts_total{endpoint="${k}"} ${v}`),
+    );
+    metric("llm_http_connections_open", "gauge", "HTTP connections open.", [
+      `llm_http_connections_open ${this.#connectionsOpen}`,
+    ]);
+    metric(
+      "llm_http_refused_total",
+      "counter",
+      "Connections or requests refused by the HTTP server's bounds, by reason.",
+      [...this.#refused].map(([k, v]) => `llm_http_refused_total{reason="${k}"} ${v}`),
     );
     metric("llm_prompt_tokens_total", "counter", "Prompt tokens of finished generations.", [
       `llm_prompt_tokens_total ${this.#promptTokens}`,

@@ -198,7 +198,10 @@ export class FingerprintHasher {
   readonly #tensors = new Map<string, TensorState>();
   #finished: string | undefined;
 
-  /** @param file the opened model (its metadata and tensor table are part of the fingerprint) */
+  /**
+   * Starts a fingerprint of `file`.
+   * @param file the opened model (its metadata and tensor table are part of the fingerprint)
+   */
   constructor(file: GgufFile) {
     this.#file = file;
     for (const t of file.tensors.values()) {

@@ -897,7 +897,10 @@ export class FrameDecoder {
   #header: FrameHeader | undefined;
   #failed: WireError | undefined;
 
-  /** @param limits what this side accepts (its own hello's limits: {@linkcode limitsOf}) */
+  /**
+   * Creates a decoder for one connection.
+   * @param limits what this side accepts (its own hello's limits: {@linkcode limitsOf})
+   */
   constructor(limits: FrameLimits) {
     this.#limits = limits;
   }

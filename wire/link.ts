@@ -109,7 +109,10 @@ export class FrameConn {
   #tail: Promise<void> = Promise.resolve();
   #writeFailed: unknown;
 
-  /** @param limits what this side accepts (its own hello: {@linkcode limitsOf}) */
+  /**
+   * Wraps `conn`.
+   * @param limits what this side accepts (its own hello: {@linkcode limitsOf})
+   */
   constructor(conn: Deno.Conn, limits: FrameLimits) {
     this.conn = conn;
     this.#decoder = new FrameDecoder(limits);

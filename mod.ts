@@ -10,13 +10,9 @@
  * @module
  */
 
-/** A CLI command: its one-line help and its entry taking the remaining argv. */
-export interface Command {
-  /** One line for `mod.ts help`. */
-  readonly summary: string;
-  /** Runs the command; resolves to the process exit code. */
-  readonly run: (argv: string[]) => Promise<number>;
-}
+import type { Command } from "./cli/command.ts";
+
+export type { Command };
 
 /** Every command, loaded lazily so that one command's imports never slow another's start. */
 export const COMMANDS: Readonly<Record<string, () => Promise<Command>>> = {

@@ -18,7 +18,7 @@ import { acquireGpu } from "../engine/gpu/device.ts";
 import { PipelineCache } from "../wgsl/kernel.ts";
 import { openGguf } from "../engine/gguf.ts";
 import { parseTensorName } from "../engine/names.ts";
-import { type Op, Stage } from "../engine/stage.ts";
+import { type Op, Stage } from "../engine/mod.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { encodeStreamRead, prepareStreamRead, streamReadParams } from "../wgsl/stream_read.ts";
 import { PassTimer } from "./_pass_timer.ts";

@@ -12,7 +12,7 @@
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
-import { Stage } from "../engine/stage.ts";
+import { Stage } from "../engine/mod.ts";
 
 const { values: args } = parseArgs({
   options: {

@@ -3,7 +3,7 @@
  * with no `--model`, from the embedded default: a tiny synthetic `qwen35moe` written to a temporary file.
  * @module
  */
-import type { Command } from "../mod.ts";
+import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
 import {
   acquireGpu,

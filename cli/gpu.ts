@@ -2,7 +2,7 @@
  * `mod.ts gpu`: prints the adapter summary, or the reason there is none.
  * @module
  */
-import type { Command } from "../mod.ts";
+import type { Command } from "./command.ts";
 import { acquireGpu } from "../engine/mod.ts";
 
 /** The `gpu` command. */

@@ -4,7 +4,7 @@
  * `synth --split-parts` above the tensor count is refused.
  */
 import assert from "node:assert/strict";
-import type { Command } from "../mod.ts";
+import type { Command } from "./command.ts";
 import { command as generate } from "./generate.ts";
 import { command as head } from "./head.ts";
 import { command as inspect } from "./inspect.ts";

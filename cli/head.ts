@@ -6,7 +6,7 @@
  * grace period, or at once on a second signal), then stops listening and exits 0.
  * @module
  */
-import type { Command } from "../mod.ts";
+import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
 import {
   ChatTemplate,

@@ -3,7 +3,7 @@
  * GGUF (split sets and the fixtures included).
  * @module
  */
-import type { Command } from "../mod.ts";
+import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
 import { formatReport, inspectModel, openGguf } from "../engine/mod.ts";
 

@@ -2,7 +2,7 @@
  * `mod.ts synth`: writes a synthetic GGUF with the real models' metadata, names, shapes and types.
  * @module
  */
-import type { Command } from "../mod.ts";
+import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
 import {
   formatBytes,

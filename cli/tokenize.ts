@@ -10,7 +10,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import type { Command } from "../mod.ts";
+import type { Command } from "./command.ts";
 import { openGguf, Tokenizer } from "../engine/mod.ts";
 
 const USAGE = "Usage: mod.ts tokenize --model FILE.gguf (--text TEXT | --file FILE | --decode 1,2,3) " +

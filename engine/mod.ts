@@ -53,7 +53,19 @@ export {
 export * from "./models/mod.ts";
 export * from "./synth.ts";
 export * from "./inspect.ts";
-export * from "./stage.ts";
+export * from "./exec/stage.ts";
+export {
+  argmaxCpu,
+  type BatchItem,
+  DecodeDriver,
+  type GenerateOptions,
+  type GenerateResult,
+  type SlotDecoder,
+  topCpu,
+} from "./exec/decode.ts";
+export { MAX_BATCH_SLOTS } from "./exec/activations.ts";
+export { encodeOps, type Op } from "./graph/builder.ts";
+export { legacyRowOrder } from "./models/qwen3next.ts";
 export { SlotStates, type StateSpec } from "./state.ts";
 export {
   type GpuTensor,

@@ -11,7 +11,7 @@ import {
   type GenerateOptions,
   type GenerateResult,
   Stage,
-} from "../engine/stage.ts";
+} from "../engine/mod.ts";
 import { samplingParams } from "../engine/sampling.ts";
 import { testGpu } from "./util/gpu.ts";
 import { Rng } from "./util/rng.ts";

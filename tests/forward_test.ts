@@ -1,5 +1,5 @@
 /**
- * The GPU forward pass (`engine/stage.ts`) against the float64 reference (`tests/ref/forward.ts`) on the
+ * The GPU forward pass (`engine/exec/stage.ts`) against the float64 reference (`tests/ref/forward.ts`) on the
  * synthesized tiny models of both architectures, and against llama.cpp's own outputs on the fixture models:
  * teacher-forced logits, free-running greedy tokens up to a certified near-tie, chunked prefill, layer splits,
  * interleaved slots and snapshots.
@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf.ts";
 import { planModel, type QuantPreset, synthesize } from "../engine/synth.ts";
-import { argmaxCpu, type Int8Logged, Stage } from "../engine/stage.ts";
+import { argmaxCpu, type Int8Logged, Stage } from "../engine/mod.ts";
 import { samplingParams } from "../engine/sampling.ts";
 import type { ArchName } from "../engine/models/mod.ts";
 import { RefModel } from "./ref/forward.ts";

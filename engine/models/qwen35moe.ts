@@ -23,6 +23,12 @@ import {
   type TensorCheck,
   type TensorSpec,
 } from "./_arch.ts";
+import type { HybridModel } from "./_hybrid.ts";
+import type { Binding } from "../../wgsl/kernel.ts";
+import { type BuildContext, GraphBuilder, type LayerWeights, padWords, sub } from "../graph/builder.ts";
+import type { DeltaNetInputs } from "../blocks/deltanet.ts";
+import { fusedMatvec, matvec } from "../blocks/linear.ts";
+import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** The one DeltaNet layout of qwen35moe files. */
 const LAYOUTS: readonly DeltaNetLayout[] = ["qkv_beta_alpha"];
@@ -84,3 +90,47 @@ export const QWEN35MOE: Arch = {
   tensors,
   checkTensors,
 };
+
+/**
+ * The DeltaNet input projections of a qwen35moe layer (`qkv_beta_alpha`): attn_qkv, attn_gate, ssm_beta and
+ * ssm_alpha. Decode runs the packed ones as one mat-vec into `inproj` ([qkv | z | b | a]); a right after b
+ * lets both bindings take the [b | a] range, the kernel reading a at word N_V of it (A_OFF).
+ */
+async function deltaNetInputs(
+  g: GraphBuilder,
+  cx: BuildContext,
+  l: number,
+  lw: LayerWeights,
+  c0: GdnStepConstants,
+): Promise<DeltaNetInputs> {
+  const n = g.n;
+  const A = cx.act;
+  const d = gdnDims(c0);
+  const nV = c0.N_V;
+  const ws = [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_beta"), lw.t("ssm_alpha")];
+  const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: ws[3] });
+  let xQkv: Binding = A.xqkv!;
+  let z: Binding = A.z!;
+  if (fused.length >= 2) {
+    xQkv = sub(A.inproj!, 0, d.convCh);
+    z = sub(A.inproj!, d.convCh, d.inner);
+  } else {
+    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n);
+    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n);
+  }
+  const baAt = d.convCh + d.inner;
+  // A batched step binds each slot's column of b and a: columns padded to 256-byte offsets.
+  const baStride = cx.batch ? padWords(nV) : undefined;
+  if (fused.length === 4) {
+    const ba = sub(A.inproj!, baAt, 2 * nV);
+    return { xQkv, z, b: ba, a: ba, aOff: nV };
+  }
+  let b: Binding = A.ba!;
+  if (fused.length === 3) b = sub(A.inproj!, baAt, nV);
+  else await matvec(g, `L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n, { yStride: baStride });
+  await matvec(g, `L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n, { yStride: baStride });
+  return { xQkv, z, b, a: A.alpha!, aOff: 0 };
+}
+
+/** What qwen35moe adds to the shared layer loop: its DeltaNet input projections. */
+export const QWEN35MOE_GRAPH: HybridModel = { deltaNetInputs };

@@ -24,6 +24,13 @@ import {
   type TensorCheck,
   type TensorSpec,
 } from "./_arch.ts";
+import { assert } from "../errors.ts";
+import type { HybridModel } from "./_hybrid.ts";
+import type { Binding } from "../../wgsl/kernel.ts";
+import { type BuildContext, GraphBuilder, type LayerWeights, padWords, sub } from "../graph/builder.ts";
+import type { DeltaNetInputs } from "../blocks/deltanet.ts";
+import { fusedMatvec, matvec } from "../blocks/linear.ts";
+import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** DeltaNet layouts of qwen3next files: the current converter's first, then the legacy one. */
 const LAYOUTS: readonly DeltaNetLayout[] = ["qkv_ba", "ssm_in"];
@@ -97,4 +104,86 @@ export const QWEN3NEXT: Arch = {
   readHparams,
   tensors,
   checkTensors,
+};
+
+/**
+ * Source row of each canonical row of the legacy `ssm_in` (spec §8.1): canonical rows are
+ * [q_0..q_{nK-1} | k_0.. | v_0..v_{nV-1} | z_0..z_{nV-1}], the file groups them per key head g as
+ * [q_g | k_g | v_{rg}..v_{rg+r-1} | z_{rg}..z_{rg+r-1}].
+ */
+export function legacyRowOrder(hp: Hparams): Uint32Array {
+  const nK = hp.ssmGroups;
+  const nV = hp.ssmDtRank;
+  const dK = hp.ssmState;
+  const dV = hp.ssmInner / nV;
+  const r = nV / nK;
+  const G = 2 * dK + 2 * r * dV;
+  const order = new Uint32Array(nK * G);
+  let at = 0;
+  for (let g = 0; g < nK; g++) for (let i = 0; i < dK; i++) order[at++] = g * G + i;
+  for (let g = 0; g < nK; g++) for (let i = 0; i < dK; i++) order[at++] = g * G + dK + i;
+  for (let h = 0; h < nV; h++) {
+    const g = Math.floor(h / r);
+    const j = h % r;
+    for (let i = 0; i < dV; i++) order[at++] = g * G + 2 * dK + j * dV + i;
+  }
+  for (let h = 0; h < nV; h++) {
+    const g = Math.floor(h / r);
+    const j = h % r;
+    for (let i = 0; i < dV; i++) order[at++] = g * G + 2 * dK + r * dV + j * dV + i;
+  }
+  assert(at === order.length, "legacy ssm_in row order covers every row");
+  return order;
+}
+
+/**
+ * The DeltaNet input projections of a qwen3next layer: the legacy fused `ssm_in` (uploaded in canonical row
+ * order, {@linkcode legacyRowOrder}) or attn_qkv + attn_gate, then the grouped `ssm_ba`. Decode runs the
+ * packed ones as one mat-vec into `inproj` ([qkv | z | ba]).
+ */
+async function deltaNetInputs(
+  g: GraphBuilder,
+  cx: BuildContext,
+  l: number,
+  lw: LayerWeights,
+  c0: GdnStepConstants,
+): Promise<DeltaNetInputs> {
+  const n = g.n;
+  const A = cx.act;
+  const d = gdnDims(c0);
+  const nV = c0.N_V;
+  const legacy = lw.layout === "ssm_in";
+  const ws = legacy
+    ? [lw.t("ssm_in"), lw.t("ssm_ba")]
+    : [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_ba")];
+  const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: undefined });
+  const nQkvz = legacy ? 1 : 2; // tensors holding qkv and z
+  let xQkv: Binding = A.xqkv!;
+  let z: Binding = A.z!;
+  if (fused.length >= nQkvz) {
+    xQkv = sub(A.inproj!, 0, d.convCh);
+    z = sub(A.inproj!, d.convCh, d.inner);
+  } else if (legacy) {
+    const w = ws[0]!;
+    await matvec(g, `L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh });
+    await matvec(g, `L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner });
+  } else {
+    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n);
+    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n);
+  }
+  let ba: Binding = A.ba!;
+  if (fused.length > nQkvz) {
+    ba = sub(A.inproj!, d.convCh + d.inner, 2 * nV);
+  } else {
+    // A batched step binds each slot's column of ba: columns padded to 256-byte offsets.
+    const baStride = cx.batch ? padWords(2 * nV) : undefined;
+    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { yStride: baStride });
+  }
+  return { xQkv, z, b: ba, a: ba, aOff: 0 };
+}
+
+/** What qwen3next adds to the shared layer loop: its DeltaNet input projections and legacy row order. */
+export const QWEN3NEXT_GRAPH: HybridModel = {
+  deltaNetInputs,
+  inProjRowOrder: (hp, layout) => layout === "ssm_in" ? legacyRowOrder(hp) : undefined,
 };

@@ -1,20 +1,20 @@
 /**
  * The worker side of the engine service, without the Worker: runs the admitted requests on a
- * {@linkcode Stage}'s slots in turns, one turn on the GPU at a time (the stage's activation buffers are shared
+ * a {@linkcode SlotDecoder}'s slots in turns, one turn on the GPU at a time (the stage's activation buffers are shared
  * by all slots). Each request gets a slot on its first turn: the free slot whose cached history its prompt
  * extends (that history is not prefilled again), else the least recently used free slot. New requests queue
  * ahead of the generating ones and their first turn ends at their first id (time to first token is their own
  * prefill, not the others' turns). A turn either
  * prefills one piece of at most `prefillTurn` prompt tokens for one request, or generates: then every request
  * that has no prompt piece due joins it (up to MAX_BATCH_SLOTS), each makes at most `turnTokens` ids, and
- * their decode steps run together in one batched GPU step ({@linkcode Stage.generateBatch}). Ids stream in
+ * their decode steps run together in one batched GPU step ({@linkcode SlotDecoder.generate}). Ids stream in
  * batches; an abort stops the request at the next batch boundary with the slot's state exact (it keeps
  * serving as that conversation's cache).
  *
  * Prefix reuse has two sources; the recurrent state cannot rewind, so each is used only when the new prompt
  * strictly extends its tokens, and the longest wins:
  * - the slot's live state: after a request the slot holds exactly its history (prompt and generated ids but
- *   the last, see {@linkcode Stage.generate}) and no other request touches it, so a next turn that sends
+ *   the last, see {@linkcode SlotDecoder.generate}) and no other request touches it, so a next turn that sends
  *   that history back verbatim continues in place;
  * - a snapshot per slot taken `snapshotBack` tokens before the end of its last long prompt (the prefill
  *   stops there once): a next turn whose template renders the previous reply differently (thinking
@@ -22,7 +22,8 @@
  *   snapshot can seed any free slot.
  * @module
  */
-import { type BatchItem, MAX_BATCH_SLOTS, type Stage } from "../stage.ts";
+import type { BatchItem, SlotDecoder } from "../exec/decode.ts";
+import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 import { assert } from "../errors.ts";
 import type { SamplingParams } from "../sampling.ts";
 import type { JobResult } from "./_protocol.ts";
@@ -83,9 +84,9 @@ interface Active {
   batched: number;
 }
 
-/** Runs requests on a Stage's slots in turns, with per-slot prefix reuse; see the module doc. */
+/** Runs requests on a SlotDecoder's slots in turns, with per-slot prefix reuse; see the module doc. */
 export class SlotRunner {
-  readonly #stage: Stage;
+  readonly #stage: SlotDecoder;
   readonly #batch: number;
   readonly #turnTokens: number;
   readonly #snapshotBack: number;
@@ -106,11 +107,10 @@ export class SlotRunner {
   #looping = false;
 
   /**
-   * Wraps a loaded whole-model stage.
+   * Wraps the slots of a whole model (a local stage's decode driver, or a split chain).
    * @param stage first and last stage (the whole model)
    */
-  constructor(stage: Stage, opts: SlotRunnerOptions) {
-    assert(stage.first && stage.last, "the service runs a whole-model stage");
+  constructor(stage: SlotDecoder, opts: SlotRunnerOptions) {
     this.#stage = stage;
     this.#batch = opts.batch;
     this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
@@ -121,9 +121,9 @@ export class SlotRunner {
       "batchMin is 0 or 2..MAX_BATCH_SLOTS",
     );
     this.#batchMin = stage.canBatch && opts.batchMin > 0 ? opts.batchMin : Infinity;
-    this.#snaps = new Array(stage.states.nSlots).fill(undefined);
-    this.#history = Array.from({ length: stage.states.nSlots }, () => []);
-    this.#lastUsed = new Array(stage.states.nSlots).fill(0);
+    this.#snaps = new Array(stage.nSlots).fill(undefined);
+    this.#history = Array.from({ length: stage.nSlots }, () => []);
+    this.#lastUsed = new Array(stage.nSlots).fill(0);
   }
 
   /** Tokens slot `slot`'s state holds (a copy; empty when it holds nothing reusable). */
@@ -295,7 +295,7 @@ export class SlotRunner {
         },
       };
     });
-    const rs = await stage.generateBatch(items, { batch: this.#batch });
+    const rs = await stage.generate(items, { batch: this.#batch });
     return group.map((a, i) => {
       const r = rs[i]!;
       const { job } = a;
@@ -329,7 +329,7 @@ export class SlotRunner {
       slot: a.slot,
       cachedTokens: a.base,
       prefilledTokens: a.slot >= 0 ? a.job.prompt.length - a.base : 0,
-      snapshotBytes: this.#stage.states.snapshotBytes,
+      snapshotBytes: this.#stage.snapshotBytes,
       batchedTokens: a.batched,
     };
   }
@@ -375,7 +375,7 @@ export class SlotRunner {
    * Prefills one piece of a long prompt as a turn of its own, so other requests keep streaming meanwhile:
    * up to `prefillTurn` tokens, ending early at the snapshot point (`snapshotBack` before the prompt's end,
    * when the prompt has more new tokens than that), where the slot's snapshot is replaced. Returns false
-   * when what is left goes to Stage.generate (it prefills at least the prompt's last token itself).
+   * when what is left goes to SlotDecoder.generate (it prefills at least the prompt's last token itself).
    */
   async #prefillPiece(a: Active): Promise<boolean> {
     const stage = this.#stage;
@@ -385,12 +385,12 @@ export class SlotRunner {
     if (!this.#pieceDue(a)) return false;
     const end = Math.min(a.held + this.#prefillTurn, snapAhead ? at : prompt.length - 1);
     a.consistent = false;
-    await stage.run(a.slot, { tokens: prompt.slice(a.held, end) }, a.held);
+    await stage.prefill(a.slot, prompt.slice(a.held, end), a.held);
     a.consistent = true;
     a.held = end;
     if (snapAhead && end === at) {
       const old = this.#snaps[a.slot];
-      if (old) stage.states.drop(old.id);
+      if (old) stage.drop(old.id);
       this.#snaps[a.slot] = { id: stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
     }
     return true;

@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { openGguf } from "../gguf.ts";
-import { Stage } from "../stage.ts";
+import { Stage } from "../exec/stage.ts";
 import { type EngineOptions, type EngineService, startEngine } from "./service.ts";
 import { type GenerateResult, QueueFullError, type SamplingSettings } from "./api.ts";
 import { testGpu } from "../../tests/util/gpu.ts";

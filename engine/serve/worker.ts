@@ -1,13 +1,13 @@
 /**
  * The engine service's Worker: owns the GPU device, the GGUF file and the {@linkcode Stage}, and runs the
- * requests the main thread (`engine/service.ts`) admits, one at a time, through a {@linkcode SlotRunner}.
+ * requests the main thread (`engine/serve/service.ts`) admits, one at a time, through a {@linkcode SlotRunner}.
  * A blocking `mapAsync` here never stalls the main thread's event loop. Messages: `_service_protocol.ts`.
  * @module
  */
 import { acquireGpu } from "../gpu/device.ts";
 import { type GgufFile, openGguf } from "../gguf.ts";
 import { KEYS } from "../names.ts";
-import { Stage } from "../stage.ts";
+import { Stage } from "../exec/stage.ts";
 import { planModel, synthesize } from "../synth.ts";
 import { SlotRunner } from "./_runner.ts";
 import { encodeError, type FromWorker, type ToWorker } from "./_protocol.ts";
@@ -60,7 +60,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
     if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);
-    runner = new SlotRunner(stage, {
+    runner = new SlotRunner(stage.decoder, {
       batch: m.batch,
       turnTokens: m.turnTokens,
       snapshotBack: m.snapshotBack,

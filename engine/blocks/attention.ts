@@ -1,0 +1,231 @@
+/**
+ * The gated attention block: q (with its gate), k and v projections, per-head q/k RMSNorm and RoPE with the
+ * KV cache write, then prefill attention over the chunk or split-K decode attention per slot, and the output
+ * projection into the residual stream.
+ * @module
+ */
+import type { Binding } from "../../wgsl/kernel.ts";
+import { type BuildContext, GraphBuilder, type LayerWeights, part0, sub } from "../graph/builder.ts";
+import { fusedMatvec, matvec, outProj } from "./linear.ts";
+import {
+  ATTN_QK_ROPE,
+  attnQkRopeBindGroup,
+  type AttnQkRopeConstants,
+  attnQkRopeGrid,
+} from "../../wgsl/attn_qk_rope.ts";
+import {
+  ATTN_DECODE,
+  attnDecodeBindGroup,
+  type AttnDecodeConstants,
+  attnDecodeGrid,
+} from "../../wgsl/attn_decode.ts";
+import {
+  ATTN_COMBINE,
+  attnCombineBindGroup,
+  type AttnCombineConstants,
+  attnCombineGrid,
+} from "../../wgsl/attn_combine.ts";
+import {
+  ATTN_PREFILL,
+  attnPrefillBindGroup,
+  type AttnPrefillConstants,
+  attnPrefillGrid,
+} from "../../wgsl/attn_prefill.ts";
+
+/** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
+export const ATTN_SPLITS = 32;
+
+/** Gated attention of layer l: q/k/v projections, q/k norms and RoPE, the KV cache write, attention, output. */
+export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw: LayerWeights) {
+  const hp = g.hp;
+  const n = g.n;
+  const A = cx.act;
+  let qf: Binding = A.qf!;
+  let k: Binding = A.k!;
+  let v: Binding = A.v!;
+  const nQf = 2 * hp.nHead * hp.headDim;
+  const nKv = hp.nHeadKv * hp.headDim;
+  const qkv = [lw.t("attn_q"), lw.t("attn_k"), lw.t("attn_v")];
+  const fused = await fusedMatvec(g, `L${l}.attn_in_proj`, qkv, A.a!, A.inproj!);
+  if (fused.length >= 2) {
+    qf = sub(A.inproj!, 0, nQf);
+    k = sub(A.inproj!, nQf, nKv);
+  } else {
+    await matvec(g, `L${l}.attn_q`, qkv[0]!, A.a!, A.qf!, n);
+    await matvec(g, `L${l}.attn_k`, qkv[1]!, A.a!, A.k!, n);
+  }
+  if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
+  else await matvec(g, `L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n);
+  if (cx.batch) {
+    // Per slot: its column of q/k/v, its KV cache and position.
+    const nQ = hp.nHead * hp.headDim;
+    for (const [b, slot] of cx.batch.slots.entries()) {
+      const kCache = cx.states.buffer(slot, l, "k_cache");
+      const vCache = cx.states.buffer(slot, l, "v_cache");
+      const qfB = sub(A.qf!, b * nQf, nQf);
+      const qB = sub(A.q!, b * nQ, nQ);
+      const pos = cx.batch.pos[b]!;
+      await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
+        params: pos,
+        qf: qfB,
+        k: sub(A.k!, b * nKv, nKv),
+        v: sub(A.v!, b * nKv, nKv),
+        qOut: qB,
+        kCache,
+        vCache,
+      });
+      await attnDecode(g, `L${l}`, `.${b}`, cx, {
+        pos,
+        q: qB,
+        kCache,
+        vCache,
+        qf: qfB,
+        o: sub(A.o!, b * nQ, nQ),
+      });
+    }
+  } else {
+    const kCache = cx.states.buffer(cx.slot, l, "k_cache");
+    const vCache = cx.states.buffer(cx.slot, l, "v_cache");
+    await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, n, {
+      params: cx.pos,
+      qf,
+      k,
+      v,
+      qOut: A.q!,
+      kCache,
+      vCache,
+    });
+    if (n === 1) {
+      await attnDecode(g, `L${l}`, "", cx, { pos: cx.pos, q: A.q!, kCache, vCache, qf, o: A.o! });
+    } else {
+      const pc: AttnPrefillConstants = {
+        H_Q: hp.nHead,
+        H_KV: hp.nHeadKv,
+        D_H: hp.headDim,
+        P_MAX: cx.nCtx,
+        BQ: 1,
+        TILE: 8,
+        WG: 256,
+        SCALE: hp.attnScale,
+        KV_F16: false,
+      };
+      await g.checked(
+        `L${l}.attn_prefill`,
+        ATTN_PREFILL,
+        pc,
+        (pipeline) =>
+          attnPrefillBindGroup(g.device, {
+            pipeline,
+            constants: pc,
+            nTokens: n,
+            buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: A.o! },
+          }),
+        attnPrefillGrid(pc, n),
+      );
+    }
+  }
+  await outProj(g, `L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, A.h!);
+}
+
+/** q/k norms, RoPE and the KV cache write of `nTokens` tokens. */
+export async function qkRope(
+  g: GraphBuilder,
+  label: string,
+  lw: LayerWeights,
+  cx: BuildContext,
+  nTokens: number,
+  buffers: {
+    params: Binding;
+    qf: Binding;
+    k: Binding;
+    v: Binding;
+    qOut: Binding;
+    kCache: GPUBuffer;
+    vCache: GPUBuffer;
+  },
+) {
+  const hp = g.hp;
+  const rope: AttnQkRopeConstants = {
+    H_Q: hp.nHead,
+    H_KV: hp.nHeadKv,
+    D_H: hp.headDim,
+    N_ROT: hp.ropeDim,
+    P_MAX: cx.nCtx,
+    WG: 64,
+    ROPE_THETA: hp.ropeBase,
+    EPS: hp.rmsEps,
+    KV_F16: false,
+  };
+  await g.checked(
+    label,
+    ATTN_QK_ROPE,
+    rope,
+    (pipeline) =>
+      attnQkRopeBindGroup(g.device, {
+        pipeline,
+        constants: rope,
+        nTokens,
+        buffers: {
+          ...buffers,
+          qNorm: part0(lw.t("attn_q_norm")),
+          kNorm: part0(lw.t("attn_k_norm")),
+        },
+      }),
+    attnQkRopeGrid(rope, nTokens),
+  );
+}
+
+/** Split-K decode attention of one token and the combine of its splits (with the output gate). */
+export async function attnDecode(
+  g: GraphBuilder,
+  label: string,
+  suffix: string,
+  cx: BuildContext,
+  x: { pos: Binding; q: Binding; kCache: GPUBuffer; vCache: GPUBuffer; qf: Binding; o: Binding },
+) {
+  const hp = g.hp;
+  const A = cx.act;
+  const dc: AttnDecodeConstants = {
+    H_Q: hp.nHead,
+    H_KV: hp.nHeadKv,
+    D_H: hp.headDim,
+    P_MAX: cx.nCtx,
+    N_SPLIT: ATTN_SPLITS,
+    TILE: 16,
+    WG: 256,
+    SCALE: hp.attnScale,
+    KV_F16: false,
+  };
+  await g.checked(
+    `${label}.attn_decode${suffix}`,
+    ATTN_DECODE,
+    dc,
+    (pipeline) =>
+      attnDecodeBindGroup(g.device, {
+        pipeline,
+        constants: dc,
+        buffers: {
+          params: x.pos,
+          q: x.q,
+          kCache: x.kCache,
+          vCache: x.vCache,
+          partO: A.partO!,
+          partMl: A.partMl!,
+        },
+      }),
+    attnDecodeGrid(dc),
+  );
+  const cc: AttnCombineConstants = { H_Q: hp.nHead, D_H: hp.headDim, N_SPLIT: ATTN_SPLITS, WG: 64 };
+  await g.checked(
+    `${label}.attn_combine${suffix}`,
+    ATTN_COMBINE,
+    cc,
+    (pipeline) =>
+      attnCombineBindGroup(g.device, {
+        pipeline,
+        constants: cc,
+        buffers: { partO: A.partO!, partMl: A.partMl!, qf: x.qf, o: x.o },
+      }),
+    attnCombineGrid(cc),
+  );
+}

@@ -1,0 +1,175 @@
+/**
+ * The gated DeltaNet block (spec §8): after the architecture's input projections, the conv + gated delta
+ * rule step per token on the slot's conv ring and recurrent state (or the chunked form for prefill), the
+ * gated norm, and the output projection into the residual stream.
+ * @module
+ */
+import type { Binding } from "../../wgsl/kernel.ts";
+import {
+  type BuildContext,
+  GraphBuilder,
+  type LayerWeights,
+  MATVEC_MAX_COLS,
+  padWords,
+  part0,
+  sub,
+} from "../graph/builder.ts";
+import { outProj } from "./linear.ts";
+import {
+  checkGdnStep,
+  GDN_STEP,
+  GDN_STEP_BINDINGS,
+  gdnDims,
+  type GdnStepBindings,
+  type GdnStepConstants,
+  gdnStepGrid,
+  gdnStepNeedsNorm,
+} from "../../wgsl/gdn_step.ts";
+import { GDN_CHUNK_NORM, GDN_CHUNK_NORM_BINDINGS, gdnChunkDispatches } from "../../wgsl/gdn_chunk.ts";
+import {
+  checkGdnConvRing,
+  GDN_CONV_RING,
+  GDN_CONV_RING_BINDINGS,
+  type GdnConvRingConstants,
+  gdnConvRingGrid,
+} from "../../wgsl/gdn_conv_ring.ts";
+
+/**
+ * Where a DeltaNet layer's input projections left their outputs for the step: the conv input (q, k, v
+ * channels), the output gate z, and the b and a logits (`aOff`: a's word offset inside the `a` binding).
+ */
+export interface DeltaNetInputs {
+  readonly xQkv: Binding;
+  readonly z: Binding;
+  readonly b: Binding;
+  readonly a: Binding;
+  readonly aOff: number;
+}
+
+/** An architecture's DeltaNet input projections of layer l (its file owns the tensor layout). */
+export type DeltaNetInputsOf = (
+  g: GraphBuilder,
+  cx: BuildContext,
+  l: number,
+  lw: LayerWeights,
+  c0: GdnStepConstants,
+) => Promise<DeltaNetInputs>;
+
+/**
+ * The gated DeltaNet block of layer l: the architecture's input projections (`inputs`), then per token the
+ * causal conv, the gated delta rule on the slot's recurrent state and the gated norm (the chunked form for
+ * prefill chunks over 8 tokens), the conv ring update, and the output projection.
+ */
+export async function deltaNet(
+  g: GraphBuilder,
+  cx: BuildContext,
+  l: number,
+  lw: LayerWeights,
+  inputs: DeltaNetInputsOf,
+) {
+  const n = g.n;
+  const A = cx.act;
+  const c0 = cx.gdn(lw.layout);
+  const d = gdnDims(c0);
+  const nV = c0.N_V;
+  // The input projections differ per architecture (packed rows, legacy row order): its own file runs them.
+  const { xQkv, z, b, a, aOff } = await inputs(g, cx, l, lw, c0);
+  // A batched step binds each slot's column of b and a: columns padded to 256-byte offsets.
+  const baStride = cx.batch ? padWords(c0.BA_GROUPED ? 2 * nV : nV) : undefined;
+  const c: GdnStepConstants = { ...c0, A_OFF: aOff };
+  if (cx.batch) {
+    const nBa = c0.BA_GROUPED ? 2 * nV : nV;
+    for (const [col, slot] of cx.batch.slots.entries()) {
+      const bindings = {
+        params: cx.batch.pos[col]!,
+        xQkv: sub(A.xqkv!, col * d.convCh, d.convCh),
+        z: sub(A.z!, col * d.inner, d.inner),
+        b: sub(A.ba!, col * baStride!, nBa),
+        a: c0.BA_GROUPED ? sub(A.ba!, col * baStride!, nBa) : sub(A.alpha!, col * baStride!, nV),
+        convW: part0(lw.t("ssm_conv1d")),
+        dtBias: part0(lw.t("ssm_dt")),
+        ssmA: part0(lw.t("ssm_a")),
+        normW: part0(lw.t("ssm_norm")),
+        convRing: cx.states.buffer(slot, l, "conv"),
+        state: cx.states.buffer(slot, l, "ssm"),
+        y: sub(A.y!, col * d.inner, d.inner),
+      };
+      checkGdnStep(c, { bindings, maxTokens: 1 });
+      await g.push(
+        `L${l}.gdn_step.${col}`,
+        GDN_STEP,
+        c,
+        GDN_STEP_BINDINGS.map((k) => bindings[k]),
+        gdnStepGrid(c),
+      );
+      await gdnStepNorm(g, `L${l}.gdn_norm.${col}`, c, bindings, 1);
+    }
+    await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
+    return;
+  }
+  const convRing = cx.states.buffer(cx.slot, l, "conv");
+  const state = cx.states.buffer(cx.slot, l, "ssm");
+  const bindings = {
+    params: cx.pos,
+    xQkv,
+    z,
+    b,
+    a,
+    convW: part0(lw.t("ssm_conv1d")),
+    dtBias: part0(lw.t("ssm_dt")),
+    ssmA: part0(lw.t("ssm_a")),
+    normW: part0(lw.t("ssm_norm")),
+    convRing,
+    state,
+    y: A.y!,
+  };
+  if (n > MATVEC_MAX_COLS) {
+    // Prefill: the chunked (WY) form, parallel within each 64-token block (spec §8.6); equal to the
+    // recurrence up to f32 rounding. Short pieces keep the exact recurrence.
+    const scratch = { wsQkw: A.gdnQkw!, wsUp: A.gdnUp! };
+    for (const dd of gdnChunkDispatches(c, { bindings, scratch, maxTokens: n })) {
+      await g.push(`L${l}.${dd.spec.name}`, dd.spec, dd.constants, dd.bindings, dd.grid);
+    }
+  } else {
+    checkGdnStep(c, { bindings, maxTokens: n });
+    await g.push(
+      `L${l}.gdn_step`,
+      GDN_STEP,
+      c,
+      GDN_STEP_BINDINGS.map((k) => bindings[k]),
+      gdnStepGrid(c),
+    );
+    await gdnStepNorm(g, `L${l}.gdn_norm`, c, bindings, n);
+  }
+  if (n > 1) {
+    const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV };
+    const rb = { params: cx.pos, xQkv, convRing };
+    checkGdnConvRing(rc, { bindings: rb, maxTokens: n });
+    await g.push(
+      `L${l}.gdn_conv_ring`,
+      GDN_CONV_RING,
+      rc,
+      GDN_CONV_RING_BINDINGS.map((k) => rb[k]),
+      gdnConvRingGrid(rc),
+    );
+  }
+  await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
+}
+
+/** After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens in place (spec §8.7). */
+export async function gdnStepNorm(
+  g: GraphBuilder,
+  label: string,
+  c: GdnStepConstants,
+  b: GdnStepBindings,
+  n: number,
+) {
+  if (!gdnStepNeedsNorm(c)) return;
+  await g.push(
+    label,
+    GDN_CHUNK_NORM,
+    { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS },
+    GDN_CHUNK_NORM_BINDINGS.map((k) => b[k]),
+    [c.N_V, n, 1],
+  );
+}

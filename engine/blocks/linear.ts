@@ -1,0 +1,407 @@
+/**
+ * Linear layers: the decode mat-vec (f32 x, or int8 x under int8Activations) with a deferred norm in its
+ * prologue, the prefill matmul (split K for small N), packed projections run as one mat-vec, and the output
+ * projection that adds into the residual stream.
+ * @module
+ */
+import type { Binding } from "../../wgsl/kernel.ts";
+import type { GpuTensor } from "../gpu/weights.ts";
+import type { GgmlTypeName } from "../quant/types.ts";
+import { assert } from "../errors.ts";
+import { GraphBuilder, MATVEC_MAX_COLS, part0, typeName } from "../graph/builder.ts";
+import {
+  MATVEC,
+  matvecConstants,
+  matvecGrid,
+  matvecParams,
+  type MatvecShape,
+  normBindings,
+} from "../../wgsl/matvec.ts";
+import { MATMUL, MATMUL_SPLITS, matmulPlan, type MatmulShape } from "../../wgsl/matmul.ts";
+import {
+  checkMatvecQ8,
+  checkMatvecQ8Fused,
+  checkQuantizeQ8,
+  MATVEC_Q8,
+  MATVEC_Q8_FUSED,
+  MATVEC_Q8_TYPES,
+  type MatvecQ8Bindings,
+  matvecQ8Constants,
+  type MatvecQ8FusedBindings,
+  matvecQ8FusedConstants,
+  type MatvecQ8FusedShape,
+  matvecQ8FusedWorkgroupBytes,
+  matvecQ8Grid,
+  matvecQ8Params,
+  type MatvecQ8Shape,
+  q8Layout,
+  q8xBytes,
+  QUANTIZE_Q8,
+  type QuantizeQ8Bindings,
+  quantizeQ8Constants,
+  quantizeQ8Grid,
+  quantizeQ8Params,
+  type QuantizeQ8Shape,
+} from "../../wgsl/matvec_q8.ts";
+
+/** y[col][r] = W·x[col] for `cols` columns of x (stride K) into y (stride N), rows [rowStart, rowStart+rows). */
+export async function matvec(
+  g: GraphBuilder,
+  label: string,
+  w: GpuTensor,
+  x: GPUBuffer,
+  y: GPUBuffer,
+  cols: number,
+  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; f32?: boolean } = {},
+) {
+  if (
+    g.opts.int8Activations && !opts.f32 && cols <= MATVEC_MAX_COLS && MATVEC_Q8_TYPES.includes(typeName(w))
+  ) {
+    return await matvecQ8(g, label, w, x, y, cols, opts);
+  }
+  // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
+  // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
+  const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
+  const norm = g.pending && g.pending.y === x && cols === 1 && allRows <= g.opts.normPrologueMaxRows
+    ? g.pending
+    : undefined;
+  // A mat-vec that writes the deferred norm's input or output (or reads its output with several columns)
+  // must come after it: push the norm first.
+  if (!norm && g.pending && (y === g.pending.x || y === g.pending.y || x === g.pending.y)) {
+    await g.flushNorm();
+  }
+  if (norm) {
+    g.pending = undefined;
+    label = `${label}+${norm.label.replace(/^L\d+\./, "")}`;
+    x = norm.x;
+  }
+  const k = w.ne[0]!;
+  let roundedFrom: GPUBuffer | undefined;
+  if (
+    g.opts.int8Activations && !opts.f32 && cols > MATVEC_MAX_COLS && MATVEC_Q8_TYPES.includes(typeName(w))
+  ) {
+    // The rounded x of the matmul pushed last when it read the same x and nothing was pushed since
+    // (attn_qkv, attn_gate, ssm_beta, ssm_alpha of a chunk), else rounded here. The values d·q do not
+    // depend on the weight type (only the logged byte order does).
+    const last = g.lastRound;
+    const reuse = last !== undefined && last.from === x && last.k === k && last.cols === cols &&
+      last.at === g.ops.length;
+    roundedFrom = x;
+    x = reuse ? last.out : await roundX(g, label, x, k, cols, typeName(w), "dense");
+  }
+  const rowStart = opts.rowStart ?? 0;
+  const nRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - rowStart);
+  for (const p of w.parts) {
+    const lo = Math.max(rowStart, p.firstRow);
+    const hi = Math.min(rowStart + nRows, p.firstRow + p.nRows);
+    if (lo >= hi) continue;
+    if (cols > MATVEC_MAX_COLS) {
+      assert(opts.yStride === undefined, `${label}: a padded column stride is for mat-vecs only`);
+      if (opts.acc || norm) {
+        throw new Error(`${label}: NORM and ACC are decode-only (matvec), not for ${cols} columns`);
+      }
+      // Prefill: the register-tiled matmul reads each weight tile once per tile of tokens.
+      const shape: MatmulShape = {
+        type: typeName(w),
+        k,
+        n: hi - lo,
+        m: cols,
+        wOffsetBytes: p.offsetBytes + (lo - p.firstRow) * w.rowBytes,
+        xStride: k,
+        yOffset: lo - rowStart,
+        yStride: nRows,
+      };
+      const plan = matmulPlan(shape, g.device.limits.maxComputeWorkgroupStorageSize);
+      // Small N: runs of K in workgroups of their own into a scratch binding, added by matmul_splits.
+      const part = plan.sum && g.splitPart(plan.sum.partBytes);
+      await g.push(
+        label,
+        MATMUL,
+        plan.constants,
+        [g.storage(plan.params), p.buffer, x, part ?? y, x],
+        plan.grid,
+      );
+      if (plan.sum) {
+        await g.push(
+          `${label}.splits`,
+          MATMUL_SPLITS,
+          {},
+          [g.storage(plan.sum.params), part!, y],
+          plan.sum.grid,
+        );
+      }
+      continue;
+    }
+    for (let c0 = 0; c0 < cols; c0 += 8) {
+      const batch = Math.min(8, cols - c0);
+      const shape: MatvecShape = {
+        type: typeName(w),
+        k,
+        n: hi - lo,
+        batch,
+        wOffsetBytes: p.offsetBytes + (lo - p.firstRow) * w.rowBytes,
+        xOffset: c0 * k,
+        xStride: k,
+        yOffset: c0 * (opts.yStride ?? nRows) + (lo - rowStart),
+        yStride: opts.yStride ?? nRows,
+      };
+      const c = matvecConstants(shape, {
+        norm: norm ? { eps: g.hp.rmsEps } : undefined,
+        acc: opts.acc,
+        ...(batch === 1 ? g.opts.matvecTuning : undefined),
+      });
+      const params = g.storage(matvecParams(shape));
+      await g.push(label, MATVEC, c, [
+        params,
+        p.buffer,
+        x,
+        y,
+        norm ? part0(norm.w) : x,
+        norm ? norm.y : g.scratch(),
+      ], [...matvecGrid(shape, c), 1]);
+    }
+  }
+  if (roundedFrom) g.lastRound = { from: roundedFrom, k, cols, out: x, at: g.ops.length };
+}
+
+/**
+ * {@linkcode matvec} with int8 x (StageOptions.int8Activations): per column, matvec_q8_fused on the first part of W
+ * (quantizing x in its prologue, with a deferred norm of x, whose normed rows it also writes for the block's
+ * other readers; it leaves the int8 x in the graph's int8 buffer for K), then matvec_q8 on the other parts.
+ * Where that part is taller than normPrologueMaxRows or the fused kernel's workgroup memory does not fit the
+ * device, a quantize_q8 dispatch comes first and every part runs matvec_q8.
+ */
+export async function matvecQ8(
+  g: GraphBuilder,
+  label: string,
+  w: GpuTensor,
+  x: GPUBuffer,
+  y: GPUBuffer,
+  cols: number,
+  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number },
+) {
+  const p = g.pending;
+  const norm = p && p.y === x && cols === 1 ? p : undefined;
+  if (norm) {
+    g.pending = undefined;
+    label = `${label}+${norm.label.replace(/^L\d+\./, "")}`;
+  }
+  const type = typeName(w);
+  const k = w.ne[0]!;
+  const layout = q8Layout(type);
+  const rowStart = opts.rowStart ?? 0;
+  const nRows = opts.rows ?? (w.parts.reduce((s, q) => s + q.nRows, 0) - rowStart);
+  // The int8 x of every column: quantized by the int8 mat-vec pushed last when it read the same x and
+  // nothing was pushed since (attn_qkv, attn_gate, ssm_beta, ... of a chunk; unfused attn_q/k/v), else here.
+  const last = g.lastQ8;
+  const reuse = !norm && last !== undefined && last.x === x && last.k === k && last.layout === layout &&
+    last.cols === cols && last.at === g.ops.length;
+  const regions: Binding[] = reuse ? last.regions : [];
+  const parts = w.parts.flatMap((part) => {
+    const lo = Math.max(rowStart, part.firstRow);
+    const hi = Math.min(rowStart + nRows, part.firstRow + part.nRows);
+    return lo < hi ? [{ part, lo, hi }] : [];
+  });
+  const shapeOf = (col: number, { part, lo, hi }: (typeof parts)[number]): MatvecQ8Shape => ({
+    type,
+    k,
+    n: hi - lo,
+    wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
+    yOffset: col * (opts.yStride ?? nRows) + (lo - rowStart),
+  });
+  // Each column's int8 x in a region of its own of the graph's buffer for K (or of the int8 log).
+  const stride = Math.ceil(q8xBytes(k) / 256) * 256;
+  let shared = g.xq.get(k);
+  if (!reuse && !shared) {
+    shared = g.device.createBuffer({
+      label: `int8 x K=${k}`,
+      size: MATVEC_MAX_COLS * stride,
+      usage: GPUBufferUsage.STORAGE,
+    });
+    g.own(shared);
+    g.xq.set(k, shared);
+  }
+  for (let col = 0; col < cols; col++) {
+    let first = 0; // the parts before it took this column's x from a fused mat-vec
+    if (!reuse) {
+      const xq: Binding = g.logRegion(label, k, type, 1, col) ??
+        { buffer: shared!, offset: col * stride, size: q8xBytes(k) };
+      regions.push(xq);
+      const xOffset = norm ? 0 : col * k;
+      const normOpt = norm ? { eps: g.hp.rmsEps } : undefined;
+      const xBind = norm ? norm.x : x;
+      const [nw, xn] = normBindings(g.device, {
+        x: xBind,
+        nw: norm ? part0(norm.w) : undefined,
+        xn: norm ? norm.y : undefined,
+      });
+      // The first part's mat-vec quantizes x in its prologue (matvec_q8_fused) and leaves the int8 x in the
+      // region for the other parts and the mat-vecs after it. A quantize_q8 dispatch of its own does it
+      // where the part is taller than normPrologueMaxRows (every workgroup repeats the prologue: on the H200
+      // 0.100 against 0.088 ms for the pair at 131072 rows, 0.0155 against 0.0158 at 8192, docs/PERF.md) or
+      // the fused kernel's workgroup memory does not fit the device.
+      const fs: MatvecQ8FusedShape | undefined = parts.length > 0
+        ? { ...shapeOf(col, parts[0]!), xOffset, norm: normOpt }
+        : undefined;
+      const fc = fs && matvecQ8FusedConstants(fs, { acc: opts.acc });
+      if (
+        fs && fc && fs.n <= g.opts.normPrologueMaxRows &&
+        matvecQ8FusedWorkgroupBytes(fc) <= g.device.limits.maxComputeWorkgroupStorageSize
+      ) {
+        const part = parts[0]!.part;
+        const b: MatvecQ8FusedBindings = {
+          params: g.storage(matvecQ8Params(fs)),
+          weights: part.buffer,
+          x: xBind,
+          nw,
+          xn,
+          xo: xq,
+          y,
+        };
+        checkMatvecQ8Fused(fs, fc, b);
+        await g.push(label, MATVEC_Q8_FUSED, fc, [
+          b.params,
+          part.buffer,
+          part.buffer,
+          xBind,
+          nw,
+          xn,
+          xq,
+          y,
+        ], [
+          ...matvecQ8Grid(fs, fc),
+          1,
+        ]);
+        first = 1;
+      } else {
+        const qs: QuantizeQ8Shape = { type, k, xOffset, norm: normOpt };
+        const qb: QuantizeQ8Bindings = {
+          params: g.storage(quantizeQ8Params(qs)),
+          x: xBind,
+          xq,
+          nw,
+          xn,
+        };
+        checkQuantizeQ8(qs, qb);
+        // A deferred norm this quantize does not take is pushed first (GraphBuilder.checked), before anything reads x.
+        await g.push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
+          qb.params,
+          xBind,
+          xq,
+          nw,
+          xn,
+        ], [
+          ...quantizeQ8Grid(qs),
+          1,
+        ]);
+      }
+    }
+    const xq = regions[col]!;
+    for (const at of parts.slice(first)) {
+      const shape = shapeOf(col, at);
+      const c = matvecQ8Constants(shape, { acc: opts.acc });
+      const b: MatvecQ8Bindings = {
+        params: g.storage(matvecQ8Params(shape)),
+        weights: at.part.buffer,
+        xq,
+        y,
+      };
+      checkMatvecQ8(shape, c, b);
+      await g.push(label, MATVEC_Q8, c, [b.params, at.part.buffer, at.part.buffer, xq, xq, y], [
+        ...matvecQ8Grid(shape, c),
+        1,
+      ]);
+    }
+  }
+  g.lastQ8 = { x, k, layout, cols, regions, at: g.ops.length };
+}
+
+/**
+ * Decode (n = 1) of the longest leading run (≥ 2) of `ws` packed back to back in one buffer, as ONE
+ * mat-vec into `out`; returns the output row offset of each fused tensor (empty when nothing was fused).
+ * Every fused tensor's output must start 256-byte aligned (a bindable range) unless it is `joined`: read
+ * through the previous tensor's range.
+ */
+export async function fusedMatvec(
+  g: GraphBuilder,
+  label: string,
+  ws: readonly GpuTensor[],
+  x: GPUBuffer,
+  out: GPUBuffer,
+  opts: { joined?: GpuTensor; f32?: boolean } = {},
+): Promise<number[]> {
+  if (g.n !== 1) return [];
+  const first = ws[0]!;
+  const p0 = first.parts[0]!;
+  let end = 0;
+  const offsets: number[] = [];
+  for (const w of ws) {
+    const p = w.parts[0]!;
+    const contiguous = w.parts.length === 1 && p.buffer === p0.buffer && w.type.id === first.type.id &&
+      w.ne[0] === first.ne[0] && p.offsetBytes === p0.offsetBytes + end * first.rowBytes;
+    const aligned = (end * 4) % 256 === 0 || w === opts.joined;
+    if (!contiguous || !aligned) break;
+    offsets.push(end);
+    end += p.nRows;
+  }
+  if (offsets.length < 2) return [];
+  const whole: GpuTensor = {
+    name: ws.slice(0, offsets.length).map((w) => w.name).join("+"),
+    type: first.type,
+    ne: [first.ne[0]!, end],
+    rowBytes: first.rowBytes,
+    parts: [{
+      buffer: p0.buffer,
+      offsetBytes: p0.offsetBytes,
+      firstRow: 0,
+      nRows: end,
+      sizeBytes: end * first.rowBytes,
+    }],
+  };
+  await matvec(g, label, whole, x, out, 1, { f32: opts.f32 });
+  return offsets;
+}
+
+/** A mixer's output projection: decode adds W·x into h (ACC); prefill writes t for the residual add. */
+export async function outProj(
+  g: GraphBuilder,
+  label: string,
+  w: GpuTensor,
+  x: GPUBuffer,
+  t: GPUBuffer,
+  h: GPUBuffer,
+) {
+  if (g.n === 1) await matvec(g, `${label}+residual`, w, x, h, 1, { acc: true });
+  else await matvec(g, label, w, x, t, g.n);
+}
+
+/**
+ * int8Activations in a prefill chunk (wider than the int8 mat-vecs take): x's `cols` columns of K rounded
+ * to int8 per 32 elements as the mat-vecs round them (quantize_q8 ROUND), written back as f32 (d·q, exact)
+ * into a buffer of the graph for `use`, which the f32 matmul or moe_matvec then reads instead of x. So a
+ * prompt rounds alike in every chunk width, and the products differ from the int8 mat-vecs' only in f32
+ * summation order. Logged like the mat-vecs' roundings (int8Log), in `type`'s byte order.
+ */
+export async function roundX(
+  g: GraphBuilder,
+  label: string,
+  x: GPUBuffer,
+  k: number,
+  cols: number,
+  type: GgmlTypeName,
+  use: "dense" | "moe_in" | "moe_act",
+): Promise<GPUBuffer> {
+  const out = g.grown(`int8-rounded x (${use})`, 4 * k * cols);
+  const xq = g.q8Region(label, k, type, cols, "prefill");
+  const qs: QuantizeQ8Shape = { type, k, cols, round: true };
+  const qb: QuantizeQ8Bindings = { params: g.storage(quantizeQ8Params(qs)), x, xq, xn: out };
+  checkQuantizeQ8(qs, qb);
+  await g.push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [
+    qb.params,
+    x,
+    xq,
+    x,
+    out,
+  ], [...quantizeQ8Grid(qs), 1]);
+  return out;
+}

@@ -1,0 +1,469 @@
+/**
+ * The MoE block: the router (with the shared expert's gate row), the top-k routing, the routed experts and the
+ * shared expert (packed as one more expert where the file allows: one dispatch per pass), and the weighted
+ * combine into the residual stream that also writes the next block's norm. Decode and short chunks run the
+ * expert mat-vecs (f32 or int8 x); prefill chunks the same kernels with prefill constants, or with
+ * groupedExperts the chunk's columns grouped by expert and run as grouped matmuls.
+ * @module
+ */
+import type { Binding } from "../../wgsl/kernel.ts";
+import type { GpuTensor } from "../gpu/weights.ts";
+import type { GgmlTypeName } from "../quant/types.ts";
+import { assert } from "../errors.ts";
+import {
+  type BuildContext,
+  type FusedNorm,
+  GraphBuilder,
+  type LayerWeights,
+  MATVEC_MAX_COLS,
+  part0,
+  sub,
+  typeName,
+} from "../graph/builder.ts";
+import { fusedMatvec, matvec, roundX } from "./linear.ts";
+import { normConstants } from "./norm.ts";
+import {
+  checkGroupedMatmul,
+  groupedMatmulConstants,
+  groupedMatmulGrid,
+  groupedMatmulParams,
+  type GroupedMatmulShape,
+  groupedMatmulWorkgroupBytes,
+  MATMUL,
+} from "../../wgsl/matmul.ts";
+import {
+  checkMoeGroup,
+  MOE_GROUP,
+  moeGroupGrid,
+  moeGroupParams,
+  type MoeGroupShape,
+  moeGroupWords,
+} from "../../wgsl/moe_group.ts";
+import { MATVEC_Q8_TYPES, q8Layout } from "../../wgsl/matvec_q8.ts";
+import {
+  MOE_MATVEC,
+  moeMatvecConstants,
+  moeMatvecGrid,
+  moeMatvecParams,
+  type MoeMatvecShape,
+} from "../../wgsl/moe_matvec.ts";
+import {
+  checkMoeMatvecQ8,
+  MOE_MATVEC_Q8,
+  type MoeMatvecQ8Bindings,
+  moeMatvecQ8Constants,
+  moeMatvecQ8Fits,
+  moeMatvecQ8Grid,
+} from "../../wgsl/moe_matvec_q8.ts";
+import {
+  MOE_ROUTE,
+  moeRouteBindGroup,
+  type MoeRouteConstants,
+  moeRouteGrid,
+  moeRouteWorkgroupBytes,
+  moeWeightsScale,
+} from "../../wgsl/moe_route.ts";
+import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../wgsl/residual_add.ts";
+
+/** The MoE block of layer l; `norm`: the next block's norm, written by the combine. */
+export async function moe(
+  g: GraphBuilder,
+  cx: BuildContext,
+  l: number,
+  lw: LayerWeights,
+  norm: FusedNorm | undefined,
+) {
+  const hp = g.hp;
+  const n = g.n;
+  const A = cx.act;
+  const K = hp.nExpertUsed;
+  const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
+  // The router keeps f32 x under int8Activations: a deferred norm rides on this mat-vec, and the expert
+  // passes round A.m themselves (moe_matvec_q8 XIN).
+  const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
+    f32: true,
+  });
+  if (routerFused.length === 0) {
+    await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true });
+  }
+  // The shared expert's gate logit: row nExpert of the fused router output, or its own mat-vec.
+  const gam: Binding = routerFused.length === 2 ? sub(A.router!, hp.nExpert, 1) : A.gam!;
+  // The routing (softmax, top-k, weights) runs in a moe_route dispatch of its own. With fuseDecodeRoute,
+  // decode runs it in the prologue of the routed gate·up pass instead (moe_matvec ROUTE, which writes ids and
+  // weights for the down pass and the combine): one dispatch less, but every gate·up workgroup repeats the
+  // ranking (measured slower on the H200, StageOptions.fuseDecodeRoute). Prefill never fuses: every workgroup
+  // of the n·K columns would repeat it (route+gate·up 6.0 ms per layer for a 256-token chunk, docs/PERF.md).
+  const route = {
+    logits: A.router!,
+    weights: A.wts!,
+    nExpert: hp.nExpert,
+    nExpertUsed: K,
+    wScale: moeWeightsScale(hp.expertWeightsScale),
+  };
+  const fuseRoute = n === 1 && g.opts.fuseDecodeRoute;
+  const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
+  // int8Activations: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
+  // instead of in every gate·up workgroup's prologue), where its workgroup memory holds the token's x.
+  const xqBytes = moeRouteWorkgroupBytes({ N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32 });
+  const xq8 = g.opts.int8Activations && n <= MATVEC_MAX_COLS && !fuseRoute &&
+      xqBytes <= g.device.limits.maxComputeWorkgroupStorageSize &&
+      moeMatvecQ8Fits(gateUpShape(g, exps, K, n, hp.nExpert, false))
+    ? {
+      type: typeName(exps.gate),
+      binding: g.q8Region(`L${l}.ffn_exps.gate_up`, hp.nEmbd, typeName(exps.gate), n, "in"),
+    }
+    : undefined;
+  if (!fuseRoute) {
+    const rc: MoeRouteConstants = {
+      N_EXPERT: hp.nExpert,
+      N_EXPERT_USED: K,
+      WG: 256, // one expert per invocation: the rank count is a serial loop over all experts
+      W_SCALE: route.wScale,
+      XQ: xq8 !== undefined,
+      KC: xq8 ? hp.nEmbd / 32 : 1,
+      LAYOUT: xq8 ? q8Layout(xq8.type) : 0,
+    };
+    await g.checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
+      moeRouteBindGroup(g.device, {
+        pipeline,
+        constants: rc,
+        nTokens: n,
+        buffers: {
+          logits: A.router!,
+          ids: A.ids!,
+          weights: A.wts!,
+          x: xq8 ? A.m! : A.router!,
+          xq: xq8?.binding ?? g.scratch(),
+        },
+      }), moeRouteGrid(n));
+  }
+  const shexp = { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
+  const follows = (a: GpuTensor, b: GpuTensor) =>
+    a.parts.length === 1 && b.parts.length === 1 && a.parts[0]!.buffer === b.parts[0]!.buffer &&
+    b.parts[0]!.offsetBytes === a.parts[0]!.offsetBytes + a.parts[0]!.sizeBytes;
+  const fused = follows(exps.gate, shexp.gate) && follows(exps.up, shexp.up) &&
+    follows(exps.down, shexp.down);
+  // Shared activations and outputs follow the routed ones: columns [K·n, (K+1)·n) of act and eo.
+  let sho: Binding = { buffer: A.eo!, offset: 4 * hp.nEmbd * K * n, size: 4 * hp.nEmbd * n };
+  if (fused) {
+    await experts(g, `L${l}.ffn_exps+shexp`, {
+      ...exps,
+      ids: A.ids!,
+      used: K,
+      act: A.act!,
+      out: A.eo!,
+      nFf: hp.nFfExp,
+      nExpert: hp.nExpert,
+      shared: true,
+      route: fuseRoute ? route : undefined,
+      xq8,
+    }, cx);
+  } else {
+    await experts(g, `L${l}.ffn_exps`, {
+      ...exps,
+      ids: A.ids!,
+      used: K,
+      act: A.act!,
+      out: A.eo!,
+      nFf: hp.nFfExp,
+      nExpert: hp.nExpert,
+      shared: false,
+      route: fuseRoute ? route : undefined,
+      xq8,
+    }, cx);
+    await experts(g, `L${l}.ffn_shexp`, {
+      ...shexp,
+      ids: cx.zeroIds,
+      used: 1,
+      act: A.sact!,
+      out: A.sho!,
+      nFf: hp.nFfShexp,
+      nExpert: 1,
+      shared: false,
+      xq8,
+    }, cx);
+    sho = A.sho!;
+  }
+  if (routerFused.length !== 2) {
+    await matvec(g, `L${l}.ffn_gate_inp_shexp`, routerWs[1]!, A.m!, A.gam!, n, { f32: true });
+  }
+  const c: ResidualAddConstants = {
+    D: hp.nEmbd,
+    N_TERMS: K,
+    WEIGHTED: true,
+    SHARED: true,
+    ...normConstants(g, norm),
+  };
+  const params = g.storage(Uint32Array.of(n, 0));
+  await g.push(
+    norm ? `L${l}.moe_combine+norm` : `L${l}.moe_combine`,
+    RESIDUAL_ADD,
+    c,
+    [params, A.eo!, A.wts!, sho, gam, A.h!, norm ? part0(norm.w) : A.eo!, norm?.y ?? g.scratch()],
+    residualAddGrid(c, n),
+  );
+}
+
+/** One MoE expert set (routed, or the shared expert as one expert) over the chunk: gate·up, then down. */
+export async function experts(
+  g: GraphBuilder,
+  label: string,
+  e: {
+    gate: GpuTensor;
+    up: GpuTensor;
+    down: GpuTensor;
+    ids: GPUBuffer;
+    used: number;
+    act: GPUBuffer;
+    out: GPUBuffer;
+    nFf: number;
+    nExpert: number;
+    /** Run the shared expert (packed right after the routed ones) as n extra columns. */
+    shared: boolean;
+    /** Route in the gate·up prologue: logits in, weights out (ids go to `ids`). */
+    route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number };
+    /** The tokens' x rounded to int8 by moe_route, in the byte order of weights of `type`. */
+    xq8?: { type: GgmlTypeName; binding: Binding };
+  },
+  cx: BuildContext,
+) {
+  const hp = g.hp;
+  const n = g.n;
+  const gp = e.gate.parts[0]!;
+  const u = e.up.parts[0]!;
+  assert(
+    gp.buffer === u.buffer && e.gate.parts.length === 1 && e.up.parts.length === 1,
+    `${label}: gate and up packed`,
+  );
+  const gu: MoeMatvecShape = {
+    type: typeName(e.gate),
+    k: hp.nEmbd,
+    n: e.nFf,
+    nExpert: e.nExpert,
+    nCols: e.used * n,
+    xDiv: e.used,
+    offGateBytes: gp.offsetBytes,
+    offUpBytes: u.offsetBytes,
+    gateUp: true,
+    sharedCols: e.shared ? n : 0,
+  };
+  // int8Activations: the expert passes take int8 x where their weights allow it (moe_matvec_q8 XIN: every
+  // workgroup rounds its f32 x column in its prologue), up to the mat-vec chunk width as the dense ones.
+  const int8 = g.opts.int8Activations && n <= MATVEC_MAX_COLS && !e.route;
+  // Prefill chunks under int8Activations: the f32 passes read x and the activations rounded as the int8
+  // passes would (#roundX).
+  const round = (t: GgmlTypeName) =>
+    g.opts.int8Activations && n > MATVEC_MAX_COLS && !e.route && MATVEC_Q8_TYPES.includes(t);
+  // groupedExperts: prefill chunks group the columns by expert once, for both passes.
+  const wgBytes = Math.max(
+    groupedMatmulWorkgroupBytes(typeName(e.gate)),
+    groupedMatmulWorkgroupBytes(typeName(e.down)),
+  );
+  const groups = g.opts.groupedExperts && n > MATVEC_MAX_COLS && !e.route &&
+      wgBytes <= g.device.limits.maxComputeWorkgroupStorageSize
+    ? await moeGroup(g, `${label}.group`, e.ids, e.used * n, e.nExpert, e.shared)
+    : undefined;
+  const grouped = (
+    m: GpuTensor,
+    more: { upOffsetBytes?: number; xDiv: number; sharedX0: number },
+  ): GroupedMatmulShape => ({
+    type: typeName(m),
+    k: m.ne[0]!,
+    n: m.ne[1]!,
+    nGroups: e.nExpert + (e.shared ? 1 : 0),
+    shared: e.shared,
+    cap: n,
+    nRouted: e.used * n,
+    wOffsetBytes: m.parts[0]!.offsetBytes,
+    expertBytes: m.ne[1]! * m.rowBytes,
+    xStride: m.ne[0]!,
+    yStride: m.ne[1]!,
+    ...more,
+  });
+  if (int8 && moeMatvecQ8Fits(gu)) {
+    const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
+    await expertsQ8(g, `${label}.gate_up`, gu, gp.buffer, e.ids, cx.act.m!, e.act, n, xq8);
+  } else {
+    const x = round(gu.type)
+      ? await roundX(g, `${label}.gate_up`, cx.act.m!, hp.nEmbd, n, gu.type, "moe_in")
+      : cx.act.m!;
+    if (groups) {
+      const shape = grouped(e.gate, { upOffsetBytes: u.offsetBytes, xDiv: e.used, sharedX0: 0 });
+      await expertsGrouped(g, `${label}.gate_up`, shape, gp.buffer, x, e.act, groups);
+    } else {
+      await expertsF32(g, label, gu, e, gp.buffer, x, e.act, e.route);
+    }
+  }
+  const dp = e.down.parts[0]!;
+  assert(e.down.parts.length === 1, `${label}: down in one binding`);
+  const dn: MoeMatvecShape = {
+    type: typeName(e.down),
+    k: e.nFf,
+    n: hp.nEmbd,
+    nExpert: e.nExpert,
+    nCols: e.used * n,
+    xDiv: 1,
+    offGateBytes: dp.offsetBytes,
+    gateUp: false,
+    sharedCols: e.shared ? n : 0,
+  };
+  if (int8 && moeMatvecQ8Fits(dn)) {
+    await expertsQ8(g, `${label}.down`, dn, dp.buffer, e.ids, e.act, e.out, e.used * n + (e.shared ? n : 0));
+  } else {
+    const cols = e.used * n + (e.shared ? n : 0);
+    const act = round(dn.type)
+      ? await roundX(g, `${label}.down`, e.act, e.nFf, cols, dn.type, "moe_act")
+      : e.act;
+    if (groups) {
+      const shape = grouped(e.down, { xDiv: 1, sharedX0: e.used * n });
+      await expertsGrouped(g, `${label}.down`, shape, dp.buffer, act, e.out, groups);
+    } else {
+      await expertsF32(g, label, dn, e, dp.buffer, act, e.out);
+    }
+  }
+}
+
+/**
+ * moe_group: the chunk's `nRouted` columns grouped by their expert in `ids` (and the shared expert's
+ * columns as group nExpert), into a buffer of the graph that every layer's experts reuse in turn.
+ */
+export async function moeGroup(
+  g: GraphBuilder,
+  label: string,
+  ids: GPUBuffer,
+  nRouted: number,
+  nExpert: number,
+  shared: boolean,
+) {
+  const shape: MoeGroupShape = { nRouted, nTokens: g.n, nExpert, shared };
+  const groups = g.grown("moe groups", 4 * moeGroupWords(shape));
+  const params = g.storage(moeGroupParams(shape));
+  checkMoeGroup(shape, { params, ids, groups });
+  await g.push(label, MOE_GROUP, {}, [params, ids, groups], moeGroupGrid(shape));
+  return groups;
+}
+
+/** One expert pass of a prefill chunk as a grouped matmul over moe_group's lists. */
+export async function expertsGrouped(
+  g: GraphBuilder,
+  label: string,
+  shape: GroupedMatmulShape,
+  weights: GPUBuffer,
+  x: Binding,
+  y: GPUBuffer,
+  groups: GPUBuffer,
+) {
+  const c = groupedMatmulConstants(shape);
+  const b = { params: g.storage(groupedMatmulParams(shape)), weights, x, y, groups };
+  checkGroupedMatmul(shape, c, b);
+  await g.push(
+    label,
+    MATMUL,
+    c,
+    [b.params, b.weights, b.x, b.y, b.groups],
+    groupedMatmulGrid(shape, c),
+  );
+}
+
+/** The gate·up pass of packed gate and up expert tensors over n tokens (used experts each). */
+export function gateUpShape(
+  g: GraphBuilder,
+  e: { gate: GpuTensor; up: GpuTensor },
+  used: number,
+  n: number,
+  nExpert: number,
+  shared: boolean,
+): MoeMatvecShape {
+  return {
+    type: typeName(e.gate),
+    k: g.hp.nEmbd,
+    n: e.gate.ne[1]!,
+    nExpert,
+    nCols: used * n,
+    xDiv: used,
+    offGateBytes: e.gate.parts[0]!.offsetBytes,
+    offUpBytes: e.up.parts[0]!.offsetBytes,
+    gateUp: true,
+    sharedCols: shared ? n : 0,
+  };
+}
+
+/** One expert pass through moe_matvec (f32 x); `route`: the gate·up pass routes in its prologue. */
+export async function expertsF32(
+  g: GraphBuilder,
+  label: string,
+  shape: MoeMatvecShape,
+  e: { ids: GPUBuffer },
+  weights: GPUBuffer,
+  x: GPUBuffer,
+  y: GPUBuffer,
+  route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number },
+) {
+  // Prefill chunks (wider than the mat-vec's 8 columns) take moe_matvec's prefill constants; batched decode
+  // keeps the solo step's, so that its slots equal their solo runs bit for bit.
+  const prefill = g.n > MATVEC_MAX_COLS;
+  if (!shape.gateUp) {
+    const c = moeMatvecConstants(shape, undefined, g.opts.moeTuning?.down, prefill);
+    await g.push(
+      `${label}.down`,
+      MOE_MATVEC,
+      c,
+      [g.storage(moeMatvecParams(shape)), e.ids, weights, x, y, x, g.scratch()],
+      moeMatvecGrid(shape, c),
+    );
+    return;
+  }
+  const c = moeMatvecConstants(shape, route, g.opts.moeTuning?.gateUp, prefill);
+  await g.push(
+    route ? `${label}.route+gate_up` : `${label}.gate_up`,
+    MOE_MATVEC,
+    c,
+    [
+      g.storage(moeMatvecParams(shape)),
+      e.ids,
+      weights,
+      x,
+      y,
+      route?.logits ?? x,
+      route?.weights ?? g.scratch(),
+    ],
+    moeMatvecGrid(shape, c),
+  );
+}
+
+/**
+ * One expert pass through moe_matvec_q8: int8 x given (`xq8`), or with XIN f32 x (xCols columns) rounded to
+ * int8 in every workgroup's prologue, the rounded x written to the int8 log (int8Log) or to a scratch buffer.
+ */
+export async function expertsQ8(
+  g: GraphBuilder,
+  label: string,
+  shape: MoeMatvecShape,
+  weights: GPUBuffer,
+  ids: GPUBuffer,
+  x: GPUBuffer,
+  y: GPUBuffer,
+  xCols: number,
+  xq8?: Binding,
+) {
+  // x already rounded (moe_route XQ): read it as it is; otherwise XIN rounds it in every workgroup and
+  // workgroups (0, col) log it.
+  const c = xq8 ? moeMatvecQ8Constants(shape) : moeMatvecQ8Constants(shape, undefined, { xin: true });
+  const b: MoeMatvecQ8Bindings = {
+    params: g.storage(moeMatvecParams(shape)),
+    ids,
+    weights,
+    weights2: weights,
+    xq: xq8 ?? x,
+    y,
+    yq: xq8 ? g.scratch() : g.q8Region(label, shape.k, shape.type, xCols, "act"),
+  };
+  checkMoeMatvecQ8(shape, c, b);
+  await g.push(
+    label,
+    MOE_MATVEC_Q8,
+    c,
+    [b.params, ids, weights, weights, b.xq, y, b.yq],
+    moeMatvecQ8Grid(shape, c),
+  );
+}

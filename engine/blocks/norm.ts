@@ -1,0 +1,54 @@
+/**
+ * Norms: the RMSNorm before each block (deferred into the next mat-vec's prologue at decode) and the
+ * residual add that carries the next norm in the same dispatch.
+ * @module
+ */
+import type { GpuTensor } from "../gpu/weights.ts";
+import { type FusedNorm, GraphBuilder, part0 } from "../graph/builder.ts";
+import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../wgsl/residual_add.ts";
+
+/**
+ * y = RMSNorm(x)·w, one row per token. Decode defers it: the next mat-vec that reads y computes it in its
+ * prologue (matvec NORM) and writes y; any other kernel pushed first gets it as its own dispatch.
+ */
+export async function norm(g: GraphBuilder, label: string, x: GPUBuffer, w: GpuTensor, y: GPUBuffer) {
+  await g.flushNorm();
+  // A deferred norm writes y later without an op now: no int8 x quantized before it may be reused.
+  g.lastQ8 = undefined;
+  if (g.n === 1) g.pending = { label, x, w, y };
+  else await g.rmsNorm(label, x, w, y, g.n);
+}
+
+/** h += t, and with `norm` y = RMSNorm(h)·w in the same dispatch. */
+export async function residual(
+  g: GraphBuilder,
+  label: string,
+  t: GPUBuffer,
+  h: GPUBuffer,
+  fused?: FusedNorm,
+) {
+  const norm = fused;
+  const c: ResidualAddConstants = {
+    D: g.hp.nEmbd,
+    N_TERMS: 1,
+    WEIGHTED: false,
+    SHARED: false,
+    ...normConstants(g, norm),
+  };
+  const params = g.storage(Uint32Array.of(g.n, 0));
+  await g.push(label, RESIDUAL_ADD, c, [
+    params,
+    t,
+    t,
+    t,
+    t,
+    h,
+    norm ? part0(norm.w) : t,
+    norm?.y ?? g.scratch(),
+  ], residualAddGrid(c, g.n));
+}
+
+/** The NORM and EPS constants of residual_add for an optional fused norm. */
+export function normConstants(g: GraphBuilder, norm: FusedNorm | undefined): { NORM: boolean; EPS: number } {
+  return norm ? { NORM: true, EPS: g.hp.rmsEps } : { NORM: false, EPS: 0 };
+}

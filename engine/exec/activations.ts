@@ -1,0 +1,163 @@
+/**
+ * The sizes a stage allocates: its activation buffers (one chunk or one batched step wide), its per-slot
+ * state (KV caches, conv rings, recurrent states), and the DeltaNet kernel constants those follow from.
+ * `inspect` reports the same numbers (kvBytesPerPosition, deltaNetStateBytes), so a plan made from its
+ * report is what a stage will allocate.
+ * @module
+ */
+import type { DeltaNetLayout, Hparams } from "../models/_arch.ts";
+import type { StateSpec } from "../state.ts";
+import { assert } from "../errors.ts";
+import { MATVEC_MAX_COLS, padWords } from "../graph/builder.ts";
+import { ATTN_SPLITS } from "../blocks/attention.ts";
+import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
+import { gdnChunkScratchBytes } from "../../wgsl/gdn_chunk.ts";
+
+/** Most slots one batched decode step takes (the mat-vec's column limit: one weight read for all). */
+export const MAX_BATCH_SLOTS: number = MATVEC_MAX_COLS;
+
+/** Buffer usage of every activation and state buffer. */
+export const STORAGE: number = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+
+/** KV cache bytes per position of one attention layer: K and V, nHeadKv·headDim each, f32 (or f16). */
+export function kvBytesPerPosition(hp: Pick<Hparams, "nHeadKv" | "headDim">, kvF16 = false): number {
+  return 2 * hp.nHeadKv * hp.headDim * (kvF16 ? 2 : 4);
+}
+
+/**
+ * The constants of `gdn_step` for this model and a layer's input layout (b/a grouped per key head for the
+ * `ssm_in` and `qkv_ba` layouts).
+ */
+export function gdnConstants(hp: Hparams, layout: DeltaNetLayout | undefined): GdnStepConstants {
+  return {
+    N_K: hp.ssmGroups,
+    N_V: hp.ssmDtRank,
+    D_K: hp.ssmState,
+    D_V: hp.ssmInner / hp.ssmDtRank,
+    K_CONV: hp.ssmConv,
+    EPS: hp.rmsEps,
+    KAPPA_TILED: kappaTiled(hp),
+    BA_GROUPED: layout === "ssm_in" || layout === "qkv_ba",
+    A_OFF: 0,
+    SPLIT: gdnSplit(hp.ssmInner / hp.ssmDtRank),
+  };
+}
+
+/** Per-slot bytes of one DeltaNet layer's state as the stage holds it: conv ring and recurrent state, f32. */
+export function deltaNetStateBytes(hp: Hparams): { convBytes: number; stateBytes: number } {
+  const d = gdnDims(gdnConstants(hp, undefined));
+  return { convBytes: d.convRing * 4, stateBytes: d.state * 4 };
+}
+
+/** The per-slot state of layers `[a, b)` at `nCtx` positions: K/V per attention layer, conv + ssm per DeltaNet. */
+export function stateSpecs(hp: Hparams, layers: readonly [number, number], nCtx: number): StateSpec[] {
+  const specs: StateSpec[] = [];
+  const posBytes = kvBytesPerPosition(hp) / 2 / hp.nHeadKv;
+  for (let l = layers[0]; l < layers[1]; l++) {
+    if (hp.isAttention[l]) {
+      const size = hp.nHeadKv * nCtx * posBytes;
+      const liveRanges = (nPos: number) =>
+        Array.from({ length: hp.nHeadKv }, (_, h) => ({
+          offsetBytes: h * nCtx * posBytes,
+          sizeBytes: nPos * posBytes,
+        }));
+      specs.push({ layer: l, name: "k_cache", sizeBytes: size, liveRanges });
+      specs.push({ layer: l, name: "v_cache", sizeBytes: size, liveRanges });
+    } else {
+      const { convBytes, stateBytes } = deltaNetStateBytes(hp);
+      specs.push({ layer: l, name: "conv", sizeBytes: convBytes });
+      specs.push({ layer: l, name: "ssm", sizeBytes: stateBytes });
+    }
+  }
+  return specs;
+}
+
+/**
+ * f32 words of every activation buffer of a stage: rows for a prefill chunk of `maxChunk` or a batched decode
+ * step, whichever is wider; the chunked DeltaNet's scratch when chunks exceed the mat-vec width and the stage
+ * has DeltaNet layers; logits on the last stage.
+ */
+export function activationWords(
+  hp: Hparams,
+  o: { maxChunk: number; deltaNet: boolean; last: boolean },
+): Record<string, number> {
+  const T = Math.max(o.maxChunk, MAX_BATCH_SLOTS);
+  const c = gdnConstants(hp, undefined);
+  const d = gdnDims(c);
+  const K = hp.nExpertUsed;
+  const sizes: Record<string, number> = {
+    tokens: T,
+    h: hp.nEmbd * T,
+    a: hp.nEmbd * T,
+    t: hp.nEmbd * T,
+    m: hp.nEmbd * T,
+    xqkv: d.convCh * T,
+    z: d.inner * T,
+    ba: Math.max(2 * hp.ssmDtRank * T, padWords(2 * hp.ssmDtRank) * MAX_BATCH_SLOTS),
+    alpha: Math.max(hp.ssmDtRank * T, padWords(hp.ssmDtRank) * MAX_BATCH_SLOTS),
+    y: d.inner * T,
+    inproj: Math.max(
+      d.convCh + d.inner + 2 * hp.ssmDtRank,
+      2 * hp.nHead * hp.headDim + 2 * hp.nHeadKv * hp.headDim,
+    ),
+    qf: 2 * hp.nHead * hp.headDim * T,
+    k: hp.nHeadKv * hp.headDim * T,
+    v: hp.nHeadKv * hp.headDim * T,
+    q: hp.nHead * hp.headDim * T,
+    o: hp.nHead * hp.headDim * T,
+    partO: hp.headDim * hp.nHead * ATTN_SPLITS,
+    partMl: 2 * hp.nHead * ATTN_SPLITS,
+    router: (hp.nExpert + 1) * T,
+    ids: K * T,
+    wts: K * T,
+    act: Math.max(hp.nFfExp, hp.nFfShexp) * (K + 1) * T,
+    eo: hp.nEmbd * (K + 1) * T,
+    sact: hp.nFfShexp * T,
+    sho: hp.nEmbd * T,
+    gam: T,
+  };
+  if (o.maxChunk > MATVEC_MAX_COLS && o.deltaNet) {
+    const sb = gdnChunkScratchBytes(c, o.maxChunk);
+    sizes.gdnQkw = sb.wsQkw / 4;
+    sizes.gdnUp = sb.wsUp / 4;
+  }
+  if (o.last) sizes.logits = Math.max(hp.nVocab * T, padWords(hp.nVocab) * MAX_BATCH_SLOTS);
+  return sizes;
+}
+
+/** Whether every per-slot row of a batched step of layers `[a, b)` starts 256-byte aligned (Stage.canBatch). */
+export function batchable(hp: Hparams, layers: readonly [number, number]): boolean {
+  const rows = [hp.nEmbd];
+  for (let l = layers[0]; l < layers[1]; l++) {
+    if (hp.isAttention[l]) {
+      rows.push(2 * hp.nHead * hp.headDim, hp.nHead * hp.headDim, hp.nHeadKv * hp.headDim);
+    } else {
+      const dV = hp.ssmInner / hp.ssmDtRank;
+      rows.push(2 * hp.ssmGroups * hp.ssmState + hp.ssmDtRank * dV, hp.ssmInner);
+    }
+  }
+  return rows.every((w) => w % 64 === 0);
+}
+
+/**
+ * Workgroups per v-head of `gdn_step` (its SPLIT): 4 where the head dim allows (D_V a multiple of 64), else 2
+ * or 1 (the timings behind 4 are in docs/PERF.md).
+ */
+function gdnSplit(dV: number): number {
+  return [4, 2, 1].find((s) => dV % (16 * s) === 0)!;
+}
+
+/** True when the file's κ is the modulo tiling (qwen35moe), false for the grouped one (qwen3next), spec §9. */
+function kappaTiled(hp: Hparams): boolean {
+  const nK = hp.ssmGroups;
+  const r = hp.ssmDtRank / nK;
+  let tiled = true;
+  let grouped = true;
+  for (let h = 0; h < hp.ssmDtRank; h++) {
+    const g = hp.kvGroupOfVHead(h);
+    if (g !== h % nK) tiled = false;
+    if (g !== Math.floor(h / r)) grouped = false;
+  }
+  assert(tiled || grouped, `${hp.arch}: the DeltaNet k-head mapping is neither tiled nor grouped`);
+  return tiled;
+}

@@ -1,0 +1,751 @@
+/**
+ * The decode driver: generation on one or several slots of a whole-model stage without an awaited readback
+ * between decode steps. ONE loop serves 1..MAX_BATCH_SLOTS slots: each prompt is prefilled on its slot and
+ * its first id selected; then every decode step runs all the slots still generating in one compute pass (one
+ * slot: its own decode graph; several: the batched graph, whose projections, experts and LM head read their
+ * weights once for all columns while attention and DeltaNet run per slot on its own state and position), and
+ * each slot's argmax or sampler writes its next id straight into the next step's token buffer and a GPU id
+ * ring. Ids come back every `batch` steps through the readback ring while the next batch, encoded beforehand,
+ * runs. A stop id found late is exact: the slot is rewound to a snapshot taken at the start of that batch and
+ * re-fed only the accepted tokens. Each slot's result equals its own solo run: the mat-vecs sum every column
+ * in the same order.
+ * @module
+ */
+import type { PipelineCache } from "../../wgsl/kernel.ts";
+import type { Binding } from "../../wgsl/kernel.ts";
+import type { Hparams } from "../models/_arch.ts";
+import type { SlotStates } from "../state.ts";
+import { assert } from "../errors.ts";
+import { ReadbackRing } from "../gpu/readback.ts";
+import { encodeOps, type Op, padWords } from "../graph/builder.ts";
+import { MAX_BATCH_SLOTS, STORAGE } from "./activations.ts";
+import {
+  isGreedy,
+  SAMPLE_HIST,
+  sampleConstantsFor,
+  sampleParamWords,
+  type SamplingParams,
+} from "../sampling.ts";
+import { packSampleState, SAMPLE, sampleBindGroups, sampleGrids, sampleVariants } from "../../wgsl/sample.ts";
+import {
+  ARGMAX,
+  argmaxBindGroups,
+  type ArgmaxConstants,
+  argmaxGrids,
+  argmaxVariants,
+} from "../../wgsl/argmax.ts";
+import {
+  ARGMAX_TOPK,
+  argmaxTopkBindGroups,
+  type ArgmaxTopkConstants,
+  argmaxTopkGrids,
+  argmaxTopkVariants,
+} from "../../wgsl/argmax_topk.ts";
+
+/** Options of one sequence's generation ({@linkcode DecodeDriver.generate}). */
+export interface GenerateOptions {
+  /** Tokens to generate (≥ 1). */
+  readonly nNew: number;
+  /** Also return the `top` highest logits of every step (1..64; 0 = none). */
+  readonly top?: number;
+  /** Token ids that end generation (included in the output); later tokens are dropped. */
+  readonly stopIds?: readonly number[];
+  /**
+   * Sampling on the GPU (penalties → top-k → top-p → min-p → temperature → seeded draw); absent or greedy
+   * (temperature 0, top_k 1): the argmax path, ties to the lowest id.
+   */
+  readonly sampling?: SamplingParams;
+  /** Sampler RNG step to start at (a request continued over several calls keeps one random stream). */
+  readonly samplerStep?: number;
+  /** Ids the penalties look back on (default: the prompt); the last 256 are kept. */
+  readonly samplerHistory?: readonly number[];
+  /** Decode steps per readback (ids stream back in batches of this many; default 8). */
+  readonly batch?: number;
+  /** Called with each batch of new ids as they land. */
+  readonly onTokens?: (ids: readonly number[]) => void;
+  /**
+   * Continue the slot's sequence: `prompt` is appended at this position, which must equal the slot's length
+   * (default 0: the slot is reset and `prompt` is the whole sequence).
+   */
+  readonly base?: number;
+  /**
+   * Ends generation after the batch that is landing when it fires (a stop string matched, a client left);
+   * the tokens emitted so far are kept and the slot state is rewound to match them exactly.
+   */
+  readonly signal?: AbortSignal;
+}
+
+/** Result of one sequence's generation. */
+export interface GenerateResult {
+  /** Generated ids, ending at a stop id when one was hit. */
+  readonly tokens: number[];
+  /** Per generated token, the `top` highest `[id, logit]` pairs of its step, highest first. */
+  readonly top: [number, number][][];
+  /** Why generation ended. */
+  readonly reason: "length" | "stop" | "context" | "cancelled";
+  /** Decode steps run (≥ tokens − 1: steps past a stop are dropped and the state is rewound). */
+  readonly steps: number;
+}
+
+/** One slot's request in a {@linkcode DecodeDriver.generate} call. */
+export interface BatchItem {
+  /** The slot it runs on (distinct per call). */
+  readonly slot: number;
+  /** Tokens appended at `opts.base` (the whole sequence when base is 0). */
+  readonly prompt: readonly number[];
+  /** Its generation options; `batch` is the call's. */
+  readonly opts: GenerateOptions;
+}
+
+/**
+ * The slots of a model as the service's scheduler drives them: prefill, generate (one or several slots per
+ * step), and snapshots for prefix reuse. The local {@linkcode DecodeDriver} implements it over one whole-model
+ * stage; a split implements it over a chain of stages.
+ */
+export interface SlotDecoder {
+  /** Positions per slot. */
+  readonly nCtx: number;
+  /** Slots. */
+  readonly nSlots: number;
+  /** Whether several slots can decode in one step. */
+  readonly canBatch: boolean;
+  /** Bytes held by snapshots. */
+  readonly snapshotBytes: number;
+  /** Tokens held by `slot`. */
+  length(slot: number): number;
+  /** Feeds `tokens` to `slot` at position `base` (0 resets it); no output. */
+  prefill(slot: number, tokens: readonly number[], base: number): Promise<void>;
+  /** Saves `slot`'s state to a new snapshot; returns its id. */
+  snapshot(slot: number): number;
+  /** Restores snapshot `id` into `slot`. */
+  restore(id: number, slot: number): void;
+  /** Frees snapshot `id`. */
+  drop(id: number): void;
+  /** Generation on 1..MAX_BATCH_SLOTS slots (see {@linkcode DecodeDriver.generate}). */
+  generate(items: readonly BatchItem[], opts?: { batch?: number }): Promise<GenerateResult[]>;
+}
+
+/** What the driver needs of its stage: the stage's public face. */
+export interface DecodeStage {
+  readonly hp: Hparams;
+  readonly layers: readonly [number, number];
+  readonly first: boolean;
+  readonly last: boolean;
+  readonly nCtx: number;
+  readonly canBatch: boolean;
+  readonly states: SlotStates;
+  length(slot: number): number;
+  run(
+    slot: number,
+    input: { readonly tokens: readonly number[] },
+    base: number,
+    opts?: { rows?: "all" | "last" },
+  ): Promise<{ readonly data: Float32Array<ArrayBuffer> }>;
+  snapshot(slot: number): number;
+  restore(id: number, slot: number): void;
+}
+
+/** And the stage's buffers and graphs the driver encodes with (owned by the stage). */
+export interface DecodeBuffers {
+  readonly device: GPUDevice;
+  readonly cache: PipelineCache;
+  /** Receives the buffers the driver's cached selectors create (destroyed with the stage). */
+  readonly owned: GPUBuffer[];
+  /** The token ids a solo decode graph embeds. */
+  readonly tokens: GPUBuffer;
+  /** The logits rows (batched: each slot's row starts 256-byte aligned); a last stage has them. */
+  readonly logits: GPUBuffer | undefined;
+  /** Per slot: its position params [pos, n] (solo graphs). */
+  readonly posParams: readonly GPUBuffer[];
+  /** Per slot: the id its batched steps embed (written by its selector). */
+  readonly slotTok: readonly GPUBuffer[];
+  /** Sampler mask words (UNUSED token types and padding rows), when the file has token types. */
+  readonly unusedMask: Uint32Array<ArrayBuffer> | undefined;
+  /** The solo graph of `n` tokens on `slot`. */
+  graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<readonly Op[]>;
+  /** The batched decode step of `slots` and its per-slot position buffers. */
+  batchGraph(slots: readonly number[]): Promise<{ ops: readonly Op[]; pos: readonly GPUBuffer[] }>;
+  /** Sets the tokens `slot` holds after a generation. */
+  setLength(slot: number, n: number): void;
+  /** Throws on a slot that does not exist. */
+  slotCheck(slot: number): void;
+  /** Throws on an input that does not fit the slot (see Stage.run). */
+  inputCheck(slot: number, tokens: readonly number[], base: number): void;
+}
+
+/** The selection of one sequence's next id (see `DecodeDriver.#selector`) and the buffers it feeds. */
+interface Selector {
+  /** Argmax or sampler on the step's logits row, then the top-k pairs when asked. */
+  readonly stepOps: Op[];
+  /** u32 ne=[batch]: the argmax's id of step j of a batch at word j. */
+  readonly idRing: GPUBuffer;
+  /** ArgmaxParams: the ring word of the current step (copied in at each step's start). */
+  readonly argmaxParams: GPUBuffer;
+  /** u32 ne=[2, top]: (value bits, id) pairs of the current step. */
+  readonly topResult: GPUBuffer;
+  /** u32 ne=[2, top, batch]: each step's pairs, copied out of `topResult` after its pass. */
+  readonly topBatch: GPUBuffer;
+  /** The selection dispatches alone (argmax or sampler) on logits row 0: the first id after a prefill. */
+  readonly firstOps: readonly Op[];
+  /** Sampler params (word 0: ring slot, like ArgmaxParams) and state (RNG step, penalty history), if sampling. */
+  readonly sampler?: { readonly params: GPUBuffer; readonly state: GPUBuffer };
+}
+
+/** The decode step of one slot: its graph followed by its selector's step dispatches. */
+interface SoloStep extends Selector {
+  readonly ops: readonly Op[];
+}
+
+/** A sequence in flight. */
+interface Seq {
+  readonly slot: number;
+  readonly o: GenerateOptions;
+  readonly top: number;
+  readonly sampling: boolean;
+  readonly stops: ReadonlySet<number>;
+  /** Position of the first decode step (base + prompt). */
+  readonly start: number;
+  /** Decode steps wanted (ids after the first). */
+  readonly steps: number;
+  readonly tokens: number[];
+  readonly tops: [number, number][][];
+  reason: GenerateResult["reason"];
+  ended: boolean;
+  /** Steps encoded so far. */
+  sched: number;
+  /** Steps whose ids landed. */
+  ran: number;
+  /** Snapshots at batch starts: step index and snapshot id. */
+  readonly snaps: { at: number; id: number }[];
+  /** The selector of its latest batch and the id buffer it writes. */
+  sel: Selector;
+  tok: GPUBuffer;
+}
+
+/** Generation over one whole-model stage's slots; see the module doc. */
+export class DecodeDriver implements SlotDecoder {
+  readonly #stage: DecodeStage;
+  readonly #b: DecodeBuffers;
+  readonly #solo = new Map<string, SoloStep>();
+  readonly #selectors = new Map<string, Selector>();
+
+  /** Drives `stage`, encoding with its buffers `b`. */
+  constructor(stage: DecodeStage, b: DecodeBuffers) {
+    this.#stage = stage;
+    this.#b = b;
+  }
+
+  /** Positions per slot. */
+  get nCtx(): number {
+    return this.#stage.nCtx;
+  }
+
+  /** Slots. */
+  get nSlots(): number {
+    return this.#stage.states.nSlots;
+  }
+
+  /** Whether several slots can decode in one step (see Stage.canBatch). */
+  get canBatch(): boolean {
+    return this.#stage.canBatch;
+  }
+
+  /** Bytes held by snapshots. */
+  get snapshotBytes(): number {
+    return this.#stage.states.snapshotBytes;
+  }
+
+  /** Tokens held by `slot`. */
+  length(slot: number): number {
+    return this.#stage.length(slot);
+  }
+
+  /** Feeds `tokens` to `slot` at `base` (0 resets it). */
+  async prefill(slot: number, tokens: readonly number[], base: number): Promise<void> {
+    await this.#stage.run(slot, { tokens }, base);
+  }
+
+  /** Saves `slot`'s state to a new snapshot; returns its id. */
+  snapshot(slot: number): number {
+    return this.#stage.snapshot(slot);
+  }
+
+  /** Restores snapshot `id` into `slot`. */
+  restore(id: number, slot: number): void {
+    this.#stage.restore(id, slot);
+  }
+
+  /** Frees snapshot `id`. */
+  drop(id: number): void {
+    this.#stage.states.drop(id);
+  }
+
+  /**
+   * Generation on `items` (1..MAX_BATCH_SLOTS distinct slots; see the module doc). Each slot afterwards holds
+   * its `base` tokens, its prompt and every generated token but the last (not yet fed).
+   * @throws {RangeError} as Stage.run, when the stage is not a whole model, on a repeated slot, more than
+   *   MAX_BATCH_SLOTS items, or several items on a model whose rows cannot be bound per slot (Stage.canBatch)
+   */
+  async generate(items: readonly BatchItem[], opts: { batch?: number } = {}): Promise<GenerateResult[]> {
+    const stage = this.#stage;
+    if (!stage.first || !stage.last) {
+      throw new RangeError(
+        `Layers ${stage.layers.join(":")} are a partial stage: generation needs the whole model`,
+      );
+    }
+    if (items.length < 1 || items.length > MAX_BATCH_SLOTS) {
+      throw new RangeError(`A batched step takes 1..${MAX_BATCH_SLOTS} slots, got ${items.length}`);
+    }
+    if (items.length > 1 && !stage.canBatch) {
+      throw new RangeError("This model's activation rows cannot be bound per slot: no batching");
+    }
+    const solo = items.length === 1;
+    const slots = items.map((it) => it.slot);
+    for (const s of slots) this.#b.slotCheck(s);
+    if (new Set(slots).size !== slots.length) throw new RangeError(`Slots ${slots.join(",")} repeat`);
+    const S = opts.batch ?? (solo ? items[0]!.opts.batch : undefined) ?? 8;
+    if (!Number.isInteger(S) || S < 1 || S > 64) throw new RangeError(`Batch must be in 1..64, got ${S}`);
+    const { device } = this.#b;
+    const checked = items.map((it) => {
+      const c = genCheck(it.opts);
+      this.#b.inputCheck(it.slot, it.prompt, it.opts.base ?? 0);
+      return c;
+    });
+    const seqs: Seq[] = [];
+    for (const [i, it] of items.entries()) {
+      const o = it.opts;
+      const { top, sampling } = checked[i]!;
+      const base = o.base ?? 0;
+      const first = await stage.run(it.slot, { tokens: it.prompt }, base);
+      const start = base + it.prompt.length;
+      // The first id goes to the buffer the slot's first step embeds: a lone slot's own decode graph's, or
+      // the slot's id buffer, which its batched steps embed.
+      const sel = solo
+        ? await this.#soloStep(it.slot, S, top, sampling)
+        : await this.#slotSelector(it.slot, -1, S, top, sampling);
+      const tok = solo ? this.#b.tokens : this.#b.slotTok[it.slot]!;
+      const id = await this.#firstId(first.data, it.prompt, o, sel);
+      if (!sel.sampler) device.queue.writeBuffer(tok, 0, Uint32Array.of(id));
+      o.onTokens?.([id]);
+      const stops = new Set(o.stopIds ?? []);
+      const nNew = Math.min(o.nNew, stage.nCtx - start + 1);
+      const early = stops.has(id) ? "stop" : o.signal?.aborted ? "cancelled" : undefined;
+      seqs.push({
+        slot: it.slot,
+        o,
+        top,
+        sampling,
+        stops,
+        start,
+        steps: early ? 0 : nNew - 1,
+        tokens: [id],
+        tops: top > 0 ? [topCpu(first.data, top)] : [],
+        reason: early ?? (nNew < o.nNew ? "context" : "length"),
+        ended: early !== undefined,
+        sched: 0,
+        ran: 0,
+        snaps: [],
+        sel,
+        tok,
+      });
+    }
+    const maxTop = Math.max(...seqs.map((q) => q.top));
+    const ring = new ReadbackRing(device, { slots: 2, slotBytes: seqs.length * S * 4 * (1 + 2 * maxTop) });
+    const batchParams = [0, 1].map(() =>
+      device.createBuffer({
+        size: S * seqs.length * 16,
+        usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+      })
+    );
+    try {
+      await this.#loop(seqs, S, ring, batchParams);
+      const out: GenerateResult[] = [];
+      for (const q of seqs) {
+        // Kept tokens are fed up to all but the last; steps past that ran ahead: restore the snapshot at the
+        // start of the batch holding the first unwanted step and re-feed the kept tokens after it.
+        const fed = q.tokens.length - 1;
+        if (q.ran > fed) {
+          const snap = q.snaps.filter((x) => x.at <= fed).at(-1);
+          assert(snap, `slot ${q.slot}: a snapshot before step ${fed}`);
+          stage.restore(snap.id, q.slot);
+          const refeed = q.tokens.slice(snap.at, fed);
+          if (refeed.length > 0) {
+            await stage.run(q.slot, { tokens: refeed }, q.start + snap.at, { rows: "last" });
+          }
+        }
+        this.#b.setLength(q.slot, q.start + Math.min(fed, q.ran));
+        out.push({ tokens: q.tokens, top: q.tops, reason: q.reason, steps: q.ran });
+      }
+      return out;
+    } finally {
+      for (const q of seqs) for (const x of q.snaps) stage.states.drop(x.id);
+      ring.destroy();
+      for (const pb of batchParams) pb.destroy();
+    }
+  }
+
+  /** The decode steps of `seqs` until each has ended, `S` steps per readback. */
+  async #loop(seqs: Seq[], S: number, ring: ReadbackRing, batchParams: readonly GPUBuffer[]): Promise<void> {
+    const { device } = this.#b;
+    const stage = this.#stage;
+    let nBatch = 0;
+    type Batch = { cbs: GPUCommandBuffer[]; ringSlot: number; n: number; set: Seq[] };
+    const encodeBatch = async (): Promise<Batch | undefined> => {
+      const set = seqs.filter((q) => !q.ended && q.sched < q.steps);
+      if (set.length === 0) return undefined;
+      const n = Math.min(S, ...set.map((q) => q.steps - q.sched));
+      // The set's graph: the batched one, or the slot's own decode step when one slot is left.
+      let ops: readonly Op[];
+      let pos: readonly GPUBuffer[];
+      const sels: Selector[] = [];
+      const toks: GPUBuffer[] = [];
+      if (set.length === 1) {
+        const q = set[0]!;
+        const dec = await this.#soloStep(q.slot, S, q.top, q.sampling);
+        ops = dec.ops;
+        pos = [this.#b.posParams[q.slot]!];
+        sels.push(dec);
+        toks.push(this.#b.tokens);
+      } else {
+        const g = await this.#b.batchGraph(set.map((q) => q.slot));
+        const all: Op[] = [...g.ops];
+        for (const [b, q] of set.entries()) {
+          const sel = await this.#slotSelector(q.slot, b, S, q.top, q.sampling);
+          all.push(...sel.stepOps);
+          sels.push(sel);
+          toks.push(this.#b.slotTok[q.slot]!);
+        }
+        ops = all;
+        pos = g.pos;
+      }
+      const cbs: GPUCommandBuffer[] = [];
+      const enc0 = device.createCommandEncoder();
+      for (const [b, q] of set.entries()) {
+        // A slot that changed column (or went solo) carries its next id and sampler state over.
+        const sel = sels[b]!;
+        if (sel !== q.sel) {
+          if (toks[b] !== q.tok) enc0.copyBufferToBuffer(q.tok, 0, toks[b]!, 0, 4);
+          if (q.sampling) {
+            const from = q.sel.sampler!;
+            enc0.copyBufferToBuffer(from.state, 0, sel.sampler!.state, 0, from.state.size);
+            enc0.copyBufferToBuffer(from.params, 0, sel.sampler!.params, 0, from.params.size);
+          }
+          q.sel = sel;
+          q.tok = toks[b]!;
+        }
+        if (q.stops.size > 0 || q.o.signal) {
+          q.snaps.push({ at: q.sched, id: stage.states.snapshot(enc0, q.slot, q.start + q.sched) });
+        }
+      }
+      cbs.push(enc0.finish());
+      const words = new Uint32Array(S * set.length * 4);
+      for (let j = 0; j < n; j++) {
+        for (const [b, q] of set.entries()) {
+          words.set([q.start + q.sched + j, 1, j, 0], (j * set.length + b) * 4);
+        }
+      }
+      const pb = batchParams[nBatch++ % 2]!;
+      device.queue.writeBuffer(pb, 0, words);
+      let ringSlot = -1;
+      for (let j = 0; j < n; j++) {
+        const enc = device.createCommandEncoder();
+        for (const [b, q] of set.entries()) {
+          const at = (j * set.length + b) * 16;
+          enc.copyBufferToBuffer(pb, at, pos[b]!, 0, 8);
+          enc.copyBufferToBuffer(pb, at + 8, q.sel.argmaxParams, 0, 4);
+        }
+        const pass = enc.beginComputePass();
+        encodeOps(pass, ops);
+        pass.end();
+        for (const q of set) {
+          if (q.top > 0) enc.copyBufferToBuffer(q.sel.topResult, 0, q.sel.topBatch, j * 8 * q.top, 8 * q.top);
+        }
+        if (j === n - 1) {
+          const copies = set.map((q) => ({ src: q.sel.idRing, srcOffsetBytes: 0, sizeBytes: 4 * S }));
+          for (const q of set) {
+            if (q.top > 0) copies.push({ src: q.sel.topBatch, srcOffsetBytes: 0, sizeBytes: 8 * q.top * S });
+          }
+          ringSlot = ring.record(enc, copies) ?? -1;
+          assert(ringSlot >= 0, "a readback slot is free for each batch");
+        }
+        cbs.push(enc.finish());
+      }
+      for (const q of set) q.sched += n;
+      return { cbs, ringSlot, n, set };
+    };
+    let cur = await encodeBatch();
+    if (cur) device.queue.submit(cur.cbs);
+    while (cur) {
+      const next = await encodeBatch();
+      // mapAsync blocks until the queue is idle: the next batch is encoded already and goes in right after.
+      const landed = ring.map(cur.ringSlot);
+      if (next) device.queue.submit(next.cbs);
+      const bytes = await landed;
+      const u32 = new Uint32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+      let pairsAt = cur.set.length * S;
+      for (const [b, q] of cur.set.entries()) {
+        q.ran += cur.n;
+        const pairs = q.top > 0 ? u32.subarray(pairsAt, pairsAt + 2 * q.top * S) : undefined;
+        if (q.top > 0) pairsAt += 2 * q.top * S;
+        if (q.ended) continue; // ran ahead of a stop found in the previous batch
+        const fresh: number[] = [];
+        for (let j = 0; j < cur.n && !q.ended; j++) {
+          const id = u32[b * S + j]!;
+          q.tokens.push(id);
+          fresh.push(id);
+          if (pairs) q.tops.push(pairsToTop(pairs, j, q.top));
+          if (q.stops.has(id)) {
+            q.ended = true;
+            q.reason = "stop";
+          }
+        }
+        if (fresh.length > 0) q.o.onTokens?.(fresh);
+        if (!q.ended && q.o.signal?.aborted && q.tokens.length < q.steps + 1) {
+          q.ended = true;
+          q.reason = "cancelled";
+        }
+      }
+      cur = next;
+    }
+  }
+
+  /**
+   * The first id after a prefill whose last logits are `first`: the argmax on the CPU, or a draw of `sel`'s
+   * sampler, which first gets the request's settings, a fresh RNG step and penalty history (and writes the
+   * id to its next-token buffer itself).
+   */
+  async #firstId(first: Float32Array, prompt: readonly number[], opts: GenerateOptions, sel: Selector) {
+    if (!sel.sampler) return argmaxCpu(first);
+    const { device } = this.#b;
+    device.queue.writeBuffer(
+      sel.sampler.params,
+      0,
+      sampleParamWords(opts.sampling!, { maskUnused: !!this.#b.unusedMask }),
+    );
+    device.queue.writeBuffer(
+      sel.sampler.state,
+      0,
+      packSampleState(SAMPLE_HIST, {
+        step: opts.samplerStep ?? 0,
+        history: (opts.samplerHistory ?? prompt).slice(-SAMPLE_HIST),
+      }),
+    );
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encodeOps(pass, sel.firstOps);
+    pass.end();
+    const read = device.createBuffer({ size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    enc.copyBufferToBuffer(sel.idRing, 0, read, 0, 4);
+    device.queue.submit([enc.finish()]);
+    await read.mapAsync(GPUMapMode.READ);
+    const id = new Uint32Array(read.getMappedRange())[0]!;
+    read.unmap();
+    read.destroy();
+    if (id >= this.#stage.hp.nVocab) {
+      throw new Error(`Internal error: the sampler drew no id (all logits masked or NaN)`);
+    }
+    return id;
+  }
+
+  /** A lone slot's decode step: its solo graph and a selector writing the graph's token buffer (cached). */
+  async #soloStep(slot: number, S: number, top: number, sampling: boolean): Promise<SoloStep> {
+    const key = `${slot}/${S}/${top}/${sampling}`;
+    const hit = this.#solo.get(key);
+    if (hit) return hit;
+    const graph = await this.#b.graph(slot, 1, "last");
+    const sel = await this.#selector({ row: 0, nextToken: this.#b.tokens, S, top, sampling });
+    const step: SoloStep = { ...sel, ops: [...graph, ...sel.stepOps] };
+    this.#solo.set(key, step);
+    return step;
+  }
+
+  /**
+   * The selection of one sequence's next id: argmax or the sampler on logits row `row` (the row's id goes to
+   * word 0 of `nextToken` and to the id ring), then the top-k pairs when `top` > 0. Its buffers are its own.
+   */
+  async #selector(
+    o: { row: number; nextToken: GPUBuffer; S: number; top: number; sampling: boolean },
+  ): Promise<Selector> {
+    const { device } = this.#b;
+    const { S, top, sampling } = o;
+    const V = this.#stage.hp.nVocab;
+    const logitsBuf = this.#b.logits;
+    assert(logitsBuf, "generation runs on a last stage, which has logits");
+    const buf = (label: string, bytes: number) => {
+      const b = device.createBuffer({ label, size: Math.max(16, bytes), usage: STORAGE });
+      this.#b.owned.push(b);
+      return b;
+    };
+    const idRing = buf("id_ring", 4 * S);
+    const logitsRow = (row: number) => ({
+      buffer: logitsBuf,
+      offset: 4 * row * padWords(V),
+      size: 4 * V,
+    });
+    const logits = logitsRow(o.row);
+    let argmaxParams: GPUBuffer;
+    let sampler: Selector["sampler"];
+    // The selection on `logits` (a second set for row 0 when the step's row is another).
+    let select: (logits: Binding) => Op[];
+    if (sampling) {
+      // The sampler's params start with the ring slot like ArgmaxParams, so the per-step copy is the same.
+      const sc = sampleConstantsFor(V);
+      const sv = sampleVariants(sc);
+      const sp = {
+        partial: await this.#b.cache.get(SAMPLE, sv.partial),
+        final: await this.#b.cache.get(SAMPLE, sv.final),
+      };
+      const mask = buf("sample_mask", 4 * Math.ceil(V / 32));
+      if (this.#b.unusedMask) device.queue.writeBuffer(mask, 0, this.#b.unusedMask);
+      const s = {
+        params: buf("sample_params", 48),
+        state: buf("sample_state", 4 * packSampleState(sc.HIST).length),
+      };
+      sampler = s;
+      argmaxParams = s.params;
+      const pairs = buf("sample_pairs", 8 * (sc.K + 1) * sc.N_BLOCK);
+      const result = buf("sample_result", 8 * (sc.K + 1));
+      const sg = sampleGrids(sc);
+      select = (logits) => {
+        const sb = sampleBindGroups(device, {
+          pipelines: sp,
+          constants: sc,
+          buffers: {
+            logits,
+            pairs,
+            result,
+            params: s.params,
+            mask,
+            state: s.state,
+            nextToken: o.nextToken,
+            ring: idRing,
+          },
+        });
+        return [
+          { label: "sample.partial", pipeline: sp.partial, bindGroup: sb.partial, grid: sg.partial },
+          { label: "sample.final", pipeline: sp.final, bindGroup: sb.final, grid: sg.final },
+        ];
+      };
+    } else {
+      const params = buf("argmax_params", 16);
+      argmaxParams = params;
+      const ac: ArgmaxConstants = {
+        N_VOCAB: V,
+        N_BLOCK: Math.min(256, Math.ceil(V / 1024)),
+        WG: 256,
+        WRITE_IDS: true,
+      };
+      const av = argmaxVariants(ac);
+      const ap = {
+        partial: await this.#b.cache.get(ARGMAX, av.partial),
+        final: await this.#b.cache.get(ARGMAX, av.final),
+      };
+      const pairs = buf("argmax_pairs", 8 * ac.N_BLOCK);
+      const result = buf("argmax_result", 8);
+      const ag = argmaxGrids(ac);
+      select = (logits) => {
+        const ab = argmaxBindGroups(device, {
+          pipelines: ap,
+          constants: ac,
+          buffers: { logits, pairs, result, params, nextToken: o.nextToken, ring: idRing },
+        });
+        return [
+          { label: "argmax.partial", pipeline: ap.partial, bindGroup: ab.partial, grid: ag.partial },
+          { label: "argmax.final", pipeline: ap.final, bindGroup: ab.final, grid: ag.final },
+        ];
+      };
+    }
+    const stepOps = select(logits);
+    const firstOps = o.row === 0 ? stepOps : select(logitsRow(0));
+    const topResult = buf("top_result", 8 * Math.max(1, top));
+    const topBatch = buf("top_batch", 8 * Math.max(1, top) * S);
+    if (top > 0) {
+      const tc: ArgmaxTopkConstants = {
+        N_VOCAB: V,
+        K: top,
+        N_BLOCK: Math.min(64, Math.max(1, Math.ceil(V / 4096))),
+        WG: 256,
+        BUF: 2048,
+      };
+      const tv = argmaxTopkVariants(tc);
+      const tp = {
+        partial: await this.#b.cache.get(ARGMAX_TOPK, tv.partial),
+        final: await this.#b.cache.get(ARGMAX_TOPK, tv.final),
+      };
+      const tb = argmaxTopkBindGroups(device, {
+        pipelines: tp,
+        constants: tc,
+        buffers: { logits, pairs: buf("top_pairs", 8 * top * tc.N_BLOCK), result: topResult },
+      });
+      const tg = argmaxTopkGrids(tc);
+      stepOps.push({ label: "topk.partial", pipeline: tp.partial, bindGroup: tb.partial, grid: tg.partial });
+      stepOps.push({ label: "topk.final", pipeline: tp.final, bindGroup: tb.final, grid: tg.final });
+    }
+    return { stepOps, firstOps: firstOps.slice(0, 2), idRing, argmaxParams, topResult, topBatch, sampler };
+  }
+
+  /**
+   * Selector of `slot` in a batched step at column `col` (-1: the prefill's first id only), writing the
+   * slot's id buffer. Cached: a slot's selector per column keeps its buffers across calls.
+   */
+  async #slotSelector(
+    slot: number,
+    col: number,
+    S: number,
+    top: number,
+    sampling: boolean,
+  ): Promise<Selector> {
+    const key = `${slot}/${col}/${S}/${top}/${sampling}`;
+    const hit = this.#selectors.get(key);
+    if (hit) return hit;
+    const sel = await this.#selector({
+      row: Math.max(0, col),
+      nextToken: this.#b.slotTok[slot]!,
+      S,
+      top,
+      sampling,
+    });
+    this.#selectors.set(key, sel);
+    return sel;
+  }
+}
+
+/** Checks the options every generation shares; returns the top-k count and whether the sampler runs. */
+function genCheck(opts: GenerateOptions): { top: number; sampling: boolean } {
+  const top = opts.top ?? 0;
+  if (!Number.isInteger(opts.nNew) || opts.nNew < 1) {
+    throw new RangeError(`--n must be >= 1, got ${opts.nNew}`);
+  }
+  if (!Number.isInteger(top) || top < 0 || top > 64) {
+    throw new RangeError(`--top must be in 0..64, got ${top}`);
+  }
+  // Plain greedy (no penalties) takes the argmax path; anything else runs the sampler, penalties included.
+  const p = opts.sampling;
+  const sampling = p !== undefined &&
+    !(isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0);
+  return { top, sampling };
+}
+
+/** Index of the largest value, ties to the lowest index (as the GPU argmax). */
+export function argmaxCpu(v: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < v.length; i++) if (v[i]! > v[best]!) best = i;
+  return best;
+}
+
+/** The `k` largest `[index, value]` pairs, highest first, ties to the lowest index. */
+export function topCpu(v: ArrayLike<number>, k: number): [number, number][] {
+  const idx = Array.from({ length: v.length }, (_, i) => i);
+  idx.sort((a, b) => (v[b]! - v[a]!) || a - b);
+  return idx.slice(0, k).map((i) => [i, v[i]!]);
+}
+
+function pairsToTop(pairs: Uint32Array, step: number, top: number): [number, number][] {
+  const f = new Float32Array(pairs.buffer, pairs.byteOffset, pairs.length);
+  const out: [number, number][] = [];
+  for (let i = 0; i < top; i++) {
+    const at = (step * top + i) * 2;
+    out.push([pairs[at + 1]!, f[at]!]);
+  }
+  return out;
+}

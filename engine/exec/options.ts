@@ -1,0 +1,97 @@
+/**
+ * The options and input/output types of a stage: what `Stage.load` takes, what a chunk is
+ * fed and what it returns.
+ * @module
+ */
+import type { UploadProgress } from "../gpu/weights.ts";
+import type { GraphOptions } from "../graph/builder.ts";
+
+/** Options of `Stage.load`. */
+export interface StageOptions {
+  /** Layer range `[a, b)` of the decoder layers (default: all). */
+  readonly layers?: readonly [number, number];
+  /** Positions per slot (KV cache capacity). */
+  readonly nCtx: number;
+  /** Concurrent sequences. */
+  readonly nSlots: number;
+  /** Tokens per prefill chunk (default 64). */
+  readonly maxChunk?: number;
+  /**
+   * Tallest decode mat-vec (rows) that computes a preceding RMSNorm in its prologue; taller ones get the norm as
+   * a dispatch of its own (default 16384, see docs/PERF.md; 0: never fuse).
+   */
+  readonly normPrologueMaxRows?: number;
+  /**
+   * TEAM/ROWS of the expert mat-vecs (gate·up and down), overriding `moeMatvecConstants`' defaults: a
+   * benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-* measures them in a whole step).
+   */
+  readonly moeTuning?: GraphOptions["moeTuning"];
+  /**
+   * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
+   * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other
+   * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
+   */
+  readonly matvecTuning?: GraphOptions["matvecTuning"];
+  /**
+   * Decode (one token) routes the experts in the prologue of the routed gate·up pass (moe_matvec ROUTE)
+   * instead of in a moe_route dispatch of its own. Default off: every gate·up workgroup then repeats the
+   * ranking, which measured slower (docs/PERF.md).
+   */
+  readonly fuseDecodeRoute?: boolean;
+  /**
+   * Prefill chunks wider than 8 tokens run the routed experts (and the packed shared one) as one grouped
+   * matmul per pass: moe_group lists each expert's columns, and matmul GROUPED reads each expert's weights
+   * once per tile of its tokens instead of once per column (moe_matvec). Default off until measured
+   * (docs/ARCHITECTURE.md); the results differ from moe_matvec's by f32 summation order only.
+   */
+  readonly groupedExperts?: boolean;
+  /**
+   * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0, Q4_K, Q5_K, Q6_K
+   * and IQ4_XS weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot
+   * products, as llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32. Expert
+   * passes of such weights take int8 x too (moe_matvec_q8; moe_route rounds the experts' input, the down pass
+   * its own x), except with fuseDecodeRoute. Wider (prefill) chunks round x the same way (quantize_q8 ROUND)
+   * and feed the rounded f32 values to the f32 matmul and moe_matvec, so every chunk width rounds alike.
+   * Off by default: it changes the default numerics (docs/PERF.md has its speed). The rounding is a different
+   * one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the decisions this
+   * stage logs with `int8Log`. Each column is its own dispatch (matvec_q8_fused, which quantizes x in its
+   * prologue), so batched steps keep their solo bits.
+   */
+  readonly int8Activations?: boolean;
+  /**
+   * Test hook for int8Activations: every quantize_q8 of a graph writes a region of its own in one log buffer
+   * (the mat-vecs after it read from there), and `Stage.int8Log` returns the last `run()`'s
+   * rounding decisions, so that a reference can check them and continue with the same ones.
+   */
+  readonly int8Log?: boolean;
+  /** Upload progress. */
+  readonly onProgress?: (p: UploadProgress) => void;
+}
+
+/** Input of one chunk: token ids (first stage) or hidden rows ne=[nEmbd, nTokens] (later stages). */
+export type StageInput = { readonly tokens: readonly number[] } | {
+  readonly hidden: Float32Array<ArrayBuffer>;
+  readonly nTokens: number;
+};
+
+/** What a run returns: logits of the last stage, or hidden rows for the next stage. */
+export interface StageOutput {
+  /** `logits` ne=[nVocab, rows] (last stage) or `hidden` ne=[nEmbd, rows]. */
+  readonly kind: "logits" | "hidden";
+  /** Values, f32. */
+  readonly data: Float32Array<ArrayBuffer>;
+  /** Rows in `data`: every input token, or only the last one. */
+  readonly rows: number;
+}
+
+/** One logged rounding: the mat-vec it fed, the column, x's int8 values (element order) and scales. */
+export interface Int8Logged {
+  /** The mat-vec's label (`L<layer>.<tensor>...` or `output`). */
+  readonly label: string;
+  /** The column (token of the chunk, or slot of a batched step). */
+  readonly col: number;
+  /** int8 values in element order. */
+  readonly q: Int8Array;
+  /** Per 32 elements, the scale d (x ≈ d·q). */
+  readonly d: Float32Array;
+}

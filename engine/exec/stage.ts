@@ -1,0 +1,539 @@
+/**
+ * A pipeline stage: the forward pass of layers `[a, b)` of a `qwen35moe` / `qwen3next` model on the GPU,
+ * with per-slot state (KV caches, conv rings, recurrent states) and snapshots.
+ *
+ * The first stage embeds token ids, the last produces logits; a middle or last stage takes hidden rows.
+ * A chunk of n tokens is one compute pass whose dispatches are built once per (slot, n, output) and cached:
+ * the per-step values (position, token count) live in GPU buffers, so the same dispatches serve every step.
+ * Generation (a whole-model stage) is the decode driver's (`decode.ts`), reached through {@linkcode Stage.decoder}.
+ *
+ * @example
+ * ```ts
+ * const gpu = await acquireGpu();
+ * const file = await openGguf("model.gguf");
+ * const stage = await Stage.load(gpu, file, { nCtx: 4096, nSlots: 1 });
+ * const logits = await stage.run(0, { tokens: [1, 2, 3] }, 0); // ne=[nVocab, 1]: the last position
+ * ```
+ * @module
+ */
+import type { Gpu } from "../gpu/device.ts";
+import { PipelineCache } from "../../wgsl/kernel.ts";
+import { type GpuTensor, uploadTensors } from "../gpu/weights.ts";
+import { SlotStates } from "../state.ts";
+import type { GgufFile } from "../gguf.ts";
+import { KEYS, tensorName } from "../names.ts";
+import { archOf, type DeltaNetLayout, type Hparams } from "../models/mod.ts";
+import { GRAPHS } from "../models/graphs.ts";
+import { buildHybrid, type HybridModel } from "../models/_hybrid.ts";
+import { assert } from "../errors.ts";
+import { unusedTokenMask } from "../sampling.ts";
+import {
+  type BuildContext,
+  encodeOps,
+  GraphBuilder,
+  type GraphOptions,
+  type Int8LogEntry,
+  type LayerWeights,
+  NORM_PROLOGUE_MAX_ROWS,
+  type Op,
+} from "../graph/builder.ts";
+import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
+import {
+  activationWords,
+  batchable,
+  gdnConstants,
+  MAX_BATCH_SLOTS,
+  stateSpecs,
+  STORAGE,
+} from "./activations.ts";
+import { loadPlan } from "./load_plan.ts";
+import { type BatchItem, DecodeDriver, type GenerateOptions, type GenerateResult } from "./decode.ts";
+import type { Int8Logged, StageInput, StageOptions, StageOutput } from "./options.ts";
+
+export type { Int8Logged, StageInput, StageOptions, StageOutput };
+
+/** Size of the int8Log buffer (the tiny test models log a few hundred KiB per chunk). */
+const INT8_LOG_BYTES = 16 << 20;
+
+/** The GPU forward pass of one layer range; see the module doc. */
+export class Stage {
+  /** Hyper-parameters of the whole model. */
+  readonly hp: Hparams;
+  /** Decoder layers `[a, b)` this stage runs. */
+  readonly layers: readonly [number, number];
+  /** Whether this stage embeds tokens (a == 0). */
+  readonly first: boolean;
+  /** Whether this stage produces logits (b == nLayer). */
+  readonly last: boolean;
+  /** Positions per slot. */
+  readonly nCtx: number;
+  /** Tokens per chunk. */
+  readonly maxChunk: number;
+  /** See {@linkcode StageOptions.normPrologueMaxRows}. */
+  readonly normPrologueMaxRows: number;
+  /** See {@linkcode StageOptions.int8Activations}. */
+  readonly int8Activations: boolean;
+  /** Slot state buffers (KV caches, conv rings, recurrent states) and snapshots. */
+  readonly states: SlotStates;
+  /** Bytes of weights on the GPU. */
+  readonly weightBytes: number;
+  /**
+   * Whether the decode driver can run several slots in one step: every per-slot activation row (hidden,
+   * q/k/v, DeltaNet input and output) starts at a bindable (256-byte) offset. True for the published shapes
+   * and the tiny presets.
+   */
+  readonly canBatch: boolean;
+  /** Generation on this stage's slots (a whole-model stage): the decode driver. */
+  readonly decoder: DecodeDriver;
+
+  readonly #gpu: Gpu;
+  readonly #cache: PipelineCache;
+  readonly #model: HybridModel;
+  readonly #graphOptions: GraphOptions;
+  readonly #weights: ReadonlyMap<string, GpuTensor>;
+  readonly #layers: readonly LayerWeights[];
+  readonly #tiedOutput: boolean;
+  readonly #act: Record<string, GPUBuffer>;
+  readonly #posParams: readonly GPUBuffer[];
+  readonly #zeroIds: GPUBuffer;
+  readonly #graphs = new Map<string, Op[]>();
+  /** int8Log: the log buffer, each graph's entries, and the graph of the last run() chunk. */
+  readonly #int8Log: { buffer: GPUBuffer; entries: Map<string, Int8LogEntry[]>; last?: string } | undefined;
+  readonly #batchGraphs = new Map<string, { ops: Op[]; pos: GPUBuffer[] }>();
+  /** Per slot: the id its batched steps embed (written by its selector). */
+  readonly #slotTok: readonly GPUBuffer[];
+  /** Small buffers the cached graphs and decoders own (params, rings, scratch): destroyed with the stage. */
+  readonly #owned: GPUBuffer[] = [];
+  readonly #length: number[];
+  #destroyed = false;
+
+  private constructor(init: {
+    gpu: Gpu;
+    hp: Hparams;
+    model: HybridModel;
+    layers: readonly [number, number];
+    nCtx: number;
+    maxChunk: number;
+    graph: GraphOptions;
+    int8Log: boolean;
+    weights: Map<string, GpuTensor>;
+    tiedOutput: boolean;
+    layouts: readonly (DeltaNetLayout | undefined)[];
+    nSlots: number;
+    tokenTypes?: ArrayLike<number>;
+  }) {
+    const { gpu, hp } = init;
+    this.#gpu = gpu;
+    this.#cache = new PipelineCache(gpu.device, { f16: gpu.f16 });
+    this.#model = init.model;
+    this.hp = hp;
+    this.layers = init.layers;
+    this.first = init.layers[0] === 0;
+    this.last = init.layers[1] === hp.nLayer;
+    this.nCtx = init.nCtx;
+    this.maxChunk = init.maxChunk;
+    this.#graphOptions = init.graph;
+    this.normPrologueMaxRows = init.graph.normPrologueMaxRows;
+    this.int8Activations = init.graph.int8Activations;
+    this.#int8Log = init.int8Log
+      ? {
+        buffer: gpu.device.createBuffer({
+          label: "int8 log",
+          size: INT8_LOG_BYTES,
+          usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+        }),
+        entries: new Map(),
+      }
+      : undefined;
+    if (this.#int8Log) this.#owned.push(this.#int8Log.buffer);
+    this.#weights = init.weights;
+    this.#tiedOutput = init.tiedOutput;
+    const seen = new Set<GPUBuffer>();
+    for (const t of init.weights.values()) for (const p of t.parts) seen.add(p.buffer);
+    this.weightBytes = [...seen].reduce((s, b) => s + b.size, 0);
+    const ls: LayerWeights[] = [];
+    for (let l = init.layers[0]; l < init.layers[1]; l++) {
+      ls.push({
+        attention: hp.isAttention[l]!,
+        layout: init.layouts[l],
+        t: (id) => this.#tensor(tensorName(id, l)),
+      });
+    }
+    this.#layers = ls;
+    this.states = new SlotStates(gpu.device, {
+      specs: stateSpecs(hp, init.layers, init.nCtx),
+      nSlots: init.nSlots,
+    });
+    const words = activationWords(hp, {
+      maxChunk: this.maxChunk,
+      deltaNet: ls.some((lw) => !lw.attention),
+      last: this.last,
+    });
+    this.#act = Object.fromEntries(
+      Object.entries(words).map(([name, w]) => [
+        name,
+        gpu.device.createBuffer({ label: name, size: Math.max(16, w * 4), usage: STORAGE }),
+      ]),
+    );
+    this.#posParams = Array.from(
+      { length: init.nSlots },
+      (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: 16, usage: STORAGE }),
+    );
+    this.#zeroIds = gpu.device.createBuffer({
+      label: "zero_ids",
+      size: 4 * Math.max(this.maxChunk, MAX_BATCH_SLOTS),
+      usage: STORAGE,
+    });
+    this.#slotTok = Array.from(
+      { length: init.nSlots },
+      (_, s) => gpu.device.createBuffer({ label: `slot${s}.tok`, size: 16, usage: STORAGE }),
+    );
+    this.canBatch = batchable(hp, init.layers);
+    this.#length = new Array(init.nSlots).fill(0);
+    this.decoder = new DecodeDriver(this, {
+      device: gpu.device,
+      cache: this.#cache,
+      owned: this.#owned,
+      tokens: this.#act.tokens!,
+      logits: this.#act.logits,
+      posParams: this.#posParams,
+      slotTok: this.#slotTok,
+      unusedMask: init.tokenTypes && unusedTokenMask(init.tokenTypes, hp.nVocab),
+      graph: (slot, n, rows) => this.#graph(slot, n, rows),
+      batchGraph: (slots) => this.#batchGraph(slots),
+      setLength: (slot, n) => this.#length[slot] = n,
+      slotCheck: (slot) => this.#slotCheck(slot),
+      inputCheck: (slot, tokens, base) => this.#inputCheck(slot, { tokens }, base, tokens.length),
+    });
+  }
+
+  /**
+   * Validates the file against its architecture, uploads the weights of `opts.layers` and allocates the
+   * state of `opts.nSlots` slots of `opts.nCtx` positions.
+   * @throws {GgufError} when the file does not match its architecture
+   * @throws {RangeError} on a layer range, context or chunk size out of range, or a tensor the GPU cannot bind
+   */
+  static async load(gpu: Gpu, file: GgufFile, opts: StageOptions): Promise<Stage> {
+    const arch = archOf(file.metadata);
+    const hp = arch.readHparams(file.metadata);
+    const check = arch.checkTensors(file, hp);
+    const model = GRAPHS[arch.name];
+    const [a, b] = opts.layers ?? [0, hp.nLayer];
+    if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
+      throw new RangeError(
+        `Layer range ${a}:${b} is not within 0:${hp.nLayer} of ${file.path} (a < b required): pass --layers a:b`,
+      );
+    }
+    if (!Number.isInteger(opts.nCtx) || opts.nCtx < 1 || opts.nCtx > 2 ** 24) {
+      throw new RangeError(`Context of ${opts.nCtx} positions is out of range 1..${2 ** 24}`);
+    }
+    const maxChunk = opts.maxChunk ?? 64;
+    if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
+      throw new RangeError(`Chunk size ${maxChunk} is out of range 1..4096`);
+    }
+    const npr = opts.normPrologueMaxRows;
+    if (npr !== undefined && !(Number.isInteger(npr) && npr >= 0)) {
+      throw new RangeError(`normPrologueMaxRows must be an integer ≥ 0 (0: never fuse), got ${npr}`);
+    }
+    const plan = loadPlan(file, hp, check, [a, b], model);
+    const weights = await uploadTensors(gpu.device, file, { ...plan, onProgress: opts.onProgress });
+    const tokenTypes = file.metadata.has(KEYS.tokTypes)
+      ? file.metadata.getIntArray(KEYS.tokTypes)
+      : undefined;
+    const int8Activations = opts.int8Activations ?? false;
+    return new Stage({
+      tokenTypes,
+      gpu,
+      hp,
+      model,
+      layers: [a, b],
+      nCtx: opts.nCtx,
+      maxChunk,
+      graph: {
+        normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
+        moeTuning: opts.moeTuning,
+        matvecTuning: opts.matvecTuning,
+        fuseDecodeRoute: opts.fuseDecodeRoute ?? false,
+        groupedExperts: opts.groupedExperts ?? false,
+        int8Activations,
+      },
+      int8Log: int8Activations && (opts.int8Log ?? false),
+      weights,
+      tiedOutput: check.tiedOutput,
+      layouts: check.layouts,
+      nSlots: opts.nSlots,
+    });
+  }
+
+  /** Tokens held by `slot`. */
+  length(slot: number): number {
+    this.#slotCheck(slot);
+    return this.#length[slot]!;
+  }
+
+  /**
+   * Runs `input` through the stage for `slot`, continuing its sequence at position `base` (`base == 0`
+   * resets the slot). Prefill runs in chunks of `maxChunk`. Returns logits (last stage) or hidden rows of
+   * every position (`all`) or only the last (`last`, the default).
+   * @throws {RangeError} on a base other than the slot's length (restore a snapshot first), a sequence
+   *   longer than the context, token ids out of the vocabulary, or an input of the wrong kind
+   */
+  async run(
+    slot: number,
+    input: StageInput,
+    base: number,
+    opts: { rows?: "all" | "last" } = {},
+  ): Promise<StageOutput> {
+    const { device } = this.#gpu;
+    this.#slotCheck(slot);
+    const nTokens = "tokens" in input ? input.tokens.length : input.nTokens;
+    this.#inputCheck(slot, input, base, nTokens);
+    const rows = opts.rows ?? "last";
+    const width = this.last ? this.hp.nVocab : this.hp.nEmbd;
+    const out = new Float32Array(width * (rows === "all" ? nTokens : 1));
+    if (base === 0) {
+      const enc = device.createCommandEncoder();
+      this.states.reset(enc, slot);
+      device.queue.submit([enc.finish()]);
+      this.#length[slot] = 0;
+    }
+    const staging = device.createBuffer({
+      size: out.byteLength,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
+    for (let at = 0; at < nTokens; at += this.maxChunk) {
+      const n = Math.min(this.maxChunk, nTokens - at);
+      const lastChunk = at + n === nTokens;
+      const outRows = rows === "all" ? "all" : lastChunk ? "last" : "none";
+      device.queue.writeBuffer(this.#posParams[slot]!, 0, Uint32Array.of(base + at, n));
+      if ("tokens" in input) {
+        device.queue.writeBuffer(this.#act.tokens!, 0, Uint32Array.from(input.tokens.slice(at, at + n)));
+      } else {
+        device.queue.writeBuffer(this.#act.h!, 0, input.hidden, at * this.hp.nEmbd, n * this.hp.nEmbd);
+      }
+      const ops = await this.#graph(slot, n, outRows);
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeOps(pass, ops);
+      pass.end();
+      if (outRows !== "none") {
+        const src = this.last ? this.#act.logits! : this.#act.h!;
+        const srcOff = !this.last && outRows === "last" ? (n - 1) * width * 4 : 0;
+        const size = (outRows === "all" ? n : 1) * width * 4;
+        const dstOff = outRows === "all" ? at * width * 4 : 0;
+        enc.copyBufferToBuffer(src, srcOff, staging, dstOff, size);
+      }
+      device.queue.submit([enc.finish()]);
+      this.#length[slot] = base + at + n;
+    }
+    await staging.mapAsync(GPUMapMode.READ);
+    out.set(new Float32Array(staging.getMappedRange()));
+    staging.unmap();
+    staging.destroy();
+    return { kind: this.last ? "logits" : "hidden", data: out, rows: rows === "all" ? nTokens : 1 };
+  }
+
+  /**
+   * The rounding decisions of the last `run()` chunk (StageOptions.int8Log): per quantize_q8 in graph order,
+   * its mat-vec's label, the column, and x's int8 values (element order) and per-32 scales.
+   * @throws {Error} when the stage was loaded without int8Log or has not run
+   */
+  async int8Log(): Promise<Int8Logged[]> {
+    const log = this.#int8Log;
+    const entries = log?.last === undefined ? undefined : log.entries.get(log.last);
+    if (!log || !entries) {
+      throw new Error("int8Log: load the stage with int8Activations and int8Log, then run()");
+    }
+    const { device } = this.#gpu;
+    const end = entries.reduce((m, e) => Math.max(m, e.offset + q8xBytes(e.k)), 16);
+    const size = Math.ceil(end / 4) * 4;
+    const staging = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const enc = device.createCommandEncoder();
+    enc.copyBufferToBuffer(log.buffer, 0, staging, 0, size);
+    device.queue.submit([enc.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const bytes = new Uint8Array(staging.getMappedRange().slice(0));
+    staging.unmap();
+    staging.destroy();
+    return entries.map((e) => ({
+      label: e.label,
+      col: e.col,
+      ...decodeQ8x(e.type, e.k, bytes.subarray(e.offset, e.offset + q8xBytes(e.k))),
+    }));
+  }
+
+  /** Generation on one slot: {@linkcode DecodeDriver.generate} with one item. */
+  async generate(slot: number, prompt: readonly number[], opts: GenerateOptions): Promise<GenerateResult> {
+    return (await this.decoder.generate([{ slot, prompt, opts }]))[0]!;
+  }
+
+  /** Generation on several slots at once: {@linkcode DecodeDriver.generate}. */
+  generateBatch(items: readonly BatchItem[], opts: { batch?: number } = {}): Promise<GenerateResult[]> {
+    return this.decoder.generate(items, opts);
+  }
+
+  /**
+   * Saves `slot`'s full state (as of the work submitted so far) to a new snapshot; returns its number.
+   */
+  snapshot(slot: number): number {
+    this.#slotCheck(slot);
+    const enc = this.#gpu.device.createCommandEncoder();
+    const id = this.states.snapshot(enc, slot, this.#length[slot]!);
+    this.#gpu.device.queue.submit([enc.finish()]);
+    return id;
+  }
+
+  /** Restores snapshot `id` into `slot`; the slot then holds the snapshot's tokens. */
+  restore(id: number, slot: number): void {
+    this.#slotCheck(slot);
+    const enc = this.#gpu.device.createCommandEncoder();
+    this.states.restore(enc, id, slot);
+    this.#gpu.device.queue.submit([enc.finish()]);
+    this.#length[slot] = this.states.snapshotLength(id);
+  }
+
+  /** Dispatches of one chunk of `n` tokens (for counting and benchmarks). */
+  graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<readonly Op[]> {
+    this.#slotCheck(slot);
+    return this.#graph(slot, n, rows);
+  }
+
+  /** Dispatches of one batched decode step of `slots` (for counting and benchmarks). */
+  async batchGraph(slots: readonly number[]): Promise<readonly Op[]> {
+    for (const s of slots) this.#slotCheck(s);
+    if (slots.length < 2 || slots.length > MAX_BATCH_SLOTS || new Set(slots).size !== slots.length) {
+      throw new RangeError(
+        `A batched step takes 2..${MAX_BATCH_SLOTS} distinct slots, got ${slots.join(",")}`,
+      );
+    }
+    return (await this.#batchGraph(slots)).ops;
+  }
+
+  /** Releases every GPU buffer of the stage. */
+  destroy(): void {
+    if (this.#destroyed) return;
+    this.#destroyed = true;
+    this.states.destroy();
+    for (const b of Object.values(this.#act)) b.destroy();
+    for (const b of this.#posParams) b.destroy();
+    for (const b of this.#slotTok) b.destroy();
+    this.#zeroIds.destroy();
+    for (const b of this.#owned) b.destroy();
+    const seen = new Set<GPUBuffer>();
+    for (const t of this.#weights.values()) for (const p of t.parts) seen.add(p.buffer);
+    for (const b of seen) b.destroy();
+  }
+
+  /** What every graph of this stage is built over, for `slot`'s solo graphs or a batched step. */
+  #context(slot: number, rows: "all" | "last" | "none", pos: GPUBuffer, batch?: BuildContext["batch"]) {
+    const cx: BuildContext = {
+      states: this.states,
+      nCtx: this.nCtx,
+      slot,
+      rows,
+      act: this.#act,
+      pos,
+      zeroIds: this.#zeroIds,
+      layers: this.#layers,
+      firstLayer: this.layers[0],
+      gdn: (layout) => gdnConstants(this.hp, layout),
+      embd: this.first ? this.#tensor(tensorName("token_embd")) : undefined,
+      outNorm: this.last ? this.#tensor(tensorName("output_norm")) : undefined,
+      lmHead: this.last ? this.#tensor(tensorName(this.#tiedOutput ? "token_embd" : "output")) : undefined,
+      batch,
+    };
+    return cx;
+  }
+
+  /** The dispatches of one batched decode step of `slots` and its per-slot position buffers (cached). */
+  async #batchGraph(slots: readonly number[]): Promise<{ ops: Op[]; pos: GPUBuffer[] }> {
+    const key = slots.join(",");
+    const hit = this.#batchGraphs.get(key);
+    if (hit) return hit;
+    const pos = slots.map((s) => {
+      const b = this.#gpu.device.createBuffer({
+        label: `batch${key}.slot${s}.pos`,
+        size: 16,
+        usage: STORAGE,
+      });
+      this.#owned.push(b);
+      return b;
+    });
+    const g = new GraphBuilder(
+      this.#gpu.device,
+      this.#cache,
+      this.hp,
+      slots.length,
+      this.#owned,
+      this.#graphOptions,
+    );
+    const batch = { slots, pos, tok: slots.map((s) => this.#slotTok[s]!) };
+    const ops = await buildHybrid(g, this.#context(slots[0]!, "all", pos[0]!, batch), this.#model);
+    const out = { ops, pos };
+    this.#batchGraphs.set(key, out);
+    return out;
+  }
+
+  async #graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<Op[]> {
+    const key = `${slot}/${n}/${rows}`;
+    if (this.#int8Log) this.#int8Log.last = key;
+    const hit = this.#graphs.get(key);
+    if (hit) return hit;
+    const entries: Int8LogEntry[] = [];
+    this.#int8Log?.entries.set(key, entries);
+    const g = new GraphBuilder(this.#gpu.device, this.#cache, this.hp, n, this.#owned, {
+      ...this.#graphOptions,
+      int8Log: this.#int8Log ? { buffer: this.#int8Log.buffer, entries } : undefined,
+    });
+    const ops = await buildHybrid(g, this.#context(slot, rows, this.#posParams[slot]!), this.#model);
+    this.#graphs.set(key, ops);
+    return ops;
+  }
+
+  #slotCheck(slot: number): void {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.#length.length) {
+      throw new RangeError(`Slot ${slot} does not exist: this stage has ${this.#length.length} slots`);
+    }
+  }
+
+  #inputCheck(slot: number, input: StageInput, base: number, nTokens: number): void {
+    if (nTokens < 1) throw new RangeError("Input has no tokens: give at least one");
+    if (base !== 0 && base !== this.#length[slot]) {
+      throw new RangeError(
+        `Slot ${slot} holds ${this.#length[slot]} tokens but the run continues at position ${base}: ` +
+          `start at 0, continue at ${this.#length[slot]}, or restore a snapshot of length ${base} first`,
+      );
+    }
+    if (base + nTokens > this.nCtx) {
+      throw new RangeError(
+        `Sequence of ${
+          base + nTokens
+        } tokens does not fit the context of ${this.nCtx}: raise --ctx or shorten it`,
+      );
+    }
+    if ("tokens" in input) {
+      if (!this.first) {
+        throw new RangeError(`Layers ${this.layers.join(":")} take hidden rows, not token ids`);
+      }
+      for (const t of input.tokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= this.hp.nVocab) {
+          throw new RangeError(`Token id ${t} is outside the vocabulary 0..${this.hp.nVocab - 1}`);
+        }
+      }
+    } else {
+      if (this.first) throw new RangeError(`Layers ${this.layers.join(":")} start at 0 and take token ids`);
+      if (input.hidden.length !== nTokens * this.hp.nEmbd) {
+        throw new RangeError(
+          `Hidden input has ${input.hidden.length} values but ${nTokens} rows of ${this.hp.nEmbd} need ` +
+            `${nTokens * this.hp.nEmbd}`,
+        );
+      }
+    }
+  }
+
+  #tensor(name: string): GpuTensor {
+    const t = this.#weights.get(name);
+    assert(t, `tensor ${name} was not uploaded`);
+    return t;
+  }
+}

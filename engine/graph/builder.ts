@@ -1,0 +1,340 @@
+/**
+ * The graph builder: the dispatch list of one chunk of `n` tokens (or one batched decode step), as the blocks
+ * (`engine/blocks/`) push their ops onto it. It owns what the blocks share: the op list, the pipeline cache,
+ * small params and scratch buffers, and the state of the fusions that span blocks (a decode norm deferred into
+ * the next mat-vec's prologue, the int8 x a mat-vec left for the next one to reuse).
+ *
+ * Built once per (slot, n, output rows) and cached by the stage: the per-step values (position, token count)
+ * live in GPU buffers, so the same ops serve every step.
+ * @module
+ */
+import {
+  bindGroup,
+  type Binding,
+  type ConstValues,
+  type KernelSpec,
+  type PipelineCache,
+} from "../../wgsl/kernel.ts";
+import type { GpuTensor } from "../gpu/weights.ts";
+import type { DeltaNetLayout, Hparams } from "../models/_arch.ts";
+import type { GgmlTypeName } from "../quant/types.ts";
+import type { SlotStates } from "../state.ts";
+import type { TensorId } from "../names.ts";
+import { assert } from "../errors.ts";
+import { MATVEC } from "../../wgsl/matvec.ts";
+import { q8xBytes } from "../../wgsl/matvec_q8.ts";
+import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../../wgsl/rms_norm.ts";
+import type { GdnStepConstants } from "../../wgsl/gdn_step.ts";
+
+/** One recorded dispatch: everything `pass.dispatchWorkgroups` needs. */
+export interface Op {
+  /** Kernel and layer, for debugging and per-op timing. */
+  readonly label: string;
+  /** Pipeline of the kernel variant. */
+  readonly pipeline: GPUComputePipeline;
+  /** Bind group 0. */
+  readonly bindGroup: GPUBindGroup;
+  /** Workgroups in x, y, z. */
+  readonly grid: readonly [number, number, number];
+}
+
+/** Records `ops` in order into `pass` (dispatches in one pass see each other's writes in order). */
+export function encodeOps(pass: GPUComputePassEncoder, ops: readonly Op[]): void {
+  for (const op of ops) {
+    pass.setPipeline(op.pipeline);
+    pass.setBindGroup(0, op.bindGroup);
+    pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
+  }
+}
+
+/** Widest chunk the mat-vec kernel takes (its batch limit); wider chunks use the tiled matmul. */
+export const MATVEC_MAX_COLS = 8;
+
+/**
+ * Default tallest mat-vec that takes a deferred norm in its prologue: taller ones (an LM head's 248k rows)
+ * would re-sum the norm in every one of their workgroups, which costs more than the norm's own dispatch
+ * (the measurements behind 16384 are in docs/PERF.md).
+ */
+export const NORM_PROLOGUE_MAX_ROWS = 16384;
+
+/** Build options the stage passes to every graph (see `StageOptions` for what each does). */
+export interface GraphOptions {
+  readonly normPrologueMaxRows: number;
+  readonly moeTuning?: {
+    readonly gateUp?: { readonly team: number; readonly rows: number };
+    readonly down?: { readonly team: number; readonly rows: number };
+  };
+  readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
+  readonly fuseDecodeRoute: boolean;
+  readonly groupedExperts: boolean;
+  readonly int8Activations: boolean;
+  /** StageOptions.int8Log: the log buffer and this graph's entries. */
+  readonly int8Log?: { readonly buffer: GPUBuffer; readonly entries: Int8LogEntry[] };
+}
+
+/** Where one quantize_q8 of a graph logged its output (StageOptions.int8Log). */
+export interface Int8LogEntry {
+  readonly label: string;
+  readonly col: number;
+  readonly k: number;
+  readonly type: GgmlTypeName;
+  readonly offset: number;
+}
+
+/** The weights of one layer as the blocks read them. */
+export interface LayerWeights {
+  readonly attention: boolean;
+  readonly layout: DeltaNetLayout | undefined;
+  readonly t: (id: TensorId) => GpuTensor;
+}
+
+/** What one graph is built over: the stage's buffers and state, and which slot(s) it runs. */
+export interface BuildContext {
+  /** Slot state buffers (KV caches, conv rings, recurrent states). */
+  readonly states: SlotStates;
+  /** Positions per slot (the KV caches' P_MAX). */
+  readonly nCtx: number;
+  readonly slot: number;
+  readonly rows: "all" | "last" | "none";
+  readonly act: Record<string, GPUBuffer>;
+  readonly pos: GPUBuffer;
+  readonly zeroIds: GPUBuffer;
+  readonly layers: readonly LayerWeights[];
+  readonly firstLayer: number;
+  readonly gdn: (layout: DeltaNetLayout | undefined) => GdnStepConstants;
+  readonly embd: GpuTensor | undefined;
+  readonly outNorm: GpuTensor | undefined;
+  readonly lmHead: GpuTensor | undefined;
+  /**
+   * A batched decode step: one token of each of these slots (n = slots.length ≥ 2, column b = slots[b]), each
+   * with its own position params [pos, 1] and id buffer (the previous step's id, read by its embedding).
+   * Shared projections and experts take all columns; attention and DeltaNet run per slot on their state.
+   */
+  readonly batch?: BatchSlots;
+}
+
+/** The per-slot buffers of a batched decode graph (see {@linkcode BuildContext.batch}). */
+export interface BatchSlots {
+  readonly slots: readonly number[];
+  readonly pos: readonly GPUBuffer[];
+  readonly tok: readonly GPUBuffer[];
+}
+
+/** A norm fused into the residual add (or expert combine) before it: weight and output rows. */
+export interface FusedNorm {
+  readonly w: GpuTensor;
+  readonly y: GPUBuffer;
+}
+
+/** A decode norm not pushed yet: the next mat-vec reading `y` computes it in its prologue. */
+export interface PendingNorm {
+  readonly label: string;
+  readonly x: GPUBuffer;
+  readonly w: GpuTensor;
+  readonly y: GPUBuffer;
+}
+
+/** Builds the dispatch list of one chunk of `n` tokens; blocks push onto it. */
+export class GraphBuilder {
+  readonly device: GPUDevice;
+  readonly cache: PipelineCache;
+  readonly hp: Hparams;
+  /** Tokens (columns) of the chunk. */
+  readonly n: number;
+  readonly opts: GraphOptions;
+  readonly ops: Op[] = [];
+  /** Receives every buffer the graph creates (its owner destroys them). */
+  readonly #owned: GPUBuffer[];
+  #unused: GPUBuffer | undefined;
+  /** Buffers of this graph by purpose (`grown`). */
+  readonly #grownBufs = new Map<string, GPUBuffer>();
+  /** The next free byte of the int8 log. */
+  #logAt = 0;
+  /** A decode norm not pushed yet (see blocks/norm.ts `norm`). */
+  pending: PendingNorm | undefined;
+  /** The x the last prefill matmul under int8Activations rounded, and the op count after it (blocks/linear). */
+  lastRound: { from: GPUBuffer; k: number; cols: number; out: GPUBuffer; at: number } | undefined;
+  /** The x the last int8 mat-vec quantized, and the op count after it (blocks/linear). */
+  lastQ8:
+    | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
+    | undefined;
+  /** int8 x buffers (quantize_q8's output) by K, created on first use. */
+  readonly xq = new Map<number, GPUBuffer>();
+
+  /** @param owned receives every buffer the graph creates (its owner destroys them) */
+  constructor(
+    device: GPUDevice,
+    cache: PipelineCache,
+    hp: Hparams,
+    n: number,
+    owned: GPUBuffer[],
+    opts: GraphOptions,
+  ) {
+    this.device = device;
+    this.cache = cache;
+    this.hp = hp;
+    this.n = n;
+    this.#owned = owned;
+    this.opts = opts;
+  }
+
+  /** Pushes one dispatch whose twin checks the buffers while building the bind group (`bindGroupOf`). */
+  async checked(
+    label: string,
+    spec: KernelSpec,
+    c: ConstValues,
+    bindGroupOf: (pipeline: GPUComputePipeline) => GPUBindGroup,
+    grid: readonly number[],
+  ): Promise<void> {
+    if (this.pending && spec !== MATVEC) await this.flushNorm();
+    const pipeline = await this.cache.get(spec, c);
+    this.ops.push({
+      label,
+      pipeline,
+      bindGroup: bindGroupOf(pipeline),
+      grid: [grid[0] ?? 1, grid[1] ?? 1, grid[2] ?? 1],
+    });
+  }
+
+  /** Pushes one dispatch with bindings in binding order (checked by the caller). */
+  push(
+    label: string,
+    spec: KernelSpec,
+    c: ConstValues,
+    bindings: readonly Binding[],
+    grid: readonly number[],
+  ): Promise<void> {
+    return this.checked(label, spec, c, (p) => bindGroup(this.device, p, bindings), grid);
+  }
+
+  /** A small constant params buffer (storage and uniform: mat-vec params bind as uniform, others as storage). */
+  storage(words: Uint32Array): GPUBuffer {
+    const buf = this.device.createBuffer({
+      size: Math.max(16, words.byteLength),
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+      mappedAtCreation: true,
+    });
+    new Uint32Array(buf.getMappedRange()).set(words);
+    buf.unmap();
+    this.#owned.push(buf);
+    return buf;
+  }
+
+  /** A buffer of the graph for `name`, at least `bytes` long (created or replaced by a bigger one). */
+  grown(name: string, bytes: number): GPUBuffer {
+    let buf = this.#grownBufs.get(name);
+    if (!buf || buf.size < bytes) {
+      buf = this.device.createBuffer({
+        label: name,
+        size: Math.ceil(bytes / 256) * 256,
+        usage: GPUBufferUsage.STORAGE,
+      });
+      this.#owned.push(buf);
+      this.#grownBufs.set(name, buf);
+    }
+    return buf;
+  }
+
+  /** A buffer the graph owns (destroyed with the stage). */
+  own(buf: GPUBuffer): GPUBuffer {
+    this.#owned.push(buf);
+    return buf;
+  }
+
+  /** The split-K matmuls' partial products: one buffer per graph, grown as needed (`bytes` of it). */
+  splitPart(bytes: number): Binding {
+    return { buffer: this.grown("matmul split partials", bytes), offset: 0, size: bytes };
+  }
+
+  /** A 16-byte buffer for writable bindings a variant does not use (one per graph). */
+  scratch(): GPUBuffer {
+    if (!this.#unused) {
+      this.#unused = this.device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
+      this.#owned.push(this.#unused);
+    }
+    return this.#unused;
+  }
+
+  /**
+   * A region of the int8 log for `cols` columns of K int8 x read by `label`, each logged as column
+   * `firstCol + i` (StageOptions.int8Log); undefined when the graph does not log.
+   */
+  logRegion(label: string, k: number, type: GgmlTypeName, cols: number, firstCol = 0): Binding | undefined {
+    const log = this.opts.int8Log;
+    if (!log) return undefined;
+    const bytes = cols * q8xBytes(k);
+    const offset = this.#logAt;
+    this.#logAt = Math.ceil((offset + bytes) / 256) * 256;
+    assert(this.#logAt <= log.buffer.size, `int8 log of ${log.buffer.size} bytes is full at ${label}`);
+    for (let col = 0; col < cols; col++) {
+      log.entries.push({ label, col: firstCol + col, k, type, offset: offset + col * q8xBytes(k) });
+    }
+    return { buffer: log.buffer, offset, size: Math.ceil(bytes / 4) * 4 };
+  }
+
+  /**
+   * Where an expert-side rounding leaves `cols` columns of int8 x (K elements each, quantize_q8's format): a
+   * region of the int8 log (each column logged under `label`, the pass that reads it) or, when nothing logs,
+   * the graph's scratch buffer `scratch` (grown as needed; "in": moe_route's output, read by gate·up;
+   * "act": the down pass's own log, read by nobody; "prefill": roundX's, read by nobody).
+   */
+  q8Region(
+    label: string,
+    k: number,
+    type: GgmlTypeName,
+    cols: number,
+    scratch: "in" | "act" | "prefill",
+  ): Binding {
+    const bytes = cols * q8xBytes(k);
+    return this.logRegion(label, k, type, cols) ??
+      { buffer: this.grown(`int8 x (${scratch})`, bytes), offset: 0, size: Math.ceil(bytes / 4) * 4 };
+  }
+
+  /** y = RMSNorm(x)·w over `rows` rows of nEmbd, as a dispatch of its own. */
+  async rmsNorm(label: string, x: Binding, w: GpuTensor, y: GPUBuffer, rows: number): Promise<void> {
+    const c: RmsNormConstants = { N: this.hp.nEmbd, EPS: this.hp.rmsEps, WG: 256 };
+    await this.checked(
+      label,
+      RMS_NORM,
+      c,
+      (pipeline) =>
+        rmsNormBindGroup(this.device, {
+          pipeline,
+          constants: c,
+          nRows: rows,
+          buffers: { x, w: part0(w), y },
+        }),
+      rmsNormGrid(rows),
+    );
+  }
+
+  /** Pushes a deferred norm as its own dispatch. */
+  async flushNorm(): Promise<void> {
+    const p = this.pending;
+    if (!p) return;
+    this.pending = undefined;
+    await this.rmsNorm(p.label, p.x, p.w, p.y, 1);
+  }
+}
+
+/** The ggml type name of a tensor's blocks. */
+export function typeName(t: GpuTensor): GgmlTypeName {
+  return t.type.name as GgmlTypeName;
+}
+
+/** The single binding of a small tensor (norm weights, conv taps): its one part. */
+export function part0(t: GpuTensor): Binding {
+  assert(t.parts.length === 1, `tensor ${t.name} is in one part`);
+  const p = t.parts[0]!;
+  return { buffer: p.buffer, offset: p.offsetBytes, size: Math.ceil(p.sizeBytes / 4) * 4 };
+}
+
+/** Words of a batched activation column of `words` values: the next multiple of 64 (256-byte offsets). */
+export function padWords(words: number): number {
+  return Math.ceil(words / 64) * 64;
+}
+
+/** A sub-range of `words` f32 words of a buffer from word `at` (a multiple of 64: 256-byte offsets). */
+export function sub(buf: GPUBuffer, at: number, words: number): Binding {
+  return { buffer: buf, offset: at * 4, size: words * 4 };
+}

@@ -321,7 +321,7 @@ export async function openLink(conn: Deno.Conn, opts: ConnectOptions): Promise<L
     await io.write(hello);
     const ack = await io.next(peer);
     if (ack === undefined) throw new WireError("closed", `${peer} closed the connection during the hello`);
-    if (ack.op === "hello_refuse") {
+    if (ack.op === "hello_refuse" || ack.op === "close") {
       throw new WireError(ack.reason.code, `${peer} refused the connection: ${ack.reason.message}`);
     }
     if (ack.op !== "hello_ack") {
@@ -344,7 +344,7 @@ export async function openLink(conn: Deno.Conn, opts: ConnectOptions): Promise<L
     if (ready === undefined) {
       throw new WireError("closed", `${peer} closed the connection during authentication`);
     }
-    if (ready.op === "hello_refuse") {
+    if (ready.op === "hello_refuse" || ready.op === "close") {
       throw new WireError(ready.reason.code, `${peer} refused the connection: ${ready.reason.message}`);
     }
     if (ready.op !== "ready") {

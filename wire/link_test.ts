@@ -212,6 +212,13 @@ Deno.test("link: a hello mismatch is refused at connect naming both values, and 
   );
   await until(() => r.log.length === 1, "the log line");
   assert.match(r.log[0]!, /Too few slots/);
+  // Another protocol version is refused by the worker's decoder before the JSON is read.
+  await rejectsWire(
+    r.connect({ hello: sampleHeadHello({ protocol: 2 }) }),
+    "refused",
+    /refused the connection: Wire protocol differs: the peer speaks version 2 but this side speaks version 1/,
+  );
+  await until(() => r.log.length === 2, "the second log line");
   // The connector checks too (a worker that does not refuse): the whole chain must end at a last stage.
   await using r2 = rig({ hello: sampleHello({ last: false, layers: { first: 6, end: 9, total: 12 } }) });
   await rejectsWire(

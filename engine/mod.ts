@@ -95,6 +95,5 @@ export {
   type GenerateRequest as EngineGenerateRequest,
   type GenerateResult as EngineGenerateResult,
   QueueFullError,
-  type SamplingSettings,
   startEngine,
 } from "./serve/service.ts";

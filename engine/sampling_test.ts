@@ -29,7 +29,7 @@ Deno.test("samplingParams: defaults fill absent or undefined fields; a seed is d
     const s = randomSeed();
     assert.ok(Number.isSafeInteger(s) && s >= 0, `random seed ${s} is a safe non-negative integer`);
   }
-  // The server's SamplingSettings shape (no penaltyLastN) is accepted as is.
+  // A partial shape (no penaltyLastN) is completed with the defaults.
   const server = {
     temperature: 0,
     topK: 0,

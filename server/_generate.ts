@@ -14,7 +14,7 @@ import {
   StopMatcher,
   type Tokenizer,
 } from "../engine/mod.ts";
-import type { Engine, SamplingSettings } from "../engine/mod.ts";
+import { type Engine, SAMPLING_DEFAULTS, type SamplingParams } from "../engine/mod.ts";
 import { ApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
 
@@ -39,23 +39,14 @@ export interface ServerDeps {
 /** Hono environment of the app: the per-request id. */
 export type AppEnv = { Variables: { requestId: string } };
 
-/** Sampling fields as a request gave them (absent: server default / off). */
-export interface SamplingInput {
-  temperature?: number;
-  topP?: number;
-  topK?: number;
-  minP?: number;
-  seed?: number;
-  repeatPenalty?: number;
-  presencePenalty?: number;
-  frequencyPenalty?: number;
-}
+/** Sampling fields as a request gave them (absent: server default / off): the engine's type, partial. */
+export type SamplingInput = { -readonly [K in keyof SamplingParams]?: SamplingParams[K] };
 
 /** Engine sampling settings: temperature defaults to `tempDefault` and is capped at `tempCap`. */
 export function samplingFor(
   s: SamplingInput,
   deps: Pick<ServerDeps, "tempDefault" | "tempCap">,
-): SamplingSettings {
+): SamplingParams {
   return {
     temperature: Math.min(s.temperature ?? deps.tempDefault, deps.tempCap),
     topK: s.topK ?? 0,
@@ -64,6 +55,7 @@ export function samplingFor(
     repeatPenalty: s.repeatPenalty ?? 1,
     presencePenalty: s.presencePenalty ?? 0,
     frequencyPenalty: s.frequencyPenalty ?? 0,
+    penaltyLastN: s.penaltyLastN ?? SAMPLING_DEFAULTS.penaltyLastN,
     seed: s.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!,
   };
 }
@@ -150,7 +142,7 @@ export interface RunRequest {
   /** Tokens to generate at most. */
   maxTokens: number;
   /** Sampling settings. */
-  sampling: SamplingSettings;
+  sampling: SamplingParams;
   /** User stop strings. */
   stops: readonly string[];
   /** Chat output parsing; undefined: raw text events (`/completion`). */

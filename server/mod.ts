@@ -37,5 +37,5 @@ export {
   type EngineStatus,
   type FinishReason,
   QueueFullError,
-  type SamplingSettings,
+  type SamplingParams,
 } from "../engine/mod.ts";

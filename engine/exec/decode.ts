@@ -75,6 +75,11 @@ export interface GenerateOptions {
   readonly signal?: AbortSignal;
 }
 
+/**
+ * Why a generation ended: a stop id, the token budget, the context's end, or a cancel (signal, client gone).
+ */
+export type FinishReason = "stop" | "length" | "context" | "cancelled";
+
 /** Result of one sequence's generation. */
 export interface GenerateResult {
   /** Generated ids, ending at a stop id when one was hit. */
@@ -82,7 +87,7 @@ export interface GenerateResult {
   /** Per generated token, the `top` highest `[id, logit]` pairs of its step, highest first. */
   readonly top: [number, number][][];
   /** Why generation ended. */
-  readonly reason: "length" | "stop" | "context" | "cancelled";
+  readonly reason: FinishReason;
   /** Decode steps run (≥ tokens − 1: steps past a stop are dropped and the state is rewound). */
   readonly steps: number;
 }

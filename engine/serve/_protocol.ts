@@ -4,6 +4,7 @@
  * @module
  */
 import type { SamplingParams } from "../sampling.ts";
+import type { FinishReason } from "../exec/decode.ts";
 
 /** Main thread → worker. */
 export type ToWorker =
@@ -60,7 +61,7 @@ export interface JobResult {
   /** Every generated id (cancelled: those made before the cancel was seen). */
   readonly tokens: readonly number[];
   /** Why it ended. */
-  readonly reason: "stop" | "length" | "context" | "cancelled";
+  readonly reason: FinishReason;
   /** Slot it ran on. */
   readonly slot: number;
   /** Prompt tokens served from the slot's cached history. */

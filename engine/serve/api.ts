@@ -4,26 +4,10 @@
  * slots, reuses cached prefixes and streams ids back. Types only.
  * @module
  */
+import type { SamplingParams } from "../sampling.ts";
+import type { FinishReason } from "../exec/decode.ts";
 
-/** Sampling settings of one request (temperature 0: greedy, bit-identical to argmax). */
-export interface SamplingSettings {
-  /** 0 = greedy. */
-  readonly temperature: number;
-  /** 0 = off. */
-  readonly topK: number;
-  /** 1 = off. */
-  readonly topP: number;
-  /** 0 = off. */
-  readonly minP: number;
-  /** 1 = off. */
-  readonly repeatPenalty: number;
-  /** 0 = off. */
-  readonly presencePenalty: number;
-  /** 0 = off. */
-  readonly frequencyPenalty: number;
-  /** Seed of the request's random stream (same seed, same tokens). */
-  readonly seed: number;
-}
+export type { SamplingParams };
 
 /** One generation request, already tokenized by the head. */
 export interface GenerateRequest {
@@ -31,8 +15,8 @@ export interface GenerateRequest {
   readonly prompt: readonly number[];
   /** Most tokens to generate (≥ 1). */
   readonly maxTokens: number;
-  /** Sampling settings. */
-  readonly sampling: SamplingSettings;
+  /** Sampling parameters (temperature 0: greedy, bit-identical to argmax), checked at admission. */
+  readonly sampling: SamplingParams;
   /** Token ids that end generation (EOS/EOT); the id that ends it is reported, not streamed as text. */
   readonly stopIds: readonly number[];
   /** Aborts the request (client disconnect, a stop string matched by the head): frees the slot. */
@@ -42,7 +26,7 @@ export interface GenerateRequest {
 }
 
 /** Why a generation ended. */
-export type FinishReason = "stop" | "length" | "context" | "cancelled";
+export type { FinishReason };
 
 /** Outcome of one request. */
 export interface GenerateResult {

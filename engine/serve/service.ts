@@ -29,14 +29,7 @@ import {
 } from "./api.ts";
 import { decodeError, type FromWorker, type JobResult, type ToWorker } from "./_protocol.ts";
 
-export type {
-  Engine,
-  EngineStatus,
-  FinishReason,
-  GenerateRequest,
-  GenerateResult,
-  SamplingSettings,
-} from "./api.ts";
+export type { Engine, EngineStatus, FinishReason, GenerateRequest, GenerateResult } from "./api.ts";
 export { QueueFullError };
 
 /** Options of {@linkcode startEngine}. */

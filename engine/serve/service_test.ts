@@ -8,14 +8,14 @@ import assert from "node:assert/strict";
 import { openGguf } from "../gguf.ts";
 import { Stage } from "../exec/stage.ts";
 import { type EngineOptions, type EngineService, startEngine } from "./service.ts";
-import { type GenerateResult, QueueFullError, type SamplingSettings } from "./api.ts";
+import { type GenerateResult, QueueFullError, type SamplingParams } from "./api.ts";
 import { testGpu } from "../../tests/util/gpu.ts";
 import { fixturePath } from "../../tests/util/fixtures.ts";
 import { Rng } from "../../tests/util/rng.ts";
 
 const MODEL = fixturePath("tiny-qwen35moe.q8_0.gguf");
 const N_CTX = 96;
-const GREEDY: SamplingSettings = {
+const GREEDY: SamplingParams = {
   temperature: 0,
   topK: 0,
   topP: 1,
@@ -23,6 +23,7 @@ const GREEDY: SamplingSettings = {
   repeatPenalty: 1,
   presencePenalty: 0,
   frequencyPenalty: 0,
+  penaltyLastN: 64,
   seed: 0,
 };
 

@@ -3,6 +3,7 @@
  * (STYLE.md "Kernels"), compiled once per variant key `name{K=V,...}`.
  * @module
  */
+import { WGSL_SOURCES } from "./_sources.ts";
 
 /** WGSL type of a specialisation constant. */
 export type ConstType = "u32" | "i32" | "f32" | "bool";
@@ -24,14 +25,32 @@ export interface KernelSpec {
 /** Values of a kernel's constants. */
 export type ConstValues = Readonly<Record<string, number | boolean>>;
 
+const KERNEL_DIR = new URL("./", import.meta.url);
 const LIB_DIR = new URL("./lib/", import.meta.url);
 const sourceCache = new Map<string, string>();
 
+/**
+ * A source by URL: from the embedded map when the URL names a file of this folder (always so in a bundle or
+ * compiled binary, where the twins' `import.meta.url` is the bundle's), else read from disk (test probes).
+ */
 function readSource(url: URL): string {
   const key = url.href;
   let src = sourceCache.get(key);
   if (src === undefined) {
-    src = Deno.readTextFileSync(url);
+    const rel = key.startsWith(KERNEL_DIR.href) ? key.slice(KERNEL_DIR.href.length) : undefined;
+    src = rel === undefined ? undefined : WGSL_SOURCES[rel];
+    if (src === undefined) {
+      try {
+        src = Deno.readTextFileSync(url);
+      } catch (e) {
+        throw new Error(
+          `Kernel source ${url.href} is not embedded (wgsl/_sources.ts) and cannot be read: ${
+            e instanceof Error ? e.message : String(e)
+          }: add the file to wgsl/ and run \`deno task gen:wgsl\``,
+          { cause: e },
+        );
+      }
+    }
     sourceCache.set(key, src);
   }
   return src;

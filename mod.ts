@@ -6,11 +6,14 @@
  * ```sh
  * deno run -A mod.ts synth --arch qwen35moe --preset tiny --quant q8_0 --out tiny.gguf
  * deno run -A mod.ts inspect tiny.gguf
+ * deno run -A mod.ts --version        # version, git commit, wire protocol version (also `<command> --version`)
+ * deno run -A mod.ts head --help      # a command's options (also `-h`, `help head`)
  * ```
  * @module
  */
 
 import type { Command } from "./cli/command.ts";
+import { versionLine } from "./version.ts";
 
 export type { Command };
 
@@ -24,18 +27,42 @@ export const COMMANDS: Readonly<Record<string, () => Promise<Command>>> = {
   gpu: async () => (await import("./cli/gpu.ts")).command,
 };
 
+const HELP_FLAGS: readonly string[] = ["--help", "-h"];
+
+async function usage(): Promise<string> {
+  const lines = await Promise.all(
+    Object.entries(COMMANDS).map(async ([n, l]) => `  ${n.padEnd(10)} ${(await l()).summary}`),
+  );
+  return `Usage: deno run -A mod.ts <command> [options]\n\nCommands:\n${lines.join("\n")}\n\n` +
+    `<command> --help (or -h, or help <command>) prints a command's options; --version prints the version.`;
+}
+
 async function main(argv: string[]): Promise<number> {
-  const [name, ...rest] = argv;
-  const load = name === undefined ? undefined : COMMANDS[name];
+  const [first, ...args] = argv;
+  if (first === "--version") {
+    console.log(versionLine());
+    return 0;
+  }
+  // `help head` is `head --help`; `help`, `--help`, `-h` and no command at all list the commands.
+  const [name, rest] = first === "help" && args[0] !== undefined ? [args[0], ["--help"]] : [first, args];
+  if (name === undefined || name === "help" || HELP_FLAGS.includes(name)) {
+    console.log(await usage());
+    return 0;
+  }
+  const load = COMMANDS[name];
   if (!load) {
-    const lines = await Promise.all(
-      Object.entries(COMMANDS).map(async ([n, l]) => `  ${n.padEnd(10)} ${(await l()).summary}`),
-    );
-    const head = name === undefined || name === "help" ? "" : `Unknown command "${name}"\n`;
-    console.log(`${head}Usage: deno run -A mod.ts <command> [options]\n\nCommands:\n${lines.join("\n")}`);
-    return name === undefined || name === "help" ? 0 : 2;
+    console.error(`Unknown command "${name}"\n${await usage()}`);
+    return 2;
   }
   const cmd = await load();
+  if (rest.includes("--version")) {
+    console.log(versionLine());
+    return 0;
+  }
+  if (rest.some((a) => HELP_FLAGS.includes(a))) {
+    console.log(cmd.usage ?? `Usage: deno run -A mod.ts ${name} [options]\n  ${cmd.summary}`);
+    return 0;
+  }
   try {
     return await cmd.run(rest);
   } catch (e) {

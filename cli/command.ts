@@ -8,6 +8,8 @@
 export interface Command {
   /** One line for `mod.ts help`. */
   readonly summary: string;
+  /** Full help text for `mod.ts <command> --help` (or `-h`); without it the summary is printed. */
+  readonly usage?: string;
   /** Runs the command; resolves to the process exit code. */
   readonly run: (argv: string[]) => Promise<number>;
 }

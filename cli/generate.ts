@@ -62,6 +62,7 @@ async function defaultModel(): Promise<string> {
 
 /** The `generate` command. */
 export const command: Command = {
+  usage: USAGE,
   summary: "greedy generation or prompt scoring on the GPU (--model F, --prompt T | --tokens 1,2,3)",
   async run(argv: string[]): Promise<number> {
     const { values } = parseArgs({

@@ -112,6 +112,7 @@ async function showProgress(engine: Engine, stop: AbortSignal): Promise<"ready" 
 
 /** The `head` command. */
 export const command: Command = {
+  usage: USAGE,
   summary:
     "HTTP server: Anthropic /v1/messages, OpenAI /v1/chat/completions, /completion (--model F --port N)",
   async run(argv: string[]): Promise<number> {

@@ -20,6 +20,7 @@ function int(flag: string, value: string): number {
 
 /** The `inspect` command; exits 1 when the file fails its architecture's tensor check. */
 export const command: Command = {
+  usage: USAGE,
   summary: "print a GGUF's hyper-parameters, tensors and memory per layer (KV and recurrent state)",
   async run(argv: string[]): Promise<number> {
     const { values, positionals } = parseArgs({

@@ -40,6 +40,7 @@ function int(flag: string, value: string, min: number): number {
 
 /** The `synth` command. */
 export const command: Command = {
+  usage: USAGE,
   summary: "write a synthetic qwen3next/qwen35moe GGUF (tiny or full-size, any quant recipe)",
   async run(argv: string[]): Promise<number> {
     const { values } = parseArgs({

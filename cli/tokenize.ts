@@ -18,6 +18,7 @@ const USAGE = "Usage: mod.ts tokenize --model FILE.gguf (--text TEXT | --file FI
 
 /** The `tokenize` command. */
 export const command: Command = {
+  usage: USAGE,
   summary: "print the token ids of --text/--file, or the text of --decode ids, using a GGUF's tokenizer",
   async run(argv: string[]): Promise<number> {
     const { values } = parseArgs({

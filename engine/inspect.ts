@@ -1,7 +1,8 @@
 /**
  * Model inspection: what a GGUF holds and what it costs in memory, per layer — the numbers a split planner
- * needs. Weights come from the tensor table; the per-slot state from the hyper-parameters: an f16 KV cache
- * on attention layers and the f32 conv + recurrent state on DeltaNet layers (spec `qwen3next.md` §13).
+ * needs. Weights come from the tensor table; the per-slot state from the hyper-parameters, in the sizes a stage
+ * allocates (`exec/activations.ts`): an f32 KV cache on attention layers and the f32 conv + recurrent state on
+ * DeltaNet layers (spec `qwen3next.md` §13).
  *
  * @example
  * ```ts
@@ -15,6 +16,7 @@
 import type { GgufFile } from "./gguf.ts";
 import { type ArchName, archOf, convChannels, type DeltaNetLayout, type Hparams } from "./models/mod.ts";
 import { tensorLayer } from "./names.ts";
+import { kvBytesPerPosition } from "./exec/activations.ts";
 
 /** One row of the tensor table. */
 export interface InspectTensor {
@@ -40,7 +42,7 @@ export interface InspectLayer {
   readonly layout?: DeltaNetLayout;
   /** Bytes of the layer's tensors. */
   readonly weightBytes: number;
-  /** f16 K and V for `nCtx` positions × `nSlots` (attention layers). */
+  /** f32 K and V for `nCtx` positions × `nSlots` (attention layers), as a stage allocates them. */
   readonly kvBytes: number;
   /** f32 conv window and recurrent state × `nSlots` (DeltaNet layers). */
   readonly recurrentBytes: number;
@@ -86,16 +88,17 @@ export interface InspectReport {
   };
 }
 
-/** KV cache bytes per position of one attention layer: K and V, f16, nHeadKv·headDim each. */
-export function kvBytesPerPosition(hp: Pick<Hparams, "nHeadKv" | "headDim">): number {
-  return 2 * hp.nHeadKv * hp.headDim * 2;
-}
+export { kvBytesPerPosition };
 
-/** Per-sequence state bytes of one DeltaNet layer: f32 conv window (K_conv − 1)·C plus f32 n_v·d_k·d_v. */
+/**
+ * Per-sequence state bytes of one DeltaNet layer as a stage holds them: the f32 conv ring of K_conv positions
+ * of C channels (the kernel keeps a ring, one position more than the K_conv − 1 the conv reads) plus the f32
+ * recurrent state n_v·d_k·d_v.
+ */
 export function recurrentBytesPerSlot(
   hp: Pick<Hparams, "ssmConv" | "ssmGroups" | "ssmState" | "ssmInner" | "ssmDtRank">,
 ): number {
-  return 4 * ((hp.ssmConv - 1) * convChannels(hp) + hp.ssmDtRank * hp.ssmState * hp.ssmState);
+  return 4 * (hp.ssmConv * convChannels(hp) + hp.ssmInner * hp.ssmState);
 }
 
 /**
@@ -236,7 +239,7 @@ export function formatReport(r: InspectReport): string {
     2,
     3,
   ]);
-  out.push("", `memory per layer at ctx ${r.nCtx} × ${r.nSlots} slot(s) (KV f16, recurrent state f32)`);
+  out.push("", `memory per layer at ctx ${r.nCtx} × ${r.nSlots} slot(s) (KV f32, recurrent state f32)`);
   const layerRows = r.layers.map((l) => [
     String(l.layer),
     l.kind + (l.layout ? ` ${l.layout}` : ""),

@@ -1,6 +1,8 @@
 import assert from "node:assert/strict";
 import { command } from "../cli/inspect.ts";
 import { openGguf } from "./gguf.ts";
+import { Stage } from "./exec/stage.ts";
+import { testGpu } from "../tests/util/gpu.ts";
 import {
   formatBytes,
   formatReport,
@@ -39,23 +41,23 @@ Deno.test("inspect on the fixtures: pattern, tensor table, bytes per type and pe
     assert.equal(r.byType.F32!.bytes + r.byType.Q8_0!.bytes, all);
     assert.equal(r.globalBytes + r.layers.reduce((a, l) => a + l.weightBytes, 0), all);
     assert.equal(r.totals.weightBytes, all);
-    // Attention: K and V f16, 1 KV head × 256 dims → 1024 bytes a position. DeltaNet: conv 3 × 1024 f32 plus
-    // state 4 heads × 128 × 128 f32 = 274 432 bytes a slot.
-    assert.equal(kvBytesPerPosition(r.hparams), 1024);
+    // Attention: K and V f32, 1 KV head × 256 dims → 2048 bytes a position. DeltaNet: conv ring 4 × 1024 f32 plus
+    // state 4 heads × 128 × 128 f32 = 278 528 bytes a slot.
+    assert.equal(kvBytesPerPosition(r.hparams), 2048);
     assert.deepEqual(r.layers.map((l) => [l.kind, l.kvBytes, l.recurrentBytes]), [
-      ["deltanet", 0, 274432 * 3],
-      ["deltanet", 0, 274432 * 3],
-      ["deltanet", 0, 274432 * 3],
-      ["attention", 1024 * 1000 * 3, 0],
+      ["deltanet", 0, 278528 * 3],
+      ["deltanet", 0, 278528 * 3],
+      ["deltanet", 0, 278528 * 3],
+      ["attention", 2048 * 1000 * 3, 0],
     ]);
     assert.equal(r.layers[0]!.layout, arch === "qwen3next" ? "qkv_ba" : "qkv_beta_alpha");
-    assert.equal(r.totals.totalBytes, all + 1024 * 3000 + 3 * 274432 * 3);
+    assert.equal(r.totals.totalBytes, all + 2048 * 3000 + 3 * 278528 * 3);
     const text = formatReport(r);
     assert.match(text, new RegExp(`architecture ${arch}: 4 layers, ${nTensors} tensors`));
     assert.match(text, /pattern +DDDA/);
     assert.match(text, /check +ok/);
     assert.match(text, /blk\.3\.attn_q\.weight +Q8_0 +\[256, 2048\] +557056/);
-    assert.match(text, /^3 +attention +2\.74 MiB +2\.93 MiB +0 B/m);
+    assert.match(text, /^3 +attention +2\.74 MiB +5\.86 MiB +0 B/m);
   }
 });
 
@@ -101,6 +103,20 @@ Deno.test("inspect on split, MTP and broken files; the CLI prints text or JSON a
         typeof recurrentBytesPerSlot
       >[0],
     ),
-    3 * 8192 * 4 + 2 * 1024 * 1024,
+    4 * 8192 * 4 + 2 * 1024 * 1024,
   );
+});
+
+Deno.test("inspect's state bytes are what a stage allocates (KV f32, conv ring and recurrent state)", async () => {
+  const gpu = await testGpu();
+  for (const arch of ["qwen35moe", "qwen3next"] as const) {
+    using f = await openGguf(fixture(arch));
+    const r = inspectModel(f, { nCtx: 200, nSlots: 2 });
+    const stage = await Stage.load(gpu, f, { nCtx: 200, nSlots: 2, maxChunk: 8 });
+    try {
+      assert.equal(stage.states.totalBytes, r.totals.kvBytes + r.totals.recurrentBytes, arch);
+    } finally {
+      stage.destroy();
+    }
+  }
 });

@@ -351,7 +351,7 @@ export function serveHttp1(opts: Http1Options, handler: Http1Handler): Http1Serv
   const writeResponse = async (
     conn: Deno.Conn,
     res: Response,
-    w: { head: boolean; close: boolean },
+    w: { head: boolean; close: boolean; abort?: AbortSignal },
   ): Promise<boolean> => {
     const enc = new TextEncoder();
     const lines = [`HTTP/1.1 ${res.status} ${REASONS[res.status] ?? "Status"}`];
@@ -366,6 +366,10 @@ export function serveHttp1(opts: Http1Options, handler: Http1Handler): Http1Serv
       return true;
     }
     const reader = res.body.getReader();
+    // A client that goes away mid-stream ends the body here, as a runtime server cancels it: the producer
+    // (an SSE stream waiting for its next token) may never close it itself.
+    const onAbort = () => void reader.cancel(new DOMException("Client closed the connection", "AbortError"));
+    w.abort?.addEventListener("abort", onAbort, { once: true });
     try {
       // Buffer a short body to send it with its length; a long or streamed one goes chunked.
       const first: Uint8Array[] = [];
@@ -404,6 +408,8 @@ export function serveHttp1(opts: Http1Options, handler: Http1Handler): Http1Serv
     } catch (e) {
       await reader.cancel(e).catch(() => {});
       throw e;
+    } finally {
+      w.abort?.removeEventListener("abort", onAbort);
     }
   };
 
@@ -617,7 +623,11 @@ export function serveHttp1(opts: Http1Options, handler: Http1Handler): Http1Serv
             close = !head.keepAlive || !body.complete() || closing || abort.signal.aborted;
             if (abort.signal.aborted) await res.body?.cancel().catch(() => {});
             else {
-              delivered = await writeResponse(conn, res, { head: head.method === "HEAD", close })
+              delivered = await writeResponse(conn, res, {
+                head: head.method === "HEAD",
+                close,
+                abort: abort.signal,
+              })
                 .catch(() => false);
             }
           } finally {

@@ -248,6 +248,8 @@ Deno.test("http1: a client leaving mid-stream aborts the generation, counts as a
     const m = await (await t.app.request("/metrics")).text();
     assert.doesNotMatch(m, /status="500"/);
     assert.match(m, /endpoint="\/completion",status="499"/, "the non-streamed one");
+    for (let i = 0; i < 50 && server.activeRequests > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    assert.equal(server.activeRequests, 0, "the abandoned responses ended");
     assert.equal(logs.filter((l) => /went away/.test(l)).length, 1, `one line (rate-limited): ${logs}`);
     assert.ok(logs.every((l) => !l.includes("\n") && !/at .*\.ts:\d+/.test(l)), "no stack traces");
   } finally {

@@ -4,7 +4,6 @@
  * @module
  */
 import type { UploadProgress } from "../gpu/weights.ts";
-import type { GraphOptions } from "../graph/builder.ts";
 
 /** Options of `Stage.load`. */
 export interface StageOptions {
@@ -25,13 +24,16 @@ export interface StageOptions {
    * TEAM/ROWS of the expert mat-vecs (gate·up and down), overriding `moeMatvecConstants`' defaults: a
    * benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-* measures them in a whole step).
    */
-  readonly moeTuning?: GraphOptions["moeTuning"];
+  readonly moeTuning?: {
+    readonly gateUp?: { readonly team: number; readonly rows: number };
+    readonly down?: { readonly team: number; readonly rows: number };
+  };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
    * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other
    * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
    */
-  readonly matvecTuning?: GraphOptions["matvecTuning"];
+  readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
   /**
    * Decode (one token) routes the experts in the prologue of the routed gate·up pass (moe_matvec ROUTE)
    * instead of in a moe_route dispatch of its own. Default off: every gate·up workgroup then repeats the

@@ -338,7 +338,7 @@ export interface MatvecQ8Bindings {
 }
 
 /**
- * The default variant (docs/PERF.md, seventh and eighth sessions). Tall matrices (N ≥ 8192): TEAM = the chunks
+ * The default variant (docs/PERF.md). Tall matrices (N ≥ 8192): TEAM = the chunks
  * per row up to 16, RED 0 (one invocation per row adds the partials while other workgroups stream); IQ4_XS
  * from N = 32768 on ROWS 4 (rows share each x chunk and the codebook work; at N = 8192 its 128 workgroups
  * leave SMs idle: 42% of the ceiling against 62% at ROWS 1), else ROWS 1. Short ones (a few hundred
@@ -385,9 +385,8 @@ export interface MatvecQ8FusedConstants extends MatvecQ8Constants {
 
 /**
  * The default variant of a matvec_q8_fused problem: matvec_q8's body constants, but IQ4_XS takes ROWS 4 from
- * 8192 rows on: every workgroup repeats the prologue, so fewer workgroups pay it fewer times. On the H200 the
- * decode in-projection (IQ4_XS, 8192+ rows) took 0.717 ms per step at ROWS 4 and 0.883 ms at ROWS 1, whose
- * plain matvec_q8 is the faster one (docs/PERF.md, eighth session).
+ * 8192 rows on: every workgroup repeats the prologue, so fewer workgroups pay it fewer times (the decode
+ * in-projection measured faster at ROWS 4, while the plain matvec_q8 is faster at ROWS 1: docs/PERF.md).
  */
 export function matvecQ8FusedConstants(
   shape: MatvecQ8FusedShape,

@@ -88,8 +88,8 @@ export interface MoeMatvecTuning {
  * Default constants from the H200 sweep (bench/moe.ts, docs/PERF.md): TEAM = largest power of two ≤
  * min(64, K/32) (at least 4 units per invocation), ROWS 2, or 4 with the routing prologue (half the
  * workgroups repeat it). Prefill passes (`prefill`: chunks wider than the engine's batched decode) take half
- * that TEAM and ROWS 4 (bench/decode.ts on the H200: gate·up 95.2 against 108.7 ms, down 58.7 against 62.3
- * per 256-token chunk; decode is slower with them). `tuning` overrides both (benchmarks).
+ * that TEAM and ROWS 4 (faster per chunk in bench/decode.ts, docs/PERF.md; decode is slower with them).
+ * `tuning` overrides both (benchmarks).
  */
 export function moeMatvecConstants(
   shape: MoeMatvecShape,

@@ -237,9 +237,9 @@ export async function matvecQ8(
       });
       // The first part's mat-vec quantizes x in its prologue (matvec_q8_fused) and leaves the int8 x in the
       // region for the other parts and the mat-vecs after it. A quantize_q8 dispatch of its own does it
-      // where the part is taller than normPrologueMaxRows (every workgroup repeats the prologue: on the H200
-      // 0.100 against 0.088 ms for the pair at 131072 rows, 0.0155 against 0.0158 at 8192, docs/PERF.md) or
-      // the fused kernel's workgroup memory does not fit the device.
+      // where the part is taller than normPrologueMaxRows (every workgroup repeats the prologue, which costs
+      // more than a dispatch of its own on tall matrices: docs/PERF.md) or the fused kernel's workgroup memory
+      // does not fit the device.
       const fs: MatvecQ8FusedShape | undefined = parts.length > 0
         ? { ...shapeOf(col, parts[0]!), xOffset, norm: normOpt }
         : undefined;

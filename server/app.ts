@@ -19,6 +19,12 @@ import { auth } from "./auth.ts";
 import { chatCompletionsHandler } from "./chat_completions.ts";
 import { completionHandler } from "./completion.ts";
 import { cors } from "./cors.ts";
+import {
+  DASHBOARD_PAGE_PATHS,
+  dashboardEventsHandler,
+  dashboardPageHandler,
+  LiveRequests,
+} from "./dashboard.ts";
 import type { Engine } from "../engine/mod.ts";
 import { ApiError, dialectOf, errorResponse } from "./errors.ts";
 import { healthHandler } from "./health.ts";
@@ -65,8 +71,9 @@ export interface HeadApp {
 
 /** Builds the Hono app (serve it with `Deno.serve(app.fetch)`; test it with `app.request()`). */
 export function createApp(opts: AppOptions): HeadApp {
+  const live = new LiveRequests(opts.engine);
   const deps: ServerDeps = {
-    engine: opts.engine,
+    engine: live.engine,
     tokenizer: opts.tokenizer,
     template: opts.template,
     tempDefault: opts.tempDefault,
@@ -98,6 +105,8 @@ export function createApp(opts: AppOptions): HeadApp {
     }
     await next();
   });
+  // The dashboard page and its assets hold no data: served before the key check.
+  for (const p of DASHBOARD_PAGE_PATHS) app.get(p, dashboardPageHandler(opts.apiKey !== undefined));
   app.use(auth(opts.apiKey));
   app.post("/v1/messages", messagesHandler(deps));
   app.post("/v1/messages/count_tokens", countTokensHandler(deps));
@@ -108,6 +117,7 @@ export function createApp(opts: AppOptions): HeadApp {
   app.get(`${MODEL_PREFIX}*`, modelHandler(status, startedAt));
   app.get("/health", healthHandler(status));
   app.get("/metrics", metricsHandler(deps.metrics, status));
+  app.get("/dashboard/events", dashboardEventsHandler(live));
   app.notFound((c) => {
     const methods = methodsOf(c.req.path);
     if (methods !== undefined) {

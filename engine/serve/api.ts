@@ -72,6 +72,34 @@ export interface EngineStatus {
     /** Ids made in GPU steps shared by several requests (batched decode). */
     readonly batchedTokens: number;
   };
+  /** The GPU adapter (vendor, device, driver), when the engine reports it (the dashboard shows it). */
+  readonly adapter?: string;
+  /** Bytes of GPU memory the engine holds (weights, slot state, activations), when reported. */
+  readonly gpuMemoryBytes?: number;
+  /** The weights' main quantization type (`IQ4_XS`, `Q8_0`), when reported. */
+  readonly quant?: string;
+  /** The model fingerprint (hex, engine/fingerprint.ts), when computed. */
+  readonly fingerprint?: string;
+  /** Layers of the model, when reported. */
+  readonly nLayer?: number;
+  /**
+   * Each slot's state, when the engine reports it; without it the dashboard shows the head's own view of
+   * each request (tokens streamed so far) and the busy/queued counts.
+   */
+  readonly slots?: readonly {
+    /** Slot index. */
+    readonly slot: number;
+    /** What the slot is doing. */
+    readonly phase: "idle" | "prefilling" | "generating";
+    /** Prompt tokens of its request. */
+    readonly promptTokens: number;
+    /** Prompt tokens prefilled so far (cached ones included). */
+    readonly prefilledTokens: number;
+    /** Tokens generated so far. */
+    readonly generatedTokens: number;
+    /** Milliseconds since its request was admitted. */
+    readonly ageMs: number;
+  }[];
 }
 
 /** Thrown by {@linkcode Engine.generate} when every slot is busy and the queue is full (HTTP 503). */

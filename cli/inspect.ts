@@ -5,12 +5,14 @@
  */
 import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
-import { formatReport, inspectModel, openGguf } from "../engine/mod.ts";
+import { checkNumerics, formatReport, inspectModel, openGguf } from "../engine/mod.ts";
 
 const USAGE = `Usage: deno run -A mod.ts inspect FILE.gguf [--ctx N] [--slots S] [--json]
   --ctx N     positions of KV cache per slot for the memory table (default 4096)
   --slots S   concurrent sequences for the memory table (default 1)
-  --json      print the report as JSON`;
+  --json      print the report as JSON
+  --check     also read every tensor and report non-finite values (NaN/Inf in float tensors or block
+              scales); exits 1 when any is found`;
 
 function int(flag: string, value: string): number {
   const n = Number(value);
@@ -29,6 +31,7 @@ export const command: Command = {
         ctx: { type: "string", default: "4096" },
         slots: { type: "string", default: "1" },
         json: { type: "boolean", default: false },
+        check: { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -46,7 +49,20 @@ export const command: Command = {
     }
     using file = await openGguf(path);
     const report = inspectModel(file, { nCtx: int("ctx", values.ctx), nSlots: int("slots", values.slots) });
-    console.log(values.json ? JSON.stringify(report, null, 2) : formatReport(report));
-    return report.check.ok ? 0 : 1;
+    const nonFinite = values.check ? await checkNumerics(file) : undefined;
+    if (values.json) console.log(JSON.stringify(nonFinite ? { ...report, nonFinite } : report, null, 2));
+    else {
+      console.log(formatReport(report));
+      if (nonFinite) {
+        console.log(
+          nonFinite.length === 0
+            ? "numerics   ok: every tensor value and block scale is finite"
+            : `numerics   FAILED: ${nonFinite.length} tensor(s) hold NaN or Inf (re-download or re-export the file):\n` +
+              nonFinite.map((t) => `  ${t.name} (${t.type}): ${t.count} values, first at element ${t.first}`)
+                .join("\n"),
+        );
+      }
+    }
+    return report.check.ok && (nonFinite ?? []).length === 0 ? 0 : 1;
   },
 };

@@ -58,6 +58,21 @@ export class GpuError extends Error {
 }
 
 /**
+ * The model's forward pass produced non-finite logits (NaN or ±Inf): its weights or the engine's numerics are
+ * broken, not the request. Raised instead of emitting a token; boundaries report it as a server error.
+ */
+export class NumericsError extends Error {
+  /**
+   * Creates the error.
+   * @param message where it happened and what to check (e.g. `inspect --check` on the file)
+   */
+  constructor(message: string) {
+    super(message);
+    this.name = "NumericsError";
+  }
+}
+
+/**
  * Throws `Error("Internal error: ...")` when `cond` is false: for invariants whose failure is a bug,
  * never for bad input.
  */

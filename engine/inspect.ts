@@ -17,6 +17,8 @@ import type { GgufFile } from "./gguf.ts";
 import { type ArchName, archOf, convChannels, type DeltaNetLayout, type Hparams } from "./models/mod.ts";
 import { tensorLayer } from "./names.ts";
 import { kvBytesPerPosition } from "./exec/activations.ts";
+import { type GgmlTypeName, typeInfo } from "./quant/types.ts";
+import { dequantize } from "./quant/dequant.ts";
 
 /** One row of the tensor table. */
 export interface InspectTensor {
@@ -273,4 +275,58 @@ export function formatReport(r: InspectReport): string {
     ]),
   ], [3, 4]);
   return out.join("\n");
+}
+
+/** A tensor holding non-finite values ({@linkcode checkNumerics}). */
+export interface NonFiniteTensor {
+  /** Tensor name. */
+  readonly name: string;
+  /** Its ggml type. */
+  readonly type: string;
+  /** Non-finite values after dequantization (a NaN/Inf block scale spoils its whole block). */
+  readonly count: number;
+  /** Element index of the first one. */
+  readonly first: number;
+}
+
+/** Bytes read per step of {@linkcode checkNumerics} (whole blocks). */
+const CHECK_CHUNK_BYTES = 16 << 20;
+
+/**
+ * Scans every tensor for non-finite values: float tensors element by element, quantized ones through their
+ * dequantization (quants are integers, so a NaN or Inf there comes from a block scale). Reads the whole file
+ * once; `onProgress` gets the bytes done. Returns the tensors with non-finite values (empty: all finite).
+ */
+export async function checkNumerics(
+  file: GgufFile,
+  onProgress?: (doneBytes: number, totalBytes: number) => void,
+): Promise<NonFiniteTensor[]> {
+  const bad: NonFiniteTensor[] = [];
+  const total = [...file.tensors.values()].reduce((s, t) => s + t.nbytes, 0);
+  let done = 0;
+  for (const t of file.tensors.values()) {
+    const type = t.type.name as GgmlTypeName;
+    const info = typeInfo(type);
+    const step = Math.max(1, Math.floor(CHECK_CHUNK_BYTES / info.blockBytes)) * info.blockBytes;
+    let count = 0;
+    let first = -1;
+    for (let at = 0; at < t.nbytes; at += step) {
+      const bytes = await file.readTensor(t.name, {
+        offsetBytes: at,
+        sizeBytes: Math.min(step, t.nbytes - at),
+      });
+      const elems = (bytes.length / info.blockBytes) * info.blockElems;
+      const v = dequantize(type, bytes, elems);
+      for (let i = 0; i < v.length; i++) {
+        if (!Number.isFinite(v[i]!)) {
+          if (first < 0) first = (at / info.blockBytes) * info.blockElems + i;
+          count++;
+        }
+      }
+      done += bytes.length;
+      onProgress?.(done, total);
+    }
+    if (count > 0) bad.push({ name: t.name, type: t.type.name, count, first });
+  }
+  return bad;
 }

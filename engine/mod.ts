@@ -21,7 +21,7 @@ export {
   PipelineCache,
   variantKey,
 } from "../wgsl/kernel.ts";
-export { assert, GgufError, type GgufErrorCode, GpuError } from "./errors.ts";
+export { assert, GgufError, type GgufErrorCode, GpuError, NumericsError } from "./errors.ts";
 export {
   GGML_TYPES,
   type GgmlTypeInfo,

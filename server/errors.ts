@@ -146,6 +146,11 @@ export function toApiError(e: unknown, requestId: string): ApiError {
   if (e instanceof ChatTemplateError && (e.code === "rejected" || e.code === "bad_request")) {
     return new ApiError("invalid_request", e.message, { param: "messages", cause: e });
   }
+  if (e instanceof Error && e.name === "NumericsError") {
+    // The model's numerics broke (NaN/Inf logits): a server-side fault whose message names it, one log line.
+    console.error(`Request ${requestId} failed: ${e.message}`);
+    return new ApiError("internal", `Model failure (request id ${requestId}): ${e.message}`, { cause: e });
+  }
   console.error(`Request ${requestId} failed:`, e);
   return new ApiError(
     "internal",

@@ -53,7 +53,13 @@ Deno.test("errors: queue full → 503 + Retry-After, template rejection → 400,
     assert.equal(bug.status, 500);
     assert.equal(bug.message, "Internal server error (request id req_y): the server log has the details");
     assert.ok(!bug.message.includes("secret"));
-    assert.equal(logged.length, 2);
+    // Broken numerics cross the engine's Worker as an Error named NumericsError: a 500 that names them.
+    const nf = new Error("The model produced non-finite logits (NaN or Inf) at decode step 3 of slot 0");
+    nf.name = "NumericsError";
+    const num = toApiError(nf, "req_z");
+    assert.equal(num.status, 500);
+    assert.match(num.message, /^Model failure \(request id req_z\): The model produced non-finite logits/);
+    assert.equal(logged.length, 3);
   } finally {
     console.error = originalError;
   }

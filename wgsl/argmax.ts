@@ -27,6 +27,12 @@ export const ARGMAX: KernelSpec = {
 };
 
 /**
+ * The id argmax writes for a row holding a non-finite logit (NaN or ±Inf): never a token id, so the host
+ * refuses it instead of emitting a token.
+ */
+export const ARGMAX_NONFINITE = 0xfffffffe;
+
+/**
  * Binding order of both passes: src u32 (logits ne=[nVocab] or pairs ne=[2, N_BLOCK]); dst u32 pairs;
  * params ArgmaxParams { ring_slot: u32 }; nextToken u32 ne=[1]; ring u32 ne=[ring_slot + 1].
  */

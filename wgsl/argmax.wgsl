@@ -3,8 +3,9 @@
 //                            and writes its best (value, id) pair to dst[b];
 //   final   (PAIRS = true, N_BLOCK = 1): reduces the N pairs to one pair in dst[0]; with FINAL it also writes
 //                            the id to next_token[0] (the next step's input) and ring[params.ring_slot] (output ring).
-// (v, i) beats (w, j) when v > w, or v == w and i < j. NaN logits never win; with no finite candidate the id
-// is 0xFFFFFFFF (NONE).
+// (v, i) beats (w, j) when v > w, or v == w and i < j. A row holding any non-finite logit (NaN or ±Inf: broken
+// weights or numerics, never a valid distribution) gives the id 0xFFFFFFFE (NONFINITE) instead of a winner, so
+// the host refuses it rather than emitting a token; an empty row gives 0xFFFFFFFF (NONE).
 // Bindings:
 //   src         u32 ne=[N] (f32 logits as bits) or ne=[2, N] (pairs: value bits, id)
 //   dst         u32 ne=[2, N_BLOCK]   (value bits, id) per block
@@ -25,12 +26,15 @@ struct ArgmaxParams {
 @group(0) @binding(4) var<storage, read_write> ring: array<u32>;
 
 const NONE: u32 = 0xffffffffu;
+const NONFINITE: u32 = 0xfffffffeu;
 
 var<workgroup> rv: array<f32, WG>;
 var<workgroup> ri: array<u32, WG>;
+// Set when this workgroup saw a non-finite logit (or, in the final pass, a NONFINITE block).
+var<workgroup> bad: atomic<u32>;
 
 fn beats(v: f32, i: u32, bv: f32, bi: u32) -> bool {
-  return i != NONE && (bi == NONE || v > bv || (v == bv && i < bi));
+  return i < NONFINITE && (bi >= NONFINITE || v > bv || (v == bv && i < bi));
 }
 
 fn is_nan(bits: u32) -> bool {
@@ -44,6 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let hi = min(lo + chunk, N);
   var bv = 0.0;
   var bi = NONE;
+  var my_bad = false;
   for (var e = lo + lid; e < hi; e += WG) {
     var bits: u32;
     var id: u32;
@@ -54,6 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       bits = src[e];
       id = e;
     }
+    my_bad = my_bad || select((bits & 0x7f800000u) == 0x7f800000u, id == NONFINITE, PAIRS);
     let v = bitcast<f32>(bits);
     if (!is_nan(bits) && beats(v, id, bv, bi)) {
       bv = v;
@@ -62,6 +68,9 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   }
   rv[lid] = bv;
   ri[lid] = bi;
+  if (my_bad) {
+    atomicStore(&bad, 1u);
+  }
   workgroupBarrier();
   for (var o = WG / 2u; o > 0u; o >>= 1u) {
     if (lid < o && beats(rv[lid + o], ri[lid + o], rv[lid], ri[lid])) {
@@ -71,11 +80,12 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     workgroupBarrier();
   }
   if (lid == 0u) {
+    let id = select(ri[0], NONFINITE, atomicLoad(&bad) != 0u);
     dst[2u * wid.x] = bitcast<u32>(rv[0]);
-    dst[2u * wid.x + 1u] = ri[0];
+    dst[2u * wid.x + 1u] = id;
     if (FINAL) {
-      next_token[0] = ri[0];
-      ring[params.ring_slot] = ri[0];
+      next_token[0] = id;
+      ring[params.ring_slot] = id;
     }
   }
 }

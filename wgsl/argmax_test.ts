@@ -3,25 +3,31 @@ import { PipelineCache } from "./kernel.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
 import { GUARD_WORDS, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
-import { ARGMAX, argmaxBindGroups, type ArgmaxConstants, argmaxVariants, encodeArgmax } from "./argmax.ts";
+import {
+  ARGMAX,
+  ARGMAX_NONFINITE,
+  argmaxBindGroups,
+  type ArgmaxConstants,
+  argmaxVariants,
+  encodeArgmax,
+} from "./argmax.ts";
 
 const POISON_U32 = 0xffffffff;
 const RING_LEN = 8;
 
-/** Plain-loop reference: index of the largest non-NaN logit, the lowest index among equals. */
+/** Plain-loop reference: index of the largest logit, the lowest index among equals; NONFINITE for a row with NaN or ±Inf. */
 function refArgmax(x: Float32Array): number {
-  let best = -1;
-  for (let i = 0; i < x.length; i++) {
-    if (Number.isNaN(x[i]!)) continue;
-    if (best < 0 || x[i]! > x[best]!) best = i;
-  }
+  if (x.some((v) => !Number.isFinite(v))) return ARGMAX_NONFINITE;
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
   return best;
 }
 
 interface Case {
   c: ArgmaxConstants;
   ties: boolean; // logits from a handful of values: the maximum repeats
-  nan: boolean; // one NaN planted
+  nan: boolean; // one NaN planted (or ±Inf: `inf`)
+  inf?: number;
   maxLast?: boolean; // the unique maximum is the last logit (the tail of the last block)
   ringSlot: number;
 }
@@ -45,6 +51,20 @@ Deno.test("argmax: greedy id with ties to the lowest index, written to next toke
     { c: { N_VOCAB: 248320, N_BLOCK: 256, WG: 256, WRITE_IDS: true }, ties: true, nan: false, ringSlot: 5 },
     { c: { N_VOCAB: 151936, N_BLOCK: 97, WG: 128, WRITE_IDS: true }, ties: true, nan: false, ringSlot: 2 },
     {
+      c: { N_VOCAB: 1021, N_BLOCK: 16, WG: 64, WRITE_IDS: true },
+      ties: false,
+      nan: false,
+      inf: Infinity,
+      ringSlot: 6,
+    },
+    {
+      c: { N_VOCAB: 4099, N_BLOCK: 9, WG: 64, WRITE_IDS: true },
+      ties: false,
+      nan: false,
+      inf: -Infinity,
+      ringSlot: 1,
+    },
+    {
       c: { N_VOCAB: rng.int(1, 70000), N_BLOCK: rng.int(1, 400), WG: 256, WRITE_IDS: true },
       ties: rng.float() < 0.5,
       nan: false,
@@ -62,6 +82,7 @@ Deno.test("argmax: greedy id with ties to the lowest index, written to next toke
       logits[n - 1] = 3;
     }
     if (k.nan) logits[rng.int(0, n)] = NaN;
+    if (k.inf !== undefined) logits[rng.int(0, n)] = k.inf;
     if (k.maxLast) logits[n - 1] = 100;
     const b = {
       logits: upload(device, logits),
@@ -86,10 +107,12 @@ Deno.test("argmax: greedy id with ties to the lowest index, written to next toke
   runs.forEach((r, i) => {
     const { c, ringSlot } = r.k;
     const what = `argmax N_VOCAB=${c.N_VOCAB} N_BLOCK=${c.N_BLOCK} WG=${c.WG} WRITE_IDS=${c.WRITE_IDS} ` +
-      `ties=${r.k.ties} nan=${r.k.nan} (seed ${rng.seed})`;
+      `ties=${r.k.ties} nan=${r.k.nan} inf=${r.k.inf} (seed ${rng.seed})`;
     const result = new Uint32Array(outs[3 * i]!);
     assert.equal(result[1], r.ref, `${what}: id`);
-    assert.equal(result[0], new Uint32Array(r.logits.buffer)[r.ref], `${what}: value bits`);
+    if (r.ref !== ARGMAX_NONFINITE) {
+      assert.equal(result[0], new Uint32Array(r.logits.buffer)[r.ref], `${what}: value bits`);
+    }
     assertPoisoned(result.subarray(2, 2 + GUARD_WORDS), POISON_U32, `${what} result`);
     const next = new Uint32Array(outs[3 * i + 1]!);
     const ring = new Uint32Array(outs[3 * i + 2]!);

@@ -15,7 +15,7 @@ import type { PipelineCache } from "../../wgsl/kernel.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
 import type { Hparams } from "../models/_arch.ts";
 import type { SlotStates } from "../state.ts";
-import { assert } from "../errors.ts";
+import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing } from "../gpu/readback.ts";
 import { encodeOps, type Op, padWords } from "../graph/builder.ts";
 import { MAX_BATCH_SLOTS, STORAGE } from "./activations.ts";
@@ -496,6 +496,14 @@ export class DecodeDriver implements SlotDecoder {
         const fresh: number[] = [];
         for (let j = 0; j < cur.n && !q.ended; j++) {
           const id = u32[b * S + j]!;
+          // argmax writes NONFINITE for a row with NaN/±Inf, the sampler NONE when no logit is usable.
+          if (id >= stage.hp.nVocab) {
+            throw nonFinite(
+              `decode step ${q.tokens.length} of slot ${q.slot}${
+                q.sampling ? " (the sampler found no id)" : ""
+              }`,
+            );
+          }
           q.tokens.push(id);
           fresh.push(id);
           if (pairs) q.tops.push(pairsToTop(pairs, j, q.top));
@@ -520,6 +528,8 @@ export class DecodeDriver implements SlotDecoder {
    * id to its next-token buffer itself).
    */
   async #firstId(first: Float32Array, prompt: readonly number[], opts: GenerateOptions, sel: Selector) {
+    const bad = first.findIndex((v) => !Number.isFinite(v));
+    if (bad >= 0) throw nonFinite(`the prompt's last position (logit ${bad} is ${first[bad]})`);
     if (!sel.sampler) return argmaxCpu(first);
     const { device } = this.#b;
     device.queue.writeBuffer(
@@ -546,9 +556,7 @@ export class DecodeDriver implements SlotDecoder {
     const id = new Uint32Array(read.getMappedRange())[0]!;
     read.unmap();
     read.destroy();
-    if (id >= this.#stage.hp.nVocab) {
-      throw new Error(`Internal error: the sampler drew no id (all logits masked or NaN)`);
-    }
+    if (id >= this.#stage.hp.nVocab) throw nonFinite("the prompt's last position (the sampler found no id)");
     return id;
   }
 
@@ -713,6 +721,14 @@ export class DecodeDriver implements SlotDecoder {
     this.#selectors.set(key, sel);
     return sel;
   }
+}
+
+/** The error for non-finite logits at `where`. */
+function nonFinite(where: string): NumericsError {
+  return new NumericsError(
+    `The model produced non-finite logits (NaN or Inf) at ${where}: its weights or numerics are broken, not ` +
+      `the request. Check the file with \`inspect --check\` (it scans float tensors and block scales).`,
+  );
 }
 
 /** Checks the options every generation shares; returns the top-k count and whether the sampler runs. */

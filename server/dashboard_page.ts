@@ -162,7 +162,7 @@ figcaption { font-size: .78rem; color: var(--muted); }
 .chart svg { width: 100%; height: 64px; display: block; background: var(--card); border: 1px solid var(--line);
   border-radius: 6px; }
 .chart .line { fill: none; stroke: var(--accent); stroke-width: 1.5; }
-.chart .area { fill: var(--accent); opacity: .12; }
+.chart .dot { fill: var(--accent); }
 .chart .label { font-size: 10px; fill: var(--muted); }
 dialog { border: 1px solid var(--line); border-radius: 8px; background: var(--card); color: var(--fg); max-width: 24rem; }
 dialog form { display: flex; flex-direction: column; gap: .5rem; }
@@ -365,16 +365,19 @@ export const DASHBOARD_JS = String.raw`"use strict";
     var max = 0;
     values.forEach(function (v) { if (v !== null && v > max) max = v; });
     var svg = svgEl("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "none", role: "img" });
-    var pts = [];
+    var pts = [], dots = [];
     values.forEach(function (v, i) {
       if (v === null) return;
       var x = n > 1 ? (i * W) / (n - 1) : 0;
       var y = H - 2 - (max > 0 ? (v / max) * (H - top - 4) : 0);
       pts.push(x.toFixed(1) + "," + y.toFixed(1));
+      // A bucket with a value but no neighbour would draw no line: mark each sample.
+      if (v > 0) dots.push(svgEl("circle", { class: "dot", cx: x.toFixed(1), cy: y.toFixed(1), r: 2 }));
     });
     if (pts.length > 0) {
       svg.append(svgEl("polyline", { class: "line", points: pts.join(" ") }));
     }
+    dots.forEach(function (d) { svg.append(d); });
     var last = null;
     for (var i = n - 1; i >= 0; i--) { if (values[i] !== null) { last = values[i]; break; } }
     var label = svgEl("text", { class: "label", x: 4, y: 10 });

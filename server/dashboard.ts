@@ -67,8 +67,8 @@ export interface DashboardBucket {
 }
 
 /**
- * One pipeline stage as the live view draws it. The head serves every layer itself today, so the list
- * holds one `local` stage; a split head fills one entry per worker box, in layer order.
+ * One pipeline stage as the live view draws it: the engine's `status().stages` when it reports them (a
+ * split head, one entry per box in layer order), else one `local` stage.
  */
 export interface DashboardStage {
   /** The box serving it: `local`, or a worker's `host:port`. */
@@ -272,7 +272,7 @@ export class LiveRequests {
       slots: { total: st.nSlots, busy: st.busySlots, queued: st.queued, perSlot: st.slots ?? null },
       requests,
       history: { bucketMs: HISTORY_BUCKET_MS, buckets },
-      stages: [{
+      stages: st.stages ?? [{
         box: "local",
         layers: st.nLayer === undefined ? null : [0, st.nLayer],
         stepMs: step,

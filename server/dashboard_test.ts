@@ -3,7 +3,7 @@
  * in a real browser against the real engine: tests/dashboard_test.ts.
  */
 import assert from "node:assert/strict";
-import { samplingParams } from "../engine/mod.ts";
+import { type Engine, samplingParams } from "../engine/mod.ts";
 import { parseSse, post, testApp } from "./_test_engine.ts";
 import { type DashboardSnapshot, HISTORY_BUCKET_MS, HISTORY_BUCKETS, LiveRequests } from "./dashboard.ts";
 import { DASHBOARD_JS, dashboardHtml } from "./dashboard_page.ts";
@@ -134,4 +134,20 @@ Deno.test("dashboard: a generating request shows its ids and rate; chat through 
   const body = parseSse(await res.text());
   assert.equal(body.at(-1)!.data, "[DONE]");
   assert.equal(engine.results.length, 1);
+});
+
+Deno.test("dashboard: stages the engine reports replace the local one", () => {
+  const { engine } = testApp(() => "x");
+  const stages = [
+    { box: "local", layers: [0, 20] as const, stepMs: 2.5, wireMs: 0, link: "local" as const },
+    { box: "10.0.0.2:7000", layers: [20, 40] as const, stepMs: 2.4, wireMs: 0.3, link: "up" as const },
+  ];
+  const split: Engine = {
+    status: () => ({ ...engine.status(), stages }),
+    generate: (r) => engine.generate(r),
+    close: () => engine.close(),
+  };
+  const live = new LiveRequests(split);
+  assert.deepEqual(live.snapshot().stages, stages);
+  assert.deepEqual(new LiveRequests(engine).snapshot().stages.map((s) => s.box), ["local"]);
 });

@@ -100,6 +100,22 @@ export interface EngineStatus {
     /** Milliseconds since its request was admitted. */
     readonly ageMs: number;
   }[];
+  /**
+   * The pipeline's stages in layer order, when the model is split over boxes (the dashboard shows one
+   * `local` stage without it).
+   */
+  readonly stages?: readonly {
+    /** The box serving it: `local`, or a worker's `host:port`. */
+    readonly box: string;
+    /** Its layer range `[first, end)`. */
+    readonly layers: readonly [number, number];
+    /** Milliseconds of compute per decode step (null: no recent step). */
+    readonly stepMs: number | null;
+    /** Milliseconds on the wire per step, both ways (null: not measured). */
+    readonly wireMs: number | null;
+    /** The link's state: `local` (same process), `up`, `slow` or `down`. */
+    readonly link: "local" | "up" | "slow" | "down";
+  }[];
 }
 
 /** Thrown by {@linkcode Engine.generate} when every slot is busy and the queue is full (HTTP 503). */

@@ -37,7 +37,11 @@ async function usage(): Promise<string> {
     `<command> --help (or -h, or help <command>) prints a command's options; --version prints the version.`;
 }
 
-async function main(argv: string[]): Promise<number> {
+/**
+ * Runs the CLI on `argv` (without the program name) and resolves to the exit code; the single-file bundle's
+ * entry calls it, since inside a bundle this module is not the main module.
+ */
+export async function main(argv: string[]): Promise<number> {
   const [first, ...args] = argv;
   if (first === "--version") {
     console.log(versionLine());

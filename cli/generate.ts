@@ -9,6 +9,7 @@ import {
   acquireGpu,
   ChatTemplate,
   checkSampling,
+  DEFAULT_MAX_CHUNK,
   KEYS,
   openGguf,
   planModel,
@@ -31,6 +32,8 @@ const USAGE =
   --echo        with --json: also "prompt_top", the top logits after every input position
   --layers a:b  layer range; generation needs the whole model (0:nLayer)
   --ctx N       context positions (default: prompt + n, at least 256)
+  --chunk N     prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}, as the head): compare one prompt
+                across chunk sizes
   --chat        treat --prompt as a user message: render the model's chat template (generation cue added)
   --no-think    with --chat: thinking off (templates that support it)
   --stop S      stop string (repeatable); the matched text is not printed
@@ -76,6 +79,7 @@ export const command: Command = {
         echo: { type: "boolean", default: false },
         layers: { type: "string" },
         ctx: { type: "string" },
+        chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         json: { type: "boolean", default: false },
         chat: { type: "boolean", default: false },
         "no-think": { type: "boolean", default: false },
@@ -139,7 +143,14 @@ export const command: Command = {
       if (!m) throw new RangeError(`--layers ${values.layers} must look like a:b`);
       layers = [Number(m[1]), Number(m[2])];
     }
-    const stage = await Stage.load(gpu, file, { nCtx, nSlots: 1, layers, int8Activations: values.int8 });
+    const maxChunk = int("chunk", values.chunk, 1);
+    const stage = await Stage.load(gpu, file, {
+      nCtx,
+      nSlots: 1,
+      layers,
+      maxChunk,
+      int8Activations: values.int8,
+    });
     if (!stage.first || !stage.last) {
       throw new RangeError(
         `--layers ${values.layers} is a partial stage of 0:${stage.hp.nLayer}: generate needs the whole model ` +

@@ -81,3 +81,25 @@ Deno.test("generate: bad arguments fail with a message and a non-zero exit", asy
   assert.equal(r.code, 1);
   assert.match(r.stderr, /nonexistent\.gguf/);
 });
+
+Deno.test("generate --chunk: one prompt prefilled in chunks of 1, 4 and 64 scores alike (f32 summation order)", async () => {
+  const tokens = Array.from({ length: 13 }, (_, i) => (i * 37 + 5) % 1000).join(",");
+  const args = ["--model", fixturePath("tiny-qwen3next.q8_0.gguf"), "--tokens", tokens, "--n", "2", "--json"];
+  const runs = await Promise.all(
+    ["1", "4", "64"].map((c) => generate([...args, "--top", "3", "--chunk", c])),
+  );
+  for (const r of runs) assert.equal(r.code, 0, r.stderr);
+  const tops = runs.map((r) => (JSON.parse(r.stdout) as { top: [number, number][][] }).top[0]!);
+  // The same ids; logits equal to f32 summation order (the chunked DeltaNet and the matmul reorder sums).
+  for (const t of tops.slice(1)) {
+    assert.deepEqual(t.map(([id]) => id), tops[0]!.map(([id]) => id));
+    t.forEach(([, v], i) =>
+      assert.ok(Math.abs(v - tops[0]![i]![1]) < 1e-3 * Math.max(1, Math.abs(v)), `${v}`)
+    );
+  }
+  // ... and not bit for bit: the chunk reached the stage (1: mat-vecs and the recurrence; 64: matmul, chunked).
+  assert.notDeepEqual(tops[0], tops[2], "--chunk 1 and --chunk 64 gave the same bits: the option did not apply");
+  const bad = await generate([...args, "--chunk", "0"]);
+  assert.equal(bad.code, 1);
+  assert.match(bad.stderr, /--chunk 0 must be an integer >= 1/);
+});

@@ -15,16 +15,24 @@ const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 /** The whole test (build, start, one request, stop) must finish within this. */
 const DEADLINE_MS = 120_000;
 
-Deno.test("bundle: out/llm.js runs head from outside the checkout with nothing but deno", async () => {
+Deno.test("bundle: out/llm.js, installed by deploy/install.sh, runs head from outside the checkout", async () => {
   const dir = await Deno.makeTempDir({ prefix: "llm_bundle_test_" });
   const deadline = AbortSignal.timeout(DEADLINE_MS);
   try {
-    const bundle = `${dir}/llm.js`;
-    await buildBundle(bundle, { commit: "0123456789ab" });
+    await buildBundle(`${dir}/build/llm.js`, { commit: "0123456789ab" });
+    // Installed as a user would: deno and the bundle under PREFIX/lib/llm, the `llm` command in PREFIX/bin.
+    const install = await new Deno.Command("sh", {
+      args: [`${ROOT}/deploy/install.sh`, "--prefix", dir, "--deno", DENO, "--bundle", `${dir}/build/llm.js`],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    assert.equal(install.code, 0, new TextDecoder().decode(install.stderr));
+    await Deno.remove(`${dir}/build`, { recursive: true });
+    const bundle = `${dir}/lib/llm/llm.js`;
     // The checkout stays unreadable to the bundle: a kernel or template read from source would fail.
     const run = ["run", "-A", `--deny-read=${ROOT}`, bundle];
 
-    const v = await new Deno.Command(DENO, { args: [...run, "--version"], cwd: dir, stdout: "piped" })
+    const v = await new Deno.Command(`${dir}/bin/llm`, { args: ["--version"], cwd: dir, stdout: "piped" })
       .output();
     assert.equal(v.code, 0);
     assert.equal(

@@ -78,23 +78,30 @@ fn weight_word(i: u32) -> u32 {
   return weights[i];
 }
 
-// Adds unit u (8 weights) of each of the invocation's rows times the matching x quads to `acc`.
+// Adds unit u (8 weights) of each of the invocation's rows times the matching x quads to `acc`. Each row's
+// unit is decoded once (scales and quads) and applied to all BATCH columns: in a batched decode step the
+// decoding, not the weight load, is what grows with the columns. The arithmetic per column is rows_unit's
+// (rows_unit_dot), so every column equals its solo step bit for bit.
 fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, array<array<f32, BATCH>, ROWS>>) {
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
   var xl: array<vec4<f32>, BATCH>;
   var xh: array<vec4<f32>, BATCH>;
+  var sxl: array<f32, BATCH>;
+  var sxh: array<f32, BATCH>;
   for (var b = 0u; b < BATCH; b++) {
     let xb = params.x_off + b * params.x_stride;
     xl[b] = x_quad(xb, pos.x);
     xh[b] = x_quad(xb, pos.y);
+    sxl[b] = dot(xl[b], vec4<f32>(1.0));
+    sxh[b] = dot(xh[b], vec4<f32>(1.0));
   }
   for (var r = 0u; r < ROWS; r++) {
+    let s = quant_scales((*rb)[r], c);
+    let q = quant_q((*rb)[r], c, j);
     for (var b = 0u; b < BATCH; b++) {
-      let sxl = dot(xl[b], vec4<f32>(1.0));
-      let sxh = dot(xh[b], vec4<f32>(1.0));
-      (*acc)[r][b] += rows_unit((*rb)[r], c, j, xl[b], xh[b], sxl, sxh);
+      (*acc)[r][b] += rows_unit_dot(s, q, xl[b], xh[b], sxl[b], sxh[b]);
     }
   }
 }

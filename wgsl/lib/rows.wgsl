@@ -6,8 +6,12 @@
 // Unit (c, j) of the row at byte rb times the x quads xl, xh; sxl, sxh are their element sums (used by types
 // with a min).
 fn rows_unit(rb: u32, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> f32 {
-  let s = quant_scales(rb, c);
-  let q = quant_q(rb, c, j);
+  return rows_unit_dot(quant_scales(rb, c), quant_q(rb, c, j), xl, xh, sxl, sxh);
+}
+
+// A decoded unit (scales s and quads q of quant_scales / quant_q) times the x quads xl, xh: the arithmetic of
+// rows_unit, for kernels that decode a unit once and apply it to several columns (batched decode).
+fn rows_unit_dot(s: vec4<f32>, q: array<vec4<f32>, 2>, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> f32 {
   var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
   if (QUANT_HAS_MIN) {
     v -= s.z * sxl + s.w * sxh;

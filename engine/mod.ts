@@ -52,6 +52,7 @@ export {
 } from "./gguf_write.ts";
 export * from "./models/mod.ts";
 export * from "./synth.ts";
+export * from "./fingerprint.ts";
 export * from "./inspect.ts";
 export * from "./exec/stage.ts";
 export {
@@ -64,6 +65,17 @@ export {
   topCpu,
 } from "./exec/decode.ts";
 export { MAX_BATCH_SLOTS } from "./exec/activations.ts";
+export {
+  type ChainClient,
+  type ChainStageStatus,
+  type NextResult,
+  type NextRun,
+  type NextStage,
+  SplitDecoder,
+  type SplitStage,
+  StaleChainError,
+  type StageInfo,
+} from "./exec/split.ts";
 export { encodeOps, type Op } from "./graph/builder.ts";
 export { legacyRowOrder } from "./models/qwen3next.ts";
 export { SlotStates, type StateSpec } from "./state.ts";

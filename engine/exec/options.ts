@@ -68,6 +68,8 @@ export interface StageOptions {
   readonly int8Log?: boolean;
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
+  /** Where a note goes that the model fingerprint could not be cached beside the file (default `console.error`). */
+  readonly onLog?: (line: string) => void;
 }
 
 /** Input of one chunk: token ids (first stage) or hidden rows ne=[nEmbd, nTokens] (later stages). */

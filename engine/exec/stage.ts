@@ -47,6 +47,12 @@ import {
   STORAGE,
 } from "./activations.ts";
 import { loadPlan } from "./load_plan.ts";
+import {
+  FingerprintHasher,
+  fingerprintStats,
+  modelFingerprint,
+  readCachedFingerprint,
+} from "../fingerprint.ts";
 import { type BatchItem, DecodeDriver, type GenerateOptions, type GenerateResult } from "./decode.ts";
 import type { Int8Logged, StageInput, StageOptions, StageOutput } from "./options.ts";
 
@@ -85,6 +91,11 @@ export class Stage {
   readonly canBatch: boolean;
   /** Generation on this stage's slots (a whole-model stage): the decode driver. */
   readonly decoder: DecodeDriver;
+  /**
+   * The model fingerprint (64 hex digits, engine/fingerprint.ts): hashed while the weights upload, the
+   * tensors of other layers read afterwards, cached beside the GGUF. A split chain compares it at hello.
+   */
+  readonly fingerprint: string;
 
   readonly #gpu: Gpu;
   readonly #cache: PipelineCache;
@@ -121,12 +132,14 @@ export class Stage {
     layouts: readonly (DeltaNetLayout | undefined)[];
     nSlots: number;
     tokenTypes?: ArrayLike<number>;
+    fingerprint: string;
   }) {
     const { gpu, hp } = init;
     this.#gpu = gpu;
     this.#cache = new PipelineCache(gpu.device, { f16: gpu.f16 });
     this.#model = init.model;
     this.hp = hp;
+    this.fingerprint = init.fingerprint;
     this.layers = init.layers;
     this.first = init.layers[0] === 0;
     this.last = init.layers[1] === hp.nLayer;
@@ -236,7 +249,16 @@ export class Stage {
       throw new RangeError(`normPrologueMaxRows must be an integer ≥ 0 (0: never fuse), got ${npr}`);
     }
     const plan = loadPlan(file, hp, check, [a, b], model);
-    const weights = await uploadTensors(gpu.device, file, { ...plan, onProgress: opts.onProgress });
+    // The fingerprint hashes the bytes as they upload (no second read of this range); a valid cache skips it.
+    const stats = await fingerprintStats(file);
+    const hasher = (await readCachedFingerprint(file)) ? undefined : new FingerprintHasher(file);
+    const weights = await uploadTensors(gpu.device, file, {
+      ...plan,
+      onProgress: opts.onProgress,
+      onBytes: hasher && ((n, c, o) => hasher.update(n, c, o)),
+    });
+    const { fingerprint, cacheError } = await modelFingerprint(file, { hasher, stats });
+    if (cacheError) (opts.onLog ?? ((line: string) => console.error(line)))(cacheError);
     const tokenTypes = file.metadata.has(KEYS.tokTypes)
       ? file.metadata.getIntArray(KEYS.tokTypes)
       : undefined;
@@ -262,6 +284,7 @@ export class Stage {
       tiedOutput: check.tiedOutput,
       layouts: check.layouts,
       nSlots: opts.nSlots,
+      fingerprint,
     });
   }
 
@@ -381,6 +404,15 @@ export class Stage {
     const id = this.states.snapshot(enc, slot, this.#length[slot]!);
     this.#gpu.device.queue.submit([enc.finish()]);
     return id;
+  }
+
+  /** Empties `slot`: position 0, zeroed state (a run at base 0 does the same). */
+  reset(slot: number): void {
+    this.#slotCheck(slot);
+    const enc = this.#gpu.device.createCommandEncoder();
+    this.states.reset(enc, slot);
+    this.#gpu.device.queue.submit([enc.finish()]);
+    this.#length[slot] = 0;
   }
 
   /** Restores snapshot `id` into `slot`; the slot then holds the snapshot's tokens. */

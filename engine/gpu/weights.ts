@@ -63,6 +63,9 @@ export const PACK_ALIGN_BYTES = 256;
  *   legacy `ssm_in` rows gathered into canonical order); such a tensor is read whole, so keep it small
  * @param opts.maxPartBytes largest buffer per part (default: the device's maxStorageBufferBindingSize)
  * @param opts.onProgress called after each chunk
+ * @param opts.onBytes called synchronously with every chunk of tensor bytes as read from the file (before any
+ *   row permutation), `offsetBytes` within the tensor: a fingerprint hashes the weights during the upload
+ *   without reading them twice. The chunk's buffer is reused after the call returns: copy what you keep
  * @throws {RangeError} when one row alone, or a pack, exceeds the part limit (it cannot be bound)
  */
 export async function uploadTensors(
@@ -75,6 +78,7 @@ export async function uploadTensors(
     maxPartBytes?: number;
     chunkBytes?: number;
     onProgress?: (p: UploadProgress) => void;
+    onBytes?: (name: string, chunk: Uint8Array, offsetBytes: number) => void;
   },
 ): Promise<Map<string, GpuTensor>> {
   const infos = opts.names.map((n) => file.tensor(n));
@@ -93,15 +97,21 @@ export async function uploadTensors(
   for (const info of infos) {
     const tensor = planned.get(info.name) ?? planParts(device, info, maxPart);
     const order = opts.rowOrder?.get(info.name);
-    const whole = order
-      ? permuteRows(await file.readTensor(info.name), tensor.rowBytes, order, info.name)
-      : undefined;
+    let whole: Uint8Array | undefined;
+    if (order) {
+      const raw = await file.readTensor(info.name);
+      opts.onBytes?.(info.name, raw, 0);
+      whole = permuteRows(raw, tensor.rowBytes, order, info.name);
+    }
     for (const part of tensor.parts) {
       const base = part.firstRow * tensor.rowBytes;
       for (let at = 0; at < part.sizeBytes; at += chunkBytes) {
         const n = Math.min(chunkBytes, part.sizeBytes - at);
         if (whole) staging.set(whole.subarray(base + at, base + at + n));
-        else await file.readTensorInto(info.name, staging.subarray(0, n), base + at);
+        else {
+          await file.readTensorInto(info.name, staging.subarray(0, n), base + at);
+          opts.onBytes?.(info.name, staging.subarray(0, n), base + at);
+        }
         const padded = Math.ceil(n / 4) * 4;
         if (padded !== n) staging.fill(0, n, padded);
         device.queue.writeBuffer(part.buffer, part.offsetBytes + at, staging, 0, padded);

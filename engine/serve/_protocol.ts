@@ -5,6 +5,14 @@
  */
 import type { SamplingParams } from "../sampling.ts";
 import type { FinishReason } from "../exec/decode.ts";
+import type { NextResult, NextRun, StageInfo } from "../exec/split.ts";
+
+/** A call of the worker's split decoder on the chain, which lives on the main thread (EngineOptions.next). */
+export type NextCall =
+  | { readonly op: "run"; readonly req: NextRun }
+  | { readonly op: "snapshot"; readonly slot: number; readonly epoch: number }
+  | { readonly op: "restore"; readonly id: number; readonly slot: number; readonly epoch: number }
+  | { readonly op: "drop"; readonly id: number; readonly epoch: number };
 
 /** Main thread → worker. */
 export type ToWorker =
@@ -28,6 +36,14 @@ export type ToWorker =
     readonly maxChunk: number;
     /** StageOptions.int8Activations. */
     readonly int8Activations: boolean;
+    /** Split head: the first layer range runs here, the rest through `next` calls (absent: whole model). */
+    readonly split?: { readonly layers: readonly [number, number] };
+  }
+  | {
+    readonly type: "next-reply";
+    readonly call: number;
+    readonly value?: NextResult | number;
+    readonly error?: WireErrorValue;
   }
   | {
     readonly type: "generate";
@@ -46,6 +62,8 @@ export type FromWorker =
   | { readonly type: "meta"; readonly path: string; readonly model: string; readonly arch: string }
   | { readonly type: "progress"; readonly loadedBytes: number; readonly totalBytes: number }
   | { readonly type: "ready"; readonly nVocab: number }
+  | { readonly type: "stage"; readonly info: StageInfo }
+  | { readonly type: "next"; readonly call: number; readonly request: NextCall }
   | { readonly type: "failed"; readonly error: WireErrorValue }
   | { readonly type: "tokens"; readonly id: number; readonly ids: readonly number[] }
   | {

@@ -27,7 +27,15 @@ import {
   type GenerateResult,
   QueueFullError,
 } from "./api.ts";
-import { decodeError, type FromWorker, type JobResult, type ToWorker } from "./_protocol.ts";
+import {
+  decodeError,
+  encodeError,
+  type FromWorker,
+  type JobResult,
+  type NextCall,
+  type ToWorker,
+} from "./_protocol.ts";
+import type { ChainClient, ChainStageStatus, NextResult } from "../exec/split.ts";
 
 export type { Engine, EngineStatus, FinishReason, GenerateRequest, GenerateResult } from "./api.ts";
 export { QueueFullError };
@@ -81,6 +89,11 @@ export interface EngineOptions {
   readonly int8Activations?: boolean;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
+  /**
+   * Split serving: the head runs `layers` (0:a) of the model and the chain `next` (wire/chain.ts, given by
+   * cli/head.ts) runs the rest; both or neither. Requests while the chain is down get {@linkcode QueueFullError}.
+   */
+  readonly split?: { readonly layers: readonly [number, number]; readonly next: ChainClient };
 }
 
 /** Ids per turn: about 5% overhead per turn at a few ms per id (H200), a short wait for a newcomer. */
@@ -169,6 +182,7 @@ export class EngineService implements Engine {
     batchedTokens: 0,
   };
   #prefilledTokens = 0;
+  readonly #chain: ChainClient | undefined;
 
   /** Starts the worker; prefer {@linkcode startEngine}. */
   constructor(opts: EngineOptions) {
@@ -208,6 +222,7 @@ export class EngineService implements Engine {
     if (!Number.isInteger(batchMin) || !(batchMin === 0 || (batchMin >= 2 && batchMin <= 8))) {
       throw new RangeError(`Engine option batchMin must be 0 (never) or an integer in 2..8, got ${batchMin}`);
     }
+    this.#chain = opts.split?.next;
     this.#nCtx = opts.nCtx;
     this.#nSlots = opts.nSlots;
     this.#queueSize = opts.queueSize;
@@ -237,7 +252,13 @@ export class EngineService implements Engine {
       batchMin,
       maxChunk,
       int8Activations: opts.int8Activations ?? false,
+      split: opts.split && { layers: opts.split.layers },
     });
+  }
+
+  /** Each stage behind a split head (undefined when the model runs whole here), for `/health`. */
+  chain(): ChainStageStatus[] | undefined {
+    return this.#chain?.stages();
   }
 
   /** Current status (no GPU work). */
@@ -285,6 +306,13 @@ export class EngineService implements Engine {
     }
     if (this.#state === "failed") throw new Error(`The model failed to load: ${this.#failure?.message}`);
     this.#validate(req);
+    if (this.#chain && this.#state === "ready") {
+      try {
+        await this.#chain.ready();
+      } catch (e) {
+        throw chainDown(e);
+      }
+    }
     const startMs = performance.now();
     if (req.signal?.aborted) return result(req, [], "cancelled", { cachedTokens: 0, ttftMs: 0 });
     if (this.#inflight.size >= this.#nSlots && this.#queue.length >= this.#queueSize) {
@@ -341,6 +369,7 @@ export class EngineService implements Engine {
     this.#sendClose();
     await this.#closed;
     this.#terminate();
+    await this.#chain?.close();
   }
 
   /** Asks the worker to destroy the stage, close the file and remove its temp folder. */
@@ -464,10 +493,16 @@ export class EngineService implements Engine {
         if (!p) break;
         this.#inflight.delete(m.id);
         p.detach();
-        p.reject(decodeError(m.error));
+        p.reject(m.error.name === "WireError" ? chainDown(decodeError(m.error)) : decodeError(m.error));
         this.#next();
         break;
       }
+      case "stage":
+        this.#chain?.attach(m.info);
+        break;
+      case "next":
+        void this.#callNext(m.call, m.request);
+        break;
       case "closed":
         this.#onClosed();
         if (this.#state === "failed") this.#terminate();
@@ -506,6 +541,36 @@ export class EngineService implements Engine {
       p.resolve(result(p.req, r.tokens, r.reason, { cachedTokens: r.cachedTokens, ttftMs: ttft(p) }));
     }
     this.#next();
+  }
+
+  /** Carries out one call of the worker's split decoder on the chain and posts the answer back. */
+  async #callNext(call: number, r: NextCall): Promise<void> {
+    const next = this.#chain;
+    try {
+      if (!next) throw new Error("Internal error: a split call on an engine without a chain");
+      let value: number | NextResult | undefined;
+      switch (r.op) {
+        case "run":
+          value = await next.run(r.req);
+          break;
+        case "snapshot":
+          value = await next.snapshot(r.slot, r.epoch);
+          break;
+        case "restore":
+          await next.restore(r.id, r.slot, r.epoch);
+          break;
+        case "drop":
+          await next.drop(r.id, r.epoch);
+          break;
+        default: {
+          const never: never = r;
+          throw new TypeError(`Unknown chain call ${JSON.stringify(never)}`);
+        }
+      }
+      if (!this.#terminated) this.#post({ type: "next-reply", call, value });
+    } catch (e) {
+      if (!this.#terminated) this.#post({ type: "next-reply", call, error: encodeError(e) });
+    }
   }
 
   /** Admits the head of the queue into the freed slot. */
@@ -550,6 +615,12 @@ export class EngineService implements Engine {
   #post(m: ToWorker): void {
     this.#worker.postMessage(m);
   }
+}
+
+/** A chain failure as the head reports it: 503 with Retry-After (the worker may come back). */
+function chainDown(e: unknown): QueueFullError {
+  const msg = e instanceof Error ? e.message : String(e);
+  return new QueueFullError(`The split chain is down: ${msg}: retry shortly`, 2);
 }
 
 function ttft(p: Pending): number {

@@ -10,7 +10,9 @@ import { KEYS } from "../names.ts";
 import { Stage } from "../exec/stage.ts";
 import { planModel, synthesize } from "../synth.ts";
 import { SlotRunner } from "./_runner.ts";
-import { encodeError, type FromWorker, type ToWorker } from "./_protocol.ts";
+import { decodeError, encodeError, type FromWorker, type NextCall, type ToWorker } from "./_protocol.ts";
+import type { SlotDecoder } from "../exec/decode.ts";
+import { type NextResult, type NextStage, SplitDecoder, StaleChainError } from "../exec/split.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -27,6 +29,25 @@ let stage: Stage | undefined;
 let file: GgufFile | undefined;
 let tempDir: string | undefined;
 const jobs: Job[] = [];
+/** Calls of the split decoder waiting for the main thread's chain, by call number. */
+const nextCalls = new Map<number, { resolve: (v: unknown) => void; reject: (e: unknown) => void }>();
+let nextCall = 1;
+
+/** The chain behind a split head, reached through the main thread (which holds the link: EngineOptions.next). */
+function callNext<T>(request: NextCall): Promise<T> {
+  const call = nextCall++;
+  return new Promise<T>((resolve, reject) => {
+    nextCalls.set(call, { resolve: resolve as (v: unknown) => void, reject });
+    post({ type: "next", call, request });
+  });
+}
+
+const nextStage: NextStage = {
+  run: (req) => callNext<NextResult>({ op: "run", req }),
+  snapshot: (slot, epoch) => callNext<number>({ op: "snapshot", slot, epoch }),
+  restore: (id, slot, epoch) => callNext<void>({ op: "restore", id, slot, epoch }),
+  drop: (id, epoch) => callNext<void>({ op: "drop", id, epoch }),
+};
 /** The abort controller of every job not yet ended (queued here or in the runner), by id. */
 const aborts = new Map<number, AbortController>();
 
@@ -57,10 +78,36 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       nSlots: m.nSlots,
       maxChunk: m.maxChunk,
       int8Activations: m.int8Activations,
+      layers: m.split?.layers,
+      onLog: (line) => post({ type: "log", line }),
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
-    if (!stage.first || !stage.last) throw new RangeError(`${path}: the service needs the whole model`);
-    runner = new SlotRunner(stage.decoder, {
+    let decoder: SlotDecoder = stage.decoder;
+    if (m.split) {
+      if (!stage.first || stage.last) {
+        throw new RangeError(
+          `--layers ${
+            m.split.layers.join(":")
+          } of ${path}: a split head runs layers 0:a with a < ${stage.hp.nLayer}`,
+        );
+      }
+      decoder = new SplitDecoder(stage, nextStage);
+      post({
+        type: "stage",
+        info: {
+          arch,
+          layers: { first: stage.layers[0], end: stage.layers[1], total: stage.hp.nLayer },
+          nEmbd: stage.hp.nEmbd,
+          nSlots: m.nSlots,
+          nCtx: m.nCtx,
+          int8Activations: stage.int8Activations,
+          fingerprint: stage.fingerprint,
+        },
+      });
+    } else if (!stage.first || !stage.last) {
+      throw new RangeError(`${path}: the service needs the whole model`);
+    }
+    runner = new SlotRunner(decoder, {
       batch: m.batch,
       turnTokens: m.turnTokens,
       snapshotBack: m.snapshotBack,
@@ -118,6 +165,17 @@ scope.onmessage = (e: MessageEvent<ToWorker>) => {
       jobs.push(m);
       pump();
       break;
+    case "next-reply": {
+      const c = nextCalls.get(m.call);
+      nextCalls.delete(m.call);
+      if (!c) break;
+      if (m.error) {
+        c.reject(
+          m.error.name === "StaleChainError" ? new StaleChainError(m.error.message) : decodeError(m.error),
+        );
+      } else c.resolve(m.value);
+      break;
+    }
     case "cancel":
       // A cancel can cross the job's own "done" message: then there is nothing left to abort.
       aborts.get(m.id)?.abort();

@@ -25,6 +25,8 @@ export const COMMANDS: Readonly<Record<string, () => Promise<Command>>> = {
   generate: async () => (await import("./cli/generate.ts")).command,
   tokenize: async () => (await import("./cli/tokenize.ts")).command,
   gpu: async () => (await import("./cli/gpu.ts")).command,
+  worker: async () => (await import("./cli/worker.ts")).command,
+  demo: async () => (await import("./cli/demo.ts")).command,
 };
 
 const HELP_FLAGS: readonly string[] = ["--help", "-h"];

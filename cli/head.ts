@@ -24,6 +24,10 @@ import { HTTP1_DEFAULTS, serveHttp1 } from "../server/http1.ts";
 import { Metrics } from "../server/metrics.ts";
 import { parseCorsOrigins } from "../server/cors.ts";
 import type { Engine } from "../engine/mod.ts";
+import { parseAddress, readTlsFlags } from "../wire/mod.ts";
+import { ChainLink } from "../wire/chain.ts";
+import { buildInfo } from "../version.ts";
+import { parseLayers } from "./worker.ts";
 
 const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --model F         GGUF (first part of a split set); default: a tiny synthetic qwen35moe
@@ -47,6 +51,10 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --chunk N         prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}; memory grows with it)
   --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN};
                     0: never, requests take turns)
+  --layers 0:a      split serving: run only layers 0:a here, the rest on the chain at --next
+  --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
+  --link-key K      shared key of the chain (or LLM_LINK_KEY)
+  --tls-ca F        connect to --next over TLS, trusting this CA (PEM)
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
                     quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill rounds x
                     alike, so a prompt's chunking (prefix reuse, snapshots) moves only f32 rounding`;
@@ -110,6 +118,43 @@ async function showProgress(engine: Engine, stop: AbortSignal): Promise<"ready" 
   return undefined;
 }
 
+/** `--layers 0:a --next HOST:PORT` (both or neither): the head's range and its chain link. */
+async function splitOptions(
+  v: { layers?: string; next?: string; "link-key"?: string; "tls-ca"?: string },
+): Promise<{ layers: [number, number]; next: ChainLink } | undefined> {
+  if ((v.layers === undefined) !== (v.next === undefined)) {
+    throw new RangeError(
+      `--layers and --next go together (split serving) but only ${
+        v.layers ? "--layers" : "--next"
+      } was given`,
+    );
+  }
+  if (v.layers === undefined || v.next === undefined) return undefined;
+  const layers = parseLayers(v.layers);
+  if (layers[0] !== 0) throw new RangeError(`--layers ${v.layers}: the head runs the first range, 0:a`);
+  const linkKey = v["link-key"] ?? Deno.env.get("LLM_LINK_KEY");
+  if (linkKey === "") throw new RangeError("--link-key is empty: give a key or leave the flag out");
+  const tls = await readTlsFlags({ tlsCa: v["tls-ca"] });
+  return {
+    layers,
+    next: new ChainLink(parseAddress(v.next), { build: buildInfo(), linkKey, tls: tls.connect }),
+  };
+}
+
+/** `/health` of a split head: the app's answer plus `stages`, each stage of the chain and its state. */
+async function withChainHealth(
+  req: Request,
+  res: Response | Promise<Response>,
+  engine: { chain(): unknown },
+): Promise<Response> {
+  const r = await res;
+  if (new URL(req.url).pathname !== "/health" || !r.headers.get("content-type")?.includes("json")) return r;
+  const body = await r.json();
+  const headers = new Headers(r.headers);
+  headers.delete("content-length");
+  return new Response(JSON.stringify({ ...body, stages: engine.chain() }), { status: r.status, headers });
+}
+
 /** The `head` command. */
 export const command: Command = {
   usage: USAGE,
@@ -137,6 +182,10 @@ export const command: Command = {
         "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
+        layers: { type: "string" },
+        next: { type: "string" },
+        "link-key": { type: "string" },
+        "tls-ca": { type: "string" },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -182,7 +231,9 @@ export const command: Command = {
     }
     console.error(`Chat template: ${template.origin} (${template.kind})`);
 
+    const split = await splitOptions(values);
     const engine = startEngine({
+      split,
       model: path,
       nCtx,
       nSlots,
@@ -215,7 +266,7 @@ export const command: Command = {
       bodyTimeoutMs,
       onListen: ({ hostname, port }) => console.error(`Listening on http://${hostname}:${port}`),
       onEvent: (e) => metrics.connection(e),
-    }, (req) => app.fetch(req));
+    }, (req) => split ? withChainHealth(req, app.fetch(req), engine) : app.fetch(req));
 
     let cancelTimer: ReturnType<typeof setTimeout> | undefined;
     const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];

@@ -1,0 +1,139 @@
+/**
+ * `mod.ts worker`: one stage of a split model. Loads layers `a:b` of the GGUF (fingerprint at load, cached
+ * beside the file), listens for the previous stage on `--listen`, and either finishes the model (last
+ * stage: output norm, LM head, argmax) or forwards to `--next` (middle stage). Stops on SIGINT/SIGTERM.
+ * @module
+ */
+import type { Command } from "./command.ts";
+import { parseArgs } from "node:util";
+import { acquireGpu, KEYS, openGguf, Stage } from "../engine/mod.ts";
+import { listenWorker, parseAddress, readTlsFlags, serveWorker, WireError } from "../wire/mod.ts";
+import { ChainLink } from "../wire/chain.ts";
+import { stageBackend } from "../wire/stage_backend.ts";
+import { buildInfo } from "../version.ts";
+
+const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --listen HOST:PORT [options]
+  --model F         GGUF (first part of a split set): the same file as the head's (fingerprints must match)
+  --layers a:b      this stage's layers [a, b), a > 0 (the head runs 0:a)
+  --listen H:P      where the previous stage connects
+  --slots N         slots (default 4; at least the head's)
+  --ctx N           positions per slot (default 8192; at least the head's)
+  --next H:P        the next stage, when b is not the last layer (a middle worker)
+  --link-key K      shared key of the chain (or LLM_LINK_KEY); both sides of each hop need the same
+  --tls-cert F --tls-key F   listen with TLS (PEM files)
+  --tls-ca F        trust this CA when connecting to --next over TLS
+  --chunk N         rows per prefill chunk (default 256)
+  --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)`;
+
+/** Parses `a:b`. @throws {RangeError} naming the flag */
+export function parseLayers(s: string): [number, number] {
+  const m = /^(\d+):(\d+)$/.exec(s);
+  if (!m) throw new RangeError(`--layers ${s} is not a:b (e.g. --layers 20:40)`);
+  return [Number(m[1]), Number(m[2])];
+}
+
+function int(flag: string, value: string, min: number): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min) {
+    throw new RangeError(`--${flag} ${value} must be an integer >= ${min}`);
+  }
+  return n;
+}
+
+/** The `worker` command. */
+export const command: Command = {
+  usage: USAGE,
+  summary: "One stage of a split model: --model F --layers a:b --listen HOST:PORT [--next HOST:PORT]",
+  async run(argv: string[]): Promise<number> {
+    const { values } = parseArgs({
+      args: argv,
+      options: {
+        model: { type: "string" },
+        layers: { type: "string" },
+        listen: { type: "string" },
+        slots: { type: "string", default: "4" },
+        ctx: { type: "string", default: "8192" },
+        next: { type: "string" },
+        "link-key": { type: "string" },
+        "tls-cert": { type: "string" },
+        "tls-key": { type: "string" },
+        "tls-ca": { type: "string" },
+        chunk: { type: "string", default: "256" },
+        int8: { type: "boolean", default: false },
+        debug: { type: "boolean", default: false },
+      },
+      strict: true,
+    });
+    if (!values.model) throw new RangeError("--model is required: the GGUF this stage serves");
+    if (!values.layers) throw new RangeError("--layers a:b is required: this stage's layer range");
+    if (!values.listen) {
+      throw new RangeError("--listen HOST:PORT is required: where the previous stage connects");
+    }
+    const layers = parseLayers(values.layers);
+    const listen = parseAddress(values.listen);
+    const nextAddr = values.next === undefined ? undefined : parseAddress(values.next);
+    const nSlots = int("slots", values.slots, 1);
+    const nCtx = int("ctx", values.ctx, 2);
+    const maxChunk = int("chunk", values.chunk, 1);
+    const linkKey = values["link-key"] ?? Deno.env.get("LLM_LINK_KEY");
+    if (linkKey === "") throw new RangeError("--link-key is empty: give a key or leave the flag out");
+    const tls = await readTlsFlags({
+      tlsCert: values["tls-cert"],
+      tlsKey: values["tls-key"],
+      tlsCa: values["tls-ca"],
+    });
+    const build = buildInfo();
+    const file = await openGguf(values.model);
+    try {
+      const arch = file.metadata.getString(KEYS.architecture);
+      const gpu = await acquireGpu();
+      console.error(`GPU: ${gpu.summary}`);
+      const stage = await Stage.load(gpu, file, {
+        nCtx,
+        nSlots,
+        layers,
+        maxChunk,
+        int8Activations: values.int8,
+      });
+      console.error(
+        `Loaded layers ${layers[0]}:${layers[1]} of ${values.model} (${arch}, ${
+          (stage.weightBytes / 2 ** 20).toFixed(1)
+        } MiB of weights, fingerprint ${stage.fingerprint.slice(0, 16)}…)`,
+      );
+      const next = nextAddr && new ChainLink(nextAddr, { build, linkKey, tls: tls.connect });
+      const backend = stageBackend(stage, { build, arch, next });
+      if (next) {
+        // The head checks the whole chain at its connect: reach the next stage first (it may still be loading).
+        for (let wait = 250;; wait = Math.min(2000, wait * 2)) {
+          try {
+            await next.ready();
+            break;
+          } catch (e) {
+            if (e instanceof WireError && (e.code === "refused" || e.code === "auth")) throw e;
+            await new Promise((r) => setTimeout(r, wait));
+          }
+        }
+      }
+      const listener = listenWorker(listen, { tls: tls.listen });
+      const server = serveWorker(listener, backend, { linkKey });
+      const addr = listener.addr as Deno.NetAddr;
+      console.error(
+        `Listening on ${addr.hostname}:${addr.port} (layers ${layers[0]}:${
+          layers[1]
+        }; build ${build.version} ` +
+          `commit ${build.commit})`,
+      );
+      const stop = () => void server.close();
+      const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];
+      for (const s of signals) Deno.addSignalListener(s, stop);
+      await server.done;
+      for (const s of signals) Deno.removeSignalListener(s, stop);
+      await next?.close();
+      stage.destroy();
+      console.error("Stopped");
+      return 0;
+    } finally {
+      file.close();
+    }
+  },
+};

@@ -1,0 +1,258 @@
+/**
+ * Split serving end to end, real processes on loopback: heads and workers of `mod.ts` on the tiny synthetic
+ * models of both architectures. A 2-stage and a 3-stage chain answer exactly what the unsplit head answers
+ * (greedy: text and usage); the worker refuses hellos that cannot chain (context, layer range) and a wrong
+ * link key, each with its own message; a worker SIGKILLed mid-stream ends the stream with an error event,
+ * the head stays up and answers 503 while the chain is down, and serves again once the worker is back.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { connectLink, type HelloInfo, type LinkAddress, WireError } from "../wire/mod.ts";
+import { helloOf } from "../wire/chain.ts";
+import { fingerprintFile, planModel, synthesize } from "../engine/mod.ts";
+
+const MOD = new URL("../mod.ts", import.meta.url).pathname;
+const CTX = 256;
+
+interface Proc {
+  readonly child: Deno.ChildProcess;
+  readonly log: string[];
+  /** Resolves with the first stderr line matching `re` (rejects when the process exits first). */
+  waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
+  kill(signal?: Deno.Signal): Promise<void>;
+}
+
+function spawn(args: string[]): Proc {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MOD, ...args],
+    stdout: "null",
+    stderr: "piped",
+    env: { NO_COLOR: "1" },
+  }).spawn();
+  const log: string[] = [];
+  const waiters: { re: RegExp; resolve: (m: RegExpMatchArray) => void }[] = [];
+  let exited = false;
+  const done = (async () => {
+    let buf = "";
+    for await (const chunk of child.stderr.pipeThrough(new TextDecoderStream())) {
+      buf += chunk;
+      for (let i = buf.indexOf("\n"); i >= 0; i = buf.indexOf("\n")) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        log.push(line);
+        for (const w of [...waiters]) {
+          const m = line.match(w.re);
+          if (m) {
+            waiters.splice(waiters.indexOf(w), 1);
+            w.resolve(m);
+          }
+        }
+      }
+    }
+    exited = true;
+  })();
+  return {
+    child,
+    log,
+    waitFor(re, timeoutMs = 60_000) {
+      for (const line of log) {
+        const m = line.match(re);
+        if (m) return Promise.resolve(m);
+      }
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(
+          () => reject(new Error(`No line ${re} within ${timeoutMs} ms:\n${log.join("\n")}`)),
+          timeoutMs,
+        );
+        const w = { re, resolve: (m: RegExpMatchArray) => (clearTimeout(timer), resolve(m)) };
+        waiters.push(w);
+        void done.then(() => {
+          if (exited && waiters.includes(w)) {
+            clearTimeout(timer);
+            reject(new Error(`Process exited before ${re}:\n${log.join("\n")}`));
+          }
+        });
+      });
+    },
+    async kill(signal: Deno.Signal = "SIGTERM") {
+      try {
+        child.kill(signal);
+      } catch { /* already exited */ }
+      await child.status;
+      await done;
+    },
+  };
+}
+
+function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (l.addr as Deno.NetAddr).port;
+  l.close();
+  return port;
+}
+
+function worker(model: string, layers: string, port: number, next?: number, extra: string[] = []): Proc {
+  return spawn([
+    "worker",
+    "--model",
+    model,
+    "--layers",
+    layers,
+    "--listen",
+    `127.0.0.1:${port}`,
+    "--slots",
+    "2",
+    "--ctx",
+    String(CTX),
+    ...(next ? ["--next", `127.0.0.1:${next}`] : []),
+    ...extra,
+  ]);
+}
+
+async function head(
+  model: string,
+  split?: { layers: string; next: number },
+): Promise<{ p: Proc; url: string }> {
+  const p = spawn([
+    "head",
+    "--model",
+    model,
+    "--port",
+    "0",
+    "--slots",
+    "2",
+    "--ctx",
+    String(CTX),
+    ...(split ? ["--layers", split.layers, "--next", `127.0.0.1:${split.next}`] : []),
+  ]);
+  const m = await p.waitFor(/Listening on (http:\/\/\S+)/);
+  await p.waitFor(/ready: /);
+  return { p, url: m[1]! };
+}
+
+const PROMPTS = ["Hello", "Tell me a story about a fox"];
+
+async function ask(url: string, content: string, opts: { stream?: boolean; maxTokens?: number } = {}) {
+  return await fetch(`${url}/v1/messages`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: "m",
+      max_tokens: opts.maxTokens ?? 12,
+      stream: opts.stream ?? false,
+      messages: [{ role: "user", content }],
+    }),
+  });
+}
+
+/** Text and usage of a non-streamed answer (asserting 200). */
+async function answer(url: string, content: string): Promise<unknown> {
+  const r = await ask(url, content);
+  const body = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(body));
+  return { content: body.content, usage: body.usage, stop: body.stop_reason };
+}
+
+async function synthModel(dir: string, arch: "qwen35moe" | "qwen3next", seed: number): Promise<string> {
+  const out = `${dir}/${arch}.gguf`;
+  await synthesize(planModel({ arch, preset: "tiny", quant: "q8_0", seed }), { out });
+  return out;
+}
+
+for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
+  Deno.test(`split ${arch}: 2 and 3 stages answer exactly as the unsplit head (greedy, text and usage)`, async () => {
+    const dir = await Deno.makeTempDir({ prefix: "split_test_" });
+    const procs: Proc[] = [];
+    try {
+      const model = await synthModel(dir, arch, seed);
+      const [p24, p13, p34] = [freePort(), freePort(), freePort()];
+      const w24 = worker(model, "2:4", p24);
+      const w34 = worker(model, "3:4", p34);
+      procs.push(w24, w34);
+      await w34.waitFor(/Listening on/);
+      const w13 = worker(model, "1:3", p13, p34);
+      procs.push(w13);
+      const [u, h2, h3] = await Promise.all([
+        head(model),
+        w24.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24 })),
+        w13.waitFor(/Listening on/).then(() => head(model, { layers: "0:1", next: p13 })),
+      ]);
+      procs.push(u.p, h2.p, h3.p);
+      for (const prompt of PROMPTS) {
+        const want = await answer(u.url, prompt);
+        assert.deepEqual(await answer(h2.url, prompt), want, `2 stages, prompt ${prompt}`);
+        assert.deepEqual(await answer(h3.url, prompt), want, `3 stages, prompt ${prompt}`);
+      }
+      const health = await (await fetch(`${h3.url}/health`)).json();
+      assert.deepEqual(
+        health.stages.map((s: { layers: unknown; state: string }) => [s.layers, s.state]),
+        [[{ first: 1, end: 3, total: 4 }, "up"], [{ first: 3, end: 4, total: 4 }, "up"]],
+      );
+      if (arch !== "qwen35moe") return;
+
+      // Refusals at hello, straight at the worker (the head's link runs the same checks and says the same).
+      // The build as the worker read it (a commit landing meanwhile must not fail the test).
+      const built = await w24.waitFor(/build (\S+) commit (\S+)\)/);
+      const hello = helloOf({
+        arch,
+        layers: { first: 0, end: 2, total: 4 },
+        nEmbd: 256,
+        nSlots: 2,
+        nCtx: CTX,
+        int8Activations: false,
+        fingerprint: await fingerprintFile(model),
+      }, { build: { version: built[1]!, commit: built[2]! }, last: false });
+      const at: LinkAddress = { hostname: "127.0.0.1", port: p24 };
+      const refused = async (h: HelloInfo, re: RegExp, linkKey?: string) => {
+        const e = await connectLink(at, { hello: h, linkKey }).then((l) => l.close(), (e) => e);
+        assert.ok(e instanceof WireError, `expected a refusal matching ${re}, got ${e}`);
+        assert.match(e.message, re);
+      };
+      const ok = await connectLink(at, { hello });
+      await ok.close();
+      await refused({ ...hello, nCtx: CTX * 2 }, /Context too small: .* has --ctx 256 but .* has --ctx 512/);
+      await refused(
+        { ...hello, layers: { first: 0, end: 1, total: 4 } },
+        /Layer ranges do not chain: .* ends at layer 1 but .* starts at layer 2/,
+      );
+      await refused(hello, /link key/i, "some-key");
+
+      // SIGKILL of the worker mid-stream: an error event, the head stays up, 503 while down, then back.
+      const want = await answer(u.url, PROMPTS[0]!);
+      const r = await ask(h2.url, PROMPTS[1]!, { stream: true, maxTokens: CTX - 40 });
+      assert.equal(r.status, 200);
+      const reader = r.body!.pipeThrough(new TextDecoderStream()).getReader();
+      let text = "";
+      while (!text.includes("content_block_delta")) text += (await reader.read()).value ?? "";
+      await w24.kill("SIGKILL");
+      for (let c = await reader.read(); !c.done; c = await reader.read()) text += c.value;
+      assert.match(text, /event: error\ndata: .*split chain is down/);
+      assert.doesNotMatch(text, /message_stop/);
+      const down = await ask(h2.url, PROMPTS[0]!);
+      const downBody = await down.json();
+      assert.equal(down.status, 503, JSON.stringify(downBody));
+      assert.ok(down.headers.get("retry-after"));
+      assert.match(downBody.error.message, /split chain is down/);
+      assert.equal((await fetch(`${h2.url}/health`)).status, 200);
+      const w24b = worker(model, "2:4", p24);
+      procs.push(w24b);
+      await w24b.waitFor(/Listening on/);
+      let back: Response | undefined;
+      for (let i = 0; i < 40; i++) {
+        back = await ask(h2.url, PROMPTS[0]!);
+        if (back.status === 200) break;
+        await back.body?.cancel();
+        await new Promise((r) => setTimeout(r, 250));
+      }
+      const backBody = await back!.json();
+      assert.equal(back!.status, 200, JSON.stringify(backBody));
+      assert.deepEqual(
+        { content: backBody.content, usage: backBody.usage, stop: backBody.stop_reason },
+        want,
+      );
+    } finally {
+      await Promise.all(procs.map((p) => p.kill()));
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}

@@ -1,0 +1,301 @@
+/**
+ * The link to the next stage as the engine's {@linkcode ChainClient} (the head) and as a middle worker's
+ * forwarder: connects lazily, reconnects with backoff after a failure, checks the whole chain at connect
+ * ({@linkcode connectLink} runs {@linkcode checkWholeChain}), and counts connections in an `epoch` so that
+ * state left on a dead connection is never used (engine/exec/split.ts replays it instead).
+ *
+ * A stage that cannot serve a run because its own next stage restarted since the slot's state was built
+ * answers ERROR `backend` with a message starting {@linkcode STALE_MARK}; the link before it turns that into
+ * {@linkcode StaleChainError}, which makes the head replay the slot's tokens.
+ * @module
+ */
+import {
+  type ChainClient,
+  type ChainStageStatus,
+  type NextResult,
+  type NextRun,
+  type StageInfo,
+  StaleChainError,
+} from "../engine/mod.ts";
+import { WireError } from "./errors.ts";
+import { DEFAULT_MAX_FRAME_BYTES, type RunRequest, type RunResult } from "./frame.ts";
+import { type HelloInfo, PROTOCOL_VERSION } from "./hello.ts";
+import { connectLink, type Link, type LinkAddress } from "./link.ts";
+
+/** Start of the message of a stage's ERROR when the slot's state behind it is gone (see the module doc). */
+export const STALE_MARK = "Stale slot state:";
+/** KV cache and recurrent state layout every stage of this build allocates (engine/state.ts: f32 both). */
+export const STATE_LAYOUT = "kv=f32;ssm=f32";
+/** Rows, drafts and top-k pairs a stage of this build accepts per frame. */
+export const STAGE_LIMITS = {
+  maxFrameBytes: DEFAULT_MAX_FRAME_BYTES,
+  maxRows: 4096,
+  maxDraft: 0,
+  maxTopK: 64,
+};
+
+const BACKOFF_MIN_MS = 250;
+const BACKOFF_MAX_MS = 2000;
+
+/** The hello of a stage described by `info`. */
+export function helloOf(
+  info: StageInfo,
+  opts: {
+    build: { readonly version: string; readonly commit: string };
+    last: boolean;
+    downstream?: readonly HelloInfo[];
+  },
+): HelloInfo {
+  return {
+    protocol: PROTOCOL_VERSION,
+    build: { version: opts.build.version, commit: opts.build.commit },
+    arch: info.arch,
+    layers: { ...info.layers },
+    last: opts.last,
+    nEmbd: info.nEmbd,
+    nSlots: info.nSlots,
+    nCtx: info.nCtx,
+    stateLayout: STATE_LAYOUT,
+    numerics: { int8Activations: info.int8Activations, hiddenDtype: "f32" },
+    fingerprint: info.fingerprint,
+    limits: STAGE_LIMITS,
+    downstream: opts.downstream ?? [],
+  };
+}
+
+/** Options of {@linkcode ChainLink}. */
+export interface ChainLinkOptions {
+  /** This build (the hello's `build`). */
+  readonly build: { readonly version: string; readonly commit: string };
+  /** Shared link key (`--link-key`). */
+  readonly linkKey?: string;
+  /** TLS with these extra CAs (`--tls-ca`). */
+  readonly tls?: { readonly caCerts?: readonly string[] };
+  /** Per-request reply timeout (wire default 30 s). */
+  readonly timeoutMs?: number;
+  /** Log lines (connects, failures); default `console.error`. */
+  readonly log?: (line: string) => void;
+}
+
+/** The link to the next stage; see the module doc. */
+export class ChainLink implements ChainClient {
+  /** Where the next stage listens. */
+  readonly address: LinkAddress;
+  readonly #opts: ChainLinkOptions;
+  readonly #name: string;
+  readonly #log: (line: string) => void;
+  #self: HelloInfo | undefined;
+  #link: Link | undefined;
+  #peer: HelloInfo | undefined;
+  #epoch = 0;
+  #connecting: Promise<Link> | undefined;
+  #retryAtMs = 0;
+  #backoffMs = BACKOFF_MIN_MS;
+  #lastError: string | undefined;
+  #closed = false;
+
+  /** A link to `address`, not yet connected (call {@linkcode attach} first). */
+  constructor(address: LinkAddress, opts: ChainLinkOptions) {
+    this.address = address;
+    this.#opts = opts;
+    this.#name = `worker ${address.hostname}:${address.port}`;
+    this.#log = opts.log ?? ((line) => console.error(line));
+  }
+
+  /** Sets this side's hello (the head's, or a middle worker's own with its downstream left empty). */
+  attach(self: StageInfo): void {
+    this.#self = helloOf(self, { build: this.#opts.build, last: false });
+  }
+
+  /** Connections made so far (state on an older one is gone). */
+  get epoch(): number {
+    return this.#epoch;
+  }
+
+  /** The next stage's hello, as of the latest connection (kept while down). */
+  get peer(): HelloInfo | undefined {
+    return this.#peer;
+  }
+
+  /** True while connected. */
+  get isUp(): boolean {
+    return this.#link !== undefined && !this.#link.isClosed;
+  }
+
+  /** Connects unless connected. @throws {WireError} when the next stage is down or refuses the chain */
+  async ready(): Promise<void> {
+    await this.#ensure();
+  }
+
+  async #ensure(): Promise<Link> {
+    if (this.#link && !this.#link.isClosed) return this.#link;
+    if (this.#connecting) return await this.#connecting;
+    if (this.#closed) throw new WireError("closed", `The link to ${this.#name} is closed`);
+    const self = this.#self;
+    if (!self) throw new Error("Internal error: ChainLink used before attach()");
+    const now = performance.now();
+    if (now < this.#retryAtMs) {
+      throw new WireError(
+        "closed",
+        `${this.#name} is down (${this.#lastError}); next attempt in ${
+          Math.ceil((this.#retryAtMs - now) / 100) / 10
+        } s`,
+      );
+    }
+    this.#connecting = (async () => {
+      try {
+        const link = await connectLink(this.address, {
+          hello: self,
+          linkKey: this.#opts.linkKey,
+          tls: this.#opts.tls,
+          timeoutMs: this.#opts.timeoutMs,
+          peerName: this.#name,
+          selfName: `this stage (layers ${self.layers.first}:${self.layers.end})`,
+        });
+        this.#link = link;
+        this.#peer = link.peer;
+        this.#epoch++;
+        this.#backoffMs = BACKOFF_MIN_MS;
+        this.#retryAtMs = 0;
+        this.#lastError = undefined;
+        const chain = [link.peer, ...link.peer.downstream].map((h) => `${h.layers.first}:${h.layers.end}`);
+        this.#log(`Connected to ${this.#name}: chain layers ${chain.join(" → ")}`);
+        void link.closed.then((e) => {
+          if (this.#link !== link || this.#closed) return;
+          this.#lastError = e?.message ?? "closed";
+          this.#log(`Link to ${this.#name} closed: ${this.#lastError}`);
+        });
+        return link;
+      } catch (e) {
+        this.#lastError = e instanceof Error ? e.message : String(e);
+        this.#retryAtMs = performance.now() + this.#backoffMs;
+        this.#backoffMs = Math.min(BACKOFF_MAX_MS, this.#backoffMs * 2);
+        this.#log(`Cannot reach ${this.#name}: ${this.#lastError}`);
+        throw e;
+      } finally {
+        this.#connecting = undefined;
+      }
+    })();
+    return await this.#connecting;
+  }
+
+  /** Fails with StaleChainError unless connection `epoch` is the live one (connecting first if needed). */
+  async #live(epoch: number | undefined, what: string): Promise<Link> {
+    const link = await this.#ensure();
+    if (epoch !== undefined && epoch !== this.#epoch) {
+      throw new StaleChainError(
+        `${STALE_MARK} ${what}: its state was on connection ${epoch} to ${this.#name}, now ${this.#epoch}`,
+      );
+    }
+    return link;
+  }
+
+  /**
+   * Sends a RUN on connection `epoch` (any when undefined) and returns its result and the connection.
+   * @throws {StaleChainError} on an epoch mismatch, or when the next stage reports stale state itself
+   * @throws {WireError} when the link fails or the stage refuses the run
+   */
+  async forward(req: RunRequest, epoch: number | undefined): Promise<{ result: RunResult; epoch: number }> {
+    const link = await this.#live(epoch, `run of slot ${req.slot}`);
+    const at = this.#epoch;
+    try {
+      return { result: await link.run(req), epoch: at };
+    } catch (e) {
+      throw stale(e);
+    }
+  }
+
+  /** Runs rows through the rest of the chain (ChainClient). */
+  async run(req: NextRun): Promise<NextResult> {
+    const self = this.#self;
+    if (!self) throw new Error("Internal error: ChainLink used before attach()");
+    const { result, epoch } = await this.forward({
+      slot: req.slot,
+      basePos: req.basePos,
+      nEmbd: self.nEmbd,
+      rows: req.rows,
+      dtype: "f32",
+      want: req.want,
+      topK: req.topK,
+      drafts: new Uint32Array(0),
+    }, req.epoch);
+    switch (result.kind) {
+      case "ids":
+        return {
+          epoch,
+          ids: result.ids,
+          topIds: result.topIds,
+          topLogits: result.topLogits,
+          timesUs: result.timesUs,
+        };
+      case "none":
+        return {
+          epoch,
+          ids: new Uint32Array(0),
+          topIds: new Uint32Array(0),
+          topLogits: new Float32Array(0),
+          timesUs: result.timesUs,
+        };
+      case "hidden":
+        throw new WireError("unexpected", `${this.#name} answered a run with hidden rows, not ids`);
+      default: {
+        const never: never = result;
+        throw new Error(`Internal error: unknown result ${JSON.stringify(never)}`);
+      }
+    }
+  }
+
+  /** Saves `slot` on the next stage (connection `epoch`); returns its snapshot id. */
+  async snapshot(slot: number, epoch: number): Promise<number> {
+    const link = await this.#live(epoch, `snapshot of slot ${slot}`);
+    return await link.snapshotSave(slot).catch((e) => Promise.reject(stale(e)));
+  }
+
+  /** Restores snapshot `id` (of connection `epoch`) into `slot` on the next stage. */
+  async restore(id: number, slot: number, epoch: number): Promise<void> {
+    const link = await this.#live(epoch, `restore of snapshot ${id}`);
+    await link.snapshotRestore(id, slot).catch((e) => Promise.reject(stale(e)));
+  }
+
+  /** Frees snapshot `id` on the next stage; nothing when its connection is gone. */
+  async drop(id: number, epoch: number): Promise<void> {
+    if (epoch !== this.#epoch || !this.#link || this.#link.isClosed) return;
+    await this.#link.snapshotDrop(id);
+  }
+
+  /** Empties `slot` on the next stage. */
+  async reset(slot: number): Promise<void> {
+    const link = await this.#ensure();
+    await link.reset(slot);
+  }
+
+  /** The next stage and those behind it, for `/health`. */
+  stages(): ChainStageStatus[] {
+    const state = this.isUp ? "up" : this.#lastError !== undefined ? "down" : "idle";
+    const first: ChainStageStatus = {
+      address: `${this.address.hostname}:${this.address.port}`,
+      state,
+      ...(this.#peer ? { layers: this.#peer.layers } : {}),
+      ...(state === "down" ? { error: this.#lastError } : {}),
+    };
+    const rest = (this.#peer?.downstream ?? []).map((h, i): ChainStageStatus => ({
+      address: `behind ${first.address} (${i + 1})`,
+      state: state === "up" ? "up" : "idle",
+      layers: h.layers,
+    }));
+    return [first, ...rest];
+  }
+
+  /** Closes the link for good. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    await this.#link?.close("the stage is shutting down");
+  }
+}
+
+/** A WireError whose message carries {@linkcode STALE_MARK} as StaleChainError; others unchanged. */
+function stale(e: unknown): unknown {
+  return e instanceof WireError && e.code === "backend" && e.message.includes(STALE_MARK)
+    ? new StaleChainError(e.message)
+    : e;
+}

@@ -41,6 +41,7 @@ const USAGE =
   --temp T      sampling temperature (default 0: greedy); with --top-k, --top-p, --min-p, --repeat-penalty
   --seed S      seed of the sampler's random stream (same seed, same tokens)
   --json        print {"tokens":[...], "top":[...], "reason":...} (and "prompt_top" with --echo)
+  --kv-f16      KV cache in f16: half the memory per position; K and V round to f16 (StageOptions.kvF16)
   --int8        x rounded to int8 before quantized mat-vecs (integer dot products in decode steps, the
                 rounded x in prefill): faster decode, llama.cpp's quantized arithmetic
                 (StageOptions.int8Activations)`;
@@ -92,6 +93,7 @@ export const command: Command = {
         "repeat-penalty": { type: "string" },
         seed: { type: "string" },
         int8: { type: "boolean", default: false },
+        "kv-f16": { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -150,6 +152,7 @@ export const command: Command = {
       layers,
       maxChunk,
       int8Activations: values.int8,
+      kvF16: values["kv-f16"],
     });
     if (!stage.first || !stage.last) {
       throw new RangeError(

@@ -5,18 +5,21 @@
  */
 import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
-import { checkNumerics, formatReport, inspectModel, openGguf } from "../engine/mod.ts";
+import { checkNumerics, formatReport, inspectModel, MAX_SLOTS, openGguf } from "../engine/mod.ts";
 
 const USAGE = `Usage: deno run -A mod.ts inspect FILE.gguf [--ctx N] [--slots S] [--json]
   --ctx N     positions of KV cache per slot for the memory table (default 4096)
   --slots S   concurrent sequences for the memory table (default 1)
+  --kv-f16    KV cache numbers for an f16 cache (head/generate --kv-f16), half the f32 ones
   --json      print the report as JSON
   --check     also read every tensor and report non-finite values (NaN/Inf in float tensors or block
               scales); exits 1 when any is found`;
 
-function int(flag: string, value: string): number {
+function int(flag: string, value: string, max: number): number {
   const n = Number(value);
-  if (!Number.isInteger(n) || n < 1) throw new RangeError(`--${flag} ${value} must be a positive integer`);
+  if (!Number.isInteger(n) || n < 1 || n > max) {
+    throw new RangeError(`--${flag} ${value} must be an integer in 1..${max}`);
+  }
   return n;
 }
 
@@ -32,6 +35,7 @@ export const command: Command = {
         slots: { type: "string", default: "1" },
         json: { type: "boolean", default: false },
         check: { type: "boolean", default: false },
+        "kv-f16": { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -48,7 +52,11 @@ export const command: Command = {
       return 2;
     }
     using file = await openGguf(path);
-    const report = inspectModel(file, { nCtx: int("ctx", values.ctx), nSlots: int("slots", values.slots) });
+    const report = inspectModel(file, {
+      nCtx: int("ctx", values.ctx, 2 ** 24),
+      nSlots: int("slots", values.slots, MAX_SLOTS),
+      kvF16: values["kv-f16"],
+    });
     const nonFinite = values.check ? await checkNumerics(file) : undefined;
     if (values.json) console.log(JSON.stringify(nonFinite ? { ...report, nonFinite } : report, null, 2));
     else {

@@ -66,6 +66,8 @@ export interface InspectReport {
   readonly nCtx: number;
   /** Concurrent sequences the state numbers are for. */
   readonly nSlots: number;
+  /** Whether the KV numbers are for an f16 cache (`StageOptions.kvF16`) instead of f32. */
+  readonly kvF16: boolean;
   /** `A` (attention) or `D` (DeltaNet) per decoder layer, then `M` per MTP block. */
   readonly pattern: string;
   /** Result of the architecture's tensor check: `ok`, or the error message. */
@@ -109,7 +111,10 @@ export function recurrentBytesPerSlot(
  * @throws {GgufError} when the architecture is unsupported or its hyper-parameters are invalid (a failed
  *   tensor check is reported in {@linkcode InspectReport.check} instead)
  */
-export function inspectModel(file: GgufFile, opts: { nCtx: number; nSlots: number }): InspectReport {
+export function inspectModel(
+  file: GgufFile,
+  opts: { nCtx: number; nSlots: number; kvF16?: boolean },
+): InspectReport {
   const { nCtx, nSlots } = opts;
   if (!Number.isInteger(nCtx) || nCtx < 1 || !Number.isInteger(nSlots) || nSlots < 1) {
     throw new RangeError(`Context ${nCtx} and slots ${nSlots} must be positive integers`);
@@ -143,7 +148,7 @@ export function inspectModel(file: GgufFile, opts: { nCtx: number; nSlots: numbe
     }
   }
 
-  const kvPerLayer = kvBytesPerPosition(hp) * nCtx * nSlots;
+  const kvPerLayer = kvBytesPerPosition(hp, opts.kvF16) * nCtx * nSlots;
   const recPerLayer = recurrentBytesPerSlot(hp) * nSlots;
   const layers: InspectLayer[] = layerBytes.map((weightBytes, layer) => {
     const kind = layer >= hp.nLayer ? "mtp" : hp.isAttention[layer] ? "attention" : "deltanet";
@@ -172,6 +177,7 @@ export function inspectModel(file: GgufFile, opts: { nCtx: number; nSlots: numbe
     hparams,
     nCtx,
     nSlots,
+    kvF16: opts.kvF16 ?? false,
     pattern: layers.map((l) => (l.kind === "attention" ? "A" : l.kind === "deltanet" ? "D" : "M")).join(""),
     check,
     tensors,
@@ -241,7 +247,12 @@ export function formatReport(r: InspectReport): string {
     2,
     3,
   ]);
-  out.push("", `memory per layer at ctx ${r.nCtx} × ${r.nSlots} slot(s) (KV f32, recurrent state f32)`);
+  out.push(
+    "",
+    `memory per layer at ctx ${r.nCtx} × ${r.nSlots} slot(s) (KV ${
+      r.kvF16 ? "f16" : "f32"
+    }, recurrent state f32)`,
+  );
   const layerRows = r.layers.map((l) => [
     String(l.layer),
     l.kind + (l.layout ? ` ${l.layout}` : ""),

@@ -107,16 +107,22 @@ Deno.test("inspect on split, MTP and broken files; the CLI prints text or JSON a
   );
 });
 
-Deno.test("inspect's state bytes are what a stage allocates (KV f32, conv ring and recurrent state)", async () => {
+Deno.test("inspect's state bytes are what a stage allocates (KV f32 or f16, conv ring and recurrent state)", async () => {
   const gpu = await testGpu();
   for (const arch of ["qwen35moe", "qwen3next"] as const) {
     using f = await openGguf(fixture(arch));
-    const r = inspectModel(f, { nCtx: 200, nSlots: 2 });
-    const stage = await Stage.load(gpu, f, { nCtx: 200, nSlots: 2, maxChunk: 8 });
-    try {
-      assert.equal(stage.states.totalBytes, r.totals.kvBytes + r.totals.recurrentBytes, arch);
-    } finally {
-      stage.destroy();
+    for (const kvF16 of [false, true]) {
+      const r = inspectModel(f, { nCtx: 200, nSlots: 2, kvF16 });
+      const stage = await Stage.load(gpu, f, { nCtx: 200, nSlots: 2, maxChunk: 8, kvF16 });
+      try {
+        assert.equal(
+          stage.states.totalBytes,
+          r.totals.kvBytes + r.totals.recurrentBytes,
+          `${arch} kvF16 ${kvF16}`,
+        );
+      } finally {
+        stage.destroy();
+      }
     }
   }
 });

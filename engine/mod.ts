@@ -64,7 +64,7 @@ export {
   type SlotDecoder,
   topCpu,
 } from "./exec/decode.ts";
-export { MAX_BATCH_SLOTS } from "./exec/activations.ts";
+export { MAX_BATCH_SLOTS, MAX_SLOTS } from "./exec/activations.ts";
 export {
   type ChainClient,
   type ChainStageStatus,

@@ -71,12 +71,14 @@ const MODELS: {
   normPrologueMaxRows?: number;
   fuseDecodeRoute?: boolean;
   groupedExperts?: boolean;
+  kvF16?: boolean;
 }[] = [
   { arch: "qwen35moe", quant: "f32", layout: "current" },
   { arch: "qwen35moe", quant: "iq4_xs", layout: "current", normPrologueMaxRows: 0 },
   { arch: "qwen3next", quant: "f32", layout: "legacy", normPrologueMaxRows: 65536 },
   { arch: "qwen3next", quant: "iq4_xs", layout: "current", fuseDecodeRoute: true },
   { arch: "qwen35moe", quant: "iq4_xs", layout: "current", groupedExperts: true },
+  { arch: "qwen3next", quant: "q8_0", layout: "current", kvF16: true },
 ];
 
 for (const m of MODELS) {
@@ -87,7 +89,8 @@ for (const m of MODELS) {
     : "";
   const route = m.fuseDecodeRoute ? ", decode routing in the gate·up prologue" : "";
   const grouped = m.groupedExperts ? ", experts as grouped matmuls in prefill" : "";
-  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}${grouped}, teacher-forced and greedy`, async () => {
+  const kv = m.kvF16 ? ", f16 KV cache (the reference rounds K and V alike)" : "";
+  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}${grouped}${kv}, teacher-forced and greedy`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
     const path = await synthTiny(m.arch, m.quant, m.layout, rng.u32());
@@ -99,12 +102,14 @@ for (const m of MODELS) {
       normPrologueMaxRows: m.normPrologueMaxRows,
       fuseDecodeRoute: m.fuseDecodeRoute,
       groupedExperts: m.groupedExperts,
+      kvF16: m.kvF16,
     });
     // groupedExperts: the same stage without it, to show that the grouped path ran (other bits).
-    const plain = m.groupedExperts
+    // kvF16 too: an f32-KV stage, to show that the option reached the kernels (other bits).
+    const plain = m.groupedExperts || m.kvF16
       ? await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk: 16 })
       : undefined;
-    const ref = await RefModel.load(file);
+    const ref = await RefModel.load(file, { kvF16: m.kvF16 });
     try {
       for (let p = 0; p < 2; p++) {
         // Grouped: prompts wider than 8 tokens, so that the prefill takes the grouped path.
@@ -145,7 +150,7 @@ for (const m of MODELS) {
           const other = await plain.run(0, { tokens: history }, 0, { rows: "all" });
           assert.ok(
             other.data.some((v, i) => v !== tf.data[i]),
-            `${what}: grouped and per-column prefill agree bit for bit`,
+            `${what}: ${m.kvF16 ? "f16 and f32 KV" : "grouped and per-column prefill"} agree bit for bit`,
           );
         }
       }

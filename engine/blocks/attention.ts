@@ -107,7 +107,7 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
         TILE: 8,
         WG: 256,
         SCALE: hp.attnScale,
-        KV_F16: false,
+        KV_F16: g.opts.kvF16,
       };
       await g.checked(
         `L${l}.attn_prefill`,
@@ -154,7 +154,7 @@ export async function qkRope(
     WG: 64,
     ROPE_THETA: hp.ropeBase,
     EPS: hp.rmsEps,
-    KV_F16: false,
+    KV_F16: g.opts.kvF16,
   };
   await g.checked(
     label,
@@ -194,7 +194,7 @@ export async function attnDecode(
     TILE: 16,
     WG: 256,
     SCALE: hp.attnScale,
-    KV_F16: false,
+    KV_F16: g.opts.kvF16,
   };
   await g.checked(
     `${label}.attn_decode${suffix}`,

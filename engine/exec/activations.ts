@@ -49,10 +49,18 @@ export function deltaNetStateBytes(hp: Hparams): { convBytes: number; stateBytes
   return { convBytes: d.convRing * 4, stateBytes: d.state * 4 };
 }
 
-/** The per-slot state of layers `[a, b)` at `nCtx` positions: K/V per attention layer, conv + ssm per DeltaNet. */
-export function stateSpecs(hp: Hparams, layers: readonly [number, number], nCtx: number): StateSpec[] {
+/**
+ * The per-slot state of layers `[a, b)` at `nCtx` positions: K/V per attention layer (f32, or f16 with
+ * `kvF16`), conv + ssm per DeltaNet.
+ */
+export function stateSpecs(
+  hp: Hparams,
+  layers: readonly [number, number],
+  nCtx: number,
+  kvF16 = false,
+): StateSpec[] {
   const specs: StateSpec[] = [];
-  const posBytes = kvBytesPerPosition(hp) / 2 / hp.nHeadKv;
+  const posBytes = kvBytesPerPosition(hp, kvF16) / 2 / hp.nHeadKv;
   for (let l = layers[0]; l < layers[1]; l++) {
     if (hp.isAttention[l]) {
       const size = hp.nHeadKv * nCtx * posBytes;
@@ -160,4 +168,63 @@ function kappaTiled(hp: Hparams): boolean {
   }
   assert(tiled || grouped, `${hp.arch}: the DeltaNet k-head mapping is neither tiled nor grouped`);
   return tiled;
+}
+
+/** Most slots a stage holds: a decode step batches at most MAX_BATCH_SLOTS; more slots only hold idle state. */
+export const MAX_SLOTS = 256;
+
+/**
+ * Checks, before anything is allocated, that every buffer a stage of layers `[a, b)` would create fits the
+ * device's limits (each KV cache, conv ring, recurrent state and activation buffer is bound whole, so none may
+ * exceed `maxStorageBufferBindingSize` nor `maxBufferSize`), and that the slot count is sane.
+ * @throws {RangeError} naming the buffer, its size, the limit, and the largest `--ctx` or `--chunk` that fits
+ */
+export function checkStageFits(
+  hp: Hparams,
+  o: { layers: readonly [number, number]; nCtx: number; nSlots: number; maxChunk: number; kvF16?: boolean },
+  limits: Pick<GPUSupportedLimits, "maxStorageBufferBindingSize" | "maxBufferSize">,
+): void {
+  if (!Number.isInteger(o.nSlots) || o.nSlots < 1 || o.nSlots > MAX_SLOTS) {
+    throw new RangeError(
+      `--slots ${o.nSlots} is out of range 1..${MAX_SLOTS}: a decode step runs at most ${MAX_BATCH_SLOTS} slots ` +
+        `together and every slot holds its own KV cache and state; use fewer slots (more wait in the queue)`,
+    );
+  }
+  const limit = Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+  const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+  const kvPerPos = kvBytesPerPosition(hp, o.kvF16) / 2; // K or V alone
+  const hasAttention = hp.isAttention.slice(o.layers[0], o.layers[1]).some((a) => a);
+  if (hasAttention && kvPerPos * o.nCtx > limit) {
+    throw new RangeError(
+      `--ctx ${o.nCtx} needs a K (and a V) cache of ${
+        mib(kvPerPos * o.nCtx)
+      } per attention layer and slot, ` +
+        `but this GPU binds at most ${mib(limit)} in one buffer (maxStorageBufferBindingSize): use --ctx ` +
+        `${Math.floor(limit / kvPerPos)} or less`,
+    );
+  }
+  const { convBytes, stateBytes } = deltaNetStateBytes(hp);
+  if (Math.max(convBytes, stateBytes) > limit) {
+    throw new RangeError(
+      `A DeltaNet layer's state (${mib(Math.max(convBytes, stateBytes))}) exceeds this GPU's ` +
+        `${mib(limit)} binding limit: the model is too large for this GPU's limits`,
+    );
+  }
+  const last = o.layers[1] === hp.nLayer;
+  const deltaNet = hp.isAttention.slice(o.layers[0], o.layers[1]).some((a) => !a);
+  const words = activationWords(hp, { maxChunk: o.maxChunk, deltaNet, last });
+  for (const [name, w] of Object.entries(words)) {
+    if (4 * w <= limit) continue;
+    // Every activation buffer grows with the chunk (rows of max(chunk, 8)): the largest chunk at which all fit.
+    const allFit = (chunk: number) =>
+      Object.values(activationWords(hp, { maxChunk: chunk, deltaNet, last })).every((x) => 4 * x <= limit);
+    let chunk = o.maxChunk;
+    while (chunk > 1 && !allFit(chunk)) chunk = Math.floor(chunk / 2);
+    throw new RangeError(
+      `--chunk ${o.maxChunk} needs an activation buffer "${name}" of ${
+        mib(4 * w)
+      }, but this GPU binds at most ` +
+        `${mib(limit)} in one buffer (maxStorageBufferBindingSize): use --chunk ${chunk} or less`,
+    );
+  }
 }

@@ -174,6 +174,8 @@ export interface DecodeBuffers {
   setLength(slot: number, n: number): void;
   /** Throws on a slot that does not exist. */
   slotCheck(slot: number): void;
+  /** Throws when the GPU reported an error (the step's results are void). */
+  gpuCheck(): void;
   /** Throws on an input that does not fit the slot (see Stage.run). */
   inputCheck(slot: number, tokens: readonly number[], base: number): void;
 }
@@ -486,6 +488,7 @@ export class DecodeDriver implements SlotDecoder {
       const landed = ring.map(cur.ringSlot);
       if (next) device.queue.submit(next.cbs);
       const bytes = await landed;
+      this.#b.gpuCheck();
       const u32 = new Uint32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
       let pairsAt = cur.set.length * S;
       for (const [b, q] of cur.set.entries()) {

@@ -61,6 +61,12 @@ export interface StageOptions {
    */
   readonly int8Activations?: boolean;
   /**
+   * KV caches in f16 (two per word) instead of f32: half the memory per position, so twice the context in
+   * the same memory; K and V round to f16 when written (the attention kernels' KV_F16), so logits move by
+   * that rounding (`RefModelOptions.kvF16` in tests/ref/forward.ts mirrors it). Default off.
+   */
+  readonly kvF16?: boolean;
+  /**
    * Test hook for int8Activations: every quantize_q8 of a graph writes a region of its own in one log buffer
    * (the mat-vecs after it read from there), and `Stage.int8Log` returns the last `run()`'s
    * rounding decisions, so that a reference can check them and continue with the same ones.

@@ -22,10 +22,10 @@ import { type GpuTensor, uploadTensors } from "../gpu/weights.ts";
 import { SlotStates } from "../state.ts";
 import type { GgufFile } from "../gguf.ts";
 import { KEYS, tensorName } from "../names.ts";
-import { archOf, type DeltaNetLayout, type Hparams } from "../models/mod.ts";
+import { archOf, type DeltaNetLayout, type Hparams, type TensorCheck } from "../models/mod.ts";
 import { GRAPHS } from "../models/graphs.ts";
 import { buildHybrid, type HybridModel } from "../models/_hybrid.ts";
-import { assert } from "../errors.ts";
+import { assert, GpuError } from "../errors.ts";
 import { unusedTokenMask } from "../sampling.ts";
 import {
   type BuildContext,
@@ -41,6 +41,7 @@ import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 import {
   activationWords,
   batchable,
+  checkStageFits,
   gdnConstants,
   MAX_BATCH_SLOTS,
   stateSpecs,
@@ -117,6 +118,11 @@ export class Stage {
   readonly #owned: GPUBuffer[] = [];
   readonly #length: number[];
   #destroyed = false;
+  /** The first GPU error no scope captured while this stage lived (validation, out of memory, internal). */
+  #gpuError: string | undefined;
+  readonly #onGpuError = (ev: Event) => {
+    this.#gpuError ??= (ev as GPUUncapturedErrorEvent).error.message;
+  };
 
   private constructor(init: {
     gpu: Gpu;
@@ -174,7 +180,7 @@ export class Stage {
     }
     this.#layers = ls;
     this.states = new SlotStates(gpu.device, {
-      specs: stateSpecs(hp, init.layers, init.nCtx),
+      specs: stateSpecs(hp, init.layers, init.nCtx, init.graph.kvF16),
       nSlots: init.nSlots,
     });
     const words = activationWords(hp, {
@@ -203,7 +209,9 @@ export class Stage {
     );
     this.canBatch = batchable(hp, init.layers);
     this.#length = new Array(init.nSlots).fill(0);
+    gpu.device.addEventListener("uncapturederror", this.#onGpuError);
     this.decoder = new DecodeDriver(this, {
+      gpuCheck: () => this.#gpuCheck(),
       device: gpu.device,
       cache: this.#cache,
       owned: this.#owned,
@@ -248,6 +256,64 @@ export class Stage {
     if (npr !== undefined && !(Number.isInteger(npr) && npr >= 0)) {
       throw new RangeError(`normPrologueMaxRows must be an integer ≥ 0 (0: never fuse), got ${npr}`);
     }
+    const kvF16 = opts.kvF16 ?? false;
+    checkStageFits(
+      hp,
+      { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 },
+      gpu.device.limits,
+    );
+    const log = opts.onLog ?? ((line: string) => console.error(line));
+    if (opts.nCtx > hp.nCtxTrain) {
+      log(
+        `Warning: --ctx ${opts.nCtx} exceeds the model's training context of ${hp.nCtxTrain} positions: ` +
+          `output past position ${hp.nCtxTrain} is outside what the model was trained on`,
+      );
+    }
+    // Every allocation of the load under error scopes: an out-of-memory or validation error fails the load
+    // (with the numbers) instead of leaving invalid buffers that would compute zeros.
+    gpu.device.pushErrorScope("out-of-memory");
+    gpu.device.pushErrorScope("validation");
+    let stage: Stage | undefined;
+    try {
+      stage = await Stage.#create(gpu, file, opts, { hp, check, model, layers: [a, b], maxChunk, npr });
+    } finally {
+      const invalid = await gpu.device.popErrorScope();
+      const oom = await gpu.device.popErrorScope();
+      if (invalid || oom) {
+        stage?.destroy();
+        const states = stateSpecs(hp, [a, b], opts.nCtx, kvF16).reduce((s, x) => s + x.sizeBytes, 0) *
+          opts.nSlots;
+        const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
+        // deno-lint-ignore no-unsafe-finally
+        throw oom
+          ? new GpuError(
+            `The GPU ran out of memory loading layers ${a}:${b} (KV cache and state for ${opts.nSlots} slot(s) of ` +
+              `${opts.nCtx} positions: ${
+                gib(states)
+              }, plus the weights): lower --ctx or --slots, or split the ` +
+              `model across machines (--layers). GPU: ${oom.message}`,
+          )
+          : new GpuError(`The GPU refused the load of layers ${a}:${b}: ${invalid!.message}`);
+      }
+    }
+    return stage!;
+  }
+
+  static async #create(
+    gpu: Gpu,
+    file: GgufFile,
+    opts: StageOptions,
+    p: {
+      hp: Hparams;
+      check: TensorCheck;
+      model: HybridModel;
+      layers: readonly [number, number];
+      maxChunk: number;
+      npr: number | undefined;
+    },
+  ): Promise<Stage> {
+    const { hp, check, model, maxChunk, npr } = p;
+    const [a, b] = p.layers;
     const plan = loadPlan(file, hp, check, [a, b], model);
     // The fingerprint hashes the bytes as they upload (no second read of this range); a valid cache skips it.
     const stats = await fingerprintStats(file);
@@ -278,6 +344,7 @@ export class Stage {
         fuseDecodeRoute: opts.fuseDecodeRoute ?? false,
         groupedExperts: opts.groupedExperts ?? false,
         int8Activations,
+        kvF16: opts.kvF16 ?? false,
       },
       int8Log: int8Activations && (opts.int8Log ?? false),
       weights,
@@ -350,6 +417,7 @@ export class Stage {
       this.#length[slot] = base + at + n;
     }
     await staging.mapAsync(GPUMapMode.READ);
+    this.#gpuCheck();
     out.set(new Float32Array(staging.getMappedRange()));
     staging.unmap();
     staging.destroy();
@@ -445,6 +513,7 @@ export class Stage {
   destroy(): void {
     if (this.#destroyed) return;
     this.#destroyed = true;
+    this.#gpu.device.removeEventListener("uncapturederror", this.#onGpuError);
     this.states.destroy();
     for (const b of Object.values(this.#act)) b.destroy();
     for (const b of this.#posParams) b.destroy();
@@ -520,6 +589,18 @@ export class Stage {
     const ops = await buildHybrid(g, this.#context(slot, rows, this.#posParams[slot]!), this.#model);
     this.#graphs.set(key, ops);
     return ops;
+  }
+
+  /**
+   * Throws when the GPU reported an error since this stage was loaded: its results can no longer be trusted
+   * (a failed request, never output computed from invalid buffers).
+   */
+  #gpuCheck(): void {
+    if (this.#gpuError === undefined) return;
+    throw new GpuError(
+      `The GPU reported an error, so this stage's results are void: ${this.#gpuError}. Restart the server; ` +
+        `if it recurs, lower --ctx, --slots or --chunk, or report it with this message`,
+    );
   }
 
   #slotCheck(slot: number): void {

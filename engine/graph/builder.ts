@@ -68,6 +68,8 @@ export interface GraphOptions {
   readonly fuseDecodeRoute: boolean;
   readonly groupedExperts: boolean;
   readonly int8Activations: boolean;
+  /** StageOptions.kvF16: the KV caches hold f16 pairs (attention kernels' KV_F16). */
+  readonly kvF16: boolean;
   /** StageOptions.int8Log: the log buffer and this graph's entries. */
   readonly int8Log?: { readonly buffer: GPUBuffer; readonly entries: Int8LogEntry[] };
 }

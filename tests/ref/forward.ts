@@ -101,6 +101,8 @@ export interface RefModelOptions {
    * decides near-ties differently from the f32 engine now and then; `int8Decisions` shares the engine's.
    */
   readonly int8Activations?: boolean;
+  /** Mirror of `StageOptions.kvF16`: K and V rounded to f16 (nearest) when written to the cache. */
+  readonly kvF16?: boolean;
   /**
    * With int8Activations: the engine's rounding decisions (`Stage.int8Log` of the same chunk), asked per
    * rounding by layer (-1 for the LM head), x source (`in`: the normed mixer input; `attn_o`, `ssm_o`: the
@@ -194,6 +196,7 @@ export class RefModel {
   readonly #core: "recurrent" | "chunked";
   readonly #chunk: number;
   readonly #int8: boolean;
+  readonly #kvF16: boolean;
   readonly #decisions: RefModelOptions["int8Decisions"];
   /** Weight type per `layer/id` (and `output`), for int8Activations. */
   readonly #types: ReadonlyMap<string, GgmlTypeName>;
@@ -221,6 +224,7 @@ export class RefModel {
     this.#core = parts.opts.deltaNet ?? "recurrent";
     this.#chunk = parts.opts.chunk ?? 64;
     this.#int8 = parts.opts.int8Activations ?? false;
+    this.#kvF16 = parts.opts.kvF16 ?? false;
     this.#decisions = parts.opts.int8Decisions;
     this.#types = parts.types;
     this.reset();
@@ -464,8 +468,11 @@ export class RefModel {
     const kr = ropeNeox(rmsNorm(kNew, need(w, "attn_k_norm", layer), { eps: hp.rmsEps, n: hd }), rope);
     const kvRow = hd * hp.nHeadKv;
     for (let t = 0; t < nT; t++) {
-      st.k.push(kr.slice(t * kvRow, (t + 1) * kvRow));
-      st.v.push(vNew.slice(t * kvRow, (t + 1) * kvRow));
+      const k = kr.slice(t * kvRow, (t + 1) * kvRow);
+      const v = vNew.slice(t * kvRow, (t + 1) * kvRow);
+      if (this.#kvF16) { for (const row of [k, v]) row.forEach((x, i) => row[i] = Math.f16round(x)); }
+      st.k.push(k);
+      st.v.push(v);
     }
     const o = attention(qr, {
       k: concat(st.k),

@@ -215,7 +215,7 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
         { ...hello, layers: { first: 0, end: 1, total: 4 } },
         /Layer ranges do not chain: .* ends at layer 1 but .* starts at layer 2/,
       );
-      await refused(hello, /link key/i, "some-key");
+      await refused(hello, /link key/i, "0123456789abcdef0123456789abcdef");
 
       // SIGKILL of the worker mid-stream: an error event, the head stays up, 503 while down, then back.
       const want = await answer(u.url, PROMPTS[0]!);

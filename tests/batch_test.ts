@@ -150,3 +150,110 @@ Deno.test("generateBatch rejects repeated slots, too many items and bad options 
     stage.destroy();
   }
 });
+
+Deno.test("turns: calls paused at readback boundaries and resumed, a newcomer joining, equal the uninterrupted runs", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 96, nSlots: 3, maxChunk: 8 });
+  try {
+    const prompts = [0, 1, 2].map(() => Array.from({ length: rng.int(2, 13) }, () => rng.int(0, 1021)));
+    const hot = samplingParams({ temperature: 1.1, topK: 0, topP: 1, minP: 0, seed: rng.int(0, 1 << 30) });
+    // Slot 1 samples with a repeat penalty (its RNG step and penalty window must carry over a pause); slot 2
+    // joins in the second call with top-k pairs.
+    const want: GenerateOptions[] = [
+      { nNew: 30 },
+      { nNew: 30, sampling: { ...hot, repeatPenalty: 1.3 } },
+      { nNew: 13, top: 2 },
+    ];
+    const solo: GenerateResult[] = [];
+    const soloNext: Float32Array[] = [];
+    for (const [s, o] of want.entries()) {
+      const r = await stage.generate(s, prompts[s]!, { ...o, batch: 4 });
+      solo.push(r);
+      soloNext.push((await stage.run(s, { tokens: [r.tokens.at(-1)!] }, stage.length(s))).data);
+    }
+    const made: number[][] = [[], [], []];
+    const tops: [number, number][][][] = [[], [], []];
+    const streamed: number[][] = [[], [], []];
+    // The item that continues slot s: fresh (its whole prompt) before its first id, resumed after.
+    const item = (s: number): BatchItem => {
+      const o = want[s]!;
+      const m = made[s]!;
+      const seq = [...prompts[s]!, ...m];
+      const onTokens = (ids: readonly number[]) => streamed[s]!.push(...ids);
+      if (m.length === 0) return { slot: s, prompt: prompts[s]!, opts: { ...o, onTokens } };
+      return {
+        slot: s,
+        prompt: [m.at(-1)!],
+        opts: {
+          ...o,
+          nNew: o.nNew - m.length,
+          base: seq.length - 1,
+          resume: true,
+          samplerStep: m.length,
+          samplerHistory: seq,
+          onTokens,
+        },
+      };
+    };
+    const call = async (slots: number[], pauseAfter: number) => {
+      let asked = 0;
+      const rs = await stage.decoder.generate(slots.map(item), {
+        batch: 4,
+        pause: () => ++asked > pauseAfter,
+      });
+      for (const [i, s] of slots.entries()) {
+        made[s]!.push(...rs[i]!.tokens);
+        tops[s]!.push(...rs[i]!.top);
+        assert.equal(stage.length(s), prompts[s]!.length + made[s]!.length - 1, `slot ${s} length`);
+      }
+      return rs;
+    };
+    // First call: pause asked before the second batch is encoded → one batch of 4 steps after the first id.
+    const r1 = await call([0, 1], 0);
+    assert.deepEqual(r1.map((r) => [r.tokens.length, r.paused]), [[5, true], [5, true]]);
+    // Second call: slot 2 joins fresh; two more batches.
+    const r2 = await call([0, 1, 2], 1);
+    assert.ok(r2.every((r) => r.paused), JSON.stringify(r2.map((r) => r.tokens.length)));
+    assert.equal(r2[0]!.tokens.length, 8);
+    // A lone resumed slot runs on its own decode graph, then all three to their ends: each call returns when
+    // one of them ends (slot 2 first, at 13 ids), and the rest continue.
+    await call([1], 0);
+    let left = [0, 1, 2];
+    for (let calls = 0; left.length > 0; calls++) {
+      assert.ok(calls < 3, `at most one call per sequence end: ${left} left`);
+      const rs = await call(left, Infinity);
+      left = left.filter((_, i) => rs[i]!.paused);
+    }
+    for (const s of [0, 1, 2]) {
+      const what = `slot ${s} (seed ${rng.seed})`;
+      assert.deepEqual(made[s], solo[s]!.tokens, what);
+      assert.deepEqual(streamed[s], solo[s]!.tokens, `${what} streamed`);
+      assert.deepEqual(tops[s], solo[s]!.top, `${what} top-k`);
+      const next = await stage.run(s, { tokens: [made[s]!.at(-1)!] }, stage.length(s));
+      assert.deepEqual(next.data, soloNext[s], `${what} state after the turns`);
+    }
+    // A call ends at the readback where a sequence ends (slot 2 stops at once: its first id is a stop id).
+    const p = prompts[2]!;
+    const rs = await stage.decoder.generate([
+      { slot: 0, prompt: prompts[0]!, opts: { nNew: 40 } },
+      { slot: 2, prompt: p, opts: { nNew: 40, stopIds: [solo[2]!.tokens[0]!] } },
+    ], { batch: 4, pause: () => false });
+    assert.deepEqual(rs.map((r) => [r.tokens.length, r.paused, r.reason]), [[5, true, "length"], [
+      1,
+      false,
+      "stop",
+    ]]);
+    await assert.rejects(
+      stage.decoder.generate([{
+        slot: 0,
+        prompt: [1, 2],
+        opts: { nNew: 2, base: stage.length(0), resume: true },
+      }]),
+      /Slot 0: a resumed sequence continues at its base \(> 0\) with its last id as the whole prompt, got base \d+ and 2/,
+    );
+  } finally {
+    stage.destroy();
+  }
+});

@@ -9,6 +9,11 @@
  * runs. A stop id found late is exact: the slot is rewound to a snapshot taken at the start of that batch and
  * re-fed only the accepted tokens. Each slot's result equals its own solo run: the mat-vecs sum every column
  * in the same order.
+ *
+ * A scheduler changes the running set between calls (continuous batching, `engine/serve/_runner.ts`): a call
+ * with `pause` returns at a batch boundary, and a sequence that did not end there continues in the next call
+ * with `resume`, its last id fed by the first decode step (no prefill) and its sampler at the same RNG step and
+ * penalty window, beside sequences that join with a fresh prompt.
  * @module
  */
 import type { PipelineCache } from "../../wgsl/kernel.ts";
@@ -69,6 +74,14 @@ export interface GenerateOptions {
    */
   readonly base?: number;
   /**
+   * Continue a sequence a previous call returned `paused`: `prompt` is exactly its last returned id (not
+   * yet fed) at `base` = the slot's length. The driver feeds that id in the first decode step instead of
+   * prefilling it (no prefill readback; the sampler state comes from `samplerStep` and `samplerHistory`);
+   * the ids are the same either way, so a decoder without this path may prefill `prompt` as any
+   * continuation. The id is not returned again.
+   */
+  readonly resume?: boolean;
+  /**
    * Ends generation after the batch that is landing when it fires (a stop string matched, a client left);
    * the tokens emitted so far are kept and the slot state is rewound to match them exactly.
    */
@@ -90,6 +103,11 @@ export interface GenerateResult {
   readonly reason: FinishReason;
   /** Decode steps run (≥ tokens − 1: steps past a stop are dropped and the state is rewound). */
   readonly steps: number;
+  /**
+   * True when the call returned at a pause before this sequence ended (`reason` is then not final): the
+   * slot holds every returned id but the last; continue with `resume`.
+   */
+  readonly paused?: boolean;
 }
 
 /** One slot's request in a {@linkcode DecodeDriver.generate} call. */
@@ -126,8 +144,14 @@ export interface SlotDecoder {
   restore(id: number, slot: number): void;
   /** Frees snapshot `id`. */
   drop(id: number): void;
-  /** Generation on 1..MAX_BATCH_SLOTS slots (see {@linkcode DecodeDriver.generate}). */
-  generate(items: readonly BatchItem[], opts?: { batch?: number }): Promise<GenerateResult[]>;
+  /**
+   * Generation on 1..MAX_BATCH_SLOTS slots (see {@linkcode DecodeDriver.generate}). A decoder may ignore
+   * `pause` (the call then runs every sequence to its end) and `resume` (it prefills the id instead).
+   */
+  generate(
+    items: readonly BatchItem[],
+    opts?: { batch?: number; pause?: () => boolean },
+  ): Promise<GenerateResult[]>;
 }
 
 /** What the driver needs of its stage: the stage's public face. */
@@ -210,8 +234,10 @@ interface Seq {
   readonly top: number;
   readonly sampling: boolean;
   readonly stops: ReadonlySet<number>;
-  /** Position of the first decode step (base + prompt). */
+  /** Position of the first decode step (base + prompt; a resumed sequence: base). */
   readonly start: number;
+  /** Leading ids of `tokens` returned by an earlier call (1 when resumed: the id its first step feeds). */
+  readonly skip: number;
   /** Decode steps wanted (ids after the first). */
   readonly steps: number;
   readonly tokens: number[];
@@ -290,10 +316,20 @@ export class DecodeDriver implements SlotDecoder {
   /**
    * Generation on `items` (1..MAX_BATCH_SLOTS distinct slots; see the module doc). Each slot afterwards holds
    * its `base` tokens, its prompt and every generated token but the last (not yet fed).
+   *
+   * With `opts.pause` the call is a turn of a scheduler that changes the running set between calls: before
+   * encoding each batch after the first it asks `pause()`, and on true encodes no more; it also stops once a
+   * batch lands in which a sequence ended. The batches already submitted still land (no step is wasted) and
+   * the call returns; a sequence that did not end comes back `paused` and continues in a later call with
+   * `resume` (no prefill, its sampler stream unbroken), so its ids equal an uninterrupted run's.
+   * @param opts `batch`: decode steps per readback (1..64; default a lone item's own, else 8)
    * @throws {RangeError} as Stage.run, when the stage is not a whole model, on a repeated slot, more than
    *   MAX_BATCH_SLOTS items, or several items on a model whose rows cannot be bound per slot (Stage.canBatch)
    */
-  async generate(items: readonly BatchItem[], opts: { batch?: number } = {}): Promise<GenerateResult[]> {
+  async generate(
+    items: readonly BatchItem[],
+    opts: { batch?: number; pause?: () => boolean } = {},
+  ): Promise<GenerateResult[]> {
     const stage = this.#stage;
     if (!stage.first || !stage.last) {
       throw new RangeError(
@@ -316,6 +352,12 @@ export class DecodeDriver implements SlotDecoder {
     const checked = items.map((it) => {
       const c = genCheck(it.opts);
       this.#b.inputCheck(it.slot, it.prompt, it.opts.base ?? 0);
+      if (it.opts.resume && (it.prompt.length !== 1 || !(it.opts.base! > 0))) {
+        throw new RangeError(
+          `Slot ${it.slot}: a resumed sequence continues at its base (> 0) with its last id as the whole prompt, ` +
+            `got base ${it.opts.base} and ${it.prompt.length} prompt tokens`,
+        );
+      }
       return c;
     });
     const seqs: Seq[] = [];
@@ -323,6 +365,10 @@ export class DecodeDriver implements SlotDecoder {
       const o = it.opts;
       const { top, sampling } = checked[i]!;
       const base = o.base ?? 0;
+      if (o.resume) {
+        seqs.push(await this.#resumed(it, S, top, sampling, solo));
+        continue;
+      }
       const first = await stage.run(it.slot, { tokens: it.prompt }, base);
       const start = base + it.prompt.length;
       // The first id goes to the buffer the slot's first step embeds: a lone slot's own decode graph's, or
@@ -344,6 +390,7 @@ export class DecodeDriver implements SlotDecoder {
         sampling,
         stops,
         start,
+        skip: 0,
         steps: early ? 0 : nNew - 1,
         tokens: [id],
         tops: top > 0 ? [topCpu(first.data, top)] : [],
@@ -365,7 +412,7 @@ export class DecodeDriver implements SlotDecoder {
       })
     );
     try {
-      await this.#loop(seqs, S, ring, batchParams);
+      await this.#loop(seqs, S, ring, batchParams, opts.pause);
       const out: GenerateResult[] = [];
       for (const q of seqs) {
         // Kept tokens are fed up to all but the last; steps past that ran ahead: restore the snapshot at the
@@ -381,7 +428,8 @@ export class DecodeDriver implements SlotDecoder {
           }
         }
         this.#b.setLength(q.slot, q.start + Math.min(fed, q.ran));
-        out.push({ tokens: q.tokens, top: q.tops, reason: q.reason, steps: q.ran });
+        const paused = !q.ended && q.ran < q.steps;
+        out.push({ tokens: q.tokens.slice(q.skip), top: q.tops, reason: q.reason, steps: q.ran, paused });
       }
       return out;
     } finally {
@@ -391,11 +439,79 @@ export class DecodeDriver implements SlotDecoder {
     }
   }
 
-  /** The decode steps of `seqs` until each has ended, `S` steps per readback. */
-  async #loop(seqs: Seq[], S: number, ring: ReadbackRing, batchParams: readonly GPUBuffer[]): Promise<void> {
+  /**
+   * A resumed sequence (GenerateOptions.resume): its last id goes to the buffer the slot's first step embeds
+   * and its sampler gets the request's settings, RNG step and penalty history, as a prefill's first id would.
+   */
+  async #resumed(it: BatchItem, S: number, top: number, sampling: boolean, solo: boolean): Promise<Seq> {
+    const o = it.opts;
+    const { device } = this.#b;
+    const sel = solo
+      ? await this.#soloStep(it.slot, S, top, sampling)
+      : await this.#slotSelector(it.slot, -1, S, top, sampling);
+    const tok = solo ? this.#b.tokens : this.#b.slotTok[it.slot]!;
+    const id = it.prompt[0]!;
+    device.queue.writeBuffer(tok, 0, Uint32Array.of(id));
+    if (sel.sampler) this.#samplerStart(sel.sampler, o, it.prompt);
+    const start = o.base!;
+    const nNew = Math.min(o.nNew, this.#stage.nCtx - start);
+    const cancelled = o.signal?.aborted === true;
+    return {
+      slot: it.slot,
+      o,
+      top,
+      sampling,
+      stops: new Set(o.stopIds ?? []),
+      start,
+      skip: 1,
+      steps: cancelled ? 0 : nNew,
+      tokens: [id],
+      tops: [],
+      reason: cancelled ? "cancelled" : nNew < o.nNew ? "context" : "length",
+      ended: cancelled,
+      sched: 0,
+      ran: 0,
+      snaps: [],
+      sel,
+      tok,
+    };
+  }
+
+  /** Writes a sequence's sampler settings, RNG step and penalty history into `s` (before its next draw). */
+  #samplerStart(s: NonNullable<Selector["sampler"]>, o: GenerateOptions, prompt: readonly number[]): void {
+    const { device } = this.#b;
+    device.queue.writeBuffer(
+      s.params,
+      0,
+      sampleParamWords(o.sampling!, { maskUnused: !!this.#b.unusedMask }),
+    );
+    device.queue.writeBuffer(
+      s.state,
+      0,
+      packSampleState(SAMPLE_HIST, {
+        step: o.samplerStep ?? 0,
+        history: (o.samplerHistory ?? prompt).slice(-SAMPLE_HIST),
+      }),
+    );
+  }
+
+  /**
+   * The decode steps of `seqs` until each has ended, `S` steps per readback; with `pause`, until it returns
+   * true before a batch is encoded or a sequence ends (see generate).
+   */
+  async #loop(
+    seqs: Seq[],
+    S: number,
+    ring: ReadbackRing,
+    batchParams: readonly GPUBuffer[],
+    pause: (() => boolean) | undefined,
+  ): Promise<void> {
     const { device } = this.#b;
     const stage = this.#stage;
     let nBatch = 0;
+    // A turn (pause given) ends at the first batch boundary where the scheduler has other work or a sequence
+    // ended (it frees a slot and the request resolves); one that ended at its first id counts from the start.
+    let stopping = pause !== undefined && seqs.some((q) => q.ended || q.steps === 0);
     type Batch = { cbs: GPUCommandBuffer[]; ringSlot: number; n: number; set: Seq[] };
     const encodeBatch = async (): Promise<Batch | undefined> => {
       const set = seqs.filter((q) => !q.ended && q.sched < q.steps);
@@ -483,7 +599,8 @@ export class DecodeDriver implements SlotDecoder {
     let cur = await encodeBatch();
     if (cur) device.queue.submit(cur.cbs);
     while (cur) {
-      const next = await encodeBatch();
+      if (pause && !stopping && pause()) stopping = true;
+      const next = stopping ? undefined : await encodeBatch();
       // mapAsync blocks until the queue is idle: the next batch is encoded already and goes in right after.
       const landed = ring.map(cur.ringSlot);
       if (next) device.queue.submit(next.cbs);
@@ -520,6 +637,7 @@ export class DecodeDriver implements SlotDecoder {
           q.ended = true;
           q.reason = "cancelled";
         }
+        if (pause && (q.ended || q.ran >= q.steps)) stopping = true;
       }
       cur = next;
     }
@@ -535,19 +653,7 @@ export class DecodeDriver implements SlotDecoder {
     if (bad >= 0) throw nonFinite(`the prompt's last position (logit ${bad} is ${first[bad]})`);
     if (!sel.sampler) return argmaxCpu(first);
     const { device } = this.#b;
-    device.queue.writeBuffer(
-      sel.sampler.params,
-      0,
-      sampleParamWords(opts.sampling!, { maskUnused: !!this.#b.unusedMask }),
-    );
-    device.queue.writeBuffer(
-      sel.sampler.state,
-      0,
-      packSampleState(SAMPLE_HIST, {
-        step: opts.samplerStep ?? 0,
-        history: (opts.samplerHistory ?? prompt).slice(-SAMPLE_HIST),
-      }),
-    );
+    this.#samplerStart(sel.sampler, opts, prompt);
     const enc = device.createCommandEncoder();
     const pass = enc.beginComputePass();
     encodeOps(pass, sel.firstOps);

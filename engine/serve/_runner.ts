@@ -1,18 +1,26 @@
 /**
  * The worker side of the engine service, without the Worker: runs the admitted requests on a
- * a {@linkcode SlotDecoder}'s slots in turns, one turn on the GPU at a time (the stage's activation buffers are shared
- * by all slots). Each request gets a slot on its first turn: the free slot whose cached history its prompt
- * extends (that history is not prefilled again), else the least recently used free slot. New requests queue
- * ahead of the generating ones and their first turn ends at their first id (time to first token is their own
- * prefill, not the others' turns). A turn either
- * prefills one piece of at most `prefillTurn` prompt tokens for one request, or generates: then every request
- * that has no prompt piece due joins it (up to MAX_BATCH_SLOTS), each makes at most `turnTokens` ids, and
- * their decode steps run together in one batched GPU step ({@linkcode SlotDecoder.generate}). Ids stream in
- * batches; an abort stops the request at the next batch boundary with the slot's state exact (it keeps
- * serving as that conversation's cache).
+ * {@linkcode SlotDecoder}'s slots with continuous batching, one GPU call at a time (the stage's activation
+ * buffers are shared by all slots). The loop alternates two kinds of work:
+ * - one prefill piece (at most `prefillTurn` prompt tokens, ending early at the snapshot point) of the oldest
+ *   new request whose prompt has more left than one piece;
+ * - one decode call ({@linkcode SlotDecoder.generate}) of every generating request together with the new ones
+ *   whose prompt rest fits one piece (they join with a fresh prompt, the driver prefills it and streams their
+ *   first id before the step loop). The call is a turn: it returns at the first readback boundary where work
+ *   waits outside it (a request arrived, a piece is due, a waiting request was cancelled) or a sequence
+ *   ended; the others come back paused and rejoin the next call with `resume` (no prefill, the same ids as an
+ *   uninterrupted run).
+ * So every generating request joins every decode step, a new request joins at the next readback, and a long
+ * prompt costs the streams in flight one piece at a time: piece, one batch of steps, piece, ... Only when
+ * more requests generate than one step can hold (above MAX_BATCH_SLOTS, a model that cannot batch, or fewer
+ * than `batchMin`) do they take turns of `turnTokens` ids, the least recently run first. Ids stream as each
+ * readback lands; an abort stops a request at the next readback with the slot's state exact (it keeps serving
+ * as that conversation's cache).
  *
- * Prefix reuse has two sources; the recurrent state cannot rewind, so each is used only when the new prompt
- * strictly extends its tokens, and the longest wins:
+ * Each request gets a slot when the loop first sees it: the free slot whose cached history its prompt extends
+ * (that history is not prefilled again), else the least recently used free slot. Prefix reuse has two
+ * sources; the recurrent state cannot rewind, so each is used only when the new prompt strictly extends its
+ * tokens, and the longest wins:
  * - the slot's live state: after a request the slot holds exactly its history (prompt and generated ids but
  *   the last, see {@linkcode SlotDecoder.generate}) and no other request touches it, so a next turn that sends
  *   that history back verbatim continues in place;
@@ -38,9 +46,9 @@ export interface RunnerJob {
   readonly stopIds: readonly number[];
   /** Sampling settings (greedy when temperature is 0 and no penalty is set). */
   readonly sampling: SamplingParams;
-  /** Stops the request at the next batch boundary (checked between turns too). */
+  /** Stops the request at the next readback (checked between calls too). */
   readonly signal: AbortSignal;
-  /** Each batch of new ids, in order (never called once the signal is aborted). */
+  /** Each batch of new ids, in order, as its readback lands (never called once the signal is aborted). */
   readonly onTokens: (ids: readonly number[]) => void;
 }
 
@@ -48,18 +56,21 @@ export interface RunnerJob {
 export interface SlotRunnerOptions {
   /** Decode steps per readback (1..64). */
   readonly batch: number;
-  /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
+  /**
+   * Most ids a request makes per call while other generating requests wait for a place in the step (more
+   * than one step holds; 0: no limit).
+   */
   readonly turnTokens: number;
   /**
    * Snapshot each slot this many tokens before the end of a prompt with more new tokens than that
    * (0: no snapshots; prefix reuse then comes from live slot state only).
    */
   readonly snapshotBack: number;
-  /** Most prompt tokens prefilled per turn (0: a whole prompt in one turn). */
+  /** Most prompt tokens prefilled per piece between the others' decode turns (0: a whole prompt at once). */
   readonly prefillTurn: number;
   /**
-   * Fewest generating requests that share one batched GPU step (2..MAX_BATCH_SLOTS, or 0: never batch);
-   * fewer take turns, one request per turn.
+   * Fewest generating requests that share one batched GPU step (2..MAX_BATCH_SLOTS: 2 always batches; or 0:
+   * never batch); fewer take turns, one request per call.
    */
   readonly batchMin: number;
 }
@@ -68,11 +79,11 @@ interface Active {
   readonly job: RunnerJob;
   readonly resolve: (r: JobResult) => void;
   readonly reject: (e: unknown) => void;
-  /** Slot, from the first turn on (-1 before). */
+  /** Slot, once the loop has seen it (-1 before). */
   slot: number;
   /** Prompt tokens found in the slot's history or a snapshot. */
   base: number;
-  /** Prompt tokens the slot holds before the first generate (the hit, or the boundary snapshot's). */
+  /** Prompt tokens the slot holds before the first generate (the hit, or the pieces prefilled). */
   held: number;
   /** Every id made so far, streamed or not. */
   readonly made: number[];
@@ -80,11 +91,15 @@ interface Active {
   readonly got: number[];
   /** Whether the slot holds exactly the first `stage.length(slot)` tokens of prompt ++ made. */
   consistent: boolean;
-  /** Ids made in turns shared with other requests. */
+  /** Ids made in calls shared with other requests. */
   batched: number;
+  /** Whether a generate call holds it now. */
+  running: boolean;
+  /** When it last took part in a generate call (rotation order when not all fit one step). */
+  lastRun: number;
 }
 
-/** Runs requests on a SlotDecoder's slots in turns, with per-slot prefix reuse; see the module doc. */
+/** Runs requests on a SlotDecoder's slots with continuous batching and per-slot prefix reuse; see the module doc. */
 export class SlotRunner {
   readonly #stage: SlotDecoder;
   readonly #batch: number;
@@ -99,10 +114,8 @@ export class SlotRunner {
   readonly #lastUsed: number[];
   /** Slots of requests still running. */
   readonly #owned = new Set<number>();
-  /** Requests waiting for their next turn, in turn order. */
-  readonly #ring: Active[] = [];
-  /** Requests submitted and not yet ended. */
-  #active = 0;
+  /** Requests submitted and not yet ended, in arrival order. */
+  readonly #jobs: Active[] = [];
   #clock = 0;
   #looping = false;
 
@@ -132,15 +145,14 @@ export class SlotRunner {
   }
 
   /**
-   * Adds `job` to the turn ring; resolves when it ends (stop id, length, context or cancel). The caller
+   * Adds `job` to the running set; resolves when it ends (stop id, length, context or cancel). The caller
    * admits at most as many requests at once as the stage has slots.
    * @throws {RangeError} from the stage (a token id out of the vocabulary)
    */
   submit(job: RunnerJob): Promise<JobResult> {
-    assert(this.#active < this.#history.length, "at most nSlots requests at once");
-    this.#active++;
+    assert(this.#jobs.length < this.#history.length, "at most nSlots requests at once");
     return new Promise<JobResult>((resolve, reject) => {
-      this.#ahead({
+      this.#jobs.push({
         job,
         resolve,
         reject,
@@ -151,6 +163,8 @@ export class SlotRunner {
         got: [],
         consistent: false,
         batched: 0,
+        running: false,
+        lastRun: 0,
       });
       void this.#loop();
     });
@@ -160,35 +174,25 @@ export class SlotRunner {
     if (this.#looping) return;
     this.#looping = true;
     try {
-      for (let a = this.#ring.shift(); a; a = this.#ring.shift()) {
-        let group: Active[] = [a];
-        try {
-          const r = await this.#prepare(a);
-          if (r === "again") {
-            // More pieces wait behind the others' turns (a long prompt does not stall their streams); the
-            // last one, before the first id, goes ahead again.
-            if (this.#pieceDue(a)) this.#ring.push(a);
-            else this.#ahead(a);
-            continue;
+      // Requests submitted in the same task (the worker hands over all that waited) start in one call.
+      await Promise.resolve();
+      while (this.#sweep()) {
+        // One piece of the oldest new request with more prompt left than one piece, then one decode turn of
+        // everything generating (a long prompt does not freeze the streams in flight).
+        const n = this.#jobs.find((a) => this.#pieceDue(a));
+        if (n) {
+          try {
+            await this.#prefillPiece(n);
+          } catch (e) {
+            this.#fail([n], e);
           }
-          if (r !== "ready") {
-            a.resolve(r);
-            continue;
-          }
-          // Every other request that is only generating (no prompt piece due) joins this turn, one batched
-          // GPU step for all of them, when they are at least batchMin (below that, turns are faster: PERF.md).
-          if (this.#readyCount() + 1 >= this.#batchMin) group = [a, ...this.#takeReady(MAX_BATCH_SLOTS - 1)];
-          const outs = await this.#generate(group);
-          for (const [i, m] of group.entries()) {
-            const out = outs[i];
-            if (out) m.resolve(out);
-            else this.#ring.push(m);
-          }
-        } catch (e) {
-          for (const m of group) {
-            m.consistent = false;
-            this.#finish(m, "cancelled");
-            m.reject(e);
+        }
+        const { group, rotating } = this.#group();
+        if (group.length > 0) {
+          try {
+            await this.#turn(group, rotating);
+          } catch (e) {
+            this.#fail(group.filter((a) => this.#jobs.includes(a)), e);
           }
         }
       }
@@ -198,51 +202,45 @@ export class SlotRunner {
   }
 
   /**
-   * Queues `a` ahead of the requests that are generating (FIFO among those that are not): a newcomer's first
-   * turn is its prompt and first id only, so time to first token does not wait for others' 64-id turns.
+   * Between GPU calls: ends the requests cancelled meanwhile and gives the new ones their slots, in arrival
+   * order. Returns whether any request is left.
    */
-  #ahead(a: Active): void {
-    const at = this.#ring.findIndex((r) => r.made.length > 0);
-    this.#ring.splice(at < 0 ? this.#ring.length : at, 0, a);
+  #sweep(): boolean {
+    for (const a of [...this.#jobs]) {
+      if (a.job.signal.aborted) a.resolve(this.#finish(a, "cancelled"));
+      else this.#assign(a);
+    }
+    return this.#jobs.length > 0;
   }
 
   /**
-   * Readies `a` for a generating turn: ends it when cancelled, gives it a slot on its first turn, prefills
-   * one prompt piece as a turn of its own when one is due ("again": back in the ring).
+   * The requests of the next decode call: the generating ones and the new ones whose prompt rest fits one
+   * piece, new ones first, then the least recently run, as many as one step holds (all of them from
+   * `batchMin` on, else one). `rotating`: others could run too (counting requests not seen yet), so the
+   * members take a turn of `turnTokens` ids, a new one only its first.
    */
-  async #prepare(a: Active): Promise<JobResult | "again" | "ready"> {
-    if (a.job.signal.aborted) return this.#finish(a, "cancelled");
-    this.#assign(a);
-    if (a.made.length === 0 && await this.#prefillPiece(a)) return "again";
-    return "ready";
+  #group(): { group: Active[]; rotating: boolean } {
+    // A request that arrived during this iteration's piece gets its slot at the next sweep.
+    const ready = this.#jobs.filter((a) => a.slot >= 0 && !a.job.signal.aborted && !this.#pieceDue(a));
+    const unseen = this.#jobs.filter((a) => a.slot < 0).length;
+    const max = ready.length + unseen >= this.#batchMin ? MAX_BATCH_SLOTS : 1;
+    ready.sort((x, y) =>
+      (x.made.length === 0 ? 0 : 1) - (y.made.length === 0 ? 0 : 1) || x.lastRun - y.lastRun
+    );
+    return { group: ready.slice(0, max), rotating: ready.length + unseen > max };
   }
 
-  /** Requests in the ring that could join a generating turn now (slot assigned or free to assign). */
-  #readyCount(): number {
-    let n = 0;
-    for (const b of this.#ring) {
-      if (!b.job.signal.aborted && (b.slot < 0 || !this.#pieceDue(b))) n++;
+  /** Ends `group`'s requests with `e` (the slot state is unknown after a failed GPU call). */
+  #fail(group: readonly Active[], e: unknown): void {
+    for (const m of group) {
+      m.consistent = false;
+      m.running = false;
+      this.#finish(m, "cancelled");
+      m.reject(e);
     }
-    return n;
   }
 
-  /** Removes from the ring and returns up to `max` requests that can join a generating turn now. */
-  #takeReady(max: number): Active[] {
-    const out: Active[] = [];
-    for (let i = 0; i < this.#ring.length && out.length < max;) {
-      const b = this.#ring[i]!;
-      if (!b.job.signal.aborted) this.#assign(b);
-      if (!b.job.signal.aborted && !this.#pieceDue(b)) {
-        out.push(b);
-        this.#ring.splice(i, 1);
-      } else {
-        i++;
-      }
-    }
-    return out;
-  }
-
-  /** Gives `a` its slot on its first turn (restoring the snapshot it reuses). */
+  /** Gives `a` its slot when the loop first sees it (restoring the snapshot it reuses). */
   #assign(a: Active): void {
     if (a.slot >= 0) return;
     const { slot, base, snap } = this.#pick(a.job.prompt);
@@ -255,25 +253,29 @@ export class SlotRunner {
   }
 
   /**
-   * One generating turn of every request in `group` (one batched GPU step for all of them when there are
-   * several); per request, its result when it has ended.
+   * One decode call of `group`: new requests join with their prompt rest, generating ones resume; the call
+   * returns at the first readback where work waits outside it or a sequence ended (see the module doc).
+   * With `rotating` (others wait for a place in the step) a member makes at most `turnTokens` ids, a new one
+   * only its first (time to first token is its own prefill, not the others' turns).
    */
-  async #generate(group: readonly Active[]): Promise<(JobResult | undefined)[]> {
+  async #turn(group: readonly Active[], rotating: boolean): Promise<void> {
     const stage = this.#stage;
     const items: BatchItem[] = group.map((a) => {
       const { job } = a;
+      a.running = true;
+      a.lastRun = ++this.#clock;
       // Ids this request can make in all: the context holds the prompt and all of them but the last.
-      const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
-      // The first turn ends at the first id (see submit); later turns make up to turnTokens.
-      const nNew = Math.min(a.made.length === 0 ? 1 : this.#turnTokens, limit - a.made.length);
+      const rest = limitOf(a, stage.nCtx) - a.made.length;
+      const nNew = !rotating ? rest : a.made.length === 0 ? 1 : Math.min(this.#turnTokens, rest);
       const emit = (ids: readonly number[]) => {
         if (job.signal.aborted) return;
         a.got.push(...ids);
         job.onTokens(ids);
       };
-      // The slot holds the cached prefix (first turn) or all of prompt ++ made but the last id (later turns).
+      // The slot holds the cached prefix and pieces (new request) or all of prompt ++ made but the last id.
       const seq = [...job.prompt, ...a.made];
-      const base = a.made.length > 0 ? seq.length - 1 : a.held;
+      const resume = a.made.length > 0;
+      const base = resume ? seq.length - 1 : a.held;
       assert(
         base === 0 || stage.length(a.slot) === base,
         `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
@@ -285,35 +287,44 @@ export class SlotRunner {
         opts: {
           nNew,
           base,
+          resume,
           stopIds: job.stopIds,
           signal: job.signal,
           onTokens: emit,
-          // Later turns continue the same random stream and penalty window.
+          // A resumed request continues the same random stream and penalty window.
           sampling: job.sampling,
           samplerStep: a.made.length,
           samplerHistory: seq,
         },
       };
     });
-    const rs = await stage.generate(items, { batch: this.#batch });
-    return group.map((a, i) => {
+    // The turn ends at the first readback after work appears outside it: a request not seen yet, a prompt
+    // piece due (one piece, one turn, alternately), or a waiting request cancelled. Requests waiting for a
+    // place in the step do not end it: turnTokens bounds it for them.
+    const pause = () =>
+      this.#jobs.some((b) => !b.running && (b.slot < 0 || b.job.signal.aborted || this.#pieceDue(b)));
+    const rs = await stage.generate(items, { batch: this.#batch, pause });
+    for (const [i, a] of group.entries()) {
       const r = rs[i]!;
       const { job } = a;
-      // The slot now holds base, the new tokens and every returned id but the last, cancelled or not.
+      a.running = false;
+      // The slot now holds base, the new tokens and every returned id but the last, whatever the reason.
       a.made.push(...r.tokens);
       a.consistent = true;
       if (group.length > 1) a.batched += r.tokens.length;
-      const limit = Math.min(job.maxTokens, stage.nCtx - job.prompt.length + 1);
-      if (r.reason === "stop" || r.reason === "cancelled") return this.#finish(a, r.reason);
-      if (a.made.length >= job.maxTokens) return this.#finish(a, "length");
-      if (a.made.length >= limit) return this.#finish(a, "context");
-      return undefined;
-    });
+      let end: JobResult["reason"] | undefined;
+      if (!r.paused && (r.reason === "stop" || r.reason === "cancelled")) end = r.reason;
+      else if (a.made.length >= job.maxTokens) end = "length";
+      else if (a.made.length >= limitOf(a, stage.nCtx)) end = "context";
+      if (end) a.resolve(this.#finish(a, end));
+    }
   }
 
   /** Ends `a`: frees its slot and records what the slot holds; returns the result. */
   #finish(a: Active, reason: JobResult["reason"]): JobResult {
-    this.#active--;
+    const at = this.#jobs.indexOf(a);
+    assert(at >= 0, "a request ends once");
+    this.#jobs.splice(at, 1);
     if (a.slot >= 0) {
       this.#owned.delete(a.slot);
       if (a.consistent) {
@@ -395,4 +406,9 @@ export class SlotRunner {
     }
     return true;
   }
+}
+
+/** Ids `a` can make in all: its maximum, or what the context holds (the prompt and all ids but the last). */
+function limitOf(a: Active, nCtx: number): number {
+  return Math.min(a.job.maxTokens, nCtx - a.job.prompt.length + 1);
 }

@@ -4,11 +4,12 @@
  * into the worker, holds the rest in a bounded FIFO queue, forwards streamed ids, turns an `AbortSignal` into
  * a cancel and keeps the status and counters.
  *
- * Scheduling, this version: up to `nSlots` requests are admitted into the worker, each on its own slot; the
- * worker runs them in turns, one turn on the GPU at a time: a prompt piece of one request (`prefillTurn`
- * tokens), or `turnTokens` ids of every request that is generating, their decode steps batched into one GPU
- * step per token. A slot keeps its conversation's state after the request, plus a snapshot a few tokens
- * before the end of its prompt, for prefix reuse (`_service_runner.ts`).
+ * Scheduling: up to `nSlots` requests are admitted into the worker, each on its own slot, and run with
+ * continuous batching (`_runner.ts`): every generating request joins every decode step (one batched GPU step
+ * for up to 8), a new request joins the running set at the next readback (its first id streams as soon as its
+ * prompt is prefilled), and a long prompt is prefilled one `prefillTurn` piece at a time between the others'
+ * decode turns. A slot keeps its conversation's state after the request, plus a snapshot a few tokens before
+ * the end of its prompt, for prefix reuse.
  *
  * @example
  * ```ts
@@ -53,9 +54,9 @@ export interface EngineOptions {
   /** Decode steps per readback: ids stream back in batches of this many, and a cancel lands within one (default 8). */
   readonly batch?: number;
   /**
-   * Most ids a request makes per turn before the next admitted request runs (default 64; 0: a whole request
-   * per turn). Turns bound the wait of a short request behind a long one; each turn after a request's first
-   * costs one prefill step with its readback (about 10 ms on Deno).
+   * Most ids a request makes per decode call while other generating requests wait for a place in the step
+   * (default 64; 0: no limit): only when more requests generate than one step holds (more than 8, fewer than
+   * `batchMin`, or a model that cannot batch). Each such call after a request's first costs a readback.
    */
   readonly turnTokens?: number;
   /**
@@ -66,15 +67,16 @@ export interface EngineOptions {
    */
   readonly snapshotBack?: number;
   /**
-   * Most prompt tokens prefilled per turn (default 2048; 0: a whole prompt in one turn), so a long prompt's
-   * prefill does not stall the streams of the other admitted requests. Each piece costs one readback.
+   * Most prompt tokens prefilled per piece (default `maxChunk`: one prefill chunk; 0: a whole prompt at once).
+   * A long prompt is prefilled piece by piece, each followed by one decode turn (a readback's `batch` steps)
+   * of the requests generating meanwhile, so their streams pause for one piece at a time. Each piece costs
+   * one readback.
    */
   readonly prefillTurn?: number;
   /**
-   * Fewest generating requests that share one batched GPU step (default {@linkcode DEFAULT_BATCH_MIN};
-   * 0: never batch; at most 8). Fewer take turns. On the H200 a batched step of B slots costs about B solo
-   * steps up to B = 4 (the mat-vec's cost grows with its columns, docs/PERF.md): 2 or 3 slots lose against
-   * turns, 4 break even (and stream steadily instead of in 64-id bursts), 8 gain a quarter.
+   * Fewest generating requests that share one batched GPU step (default {@linkcode DEFAULT_BATCH_MIN}: all
+   * of them, always; 0: never batch; at most 8). Fewer take turns of `turnTokens` ids, one request per call:
+   * a comparison point while a batched step of B slots costs about B solo steps on the H200 (docs/PERF.md).
    */
   readonly batchMin?: number;
   /**
@@ -87,25 +89,23 @@ export interface EngineOptions {
    * Prefill chunks round x alike, so prefix reuse and snapshots differ from a cold run only by f32 order.
    */
   readonly int8Activations?: boolean;
-  /** Log lines (model chosen, GPU, load summary); default `console.error`. */
-  readonly onLog?: (line: string) => void;
   /**
    * Split serving: the head runs `layers` (0:a) of the model and the chain `next` (wire/chain.ts, given by
    * cli/head.ts) runs the rest; both or neither. Requests while the chain is down get {@linkcode QueueFullError}.
    */
   readonly split?: { readonly layers: readonly [number, number]; readonly next: ChainClient };
+  /** Log lines (model chosen, GPU, load summary); default `console.error`. */
+  readonly onLog?: (line: string) => void;
 }
 
-/** Ids per turn: about 5% overhead per turn at a few ms per id (H200), a short wait for a newcomer. */
+/** Ids per turn when requests take turns: about 5% overhead per turn at a few ms per id (H200). */
 const DEFAULT_TURN_TOKENS = 64;
 /** Tokens before a prompt's end of the per-slot snapshot: covers a chat template's generation cue. */
 const DEFAULT_SNAPSHOT_BACK = 8;
-/** Prompt tokens per prefill turn: ~1% readback overhead at thousands of tokens/s, a short stall for others. */
-const DEFAULT_PREFILL_TURN = 2048;
 /** Prefill chunk: the width bench/decode.ts measures prefill at (docs/PERF.md). */
 export const DEFAULT_MAX_CHUNK = 256;
-/** Generating requests from which a batched step is not slower than turns (H200, docs/PERF.md: 4 break even). */
-export const DEFAULT_BATCH_MIN = 4;
+/** Generating requests from which they share one decode step: 2, every generating request joins every step. */
+export const DEFAULT_BATCH_MIN = 2;
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
 /** Weight of the newest completion in the average time between completions. */
@@ -203,7 +203,11 @@ export class EngineService implements Engine {
     }
     const turnTokens = opts.turnTokens ?? DEFAULT_TURN_TOKENS;
     const snapshotBack = opts.snapshotBack ?? DEFAULT_SNAPSHOT_BACK;
-    const prefillTurn = opts.prefillTurn ?? DEFAULT_PREFILL_TURN;
+    const maxChunk = opts.maxChunk ?? DEFAULT_MAX_CHUNK;
+    if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
+      throw new RangeError(`Engine option maxChunk must be an integer in 1..4096, got ${maxChunk}`);
+    }
+    const prefillTurn = opts.prefillTurn ?? maxChunk;
     const ints = [["turnTokens", turnTokens], ["snapshotBack", snapshotBack], [
       "prefillTurn",
       prefillTurn,
@@ -212,10 +216,6 @@ export class EngineService implements Engine {
       if (!Number.isInteger(v) || v < 0) {
         throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
       }
-    }
-    const maxChunk = opts.maxChunk ?? DEFAULT_MAX_CHUNK;
-    if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
-      throw new RangeError(`Engine option maxChunk must be an integer in 1..4096, got ${maxChunk}`);
     }
     // 8 = Stage's MAX_BATCH_SLOTS (not imported: the main thread does not load the engine's modules).
     const batchMin = opts.batchMin ?? DEFAULT_BATCH_MIN;

@@ -111,8 +111,7 @@ Deno.test("int8Activations reaches the stage: logged, and a request gives its St
 
 Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, streamed in order", async () => {
   const rng = new Rng();
-  // batchMin 2: every generating request joins one batched step (the default waits for 4).
-  const e = engine(4, 0, { batchMin: 2 });
+  const e = engine(4, 0);
   try {
     const prompts = [0, 1, 2, 3].map(() => randomPrompt(rng, rng.int(1, 20)));
     const n = 16;
@@ -144,46 +143,115 @@ Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, 
     const c = e.status().counters;
     assert.equal(c.requests, 4);
     assert.equal(c.generatedTokens, want.reduce((a, t) => a + t.length, 0));
-    // All four arrive together: at least the three behind the first run their decode steps batched.
-    assert.ok(c.batchedTokens >= 3, `batched tokens ${c.batchedTokens}`);
+    // All four arrive together and every generating request joins every step: all but the first ids (and the
+    // ids made alone after the others ended) come from batched steps.
+    assert.ok(c.batchedTokens >= 4 * 6, `batched tokens ${c.batchedTokens}`);
     assert.equal(e.status().busySlots, 0);
   } finally {
     await e.close();
   }
 });
 
-Deno.test("turns of 5 ids and 4 prompt tokens interleave 3 requests on 3 slots; each gives its solo output", async () => {
+Deno.test("prompt pieces of 4 tokens interleave with the others' decode; 3 requests on 3 slots each give their solo output", async () => {
   const rng = new Rng();
-  const e = engine(3, 0, { turnTokens: 5, prefillTurn: 4 });
+  const e = engine(3, 0, { prefillTurn: 4, batch: 4 });
   try {
-    // Request 0 has the longest prompt (several prefill turns); 1 and 2 fit one prefill turn, so both start
-    // generating while 0 is still running whatever the draw (a long prompt for 1 could keep it prefilling until
-    // 0 is done, which the order check below would misread).
+    // Request 0 has the longest prompt (several pieces); 1 and 2 fit one piece, so both start generating
+    // while 0 is still prefilling whatever the draw.
     const prompts = [rng.int(5, 20), rng.int(2, 5), rng.int(2, 5)].map((len) => randomPrompt(rng, len));
     const n = [17, 9, 12];
     const want: number[][] = [];
     for (const [i, p] of prompts.entries()) want.push(await reference.solo(p, n[i]!));
-    // Request 2 stops at its 7th id (a stop inside a later turn).
+    // Request 2 stops at its 7th id (a stop inside a later batch).
     const stops = [[], [], [want[2]![6]!]];
     want[2] = want[2]!.slice(0, want[2]!.indexOf(want[2]![6]!) + 1);
-    const order: number[] = [];
-    const got = await Promise.all(prompts.map((prompt, i) =>
-      e.generate({
-        prompt,
-        maxTokens: n[i]!,
-        sampling: GREEDY,
-        stopIds: stops[i]!,
-        onTokens: () => order.push(i),
-      })
-    ));
+    const got = await Promise.all(
+      prompts.map((prompt, i) =>
+        e.generate({ prompt, maxTokens: n[i]!, sampling: GREEDY, stopIds: stops[i]! })
+      ),
+    );
     for (const [i, r] of got.entries()) {
       assert.deepEqual(r.tokens, want[i], `request ${i} prompt ${prompts[i]} (seed ${rng.seed})`);
     }
     assert.deepEqual(got.map((r) => r.reason), ["length", "length", "stop"]);
+    assert.ok(e.status().counters.batchedTokens > 0);
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("batchMin 0: requests take turns of 5 ids (the first turn ends at the first id); each gives its solo output", async () => {
+  const rng = new Rng();
+  const e = engine(3, 0, { turnTokens: 5, prefillTurn: 4, batchMin: 0 });
+  try {
+    const prompts = [rng.int(5, 20), rng.int(2, 5), rng.int(2, 5)].map((len) => randomPrompt(rng, len));
+    const n = [17, 9, 12];
+    const want: number[][] = [];
+    for (const [i, p] of prompts.entries()) want.push(await reference.solo(p, n[i]!));
+    const order: number[] = [];
+    const got = await Promise.all(
+      prompts.map((prompt, i) =>
+        e.generate({ prompt, maxTokens: n[i]!, sampling: GREEDY, stopIds: [], onTokens: () => order.push(i) })
+      ),
+    );
+    for (const [i, r] of got.entries()) {
+      assert.deepEqual(r.tokens, want[i], `request ${i} prompt ${prompts[i]} (seed ${rng.seed})`);
+    }
     // Request 0 (17 ids) was still streaming after requests 1 and 2 had started: turns, not whole requests.
     assert.ok(order.lastIndexOf(0) > order.indexOf(1) && order.indexOf(2) < order.lastIndexOf(0), `${order}`);
-    // Three generating requests stay below the default batchMin: they took turns, no batched step.
-    assert.equal(e.status().counters.batchedTokens, 0);
+    assert.equal(e.status().counters.batchedTokens, 0, "no batched step");
+  } finally {
+    await e.close();
+  }
+});
+
+Deno.test("a long prompt arriving while 3 stream is prefilled in pieces between their decode batches", async () => {
+  const rng = new Rng();
+  const batch = 4;
+  const e = engine(4, 0, { prefillTurn: 8, batch });
+  try {
+    const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 6)));
+    // 80 prompt tokens: pieces of 8 up to the snapshot point 72 (9 pieces), the last 8 with the first id.
+    const long = randomPrompt(rng, 80);
+    const want = [];
+    for (const p of prompts) want.push(await reference.solo(p, 64));
+    const wantLong = await reference.solo(long, 6);
+    await ready(e);
+    const events: string[] = [];
+    let late: Promise<GenerateResult> | undefined;
+    const streams = prompts.map((prompt, i) =>
+      e.generate({
+        prompt,
+        maxTokens: 64,
+        sampling: GREEDY,
+        stopIds: [],
+        onTokens: () => {
+          events.push(`s${i}`);
+          // The long prompt arrives once all three are streaming.
+          if (!late && new Set(events).size === 3) {
+            events.push("arrive");
+            late = e.generate({
+              prompt: long,
+              maxTokens: 6,
+              sampling: GREEDY,
+              stopIds: [],
+              onTokens: () => events.push("long"),
+            });
+          }
+        },
+      })
+    );
+    const got = await Promise.all(streams);
+    const lateGot = await late!;
+    for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} (seed ${rng.seed})`);
+    assert.deepEqual(lateGot.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
+    // Between the arrival and the long prompt's first id, each stream got one batch per piece (one piece, one
+    // decode turn): their flow never stopped for the whole prefill.
+    const during = events.slice(events.indexOf("arrive"), events.indexOf("long"));
+    for (const i of [0, 1, 2]) {
+      const n = during.filter((x) => x === `s${i}`).length;
+      assert.ok(n >= 9, `stream ${i} got ${n} batches during the 9-piece prefill: ${events.join(" ")}`);
+    }
   } finally {
     await e.close();
   }

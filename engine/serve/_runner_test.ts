@@ -1,0 +1,112 @@
+/**
+ * The scheduler on a real stage (test adapter), seen through a decoder that logs every GPU call: continuous
+ * batching (every generating request in every decode call), a new request joining the running set, and a long
+ * prompt's pieces alternating with the others' decode turns.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { openGguf } from "../gguf.ts";
+import { Stage } from "../exec/stage.ts";
+import type { BatchItem, SlotDecoder } from "../exec/decode.ts";
+import { samplingParams } from "../sampling.ts";
+import { type RunnerJob, SlotRunner } from "./_runner.ts";
+import type { JobResult } from "./_protocol.ts";
+import { testGpu } from "../../tests/util/gpu.ts";
+import { fixturePath } from "../../tests/util/fixtures.ts";
+import { Rng } from "../../tests/util/rng.ts";
+
+const GREEDY = samplingParams({ temperature: 0 });
+
+/** `d` with every prefill and generate call logged into `log` (`P<slot>`, `G<slots>`). */
+function logged(d: SlotDecoder, log: string[]): SlotDecoder {
+  return {
+    nCtx: d.nCtx,
+    nSlots: d.nSlots,
+    canBatch: d.canBatch,
+    get snapshotBytes() {
+      return d.snapshotBytes;
+    },
+    length: (slot) => d.length(slot),
+    prefill: (slot, tokens, base) => {
+      log.push(`P${slot}`);
+      return d.prefill(slot, tokens, base);
+    },
+    snapshot: (slot) => d.snapshot(slot),
+    restore: (id, slot) => d.restore(id, slot),
+    drop: (id) => d.drop(id),
+    generate: (items: readonly BatchItem[], opts) => {
+      log.push(`G${items.map((it) => it.slot).join("")}`);
+      return d.generate(items, opts);
+    },
+  };
+}
+
+Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces with their decode turns; all equal their solo runs", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 4, maxChunk: 8 });
+  try {
+    const prompts = [0, 1, 2].map(() => Array.from({ length: rng.int(2, 6) }, () => rng.int(0, 1021)));
+    const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
+    const want: number[][] = [];
+    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 40 })).tokens);
+    const wantLong = (await stage.generate(0, long, { nNew: 5 })).tokens;
+    const log: string[] = [];
+    const runner = new SlotRunner(logged(stage.decoder, log), {
+      batch: 4,
+      turnTokens: 64,
+      snapshotBack: 0,
+      prefillTurn: 8,
+      batchMin: 2,
+    });
+    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void): RunnerJob => ({
+      prompt,
+      maxTokens,
+      stopIds: [],
+      sampling: GREEDY,
+      signal: new AbortController().signal,
+      onTokens: (ids) => {
+        log.push(`${name}:${ids.length}`);
+        more?.();
+      },
+    });
+    let late: Promise<JobResult> | undefined;
+    const streams = prompts.map((p, i) =>
+      runner.submit(job(p, 40, `s${i}`, () => {
+        // The long prompt arrives once all three have streamed a decode batch.
+        if (!late && [0, 1, 2].every((k) => log.some((x) => x.startsWith(`s${k}:4`)))) {
+          log.push("arrive");
+          late = runner.submit(job(long, 5, "long"));
+        }
+      }))
+    );
+    const got = await Promise.all(streams);
+    const lateGot = await late!;
+    for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} (seed ${rng.seed})`);
+    assert.deepEqual(lateGot.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
+    const what = `(seed ${rng.seed}) ${log.join(" ")}`;
+    // The three arrive together: one call holds all three from their first ids on.
+    assert.match(log.filter((x) => x.startsWith("G")).at(0)!, /^G\d{3}$/, what);
+    // The long prompt: 60 tokens = 7 pieces of 8 and the last 4 with its first id, which it gets in a call
+    // beside the three (it joins the running set).
+    const from = log.indexOf("arrive");
+    const first = log.indexOf("long:1");
+    const pieces = log.slice(from, first).filter((x) => /^P/.test(x)).length;
+    assert.equal(pieces, 7, what);
+    assert.match(log.slice(from, first).filter((x) => x.startsWith("G")).at(-1)!, /^G\d{4}$/, what);
+    // Between two pieces each stream gets one decode batch (one piece, one turn): no stream waits longer.
+    for (let i = from, seen = new Set<string>(); i < first; i++) {
+      const x = log[i]!;
+      if (x.startsWith("P")) {
+        if (i > log.indexOf(x, from)) {
+          assert.deepEqual([...seen].sort(), ["s0", "s1", "s2"], `at ${i}: ${what}`);
+        }
+        seen = new Set();
+      } else if (/^s\d:/.test(x)) seen.add(x.slice(0, 2));
+    }
+    assert.equal(stage.decoder.snapshotBytes, 0, "no snapshot leaked");
+  } finally {
+    stage.destroy();
+  }
+});

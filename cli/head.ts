@@ -49,8 +49,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --body-timeout S     seconds to receive a request's body (default ${HTTP1_DEFAULTS.bodyTimeoutMs / 1000})
   --grace S         seconds in-flight requests may run after a shutdown signal (default 30)
   --chunk N         prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}; memory grows with it)
-  --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN};
-                    0: never, requests take turns)
+  --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN}:
+                    every one joins every step; fewer take turns of 64 ids; 0: never batch)
   --layers 0:a      split serving: run only layers 0:a here, the rest on the chain at --next
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)

@@ -334,6 +334,11 @@ for (const B of batchSizes) {
     msPerStep: (tDone - tStart) / (ids / B),
     dispatchesPerStep: bops.length + 2 * B,
   });
+  // Where a batched step's GPU time goes, kernel by kernel (each dispatch in a pass of its own).
+  const bp = await profile(bops);
+  if (bp) {
+    emit("decode_batched_profile", { slots: B, gpuMsPerStep: bp.gpuMs, kernels: bp.kernels.slice(0, 14) });
+  }
 }
 
 stage.destroy();

@@ -1,65 +1,161 @@
 /**
- * Benchmark: time to first token and tok/s through HTTP for 1, 4 and 8 concurrent streams against a `head`
- * process on loopback, beside the engine-level tok/s of the same model in the same run (the HTTP and
- * scheduling overhead is the difference).
+ * Benchmark: serving throughput for 1, 2, 4 and 8 parallel streams, over HTTP against a `head` process on
+ * loopback and directly through the engine service in this process (`startEngine`: the Worker and the
+ * scheduler without HTTP), beside the engine-level single-stream tok/s of the same model (`Stage.generate`).
+ * HTTP minus direct is the HTTP path's cost; direct minus `bench/decode.ts --slots` is the scheduler's.
  *
- * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,4,8] [--prompt 64] [--port 8099]
- * [--head-flags="--cached-only --config C.json"]` (`--head-flags`, with `=` since its value starts with a dash: extra `deno run` flags for the head
- * process, e.g. on a machine without network).
- * Without `--model` the head serves its embedded tiny model. Prints one JSON line per measurement; never asserts.
+ * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8] [--prompt 64] [--port 8099]
+ * [--ctx 2048] [--modes http,direct] [--batch-min N] [--late 2048] [--head-flags="--cached-only --config C.json"]`
+ * - `--head-flags` (with `=` since its value starts with a dash): extra `deno run` flags for the head process,
+ *   e.g. on a machine without network.
+ * - `--batch-min`: the head's `--batch-min` and the direct engine's `batchMin` (default: theirs, 2: always
+ *   batch; 0: turns, for comparison).
+ * - `--late N`: in direct mode, at each level L ≥ 2, a request with an N-token prompt arrives once L − 1
+ *   streams are generating: the streams' longest gap between id batches while it prefills against their
+ *   steady gap, and its time to first token against its solo one (issue #20's fairness goals). Needs
+ *   `--ctx` ≥ N + 17.
+ *
+ * Each level uses fresh prompts (no prefix reuse between levels). Without `--model` the head and the direct
+ * engine each serve their embedded tiny model. Prints one JSON line per measurement; never asserts.
  * @module
  */
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
-import { Stage } from "../engine/mod.ts";
+import { Stage } from "../engine/exec/stage.ts";
+import { type EngineService, startEngine } from "../engine/serve/service.ts";
+import type { SamplingParams } from "../engine/sampling.ts";
 
 const { values: args } = parseArgs({
   options: {
     model: { type: "string" },
     n: { type: "string", default: "128" },
-    levels: { type: "string", default: "1,4,8" },
+    levels: { type: "string", default: "1,2,4,8" },
     prompt: { type: "string", default: "64" },
     port: { type: "string", default: "8099" },
     ctx: { type: "string", default: "2048" },
+    modes: { type: "string", default: "http,direct" },
+    "batch-min": { type: "string" },
+    late: { type: "string", default: "0" },
     "head-flags": { type: "string", default: "" },
   },
 });
 const nNew = Number(args.n);
 const levels = args.levels!.split(",").map(Number);
 const nPrompt = Number(args.prompt);
+const nCtx = Number(args.ctx);
+const modes = new Set(args.modes!.split(","));
+const batchMin = args["batch-min"] === undefined ? undefined : Number(args["batch-min"]);
+const late = Number(args.late);
 const base = `http://127.0.0.1:${args.port}`;
 const maxLevel = Math.max(...levels);
+for (const m of modes) {
+  if (m !== "http" && m !== "direct") throw new RangeError(`--modes takes http and/or direct, got ${m}`);
+}
+if (late > 0 && late + 17 > nCtx) {
+  throw new RangeError(
+    `--late ${late} needs --ctx of at least ${late + 17} (prompt, ids, margin), got ${nCtx}`,
+  );
+}
+const GREEDY: SamplingParams = {
+  temperature: 0,
+  topK: 0,
+  topP: 1,
+  minP: 0,
+  repeatPenalty: 1,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  penaltyLastN: 64,
+  seed: 0,
+};
 
 function emit(what: string, result: Record<string, unknown>): void {
   console.log(JSON.stringify({ bench: "serve", what, ...result }));
 }
 
-const head = new Deno.Command(Deno.execPath(), {
-  args: [
-    "run",
-    "-A",
-    ...args["head-flags"]!.split(" ").filter((f) => f !== ""),
-    new URL("../mod.ts", import.meta.url).pathname,
-    "head",
-    "--port",
-    args.port!,
-    "--slots",
-    String(maxLevel),
-    "--ctx",
-    args.ctx!,
-    ...(args.model ? ["--model", args.model] : []),
-  ],
-  stdout: "null",
-  stderr: "piped",
-}).spawn();
-// The head's log names the model file it serves (its embedded default is written to a temp folder).
-let log = "";
-const logDone = (async () => {
-  for await (const chunk of head.stderr.pipeThrough(new TextDecoderStream())) log += chunk;
-})();
+/** A deterministic prompt of `n` ids in 1..900, distinct per `seed` (no prefix shared across seeds). */
+function prompt(seed: number, n = nPrompt): number[] {
+  return Array.from({ length: n }, (_, j) => 1 + ((seed * 7919 + j * 104729 + seed * j) % 900));
+}
 
-async function waitReady(): Promise<void> {
+/** One stream's timings: first id, then each later batch of ids (ms since the request started). */
+interface Timed {
+  ttftMs: number;
+  tokens: number;
+  ms: number;
+  /** Gaps between consecutive id batches after the first (ms). */
+  gaps: number[];
+}
+
+function median(v: number[]): number | undefined {
+  const s = [...v].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+}
+
+/** The summary line of one level: aggregate and per-stream rates, TTFT, inter-batch gaps. */
+function summary(level: number, wallMs: number, rs: Timed[]): Record<string, unknown> {
+  const tokens = rs.reduce((a, r) => a + r.tokens, 0);
+  const ttft = rs.map((r) => r.ttftMs).sort((a, b) => a - b);
+  const gaps = rs.flatMap((r) => r.gaps);
+  return {
+    streams: level,
+    promptTokens: nPrompt,
+    newTokensPerStream: nNew,
+    tokPerSecond: tokens / (wallMs / 1000),
+    tokPerSecondPerStream: tokens / (wallMs / 1000) / level,
+    ttftMsMedian: median(ttft),
+    ttftMsMax: ttft.at(-1),
+    gapMsMedian: median(gaps),
+    gapMsMax: Math.max(0, ...gaps),
+  };
+}
+
+// ---- over HTTP ----
+
+/** One streamed /completion request: time to first content frame, tokens, total time, gaps between frames. */
+async function stream(ids: number[], maxTokens = nNew): Promise<Timed> {
+  const t0 = performance.now();
+  const r = await fetch(`${base}/completion`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      prompt: ids,
+      n_predict: maxTokens,
+      stream: true,
+      temperature: 0,
+      return_tokens: true,
+    }),
+  });
+  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  let ttft = -1;
+  let tokens = 0;
+  let buf = "";
+  let last = 0;
+  const gaps: number[] = [];
+  for await (const chunk of r.body.pipeThrough(new TextDecoderStream())) {
+    buf += chunk;
+    let at;
+    let got = 0;
+    while ((at = buf.indexOf("\n\n")) >= 0) {
+      const frame = buf.slice(0, at);
+      buf = buf.slice(at + 2);
+      const data = frame.split("\n").find((l) => l.startsWith("data: "));
+      if (!data || data === "data: [DONE]") continue;
+      const j = JSON.parse(data.slice(6));
+      got += Array.isArray(j.tokens) ? j.tokens.length : 0;
+    }
+    if (got === 0) continue;
+    // Frames of one read arrived together: one batch (the engine sends a readback's ids back to back).
+    const now = performance.now() - t0;
+    if (ttft < 0) ttft = now;
+    else gaps.push(now - last);
+    last = now;
+    tokens += got;
+  }
+  return { ttftMs: ttft, tokens, ms: performance.now() - t0, gaps };
+}
+
+async function waitReady(log: () => string): Promise<void> {
   for (let i = 0; i < 600; i++) {
     try {
       const r = await fetch(`${base}/health`);
@@ -70,71 +166,178 @@ async function waitReady(): Promise<void> {
     }
     await new Promise((r) => setTimeout(r, 500));
   }
-  throw new Error(`The head did not become ready: ${log.slice(-2000)}`);
+  throw new Error(`The head did not become ready: ${log().slice(-2000)}`);
 }
 
-/** One streamed /completion request: time to first content frame, tokens, total time. */
-async function stream(prompt: number[]): Promise<{ ttftMs: number; tokens: number; ms: number }> {
+/** Runs the levels over HTTP; returns the head's log (it names the model file it served). */
+async function overHttp(): Promise<string> {
+  const head = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      ...args["head-flags"]!.split(" ").filter((f) => f !== ""),
+      new URL("../mod.ts", import.meta.url).pathname,
+      "head",
+      "--port",
+      args.port!,
+      "--slots",
+      String(maxLevel),
+      "--ctx",
+      String(nCtx),
+      ...(batchMin === undefined ? [] : ["--batch-min", String(batchMin)]),
+      ...(args.model ? ["--model", args.model] : []),
+    ],
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  let log = "";
+  const logDone = (async () => {
+    for await (const chunk of head.stderr.pipeThrough(new TextDecoderStream())) log += chunk;
+  })();
+  try {
+    await waitReady(() => log);
+    await stream(prompt(999));
+    for (const level of levels) {
+      await Promise.all(Array.from({ length: level }, (_, i) => stream(prompt(level * 100 + 50 + i), 4)));
+      const t0 = performance.now();
+      const rs = await Promise.all(Array.from({ length: level }, (_, i) => stream(prompt(level * 100 + i))));
+      emit("http", summary(level, performance.now() - t0, rs));
+    }
+  } finally {
+    head.kill("SIGTERM");
+    await head.status;
+    await logDone;
+  }
+  return log;
+}
+
+// ---- directly through the engine service ----
+
+/** One request through `e` with the timestamps of its id batches. */
+async function direct(e: EngineService, ids: number[], maxTokens = nNew): Promise<Timed> {
   const t0 = performance.now();
-  const r = await fetch(`${base}/completion`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ prompt, n_predict: nNew, stream: true, temperature: 0, return_tokens: true }),
-  });
-  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
   let ttft = -1;
-  let tokens = 0;
-  let buf = "";
-  for await (const chunk of r.body.pipeThrough(new TextDecoderStream())) {
-    buf += chunk;
-    let at;
-    while ((at = buf.indexOf("\n\n")) >= 0) {
-      const frame = buf.slice(0, at);
-      buf = buf.slice(at + 2);
-      const data = frame.split("\n").find((l) => l.startsWith("data: "));
-      if (!data || data === "data: [DONE]") continue;
-      const j = JSON.parse(data.slice(6));
-      const got = Array.isArray(j.tokens) ? j.tokens.length : 0;
-      if (got > 0 && ttft < 0) ttft = performance.now() - t0;
-      tokens += got;
+  let last = 0;
+  const gaps: number[] = [];
+  const r = await e.generate({
+    prompt: ids,
+    maxTokens,
+    sampling: GREEDY,
+    stopIds: [],
+    onTokens: () => {
+      const now = performance.now() - t0;
+      if (ttft < 0) ttft = now;
+      else gaps.push(now - last);
+      last = now;
+    },
+  });
+  return { ttftMs: ttft, tokens: r.tokens.length, ms: performance.now() - t0, gaps };
+}
+
+/**
+ * L − 1 streams generate; a request with a `late`-token prompt arrives once each has had two batches. Reports
+ * the streams' steady gap (median before the arrival), their longest gap between the arrival and the late
+ * request's first id, and its TTFT against `soloTtftMs`.
+ */
+async function lateArrival(e: EngineService, level: number, soloTtftMs: number): Promise<void> {
+  const n = level - 1;
+  const stamps: number[][] = Array.from({ length: n }, () => []);
+  let arrived = -1;
+  let first = -1;
+  let lateDone: Promise<Timed> | undefined;
+  const seeds = Array.from({ length: n }, (_, i) => 5000 + level * 100 + i);
+  const streams = seeds.map((seed, i) =>
+    e.generate({
+      prompt: prompt(seed),
+      maxTokens: nNew,
+      sampling: GREEDY,
+      stopIds: [],
+      onTokens: () => {
+        stamps[i]!.push(performance.now());
+        if (arrived < 0 && stamps.every((s) => s.length >= 2)) {
+          arrived = performance.now();
+          lateDone = direct(e, prompt(7000 + level, late), 16).then((t) => {
+            first = arrived + t.ttftMs;
+            return t;
+          });
+        }
+      },
+    })
+  );
+  await Promise.all(streams);
+  const t = await lateDone;
+  if (!t) {
+    emit("direct-late", { streams: n, skipped: "the streams ended before two batches each" });
+    return;
+  }
+  const steady: number[] = [];
+  const during: number[] = [];
+  for (const s of stamps) {
+    for (let k = 1; k < s.length; k++) {
+      const gap = s[k]! - s[k - 1]!;
+      if (s[k]! <= arrived) steady.push(gap);
+      else if (s[k - 1]! < first) during.push(gap);
     }
   }
-  return { ttftMs: ttft, tokens, ms: performance.now() - t0 };
+  const steadyMs = median(steady);
+  const worstMs = Math.max(0, ...during);
+  emit("direct-late", {
+    streams: n,
+    latePromptTokens: late,
+    steadyGapMs: steadyMs,
+    worstGapDuringPrefillMs: worstMs,
+    gapRatio: steadyMs ? worstMs / steadyMs : undefined,
+    lateTtftMs: t.ttftMs,
+    soloTtftMs,
+    ttftRatio: t.ttftMs / soloTtftMs,
+    streamsEndedBeforeFirstId: during.length === 0,
+  });
 }
 
-try {
-  await waitReady();
-  const prompt = (i: number) =>
-    Array.from({ length: nPrompt }, (_, j) => 1 + ((i * 7919 + j * 104729) % 900));
-  await stream(prompt(999));
-  for (const level of levels) {
-    const t0 = performance.now();
-    const rs = await Promise.all(Array.from({ length: level }, (_, i) => stream(prompt(i))));
-    const wall = (performance.now() - t0) / 1000;
-    const tokens = rs.reduce((a, r) => a + r.tokens, 0);
-    const ttft = rs.map((r) => r.ttftMs).sort((a, b) => a - b);
-    emit("http", {
-      streams: level,
-      newTokensPerStream: nNew,
-      tokPerSecond: tokens / wall,
-      tokPerSecondPerStream: tokens / wall / level,
-      ttftMsMedian: ttft[Math.floor(ttft.length / 2)],
-      ttftMsMax: ttft.at(-1),
-    });
+async function overDirect(): Promise<void> {
+  const e = startEngine({
+    model: args.model,
+    nCtx,
+    nSlots: maxLevel,
+    queueSize: 0,
+    batchMin,
+    onLog: () => {},
+  });
+  try {
+    while (e.status().state === "loading") await new Promise((r) => setTimeout(r, 100));
+    if (e.status().state !== "ready") throw new Error(`The direct engine did not load: ${e.status().state}`);
+    await direct(e, prompt(998));
+    for (const level of levels) {
+      // Warm this set size's batched graphs first (built once, on first use).
+      await Promise.all(Array.from({ length: level }, (_, i) => direct(e, prompt(level * 100 + 50 + i), 4)));
+      const t0 = performance.now();
+      const rs = await Promise.all(
+        Array.from({ length: level }, (_, i) => direct(e, prompt(level * 100 + 1 + i))),
+      );
+      emit("direct", summary(level, performance.now() - t0, rs));
+    }
+    if (late > 0) {
+      // The second of two solo runs (the first builds the prefill graphs of the long prompt's chunk sizes).
+      await direct(e, prompt(6998, late), 2);
+      const solo = await direct(e, prompt(6999, late), 16);
+      for (const level of levels.filter((l) => l >= 2)) await lateArrival(e, level, solo.ttftMs);
+    }
+  } finally {
+    await e.close({ cancel: true });
   }
-} finally {
-  head.kill("SIGTERM");
-  await head.status;
-  await logDone;
 }
 
-// Engine level, same model and lengths, no HTTP: one stream through Stage.generate.
+let log = "";
+if (modes.has("http")) log = await overHttp();
+if (modes.has("direct")) await overDirect();
+
+// Engine level, same model and lengths, no HTTP and no scheduler: one stream through Stage.generate.
 const path = args.model ?? /\(([^)]+\.gguf)\)/.exec(log)?.[1] ?? /(\/\S+\.gguf)/.exec(log)?.[1];
 if (path && await Deno.stat(path).then(() => true, () => false)) {
   const gpu = await acquireGpu();
   using file = await openGguf(path);
-  const stage = await Stage.load(gpu, file, { nCtx: Number(args.ctx), nSlots: 1 });
-  const p = Array.from({ length: nPrompt }, (_, j) => 1 + ((j * 104729) % 900));
+  const stage = await Stage.load(gpu, file, { nCtx, nSlots: 1 });
+  const p = prompt(997);
   await stage.generate(0, p, { nNew: 16 });
   let tFirst = 0;
   const g = await stage.generate(0, p, {
@@ -147,5 +350,5 @@ if (path && await Deno.stat(path).then(() => true, () => false)) {
   emit("engine", { streams: 1, newTokens: g.tokens.length, tokPerSecond, adapter: gpu.summary });
   stage.destroy();
 } else {
-  emit("engine", { skipped: "the served model file was not found after the head exited (temporary file)" });
+  emit("engine", { skipped: "no model file: give --model (the served default is a temporary file)" });
 }

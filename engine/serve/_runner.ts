@@ -2,8 +2,8 @@
  * The worker side of the engine service, without the Worker: runs the admitted requests on a
  * {@linkcode SlotDecoder}'s slots with continuous batching, one GPU call at a time (the stage's activation
  * buffers are shared by all slots). The loop alternates two kinds of work:
- * - one prefill piece (at most `prefillTurn` prompt tokens, ending early at the snapshot point) of the oldest
- *   new request whose prompt has more left than one piece;
+ * - prompt pieces of the new requests whose prompt has more left than one piece (or a snapshot point ahead),
+ *   oldest first, at most `prefillTurn` tokens in all;
  * - one decode call ({@linkcode SlotDecoder.generate}) of every generating request together with the new ones
  *   whose prompt rest fits one piece (they join with a fresh prompt, the driver prefills it and streams their
  *   first id before the step loop). The call is a turn: it returns at the first readback boundary where work
@@ -177,12 +177,13 @@ export class SlotRunner {
       // Requests submitted in the same task (the worker hands over all that waited) start in one call.
       await Promise.resolve();
       while (this.#sweep()) {
-        // One piece of the oldest new request with more prompt left than one piece, then one decode turn of
-        // everything generating (a long prompt does not freeze the streams in flight).
-        const n = this.#jobs.find((a) => this.#pieceDue(a));
-        if (n) {
+        // Prompt pieces of the new requests, oldest first, up to prefillTurn tokens in all (short pieces up to
+        // a snapshot point of several requests share one), then one decode turn of everything generating: a
+        // long prompt does not freeze the streams in flight.
+        let budget = this.#prefillTurn;
+        for (let n = this.#nextPiece(); n && budget > 0; n = this.#nextPiece()) {
           try {
-            await this.#prefillPiece(n);
+            budget -= await this.#prefillPiece(n, budget);
           } catch (e) {
             this.#fail([n], e);
           }
@@ -373,6 +374,11 @@ export class SlotRunner {
     return best;
   }
 
+  /** The oldest request (slot assigned, not cancelled) with a prompt piece due. */
+  #nextPiece(): Active | undefined {
+    return this.#jobs.find((a) => a.slot >= 0 && !a.job.signal.aborted && this.#pieceDue(a));
+  }
+
   /** Whether `a` (slot assigned) has a prompt piece to prefill as a turn of its own before it generates. */
   #pieceDue(a: Active): boolean {
     if (a.made.length > 0) return false;
@@ -383,18 +389,19 @@ export class SlotRunner {
   }
 
   /**
-   * Prefills one piece of a long prompt as a turn of its own, so other requests keep streaming meanwhile:
-   * up to `prefillTurn` tokens, ending early at the snapshot point (`snapshotBack` before the prompt's end,
-   * when the prompt has more new tokens than that), where the slot's snapshot is replaced. Returns false
-   * when what is left goes to SlotDecoder.generate (it prefills at least the prompt's last token itself).
+   * Prefills one piece of a long prompt between the others' decode turns: up to `max` tokens, ending early
+   * at the snapshot point (`snapshotBack` before the prompt's end, when the prompt has more new tokens than
+   * that), where the slot's snapshot is replaced, and before the prompt's last token (SlotDecoder.generate
+   * prefills the rest itself). Returns the tokens prefilled.
    */
-  async #prefillPiece(a: Active): Promise<boolean> {
+  async #prefillPiece(a: Active, max: number): Promise<number> {
     const stage = this.#stage;
     const prompt = a.job.prompt;
     const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
     const snapAhead = at > a.base && a.held < at;
-    if (!this.#pieceDue(a)) return false;
-    const end = Math.min(a.held + this.#prefillTurn, snapAhead ? at : prompt.length - 1);
+    assert(this.#pieceDue(a) && max >= 1, "a piece is due");
+    const end = Math.min(a.held + max, snapAhead ? at : prompt.length - 1);
+    const n = end - a.held;
     a.consistent = false;
     await stage.prefill(a.slot, prompt.slice(a.held, end), a.held);
     a.consistent = true;
@@ -404,7 +411,7 @@ export class SlotRunner {
       if (old) stage.drop(old.id);
       this.#snaps[a.slot] = { id: stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
     }
-    return true;
+    return n;
   }
 }
 

@@ -110,3 +110,45 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
     stage.destroy();
   }
 });
+
+Deno.test("runner: requests arriving together prefill their pieces up to the snapshot point back to back, then start in one call", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
+  try {
+    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
+    const want: number[][] = [];
+    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 10 })).tokens);
+    const log: string[] = [];
+    // Pieces up to the snapshot point (8 before each prompt's end) fit the budget of 64 tokens together.
+    const runner = new SlotRunner(logged(stage.decoder, log), {
+      batch: 4,
+      turnTokens: 64,
+      snapshotBack: 8,
+      prefillTurn: 64,
+      batchMin: 2,
+    });
+    const got = await Promise.all(prompts.map((prompt) =>
+      runner.submit({
+        prompt,
+        maxTokens: 10,
+        stopIds: [],
+        sampling: GREEDY,
+        signal: new AbortController().signal,
+        onTokens: () => {},
+      })
+    ));
+    for (const [i, r] of got.entries()) {
+      assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
+    }
+    assert.deepEqual(
+      log.slice(0, 5),
+      ["P0", "P1", "P2", "P3", "G0123"],
+      `(seed ${rng.seed}) ${log.join(" ")}`,
+    );
+    assert.ok(stage.decoder.snapshotBytes > 0, "each slot holds its prompt-boundary snapshot");
+  } finally {
+    stage.destroy();
+  }
+});

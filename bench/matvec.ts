@@ -70,6 +70,7 @@ const { values: args } = parseArgs({
     sr: { type: "boolean", default: false },
     q8: { type: "boolean", default: false },
     tables: { type: "boolean", default: false },
+    "batch-sweep": { type: "boolean", default: false },
     type: { type: "string" },
   },
 });
@@ -124,6 +125,22 @@ for (const type of Q8 ? [] : ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTy
   CASES.push({ ...SHAPES[0]!, name: SHAPES[0]!.name, type, batch: 1 });
 }
 for (const batch of Q8 ? [] : [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!, type: "IQ4_XS", batch });
+// `--batch-sweep`: only batched decode shapes (4 and 8 columns), over ROWS and UNROLL at the default TEAM (TEAM
+// fixes each row's summation order: a batched step must keep its slots' solo bits).
+const BATCH_SWEEP = args["batch-sweep"] ?? false;
+if (BATCH_SWEEP) {
+  CASES.splice(
+    0,
+    CASES.length,
+    ...[4, 8].flatMap((batch) =>
+      QUICK ? [{ ...SHAPES[0]!, type: "IQ4_XS" as GgmlTypeName, batch }] : [
+        { ...SHAPES[2]!, type: "IQ4_XS" as GgmlTypeName, batch },
+        { ...SHAPES[4]!, type: "IQ4_XS" as GgmlTypeName, batch },
+        { ...SHAPES[5]!, type: "Q6_K" as GgmlTypeName, batch },
+      ]
+    ),
+  );
+}
 if (args.type !== undefined) CASES.splice(0, CASES.length, ...CASES.filter((c) => c.type === args.type));
 
 const gpu = await acquireGpu();
@@ -315,6 +332,16 @@ for (const c of CASES) {
     for (const team of args.sr ? [32, 64] : []) {
       if (team > c.k / 8 || (c.type !== "IQ4_XS" && c.type !== "Q8_0")) continue;
       for (const unroll of [1, 2, 4, 8]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
+    }
+  }
+  if (BATCH_SWEEP && c.batch > 1) {
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch };
+    for (const rows of [1, 2, 4, 8]) {
+      for (const unroll of [1, 2]) {
+        // Workgroup memory: 4·256·ROWS·BATCH partials plus the IQ4 table.
+        if (4 * 256 * rows * c.batch + 2048 > device.limits.maxComputeWorkgroupStorageSize) continue;
+        variants.push(matvecConstants(shape, { rows, unroll }));
+      }
     }
   }
   for (const v of variants) {

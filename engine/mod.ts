@@ -73,8 +73,8 @@ export {
   type NextStage,
   SplitDecoder,
   type SplitStage,
-  StaleChainError,
   type StageInfo,
+  StaleChainError,
 } from "./exec/split.ts";
 export { encodeOps, type Op } from "./graph/builder.ts";
 export { legacyRowOrder } from "./models/qwen3next.ts";

@@ -121,11 +121,17 @@ export class StaleChainError extends Error {
 
 /** What the split decoder needs of the head's stage (a {@linkcode Stage} of layers `0:a`). */
 export interface SplitStage {
+  /** Positions per slot. */
   readonly nCtx: number;
+  /** The stage's slot states (snapshots are dropped through it). */
   readonly states: SlotStates;
+  /** Tokens held by `slot`. */
   length(slot: number): number;
+  /** Runs `input` on `slot` from position `base` (see Stage.run). */
   run(slot: number, input: StageInput, base: number, opts?: { rows?: "all" | "last" }): Promise<StageOutput>;
+  /** Saves `slot`'s state; returns the snapshot id. */
   snapshot(slot: number): number;
+  /** Restores snapshot `id` into `slot`. */
   restore(id: number, slot: number): void;
 }
 

@@ -98,7 +98,11 @@ Deno.test("generate --chunk: one prompt prefilled in chunks of 1, 4 and 64 score
     );
   }
   // ... and not bit for bit: the chunk reached the stage (1: mat-vecs and the recurrence; 64: matmul, chunked).
-  assert.notDeepEqual(tops[0], tops[2], "--chunk 1 and --chunk 64 gave the same bits: the option did not apply");
+  assert.notDeepEqual(
+    tops[0],
+    tops[2],
+    "--chunk 1 and --chunk 64 gave the same bits: the option did not apply",
+  );
   const bad = await generate([...args, "--chunk", "0"]);
   assert.equal(bad.code, 1);
   assert.match(bad.stderr, /--chunk 0 must be an integer >= 1/);

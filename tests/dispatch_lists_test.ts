@@ -222,7 +222,7 @@ async function mergeInto(file: URL | string, got: Record<string, unknown>) {
   } catch { /* a new file */ }
   Object.assign(all, got);
   const sorted = Object.fromEntries(Object.entries(all).sort(([a], [b]) => a.localeCompare(b)));
-  await Deno.writeTextFile(file, JSON.stringify(sorted, null, 1) + "\n");
+  await Deno.writeTextFile(file, JSON.stringify(sorted, null, 2) + "\n");
 }
 
 for (const m of MODELS) {

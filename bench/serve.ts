@@ -145,12 +145,12 @@ async function stream(ids: number[], maxTokens = nNew): Promise<Timed> {
       got += Array.isArray(j.tokens) ? j.tokens.length : 0;
     }
     if (got === 0) continue;
-    // Frames of one read arrived together: one batch (the engine sends a readback's ids back to back).
+    tokens += got;
+    // A readback's ids go out as frames written back to back: reads less than 1 ms apart are one batch.
     const now = performance.now() - t0;
     if (ttft < 0) ttft = now;
-    else gaps.push(now - last);
+    else if (now - last >= 1) gaps.push(now - last);
     last = now;
-    tokens += got;
   }
   return { ttftMs: ttft, tokens, ms: performance.now() - t0, gaps };
 }

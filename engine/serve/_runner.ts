@@ -228,7 +228,8 @@ export class SlotRunner {
     ready.sort((x, y) =>
       (x.made.length === 0 ? 0 : 1) - (y.made.length === 0 ? 0 : 1) || x.lastRun - y.lastRun
     );
-    return { group: ready.slice(0, max), rotating: ready.length + unseen > max };
+    // A decoder that cannot batch may also ignore pause (a split chain): turns bound the others' wait there.
+    return { group: ready.slice(0, max), rotating: ready.length + unseen > max || !this.#stage.canBatch };
   }
 
   /** Ends `group`'s requests with `e` (the slot state is unknown after a failed GPU call). */

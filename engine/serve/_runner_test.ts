@@ -17,12 +17,15 @@ import { Rng } from "../../tests/util/rng.ts";
 
 const GREEDY = samplingParams({ temperature: 0 });
 
-/** `d` with every prefill and generate call logged into `log` (`P<slot>`, `G<slots>`). */
-function logged(d: SlotDecoder, log: string[]): SlotDecoder {
+/**
+ * `d` with every prefill and generate call logged into `log` (`P<slot>`, `G<slots>`); `split`: like a split
+ * chain, it cannot batch and ignores `pause`.
+ */
+function logged(d: SlotDecoder, log: string[], split = false): SlotDecoder {
   return {
     nCtx: d.nCtx,
     nSlots: d.nSlots,
-    canBatch: d.canBatch,
+    canBatch: d.canBatch && !split,
     get snapshotBytes() {
       return d.snapshotBytes;
     },
@@ -36,7 +39,7 @@ function logged(d: SlotDecoder, log: string[]): SlotDecoder {
     drop: (id) => d.drop(id),
     generate: (items: readonly BatchItem[], opts) => {
       log.push(`G${items.map((it) => it.slot).join("")}`);
-      return d.generate(items, opts);
+      return d.generate(items, split ? { batch: opts?.batch } : opts);
     },
   };
 }
@@ -148,6 +151,52 @@ Deno.test("runner: requests arriving together prefill their pieces up to the sna
       `(seed ${rng.seed}) ${log.join(" ")}`,
     );
     assert.ok(stage.decoder.snapshotBytes > 0, "each slot holds its prompt-boundary snapshot");
+  } finally {
+    stage.destroy();
+  }
+});
+
+Deno.test("runner: on a decoder that cannot batch and ignores pause (a split), requests take turns of turnTokens ids", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 2, maxChunk: 16 });
+  try {
+    const prompts = [0, 1].map(() => Array.from({ length: rng.int(2, 8) }, () => rng.int(0, 1021)));
+    const want: number[][] = [];
+    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 30 })).tokens);
+    const log: string[] = [];
+    const runner = new SlotRunner(logged(stage.decoder, log, true), {
+      batch: 4,
+      turnTokens: 8,
+      snapshotBack: 0,
+      prefillTurn: 0,
+      batchMin: 2,
+    });
+    const job = (i: number, more?: () => void): RunnerJob => ({
+      prompt: prompts[i]!,
+      maxTokens: 30,
+      stopIds: [],
+      sampling: GREEDY,
+      signal: new AbortController().signal,
+      onTokens: (ids) => {
+        log.push(`s${i}:${ids.length}`);
+        more?.();
+      },
+    });
+    let second: Promise<JobResult> | undefined;
+    const first = runner.submit(job(0, () => second ??= runner.submit(job(1))));
+    const got = [await first, await second!];
+    for (const [i, r] of got.entries()) {
+      assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
+    }
+    // The second request's first id lands while the first (30 ids) is still going.
+    const what = `(seed ${rng.seed}) ${log.join(" ")}`;
+    assert.ok(
+      log.findIndex((x) => x.startsWith("s1:")) < log.findLastIndex((x) => x.startsWith("s0:")),
+      what,
+    );
+    assert.ok(log.every((x) => !/^G\d\d/.test(x)), `one slot per call: ${what}`);
   } finally {
     stage.destroy();
   }

@@ -1,7 +1,8 @@
 /**
  * The engine service's Worker: owns the GPU device, the GGUF file and the {@linkcode Stage}, and runs the
- * requests the main thread (`engine/serve/service.ts`) admits, one at a time, through a {@linkcode SlotRunner}.
- * A blocking `mapAsync` here never stalls the main thread's event loop. Messages: `_service_protocol.ts`.
+ * requests the main thread (`engine/serve/service.ts`) admits through a {@linkcode SlotRunner} (continuous
+ * batching, one GPU call at a time). A blocking `mapAsync` here never stalls the main thread's event loop.
+ * Messages: `_protocol.ts`; each readback's ids are posted as they land.
  * @module
  */
 import { acquireGpu } from "../gpu/device.ts";
@@ -128,7 +129,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
   }
 }
 
-/** Hands waiting jobs to the runner once the model is loaded; the runner takes turns among them. */
+/** Hands waiting jobs to the runner once the model is loaded (all at once: they start in one decode call). */
 function pump(): void {
   if (!runner) return;
   for (let job = jobs.shift(); job; job = jobs.shift()) {

@@ -55,6 +55,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)
   --tls-ca F        connect to --next over TLS, trusting this CA (PEM)
+  --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
+                    split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
                     quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill rounds x
                     alike, so a prompt's chunking (prefix reuse, snapshots) moves only f32 rounding`;
@@ -182,6 +184,7 @@ export const command: Command = {
         "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
+        "kv-f16": { type: "boolean", default: false },
         layers: { type: "string" },
         next: { type: "string" },
         "link-key": { type: "string" },
@@ -241,6 +244,7 @@ export const command: Command = {
       batchMin,
       maxChunk,
       int8Activations: values.int8,
+      kvF16: values["kv-f16"],
     });
     const stopProgress = new AbortController();
     const loaded = showProgress(engine, stopProgress.signal);

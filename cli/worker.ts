@@ -23,6 +23,7 @@ const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --li
   --tls-cert F --tls-key F   listen with TLS (PEM files)
   --tls-ca F        trust this CA when connecting to --next over TLS
   --chunk N         rows per prefill chunk (default 256)
+  --kv-f16          KV cache in f16 (every stage must agree)
   --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)`;
 
 /** Parses `a:b`. @throws {RangeError} naming the flag */
@@ -60,6 +61,7 @@ export const command: Command = {
         "tls-ca": { type: "string" },
         chunk: { type: "string", default: "256" },
         int8: { type: "boolean", default: false },
+        "kv-f16": { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
       },
       strict: true,
@@ -94,6 +96,7 @@ export const command: Command = {
         layers,
         maxChunk,
         int8Activations: values.int8,
+        kvF16: values["kv-f16"],
       });
       console.error(
         `Loaded layers ${layers[0]}:${layers[1]} of ${values.model} (${arch}, ${

@@ -24,8 +24,13 @@ import { connectLink, type Link, type LinkAddress } from "./link.ts";
 
 /** Start of the message of a stage's ERROR when the slot's state behind it is gone (see the module doc). */
 export const STALE_MARK = "Stale slot state:";
-/** KV cache and recurrent state layout every stage of this build allocates (engine/state.ts: f32 both). */
-export const STATE_LAYOUT = "kv=f32;ssm=f32";
+/**
+ * The KV cache and recurrent state layout a stage allocates (engine/state.ts): the KV element type follows
+ * StageOptions.kvF16, the recurrent state is f32. Stages of one chain must agree (hello check).
+ */
+export function stateLayout(kvF16: boolean): string {
+  return `kv=${kvF16 ? "f16" : "f32"};ssm=f32`;
+}
 /** Rows, drafts and top-k pairs a stage of this build accepts per frame. */
 export const STAGE_LIMITS = {
   maxFrameBytes: DEFAULT_MAX_FRAME_BYTES,
@@ -55,7 +60,7 @@ export function helloOf(
     nEmbd: info.nEmbd,
     nSlots: info.nSlots,
     nCtx: info.nCtx,
-    stateLayout: STATE_LAYOUT,
+    stateLayout: stateLayout(info.kvF16),
     numerics: { int8Activations: info.int8Activations, hiddenDtype: "f32" },
     fingerprint: info.fingerprint,
     limits: STAGE_LIMITS,

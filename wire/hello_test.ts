@@ -139,3 +139,15 @@ Deno.test("hello: parseHelloInfo accepts a JSON round trip and names the first b
   );
   bad({ ...json, downstream: "x" }, /field downstream must be an array/);
 });
+
+Deno.test("hello: a head and a worker of different KV element types (--kv-f16 on one) refuse each other", async () => {
+  const { stateLayout } = await import("./chain.ts");
+  assert.notEqual(stateLayout(true), stateLayout(false));
+  const r = checkChain(
+    sampleHeadHello({ stateLayout: stateLayout(false) }),
+    sampleHello({ stateLayout: stateLayout(true) }),
+    names,
+  );
+  assert.equal(r?.field, "stateLayout");
+  assert.match(r!.message, /this head has "kv=f32;ssm=f32" but worker 10\.0\.0\.2:9100 has "kv=f16;ssm=f32"/);
+});

@@ -34,6 +34,7 @@ export function stageInfo(stage: Stage, arch: string): StageInfo {
     nSlots: stage.states.nSlots,
     nCtx: stage.nCtx,
     int8Activations: stage.int8Activations,
+    kvF16: stage.kvF16,
     fingerprint: stage.fingerprint,
   };
 }

@@ -80,6 +80,8 @@ export class Stage {
   readonly normPrologueMaxRows: number;
   /** See {@linkcode StageOptions.int8Activations}. */
   readonly int8Activations: boolean;
+  /** See {@linkcode StageOptions.kvF16}. */
+  readonly kvF16: boolean;
   /** Slot state buffers (KV caches, conv rings, recurrent states) and snapshots. */
   readonly states: SlotStates;
   /** Bytes of weights on the GPU. */
@@ -154,6 +156,7 @@ export class Stage {
     this.#graphOptions = init.graph;
     this.normPrologueMaxRows = init.graph.normPrologueMaxRows;
     this.int8Activations = init.graph.int8Activations;
+    this.kvF16 = init.graph.kvF16;
     this.#int8Log = init.int8Log
       ? {
         buffer: gpu.device.createBuffer({

@@ -36,6 +36,8 @@ export type ToWorker =
     readonly maxChunk: number;
     /** StageOptions.int8Activations. */
     readonly int8Activations: boolean;
+    /** StageOptions.kvF16. */
+    readonly kvF16: boolean;
     /** Split head: the first layer range runs here, the rest through `next` calls (absent: whole model). */
     readonly split?: { readonly layers: readonly [number, number] };
   }

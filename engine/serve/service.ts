@@ -89,6 +89,8 @@ export interface EngineOptions {
    * Prefill chunks round x alike, so prefix reuse and snapshots differ from a cold run only by f32 order.
    */
   readonly int8Activations?: boolean;
+  /** KV cache in f16 (StageOptions.kvF16; default false): half the memory per position. */
+  readonly kvF16?: boolean;
   /**
    * Split serving: the head runs `layers` (0:a) of the model and the chain `next` (wire/chain.ts, given by
    * cli/head.ts) runs the rest; both or neither. Requests while the chain is down get {@linkcode QueueFullError}.
@@ -252,6 +254,7 @@ export class EngineService implements Engine {
       batchMin,
       maxChunk,
       int8Activations: opts.int8Activations ?? false,
+      kvF16: opts.kvF16 ?? false,
       split: opts.split && { layers: opts.split.layers },
     });
   }

@@ -79,6 +79,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       nSlots: m.nSlots,
       maxChunk: m.maxChunk,
       int8Activations: m.int8Activations,
+      kvF16: m.kvF16,
       layers: m.split?.layers,
       onLog: (line) => post({ type: "log", line }),
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
@@ -102,6 +103,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
           nSlots: m.nSlots,
           nCtx: m.nCtx,
           int8Activations: stage.int8Activations,
+          kvF16: stage.kvF16,
           fingerprint: stage.fingerprint,
         },
       });

@@ -5,11 +5,15 @@
  * HTTP minus direct is the HTTP path's cost; direct minus `bench/decode.ts --slots` is the scheduler's.
  *
  * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8] [--prompt 64] [--port 8099]
- * [--ctx 2048] [--modes http,direct] [--batch-min N] [--late 2048] [--head-flags="--cached-only --config C.json"]`
+ * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--late 2048]
+ * [--head-flags="--cached-only --config C.json"]`
  * - `--head-flags` (with `=` since its value starts with a dash): extra `deno run` flags for the head process,
  *   e.g. on a machine without network.
  * - `--batch-min`: the head's `--batch-min` and the direct engine's `batchMin` (default: theirs, 2: always
  *   batch; 0: turns, for comparison).
+ * - `--prefill-turn N`, `--batch N` (direct mode only; the head has no flags for them): EngineOptions
+ *   `prefillTurn` (prompt tokens per prefill round between decode turns; default one chunk) and `batch`
+ *   (decode steps per readback, the length of a decode turn; default 8), to tune the fairness trade-off.
  * - `--late N`: in direct mode, at each level L ≥ 2, a request with an N-token prompt arrives once L − 1
  *   streams are generating: the streams' longest gap between id batches while it prefills against their
  *   steady gap, and its time to first token against its solo one (issue #20's fairness goals). Needs
@@ -36,6 +40,8 @@ const { values: args } = parseArgs({
     ctx: { type: "string", default: "2048" },
     modes: { type: "string", default: "http,direct" },
     "batch-min": { type: "string" },
+    "prefill-turn": { type: "string" },
+    batch: { type: "string" },
     late: { type: "string", default: "0" },
     "head-flags": { type: "string", default: "" },
   },
@@ -47,6 +53,9 @@ const nCtx = Number(args.ctx);
 const modes = new Set(args.modes!.split(","));
 const batchMin = args["batch-min"] === undefined ? undefined : Number(args["batch-min"]);
 const late = Number(args.late);
+const optional = (v: string | undefined) => v === undefined ? undefined : Number(v);
+const prefillTurn = optional(args["prefill-turn"]);
+const batch = optional(args.batch);
 const base = `http://127.0.0.1:${args.port}`;
 const maxLevel = Math.max(...levels);
 for (const m of modes) {
@@ -301,6 +310,8 @@ async function overDirect(): Promise<void> {
     nSlots: maxLevel,
     queueSize: 0,
     batchMin,
+    prefillTurn,
+    batch,
     onLog: () => {},
   });
   try {

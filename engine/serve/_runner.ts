@@ -5,8 +5,8 @@
  * - prompt pieces of the new requests whose prompt has more left than one piece (or a snapshot point ahead),
  *   oldest first, at most `prefillTurn` tokens in all;
  * - one decode call ({@linkcode SlotDecoder.generate}) of every generating request together with the new ones
- *   whose prompt rest fits one piece (they join with a fresh prompt, the driver prefills it and streams their
- *   first id before the step loop). The call is a turn: it returns at the first readback boundary where work
+ *   whose prompt rest fits what the round's pieces left of `prefillTurn` (they join with a fresh prompt, the
+ *   driver prefills it and streams their first id before the step loop; the others wait one turn). The call is a turn: it returns at the first readback boundary where work
  *   waits outside it (a request arrived, a piece is due, a waiting request was cancelled) or a sequence
  *   ended; the others come back paused and rejoin the next call with `resume` (no prefill, the same ids as an
  *   uninterrupted run).
@@ -188,7 +188,7 @@ export class SlotRunner {
             this.#fail([n], e);
           }
         }
-        const { group, rotating } = this.#group();
+        const { group, rotating } = this.#group(budget);
         if (group.length > 0) {
           try {
             await this.#turn(group, rotating);
@@ -216,13 +216,19 @@ export class SlotRunner {
 
   /**
    * The requests of the next decode call: the generating ones and the new ones whose prompt rest fits one
-   * piece, new ones first, then the least recently run, as many as one step holds (all of them from
-   * `batchMin` on, else one). `rotating`: others could run too (counting requests not seen yet), so the
-   * members take a turn of `turnTokens` ids, a new one only its first.
+   * piece and what is left of this round's prefill `budget` (the call prefills it before its steps: a new
+   * one beyond the budget waits one turn), new ones first, then the least recently run, as many as one step
+   * holds (all of them from `batchMin` on, else one). `rotating`: others could run too (counting requests not
+   * seen yet), so the members take a turn of `turnTokens` ids, a new one only its first.
    */
-  #group(): { group: Active[]; rotating: boolean } {
-    // A request that arrived during this iteration's piece gets its slot at the next sweep.
-    const ready = this.#jobs.filter((a) => a.slot >= 0 && !a.job.signal.aborted && !this.#pieceDue(a));
+  #group(budget: number): { group: Active[]; rotating: boolean } {
+    // A request that arrived during this round's pieces gets its slot at the next sweep.
+    const ready = this.#jobs.filter((a) => {
+      if (a.slot < 0 || a.job.signal.aborted || this.#pieceDue(a)) return false;
+      if (a.made.length > 0) return true;
+      budget -= a.job.prompt.length - a.held;
+      return budget >= 0;
+    });
     const unseen = this.#jobs.filter((a) => a.slot < 0).length;
     const max = ready.length + unseen >= this.#batchMin ? MAX_BATCH_SLOTS : 1;
     ready.sort((x, y) =>
@@ -300,11 +306,10 @@ export class SlotRunner {
         },
       };
     });
-    // The turn ends at the first readback after work appears outside it: a request not seen yet, a prompt
-    // piece due (one piece, one turn, alternately), or a waiting request cancelled. Requests waiting for a
-    // place in the step do not end it: turnTokens bounds it for them.
-    const pause = () =>
-      this.#jobs.some((b) => !b.running && (b.slot < 0 || b.job.signal.aborted || this.#pieceDue(b)));
+    // The turn ends at the first readback after work appears outside it: a new request (not seen yet, with a
+    // piece due, or waiting for prefill budget: pieces and turns alternate), or a waiting request cancelled.
+    // Generating requests waiting for a place in the step do not end it: turnTokens bounds it for them.
+    const pause = () => this.#jobs.some((b) => !b.running && (b.made.length === 0 || b.job.signal.aborted));
     const rs = await stage.generate(items, { batch: this.#batch, pause });
     for (const [i, a] of group.entries()) {
       const r = rs[i]!;

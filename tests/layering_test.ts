@@ -12,7 +12,10 @@ const FOLDERS = ["engine", "wgsl", "server", "cli", "wire", "tests", "bench"];
 
 /** Every `.ts` file of the project, relative to the root. */
 async function sources(): Promise<string[]> {
-  const out = ["mod.ts"];
+  // The root's modules (mod.ts, version.ts, ...), then every folder.
+  const out = [...Deno.readDirSync(ROOT)].filter((e) => e.isFile && e.name.endsWith(".ts")).map((e) =>
+    e.name
+  );
   const walk = async (dir: string) => {
     let entries: Deno.DirEntry[];
     try {

@@ -27,8 +27,8 @@ export const ARGMAX: KernelSpec = {
 };
 
 /**
- * The id argmax writes for a row holding a non-finite logit (NaN or ±Inf): never a token id, so the host
- * refuses it instead of emitting a token.
+ * The id argmax writes for a row holding a NaN or +Inf logit: never a token id, so the host refuses it instead
+ * of emitting a token (-Inf logits are excluded ids and never win).
  */
 export const ARGMAX_NONFINITE = 0xfffffffe;
 

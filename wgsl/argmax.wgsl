@@ -3,9 +3,10 @@
 //                            and writes its best (value, id) pair to dst[b];
 //   final   (PAIRS = true, N_BLOCK = 1): reduces the N pairs to one pair in dst[0]; with FINAL it also writes
 //                            the id to next_token[0] (the next step's input) and ring[params.ring_slot] (output ring).
-// (v, i) beats (w, j) when v > w, or v == w and i < j. A row holding any non-finite logit (NaN or ±Inf: broken
-// weights or numerics, never a valid distribution) gives the id 0xFFFFFFFE (NONFINITE) instead of a winner, so
-// the host refuses it rather than emitting a token; an empty row gives 0xFFFFFFFF (NONE).
+// (v, i) beats (w, j) when v > w, or v == w and i < j. A row holding a NaN or +Inf logit (broken weights or
+// numerics: a NaN cannot be ranked, an +Inf wins by overflow) gives the id 0xFFFFFFFE (NONFINITE) instead of a
+// winner, so the host refuses it rather than emitting a token; -Inf never wins (an excluded id, as a mask
+// writes it); an empty row gives 0xFFFFFFFF (NONE).
 // Bindings:
 //   src         u32 ne=[N] (f32 logits as bits) or ne=[2, N] (pairs: value bits, id)
 //   dst         u32 ne=[2, N_BLOCK]   (value bits, id) per block
@@ -59,7 +60,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       bits = src[e];
       id = e;
     }
-    my_bad = my_bad || select((bits & 0x7f800000u) == 0x7f800000u, id == NONFINITE, PAIRS);
+    my_bad = my_bad || select(is_nan(bits) || bits == 0x7f800000u, id == NONFINITE, PAIRS);
     let v = bitcast<f32>(bits);
     if (!is_nan(bits) && beats(v, id, bv, bi)) {
       bv = v;

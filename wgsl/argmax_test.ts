@@ -15,9 +15,9 @@ import {
 const POISON_U32 = 0xffffffff;
 const RING_LEN = 8;
 
-/** Plain-loop reference: index of the largest logit, the lowest index among equals; NONFINITE for a row with NaN or ±Inf. */
+/** Plain-loop reference: index of the largest logit, the lowest index among equals; NONFINITE for a row with NaN or +Inf. */
 function refArgmax(x: Float32Array): number {
-  if (x.some((v) => !Number.isFinite(v))) return ARGMAX_NONFINITE;
+  if (x.some((v) => Number.isNaN(v) || v === Infinity)) return ARGMAX_NONFINITE;
   let best = 0;
   for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
   return best;

@@ -338,9 +338,11 @@ for (const c of CASES) {
     const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch };
     for (const rows of [1, 2, 4, 8]) {
       for (const unroll of [1, 2]) {
-        // Workgroup memory: 4·256·ROWS·BATCH partials plus the IQ4 table, within the kernel's 32 KiB.
-        if (4 * 256 * rows * c.batch + 2048 > 32768) continue;
-        variants.push(matvecConstants(shape, { rows, unroll }));
+        for (const xr of [0, 1]) {
+          // Workgroup memory: 4·256·ROWS·BATCH partials plus the IQ4 table, within the kernel's 32 KiB.
+          if (4 * 256 * rows * c.batch + 2048 > 32768) continue;
+          variants.push(matvecConstants(shape, { rows, unroll, xr }));
+        }
       }
     }
   }

@@ -29,6 +29,7 @@ export const MATVEC: KernelSpec = {
     ROWS: "u32",
     BATCH: "u32",
     UNROLL: "u32",
+    XR: "u32",
     SR: "u32",
     NORM: "u32",
     ACC: "u32",
@@ -48,6 +49,11 @@ export interface MatvecConstants {
   readonly BATCH: number;
   /** Units per loop step (1 or 2; with SR 1, 2, 4 or 8): more keeps more loads in flight. */
   readonly UNROLL: number;
+  /**
+   * Batched path (BATCH > 1 or ROWS > 4) only: 0 loads each unit's x quads of all columns once and holds them
+   * for all rows; 1 reloads them per row (fewer registers, more L1 reads). Same bits either way.
+   */
+  readonly XR: number;
   /**
    * 1: the strength-reduced batch-1 loop (per-invocation block offsets computed once, UNROLL units' loads
    * issued before their math); needs TYPE IQ4_XS (23) or Q8_0 (8), TEAM a multiple of 32 and
@@ -134,6 +140,8 @@ export function matvecConstants(
     unroll?: number;
     /** The strength-reduced batch-1 loop (SR = 1; see {@linkcode MatvecConstants.SR}); default off. */
     sr?: boolean;
+    /** x reloaded per row in the batched path ({@linkcode MatvecConstants.XR}); default 0. */
+    xr?: number;
     norm?: { eps: number };
     acc?: boolean;
   } = {},
@@ -171,6 +179,7 @@ export function matvecConstants(
     ROWS: rows,
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? (tall ? 1 : 2),
+    XR: opts.xr ?? 0,
     SR: opts.sr ? 1 : 0,
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,

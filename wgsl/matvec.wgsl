@@ -30,6 +30,7 @@
 // (given the same TEAM).
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
 //   const BATCH: u32 (1..8), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2, 4 or 8),
+//   const XR: u32 (batched path: 1 reloads the x quads per row instead of holding all columns' for the rows),
 //   const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1), const EPS: f32 (the norm's
 //   epsilon).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB.
@@ -86,6 +87,20 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
+  if (XR == 1u) {
+    // x quads reloaded per row: no per-column arrays live across the rows (registers), more L1 reads.
+    for (var r = 0u; r < ROWS; r++) {
+      let s = quant_scales((*rb)[r], c);
+      let q = quant_q((*rb)[r], c, j);
+      for (var b = 0u; b < BATCH; b++) {
+        let xb = params.x_off + b * params.x_stride;
+        let xl1 = x_quad(xb, pos.x);
+        let xh1 = x_quad(xb, pos.y);
+        (*acc)[r][b] += rows_unit_dot(s, q, xl1, xh1, dot(xl1, vec4<f32>(1.0)), dot(xh1, vec4<f32>(1.0)));
+      }
+    }
+    return;
+  }
   var xl: array<vec4<f32>, BATCH>;
   var xh: array<vec4<f32>, BATCH>;
   var sxl: array<f32, BATCH>;

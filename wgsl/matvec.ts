@@ -130,7 +130,7 @@ export interface MatvecOp {
  * "rows in vec4 components"): TEAM = the largest power of two ≤ K/8 (units per row) and ≤ 32, or 64 from
  * K = 4096; batch 1 uses ROWS = 4 with UNROLL 1 from N = 8192 (rows share x quads), else ROWS = 1 from
  * K = 2048 (more workgroups) and ROWS = 4 below (short rows need more rows per workgroup); batches use
- * ROWS = 2 (ROWS 4 for matrices of 65536 rows and more up to 4 columns); UNROLL = 2 elsewhere.
+ * ROWS = 1 with XR = 1 (x reloaded per row) and UNROLL = 1; UNROLL = 2 elsewhere.
  */
 export function matvecConstants(
   shape: MatvecShape,
@@ -154,17 +154,12 @@ export function matvecConstants(
   // one unit per step there (Q8_0 loses 10-15% at 2, IQ4_XS and Q6_K gain ≤ 2%); shorter ones keep more
   // workgroups with ROWS 1 from K = 2048.
   const tall = shape.batch === 1 && shape.n >= 8192;
-  // Batches: ROWS 2 (H200, bench/matvec.ts --batch-sweep: at 4 columns attn_qkv 0.0545 against 0.0678 ms at
-  // ROWS 4, ssm_out 0.0327 against 0.0526; at 8 columns ROWS 2 is best too), except the LM head-sized matrices
-  // at up to 4 columns, which keep ROWS 4 (2.10 against 2.28 ms). docs/PERF.md.
-  const rows = opts.rows ??
-    (opts.sr
-      ? 1
-      : shape.batch === 1
-      ? (tall || shape.k < 2048 ? 4 : 1)
-      : shape.batch <= 4 && shape.n >= 65536
-      ? 4
-      : 2);
+  // Batches: ROWS 1 with the x quads reloaded per row (XR 1) and UNROLL 1: H200, bench/matvec.ts --batch-sweep
+  // at 8 columns attn_qkv 0.059 against 0.140 ms (ROWS 2, XR 0), ssm_out 0.032 against 0.074, the Q6_K LM head
+  // 1.82 against 4.74; at 4 columns 0.039 / 0.020 / 1.00 against 0.055 / 0.033 / 2.10 (docs/PERF.md): holding
+  // every column's x for the rows costs more (registers) than reading it again from L1.
+  const batched = shape.batch > 1;
+  const rows = opts.rows ?? (opts.sr ? 1 : !batched ? (tall || shape.k < 2048 ? 4 : 1) : 1);
   // Short matrices (a router, a k/v projection): a wider team, up to 128, until one row per team gives 256
   // workgroups, so that a few dozen workgroups do not leave the SMs idle (H200, batch 1: router [2048, 257]
   // F32 8.7 µs at TEAM 32, 4.9 at 128, 5.3-6.4 at 256; attn_v [2048, 512] Q5_K 11.8, 6.1, 6.1; docs/PERF.md).
@@ -178,8 +173,8 @@ export function matvecConstants(
     TEAM: opts.team ?? team,
     ROWS: rows,
     BATCH: shape.batch,
-    UNROLL: opts.unroll ?? (tall ? 1 : 2),
-    XR: opts.xr ?? 0,
+    UNROLL: opts.unroll ?? (tall || batched ? 1 : 2),
+    XR: opts.xr ?? (batched ? 1 : 0),
     SR: opts.sr ? 1 : 0,
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,

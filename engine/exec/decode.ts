@@ -17,35 +17,16 @@
  * @module
  */
 import type { PipelineCache } from "../../wgsl/kernel.ts";
-import type { Binding } from "../../wgsl/kernel.ts";
+
 import type { Hparams } from "../models/_arch.ts";
 import type { SlotStates } from "../state.ts";
 import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing } from "../gpu/readback.ts";
-import { encodeOps, type Op, padWords } from "../graph/builder.ts";
-import { MAX_BATCH_SLOTS, STORAGE } from "./activations.ts";
-import {
-  isGreedy,
-  SAMPLE_HIST,
-  sampleConstantsFor,
-  sampleParamWords,
-  type SamplingParams,
-} from "../sampling.ts";
-import { packSampleState, SAMPLE, sampleBindGroups, sampleGrids, sampleVariants } from "../../wgsl/sample.ts";
-import {
-  ARGMAX,
-  argmaxBindGroups,
-  type ArgmaxConstants,
-  argmaxGrids,
-  argmaxVariants,
-} from "../../wgsl/argmax.ts";
-import {
-  ARGMAX_TOPK,
-  argmaxTopkBindGroups,
-  type ArgmaxTopkConstants,
-  argmaxTopkGrids,
-  argmaxTopkVariants,
-} from "../../wgsl/argmax_topk.ts";
+import { encodeOps, type Op } from "../graph/builder.ts";
+import { buildSelector, type Selector } from "./_selector.ts";
+import { MAX_BATCH_SLOTS } from "./activations.ts";
+import { isGreedy, SAMPLE_HIST, sampleParamWords, type SamplingParams } from "../sampling.ts";
+import { packSampleState } from "../../wgsl/sample.ts";
 
 /** Options of one sequence's generation ({@linkcode DecodeDriver.generate}). */
 export interface GenerateOptions {
@@ -202,24 +183,6 @@ export interface DecodeBuffers {
   gpuCheck(): void;
   /** Throws on an input that does not fit the slot (see Stage.run). */
   inputCheck(slot: number, tokens: readonly number[], base: number): void;
-}
-
-/** The selection of one sequence's next id (see `DecodeDriver.#selector`) and the buffers it feeds. */
-interface Selector {
-  /** Argmax or sampler on the step's logits row, then the top-k pairs when asked. */
-  readonly stepOps: Op[];
-  /** u32 ne=[batch]: the argmax's id of step j of a batch at word j. */
-  readonly idRing: GPUBuffer;
-  /** ArgmaxParams: the ring word of the current step (copied in at each step's start). */
-  readonly argmaxParams: GPUBuffer;
-  /** u32 ne=[2, top]: (value bits, id) pairs of the current step. */
-  readonly topResult: GPUBuffer;
-  /** u32 ne=[2, top, batch]: each step's pairs, copied out of `topResult` after its pass. */
-  readonly topBatch: GPUBuffer;
-  /** The selection dispatches alone (argmax or sampler) on logits row 0: the first id after a prefill. */
-  readonly firstOps: readonly Op[];
-  /** Sampler params (word 0: ring slot, like ArgmaxParams) and state (RNG step, penalty history), if sampling. */
-  readonly sampler?: { readonly params: GPUBuffer; readonly state: GPUBuffer };
 }
 
 /** The decode step of one slot: its graph followed by its selector's step dispatches. */
@@ -675,135 +638,16 @@ export class DecodeDriver implements SlotDecoder {
     const hit = this.#solo.get(key);
     if (hit) return hit;
     const graph = await this.#b.graph(slot, 1, "last");
-    const sel = await this.#selector({ row: 0, nextToken: this.#b.tokens, S, top, sampling });
+    const sel = await buildSelector(this.#b, this.#stage.hp.nVocab, {
+      row: 0,
+      nextToken: this.#b.tokens,
+      S,
+      top,
+      sampling,
+    });
     const step: SoloStep = { ...sel, ops: [...graph, ...sel.stepOps] };
     this.#solo.set(key, step);
     return step;
-  }
-
-  /**
-   * The selection of one sequence's next id: argmax or the sampler on logits row `row` (the row's id goes to
-   * word 0 of `nextToken` and to the id ring), then the top-k pairs when `top` > 0. Its buffers are its own.
-   */
-  async #selector(
-    o: { row: number; nextToken: GPUBuffer; S: number; top: number; sampling: boolean },
-  ): Promise<Selector> {
-    const { device } = this.#b;
-    const { S, top, sampling } = o;
-    const V = this.#stage.hp.nVocab;
-    const logitsBuf = this.#b.logits;
-    assert(logitsBuf, "generation runs on a last stage, which has logits");
-    const buf = (label: string, bytes: number) => {
-      const b = device.createBuffer({ label, size: Math.max(16, bytes), usage: STORAGE });
-      this.#b.owned.push(b);
-      return b;
-    };
-    const idRing = buf("id_ring", 4 * S);
-    const logitsRow = (row: number) => ({
-      buffer: logitsBuf,
-      offset: 4 * row * padWords(V),
-      size: 4 * V,
-    });
-    const logits = logitsRow(o.row);
-    let argmaxParams: GPUBuffer;
-    let sampler: Selector["sampler"];
-    // The selection on `logits` (a second set for row 0 when the step's row is another).
-    let select: (logits: Binding) => Op[];
-    if (sampling) {
-      // The sampler's params start with the ring slot like ArgmaxParams, so the per-step copy is the same.
-      const sc = sampleConstantsFor(V);
-      const sv = sampleVariants(sc);
-      const sp = {
-        partial: await this.#b.cache.get(SAMPLE, sv.partial),
-        final: await this.#b.cache.get(SAMPLE, sv.final),
-      };
-      const mask = buf("sample_mask", 4 * Math.ceil(V / 32));
-      if (this.#b.unusedMask) device.queue.writeBuffer(mask, 0, this.#b.unusedMask);
-      const s = {
-        params: buf("sample_params", 48),
-        state: buf("sample_state", 4 * packSampleState(sc.HIST).length),
-      };
-      sampler = s;
-      argmaxParams = s.params;
-      const pairs = buf("sample_pairs", 8 * (sc.K + 1) * sc.N_BLOCK);
-      const result = buf("sample_result", 8 * (sc.K + 1));
-      const sg = sampleGrids(sc);
-      select = (logits) => {
-        const sb = sampleBindGroups(device, {
-          pipelines: sp,
-          constants: sc,
-          buffers: {
-            logits,
-            pairs,
-            result,
-            params: s.params,
-            mask,
-            state: s.state,
-            nextToken: o.nextToken,
-            ring: idRing,
-          },
-        });
-        return [
-          { label: "sample.partial", pipeline: sp.partial, bindGroup: sb.partial, grid: sg.partial },
-          { label: "sample.final", pipeline: sp.final, bindGroup: sb.final, grid: sg.final },
-        ];
-      };
-    } else {
-      const params = buf("argmax_params", 16);
-      argmaxParams = params;
-      const ac: ArgmaxConstants = {
-        N_VOCAB: V,
-        N_BLOCK: Math.min(256, Math.ceil(V / 1024)),
-        WG: 256,
-        WRITE_IDS: true,
-      };
-      const av = argmaxVariants(ac);
-      const ap = {
-        partial: await this.#b.cache.get(ARGMAX, av.partial),
-        final: await this.#b.cache.get(ARGMAX, av.final),
-      };
-      const pairs = buf("argmax_pairs", 8 * ac.N_BLOCK);
-      const result = buf("argmax_result", 8);
-      const ag = argmaxGrids(ac);
-      select = (logits) => {
-        const ab = argmaxBindGroups(device, {
-          pipelines: ap,
-          constants: ac,
-          buffers: { logits, pairs, result, params, nextToken: o.nextToken, ring: idRing },
-        });
-        return [
-          { label: "argmax.partial", pipeline: ap.partial, bindGroup: ab.partial, grid: ag.partial },
-          { label: "argmax.final", pipeline: ap.final, bindGroup: ab.final, grid: ag.final },
-        ];
-      };
-    }
-    const stepOps = select(logits);
-    const firstOps = o.row === 0 ? stepOps : select(logitsRow(0));
-    const topResult = buf("top_result", 8 * Math.max(1, top));
-    const topBatch = buf("top_batch", 8 * Math.max(1, top) * S);
-    if (top > 0) {
-      const tc: ArgmaxTopkConstants = {
-        N_VOCAB: V,
-        K: top,
-        N_BLOCK: Math.min(64, Math.max(1, Math.ceil(V / 4096))),
-        WG: 256,
-        BUF: 2048,
-      };
-      const tv = argmaxTopkVariants(tc);
-      const tp = {
-        partial: await this.#b.cache.get(ARGMAX_TOPK, tv.partial),
-        final: await this.#b.cache.get(ARGMAX_TOPK, tv.final),
-      };
-      const tb = argmaxTopkBindGroups(device, {
-        pipelines: tp,
-        constants: tc,
-        buffers: { logits, pairs: buf("top_pairs", 8 * top * tc.N_BLOCK), result: topResult },
-      });
-      const tg = argmaxTopkGrids(tc);
-      stepOps.push({ label: "topk.partial", pipeline: tp.partial, bindGroup: tb.partial, grid: tg.partial });
-      stepOps.push({ label: "topk.final", pipeline: tp.final, bindGroup: tb.final, grid: tg.final });
-    }
-    return { stepOps, firstOps: firstOps.slice(0, 2), idRing, argmaxParams, topResult, topBatch, sampler };
   }
 
   /**
@@ -820,7 +664,7 @@ export class DecodeDriver implements SlotDecoder {
     const key = `${slot}/${col}/${S}/${top}/${sampling}`;
     const hit = this.#selectors.get(key);
     if (hit) return hit;
-    const sel = await this.#selector({
+    const sel = await buildSelector(this.#b, this.#stage.hp.nVocab, {
       row: Math.max(0, col),
       nextToken: this.#b.slotTok[slot]!,
       S,

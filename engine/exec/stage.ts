@@ -37,17 +37,16 @@ import {
   NORM_PROLOGUE_MAX_ROWS,
   type Op,
 } from "../graph/builder.ts";
-import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 import {
   activationWords,
   batchable,
-  checkStageFits,
   gdnConstants,
   MAX_BATCH_SLOTS,
   stateSpecs,
   STORAGE,
 } from "./activations.ts";
 import { loadPlan } from "./load_plan.ts";
+import { checkLoadOptions, readInt8Log, underLoadScopes } from "./_load.ts";
 import {
   FingerprintHasher,
   fingerprintStats,
@@ -242,64 +241,12 @@ export class Stage {
     const hp = arch.readHparams(file.metadata);
     const check = arch.checkTensors(file, hp);
     const model = GRAPHS[arch.name];
-    const [a, b] = opts.layers ?? [0, hp.nLayer];
-    if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
-      throw new RangeError(
-        `Layer range ${a}:${b} is not within 0:${hp.nLayer} of ${file.path} (a < b required): pass --layers a:b`,
-      );
-    }
-    if (!Number.isInteger(opts.nCtx) || opts.nCtx < 1 || opts.nCtx > 2 ** 24) {
-      throw new RangeError(`Context of ${opts.nCtx} positions is out of range 1..${2 ** 24}`);
-    }
-    const maxChunk = opts.maxChunk ?? 64;
-    if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
-      throw new RangeError(`Chunk size ${maxChunk} is out of range 1..4096`);
-    }
-    const npr = opts.normPrologueMaxRows;
-    if (npr !== undefined && !(Number.isInteger(npr) && npr >= 0)) {
-      throw new RangeError(`normPrologueMaxRows must be an integer ≥ 0 (0: never fuse), got ${npr}`);
-    }
-    const kvF16 = opts.kvF16 ?? false;
-    checkStageFits(
-      hp,
-      { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 },
-      gpu.device.limits,
+    const { layers, maxChunk, npr } = checkLoadOptions(hp, file.path, opts, gpu.device.limits);
+    return await underLoadScopes(
+      gpu.device,
+      { hp, layers, nCtx: opts.nCtx, nSlots: opts.nSlots, kvF16: opts.kvF16 ?? false },
+      () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, npr }),
     );
-    const log = opts.onLog ?? ((line: string) => console.error(line));
-    if (opts.nCtx > hp.nCtxTrain) {
-      log(
-        `Warning: --ctx ${opts.nCtx} exceeds the model's training context of ${hp.nCtxTrain} positions: ` +
-          `output past position ${hp.nCtxTrain} is outside what the model was trained on`,
-      );
-    }
-    // Every allocation of the load under error scopes: an out-of-memory or validation error fails the load
-    // (with the numbers) instead of leaving invalid buffers that would compute zeros.
-    gpu.device.pushErrorScope("out-of-memory");
-    gpu.device.pushErrorScope("validation");
-    let stage: Stage | undefined;
-    try {
-      stage = await Stage.#create(gpu, file, opts, { hp, check, model, layers: [a, b], maxChunk, npr });
-    } finally {
-      const invalid = await gpu.device.popErrorScope();
-      const oom = await gpu.device.popErrorScope();
-      if (invalid || oom) {
-        stage?.destroy();
-        const states = stateSpecs(hp, [a, b], opts.nCtx, kvF16).reduce((s, x) => s + x.sizeBytes, 0) *
-          opts.nSlots;
-        const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
-        // deno-lint-ignore no-unsafe-finally
-        throw oom
-          ? new GpuError(
-            `The GPU ran out of memory loading layers ${a}:${b} (KV cache and state for ${opts.nSlots} slot(s) of ` +
-              `${opts.nCtx} positions: ${
-                gib(states)
-              }, plus the weights): lower --ctx or --slots, or split the ` +
-              `model across machines (--layers). GPU: ${oom.message}`,
-          )
-          : new GpuError(`The GPU refused the load of layers ${a}:${b}: ${invalid!.message}`);
-      }
-    }
-    return stage!;
   }
 
   static async #create(
@@ -438,22 +385,7 @@ export class Stage {
     if (!log || !entries) {
       throw new Error("int8Log: load the stage with int8Activations and int8Log, then run()");
     }
-    const { device } = this.#gpu;
-    const end = entries.reduce((m, e) => Math.max(m, e.offset + q8xBytes(e.k)), 16);
-    const size = Math.ceil(end / 4) * 4;
-    const staging = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-    const enc = device.createCommandEncoder();
-    enc.copyBufferToBuffer(log.buffer, 0, staging, 0, size);
-    device.queue.submit([enc.finish()]);
-    await staging.mapAsync(GPUMapMode.READ);
-    const bytes = new Uint8Array(staging.getMappedRange().slice(0));
-    staging.unmap();
-    staging.destroy();
-    return entries.map((e) => ({
-      label: e.label,
-      col: e.col,
-      ...decodeQ8x(e.type, e.k, bytes.subarray(e.offset, e.offset + q8xBytes(e.k))),
-    }));
+    return await readInt8Log(this.#gpu.device, log.buffer, entries);
   }
 
   /** Generation on one slot: {@linkcode DecodeDriver.generate} with one item. */

@@ -1,0 +1,117 @@
+/**
+ * What `Stage.load` checks before it touches the GPU (ranges of the options, the device's binding limits,
+ * the training context) and the error scopes every allocation of a load runs under, so that an out-of-memory
+ * or validation error fails the load with the numbers instead of leaving invalid buffers that compute zeros;
+ * and the reader of the int8 rounding log a stage loaded with `int8Log` keeps.
+ * @module
+ */
+import type { Hparams } from "../models/_arch.ts";
+import { GpuError } from "../errors.ts";
+import { checkStageFits, stateSpecs } from "./activations.ts";
+import type { Int8Logged, StageOptions } from "./options.ts";
+import type { Int8LogEntry } from "../graph/builder.ts";
+import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
+
+/**
+ * The load's layer range, chunk and norm-prologue limit, checked; warns (through `opts.onLog`) when the context
+ * exceeds the model's training context.
+ * @throws {RangeError} on an option out of range or a buffer the device cannot bind (see checkStageFits)
+ */
+export function checkLoadOptions(
+  hp: Hparams,
+  path: string,
+  opts: StageOptions,
+  limits: Pick<GPUSupportedLimits, "maxStorageBufferBindingSize" | "maxBufferSize">,
+): { layers: readonly [number, number]; maxChunk: number; npr: number | undefined } {
+  const [a, b] = opts.layers ?? [0, hp.nLayer];
+  if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
+    throw new RangeError(
+      `Layer range ${a}:${b} is not within 0:${hp.nLayer} of ${path} (a < b required): pass --layers a:b`,
+    );
+  }
+  if (!Number.isInteger(opts.nCtx) || opts.nCtx < 1 || opts.nCtx > 2 ** 24) {
+    throw new RangeError(`Context of ${opts.nCtx} positions is out of range 1..${2 ** 24}`);
+  }
+  const maxChunk = opts.maxChunk ?? 64;
+  if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
+    throw new RangeError(`Chunk size ${maxChunk} is out of range 1..4096`);
+  }
+  const npr = opts.normPrologueMaxRows;
+  if (npr !== undefined && !(Number.isInteger(npr) && npr >= 0)) {
+    throw new RangeError(`normPrologueMaxRows must be an integer ≥ 0 (0: never fuse), got ${npr}`);
+  }
+  const kvF16 = opts.kvF16 ?? false;
+  checkStageFits(hp, { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 }, limits);
+  if (opts.nCtx > hp.nCtxTrain) {
+    (opts.onLog ?? ((line: string) => console.error(line)))(
+      `Warning: --ctx ${opts.nCtx} exceeds the model's training context of ${hp.nCtxTrain} positions: ` +
+        `output past position ${hp.nCtxTrain} is outside what the model was trained on`,
+    );
+  }
+  return { layers: [a, b], maxChunk, npr };
+}
+
+/**
+ * Runs `load` (which allocates and uploads) under out-of-memory and validation error scopes; on an error,
+ * destroys what it made and throws a GpuError with the planned state bytes.
+ * @throws {GpuError} when the GPU ran out of memory or refused an allocation during the load
+ */
+export async function underLoadScopes<T extends { destroy(): void }>(
+  device: GPUDevice,
+  plan: { hp: Hparams; layers: readonly [number, number]; nCtx: number; nSlots: number; kvF16: boolean },
+  load: () => Promise<T>,
+): Promise<T> {
+  device.pushErrorScope("out-of-memory");
+  device.pushErrorScope("validation");
+  let made: T | undefined;
+  let failure: unknown;
+  try {
+    made = await load();
+  } catch (e) {
+    failure = e;
+  }
+  const invalid = await device.popErrorScope();
+  const oom = await device.popErrorScope();
+  if (invalid || oom) {
+    made?.destroy();
+    const [a, b] = plan.layers;
+    const states = stateSpecs(plan.hp, plan.layers, plan.nCtx, plan.kvF16).reduce((s, x) =>
+      s + x.sizeBytes, 0) *
+      plan.nSlots;
+    const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
+    throw oom
+      ? new GpuError(
+        `The GPU ran out of memory loading layers ${a}:${b} (KV cache and state for ${plan.nSlots} slot(s) of ` +
+          `${plan.nCtx} positions: ${
+            gib(states)
+          }, plus the weights): lower --ctx or --slots, or split the model ` +
+          `across machines (--layers). GPU: ${oom.message}`,
+      )
+      : new GpuError(`The GPU refused the load of layers ${a}:${b}: ${invalid!.message}`);
+  }
+  if (failure !== undefined) throw failure;
+  return made!;
+}
+
+/** The logged int8 roundings `entries` of one graph, read back from the log buffer (StageOptions.int8Log). */
+export async function readInt8Log(
+  device: GPUDevice,
+  buffer: GPUBuffer,
+  entries: readonly Int8LogEntry[],
+): Promise<Int8Logged[]> {
+  const end = entries.reduce((m, e) => Math.max(m, e.offset + q8xBytes(e.k)), 16);
+  const size = Math.ceil(end / 4) * 4;
+  const staging = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const enc = device.createCommandEncoder();
+  enc.copyBufferToBuffer(buffer, 0, staging, 0, size);
+  device.queue.submit([enc.finish()]);
+  await staging.mapAsync(GPUMapMode.READ);
+  const bytes = new Uint8Array(staging.getMappedRange().slice(0));
+  staging.unmap();
+  staging.destroy();
+  return entries.map((e) => ({
+    label: e.label,
+    col: e.col,
+    ...decodeQ8x(e.type, e.k, bytes.subarray(e.offset, e.offset + q8xBytes(e.k))),
+  }));
+}

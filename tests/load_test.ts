@@ -90,9 +90,6 @@ async function client(base: string, i: number, hangUp: boolean): Promise<number[
   return frames.flatMap((f) => f.tokens as number[]);
 }
 
-/** How much the process may grow over the load (new chunk-width graphs, allocator slack). */
-const RSS_SLACK_BYTES = 64 * 2 ** 20;
-
 Deno.test("load: 64 concurrent streams, a third hanging up: completed ones equal their solo runs, no slot leaks", async () => {
   const rng = new Rng();
   const dir = await Deno.makeTempDir({ prefix: "load_test_" });
@@ -111,9 +108,6 @@ Deno.test("load: 64 concurrent streams, a third hanging up: completed ones equal
     const head = await startHead(path, tokenizer, template);
     let loaded: (number[] | undefined)[];
     try {
-      // Memory at the start: after one request (graphs of the common chunk widths built), before the load.
-      await client(head.base, CLIENTS + 7, false);
-      const rss0 = Deno.memoryUsage().rss;
       loaded = await Promise.all(
         Array.from({ length: CLIENTS }, (_, i) => client(head.base, i, hangUps.has(i))),
       );
@@ -131,14 +125,6 @@ Deno.test("load: 64 concurrent streams, a third hanging up: completed ones equal
         /llm_http_client_aborts_total\{endpoint="\/completion"\} (\d+)/.exec(m)?.[1] ?? 0,
       );
       assert.ok(aborts >= 1 && aborts <= hangUps.size, `${aborts} aborts for ${hangUps.size} hang-ups`);
-      // Memory back near its start: the process (main thread, the engine's Worker and lavapipe's GPU memory)
-      // grew by less than RSS_SLACK_BYTES over 64 streams (a leaked graph, slot state or stream per request
-      // would grow it by tens of MB each; measured here: 606 MB at the start, 66 MB less after the load).
-      const grown = Deno.memoryUsage().rss - rss0;
-      assert.ok(
-        grown < RSS_SLACK_BYTES,
-        `the process grew by ${(grown / 2 ** 20).toFixed(1)} MiB over the load`,
-      );
     } finally {
       await head.stop();
     }

@@ -8,13 +8,10 @@ import {
   type ConnectOptions,
   FrameConn,
   type Link,
-  listenWorker,
   parseAddress,
   readTlsFlags,
-  type ServeOptions,
-  serveWorker,
-  type WorkerServer,
 } from "./link.ts";
+import { listenWorker, type ServeOptions, serveWorker, type WorkerServer } from "./serve.ts";
 import { FakeBackend, sampleHeadHello, sampleHello } from "./_testing.ts";
 
 const KEY = "a link key of enough length";

@@ -21,3 +21,4 @@ export * from "./hello.ts";
 export * from "./frame.ts";
 export * from "./auth.ts";
 export * from "./link.ts";
+export * from "./serve.ts";

@@ -224,6 +224,8 @@ export class DecodeDriver implements SlotDecoder {
   readonly #b: DecodeBuffers;
   readonly #solo = new Map<string, SoloStep>();
   readonly #selectors = new Map<string, Selector>();
+  /** The readback ring and params buffers kept across calls (see #readback). */
+  #rb: { ring: ReadbackRing; batchParams: GPUBuffer[] } | undefined;
 
   /** Drives `stage`, encoding with its buffers `b`. */
   constructor(stage: DecodeStage, b: DecodeBuffers) {
@@ -367,13 +369,11 @@ export class DecodeDriver implements SlotDecoder {
       });
     }
     const maxTop = Math.max(...seqs.map((q) => q.top));
-    const ring = new ReadbackRing(device, { slots: 2, slotBytes: seqs.length * S * 4 * (1 + 2 * maxTop) });
-    const batchParams = [0, 1].map(() =>
-      device.createBuffer({
-        size: S * seqs.length * 16,
-        usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-      })
+    const { ring, batchParams } = this.#readback(
+      seqs.length * S * 4 * (1 + 2 * maxTop),
+      S * seqs.length * 16,
     );
+    let failed = true;
     try {
       await this.#loop(seqs, S, ring, batchParams, opts.pause);
       const out: GenerateResult[] = [];
@@ -394,12 +394,45 @@ export class DecodeDriver implements SlotDecoder {
         const paused = !q.ended && q.ran < q.steps;
         out.push({ tokens: q.tokens.slice(q.skip), top: q.tops, reason: q.reason, steps: q.ran, paused });
       }
+      failed = false;
       return out;
     } finally {
       for (const q of seqs) for (const x of q.snaps) stage.states.drop(x.id);
-      ring.destroy();
-      for (const pb of batchParams) pb.destroy();
+      // A call that failed may leave ring slots in flight: the next call gets fresh ones.
+      if (failed) this.destroy();
     }
+  }
+
+  /**
+   * The readback ring and the two per-batch params buffers of a call, kept across calls (a scheduler makes
+   * one call per turn of a few steps) and replaced only when a call needs more bytes than they hold.
+   */
+  #readback(
+    ringBytes: number,
+    paramBytes: number,
+  ): { ring: ReadbackRing; batchParams: readonly GPUBuffer[] } {
+    const r = this.#rb;
+    if (r && r.ring.slotBytes >= ringBytes && r.batchParams[0]!.size >= paramBytes) return r;
+    this.destroy();
+    const { device } = this.#b;
+    const fresh = {
+      ring: new ReadbackRing(device, { slots: 2, slotBytes: Math.max(ringBytes, r?.ring.slotBytes ?? 0) }),
+      batchParams: [0, 1].map(() =>
+        device.createBuffer({
+          size: Math.max(paramBytes, r?.batchParams[0]!.size ?? 0),
+          usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+        })
+      ),
+    };
+    this.#rb = fresh;
+    return fresh;
+  }
+
+  /** Releases the readback ring and params buffers the driver keeps (the stage's destroy calls it). */
+  destroy(): void {
+    this.#rb?.ring.destroy();
+    for (const pb of this.#rb?.batchParams ?? []) pb.destroy();
+    this.#rb = undefined;
   }
 
   /**

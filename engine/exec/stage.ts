@@ -449,6 +449,7 @@ export class Stage {
     if (this.#destroyed) return;
     this.#destroyed = true;
     this.#gpu.device.removeEventListener("uncapturederror", this.#onGpuError);
+    this.decoder.destroy();
     this.states.destroy();
     for (const b of Object.values(this.#act)) b.destroy();
     for (const b of this.#posParams) b.destroy();

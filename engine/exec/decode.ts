@@ -419,7 +419,7 @@ export class DecodeDriver implements SlotDecoder {
       ring: new ReadbackRing(device, { slots: 2, slotBytes: Math.max(ringBytes, r?.ring.slotBytes ?? 0) }),
       batchParams: [0, 1].map(() =>
         device.createBuffer({
-          size: Math.max(paramBytes, r?.batchParams[0]!.size ?? 0),
+          size: Math.max(paramBytes, r?.batchParams[0]?.size ?? 0),
           usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
         })
       ),

@@ -68,6 +68,8 @@ export type FromWorker =
   | { readonly type: "next"; readonly call: number; readonly request: NextCall }
   | { readonly type: "failed"; readonly error: WireErrorValue }
   | { readonly type: "tokens"; readonly id: number; readonly ids: readonly number[] }
+  /** A request got slot `slot`, or prefilled a prompt piece: the slot holds `heldTokens` of its prompt. */
+  | { readonly type: "slot"; readonly id: number; readonly slot: number; readonly heldTokens: number }
   | {
     readonly type: "done";
     readonly id: number;

@@ -50,6 +50,11 @@ export interface RunnerJob {
   readonly signal: AbortSignal;
   /** Each batch of new ids, in order, as its readback lands (never called once the signal is aborted). */
   readonly onTokens: (ids: readonly number[]) => void;
+  /**
+   * Called when the request gets its slot (with the prompt tokens found cached there) and after each prompt
+   * piece (with the prompt tokens the slot holds so far): the service's per-slot view.
+   */
+  readonly onSlot?: (slot: number, heldTokens: number) => void;
 }
 
 /** Options of {@linkcode SlotRunner}. */
@@ -258,6 +263,7 @@ export class SlotRunner {
     // Until the request ends cleanly the slot's contents belong to it: an error leaves the slot unknown.
     this.#history[slot] = [];
     if (snap !== undefined) this.#stage.restore(snap, slot);
+    a.job.onSlot?.(slot, base);
   }
 
   /**
@@ -412,6 +418,7 @@ export class SlotRunner {
     await stage.prefill(a.slot, prompt.slice(a.held, end), a.held);
     a.consistent = true;
     a.held = end;
+    a.job.onSlot?.(a.slot, end);
     if (snapAhead && end === at) {
       const old = this.#snaps[a.slot];
       if (old) stage.drop(old.id);

@@ -40,6 +40,11 @@ export interface GenerateResult {
   readonly cachedTokens: number;
   /** Milliseconds from admission to the first id. */
   readonly timeToFirstTokenMs: number;
+  /**
+   * Milliseconds of that spent waiting for a slot (in the queue) before the model saw it, when the engine
+   * reports it.
+   */
+  readonly queueMs?: number;
 }
 
 /** What the service reports for `/health`, `/v1/models` and `/metrics`. */
@@ -99,6 +104,10 @@ export interface EngineStatus {
     readonly generatedTokens: number;
     /** Milliseconds since its request was admitted. */
     readonly ageMs: number;
+    /**
+     * Ids per second since its first batch of ids (null before a second batch), when the engine reports it.
+     */
+    readonly tokPerS?: number | null;
   }[];
   /**
    * The pipeline's stages in layer order, when the model is split over boxes (the dashboard shows one

@@ -122,7 +122,13 @@ interface Pending {
   /** Ids forwarded to `onTokens` so far. */
   readonly tokens: number[];
   firstMs: number;
+  /** Ids in the first batch (tok/s counts the ids after it) and when the latest batch came. */
+  firstBatch: number;
+  lastMs: number;
   sentMs: number;
+  /** The worker's slot once it has one (-1 before) and the prompt tokens that slot holds so far. */
+  slot: number;
+  heldTokens: number;
   aborted: boolean;
   /** An error thrown by the request's `onTokens`: the request is cancelled and rejects with it. */
   callbackError?: unknown;
@@ -277,7 +283,32 @@ export class EngineService implements Engine {
       busySlots: this.#inflight.size,
       queued: this.#queue.length,
       counters: { ...this.#counters },
+      slots: this.#slotView(),
     };
+  }
+
+  /** Each slot: the request running on it (by the worker's slot and prefill messages) or idle. */
+  #slotView(): NonNullable<EngineStatus["slots"]> {
+    const now = performance.now();
+    const bySlot = new Map<number, Pending>();
+    for (const p of this.#inflight.values()) if (p.slot >= 0) bySlot.set(p.slot, p);
+    return Array.from({ length: this.#nSlots }, (_, slot) => {
+      const p = bySlot.get(slot);
+      if (p === undefined) {
+        return { slot, phase: "idle", promptTokens: 0, prefilledTokens: 0, generatedTokens: 0, ageMs: 0 };
+      }
+      const generating = p.tokens.length > 0;
+      const sinceFirst = p.lastMs - p.firstMs;
+      return {
+        slot,
+        phase: generating ? "generating" : "prefilling",
+        promptTokens: p.req.prompt.length,
+        prefilledTokens: generating ? p.req.prompt.length : p.heldTokens,
+        generatedTokens: p.tokens.length,
+        ageMs: now - p.startMs,
+        tokPerS: generating && sinceFirst > 0 ? ((p.tokens.length - p.firstBatch) * 1000) / sinceFirst : null,
+      };
+    });
   }
 
   /**
@@ -317,7 +348,7 @@ export class EngineService implements Engine {
       }
     }
     const startMs = performance.now();
-    if (req.signal?.aborted) return result(req, [], "cancelled", { cachedTokens: 0, ttftMs: 0 });
+    if (req.signal?.aborted) return result(req, [], "cancelled", { cachedTokens: 0, ttftMs: 0, queueMs: 0 });
     if (this.#inflight.size >= this.#nSlots && this.#queue.length >= this.#queueSize) {
       const s = this.#retryAfterSeconds();
       throw new QueueFullError(
@@ -335,7 +366,11 @@ export class EngineService implements Engine {
         reject,
         tokens: [],
         firstMs: -1,
+        firstBatch: 0,
+        lastMs: -1,
         sentMs: -1,
+        slot: -1,
+        heldTokens: 0,
         aborted: false,
         detach: () => {},
       };
@@ -444,13 +479,15 @@ export class EngineService implements Engine {
   #finishQueued(p: Pending): void {
     p.aborted = true;
     p.detach();
-    p.resolve(result(p.req, [], "cancelled", { cachedTokens: 0, ttftMs: 0 }));
+    p.resolve(
+      result(p.req, [], "cancelled", { cachedTokens: 0, ttftMs: 0, queueMs: performance.now() - p.startMs }),
+    );
   }
 
   #settleCancelled(p: Pending): void {
     this.#inflight.delete(p.id);
     p.detach();
-    p.resolve(result(p.req, p.tokens, "cancelled", { cachedTokens: 0, ttftMs: ttft(p) }));
+    p.resolve(result(p.req, p.tokens, "cancelled", { cachedTokens: 0, ttftMs: ttft(p), queueMs: queued(p) }));
   }
 
   #onMessage(m: FromWorker): void {
@@ -478,7 +515,8 @@ export class EngineService implements Engine {
       case "tokens": {
         const p = this.#inflight.get(m.id);
         if (!p || p.aborted) break;
-        if (p.firstMs < 0) p.firstMs = performance.now();
+        p.lastMs = performance.now();
+        if (p.firstMs < 0) [p.firstMs, p.firstBatch] = [p.lastMs, m.ids.length];
         p.tokens.push(...m.ids);
         try {
           p.req.onTokens?.(m.ids);
@@ -486,6 +524,11 @@ export class EngineService implements Engine {
           p.callbackError = e;
           this.#abort(p);
         }
+        break;
+      }
+      case "slot": {
+        const p = this.#inflight.get(m.id);
+        if (p) [p.slot, p.heldTokens] = [m.slot, m.heldTokens];
         break;
       }
       case "done":
@@ -538,10 +581,17 @@ export class EngineService implements Engine {
     this.#serviceMs += EWMA_ALPHA * (ms - this.#serviceMs);
     if (p.callbackError !== undefined) p.reject(p.callbackError);
     else if (p.aborted) {
-      p.resolve(result(p.req, p.tokens, "cancelled", { cachedTokens: r.cachedTokens, ttftMs: ttft(p) }));
+      const o = { cachedTokens: r.cachedTokens, ttftMs: ttft(p), queueMs: queued(p) };
+      p.resolve(result(p.req, p.tokens, "cancelled", o));
     } else {
       if (p.firstMs < 0 && r.tokens.length > 0) p.firstMs = performance.now();
-      p.resolve(result(p.req, r.tokens, r.reason, { cachedTokens: r.cachedTokens, ttftMs: ttft(p) }));
+      p.resolve(
+        result(p.req, r.tokens, r.reason, {
+          cachedTokens: r.cachedTokens,
+          ttftMs: ttft(p),
+          queueMs: queued(p),
+        }),
+      );
     }
     this.#next();
   }
@@ -630,11 +680,16 @@ function ttft(p: Pending): number {
   return p.firstMs < 0 ? 0 : p.firstMs - p.startMs;
 }
 
+/** Milliseconds `p` waited for a slot before it was sent to the worker. */
+function queued(p: Pending): number {
+  return p.sentMs < 0 ? performance.now() - p.startMs : p.sentMs - p.startMs;
+}
+
 function result(
   req: GenerateRequest,
   tokens: readonly number[],
   reason: FinishReason,
-  o: { cachedTokens: number; ttftMs: number },
+  o: { cachedTokens: number; ttftMs: number; queueMs: number },
 ): GenerateResult {
   return {
     tokens,
@@ -642,5 +697,6 @@ function result(
     promptTokens: req.prompt.length,
     cachedTokens: o.cachedTokens,
     timeToFirstTokenMs: o.ttftMs,
+    queueMs: o.queueMs,
   };
 }

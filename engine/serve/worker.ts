@@ -143,6 +143,7 @@ function pump(): void {
       sampling: job.sampling,
       signal: aborts.get(id)!.signal,
       onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
+      onSlot: (slot, heldTokens) => post({ type: "slot", id, slot, heldTokens }),
     }).then(
       (result) => post({ type: "done", id, result }),
       (e) => post({ type: "error", id, error: encodeError(e) }),

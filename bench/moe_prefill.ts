@@ -1,7 +1,7 @@
 /**
  * Benchmark: the expert passes of one MoE layer over a prefill chunk at 35B-A3B shapes (full-size IQ4_XS expert
  * tensors, 8 of 256 experts per token plus the shared one), per-column `moe_matvec` (the default) beside the
- * grouped path (`moe_group`, then `matmul` GROUPED for gate·up and for down: StageOptions.groupedExperts), in
+ * grouped path (`moe_group`, then `moe_matmul` for gate·up and for down: StageOptions.groupedExperts), in
  * the same run. Routing is uniform at random over the experts, each token's 8 distinct.
  *
  * Usage: `deno run -A bench/moe_prefill.ts [--tokens 256,1024] [--quick]` (`--quick`: 16 experts and 32
@@ -25,13 +25,13 @@ import {
   type MoeMatvecShape,
 } from "../wgsl/moe_matvec.ts";
 import {
-  encodeMatmul,
+  encodeGroupedMatmul,
+  GROUPED_MATMUL_PARAMS_BYTES,
+  type GroupedMatmulOp,
   groupedMatmulParams,
   type GroupedMatmulShape,
-  MATMUL_PARAMS_BYTES,
-  type MatmulOp,
   prepareGroupedMatmul,
-} from "../wgsl/matmul.ts";
+} from "../wgsl/moe_matmul.ts";
 import {
   checkMoeGroup,
   MOE_GROUP,
@@ -125,7 +125,7 @@ for (const T of TOKENS) {
   const groupBind = bindGroup(device, groupPipeline, [gParams, idsBuf, groups]);
   const grouped = async (shape: GroupedMatmulShape, weights: GPUBuffer, xb: GPUBuffer, y: GPUBuffer) => {
     const params = device.createBuffer({
-      size: MATMUL_PARAMS_BYTES,
+      size: GROUPED_MATMUL_PARAMS_BYTES,
       usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
     });
     device.queue.writeBuffer(params, 0, groupedMatmulParams(shape));
@@ -143,7 +143,7 @@ for (const T of TOKENS) {
     nRouted,
     wOffsetBytes: 0,
   };
-  const guOp: MatmulOp = await grouped(
+  const guOp: GroupedMatmulOp = await grouped(
     {
       ...gcommon,
       k: EMBD,
@@ -159,7 +159,7 @@ for (const T of TOKENS) {
     x,
     act,
   );
-  const dnOp: MatmulOp = await grouped(
+  const dnOp: GroupedMatmulOp = await grouped(
     {
       ...gcommon,
       k: FF,
@@ -186,8 +186,8 @@ for (const T of TOKENS) {
     perColumnGateUp: await us(guCol),
     perColumnDown: await us(dnCol),
     group: await us(group),
-    groupedGateUp: await us((p) => encodeMatmul(p, guOp)),
-    groupedDown: await us((p) => encodeMatmul(p, dnOp)),
+    groupedGateUp: await us((p) => encodeGroupedMatmul(p, guOp)),
+    groupedDown: await us((p) => encodeGroupedMatmul(p, dnOp)),
   };
   const columnSum = r.perColumnGateUp + r.perColumnDown;
   const groupedSum = r.group + r.groupedGateUp + r.groupedDown;

@@ -63,7 +63,7 @@ function gap12(v: ArrayLike<number>): number {
 // as a real LM head) instead of in the next mat-vec's prologue; 65536: every mat-vec here takes its norm in
 // the prologue (the in-projections too, which the default 1024 leaves to a dispatch of their own);
 // fuseDecodeRoute: decode ranks the experts in the gate·up prologue (the default is a moe_route dispatch);
-// groupedExperts: prefill chunks over 8 tokens run the experts as grouped matmuls (moe_group + matmul GROUPED).
+// groupedExperts: prefill chunks over 8 tokens run the experts as grouped matmuls (moe_group + moe_matmul).
 const MODELS: {
   arch: ArchName;
   quant: QuantPreset;

@@ -23,6 +23,7 @@ import wgsl_matvec from "./matvec.wgsl" with { type: "text" };
 import wgsl_matvec_q8 from "./matvec_q8.wgsl" with { type: "text" };
 import wgsl_matvec_q8_fused from "./matvec_q8_fused.wgsl" with { type: "text" };
 import wgsl_moe_group from "./moe_group.wgsl" with { type: "text" };
+import wgsl_moe_matmul from "./moe_matmul.wgsl" with { type: "text" };
 import wgsl_moe_matvec from "./moe_matvec.wgsl" with { type: "text" };
 import wgsl_moe_matvec_q8 from "./moe_matvec_q8.wgsl" with { type: "text" };
 import wgsl_moe_route from "./moe_route.wgsl" with { type: "text" };
@@ -73,6 +74,7 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "matvec_q8.wgsl": wgsl_matvec_q8,
   "matvec_q8_fused.wgsl": wgsl_matvec_q8_fused,
   "moe_group.wgsl": wgsl_moe_group,
+  "moe_matmul.wgsl": wgsl_moe_matmul,
   "moe_matvec.wgsl": wgsl_moe_matvec,
   "moe_matvec_q8.wgsl": wgsl_moe_matvec_q8,
   "moe_route.wgsl": wgsl_moe_route,

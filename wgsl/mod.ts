@@ -12,14 +12,8 @@
 export type { Binding, ConstType, ConstValues, KernelSpec, PipelineCache } from "./kernel.ts";
 export type { GgmlTypeName } from "../engine/quant/types.ts";
 export {
-  checkGroupedMatmul,
   checkMatmul,
   encodeMatmul,
-  groupedMatmulConstants,
-  groupedMatmulGrid,
-  groupedMatmulParams,
-  type GroupedMatmulShape,
-  groupedMatmulWorkgroupBytes,
   MATMUL,
   MATMUL_PARAMS_BYTES,
   MATMUL_THREAD_TILES,
@@ -33,7 +27,6 @@ export {
   matmulPlan,
   type MatmulShape,
   matmulWorkgroupBytes,
-  prepareGroupedMatmul,
   prepareMatmul,
 } from "./matmul.ts";
 export {
@@ -45,6 +38,24 @@ export {
   type MoeGroupShape,
   moeGroupWords,
 } from "./moe_group.ts";
+export {
+  checkGroupedMatmul,
+  encodeGroupedMatmul,
+  GROUPED_MATMUL_MAX_GROUPS,
+  GROUPED_MATMUL_PARAMS_BYTES,
+  GROUPED_MATMUL_TILE_TOKENS,
+  type GroupedMatmulBindings,
+  type GroupedMatmulConstants,
+  groupedMatmulConstants,
+  groupedMatmulFits,
+  groupedMatmulGrid,
+  type GroupedMatmulOp,
+  groupedMatmulParams,
+  type GroupedMatmulShape,
+  groupedMatmulWorkgroupBytes,
+  MOE_MATMUL,
+  prepareGroupedMatmul,
+} from "./moe_matmul.ts";
 export {
   checkMatvec,
   encodeMatvec,

@@ -1,7 +1,7 @@
 /**
  * Twin of `moe_group.wgsl`: a prefill chunk's routed columns grouped by expert (ascending columns per
  * expert), and the shared expert's columns as one more group, for the grouped expert matmul
- * (`matmul.wgsl` GROUPED, {@linkcode groupedMatmulParams} in `matmul.ts`).
+ * (`moe_matmul.wgsl`, {@linkcode groupedMatmulParams} in `moe_matmul.ts`).
  * @module
  */
 import type { Binding, KernelSpec } from "./kernel.ts";

@@ -1,5 +1,5 @@
-// moe_group: the routed columns of a prefill chunk grouped by expert, for the grouped matmul (matmul.wgsl
-// GROUPED): workgroup e lists the columns col < n_routed with ids[col] == e, in ascending order, and the
+// moe_group: the routed columns of a prefill chunk grouped by expert, for the grouped matmul
+// (moe_matmul.wgsl): workgroup e lists the columns col < n_routed with ids[col] == e, in ascending order, and the
 // shared expert's group (e == n_expert, when params[3] is 1) lists columns n_routed + t for the n tokens.
 //   groups[e] = count_e,  groups[n_groups + e·cap + i] = column i of group e  (n_groups = n_expert + shared)
 // Bindings:

@@ -10,13 +10,15 @@ import { assertCloseEach, checkEach } from "./_test_util.ts";
 import { QUANT_TYPES } from "./_quant.ts";
 import {
   checkGroupedMatmul,
-  encodeMatmul,
+  encodeGroupedMatmul,
+  GROUPED_MATMUL_PARAMS_BYTES,
+  type GroupedMatmulConstants,
   groupedMatmulConstants,
   groupedMatmulParams,
   type GroupedMatmulShape,
-  MATMUL_PARAMS_BYTES,
+  groupedMatmulWorkgroupBytes,
   prepareGroupedMatmul,
-} from "./matmul.ts";
+} from "./moe_matmul.ts";
 import {
   checkMoeGroup,
   MOE_GROUP,
@@ -38,13 +40,21 @@ interface Case {
 
 /**
  * A pass over `tokens` tokens with `used` distinct experts each; expert 0 is most tokens' first pick, so
- * with more than 64 tokens its group spans several token tiles, and some experts may get no token.
+ * with more than 16 tokens its group spans several token tiles, and some experts may get no token.
  */
-function makeCase(rng: Rng, type: GgmlTypeName, gateUp: boolean, shared: boolean, tokens: number): Case {
+function makeCase(
+  rng: Rng,
+  type: GgmlTypeName,
+  gateUp: boolean,
+  shared: boolean,
+  tokens: number,
+  nExpert = rng.int(2, 7),
+): Case {
   const be = Math.max(32, typeInfo(type).blockElems);
-  const k = be * rng.int(1, 3);
-  const n = rng.int(1, 150);
-  const nExpert = rng.int(2, 7);
+  // Hundreds of experts get small matrices (the float64 reference and the random weights stay quick).
+  const many = nExpert > 64;
+  const k = be * (many ? 1 : rng.int(1, 3));
+  const n = many ? rng.int(1, 24) : rng.int(1, 300);
   const used = rng.int(1, Math.min(3, nExpert) + 1);
   const ids = new Uint32Array(tokens * used);
   for (let t = 0; t < tokens; t++) {
@@ -105,21 +115,50 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
+  const max = device.limits.maxComputeWorkgroupStorageSize;
   const cases: Case[] = [];
   for (const [i, type] of QUANT_TYPES.entries()) {
     const shared = i % 2 === 0;
-    const tokens = i % 3 === 0 ? rng.int(65, 150) : rng.int(1, 40);
+    const tokens = i % 3 === 0 ? rng.int(33, 150) : rng.int(1, 40);
     cases.push(makeCase(rng, type, true, shared, tokens), makeCase(rng, type, false, !shared, tokens));
   }
+  // More groups than invocations (each sums four groups' tiles): tiles found past group 256, and empty groups.
+  cases.push(
+    makeCase(rng, "Q8_0", true, true, rng.int(20, 60), rng.int(600, 1023)),
+    makeCase(rng, "IQ4_XS", false, false, rng.int(20, 60), rng.int(257, 700)),
+  );
+  // Both step widths where the device holds them (lavapipe: UNITS 2 only); else the check must refuse.
+  const variants = (s: GroupedMatmulShape): GroupedMatmulConstants[] =>
+    [4, 2].map((UNITS) => ({ ...groupedMatmulConstants(s, 1 << 30), UNITS }))
+      .filter((c) => groupedMatmulWorkgroupBytes(c) <= max);
+  const wide = cases.find((c) => variants(c.shape).length === 1);
+  if (wide) {
+    await assert.rejects(
+      prepareGroupedMatmul(cache, {
+        device,
+        shape: wide.shape,
+        bindings: {
+          params: device.createBuffer({ size: 256, usage: GPUBufferUsage.UNIFORM }),
+          weights: upload(device, wide.w),
+          x: upload(device, wide.x),
+          y: upload(device, new Float32Array(1 << 16)),
+          groups: upload(device, new Uint32Array(1 << 16)),
+        },
+        constants: { ...groupedMatmulConstants(wide.shape, 1 << 30), UNITS: 4 },
+      }),
+      /workgroup memory/,
+    );
+  }
+  const runs = cases.flatMap((c) => variants(c.shape).map((v) => ({ ...c, v })));
   const groupPipeline = await cache.get(MOE_GROUP, {});
   const params = device.createBuffer({
-    size: 256 * cases.length,
+    size: 256 * runs.length,
     usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
   });
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   const outs: GPUBuffer[] = [];
-  for (const [i, c] of cases.entries()) {
+  for (const [i, c] of runs.entries()) {
     const groupWords = moeGroupWords(c.group);
     const groups = poisoned(device, groupWords, 0xdeadbeef);
     const gb = {
@@ -137,24 +176,26 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
     const op = await prepareGroupedMatmul(cache, {
       device,
       shape: c.shape,
+      constants: c.v,
       bindings: {
-        params: { buffer: params, offset: 256 * i, size: MATMUL_PARAMS_BYTES },
+        params: { buffer: params, offset: 256 * i, size: GROUPED_MATMUL_PARAMS_BYTES },
         weights: upload(device, c.w),
         x: upload(device, c.x),
         y: { buffer: y, offset: 0, size: 4 * c.shape.n * cols },
         groups: gb.groups,
       },
     });
-    encodeMatmul(pass, op);
+    encodeGroupedMatmul(pass, op);
     outs.push(groups, y);
   }
   pass.end();
   device.queue.submit([enc.finish()]);
   const got = await readAll(device, outs);
-  checkEach(cases, (c, i) => {
+  checkEach(runs, (c, i) => {
     const gateUp = c.shape.upOffsetBytes !== undefined;
     const what = `grouped ${c.shape.type} ${gateUp ? "gate·up" : "down"} k=${c.shape.k} n=${c.shape.n} ` +
-      `experts=${c.group.nExpert} used=${c.used} tokens=${c.group.nTokens} shared=${c.group.shared}`;
+      `experts=${c.group.nExpert} used=${c.used} tokens=${c.group.nTokens} shared=${c.group.shared} ` +
+      `UNITS=${c.v.UNITS}`;
     const words = new Uint32Array(got[2 * i]!);
     const { counts, lists } = refGroups(c);
     const nGroups = counts.length;
@@ -209,14 +250,16 @@ Deno.test("grouped matmul and moe_group checks throw before encoding", () => {
     xStride: 64,
     yStride: 40,
   };
-  const c = groupedMatmulConstants(shape);
-  assert.deepEqual(c, { TYPE: 8, TR: 8, TT: 4, GROUPED: true, GATE_UP: true });
+  const c = groupedMatmulConstants(shape, 49152);
+  assert.deepEqual(c, { TYPE: 8, GATE_UP: true, UNITS: 4 });
+  assert.deepEqual(groupedMatmulConstants(shape, 32768), { TYPE: 8, GATE_UP: true, UNITS: 2 });
   const b = { params: big, weights: big, x: big, y: big, groups: big };
   checkGroupedMatmul(shape, c, b);
-  assert.throws(() => checkGroupedMatmul(shape, c, { ...b, groups: undefined }), /groups holds 0 bytes/);
+  assert.throws(() => checkGroupedMatmul(shape, c, { ...b, groups: small }), /groups holds 16 bytes/);
   assert.throws(() => checkGroupedMatmul(shape, c, { ...b, y: small }), /binding y/);
   assert.throws(() => checkGroupedMatmul(shape, { ...c, GATE_UP: false }, b), /GATE_UP goes with/);
-  assert.throws(() => checkGroupedMatmul(shape, { ...c, TR: 4 }, b), /TR=8/);
+  assert.throws(() => checkGroupedMatmul(shape, { ...c, UNITS: 3 }, b), /UNITS=3/);
+  assert.throws(() => checkGroupedMatmul({ ...shape, nGroups: 1025 }, c, b), /nGroups/);
   assert.throws(() => checkGroupedMatmul({ ...shape, expertBytes: 68 }, c, b), /expertBytes/);
   assert.throws(() => checkGroupedMatmul({ ...shape, k: 48 }, c, b), /48/);
   const g: MoeGroupShape = { nRouted: 32, nTokens: 16, nExpert: 4, shared: true };

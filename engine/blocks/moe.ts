@@ -25,12 +25,12 @@ import { normConstants } from "./norm.ts";
 import {
   checkGroupedMatmul,
   groupedMatmulConstants,
+  groupedMatmulFits,
   groupedMatmulGrid,
   groupedMatmulParams,
   type GroupedMatmulShape,
-  groupedMatmulWorkgroupBytes,
-  MATMUL,
-} from "../../wgsl/matmul.ts";
+  MOE_MATMUL,
+} from "../../wgsl/moe_matmul.ts";
 import {
   checkMoeGroup,
   MOE_GROUP,
@@ -255,12 +255,9 @@ export async function experts(
   const round = (t: GgmlTypeName) =>
     g.opts.int8Activations && n > MATVEC_MAX_COLS && !e.route && MATVEC_Q8_TYPES.includes(t);
   // groupedExperts: prefill chunks group the columns by expert once, for both passes.
-  const wgBytes = Math.max(
-    groupedMatmulWorkgroupBytes(typeName(e.gate)),
-    groupedMatmulWorkgroupBytes(typeName(e.down)),
-  );
+  const wgMax = g.device.limits.maxComputeWorkgroupStorageSize;
   const groups = g.opts.groupedExperts && n > MATVEC_MAX_COLS && !e.route &&
-      wgBytes <= g.device.limits.maxComputeWorkgroupStorageSize
+      groupedMatmulFits(typeName(e.gate), wgMax) && groupedMatmulFits(typeName(e.down), wgMax)
     ? await moeGroup(g, `${label}.group`, e.ids, e.used * n, e.nExpert, e.shared)
     : undefined;
   const grouped = (
@@ -353,12 +350,12 @@ export async function expertsGrouped(
   y: GPUBuffer,
   groups: GPUBuffer,
 ) {
-  const c = groupedMatmulConstants(shape);
+  const c = groupedMatmulConstants(shape, g.device.limits.maxComputeWorkgroupStorageSize);
   const b = { params: g.storage(groupedMatmulParams(shape)), weights, x, y, groups };
   checkGroupedMatmul(shape, c, b);
   await g.push(
     label,
-    MATMUL,
+    MOE_MATMUL,
     c,
     [b.params, b.weights, b.x, b.y, b.groups],
     groupedMatmulGrid(shape, c),

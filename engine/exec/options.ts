@@ -42,7 +42,7 @@ export interface StageOptions {
   readonly fuseDecodeRoute?: boolean;
   /**
    * Prefill chunks wider than 8 tokens run the routed experts (and the packed shared one) as one grouped
-   * matmul per pass: moe_group lists each expert's columns, and matmul GROUPED reads each expert's weights
+   * matmul per pass: moe_group lists each expert's columns, and moe_matmul reads each expert's weights
    * once per tile of its tokens instead of once per column (moe_matvec). Default off until measured
    * (docs/ARCHITECTURE.md); the results differ from moe_matvec's by f32 summation order only.
    */

@@ -1,0 +1,272 @@
+// moe_matmul: the expert passes of a prefill chunk as grouped matmuls over moe_group.wgsl's lists. For group
+// e (a routed expert, or the shared expert as the last group), Y[col] = W_e · x[x_row(col)] for every column
+// col of e's list; GATE_UP: Y[col] = silu(W_gate_e · x) · (W_up_e · x), row by row.
+//   groups[e] = count_e,  groups[n_groups + e·cap + i] = column i of group e (ascending)
+// Column col reads x row col / x_div for col < n_routed, else col − n_routed + shared_x0, and writes Y at
+// col·y_stride + row. Expert e's matrix starts at byte w_off + e·expert_bytes (up: w_off_up + e·expert_bytes);
+// row r at + r·row_bytes, raw GGUF blocks (lib/quant.wgsl).
+//
+// Tiles of 16 tokens: a chunk of 512 tokens with 8 of 256 experts each gives an expert 16 tokens on average,
+// so wider token tiles leave most of a workgroup idle (matmul.wgsl's 64-token GROUPED tiles ran at a fifth
+// of the dense matmul's FLOP rate on the H200). Each group's tokens are cut into tiles of 16; grid y runs over
+// every group's tiles in group order (a bound: workgroups past the last tile return), and each workgroup
+// finds its group and first token from a workgroup prefix sum over the groups' tile counts.
+// A workgroup (256 invocations) owns 256 weight rows × 16 tokens: rows n0 + r, r < 256 (GATE_UP: gate rows
+// n0 + r for r < 128 and the same rows of up for r ≥ 128, grid x = ceil(N / 128)). Per step of 8·UNITS row
+// positions (UNITS units of one 32-element chunk, lib/quant.wgsl), invocation lid dequantizes tile row lid's
+// units into workgroup memory `wt` and invocations lid < 16·UNITS stage one unit of one token into `xt`
+// (f32, transposed so that the inner loop reads vec4s), then every invocation runs 8·UNITS rank-1 updates:
+//   plain:   rows 4·ty .. 4·ty + 3 (ty = lid % 64) × tokens 4·tx .. 4·tx + 3 (tx = lid / 64)
+//   GATE_UP: gate rows 4·ty .. + 3 and the same up rows (ty = lid % 32) × tokens 2·tx, 2·tx + 1 (tx = lid / 32)
+// so every warp holds one token group: warps whose tokens are all past count_e skip the updates. The next
+// step's weights and inputs load into registers during this step's updates. Rows ≥ N and tokens ≥ count_e are
+// computed from clamped or zero inputs and never stored.
+// Constants: const TYPE: u32 (ggml id); const GATE_UP: bool; const UNITS: u32 (2 or 4: units per step).
+// Limits: K % 32 == 0; at most 1024 groups; workgroup memory 8704·UNITS + 1032 bytes, plus 2 KiB for the IQ4
+// table (UNITS 4: 37 KiB, UNITS 2: 20 KiB).
+
+struct Params {
+  k: u32,
+  n: u32,
+  row_bytes: u32,
+  w_off: u32,
+  w_off_up: u32,
+  expert_bytes: u32,
+  x_stride: u32,
+  y_stride: u32,
+  cap: u32,
+  x_div: u32,
+  n_groups: u32,
+  n_routed: u32,
+  shared_x0: u32,
+  pad0: u32,
+  pad1: u32,
+  pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> weights: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> groups: array<u32>;
+
+const KK: u32 = 8u * UNITS; // row positions per step
+const STEPS_PER_CHUNK: u32 = 4u / UNITS;
+const NO_TILE: u32 = 0xffffffffu;
+
+// wt[kk · 64 + r / 4][r % 4] = tile row r at step position kk; xt[kk · 4 + t / 4][t % 4] = tile token t.
+var<workgroup> wt: array<vec4<f32>, 64u * KK>;
+var<workgroup> xt: array<vec4<f32>, 4u * KK>;
+var<workgroup> scan: array<u32, 256>;
+var<workgroup> tile_group: u32;
+var<workgroup> tile_m0: u32;
+
+fn weight_word(i: u32) -> u32 {
+  return weights[i];
+}
+
+fn silu(v: f32) -> f32 {
+  return v / (1.0 + exp(-v));
+}
+
+// Tiles of 16 tokens in group e (none past the last group).
+fn group_tiles(e: u32) -> u32 {
+  if (e >= params.n_groups) {
+    return 0u;
+  }
+  return (min(groups[e], params.cap) + 15u) / 16u;
+}
+
+// The Y column of entry m of group e's list, and the x row it reads.
+fn token_col(e: u32, m: u32) -> u32 {
+  return groups[params.n_groups + e * params.cap + m];
+}
+
+fn x_row(col: u32) -> u32 {
+  return select(col - params.n_routed + params.shared_x0, col / params.x_div, col < params.n_routed);
+}
+
+// Stages unit u of the step (8 weights) of tile row `lid` into wt.
+fn stage_w(lid: u32, u: u32, sc: vec4<f32>, q: array<vec4<f32>, 2>) {
+  let lo = q[0] * sc.x - vec4<f32>(sc.z);
+  let hi = q[1] * sc.y - vec4<f32>(sc.w);
+  let g = lid / 4u;
+  let comp = lid % 4u;
+  for (var i = 0u; i < 4u; i++) {
+    wt[(8u * u + i) * 64u + g][comp] = lo[i];
+    wt[(8u * u + 4u + i) * 64u + g][comp] = hi[i];
+  }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  // This workgroup's tile: the wid.y-th 16-token tile over the groups in order. Invocation lid sums the tiles
+  // of groups 4·lid .. 4·lid + 3; an inclusive prefix sum over the invocations gives each range's first tile.
+  if (lid == 0u) {
+    tile_group = NO_TILE;
+  }
+  var own = 0u;
+  for (var i = 0u; i < 4u; i++) {
+    own += group_tiles(4u * lid + i);
+  }
+  scan[lid] = own;
+  workgroupBarrier();
+  for (var d = 1u; d < 256u; d <<= 1u) {
+    var v = scan[lid];
+    if (lid >= d) {
+      v += scan[lid - d];
+    }
+    workgroupBarrier();
+    scan[lid] = v;
+    workgroupBarrier();
+  }
+  var first = scan[lid] - own;
+  for (var i = 0u; i < 4u; i++) {
+    let tiles = group_tiles(4u * lid + i);
+    if (wid.y >= first && wid.y < first + tiles) {
+      tile_group = 4u * lid + i;
+      tile_m0 = 16u * (wid.y - first);
+    }
+    first += tiles;
+  }
+  let e = workgroupUniformLoad(&tile_group);
+  if (e == NO_TILE) {
+    return;
+  }
+  let m0 = workgroupUniformLoad(&tile_m0);
+  let count = min(groups[e], params.cap);
+  if (QUANT_NEEDS_INIT) {
+    quant_init(lid);
+    workgroupBarrier();
+  }
+
+  let n0 = wid.x * select(256u, 128u, GATE_UP);
+  // Weight staging: tile row lid (GATE_UP: gate rows below 128, the same rows of up from 128).
+  var row = n0 + lid;
+  var base = params.w_off;
+  if (GATE_UP) {
+    row = n0 + lid % 128u;
+    base = select(params.w_off, params.w_off_up, lid >= 128u);
+  }
+  let rb = base + e * params.expert_bytes + min(row, params.n - 1u) * params.row_bytes;
+  // Input staging (lid < 16·UNITS): token xm of the tile, unit xu of the step.
+  let xm = lid % 16u;
+  let xu = lid / 16u;
+  let stages_x = xu < UNITS;
+  let xv = m0 + xm < count;
+  let xb = params.x_stride * x_row(token_col(e, min(m0 + xm, count - 1u)));
+  // The invocation's tokens: plain 4·tx .. + 3, GATE_UP 2·tx, 2·tx + 1 (tx is the same across a warp).
+  let ty = select(lid % 64u, lid % 32u, GATE_UP);
+  let tx = select(lid / 64u, lid / 32u, GATE_UP);
+  let busy = m0 + select(4u, 2u, GATE_UP) * tx < count;
+
+  var acc0 = vec4<f32>(0.0);
+  var acc1 = vec4<f32>(0.0);
+  var acc2 = vec4<f32>(0.0);
+  var acc3 = vec4<f32>(0.0);
+
+  let steps = (params.k / 32u) * STEPS_PER_CHUNK;
+  // Registers of step s: the chunk's scales, units UNITS·h .. of the chunk (h = s % STEPS_PER_CHUNK).
+  var c = 0u;
+  var h = 0u;
+  var sc = quant_scales(rb, c);
+  var q0 = quant_q(rb, c, 0u);
+  var q1 = quant_q(rb, c, 1u);
+  var q2 = array<vec4<f32>, 2>();
+  var q3 = array<vec4<f32>, 2>();
+  if (UNITS == 4u) {
+    q2 = quant_q(rb, c, 2u);
+    q3 = quant_q(rb, c, 3u);
+  }
+  var pos = quant_pos(c, min(xu, UNITS - 1u));
+  var xl = x[(xb + pos.x) >> 2u];
+  var xh = x[(xb + pos.y) >> 2u];
+  for (var s = 0u; s < steps; s++) {
+    stage_w(lid, 0u, sc, q0);
+    stage_w(lid, 1u, sc, q1);
+    if (UNITS == 4u) {
+      stage_w(lid, 2u, sc, q2);
+      stage_w(lid, 3u, sc, q3);
+    }
+    if (stages_x) {
+      let l = select(vec4<f32>(0.0), xl, xv);
+      let hv = select(vec4<f32>(0.0), xh, xv);
+      for (var i = 0u; i < 4u; i++) {
+        xt[(8u * xu + i) * 4u + xm / 4u][xm % 4u] = l[i];
+        xt[(8u * xu + 4u + i) * 4u + xm / 4u][xm % 4u] = hv[i];
+      }
+    }
+    workgroupBarrier();
+    // The last step reloads its own units (in bounds, unused) rather than branching.
+    let sn = min(s + 1u, steps - 1u);
+    c = sn / STEPS_PER_CHUNK;
+    h = sn % STEPS_PER_CHUNK;
+    sc = quant_scales(rb, c);
+    q0 = quant_q(rb, c, UNITS * h);
+    q1 = quant_q(rb, c, UNITS * h + 1u);
+    if (UNITS == 4u) {
+      q2 = quant_q(rb, c, 2u);
+      q3 = quant_q(rb, c, 3u);
+    }
+    pos = quant_pos(c, UNITS * h + min(xu, UNITS - 1u));
+    xl = x[(xb + pos.x) >> 2u];
+    xh = x[(xb + pos.y) >> 2u];
+    for (var kk = 0u; kk < select(0u, KK, busy); kk++) {
+      if (GATE_UP) {
+        let ag = wt[kk * 64u + ty];
+        let au = wt[kk * 64u + 32u + ty];
+        let b4 = xt[kk * 4u + tx / 2u];
+        let b = select(b4.xy, b4.zw, (tx & 1u) == 1u);
+        acc0 += ag * b.x;
+        acc1 += ag * b.y;
+        acc2 += au * b.x;
+        acc3 += au * b.y;
+      } else {
+        let a = wt[kk * 64u + ty];
+        let b = xt[kk * 4u + tx];
+        acc0 += a * b.x;
+        acc1 += a * b.y;
+        acc2 += a * b.z;
+        acc3 += a * b.w;
+      }
+    }
+    workgroupBarrier();
+  }
+
+  let r0 = n0 + 4u * ty;
+  if (GATE_UP) {
+    for (var j = 0u; j < 2u; j++) {
+      let m = m0 + 2u * tx + j;
+      if (m < count) {
+        let col = token_col(e, m);
+        let g = select(acc0, acc1, j == 1u);
+        let u = select(acc2, acc3, j == 1u);
+        for (var i = 0u; i < 4u; i++) {
+          if (r0 + i < params.n) {
+            y[col * params.y_stride + r0 + i] = silu(g[i]) * u[i];
+          }
+        }
+      }
+    }
+    return;
+  }
+  for (var j = 0u; j < 4u; j++) {
+    let m = m0 + 4u * tx + j;
+    if (m < count) {
+      let col = token_col(e, m);
+      var a = acc0;
+      if (j == 1u) {
+        a = acc1;
+      } else if (j == 2u) {
+        a = acc2;
+      } else if (j == 3u) {
+        a = acc3;
+      }
+      for (var i = 0u; i < 4u; i++) {
+        if (r0 + i < params.n) {
+          y[col * params.y_stride + r0 + i] = a[i];
+        }
+      }
+    }
+  }
+}

@@ -54,6 +54,7 @@ export * from "./models/mod.ts";
 export * from "./synth.ts";
 export * from "./fingerprint.ts";
 export * from "./inspect.ts";
+export * from "./plan.ts";
 export * from "./exec/stage.ts";
 export {
   argmaxCpu,

@@ -6,6 +6,8 @@
  * ```sh
  * deno run -A mod.ts synth --arch qwen35moe --preset tiny --quant q8_0 --out tiny.gguf
  * deno run -A mod.ts inspect tiny.gguf
+ * deno run -A mod.ts plan --model tiny.gguf --box gpu1=24,2 --box mac=16   # layers per box, start commands
+ * deno run -A mod.ts probe gpu2:9100 --model tiny.gguf --layers 0:2          # would a head accept this worker?
  * deno run -A mod.ts --version        # version, git commit, wire protocol version (also `<command> --version`)
  * deno run -A mod.ts head --help      # a command's options (also `-h`, `help head`)
  * ```
@@ -27,6 +29,8 @@ export const COMMANDS: Readonly<Record<string, () => Promise<Command>>> = {
   gpu: async () => (await import("./cli/gpu.ts")).command,
   worker: async () => (await import("./cli/worker.ts")).command,
   demo: async () => (await import("./cli/demo.ts")).command,
+  plan: async () => (await import("./cli/plan.ts")).command,
+  probe: async () => (await import("./cli/probe.ts")).command,
 };
 
 const HELP_FLAGS: readonly string[] = ["--help", "-h"];

@@ -314,37 +314,45 @@ export class Stage {
   /**
    * Runs `input` through the stage for `slot`, continuing its sequence at position `base` (`base == 0`
    * resets the slot). Prefill runs in chunks of `maxChunk`. Returns logits (last stage) or hidden rows of
-   * every position (`all`) or only the last (`last`, the default).
+   * every position (`all`) or only the last (`last`, the default); `none` queues the work and returns at once
+   * with no rows (no readback: a later run's readback waits for it). `chunk` (1..maxChunk) sets the tokens per
+   * chunk for this call: with 1 every row runs the one-token decode graph, so a last stage's logits equal
+   * those of separate one-token runs bit for bit (a wider chunk's output norm and LM head sum in another order;
+   * its state and hidden rows are the same bits up to 8 tokens), all for one readback (split draft checks).
    * @throws {RangeError} on a base other than the slot's length (restore a snapshot first), a sequence
-   *   longer than the context, token ids out of the vocabulary, or an input of the wrong kind
+   *   longer than the context, token ids out of the vocabulary, an input of the wrong kind, or a bad chunk
    */
   async run(
     slot: number,
     input: StageInput,
     base: number,
-    opts: { rows?: "all" | "last" } = {},
+    opts: { rows?: "all" | "last" | "none"; chunk?: number } = {},
   ): Promise<StageOutput> {
     const { device } = this.#gpu;
     this.#slotCheck(slot);
     const nTokens = "tokens" in input ? input.tokens.length : input.nTokens;
     this.#inputCheck(slot, input, base, nTokens);
+    const chunk = opts.chunk ?? this.maxChunk;
+    if (!Number.isInteger(chunk) || chunk < 1 || chunk > this.maxChunk) {
+      throw new RangeError(`Chunk must be in 1..${this.maxChunk}, got ${chunk}`);
+    }
     const rows = opts.rows ?? "last";
     const width = this.last ? this.hp.nVocab : this.hp.nEmbd;
-    const out = new Float32Array(width * (rows === "all" ? nTokens : 1));
+    const out = new Float32Array(width * (rows === "all" ? nTokens : rows === "last" ? 1 : 0));
     if (base === 0) {
       const enc = device.createCommandEncoder();
       this.states.reset(enc, slot);
       device.queue.submit([enc.finish()]);
       this.#length[slot] = 0;
     }
-    const staging = device.createBuffer({
+    const staging = rows === "none" ? undefined : device.createBuffer({
       size: out.byteLength,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     });
-    for (let at = 0; at < nTokens; at += this.maxChunk) {
-      const n = Math.min(this.maxChunk, nTokens - at);
+    for (let at = 0; at < nTokens; at += chunk) {
+      const n = Math.min(chunk, nTokens - at);
       const lastChunk = at + n === nTokens;
-      const outRows = rows === "all" ? "all" : lastChunk ? "last" : "none";
+      const outRows = rows === "all" ? "all" : lastChunk && rows === "last" ? "last" : "none";
       device.queue.writeBuffer(this.#posParams[slot]!, 0, Uint32Array.of(base + at, n));
       if ("tokens" in input) {
         device.queue.writeBuffer(this.#act.tokens!, 0, Uint32Array.from(input.tokens.slice(at, at + n)));
@@ -356,7 +364,7 @@ export class Stage {
       const pass = enc.beginComputePass();
       encodeOps(pass, ops);
       pass.end();
-      if (outRows !== "none") {
+      if (outRows !== "none" && staging) {
         const src = this.last ? this.#act.logits! : this.#act.h!;
         const srcOff = !this.last && outRows === "last" ? (n - 1) * width * 4 : 0;
         const size = (outRows === "all" ? n : 1) * width * 4;
@@ -366,6 +374,7 @@ export class Stage {
       device.queue.submit([enc.finish()]);
       this.#length[slot] = base + at + n;
     }
+    if (!staging) return { kind: this.last ? "logits" : "hidden", data: out, rows: 0 };
     await staging.mapAsync(GPUMapMode.READ);
     this.#gpuCheck();
     out.set(new Float32Array(staging.getMappedRange()));

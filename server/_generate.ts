@@ -17,6 +17,7 @@ import {
 import { type Engine, SAMPLING_DEFAULTS, type SamplingParams } from "../engine/mod.ts";
 import { ApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
+import type { GenerationStats, RequestTrace } from "./request_log.ts";
 
 /** Everything a handler needs. */
 export interface ServerDeps {
@@ -36,8 +37,8 @@ export interface ServerDeps {
   readonly metrics: Metrics;
 }
 
-/** Hono environment of the app: the per-request id. */
-export type AppEnv = { Variables: { requestId: string } };
+/** Hono environment of the app: the per-request id, and its log trace when the request log is on. */
+export type AppEnv = { Variables: { requestId: string; trace?: RequestTrace } };
 
 /** Sampling fields as a request gave them (absent: server default / off): the engine's type, partial. */
 export type SamplingInput = { -readonly [K in keyof SamplingParams]?: SamplingParams[K] };
@@ -153,13 +154,32 @@ export interface RunRequest {
   onEvent: (e: OutputEvent) => void;
   /** Called once when the first id lands (a stream sends its opening frame then). */
   onFirstToken?: () => void;
+  /** The request's log trace (`c.get("trace")`): the generation's numbers join its log line. */
+  trace?: RequestTrace;
 }
 
 /**
- * Runs one generation through the engine and the text pipeline, calling `onEvent` as ids land.
+ * Runs one generation through the engine and the text pipeline, calling `onEvent` as ids land, and reports
+ * its numbers to `req.trace` (the request log).
  * @throws {ApiError} 400 when the engine rejects the prompt length; QueueFullError when the queue is full
  */
 export async function runGeneration(deps: ServerDeps, req: RunRequest): Promise<RunResult> {
+  if (req.trace === undefined) return await generate(deps, req, () => {});
+  const stats = Promise.withResolvers<GenerationStats>();
+  req.trace.generation(stats.promise);
+  try {
+    return await generate(deps, req, stats.resolve);
+  } catch (e) {
+    stats.reject(e);
+    throw e;
+  }
+}
+
+async function generate(
+  deps: ServerDeps,
+  req: RunRequest,
+  onStats: (s: GenerationStats) => void,
+): Promise<RunResult> {
   const { tokenizer, engine } = deps;
   const abort = new AbortController();
   const onClient = () => abort.abort(req.signal.reason);
@@ -173,6 +193,8 @@ export async function runGeneration(deps: ServerDeps, req: RunRequest): Promise<
   let counted = 0;
   let stopped: string | undefined;
   let firstAt: number | undefined;
+  let firstBatch = 0;
+  let lastAt = 0;
   const started = performance.now();
   let sawToolCall = false;
   const emit = (e: OutputEvent) => {
@@ -189,8 +211,9 @@ export async function runGeneration(deps: ServerDeps, req: RunRequest): Promise<
     for (const e of parser.push(text)) emit(e);
   };
   const take = (ids: readonly number[]) => {
+    lastAt = performance.now();
     if (firstAt === undefined) {
-      firstAt = performance.now();
+      [firstAt, firstBatch] = [lastAt, ids.length];
       req.onFirstToken?.();
     }
     for (const id of ids) {
@@ -259,8 +282,25 @@ export async function runGeneration(deps: ServerDeps, req: RunRequest): Promise<
     timeToFirstTokenMs: firstAt === undefined ? undefined : result.timeToFirstTokenMs,
     decodeMs: firstAt === undefined ? 0 : end - Math.max(firstAt, started),
   });
+  const finish = reason === "eos" && sawToolCall ? "tool_use" : reason;
+  const queueMs = result.queueMs ?? null;
+  const prefillMs = result.timeToFirstTokenMs - (queueMs ?? 0);
+  const prefilled = result.promptTokens - result.cachedTokens;
+  const decodeMs = firstAt === undefined ? 0 : lastAt - firstAt;
+  onStats({
+    queueMs,
+    ttftMs: firstAt === undefined ? null : result.timeToFirstTokenMs,
+    promptTokens: result.promptTokens,
+    cachedTokens: result.cachedTokens,
+    prefillTokPerS: firstAt !== undefined && prefilled > 0 && prefillMs > 0
+      ? (prefilled * 1000) / prefillMs
+      : null,
+    generatedTokens: counted,
+    decodeTokPerS: decodeMs > 0 ? ((seen - firstBatch) * 1000) / decodeMs : null,
+    finish,
+  });
   return {
-    reason: reason === "eos" && sawToolCall ? "tool_use" : reason,
+    reason: finish,
     stopSequence: stopped,
     promptTokens: result.promptTokens,
     cachedTokens: result.cachedTokens,

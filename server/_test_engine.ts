@@ -138,6 +138,7 @@ export class FakeEngine implements Engine {
       );
     }
     if (this.closed) throw new Error("FakeEngine is closed");
+    const arrived = performance.now();
     if (this.#busy >= this.#o.nSlots) {
       if (this.#waiting.length >= this.#o.queueSize) {
         throw new QueueFullError(`All ${this.#o.nSlots} slots busy and ${this.#o.queueSize} queued`, 2);
@@ -193,7 +194,8 @@ export class FakeEngine implements Engine {
         reason,
         promptTokens: req.prompt.length,
         cachedTokens: 0,
-        timeToFirstTokenMs: ttft,
+        timeToFirstTokenMs: ttft + (admitted - arrived),
+        queueMs: admitted - arrived,
       };
       this.results.push(result);
       return result;
@@ -221,6 +223,7 @@ export function testApp(
     draining?: () => boolean;
     template?: ChatTemplate;
     corsOrigins?: readonly string[];
+    requestLog?: (line: string) => void;
   } = {},
 ): { app: ReturnType<typeof createApp>; engine: FakeEngine; tokenizer: Tokenizer } {
   const tokenizer = testTokenizer();
@@ -235,6 +238,7 @@ export function testApp(
     bodyLimitBytes: opts.bodyLimitBytes ?? 1 << 20,
     draining: opts.draining,
     corsOrigins: opts.corsOrigins,
+    requestLog: opts.requestLog,
   });
   return { app, engine, tokenizer };
 }

@@ -1,6 +1,6 @@
 /**
  * The head's HTTP app: Hono routes over an {@linkcode Engine}, the model's tokenizer and chat template.
- * Middleware order: request id → metrics (counts every answer) → CORS (when `--cors`) → shutdown gate →
+ * Middleware order: request id → metrics (counts every answer) → request log (when on) → CORS (when `--cors`) → shutdown gate →
  * API key → the endpoint. A known path asked with another method gets 405 with `Allow`. Every error leaves
  * through one table (errors.ts) in the dialect of its path.
  *
@@ -31,6 +31,7 @@ import { healthHandler } from "./health.ts";
 import { countTokensHandler, messagesHandler } from "./messages.ts";
 import { Metrics, metricsHandler } from "./metrics.ts";
 import { modelHandler, modelsHandler } from "./models.ts";
+import { requestLog } from "./request_log.ts";
 import { methodsOf, MODEL_PREFIX, routeOf } from "./routes.ts";
 
 /** Default request body limit: 8 MiB (a long conversation with tool results fits easily). */
@@ -58,6 +59,8 @@ export interface AppOptions {
   draining?: () => boolean;
   /** Origins allowed by CORS (`*` for any; see cors.ts); undefined: CORS off. */
   corsOrigins?: readonly string[];
+  /** Where the one line per request goes (request_log.ts; the head passes stderr); undefined: no log. */
+  requestLog?: (line: string) => void;
 }
 
 const GENERATION_PATHS = new Set(["/v1/messages", "/v1/chat/completions", "/completion"]);
@@ -91,6 +94,7 @@ export function createApp(opts: AppOptions): HeadApp {
     // A client that went away is counted as such (499, nginx's "client closed request"), never as a 500.
     deps.metrics.request(routeOf(c.req.path), c.req.raw.signal.aborted ? 499 : c.res.status);
   });
+  if (opts.requestLog !== undefined) app.use(requestLog(opts.requestLog));
   app.use(cors(opts.corsOrigins, methodsOf));
   app.use(async (c, next) => {
     if (opts.draining?.() && GENERATION_PATHS.has(c.req.path)) {

@@ -325,6 +325,7 @@ export function chatCompletionsHandler(deps: ServerDeps): (c: Context<AppEnv>) =
         stops: req.stops,
         parse: { tools: req.tools, startInThinking: opensThinking(text) },
         signal,
+        trace: c.get("trace"),
         onFirstToken,
         onEvent: (e) => {
           if (e.type !== "raw") onEvent(e);

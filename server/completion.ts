@@ -164,6 +164,7 @@ export function completionHandler(deps: ServerDeps): (c: Context<AppEnv>) => Pro
         stops: req.stops,
         parse: undefined,
         signal: c.req.raw.signal,
+        trace: c.get("trace"),
         onEvent: (e) => {
           if (e.type !== "raw") return;
           content += e.text;
@@ -182,6 +183,7 @@ export function completionHandler(deps: ServerDeps): (c: Context<AppEnv>) => Pro
         stops: req.stops,
         parse: undefined,
         signal: sse.signal,
+        trace: c.get("trace"),
         onEvent: (e) => {
           if (e.type !== "raw") return;
           sse.send(undefined, {

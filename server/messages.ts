@@ -448,6 +448,7 @@ export function messagesHandler(deps: ServerDeps): (c: Context<AppEnv>) => Promi
         stops: req.stops,
         parse: { tools: req.tools, startInThinking: opensThinking(text) },
         signal,
+        trace: c.get("trace"),
         onEvent: (e) => {
           if (e.type !== "raw") onEvent(e);
         },

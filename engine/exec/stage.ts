@@ -54,9 +54,10 @@ import {
   readCachedFingerprint,
 } from "../fingerprint.ts";
 import { type BatchItem, DecodeDriver, type GenerateOptions, type GenerateResult } from "./decode.ts";
+import { type RowSampleOptions, RowSampler } from "./_row_sampler.ts";
 import type { Int8Logged, StageInput, StageOptions, StageOutput } from "./options.ts";
 
-export type { Int8Logged, StageInput, StageOptions, StageOutput };
+export type { Int8Logged, RowSampleOptions, StageInput, StageOptions, StageOutput };
 
 /** Size of the int8Log buffer (the tiny test models log a few hundred KiB per chunk). */
 const INT8_LOG_BYTES = 16 << 20;
@@ -119,6 +120,9 @@ export class Stage {
   readonly #owned: GPUBuffer[] = [];
   readonly #length: number[];
   #destroyed = false;
+  /** The UNUSED-token mask the samplers apply (absent when the file has no token types). */
+  readonly #unusedMask: Uint32Array<ArrayBuffer> | undefined;
+  #rowSampler: RowSampler | undefined;
   /** The first GPU error no scope captured while this stage lived (validation, out of memory, internal). */
   #gpuError: string | undefined;
   readonly #onGpuError = (ev: Event) => {
@@ -212,6 +216,7 @@ export class Stage {
     this.canBatch = batchable(hp, init.layers);
     this.#length = new Array(init.nSlots).fill(0);
     gpu.device.addEventListener("uncapturederror", this.#onGpuError);
+    this.#unusedMask = init.tokenTypes && unusedTokenMask(init.tokenTypes, hp.nVocab);
     this.decoder = new DecodeDriver(this, {
       gpuCheck: () => this.#gpuCheck(),
       device: gpu.device,
@@ -221,7 +226,7 @@ export class Stage {
       logits: this.#act.logits,
       posParams: this.#posParams,
       slotTok: this.#slotTok,
-      unusedMask: init.tokenTypes && unusedTokenMask(init.tokenTypes, hp.nVocab),
+      unusedMask: this.#unusedMask,
       graph: (slot, n, rows) => this.#graph(slot, n, rows),
       batchGraph: (slots) => this.#batchGraph(slots),
       setLength: (slot, n) => this.#length[slot] = n,
@@ -405,6 +410,24 @@ export class Stage {
   /** Generation on several slots at once: {@linkcode DecodeDriver.generate}. */
   generateBatch(items: readonly BatchItem[], opts: { batch?: number } = {}): Promise<GenerateResult[]> {
     return this.decoder.generate(items, opts);
+  }
+
+  /**
+   * Draws one id per row of `logits` (ne=[nVocab, n], f32: a `run()` output of a last stage, e.g. with
+   * `chunk: 1`) with the GPU sampler, as decode steps `opts.step, +1, ...` of one sequence whose penalty
+   * history is `opts.history` (each drawn id appended before the next row): the ids `generate()` draws from the
+   * same logits (a split's last stage, engine/exec/_row_sampler.ts). An id ≥ nVocab: no usable logit.
+   * @throws {RangeError} when the stage is not a last stage, or as checkSampling
+   */
+  sampleRows(logits: Float32Array<ArrayBuffer>, opts: RowSampleOptions): Promise<Uint32Array> {
+    if (!this.last) throw new RangeError(`Layers ${this.layers.join(":")} have no logits to sample from`);
+    this.#rowSampler ??= new RowSampler(this.#gpu.device, {
+      cache: this.#cache,
+      owned: this.#owned,
+      nVocab: this.hp.nVocab,
+      mask: this.#unusedMask,
+    });
+    return this.#rowSampler.sample(logits, opts);
   }
 
   /**

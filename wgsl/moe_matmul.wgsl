@@ -98,6 +98,74 @@ fn stage_w(lid: u32, u: u32, sc: vec4<f32>, q: array<vec4<f32>, 2>) {
   }
 }
 
+// One step's weights in registers. RAW (IQ4_XS): the block's head and scales_l words and the units' qs
+// words, decoded at staging, so that the loads of step s + 1 are in flight during step s's updates (decoding
+// at once would wait for them before the codebook lookups); other types: decoded at once.
+const RAW: bool = TYPE == 23u;
+
+struct Fetched {
+  hw: vec2<u32>,
+  qw: vec4<u32>,
+  sc: vec4<f32>,
+  q0: array<vec4<f32>, 2>,
+  q1: array<vec4<f32>, 2>,
+  q2: array<vec4<f32>, 2>,
+  q3: array<vec4<f32>, 2>,
+}
+
+// Loads step s of the row at byte rb: chunk s / STEPS_PER_CHUNK, units UNITS·(s % STEPS_PER_CHUNK) ...
+fn fetch(rb: u32, s: u32) -> Fetched {
+  var f: Fetched;
+  let c = s / STEPS_PER_CHUNK;
+  let j0 = UNITS * (s % STEPS_PER_CHUNK);
+  if (RAW) {
+    let b = (rb + 136u * (c >> 3u)) >> 2u;
+    f.hw = vec2<u32>(weight_word(b), weight_word(b + 1u));
+    let qb = b + 2u + 4u * (c & 7u) + j0;
+    f.qw.x = weight_word(qb);
+    f.qw.y = weight_word(qb + 1u);
+    if (UNITS == 4u) {
+      f.qw.z = weight_word(qb + 2u);
+      f.qw.w = weight_word(qb + 3u);
+    }
+    return f;
+  }
+  f.sc = quant_scales(rb, c);
+  f.q0 = quant_q(rb, c, j0);
+  f.q1 = quant_q(rb, c, j0 + 1u);
+  if (UNITS == 4u) {
+    f.q2 = quant_q(rb, c, j0 + 2u);
+    f.q3 = quant_q(rb, c, j0 + 3u);
+  }
+  return f;
+}
+
+// Stages step s's units of tile row lid (decoding RAW words first).
+fn stage_units(lid: u32, s: u32, f: Fetched) {
+  var sc = f.sc;
+  var q0 = f.q0;
+  var q1 = f.q1;
+  var q2 = f.q2;
+  var q3 = f.q3;
+  if (RAW) {
+    let ib = (s / STEPS_PER_CHUNK) & 7u;
+    let dl = iq4xs_scale(f.hw.x, f.hw.y, 4u * ib, 16u + 2u * ib);
+    sc = vec4<f32>(dl, dl, 0.0, 0.0);
+    q0 = common_kv_word(f.qw.x);
+    q1 = common_kv_word(f.qw.y);
+    if (UNITS == 4u) {
+      q2 = common_kv_word(f.qw.z);
+      q3 = common_kv_word(f.qw.w);
+    }
+  }
+  stage_w(lid, 0u, sc, q0);
+  stage_w(lid, 1u, sc, q1);
+  if (UNITS == 4u) {
+    stage_w(lid, 2u, sc, q2);
+    stage_w(lid, 3u, sc, q3);
+  }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
   // This workgroup's tile: the wid.y-th 16-token tile over the groups in order. Invocation lid sums the tiles
@@ -167,27 +235,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 
   let steps = (params.k / 32u) * STEPS_PER_CHUNK;
   // Registers of step s: the chunk's scales, units UNITS·h .. of the chunk (h = s % STEPS_PER_CHUNK).
-  var c = 0u;
-  var h = 0u;
-  var sc = quant_scales(rb, c);
-  var q0 = quant_q(rb, c, 0u);
-  var q1 = quant_q(rb, c, 1u);
-  var q2 = array<vec4<f32>, 2>();
-  var q3 = array<vec4<f32>, 2>();
-  if (UNITS == 4u) {
-    q2 = quant_q(rb, c, 2u);
-    q3 = quant_q(rb, c, 3u);
-  }
-  var pos = quant_pos(c, min(xu, UNITS - 1u));
+  var f = fetch(rb, 0u);
+  var pos = quant_pos(0u, min(xu, UNITS - 1u));
   var xl = x[(xb + pos.x) >> 2u];
   var xh = x[(xb + pos.y) >> 2u];
   for (var s = 0u; s < steps; s++) {
-    stage_w(lid, 0u, sc, q0);
-    stage_w(lid, 1u, sc, q1);
-    if (UNITS == 4u) {
-      stage_w(lid, 2u, sc, q2);
-      stage_w(lid, 3u, sc, q3);
-    }
+    stage_units(lid, s, f);
     if (stages_x) {
       let l = select(vec4<f32>(0.0), xl, xv);
       let hv = select(vec4<f32>(0.0), xh, xv);
@@ -199,16 +252,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     workgroupBarrier();
     // The last step reloads its own units (in bounds, unused) rather than branching.
     let sn = min(s + 1u, steps - 1u);
-    c = sn / STEPS_PER_CHUNK;
-    h = sn % STEPS_PER_CHUNK;
-    sc = quant_scales(rb, c);
-    q0 = quant_q(rb, c, UNITS * h);
-    q1 = quant_q(rb, c, UNITS * h + 1u);
-    if (UNITS == 4u) {
-      q2 = quant_q(rb, c, 2u);
-      q3 = quant_q(rb, c, 3u);
-    }
-    pos = quant_pos(c, UNITS * h + min(xu, UNITS - 1u));
+    f = fetch(rb, sn);
+    pos = quant_pos(sn / STEPS_PER_CHUNK, UNITS * (sn % STEPS_PER_CHUNK) + min(xu, UNITS - 1u));
     xl = x[(xb + pos.x) >> 2u];
     xh = x[(xb + pos.y) >> 2u];
     for (var kk = 0u; kk < select(0u, KK, busy); kk++) {

@@ -1,7 +1,8 @@
 /**
  * The service's per-slot view (`status().slots`, the dashboard's slot table) and queue time, on a real
  * Worker and the test adapter: a generating request shows on its slot with its ids and rate, a long prompt
- * prefilled in pieces between the other's decode turns shows its progress, and idle slots say so.
+ * prefilled in pieces between the other's decode turns shows its progress, and idle slots say so. The
+ * worker builds its GPU pipelines at load (a warm-up run logged before the load line).
  * @module
  */
 import assert from "node:assert/strict";
@@ -24,6 +25,7 @@ const GREEDY: SamplingParams = {
 type SlotView = NonNullable<EngineStatus["slots"]>[number];
 
 Deno.test("status().slots: the generating request, the prefilling one's progress, idle slots; queueMs", async () => {
+  const log: string[] = [];
   // prefillTurn 8: B's 48-token prompt goes in pieces, each followed by one decode turn of A (8 ids).
   const e = startEngine({
     model: fixturePath("tiny-qwen35moe.q8_0.gguf"),
@@ -32,11 +34,14 @@ Deno.test("status().slots: the generating request, the prefilling one's progress
     queueSize: 1,
     prefillTurn: 8,
     snapshotBack: 0,
-    onLog: () => {},
+    onLog: (l) => log.push(l),
   });
   try {
     while (e.status().state === "loading") await new Promise((r) => setTimeout(r, 20));
     assert.equal(e.status().state, "ready");
+    // The pipelines were built at load (worker.ts warmUp), not by the first request.
+    const built = log.findIndex((l) => /^GPU pipelines built in [\d.]+ s$/.test(l));
+    assert.ok(built >= 0 && built < log.findIndex((l) => l.startsWith("Loaded ")), log.join("\n"));
     const idle = e.status().slots;
     assert.ok(idle !== undefined && idle.length === 3, JSON.stringify(idle));
     assert.ok(idle.every((s, i) => s.slot === i && s.phase === "idle"), JSON.stringify(idle));

@@ -5,8 +5,9 @@
  * the same run. Routing is uniform at random over the experts, each token's 8 distinct.
  *
  * Usage: `deno run -A bench/moe_prefill.ts [--tokens 256,1024] [--quick]` (`--quick`: 16 experts and 32
- * tokens, for lavapipe). One JSON line per measurement (µs per pass and per layer), never asserts. No npm
- * imports.
+ * tokens, for lavapipe; `--probe`: also time variants of the grouped kernel's source with parts switched off
+ * at run time, to see which part costs the time). One JSON line per measurement (µs per pass and per layer),
+ * never asserts. No npm imports.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -27,9 +28,12 @@ import {
 import {
   encodeGroupedMatmul,
   GROUPED_MATMUL_PARAMS_BYTES,
+  type GroupedMatmulBindings,
+  groupedMatmulConstants,
   type GroupedMatmulOp,
   groupedMatmulParams,
   type GroupedMatmulShape,
+  MOE_MATMUL,
   prepareGroupedMatmul,
 } from "../wgsl/moe_matmul.ts";
 import {
@@ -42,7 +46,11 @@ import {
 } from "../wgsl/moe_group.ts";
 
 const { values: args } = parseArgs({
-  options: { tokens: { type: "string" }, quick: { type: "boolean", default: false } },
+  options: {
+    tokens: { type: "string" },
+    quick: { type: "boolean", default: false },
+    probe: { type: "boolean", default: false },
+  },
 });
 const QUICK = args.quick ?? false;
 const N_EXPERT = QUICK ? 16 : 256;
@@ -129,12 +137,11 @@ for (const T of TOKENS) {
       usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
     });
     device.queue.writeBuffer(params, 0, groupedMatmulParams(shape));
-    return await prepareGroupedMatmul(cache, {
-      device,
-      shape,
-      bindings: { params, weights, x: xb, y, groups },
-    });
+    const bindings = { params, weights, x: xb, y, groups };
+    probeInputs.push({ shape, bindings });
+    return await prepareGroupedMatmul(cache, { device, shape, bindings });
   };
+  const probeInputs: { shape: GroupedMatmulShape; bindings: GroupedMatmulBindings }[] = [];
   const gcommon = {
     type: "IQ4_XS" as const,
     nGroups: N_EXPERT + 1,
@@ -189,6 +196,7 @@ for (const T of TOKENS) {
     groupedGateUp: await us((p) => encodeGroupedMatmul(p, guOp)),
     groupedDown: await us((p) => encodeGroupedMatmul(p, dnOp)),
   };
+  if (args.probe) await probe(T, probeInputs, us);
   const columnSum = r.perColumnGateUp + r.perColumnDown;
   const groupedSum = r.group + r.groupedGateUp + r.groupedDown;
   console.log(JSON.stringify({
@@ -201,4 +209,48 @@ for (const T of TOKENS) {
     speedup: columnSum / groupedSum,
   }));
   for (const b of [idsBuf, x, act, out, scratch, groups, gParams]) b.destroy();
+}
+
+/**
+ * `--probe`: the grouped passes built from variants of moe_matmul.wgsl's source, each with one part switched
+ * off behind a run-time condition that never holds (params.pad0 is 0), so the compiler keeps the rest:
+ * no_updates (the rank-1 updates), no_staging (decoding and the workgroup-memory writes), same_step (every
+ * step loads step 0's weights again: cache-hot), and the UNITS 2 variant (half the workgroup memory).
+ */
+async function probe(
+  T: number,
+  inputs: { shape: GroupedMatmulShape; bindings: GroupedMatmulBindings }[],
+  us: (encode: (pass: GPUComputePassEncoder) => void) => Promise<number>,
+) {
+  const base = await Deno.readTextFile(MOE_MATMUL.url);
+  const edit = (from: string, to: string) => {
+    if (!base.includes(from)) throw new Error(`probe: the kernel no longer contains ${JSON.stringify(from)}`);
+    return base.replace(from, to);
+  };
+  const variants: Record<string, string> = {
+    base,
+    no_updates: edit("kk < select(0u, KK, busy)", "kk < select(0u, KK, busy && params.pad0 == 7u)"),
+    no_staging: edit("    stage_units(lid, s, f);", "    if (params.pad0 == 7u) { stage_units(lid, s, f); }"),
+    same_step: edit("    f = fetch(rb, sn);", "    f = fetch(rb, select(sn, 0u, params.pad0 == 0u));"),
+  };
+  for (const [pass, { shape, bindings }] of ["gate_up", "down"].map((p, i) => [p, inputs[i]!] as const)) {
+    const out: Record<string, number> = {};
+    for (const [name, code] of [...Object.entries(variants), ["units2", base] as const]) {
+      const file = await Deno.makeTempFile({ suffix: ".wgsl" });
+      await Deno.writeTextFile(file, code);
+      const spec = { ...MOE_MATMUL, name: `moe_matmul_${name}`, url: new URL(`file://${file}`) };
+      const c0 = groupedMatmulConstants(shape, device.limits.maxComputeWorkgroupStorageSize);
+      const c = name === "units2" ? { ...c0, UNITS: 2 } : c0;
+      const pipeline = await cache.get(spec, c);
+      const b = bindings;
+      const bg = bindGroup(device, pipeline, [b.params, b.weights, b.x, b.y, b.groups]);
+      const op = {
+        pipeline,
+        bindGroup: bg,
+        grid: (await prepareGroupedMatmul(cache, { device, shape, bindings })).grid,
+      };
+      out[name] = await us((p) => encodeGroupedMatmul(p, op));
+    }
+    console.log(JSON.stringify({ bench: "moe_prefill", probe: pass, tokens: T, us: out }));
+  }
 }

@@ -70,8 +70,14 @@ export const SAMPLE_PARAMS_WORDS = 12;
 /** Bit of SampleParams.flags: skip ids whose bit is set in the `mask` binding. */
 export const SAMPLE_FLAG_MASK = 1;
 
-/** The id written when no candidate exists (every logit NaN or masked). */
+/** The id written when no candidate exists (every id masked). */
 export const SAMPLE_NONE = 0xffffffff;
+
+/**
+ * The id written for a row holding a NaN or +Inf logit (masked or not), as the argmax kernel's
+ * `ARGMAX_NONFINITE`: broken weights or numerics, which the host refuses instead of drawing from the rest.
+ */
+export const SAMPLE_NONFINITE = 0xfffffffe;
 
 /** Values of SampleParams, already validated and resolved (see `engine/sampling.ts`). */
 export type SampleParamValues = {
@@ -169,7 +175,7 @@ export type SampleBindGroups = { readonly partial: GPUBindGroup; readonly final:
 /** Bytes of workgroup memory one pass of `c` uses. */
 export function sampleWorkgroupBytes(c: SampleConstants): number {
   const chunk = Math.ceil(c.N_VOCAB / c.N_BLOCK);
-  return 8 * c.BUF + 4 * c.HIST + 4 * Math.ceil(chunk / 32) + 8 * c.WG + 8;
+  return 8 * c.BUF + 4 * c.HIST + 4 * Math.ceil(chunk / 32) + 8 * c.WG + 12;
 }
 
 /**

@@ -1,25 +1,29 @@
 // Sampling one token id from the logits on the GPU, in two dispatches of this kernel, following llama.cpp's
 // default chain: penalties -> top_k -> top_p -> min_p -> temperature -> draw (chat.md §8, KERNELS.md §6).
 //   partial (FINAL = false): block b of N_BLOCK owns logits [b*CHUNK, min((b+1)*CHUNK, N_VOCAB)),
-//            CHUNK = ceil(N_VOCAB / N_BLOCK). It drops NaN logits and masked ids, applies the penalties
+//            CHUNK = ceil(N_VOCAB / N_BLOCK). It drops masked ids, applies the penalties
 //            y = (x <= 0 ? x * repeat : x / repeat) - (count * frequency + presence) to ids among the last
 //            penalty_last_n ids of the history, and writes its K best (y, id) pairs, sorted, to dst[b][0..K)
-//            and its log-sum-exp partial (max m, sum of exp(y - m) over finite y) to dst[b][K].
+//            and its log-sum-exp partial (max m, sum of exp(y - m) over finite y) to dst[b][K]. A block
+//            holding a NaN or +Inf logit (masked or not) writes NONFINITE as the id of its first pair.
 //   final   (FINAL = true, one workgroup): merges the N_BLOCK*K pairs to the K best and the N_BLOCK partials
 //            to (m, s) into dst[0..K] (same layout as one block), then invocation 0 runs the chain on the
 //            sorted candidates, writes the id to next_token[0] and ring[params.ring_slot], appends it to the
-//            history and advances state.step.
+//            history and advances state.step. When a block was NONFINITE, the id is NONFINITE (0xFFFFFFFE, as
+//            the argmax kernel writes it, also as dst[0]'s id): broken weights or numerics are refused by the
+//            host rather than hidden by drawing from the rest of the row; nothing is appended, the step
+//            advances.
 // Chain (n = candidates holding an id; x0 = the best):
 //   temperature <= 0 or x0 = -inf: the best candidate (greedy; the argmax kernel's choice when nothing is
-//   masked and penalties are off: same order, ties to the lowest id, NaN never wins);
+//   masked and penalties are off: same order, ties to the lowest id);
 //   top_k: keep min(top_k, n) (top_k = 0 or > K keeps n: the candidate cap is K);
 //   top_p < 1: p_i = exp(y_i - L) with L the log-sum-exp over the whole vocabulary when top_k is 0 or > K,
 //   else over the kept candidates; keep the shortest prefix whose sum of p reaches top_p (all kept if none);
 //   min_p > 0: keep the prefix with y_i >= x0 + log(min_p);
 //   draw: w_i = exp(y_i / T - x0 / T) (0 for -inf); the first i whose running sum of w exceeds u * sum w,
 //   u = (h >> 8) / 2^24 with h = rng_hash(seed_lo, seed_hi, step) (below; the twin mirrors it bit-exactly).
-// Logits are f32: finite, -inf or NaN (+inf is not supported). With no candidate (all NaN or masked) the id
-// is NONE (0xFFFFFFFF) and nothing is appended to the history.
+// Logits are f32: finite or -inf (an excluded id); NaN and +inf flag the row (NONFINITE, above). With no
+// candidate (every id masked) the id is NONE (0xFFFFFFFF) and nothing is appended to the history.
 // Bindings:
 //   src         u32 ne=[N_VOCAB] (f32 logits as bits) in the partial pass; ne=[2, K+1, N_BLOCK] in the final
 //   dst         u32 ne=[2, K+1, N_BLOCK] (partial) or ne=[2, K+1] (final): (value bits, id) best first, then
@@ -70,6 +74,8 @@ struct SampleState {
 @group(0) @binding(6) var<storage, read_write> ring: array<u32>;
 
 const NONE: u32 = 0xffffffffu;
+const NONFINITE: u32 = 0xfffffffeu;
+const POS_INF: u32 = 0x7f800000u;
 const FLAG_MASK: u32 = 1u;
 const CHUNK: u32 = (N_VOCAB + N_BLOCK - 1u) / N_BLOCK;
 const PBITS: u32 = (CHUNK + 31u) / 32u;
@@ -85,6 +91,8 @@ var<workgroup> lm: array<f32, WG>;
 var<workgroup> ls: array<f32, WG>;
 var<workgroup> n_keep: atomic<u32>;
 var<workgroup> n_kept: u32;
+// Set when this workgroup saw a NaN or +Inf logit (or, in the final pass, a NONFINITE block).
+var<workgroup> bad: atomic<u32>;
 
 // Whether (av, ai) sorts before (bv, bi): larger value first, equal values by lower id, NONE last.
 fn before(av: f32, ai: u32, bv: f32, bi: u32) -> bool {
@@ -131,8 +139,19 @@ fn lse_merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2f {
   return vec2f(m, s1 * exp(m1 - m) + s2 * exp(m2 - m));
 }
 
-// Candidate e of this workgroup: logit e (partial pass; not ok when NaN or masked; penalised when its bit is
-// set) or entry e of the blocks' lists (final pass; not ok when it holds no id).
+// Whether candidate e marks the row as broken: a NaN or +Inf logit (partial pass) or a block's NONFINITE
+// id (final pass).
+fn nonfinite_at(e: u32) -> bool {
+  if (FINAL) {
+    let p = (e / K) * (K + 1u) + e % K;
+    return src[2u * p + 1u] == NONFINITE;
+  }
+  let bits = src[e];
+  return is_nan(bits) || bits == POS_INF;
+}
+
+// Candidate e of this workgroup: logit e (partial pass; not ok when NaN, +Inf or masked; penalised when its
+// bit is set) or entry e of the blocks' lists (final pass; not ok when it holds no id or NONFINITE).
 struct Cand {
   v: f32,
   id: u32,
@@ -143,11 +162,11 @@ fn cand(e: u32, lo: u32, n_pen: u32, use_mask: bool) -> Cand {
   if (FINAL) {
     let p = (e / K) * (K + 1u) + e % K;
     let id = src[2u * p + 1u];
-    return Cand(bitcast<f32>(src[2u * p]), id, id != NONE);
+    return Cand(bitcast<f32>(src[2u * p]), id, id < NONFINITE);
   }
   let bits = src[e];
   let masked = use_mask && ((mask[e >> 5u] >> (e & 31u)) & 1u) != 0u;
-  if (is_nan(bits) || masked) {
+  if (is_nan(bits) || bits == POS_INF || masked) {
     return Cand(0.0, NONE, false);
   }
   var v = bitcast<f32>(bits);
@@ -219,7 +238,9 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   var ts = 0.0;
   var my_max = LOW;
   var my_ok = false;
+  var my_bad = false;
   for (var e = lo + lid; e < hi; e += WG) {
+    my_bad = my_bad || nonfinite_at(e);
     let c = cand(e, lo, n_pen, use_mask);
     if (c.ok) {
       my_max = select(my_max, c.v, !my_ok || c.v > my_max);
@@ -238,6 +259,9 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   // distinct candidate >= it): only candidates >= theta can be among the K best.
   sv[lid] = my_max;
   si[lid] = select(NONE, lid, my_ok);
+  if (my_bad) {
+    atomicStore(&bad, 1u);
+  }
   if (lid == 0u) {
     atomicStore(&n_keep, 0u);
   }
@@ -319,19 +343,20 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     workgroupBarrier();
   }
   let base = select(wid.x * (K + 1u), 0u, FINAL);
+  let flagged = atomicLoad(&bad) != 0u;
   for (var i = lid; i < K; i += WG) {
     dst[(base + i) * 2u] = bitcast<u32>(sv[i]);
-    dst[(base + i) * 2u + 1u] = si[i];
+    dst[(base + i) * 2u + 1u] = select(si[i], NONFINITE, flagged && i == 0u);
   }
   if (lid == 0u) {
     dst[(base + K) * 2u] = bitcast<u32>(lm[0]);
     dst[(base + K) * 2u + 1u] = bitcast<u32>(ls[0]);
   }
   if (FINAL && lid == 0u) {
-    let chosen = choose(lm[0], ls[0]);
+    let chosen = select(choose(lm[0], ls[0]), NONFINITE, flagged);
     next_token[0] = chosen;
     ring[params.ring_slot] = chosen;
-    if (chosen != NONE) {
+    if (chosen < NONFINITE) {
       state.hist[state.count % HIST] = chosen;
       state.count = state.count + 1u;
     }

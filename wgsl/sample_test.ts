@@ -17,6 +17,7 @@ import {
   packSampleState,
   SAMPLE,
   SAMPLE_NONE,
+  SAMPLE_NONFINITE,
   sampleBindGroups,
   type SampleConstants,
   sampleHash,
@@ -151,7 +152,7 @@ interface RefStep {
   /** Kept ids, best first, and their weights at the temperature (greedy: one id). */
   kept: number[];
   weights: number[];
-  /** The reference's id for this step's u, or SAMPLE_NONE. */
+  /** The reference's id for this step's u, SAMPLE_NONE (no candidate) or SAMPLE_NONFINITE (NaN/+Inf row). */
   id: number;
   /** Whether f32 rounding could change the outcome (a draw or a cut close to its boundary). */
   ambiguous: boolean;
@@ -168,7 +169,6 @@ function refPenalise(logits: Float32Array, window: readonly number[], k: Knobs):
   const f = Math.fround;
   for (const [id, c] of counts) {
     const x = y[id]!;
-    if (Number.isNaN(x)) continue;
     const r = x <= 0 ? f(x * f(k.repeatPenalty)) : f(x / f(k.repeatPenalty));
     y[id] = f(r - f(f(c * f(k.frequencyPenalty)) + f(k.presencePenalty)));
   }
@@ -181,11 +181,15 @@ function refStep(
   k: Knobs,
   opts: { K: number; window: readonly number[]; step: number; mask?: Uint32Array },
 ): RefStep {
+  // A NaN or +Inf anywhere in the row (masked ids included) refuses the row, as the argmax does.
+  if (logits.some((x) => Number.isNaN(x) || x === Infinity)) {
+    return { kept: [], weights: [], id: SAMPLE_NONFINITE, ambiguous: false };
+  }
   const y = refPenalise(logits, opts.window, k);
   const masked = (id: number) =>
     k.maskUnused && opts.mask !== undefined && ((opts.mask[id >>> 5]! >>> (id & 31)) & 1) === 1;
   const all: number[] = [];
-  for (let id = 0; id < y.length; id++) if (!Number.isNaN(y[id]!) && !masked(id)) all.push(id);
+  for (let id = 0; id < y.length; id++) if (!masked(id)) all.push(id);
   all.sort((a, b) => y[b]! - y[a]! || a - b);
   const cand = all.slice(0, opts.K);
   if (cand.length === 0) return { kept: [], weights: [], id: SAMPLE_NONE, ambiguous: false };
@@ -305,26 +309,32 @@ function softmax(x: readonly number[], t = 1): number[] {
   return w.map((v) => v / s);
 }
 
-Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit (ties, NaN, -inf)", async () => {
+Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit; NaN or +Inf flag the row", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  const shapes: { c: SampleConstants; ties: boolean; nan: boolean; coarse?: boolean; flat?: boolean }[] = [
+  type Bad = "nan" | "inf" | undefined;
+  const shapes: { c: SampleConstants; ties: boolean; bad?: Bad; coarse?: boolean; flat?: boolean }[] = [
     // One logit per invocation: the bound from the invocations' maxima is exactly the K-th value.
-    { c: { K: 64, WG: 128, BUF: 256, HIST: 16, N_BLOCK: 1, N_VOCAB: 128 }, ties: false, nan: false },
+    { c: { K: 64, WG: 128, BUF: 256, HIST: 16, N_BLOCK: 1, N_VOCAB: 128 }, ties: false },
     // A block of BUF equal logits: exactly BUF values pass the bound and fill the sort buffer.
-    { c: { ...SMALL, N_VOCAB: 256 }, ties: false, nan: false, flat: true },
+    { c: { ...SMALL, N_VOCAB: 256 }, ties: false, flat: true },
     // Two values only: more ties at the bound than the sort buffer holds (the rounds fallback).
-    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, nan: false, coarse: true },
-    { c: { ...SMALL, N_VOCAB: 8 }, ties: true, nan: false },
-    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 7 }, ties: true, nan: true },
-    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, nan: true },
-    { c: { K: 64, N_BLOCK: 64, WG: 256, BUF: 2048, HIST: 256, N_VOCAB: 248320 }, ties: true, nan: false },
-    { c: { K: 64, N_BLOCK: 64, WG: 256, BUF: 2048, HIST: 256, N_VOCAB: 151936 }, ties: false, nan: true },
+    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, coarse: true },
+    // The same with one NaN: the flag survives the rounds fallback.
+    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, coarse: true, bad: "nan" },
+    { c: { ...SMALL, N_VOCAB: 8 }, ties: true },
+    { c: { ...SMALL, N_VOCAB: 8 }, ties: false, bad: "inf" },
+    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 7 }, ties: true, bad: "nan" },
+    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, bad: "nan" },
+    { c: { ...SMALL, N_VOCAB: 1021, N_BLOCK: 3 }, ties: false, bad: "inf" },
+    { c: { K: 64, N_BLOCK: 64, WG: 256, BUF: 2048, HIST: 256, N_VOCAB: 248320 }, ties: true },
+    { c: { K: 64, N_BLOCK: 64, WG: 256, BUF: 2048, HIST: 256, N_VOCAB: 151936 }, ties: false, bad: "nan" },
+    { c: { K: 64, N_BLOCK: 64, WG: 256, BUF: 2048, HIST: 256, N_VOCAB: 151936 }, ties: false, bad: "inf" },
     {
       c: { ...SMALL, N_VOCAB: rng.int(1, 5000), N_BLOCK: rng.int(1, 9) },
       ties: rng.float() < 0.5,
-      nan: false,
+      bad: ([undefined, "nan", "inf"] as const)[rng.int(0, 3)],
     },
   ];
   const jobs: Job[] = [];
@@ -341,8 +351,9 @@ Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit (tie
       ? Float32Array.from({ length: n }, () => rng.int(-6, 7) * 0.5)
       : rng.normals(n, 4);
     if (s.ties) logits[n - 1] = 3; // the maximum repeats, also in the last block
-    if (s.nan) logits[rng.int(0, n)] = NaN;
     if (n > 10) logits[rng.int(0, n)] = -Infinity;
+    // One bad logit, anywhere (any block, first or last element included): the row is broken.
+    if (s.bad) logits[rng.int(0, n)] = s.bad === "nan" ? NaN : Infinity;
     jobs.push({ c: s.c, logits, knobs: { ...PLAIN, temperature: 0 }, steps: 1 });
     jobs.push({ c: s.c, logits, knobs: { ...PLAIN, temperature: 1.5, topK: 1, seed: rng.u32() }, steps: 1 });
     const c: ArgmaxConstants = { N_VOCAB: n, N_BLOCK: s.c.N_BLOCK, WG: 64, WRITE_IDS: true };
@@ -390,26 +401,35 @@ Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit (tie
   const ran = await runJobs(jobs);
   shapes.forEach((s, i) => {
     const what =
-      `sample N_VOCAB=${s.c.N_VOCAB} N_BLOCK=${s.c.N_BLOCK} ties=${s.ties} nan=${s.nan} (seed ${rng.seed})`;
+      `sample N_VOCAB=${s.c.N_VOCAB} N_BLOCK=${s.c.N_BLOCK} ties=${s.ties} bad=${s.bad} (seed ${rng.seed})`;
     const greedy = ran[2 * i]!;
     const top1 = ran[2 * i + 1]!;
-    // A NaN row: argmax refuses it (NONFINITE); the sampler skips the NaN and takes the best of the rest.
-    const wantId = s.nan
-      ? refStep(jobs[2 * i]!.logits, { ...PLAIN, temperature: 0 }, { K: 64, window: [], step: 0 }).id
-      : argmaxIds[i];
-    if (s.nan) assert.equal(argmaxIds[i], ARGMAX_NONFINITE, `${what}: argmax flags the NaN row`);
-    assert.equal(greedy.ids[0], wantId, `${what}: temperature 0 vs argmax`);
-    assert.equal(greedy.next, wantId, `${what}: next token`);
-    assert.equal(top1.ids[0], wantId, `${what}: top_k 1 vs argmax`);
-    // The final candidates are the reference's K best (value bits and ids), then the log-sum-exp pair.
     const logits = jobs[2 * i]!.logits;
+    // The float64 reference: the best id, or NONFINITE for a row with a NaN or +Inf.
     const ref = refStep(logits, { ...PLAIN, temperature: 0 }, { K: 64, window: [], step: 0 });
+    assert.equal(ref.id === SAMPLE_NONFINITE, s.bad !== undefined, `${what}: test design: bad row`);
+    assert.equal(SAMPLE_NONFINITE, ARGMAX_NONFINITE, "one code for a broken row");
+    assert.equal(argmaxIds[i], ref.id, `${what}: argmax vs reference`);
+    assert.equal(greedy.ids[0], ref.id, `${what}: temperature 0 vs reference and argmax`);
+    assert.equal(greedy.next, ref.id, `${what}: next token`);
+    assert.equal(top1.ids[0], ref.id, `${what}: top_k 1 vs reference and argmax`);
     assert.equal(greedy.result[1], ref.id, `${what}: result[0] id`);
-    const order = Array.from(logits.keys()).filter((id) => !Number.isNaN(logits[id]!))
-      .sort((a, b) => logits[b]! - logits[a]! || a - b).slice(0, 64);
-    const got = Array.from({ length: 64 }, (_, k) => greedy.result[2 * k + 1]!);
-    const want = [...order, ...new Array<number>(64 - order.length).fill(SAMPLE_NONE)];
-    assert.deepEqual(got, want, `${what}: the 64 candidates`);
+    if (s.bad) {
+      // Refused: the step advances (the RNG stream stays aligned), nothing joins the penalty history.
+      assert.deepEqual(Array.from(greedy.state.subarray(0, 2)), [1, 0], `${what}: state step, count`);
+      assert.deepEqual(Array.from(top1.state.subarray(0, 2)), [1, 0], `${what}: top_k 1 state step, count`);
+    } else {
+      // The final candidates are the reference's K best (value bits and ids), then the log-sum-exp pair.
+      const order = Array.from(logits.keys()).sort((a, b) => logits[b]! - logits[a]! || a - b).slice(0, 64);
+      const got = Array.from({ length: 64 }, (_, k) => greedy.result[2 * k + 1]!);
+      const want = [...order, ...new Array<number>(64 - order.length).fill(SAMPLE_NONE)];
+      assert.deepEqual(got, want, `${what}: the 64 candidates`);
+      assert.deepEqual(
+        Array.from(greedy.state.subarray(0, 3)),
+        [1, 1, ref.id],
+        `${what}: state step, count, hist[0]`,
+      );
+    }
     // Then the whole vocabulary's log-sum-exp as (max m, sum of exp(x - m)) over the finite logits.
     const finite = Array.from(logits).filter((x) => Number.isFinite(x));
     const m = finite.reduce((a, x) => Math.max(a, x), -Infinity);
@@ -418,11 +438,6 @@ Deno.test("sample: temperature 0 and top_k 1 pick the argmax id bit for bit (tie
     assert.equal(lse[0], m, `${what}: log-sum-exp max`);
     assert.ok(Math.abs(lse[1]! - sum) <= LSE_RTOL * sum, `${what}: log-sum-exp sum ${lse[1]} vs ${sum}`);
     assertPoisoned(greedy.result.subarray(2 * 65, 2 * 65 + GUARD_WORDS), POISON_U32, `${what} result`);
-    assert.deepEqual(
-      Array.from(greedy.state.subarray(0, 3)),
-      [1, 1, wantId],
-      `${what}: state step, count, hist[0]`,
-    );
   });
   for (let j = 0; j < 4; j++) {
     assert.equal(ran[2 * shapes.length + j]!.ids[0], 0, `uniform rows, case ${j}: lowest id`);
@@ -532,7 +547,7 @@ Deno.test("sample: chi-square fit of draws to the softmax (temperature 1, 0.6, p
   assertChiSquare(histogram(ran[2]!.ids, 8), softmax(penalised), `penalties (seed ${rng.seed})`);
 });
 
-Deno.test("sample: top_k, top_p, min_p and the mask keep exactly their ids; NaN never drawn", async () => {
+Deno.test("sample: top_k, top_p, min_p and the mask keep exactly their ids; NaN or +Inf flag the row", async () => {
   const rng = new Rng();
   const c: SampleConstants = { ...SMALL, N_VOCAB: 8 };
   // Probabilities 0.4 0.25 0.15 0.1 0.05 0.03 0.015 0.005 (ids shuffled so order is not id order).
@@ -540,11 +555,8 @@ Deno.test("sample: top_k, top_p, min_p and the mask keep exactly their ids; NaN 
   const logits = Float32Array.from(probs, (q) => Math.log(q));
   const byRank = [2, 4, 6, 0, 3, 7, 1, 5];
   const n = 600;
-  const nanLogits = Float32Array.from(logits);
-  nanLogits[2] = NaN; // the best
-  nanLogits[5] = NaN;
   const mask = sampleMaskWords(8, (id) => id === 4 || id === 0);
-  const cases: { knobs: Partial<Knobs>; keep: number[]; logits?: Float32Array; mask?: Uint32Array }[] = [
+  const cases: { knobs: Partial<Knobs>; keep: number[]; mask?: Uint32Array }[] = [
     { knobs: { topK: 3 }, keep: byRank.slice(0, 3) },
     // Whole-vocabulary normaliser: 0.4 + 0.25 = 0.65 < 0.7 <= 0.8: three ids, the crossing one included.
     { knobs: { topP: 0.7 }, keep: byRank.slice(0, 3) },
@@ -556,7 +568,6 @@ Deno.test("sample: top_k, top_p, min_p and the mask keep exactly their ids; NaN 
     { knobs: { minP: 0.24 }, keep: byRank.slice(0, 4) },
     { knobs: { minP: 0.26 }, keep: byRank.slice(0, 3) },
     { knobs: { topK: 5, topP: 0.95, minP: 0.5 }, keep: byRank.slice(0, 2) },
-    { knobs: { temperature: 3 }, keep: byRank, logits: nanLogits },
     { knobs: { temperature: 3, maskUnused: true }, keep: byRank.filter((id) => id !== 4 && id !== 0), mask },
     { knobs: { temperature: 0, maskUnused: true }, keep: [2], mask: sampleMaskWords(8, (id) => id === 4) },
     {
@@ -568,13 +579,46 @@ Deno.test("sample: top_k, top_p, min_p and the mask keep exactly their ids; NaN 
   ];
   const jobs: Job[] = cases.map((k) => ({
     c,
-    logits: k.logits ?? logits,
+    logits,
     knobs: { ...PLAIN, ...k.knobs, seed: rng.u32() },
     steps: k.knobs.temperature === 0 ? 4 : n,
     mask: k.mask,
   }));
-  const allNan = new Float32Array(8).fill(NaN);
-  jobs.push({ c, logits: allNan, knobs: { ...PLAIN }, steps: 3 });
+  // Rows that are refused (NONFINITE at every step, whatever the chain) or have no candidate (NONE).
+  const withBad = (at: number, v: number) => {
+    const x = Float32Array.from(logits);
+    x[at] = v;
+    return x;
+  };
+  type Refused = {
+    what: string;
+    logits: Float32Array;
+    knobs: Partial<Knobs>;
+    mask?: Uint32Array;
+    history?: number[];
+  };
+  const refused: Refused[] = [
+    { what: "NaN at the best id", logits: withBad(2, NaN), knobs: { temperature: 3 } },
+    { what: "NaN at the worst id", logits: withBad(5, NaN), knobs: { temperature: 0.7, topK: 3 } },
+    { what: "+Inf", logits: withBad(7, Infinity), knobs: { temperature: 1, topP: 0.9, minP: 0.05 } },
+    {
+      what: "NaN on a penalised id",
+      logits: withBad(0, NaN),
+      knobs: { repeatPenalty: 1.3, penaltyLastN: 4 },
+      history: [0, 3],
+    },
+    {
+      what: "NaN on a masked id",
+      logits: withBad(4, NaN),
+      knobs: { maskUnused: true },
+      mask: sampleMaskWords(8, (id) => id === 4),
+    },
+    { what: "every logit NaN", logits: new Float32Array(8).fill(NaN), knobs: {} },
+  ];
+  for (const r of refused) {
+    const knobs = { ...PLAIN, ...r.knobs, seed: rng.u32() };
+    jobs.push({ c, logits: r.logits, knobs, steps: 3, mask: r.mask, history: r.history });
+  }
   jobs.push({
     c,
     logits: logits,
@@ -586,18 +630,39 @@ Deno.test("sample: top_k, top_p, min_p and the mask keep exactly their ids; NaN 
   cases.forEach((k, i) => {
     const what = `case ${i} ${JSON.stringify(k.knobs)} (seed ${rng.seed})`;
     const drawn = [...new Set(ran[i]!.ids)].sort((a, b) => a - b);
-    let keep = k.keep;
-    if (k.logits === nanLogits) keep = keep.filter((id) => id !== 2 && id !== 5);
-    assert.deepEqual(drawn, [...keep].sort((a, b) => a - b), `${what}: ids drawn`);
+    assert.deepEqual(drawn, [...k.keep].sort((a, b) => a - b), `${what}: ids drawn`);
   });
-  for (const r of ran.slice(cases.length)) {
-    assert.deepEqual(r.ids, [SAMPLE_NONE, SAMPLE_NONE, SAMPLE_NONE], `no candidate: NONE (seed ${rng.seed})`);
-    assert.deepEqual(
-      Array.from(r.state.subarray(0, 2)),
-      [3, 0],
-      `no candidate: step advances, nothing appended`,
+  refused.forEach((r, i) => {
+    const got = ran[cases.length + i]!;
+    const what = `${r.what} (seed ${rng.seed})`;
+    const want = Array.from(
+      { length: 3 },
+      (_, t) =>
+        refStep(r.logits, { ...PLAIN, ...r.knobs }, { K: 64, window: r.history ?? [], step: t, mask: r.mask })
+          .id,
     );
-  }
+    assert.deepEqual(want, [SAMPLE_NONFINITE, SAMPLE_NONFINITE, SAMPLE_NONFINITE], `${what}: reference`);
+    assert.deepEqual(got.ids, want, `${what}: every step flags the row`);
+    assert.equal(got.next, SAMPLE_NONFINITE, `${what}: next token`);
+    assert.equal(got.result[1], SAMPLE_NONFINITE, `${what}: result[0] id`);
+    const count = r.history?.length ?? 0;
+    assert.deepEqual(
+      Array.from(got.state.subarray(0, 2)),
+      [3, count],
+      `${what}: step advances, nothing appended`,
+    );
+  });
+  const none = ran[cases.length + refused.length]!;
+  assert.deepEqual(
+    none.ids,
+    [SAMPLE_NONE, SAMPLE_NONE, SAMPLE_NONE],
+    `no candidate: NONE (seed ${rng.seed})`,
+  );
+  assert.deepEqual(
+    Array.from(none.state.subarray(0, 2)),
+    [3, 0],
+    `no candidate: step advances, nothing appended`,
+  );
 });
 
 Deno.test("sample: RNG hash is a per-seed bijection of the step, twin and kernel agree", async () => {

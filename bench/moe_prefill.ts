@@ -215,7 +215,7 @@ for (const T of TOKENS) {
  * `--probe`: the grouped passes built from variants of moe_matmul.wgsl's source, each with one part switched
  * off behind a run-time condition that never holds (params.pad0 is 0), so the compiler keeps the rest:
  * no_updates (the rank-1 updates), no_staging (decoding and the workgroup-memory writes), same_step (every
- * step loads step 0's weights again: cache-hot), and the UNITS 2 variant (half the workgroup memory).
+ * step loads step 0's weights again: cache-hot), and the UNITS 4 variant (twice the workgroup memory).
  */
 async function probe(
   T: number,
@@ -235,12 +235,12 @@ async function probe(
   };
   for (const [pass, { shape, bindings }] of ["gate_up", "down"].map((p, i) => [p, inputs[i]!] as const)) {
     const out: Record<string, number> = {};
-    for (const [name, code] of [...Object.entries(variants), ["units2", base] as const]) {
+    for (const [name, code] of [...Object.entries(variants), ["units4", base] as const]) {
       const file = await Deno.makeTempFile({ suffix: ".wgsl" });
       await Deno.writeTextFile(file, code);
       const spec = { ...MOE_MATMUL, name: `moe_matmul_${name}`, url: new URL(`file://${file}`) };
-      const c0 = groupedMatmulConstants(shape, device.limits.maxComputeWorkgroupStorageSize);
-      const c = name === "units2" ? { ...c0, UNITS: 2 } : c0;
+      const c0 = groupedMatmulConstants(shape);
+      const c = name === "units4" ? { ...c0, UNITS: 4 } : c0;
       const pipeline = await cache.get(spec, c);
       const b = bindings;
       const bg = bindGroup(device, pipeline, [b.params, b.weights, b.x, b.y, b.groups]);

@@ -129,7 +129,7 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
   );
   // Both step widths where the device holds them (lavapipe: UNITS 2 only); else the check must refuse.
   const variants = (s: GroupedMatmulShape): GroupedMatmulConstants[] =>
-    [4, 2].map((UNITS) => ({ ...groupedMatmulConstants(s, 1 << 30), UNITS }))
+    [4, 2].map((UNITS) => ({ ...groupedMatmulConstants(s), UNITS }))
       .filter((c) => groupedMatmulWorkgroupBytes(c) <= max);
   const wide = cases.find((c) => variants(c.shape).length === 1);
   if (wide) {
@@ -144,7 +144,7 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
           y: upload(device, new Float32Array(wide.shape.n * (wide.shape.nRouted + wide.shape.cap))),
           groups: upload(device, new Uint32Array(moeGroupWords(wide.group))),
         },
-        constants: { ...groupedMatmulConstants(wide.shape, 1 << 30), UNITS: 4 },
+        constants: { ...groupedMatmulConstants(wide.shape), UNITS: 4 },
       }),
       /workgroup memory/,
     );
@@ -250,9 +250,8 @@ Deno.test("grouped matmul and moe_group checks throw before encoding", () => {
     xStride: 64,
     yStride: 40,
   };
-  const c = groupedMatmulConstants(shape, 49152);
-  assert.deepEqual(c, { TYPE: 8, GATE_UP: true, UNITS: 4 });
-  assert.deepEqual(groupedMatmulConstants(shape, 32768), { TYPE: 8, GATE_UP: true, UNITS: 2 });
+  const c = groupedMatmulConstants(shape);
+  assert.deepEqual(c, { TYPE: 8, GATE_UP: true, UNITS: 2 });
   const b = { params: big, weights: big, x: big, y: big, groups: big };
   checkGroupedMatmul(shape, c, b);
   assert.throws(() => checkGroupedMatmul(shape, c, { ...b, groups: small }), /groups holds 16 bytes/);

@@ -350,7 +350,7 @@ export async function expertsGrouped(
   y: GPUBuffer,
   groups: GPUBuffer,
 ) {
-  const c = groupedMatmulConstants(shape, g.device.limits.maxComputeWorkgroupStorageSize);
+  const c = groupedMatmulConstants(shape);
   const b = { params: g.storage(groupedMatmulParams(shape)), weights, x, y, groups };
   checkGroupedMatmul(shape, c, b);
   await g.push(

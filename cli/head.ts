@@ -97,6 +97,7 @@ async function showProgress(engine: Engine, stop: AbortSignal): Promise<"ready" 
   const tty = Deno.stderr.isTerminal();
   const enc = new TextEncoder();
   let lastLine = 0;
+  let lastText = "";
   while (!stop.aborted) {
     const st = engine.status();
     if (st.state !== "loading") {
@@ -108,12 +109,15 @@ async function showProgress(engine: Engine, stop: AbortSignal): Promise<"ready" 
     const frac = st.totalBytes > 0 ? st.loadedBytes / st.totalBytes : 0;
     const mib = (b: number) => (b / 2 ** 20).toFixed(0);
     const text = `Loading ${st.model || "model"}: ${mib(st.loadedBytes)}/${mib(st.totalBytes)} MiB`;
+    const pct = `${(frac * 100).toFixed(0)}%`;
     if (tty) {
       const bar = "#".repeat(Math.round(frac * 30)).padEnd(30, ".");
-      Deno.stderr.writeSync(enc.encode(`\r[${bar}] ${(frac * 100).toFixed(0).padStart(3)}% ${text}`));
-    } else if (performance.now() - lastLine >= PROGRESS_EVERY_MS) {
+      Deno.stderr.writeSync(enc.encode(`\r[${bar}] ${pct.padStart(4)} ${text}`));
+    } else if (performance.now() - lastLine >= PROGRESS_EVERY_MS && `${text} (${pct})` !== lastText) {
+      // Only lines that say something new: once the weights are up the engine logs its pipeline warm-up.
       lastLine = performance.now();
-      console.error(`${text} (${(frac * 100).toFixed(0)}%)`);
+      lastText = `${text} (${pct})`;
+      if (st.totalBytes > 0) console.error(lastText);
     }
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -222,105 +226,123 @@ export const command: Command = {
     const corsOrigins = values.cors === undefined ? undefined : parseCorsOrigins(values.cors);
 
     const synth = values.model === undefined ? await defaultModel() : undefined;
-    const path = values.model ?? synth!.path;
-    let tokenizer: Tokenizer, template: ChatTemplate;
-    {
-      using file = await openGguf(path);
-      if (!file.metadata.has(KEYS.tokTokens)) {
-        throw new RangeError(`${path} has no ${KEYS.tokTokens}: the head needs the model's tokenizer`);
-      }
-      tokenizer = Tokenizer.fromGguf(file.metadata);
-      template = ChatTemplate.fromGguf(file.metadata);
-    }
-    console.error(`Chat template: ${template.origin} (${template.kind})`);
-
-    const split = await splitOptions(values);
-    const engine = startEngine({
-      split,
-      model: path,
-      nCtx,
-      nSlots,
-      queueSize,
-      batchMin,
-      maxChunk,
-      int8Activations: values.int8,
-      kvF16: values["kv-f16"],
-    });
-    const stopProgress = new AbortController();
-    const loaded = showProgress(engine, stopProgress.signal);
-    let draining = false;
-    const metrics = new Metrics();
-    const app = createApp({
-      metrics,
-      engine,
-      tokenizer,
-      template,
-      apiKey: values["api-key"],
-      tempDefault,
-      tempCap,
-      bodyLimitBytes,
-      draining: () => draining,
-      corsOrigins,
-    });
-    const server = serveHttp1({
-      hostname: values.host,
-      port,
-      maxConnections,
-      headerTimeoutMs,
-      bodyTimeoutMs,
-      onListen: ({ hostname, port }) => console.error(`Listening on http://${hostname}:${port}`),
-      onEvent: (e) => metrics.connection(e),
-    }, (req) => split ? withChainHealth(req, app.fetch(req), engine) : app.fetch(req));
-
-    let cancelTimer: ReturnType<typeof setTimeout> | undefined;
-    const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];
-    /** Stops listening once no request is being answered (new generations get 503 meanwhile). */
-    const closeWhenIdle = async () => {
-      while (server.activeRequests > 0) await new Promise((r) => setTimeout(r, 50));
-      await server.shutdown();
-    };
-    const onSignal = () => {
-      if (draining) {
-        console.error("Second signal: cancelling in-flight requests");
-        void engine.close({ cancel: true });
-        return;
-      }
-      draining = true;
-      const st = engine.status();
-      console.error(
-        `Shutting down: new requests get 503; ${st.busySlots} running and ${st.queued} queued may finish ` +
-          `within ${graceMs / 1000} s`,
-      );
-      cancelTimer = setTimeout(() => {
-        console.error("Grace period over: cancelling in-flight requests");
-        void engine.close({ cancel: true });
-      }, graceMs);
-      void closeWhenIdle();
-    };
-    for (const s of signals) Deno.addSignalListener(s, onSignal);
-    let failed = false;
-    void loaded.then((state) => {
-      if (state !== "failed") return;
-      // A head that cannot generate should not linger: stop serving and report failure.
-      failed = true;
-      draining = true;
-      void server.shutdown();
-    });
+    // The default model's temporary folder goes on every exit path (a busy port, a bad flag, a failed load).
     try {
-      await server.finished;
-      await engine.close();
+      const path = values.model ?? synth!.path;
+      let tokenizer: Tokenizer, template: ChatTemplate;
+      {
+        using file = await openGguf(path);
+        if (!file.metadata.has(KEYS.tokTokens)) {
+          throw new RangeError(`${path} has no ${KEYS.tokTokens}: the head needs the model's tokenizer`);
+        }
+        tokenizer = Tokenizer.fromGguf(file.metadata);
+        template = ChatTemplate.fromGguf(file.metadata);
+      }
+      console.error(`Chat template: ${template.origin} (${template.kind})`);
+
+      const split = await splitOptions(values);
+      const engine = startEngine({
+        split,
+        model: path,
+        nCtx,
+        nSlots,
+        queueSize,
+        batchMin,
+        maxChunk,
+        int8Activations: values.int8,
+        kvF16: values["kv-f16"],
+      });
+      let draining = false;
+      const metrics = new Metrics();
+      const app = createApp({
+        metrics,
+        engine,
+        tokenizer,
+        template,
+        apiKey: values["api-key"],
+        tempDefault,
+        tempCap,
+        bodyLimitBytes,
+        draining: () => draining,
+        corsOrigins,
+        requestLog: (line) => console.error(line),
+      });
+      let server;
+      try {
+        server = serveHttp1({
+          hostname: values.host,
+          port,
+          maxConnections,
+          headerTimeoutMs,
+          bodyTimeoutMs,
+          onListen: ({ hostname, port }) => console.error(`Listening on http://${hostname}:${port}`),
+          onEvent: (e) => metrics.connection(e),
+        }, (req) => split ? withChainHealth(req, app.fetch(req), engine) : app.fetch(req));
+      } catch (e) {
+        await engine.close({ cancel: true });
+        if (e instanceof Deno.errors.AddrInUse) {
+          throw new Error(
+            `Port ${port} on ${values.host} is already in use (another server?): stop it, or pick another ` +
+              `--port (0 picks a free one)`,
+            { cause: e },
+          );
+        }
+        throw e;
+      }
+      const stopProgress = new AbortController();
+      const loaded = showProgress(engine, stopProgress.signal);
+
+      let cancelTimer: ReturnType<typeof setTimeout> | undefined;
+      const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];
+      /** Stops listening once no request is being answered (new generations get 503 meanwhile). */
+      const closeWhenIdle = async () => {
+        while (server.activeRequests > 0) await new Promise((r) => setTimeout(r, 50));
+        await server.shutdown();
+      };
+      const onSignal = () => {
+        if (draining) {
+          console.error("Second signal: cancelling in-flight requests");
+          void engine.close({ cancel: true });
+          return;
+        }
+        draining = true;
+        const st = engine.status();
+        console.error(
+          `Shutting down: new requests get 503; ${st.busySlots} running and ${st.queued} queued may finish ` +
+            `within ${graceMs / 1000} s`,
+        );
+        cancelTimer = setTimeout(() => {
+          console.error("Grace period over: cancelling in-flight requests");
+          void engine.close({ cancel: true });
+        }, graceMs);
+        void closeWhenIdle();
+      };
+      for (const s of signals) Deno.addSignalListener(s, onSignal);
+      let failed = false;
+      void loaded.then((state) => {
+        if (state !== "failed") return;
+        // A head that cannot generate should not linger: stop serving and report failure.
+        failed = true;
+        draining = true;
+        void server.shutdown();
+      });
+      try {
+        await server.finished;
+        await engine.close();
+      } finally {
+        stopProgress.abort();
+        await loaded;
+        clearTimeout(cancelTimer);
+        for (const s of signals) Deno.removeSignalListener(s, onSignal);
+      }
+      if (failed) {
+        console.error("Stopped: the model failed to load");
+        return 1;
+      }
+      console.error("Stopped");
+      return 0;
     } finally {
-      stopProgress.abort();
-      await loaded;
-      clearTimeout(cancelTimer);
-      for (const s of signals) Deno.removeSignalListener(s, onSignal);
       if (synth !== undefined) await Deno.remove(synth.dir, { recursive: true });
     }
-    if (failed) {
-      console.error("Stopped: the model failed to load");
-      return 1;
-    }
-    console.error("Stopped");
-    return 0;
   },
 };

@@ -64,6 +64,21 @@ async function defaultModel(): Promise<string> {
   return out;
 }
 
+/**
+ * The summary line on stderr: prompt tokens and prefill tok/s (up to the first id on the CPU), generated
+ * ids and decode tok/s (after the first batch of ids; `-` with a single batch).
+ */
+export function speedLine(
+  promptTokens: number,
+  generated: number,
+  t: { t0: number; first: { atMs: number; n: number } | undefined; lastMs: number },
+): string {
+  const rate = (n: number, ms: number) => (ms > 0 && n > 0 ? ((n * 1000) / ms).toFixed(1) : "-");
+  const prefill = t.first === undefined ? "-" : rate(promptTokens, t.first.atMs - t.t0);
+  const decode = t.first === undefined ? "-" : rate(generated - t.first.n, t.lastMs - t.first.atMs);
+  return `prompt ${promptTokens} tokens, prefill ${prefill} tok/s; generated ${generated} tokens, decode ${decode} tok/s`;
+}
+
 /** The `generate` command. */
 export const command: Command = {
   usage: USAGE,
@@ -202,20 +217,27 @@ export const command: Command = {
         seed: num("seed", values.seed),
       });
       checkSampling(sampling);
+      // Timing as llama.cpp's tools report it: prefill up to the first id on the CPU, decode after that
+      // first batch of ids.
+      const t0 = performance.now();
+      let first: { atMs: number; n: number } | undefined;
+      let lastMs = t0;
       const g = await stage.generate(0, ids, {
         sampling,
         nNew,
         top: values.json ? top : 0,
         stopIds: values["ignore-eos"] || !tok ? [] : [...tok.eogIds],
         signal: abort.signal,
-        onTokens: decoder && ((fresh) => {
-          if (stops.stopped) return;
+        onTokens: (fresh) => {
+          lastMs = performance.now();
+          first ??= { atMs: lastMs, n: fresh.length };
+          if (!decoder || stops.stopped) return;
           const r = stops.push(
             fresh.filter((id) => !tok!.eogIds.has(id)).map((id) => decoder.push(id)).join(""),
           );
           emit(r.text);
           if (r.stop !== undefined) abort.abort();
-        }),
+        },
       });
       if (decoder && !stops.stopped) emit(stops.push(decoder.flush()).text + stops.flush());
       out.tokens = g.tokens;
@@ -223,6 +245,7 @@ export const command: Command = {
       out.reason = stops.stopped ? "stop_string" : g.reason;
       if (tok) out.text = text;
       if (!values.json) console.error(`\n[${out.reason}: ${g.tokens.length} tokens]`);
+      console.error(speedLine(ids.length, g.tokens.length, { t0, first, lastMs }));
     }
     if (values.json) console.log(JSON.stringify(out));
     else if (!tok) console.log(out.tokens.join(" "));

@@ -1,17 +1,24 @@
 /**
- * Host twin of `attn_combine.wgsl`: merges `attn_decode`'s split partials and applies the sigmoid output
- * gate (spec §7 steps 6-7) for one query token.
+ * Host twin of `attn_combine.wgsl`: merges the split partials `attn_decode` used at the step's position and
+ * applies the sigmoid output gate (spec §7 steps 6-7) for one query token.
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
+import { ATTN_PARAMS_WORDS } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2 } from "./_twin.ts";
 
-/** Constants of `attn_combine.wgsl`: query heads, headDim, split count (as in attn_decode), workgroup size. */
+/**
+ * Constants of `attn_combine.wgsl`: query heads, headDim, split count, tile and shortest split (N_SPLIT,
+ * TILE and PER_MIN as in attn_decode, which set the splits it used), workgroup size, dims per workgroup.
+ */
 export type AttnCombineConstants = {
   readonly H_Q: number;
   readonly D_H: number;
   readonly N_SPLIT: number;
+  readonly TILE: number;
+  readonly PER_MIN: number;
   readonly WG: number;
+  readonly CD: number;
 };
 
 /** Kernel spec of `attn_combine.wgsl`. */
@@ -19,14 +26,14 @@ export const ATTN_COMBINE: KernelSpec = {
   name: "attn_combine",
   url: new URL("./attn_combine.wgsl", import.meta.url),
   lib: [],
-  constants: { H_Q: "u32", D_H: "u32", N_SPLIT: "u32", WG: "u32" },
+  constants: { H_Q: "u32", D_H: "u32", N_SPLIT: "u32", TILE: "u32", PER_MIN: "u32", WG: "u32", CD: "u32" },
 };
 
 /**
- * Binding order: partO f32 ne=[D_H, H_Q, N_SPLIT]; partMl f32 ne=[2, H_Q, N_SPLIT];
- * qf f32 ne=[2*D_H, H_Q] (gates); o f32 ne=[D_H, H_Q].
+ * Binding order: params AttnParams (pos0 = the token's position); partO f32 ne=[D_H, H_Q, N_SPLIT];
+ * partMl f32 ne=[2, H_Q, N_SPLIT]; qf f32 ne=[2*D_H, H_Q] (gates); o f32 ne=[D_H, H_Q].
  */
-export const ATTN_COMBINE_BINDINGS = ["partO", "partMl", "qf", "o"] as const;
+export const ATTN_COMBINE_BINDINGS = ["params", "partO", "partMl", "qf", "o"] as const;
 
 /** Buffers of one `attn_combine` dispatch, by binding name. */
 export type AttnCombineBuffers = Readonly<Record<(typeof ATTN_COMBINE_BINDINGS)[number], Binding>>;
@@ -39,7 +46,13 @@ export function checkAttnCombine(c: AttnCombineConstants): void {
   checkInt("attn_combine: H_Q", c.H_Q, 1, 65535);
   checkInt("attn_combine: D_H", c.D_H, 1, 4096);
   checkInt("attn_combine: N_SPLIT", c.N_SPLIT, 1, 4096);
+  checkInt("attn_combine: TILE", c.TILE, 1, 256);
+  checkInt("attn_combine: PER_MIN", c.PER_MIN, 1, 2 ** 24);
   checkShape(isPow2(c.WG) && c.WG <= 256, `attn_combine: WG must be a power of two <= 256, got ${c.WG}`);
+  checkShape(
+    isPow2(c.CD) && c.CD <= c.WG,
+    `attn_combine: CD (${c.CD}) must be a power of two <= WG (${c.WG})`,
+  );
 }
 
 /**
@@ -53,6 +66,7 @@ export function attnCombineBindGroup(
   const { constants: c, buffers: b } = opts;
   checkAttnCombine(c);
   const k = "attn_combine";
+  checkBinding(k, "params", b.params, [ATTN_PARAMS_WORDS]);
   checkBinding(k, "partO", b.partO, [c.D_H, c.H_Q, c.N_SPLIT]);
   checkBinding(k, "partMl", b.partMl, [2, c.H_Q, c.N_SPLIT]);
   checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q]);
@@ -60,9 +74,9 @@ export function attnCombineBindGroup(
   return bindGroup(device, opts.pipeline, ATTN_COMBINE_BINDINGS.map((name) => b[name]));
 }
 
-/** Dispatch grid: one workgroup per query head. */
+/** Dispatch grid: query heads by ceil(D_H / CD) dim slices. */
 export function attnCombineGrid(c: AttnCombineConstants): [number, number, number] {
-  return [c.H_Q, 1, 1];
+  return [c.H_Q, Math.ceil(c.D_H / c.CD), 1];
 }
 
 /** Records one `attn_combine` dispatch into `pass` (the bind group was checked when it was built). */

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "./kernel.ts";
+import { PipelineCache, variantKey } from "./kernel.ts";
 import { sigmoid } from "../tests/ref/ops.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
@@ -9,30 +9,31 @@ import {
   type AttnCombineConstants,
   encodeAttnCombine,
 } from "./attn_combine.ts";
+import { attnDecodeSplits } from "./attn_decode.ts";
+import { packAttnParams } from "./attn_params.ts";
 import { checkF32 } from "./_test_util.ts";
 
-/** f32 exp of (m_s - M) and sums over <= 64 splits, a divide and the gate's sigmoid: ~1e-6 relative. */
+/** f32 exp of (m_s - M) and sums over <= 256 splits, a divide and the gate's sigmoid: ~1e-6 relative. */
 const TOL = { atol: 1e-6, rtol: 1e-5 };
-/** What attn_decode writes as m for an empty split. */
-const NEG = -3.0e38;
 
-/** Float64 merge of split partials: (sum_s e^(m_s-M) O_s) / (sum_s e^(m_s-M) l_s) * sigmoid(gate). */
+/**
+ * Float64 merge of the first `used` split partials: (sum_s e^(m_s-M) O_s) / (sum_s e^(m_s-M) l_s) *
+ * sigmoid(gate).
+ */
 function refCombine(
   partO: Float32Array,
   partMl: Float32Array,
   qf: Float32Array,
   c: AttnCombineConstants,
+  used: number,
 ): Float64Array {
   const out = new Float64Array(c.D_H * c.H_Q);
   for (let h = 0; h < c.H_Q; h++) {
     let mx = -Infinity;
-    for (let s = 0; s < c.N_SPLIT; s++) {
-      if (partMl[(s * c.H_Q + h) * 2 + 1]! > 0) mx = Math.max(mx, partMl[(s * c.H_Q + h) * 2]!);
-    }
+    for (let s = 0; s < used; s++) mx = Math.max(mx, partMl[(s * c.H_Q + h) * 2]!);
     let l = 0;
     const acc = new Float64Array(c.D_H);
-    for (let s = 0; s < c.N_SPLIT; s++) {
-      if (partMl[(s * c.H_Q + h) * 2 + 1]! === 0) continue; // empty split
+    for (let s = 0; s < used; s++) {
       const w = Math.exp(partMl[(s * c.H_Q + h) * 2]! - mx);
       l += w * partMl[(s * c.H_Q + h) * 2 + 1]!;
       for (let d = 0; d < c.D_H; d++) acc[d] = acc[d]! + w * partO[(s * c.H_Q + h) * c.D_H + d]!;
@@ -44,21 +45,33 @@ function refCombine(
   return out;
 }
 
-Deno.test("attn_combine merges split partials, empty splits included, and applies the gate", async () => {
+/** Combine constants whose split formula gives `used` splits at context `used` (TILE = PER_MIN = 1). */
+function unit(
+  c: { H_Q: number; D_H: number; N_SPLIT: number; WG: number; CD: number },
+): AttnCombineConstants {
+  return { ...c, TILE: 1, PER_MIN: 1 };
+}
+
+Deno.test("attn_combine merges the used split partials only and applies the gate", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
+  // [constants, position]: the splits used follow from the position as in attn_decode.
   const cases: [AttnCombineConstants, number][] = [
-    [{ H_Q: 2, D_H: 8, N_SPLIT: 1, WG: 64 }, 1], // debug: one split
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 256 }, 47], // real dims, the last 17 splits empty
-    [{ H_Q: 4, D_H: 256, N_SPLIT: 16, WG: 64 }, 16], // every split used
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 128 }, 1], // only split 0 used
-    [{ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32 }, rng.int(1, 8)], // D_H not a multiple of WG
+    [unit({ H_Q: 2, D_H: 8, N_SPLIT: 1, WG: 64, CD: 16 }), 0], // debug: one split, dims past D_H idle
+    [unit({ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 256, CD: 16 }), 46], // real dims, 47 splits, 17 unused
+    [unit({ H_Q: 4, D_H: 256, N_SPLIT: 16, WG: 64, CD: 16 }), 15], // every split used
+    [unit({ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 128, CD: 32 }), 0], // only split 0 used
+    [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), rng.int(0, 7)], // D_H not a multiple of CD
+    // The engine's long-context constants: per = 128 positions at 32k, 256 splits, tails of the 4-way loop.
+    [{ H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16 }, 32767],
+    [{ H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16 }, rng.int(0, 5000)],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   const runs = [];
-  for (const [c, used] of cases) {
+  for (const [c, pos] of cases) {
+    const { used } = attnDecodeSplits({ ...c, P_MAX: pos + 1 }, pos);
     const partO = new Float32Array(c.D_H * c.H_Q * c.N_SPLIT);
     const partMl = new Float32Array(2 * c.H_Q * c.N_SPLIT);
     for (let s = 0; s < c.N_SPLIT; s++) {
@@ -69,12 +82,16 @@ Deno.test("attn_combine merges split partials, empty splits included, and applie
           partMl[2 * k + 1] = 1 + rng.float() * 60;
           partO.set(rng.normals(c.D_H, 5), k * c.D_H);
         } else {
-          partMl[2 * k] = NEG;
+          // Never written by attn_decode: NaN here fails the test if the combine reads it.
+          partMl[2 * k] = NaN;
+          partMl[2 * k + 1] = NaN;
+          partO.fill(NaN, k * c.D_H, (k + 1) * c.D_H);
         }
       }
     }
     const qf = rng.normals(2 * c.D_H * c.H_Q, 2);
     const b = {
+      params: upload(device, packAttnParams(pos, 1)),
       partO: upload(device, partO),
       partMl: upload(device, partMl),
       qf: upload(device, qf),
@@ -83,14 +100,13 @@ Deno.test("attn_combine merges split partials, empty splits included, and applie
     const pipeline = await cache.get(ATTN_COMBINE, c);
     const bg = attnCombineBindGroup(device, { pipeline, constants: c, buffers: b });
     encodeAttnCombine(pass, { pipeline, bindGroup: bg, constants: c });
-    runs.push({ c, used, b, ref: refCombine(partO, partMl, qf, c) });
+    runs.push({ c, used, b, ref: refCombine(partO, partMl, qf, c, used) });
   }
   pass.end();
   device.queue.submit([enc.finish()]);
   const outs = await readAll(device, runs.map((r) => r.b.o));
   runs.forEach((r, i) => {
-    const what =
-      `attn_combine H_Q=${r.c.H_Q} D_H=${r.c.D_H} N_SPLIT=${r.c.N_SPLIT} WG=${r.c.WG} used=${r.used}`;
+    const what = `${variantKey(ATTN_COMBINE, r.c)} used=${r.used}`;
     checkF32(outs[i]!, r.ref, TOL, { what, seed: rng.seed });
     Object.values(r.b).forEach((buf) => buf.destroy());
   });
@@ -98,10 +114,10 @@ Deno.test("attn_combine merges split partials, empty splits included, and applie
 
 Deno.test("attn_combine shape check throws before encoding", async () => {
   const { device } = await testGpu();
-  const c: AttnCombineConstants = { H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 256 };
+  const c = unit({ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 256, CD: 16 });
   const pipeline = await new PipelineCache(device).get(ATTN_COMBINE, c);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
-  const b = { partO: small, partMl: small, qf: small, o: small };
+  const b = { params: small, partO: small, partMl: small, qf: small, o: small };
   assert.throws(
     () => attnCombineBindGroup(device, { pipeline, constants: c, buffers: b }),
     /binding partO holds 1024 bytes but ne=\[256, 16, 64\]/,

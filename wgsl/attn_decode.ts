@@ -9,8 +9,8 @@ import { ATTN_PARAMS_WORDS, kvCacheWords } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /**
- * Constants of `attn_decode.wgsl`: heads, headDim, cache capacity, split count, positions per tile,
- * workgroup size, score scale (1/sqrt(headDim) unless the model gives one).
+ * Constants of `attn_decode.wgsl`: heads, headDim, cache capacity, split count, positions per tile, shortest
+ * split (a multiple of TILE), workgroup size, score scale (1/sqrt(headDim) unless the model gives one).
  */
 export type AttnDecodeConstants = {
   readonly H_Q: number;
@@ -19,6 +19,7 @@ export type AttnDecodeConstants = {
   readonly P_MAX: number;
   readonly N_SPLIT: number;
   readonly TILE: number;
+  readonly PER_MIN: number;
   readonly WG: number;
   readonly SCALE: number;
   readonly KV_F16: boolean;
@@ -36,6 +37,7 @@ export const ATTN_DECODE: KernelSpec = {
     P_MAX: "u32",
     N_SPLIT: "u32",
     TILE: "u32",
+    PER_MIN: "u32",
     WG: "u32",
     SCALE: "f32",
     KV_F16: "bool",
@@ -59,6 +61,19 @@ export function attnDecodeWorkgroupBytes(c: AttnDecodeConstants): number {
 }
 
 /**
+ * Positions per split and the splits used at position `pos` (context pos + 1, at most P_MAX): the kernel's
+ * and attn_combine's formula, `per = max(PER_MIN, roundup(ceil(ctx / N_SPLIT), TILE))`, `used = ceil(ctx / per)`.
+ */
+export function attnDecodeSplits(
+  c: { readonly N_SPLIT: number; readonly TILE: number; readonly PER_MIN: number; readonly P_MAX: number },
+  pos: number,
+): { per: number; used: number } {
+  const ctx = Math.min(pos + 1, c.P_MAX);
+  const per = Math.max(c.PER_MIN, Math.ceil(Math.ceil(ctx / c.N_SPLIT) / c.TILE) * c.TILE);
+  return { per, used: Math.ceil(ctx / per) };
+}
+
+/**
  * Checks constants against the kernel's limits; `maxWorkgroupBytes` is the device's workgroup storage.
  * @throws {RangeError} naming the offending value
  */
@@ -73,6 +88,10 @@ export function checkAttnDecode(c: AttnDecodeConstants, maxWorkgroupBytes: numbe
   checkInt("attn_decode: P_MAX", c.P_MAX, 1, 2 ** 24);
   checkInt("attn_decode: N_SPLIT", c.N_SPLIT, 1, MAX_WORKGROUPS_PER_DIM);
   checkInt("attn_decode: TILE", c.TILE, 1, 256);
+  checkShape(
+    Number.isInteger(c.PER_MIN) && c.PER_MIN >= c.TILE && c.PER_MIN % c.TILE === 0,
+    `attn_decode: PER_MIN (${c.PER_MIN}) must be a positive multiple of TILE (${c.TILE})`,
+  );
   checkShape(isPow2(c.WG) && c.WG <= 256, `attn_decode: WG must be a power of two <= 256, got ${c.WG}`);
   checkShape(
     (c.H_Q / c.H_KV * c.D_H) % c.WG === 0,

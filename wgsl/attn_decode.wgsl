@@ -2,8 +2,11 @@
 //   for q head h, KV head g = h / (H_Q / H_KV), positions t in this split's range of 0..p:
 //   s_t = SCALE * q_h . K[g][t];  m = max_t s_t;  l = sum_t exp(s_t - m);  O = sum_t exp(s_t - m) V[g][t]
 // The partials (O unnormalised, m, l) per (split, head) are merged by attn_combine.
-// Split ranges: per = roundup(ceil((p + 1) / N_SPLIT), TILE); split s covers [s * per, min((s + 1) * per, p + 1)).
-// The grid is constant whatever p is (pre-encodable); a split with an empty range writes O = 0, m = NEG, l = 0.
+// Split ranges: per = max(PER_MIN, roundup(ceil((p + 1) / N_SPLIT), TILE)); split s covers
+// [s * per, min((s + 1) * per, p + 1)), so ceil((p + 1) / per) splits are used (attn_combine reads those).
+// The grid is constant whatever p is (pre-encodable); the workgroups of unused splits write nothing. N_SPLIT
+// follows the cache capacity (the engine's attnDecodeSplits): with a fixed 32 splits a 32k context gave 64
+// workgroups of 1024 positions each, latency-bound at ~150 GB/s (0.9 ms per layer on the H200).
 // Bindings:
 //   params   AttnParams { pos0: u32, n_tokens: u32 }   only pos0 is read (the cache holds 0..pos0)
 //   q        f32 ne=[D_H, H_Q]                 normed, roped queries (attn_qk_rope q_out, token 0)
@@ -17,9 +20,10 @@
 // G * TILE invocations each take one full q.k dot, G invocations update the online softmax, stage V, then
 // invocation i accumulates outputs o = i + j * WG (head o / D_H, dim o % D_H) in registers.
 // The K/V tile staging (padded vec4 rows, no bank conflicts) is lib/attn.wgsl's.
-// Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, WG: u32; const SCALE: f32; const KV_F16: bool.
-// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; D_H % 8 == 0 (16-byte cache loads); G * TILE <= WG is not
-// required; workgroup memory 4 * (G * D_H + TILE * (D_H + 4) + G * TILE + 3 * G) bytes <= device limit (32 KiB
+// Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, PER_MIN, WG: u32; const SCALE: f32;
+// const KV_F16: bool.
+// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; D_H % 8 == 0 (16-byte cache loads); PER_MIN % TILE == 0;
+// G * TILE <= WG is not required; workgroup memory 4 * (G * D_H + TILE * (D_H + 4) + G * TILE + 3 * G) bytes <= device limit (32 KiB
 // on lavapipe).
 struct AttnParams {
   pos0: u32,
@@ -78,8 +82,12 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let split = wid.x;
   let g = wid.y;
   let ctx = min(params.pos0 + 1u, P_MAX);
-  let per = ((ctx + N_SPLIT - 1u) / N_SPLIT + TILE - 1u) / TILE * TILE;
+  let per = max(PER_MIN, ((ctx + N_SPLIT - 1u) / N_SPLIT + TILE - 1u) / TILE * TILE);
   let begin = split * per;
+  // Uniform per workgroup: an unused split returns before any barrier.
+  if (begin >= ctx) {
+    return;
+  }
   let end = min(begin + per, ctx);
   let kv_base = g * P_MAX * D_H;
 
@@ -132,15 +140,16 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     }
     attn_stage_tile(lid, kv_base, t0, end, false);
     workgroupBarrier();
+    // Keys outer, heads inner: with WG = D_H every j of an invocation reads the same V element, loaded once.
     for (var j = 0u; j < OPI; j++) {
-      let o = lid + j * WG;
-      let h = o / D_H;
-      let d = o % D_H;
-      var a = acc[j] * corr[h];
-      for (var tt = 0u; tt < TILE; tt++) {
-        a += sc[h * TILE + tt] * attn_kv[tt * ATTN_ROW + d / 4u][d % 4u];
+      acc[j] *= corr[(lid + j * WG) / D_H];
+    }
+    for (var tt = 0u; tt < TILE; tt++) {
+      for (var j = 0u; j < OPI; j++) {
+        let o = lid + j * WG;
+        let d = o % D_H;
+        acc[j] = fma(sc[(o / D_H) * TILE + tt], attn_kv[tt * ATTN_ROW + d / 4u][d % 4u], acc[j]);
       }
-      acc[j] = a;
     }
     workgroupBarrier();
   }

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "./kernel.ts";
+import { PipelineCache, variantKey } from "./kernel.ts";
 import { attention } from "../tests/ref/ops.ts";
-import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
 import {
   ATTN_COMBINE,
@@ -13,6 +13,7 @@ import {
   ATTN_DECODE,
   attnDecodeBindGroup,
   type AttnDecodeConstants,
+  attnDecodeSplits,
   encodeAttnDecode,
 } from "./attn_decode.ts";
 import { packAttnParams } from "./attn_params.ts";
@@ -43,25 +44,29 @@ interface Dims {
 const REAL: Dims = { hQ: 16, hKv: 2, dH: 256 };
 const TINY: Dims = { hQ: 4, hKv: 1, dH: 256 };
 
-Deno.test("attn_decode + attn_combine match the float64 reference at positions 0, 1, 37, 3000", async () => {
+Deno.test("attn_decode + attn_combine match the float64 reference at positions 0 to 3000, any split count", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  const cases: [Dims, number, number, boolean][] = [
-    [REAL, 0, 64, false],
-    [REAL, 1, 64, false],
-    [REAL, 37, 64, false],
-    [REAL, 3000, 64, false], // per split 64 positions: 47 splits non-empty, 17 empty
-    [TINY, 37, 8, false],
-    [TINY, 127, 8, false], // every split full, the last one included
-    [TINY, rng.int(0, 700), 16, false],
-    [REAL, 37, 64, true], // f16 cache
-    [TINY, 127, 8, true],
+  // [dims, position, N_SPLIT, KV_F16, PER_MIN]
+  const cases: [Dims, number, number, boolean, number][] = [
+    [REAL, 0, 64, false, 16],
+    [REAL, 1, 64, false, 16],
+    [REAL, 37, 64, false, 16],
+    [REAL, 3000, 64, false, 16], // per split 48 positions: 63 splits used, the last one ragged, 1 unused
+    [REAL, 3000, 256, false, 16], // the engine's long-context split count: 188 splits of one tile
+    [REAL, 2999, 32, false, 128], // PER_MIN above the even share: 24 splits of 128, 8 unused
+    [TINY, 37, 8, false, 16],
+    [TINY, 127, 8, false, 16], // every split full, the last one included
+    [TINY, rng.int(0, 700), 16, false, 16 * rng.int(1, 4)],
+    [REAL, 37, 64, true, 16], // f16 cache
+    [REAL, 2000, 256, true, 32], // f16 cache at depth
+    [TINY, 127, 8, true, 16],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   const runs = [];
-  for (const [dims, pos, nSplit, kvF16] of cases) {
+  for (const [dims, pos, nSplit, kvF16, perMin] of cases) {
     const { hQ, hKv, dH } = dims;
     const pMax = pos + 1 + rng.int(0, 40);
     const dc: AttnDecodeConstants = {
@@ -71,11 +76,20 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       P_MAX: pMax,
       N_SPLIT: nSplit,
       TILE: 16,
+      PER_MIN: perMin,
       WG: 256,
       SCALE: 1 / Math.sqrt(dH),
       KV_F16: kvF16,
     };
-    const cc: AttnCombineConstants = { H_Q: hQ, D_H: dH, N_SPLIT: nSplit, WG: 64 };
+    const cc: AttnCombineConstants = {
+      H_Q: hQ,
+      D_H: dH,
+      N_SPLIT: nSplit,
+      TILE: dc.TILE,
+      PER_MIN: perMin,
+      WG: 256,
+      CD: 16,
+    };
     const q = rng.normals(dH * hQ);
     const qf = rng.normals(2 * dH * hQ, 2); // only the gate halves are read
     // The reference reads what the cache holds: f16-rounded values in the f16 variant.
@@ -120,19 +134,24 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
   const outs = await readAll(device, runs.flatMap((r) => [r.b.o, r.b.partMl]));
   runs.forEach((r, i) => {
     const { dc, pos } = r;
-    const what = `attn_decode+combine H_Q=${dc.H_Q} H_KV=${dc.H_KV} N_SPLIT=${dc.N_SPLIT} ` +
-      `KV_F16=${dc.KV_F16} pos=${pos}`;
+    const what = `${variantKey(ATTN_DECODE, dc)} pos=${pos}`;
     const o = outs[2 * i]!;
     checkF32(o, r.ref, TOL, { what, seed: rng.seed });
-    // Split bookkeeping: the splits that must be empty report l = 0; the others cover all positions.
-    const ml = new Float32Array(outs[2 * i + 1]!, 0, 2 * dc.H_Q * dc.N_SPLIT);
-    const per = Math.ceil(Math.ceil((pos + 1) / dc.N_SPLIT) / dc.TILE) * dc.TILE;
-    const nonEmpty = Math.ceil((pos + 1) / per);
+    // Split bookkeeping: the used splits report l >= 1 (their maximum counts once); the unused ones are
+    // never written (still poisoned), and the combine read none of them (its output would be NaN).
+    const ml = new Uint32Array(outs[2 * i + 1]!, 0, 2 * dc.H_Q * dc.N_SPLIT);
+    const mlF = new Float32Array(ml.buffer, 0, ml.length);
+    const { per, used } = attnDecodeSplits(dc, pos);
+    assert.equal(used, Math.ceil((pos + 1) / per));
     for (let s = 0; s < dc.N_SPLIT; s++) {
-      const l = ml[(s * dc.H_Q) * 2 + 1]!;
-      assert.ok(s < nonEmpty ? l > 0 : l === 0, `${what} (seed ${rng.seed}): split ${s} has l=${l}`);
+      for (let h = 0; h < dc.H_Q; h++) {
+        const w = (s * dc.H_Q + h) * 2 + 1;
+        assert.ok(
+          s < used ? mlF[w]! >= 1 : ml[w] === POISON_F32,
+          `${what} (seed ${rng.seed}): split ${s} head ${h} has l=${mlF[w]} (${used} used)`,
+        );
+      }
     }
-    if (pos === 3000) assert.ok(nonEmpty > 1 && nonEmpty < dc.N_SPLIT, "long case must mix empty and full");
     // GQA: the data must tell the right grouping from a wrong one (h % H_KV), or the test proves nothing.
     if (dc.H_KV > 1 && pos > 0) {
       const wrong = attention(r.q, {
@@ -170,6 +189,7 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     P_MAX: 64,
     N_SPLIT: 8,
     TILE: 16,
+    PER_MIN: 16,
     WG: 256,
     SCALE: 0.0625,
     KV_F16: false,
@@ -182,12 +202,16 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     /binding q holds 1024/,
   );
   assert.throws(
-    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, TILE: 64 }, buffers: b }),
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, TILE: 64, PER_MIN: 64 }, buffers: b }),
     /workgroup memory/,
   );
   assert.throws(
     () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, H_Q: 15 }, buffers: b }),
     /multiple of H_KV/,
+  );
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, PER_MIN: 24 }, buffers: b }),
+    /PER_MIN \(24\) must be a positive multiple of TILE/,
   );
   small.destroy();
 });

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PipelineCache } from "./kernel.ts";
+import { PipelineCache, variantKey } from "./kernel.ts";
 import { attention } from "../tests/ref/ops.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
@@ -7,6 +7,7 @@ import {
   ATTN_PREFILL,
   attnPrefillBindGroup,
   type AttnPrefillConstants,
+  attnPrefillConstants,
   encodeAttnPrefill,
 } from "./attn_prefill.ts";
 import {
@@ -32,22 +33,30 @@ interface Case {
   nGrid: number; // capacity the grids cover
   bq: number;
   tile: number;
+  dc?: number;
   kvF16?: boolean;
 }
 
-Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache match the reference", async () => {
+Deno.test("attn_prefill: chunks after a cache of any depth match the reference, across tiles and tails", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
+  const maxWorkgroupBytes = device.limits.maxComputeWorkgroupStorageSize;
   const dH = 256;
   const cases: Case[] = [
     { hQ: 16, hKv: 2, pos0: 37, nTokens: 1, nGrid: 1, bq: 2, tile: 8 },
     { hQ: 16, hKv: 2, pos0: 5, nTokens: 7, nGrid: 8, bq: 2, tile: 8 }, // grid covers one absent token
-    { hQ: 16, hKv: 2, pos0: 100, nTokens: 64, nGrid: 64, bq: 2, tile: 8 },
+    // The engine's lavapipe variant: 5 tiles, the causal edge crosses tiles 3 and 4 within the chunk.
+    { hQ: 16, hKv: 2, pos0: 100, nTokens: 64, nGrid: 64, bq: 2, tile: 32 },
+    // From an empty cache: the first query sees one key; keys end mid-tile (ragged last tile).
+    { hQ: 16, hKv: 2, pos0: 0, nTokens: 45, nGrid: 48, bq: 2, tile: 16, dc: 32 },
     { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, tile: 8 },
     { hQ: 4, hKv: 1, pos0: rng.int(1, 90), nTokens: rng.int(1, 30), nGrid: 30, bq: 1, tile: 16 },
+    { hQ: 16, hKv: 2, pos0: rng.int(0, 200), nTokens: rng.int(1, 40), nGrid: 40, bq: 1, tile: 32 },
     { hQ: 16, hKv: 2, pos0: 29, nTokens: 7, nGrid: 7, bq: 2, tile: 8, kvF16: true },
     { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, tile: 8, kvF16: true },
+    // Depth far past the tile, f16 cache, a 3-token tail block.
+    { hQ: 16, hKv: 2, pos0: 301, nTokens: 19, nGrid: 19, bq: 2, tile: 32, kvF16: true },
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -66,17 +75,10 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
       EPS: 1e-6,
       KV_F16: k.kvF16 ?? false,
     };
-    const pc: AttnPrefillConstants = {
-      H_Q: hQ,
-      H_KV: hKv,
-      D_H: dH,
-      P_MAX: pMax,
-      BQ: k.bq,
-      TILE: k.tile,
-      WG: 256,
-      SCALE: 1 / Math.sqrt(dH),
-      KV_F16: k.kvF16 ?? false,
-    };
+    const pc = attnPrefillConstants(
+      { H_Q: hQ, H_KV: hKv, D_H: dH, P_MAX: pMax, SCALE: 1 / Math.sqrt(dH), KV_F16: k.kvF16 ?? false },
+      { maxWorkgroupBytes, bq: k.bq, tile: k.tile, dc: k.dc },
+    );
     const qf = rng.normals(2 * dH * hQ * nGrid, 2);
     // Earlier chunks' K/V (rows < pos0); attn_qk_rope appends this chunk's rows.
     const kc = k.kvF16 ? new Float16Array(rng.normals(dH * pMax * hKv)) : rng.normals(dH * pMax * hKv);
@@ -131,9 +133,7 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
       gate.set(r.qf.subarray(row * 2 * dH + dH, row * 2 * dH + 2 * dH), row * dH);
     }
     const opts = { k: refK, v: refV, gate, headDim: dH, nHead: k.hQ, nHeadKv: k.hKv, scale: pc.SCALE };
-    const what = `attn_prefill H_Q=${k.hQ} H_KV=${k.hKv} BQ=${k.bq} TILE=${k.tile} KV_F16=${pc.KV_F16} ` +
-      `pos0=${k.pos0} ` +
-      `nTokens=${n}/${k.nGrid}`;
+    const what = `${variantKey(ATTN_PREFILL, pc)} pos0=${k.pos0} nTokens=${n}/${k.nGrid}`;
     // The guard band after token n-1 covers an absent grid token's output too.
     checkF32(outs[4 * i]!, attention(q, opts), TOL, { what, seed: rng.seed });
     if (k.hKv > 1) {
@@ -155,17 +155,10 @@ Deno.test("attn_prefill: chunks of 1, 7 and 64 tokens after a non-empty cache ma
 
 Deno.test("attn_prefill shape check throws before encoding", async () => {
   const { device } = await testGpu();
-  const pc: AttnPrefillConstants = {
-    H_Q: 16,
-    H_KV: 2,
-    D_H: 256,
-    P_MAX: 64,
-    BQ: 2,
-    TILE: 8,
-    WG: 256,
-    SCALE: 0.0625,
-    KV_F16: false,
-  };
+  const pc: AttnPrefillConstants = attnPrefillConstants(
+    { H_Q: 16, H_KV: 2, D_H: 256, P_MAX: 64, SCALE: 0.0625, KV_F16: false },
+    { maxWorkgroupBytes: device.limits.maxComputeWorkgroupStorageSize, bq: 2, tile: 8 },
+  );
   const pipeline = await new PipelineCache(device).get(ATTN_PREFILL, pc);
   const big = device.createBuffer({ size: 1 << 20, usage: GPUBufferUsage.STORAGE });
   const b = { params: big, q: big, qf: big, kCache: big, vCache: big, o: big };
@@ -174,8 +167,12 @@ Deno.test("attn_prefill shape check throws before encoding", async () => {
     /binding qf holds 1048576 bytes but ne=\[512, 16, 64\]/,
   );
   assert.throws(
-    () => attnPrefillBindGroup(device, { pipeline, constants: { ...pc, BQ: 4 }, nTokens: 1, buffers: b }),
+    () => attnPrefillBindGroup(device, { pipeline, constants: { ...pc, BQ: 8 }, nTokens: 1, buffers: b }),
     /workgroup memory/,
+  );
+  assert.throws(
+    () => attnPrefillBindGroup(device, { pipeline, constants: { ...pc, SK: 3 }, nTokens: 1, buffers: b }),
+    /do not split evenly/,
   );
   big.destroy();
 });

@@ -28,12 +28,24 @@ import {
 import {
   ATTN_PREFILL,
   attnPrefillBindGroup,
-  type AttnPrefillConstants,
+  attnPrefillConstants,
   attnPrefillGrid,
 } from "../../wgsl/attn_prefill.ts";
 
-/** Splits of the decode attention: enough workgroups to fill a GPU at long context, a fixed grid. */
-export const ATTN_SPLITS = 32;
+/**
+ * Most splits of the decode attention (the capacity of the partials buffers, 16 KiB per split for 35B-A3B):
+ * at a 32k context 256 splits of 128 positions give 512 workgroups, enough to stream the cache at HBM rate
+ * (32 splits gave 64 workgroups of 1024 positions, ~9 ms per token for 10 layers on the H200).
+ */
+export const ATTN_SPLITS = 256;
+
+/** Shortest decode split in positions (one tile): short contexts use few splits and combine few partials. */
+export const ATTN_SPLIT_MIN = 16;
+
+/** Decode splits for a cache of `nCtx` positions: no more than its shortest splits can fill. */
+export function attnSplits(nCtx: number): number {
+  return Math.min(ATTN_SPLITS, Math.ceil(nCtx / ATTN_SPLIT_MIN));
+}
 
 /** Gated attention of layer l: q/k/v projections, q/k norms and RoPE, the KV cache write, attention, output. */
 export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw: LayerWeights) {
@@ -98,17 +110,18 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
     if (n === 1) {
       await attnDecode(g, `L${l}`, "", cx, { pos: cx.pos, q: A.q!, kCache, vCache, qf, o: A.o! });
     } else {
-      const pc: AttnPrefillConstants = {
-        H_Q: hp.nHead,
-        H_KV: hp.nHeadKv,
-        D_H: hp.headDim,
-        P_MAX: cx.nCtx,
-        BQ: 1,
-        TILE: 8,
-        WG: 256,
-        SCALE: hp.attnScale,
-        KV_F16: g.opts.kvF16,
-      };
+      // The query block and tile follow the device's workgroup memory (H200 48 KiB: 4 tokens of 8 heads).
+      const pc = attnPrefillConstants(
+        {
+          H_Q: hp.nHead,
+          H_KV: hp.nHeadKv,
+          D_H: hp.headDim,
+          P_MAX: cx.nCtx,
+          SCALE: hp.attnScale,
+          KV_F16: g.opts.kvF16,
+        },
+        { maxWorkgroupBytes: g.device.limits.maxComputeWorkgroupStorageSize },
+      );
       await g.checked(
         `L${l}.attn_prefill`,
         ATTN_PREFILL,
@@ -190,8 +203,9 @@ export async function attnDecode(
     H_KV: hp.nHeadKv,
     D_H: hp.headDim,
     P_MAX: cx.nCtx,
-    N_SPLIT: ATTN_SPLITS,
+    N_SPLIT: attnSplits(cx.nCtx),
     TILE: 16,
+    PER_MIN: ATTN_SPLIT_MIN,
     WG: 256,
     SCALE: hp.attnScale,
     KV_F16: g.opts.kvF16,
@@ -215,7 +229,15 @@ export async function attnDecode(
       }),
     attnDecodeGrid(dc),
   );
-  const cc: AttnCombineConstants = { H_Q: hp.nHead, D_H: hp.headDim, N_SPLIT: ATTN_SPLITS, WG: 64 };
+  const cc: AttnCombineConstants = {
+    H_Q: hp.nHead,
+    D_H: hp.headDim,
+    N_SPLIT: dc.N_SPLIT,
+    TILE: dc.TILE,
+    PER_MIN: dc.PER_MIN,
+    WG: 256,
+    CD: 16,
+  };
   await g.checked(
     `${label}.attn_combine${suffix}`,
     ATTN_COMBINE,
@@ -224,7 +246,7 @@ export async function attnDecode(
       attnCombineBindGroup(g.device, {
         pipeline,
         constants: cc,
-        buffers: { partO: A.partO!, partMl: A.partMl!, qf: x.qf, o: x.o },
+        buffers: { params: x.pos, partO: A.partO!, partMl: A.partMl!, qf: x.qf, o: x.o },
       }),
     attnCombineGrid(cc),
   );

@@ -18,7 +18,13 @@ import {
   StaleChainError,
 } from "../engine/mod.ts";
 import { WireError } from "./errors.ts";
-import { DEFAULT_MAX_FRAME_BYTES, type RunRequest, type RunResult } from "./frame.ts";
+import {
+  DEFAULT_MAX_FRAME_BYTES,
+  MAX_HISTORY,
+  type RunRequest,
+  type RunResult,
+  type WireSampling,
+} from "./frame.ts";
 import { type HelloInfo, PROTOCOL_VERSION } from "./hello.ts";
 import { connectLink, type Link, type LinkAddress } from "./link.ts";
 
@@ -31,11 +37,14 @@ export const STALE_MARK = "Stale slot state:";
 export function stateLayout(kvF16: boolean): string {
   return `kv=${kvF16 ? "f16" : "f32"};ssm=f32`;
 }
-/** Rows, drafts and top-k pairs a stage of this build accepts per frame. */
+/**
+ * Rows, drafts and top-k pairs a stage of this build accepts per frame. Drafts: at most 7, so a drafted run's
+ * rows fit the mat-vec's 8 columns, where a chunk computes the bits of one-token steps (engine MAX_DRAFT).
+ */
 export const STAGE_LIMITS = {
   maxFrameBytes: DEFAULT_MAX_FRAME_BYTES,
   maxRows: 4096,
-  maxDraft: 0,
+  maxDraft: 7,
   maxTopK: 64,
 };
 
@@ -80,6 +89,11 @@ export interface ChainLinkOptions {
   readonly timeoutMs?: number;
   /** Log lines (connects, failures); default `console.error`. */
   readonly log?: (line: string) => void;
+  /**
+   * Drafts per decode frame the head should send (`--draft`, 0..7; default 0), capped by every stage's
+   * `limits.maxDraft`; told to the decoder with each run's result ({@linkcode NextResult.draft}).
+   */
+  readonly draft?: number;
 }
 
 /** The link to the next stage; see the module doc. */
@@ -120,6 +134,14 @@ export class ChainLink implements ChainClient {
   /** The next stage's hello, as of the latest connection (kept while down). */
   get peer(): HelloInfo | undefined {
     return this.#peer;
+  }
+
+  /** Drafts per frame the head may send: the `draft` option within every stage's `limits.maxDraft`. */
+  get draft(): number {
+    const peer = this.#peer;
+    const want = this.#opts.draft ?? 0;
+    if (!peer || want === 0) return 0;
+    return Math.min(want, peer.limits.maxDraft, ...peer.downstream.map((h) => h.limits.maxDraft));
   }
 
   /** True while connected. */
@@ -222,7 +244,8 @@ export class ChainLink implements ChainClient {
       dtype: "f32",
       want: req.want,
       topK: req.topK,
-      drafts: new Uint32Array(0),
+      drafts: Uint32Array.from(req.drafts ?? []),
+      ...(req.sampling ? { sampling: wireSampling(req.sampling) } : {}),
     }, req.epoch);
     switch (result.kind) {
       case "ids":
@@ -232,6 +255,7 @@ export class ChainLink implements ChainClient {
           topIds: result.topIds,
           topLogits: result.topLogits,
           timesUs: result.timesUs,
+          draft: this.draft,
         };
       case "none":
         return {
@@ -296,6 +320,27 @@ export class ChainLink implements ChainClient {
     this.#closed = true;
     await this.#link?.close("the stage is shutting down");
   }
+}
+
+/**
+ * A run's sampler settings as the RUN's sampling block: always with HISTORY (the last MAX_HISTORY ids), so the
+ * last stage's draw never depends on what earlier runs, restores or replays left there.
+ */
+function wireSampling(s: NonNullable<NextRun["sampling"]>): WireSampling {
+  const p = s.params;
+  return {
+    temperature: p.temperature,
+    topK: p.topK,
+    topP: p.topP,
+    minP: p.minP,
+    repeatPenalty: p.repeatPenalty,
+    presencePenalty: p.presencePenalty,
+    frequencyPenalty: p.frequencyPenalty,
+    penaltyLastN: p.penaltyLastN,
+    seed: p.seed,
+    step: s.step,
+    history: Uint32Array.from(s.history.slice(-MAX_HISTORY)),
+  };
 }
 
 /** A WireError whose message carries {@linkcode STALE_MARK} as StaleChainError; others unchanged. */

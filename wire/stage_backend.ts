@@ -1,16 +1,30 @@
 /**
  * A worker's stage as the link's {@linkcode StageBackend}: runs received hidden rows through its layers; a
- * last stage then picks the next id (argmax on the logits, ties to the lowest id, with top-k pairs), a middle
- * stage forwards its own output rows to the next stage ({@linkcode ChainLink}) and prepends its time.
+ * last stage then picks one id per producing row (argmax on the logits, ties to the lowest id, or the GPU
+ * sampler with the run's settings, seed, RNG step and history: `Stage.sampleRows`, the unsplit engine's draw)
+ * with top-k pairs; a middle stage forwards its own output rows to the next stage ({@linkcode ChainLink}) and
+ * prepends its time.
+ *
+ * Drafted runs (docs/WIRE.md "Drafts and rollback"): before a run with drafts the stage snapshots the slot
+ * (its anchor) and keeps the run's rows; a later run of the slot at a position inside those rows restores the
+ * anchor and re-runs the kept rows up to it first. A last stage computes a drafted run's rows as one-token
+ * steps (`chunk: 1`), so each row's logits are the bits of the undrafted run's.
  *
  * Requests are applied one at a time in arrival order (the stage's activation buffers are shared by all
  * slots). A middle stage remembers, per slot and per snapshot, the connection to its next stage the state
  * behind it lives on; when that connection is gone it answers {@linkcode STALE_MARK} so the head replays.
  * @module
  */
-import { argmaxCpu, isGreedy, type Stage, type StageInfo, topCpu } from "../engine/mod.ts";
+import {
+  argmaxCpu,
+  isGreedy,
+  type SamplingParams,
+  type Stage,
+  type StageInfo,
+  topCpu,
+} from "../engine/mod.ts";
 import { WireError } from "./errors.ts";
-import type { RunRequest, RunResult } from "./frame.ts";
+import type { RunRequest, RunResult, WireSampling } from "./frame.ts";
 import type { HelloInfo } from "./hello.ts";
 import type { StageBackend } from "./link.ts";
 import { type ChainLink, helloOf, STALE_MARK } from "./chain.ts";
@@ -76,45 +90,134 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
   };
   const staleError = (what: string) =>
     new WireError("backend", `${STALE_MARK} ${what} on layers ${range}: its next stage restarted: replay`);
+  const nEmbd = stage.hp.nEmbd;
+  /** Per slot: the snapshot before its latest drafted run, that run's position and its input rows. */
+  const anchors: ({ id: number; base: number; rows: Float32Array<ArrayBuffer> } | undefined)[] = new Array(
+    nSlots,
+  ).fill(undefined);
+  const dropAnchor = (slot: number) => {
+    const a = anchors[slot];
+    if (a) stage.states.drop(a.id);
+    anchors[slot] = undefined;
+  };
+  /**
+   * Per slot (last stage): the penalty history of its latest sampled run, and the ids that run returned with
+   * the position of the first (kept once a later run shows they were accepted).
+   */
+  const hists: ({ ids: number[]; pending: Uint32Array; pendingPos: number } | undefined)[] = new Array(nSlots)
+    .fill(undefined);
+
+  /** The rollback rule: a run inside the slot's latest drafted run restores its anchor and re-runs up to it. */
+  const rollBack = async (req: RunRequest, nRows: number): Promise<void> => {
+    const { slot, basePos: b } = req;
+    const held = stage.length(slot);
+    if (b > 0 && b < held) {
+      const a = anchors[slot];
+      if (!a || b < a.base || b > a.base + a.rows.length / nEmbd) {
+        throw new WireError(
+          "backend",
+          `Run of slot ${slot} at position ${b}, but layers ${range} hold ${held} tokens and no drafted run ` +
+            `covers position ${b}: a run starts at the slot's length or inside its latest drafted run`,
+        );
+      }
+      stage.restore(a.id, slot);
+      const m = b - a.base;
+      if (m > 0) {
+        await stage.run(slot, { hidden: a.rows.subarray(0, m * nEmbd), nTokens: m }, a.base, {
+          rows: "none",
+        });
+      }
+    }
+    dropAnchor(slot);
+    if (req.drafts.length > 0) {
+      anchors[slot] = { id: stage.snapshot(slot), base: b, rows: req.rows.slice(0, nRows * nEmbd) };
+    }
+  };
+
+  /** The penalty history a sampled run on `slot` starts from (docs/WIRE.md: HISTORY, or the kept one). */
+  const historyOf = (req: RunRequest): number[] => {
+    const s = req.sampling!;
+    const h = hists[req.slot];
+    if (s.history) return Array.from(s.history);
+    if (!h) return [];
+    // The previous run's ids up to the token at this run's first row were accepted; later ones were not.
+    const keep = Math.max(0, Math.min(h.pending.length, req.basePos - h.pendingPos + 1));
+    return [...h.ids, ...h.pending.subarray(0, keep)];
+  };
 
   const runLast = async (req: RunRequest, nRows: number, t0: number): Promise<RunResult> => {
     if (req.want === "last" || req.want === "all") {
       throw new WireError("backend", `Layers ${range} are the last stage: they return ids, not hidden rows`);
     }
-    const s = req.sampling;
-    if (s && !isGreedy(s)) {
-      throw new WireError(
-        "backend",
-        `Layers ${range}: sampling (temperature ${s.temperature}) is not carried by split serving yet: ` +
-          `send temperature 0`,
+    await rollBack(req, nRows);
+    const hidden = req.rows as Float32Array<ArrayBuffer>;
+    const nOut = req.drafts.length + 1;
+    let out;
+    if (nOut === 1 || req.want === "none") {
+      out = await stage.run(req.slot, { hidden, nTokens: nRows }, req.basePos, {
+        rows: req.want === "none" ? "none" : "last",
+      });
+    } else {
+      // The rows that produce ids run as one-token steps: each row's logits are then the undrafted run's bits.
+      const lead = nRows - nOut;
+      if (lead > 0) {
+        await stage.run(req.slot, { hidden: hidden.subarray(0, lead * nEmbd), nTokens: lead }, req.basePos, {
+          rows: "none",
+        });
+      }
+      out = await stage.run(
+        req.slot,
+        { hidden: hidden.subarray(lead * nEmbd), nTokens: nOut },
+        req.basePos + lead,
+        { rows: "all", chunk: 1 },
       );
     }
-    const nOut = req.drafts.length + 1;
-    const out = await stage.run(
-      req.slot,
-      { hidden: req.rows as Float32Array<ArrayBuffer>, nTokens: nRows },
-      req.basePos,
-      {
-        rows: nOut > 1 ? "all" : "last",
-      },
-    );
-    const timesUs = [Math.round((performance.now() - t0) * 1000)];
-    if (req.want === "none") return { kind: "none", timesUs };
+    if (req.want === "none") return { kind: "none", timesUs: [Math.round((performance.now() - t0) * 1000)] };
     const V = stage.hp.nVocab;
     const rows = out.data.length / V;
-    const ids = new Uint32Array(nOut);
+    const logits = out.data.subarray((rows - nOut) * V);
+    let ids: Uint32Array;
+    const s = req.sampling;
+    const params = s && samplingOf(s);
+    if (
+      s && params && !(isGreedy(params) && params.repeatPenalty === 1 && params.presencePenalty === 0 &&
+        params.frequencyPenalty === 0)
+    ) {
+      const history = historyOf(req);
+      try {
+        ids = await stage.sampleRows(logits, { sampling: params, step: s.step, history });
+      } catch (e) {
+        throw new WireError("backend", `Layers ${range} cannot sample: ${(e as Error).message}`, {
+          cause: e,
+        });
+      }
+      hists[req.slot] = {
+        ids: history.slice(-256),
+        pending: ids.slice(),
+        pendingPos: req.basePos + nRows - nOut + 1,
+      };
+    } else {
+      ids = new Uint32Array(nOut);
+      for (let j = 0; j < nOut; j++) ids[j] = argmaxCpu(logits.subarray(j * V, (j + 1) * V));
+    }
+    const bad = ids.findIndex((id) => id >= V);
+    if (bad >= 0) {
+      throw new WireError(
+        "backend",
+        `Layers ${range}: the sampler found no usable logit (NaN, Inf or masked) at row ${
+          nRows - nOut + bad
+        } of slot ${req.slot}: check the model with \`inspect --check\``,
+      );
+    }
     const topIds = new Uint32Array(nOut * req.topK);
     const topLogits = new Float32Array(nOut * req.topK);
-    for (let j = 0; j < nOut; j++) {
-      const row = out.data.subarray((rows - nOut + j) * V, (rows - nOut + j + 1) * V);
-      ids[j] = argmaxCpu(row);
-      if (req.topK > 0) {
-        for (const [i, [id, logit]] of topCpu(row, req.topK).entries()) {
-          topIds[j * req.topK + i] = id;
-          topLogits[j * req.topK + i] = logit;
-        }
+    for (let j = 0; j < nOut && req.topK > 0; j++) {
+      for (const [i, [id, logit]] of topCpu(logits.subarray(j * V, (j + 1) * V), req.topK).entries()) {
+        topIds[j * req.topK + i] = id;
+        topLogits[j * req.topK + i] = logit;
       }
     }
+    const timesUs = [Math.round((performance.now() - t0) * 1000)];
     return { kind: "ids", ids, topK: req.topK, topIds, topLogits, timesUs };
   };
 
@@ -126,6 +229,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
   ): Promise<RunResult> => {
     const epoch = req.basePos === 0 ? undefined : slotEpoch[req.slot];
     if (req.basePos > 0 && epoch === undefined) throw staleError(`slot ${req.slot}`);
+    await rollBack(req, nRows);
     const out = await stage.run(
       req.slot,
       { hidden: req.rows as Float32Array<ArrayBuffer>, nTokens: nRows },
@@ -181,6 +285,8 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         if (!downSnaps.has(id)) {
           throw new WireError("backend", `Snapshot ${id} does not exist on layers ${range}`);
         }
+        dropAnchor(slot);
+        hists[slot] = undefined;
         stage.restore(id, slot);
         if (!next) return;
         slotEpoch[slot] = undefined;
@@ -208,6 +314,8 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     },
     reset(slot: number): Promise<void> {
       return serial(async () => {
+        dropAnchor(slot);
+        hists[slot] = undefined;
         stage.reset(slot);
         if (next) {
           await next.reset(slot);
@@ -215,5 +323,20 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         }
       });
     },
+  };
+}
+
+/** The engine's sampling settings of a RUN's sampling block. */
+function samplingOf(s: WireSampling): SamplingParams {
+  return {
+    temperature: s.temperature,
+    topK: s.topK,
+    topP: s.topP,
+    minP: s.minP,
+    repeatPenalty: s.repeatPenalty,
+    presencePenalty: s.presencePenalty,
+    frequencyPenalty: s.frequencyPenalty,
+    penaltyLastN: s.penaltyLastN,
+    seed: s.seed,
   };
 }

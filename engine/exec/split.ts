@@ -5,9 +5,20 @@
  * over TCP lives in `wire/chain.ts`, and `cli/head.ts` passes it in (the engine never imports `wire/`).
  *
  * Per token the head runs its layers on the fed ids, sends the hidden rows (f32, bit for bit) to the next
- * stage, and the last stage answers the next id (argmax, ties to the lowest id) and, when asked, its top-k
- * (id, logit) pairs. Every remote operation (runs, snapshot save, restore and drop) goes out in the order the
- * scheduler made it, one at a time, so the far side applies them in the same order as the head.
+ * stage, and the last stage answers the next id (argmax, ties to the lowest id, or the GPU sampler with the
+ * request's settings, seed, RNG step and penalty history carried in the run: the unsplit engine's draw, bit for
+ * bit) and, when asked, its top-k (id, logit) pairs. Every remote operation (runs, snapshot save, restore and
+ * drop) goes out in the order the scheduler made it, one at a time, so the far side applies them in the same
+ * order as the head.
+ *
+ * Drafts (`draft` > 0): a decode frame carries the fed id plus up to `draft` ids guessed by prompt lookup
+ * ({@linkcode lookupDrafts}: the slot's own history), and the last stage answers one id per fed row. The head
+ * keeps ids up to the first that differs from its draft (sampled or greedy, each row is the draw the undrafted
+ * run makes there, so the output is the same with drafts on or off). Every stage snapshots a slot before a
+ * drafted run (its "anchor") and keeps the run's input; a later run of that slot at a position inside the
+ * drafted rows rolls back: restore the anchor, re-run the kept rows up to that position, then run the new rows.
+ * So a rejection costs no extra round trip (the next frame carries the rollback), and a generation that ends
+ * inside a drafted frame re-sends the kept rows once to settle every stage.
  *
  * The chain may restart behind the head (a worker killed and started again): its state is then gone. Every
  * reply carries the link's `epoch` (raised at each new connection); a slot or snapshot whose remote state
@@ -16,7 +27,7 @@
  * @module
  */
 import type { BatchItem, GenerateResult, SlotDecoder } from "./decode.ts";
-import { isGreedy } from "../sampling.ts";
+import { isGreedy, SAMPLE_HIST, type SamplingParams } from "../sampling.ts";
 import type { StageInput, StageOutput } from "./options.ts";
 import type { SlotStates } from "../state.ts";
 
@@ -57,7 +68,25 @@ export interface NextRun {
    * and fails with {@linkcode StaleChainError}. Absent for a run from position 0 (it needs no old state).
    */
   readonly epoch?: number;
+  /**
+   * Draft ids (with `want: "ids"`): the last `drafts.length + 1` rows each produce an id; `drafts[j]` is the
+   * token fed at row `nRows - drafts.length + j`. Absent: none.
+   */
+  readonly drafts?: readonly number[];
+  /**
+   * The last stage's sampler (absent: argmax), as docs/WIRE.md's sampling block: the request's settings, the
+   * RNG step of the run's first id (ids the request drew before it), and the penalty history before that id,
+   * oldest first (at most the last 256 ids).
+   */
+  readonly sampling?: {
+    readonly params: SamplingParams;
+    readonly step: number;
+    readonly history: readonly number[];
+  };
 }
+
+/** {@linkcode NextRun.sampling}. */
+type NextSampling = NonNullable<NextRun["sampling"]>;
 
 /** What {@linkcode NextStage.run} answers. */
 export interface NextResult {
@@ -71,6 +100,11 @@ export interface NextResult {
   readonly topLogits: Float32Array;
   /** Each stage's own compute time in µs, nearest first. */
   readonly timesUs: readonly number[];
+  /**
+   * Drafts per frame the chain takes from now on (the head's `--draft`, within every stage's limit), when the
+   * link sets it: how the head's option reaches the decoder, which runs in the engine's Worker.
+   */
+  readonly draft?: number;
 }
 
 /**
@@ -130,7 +164,12 @@ export interface SplitStage {
   /** Tokens held by `slot`. */
   length(slot: number): number;
   /** Runs `input` on `slot` from position `base` (see Stage.run). */
-  run(slot: number, input: StageInput, base: number, opts?: { rows?: "all" | "last" }): Promise<StageOutput>;
+  run(
+    slot: number,
+    input: StageInput,
+    base: number,
+    opts?: { rows?: "all" | "last" | "none"; chunk?: number },
+  ): Promise<StageOutput>;
   /** Saves `slot`'s state; returns the snapshot id. */
   snapshot(slot: number): number;
   /** Restores snapshot `id` into `slot`. */
@@ -139,6 +178,44 @@ export interface SplitStage {
 
 /** Rows per remote run: a long prefill goes out in pieces (each within any sane frame limit). */
 const FORWARD_ROWS = 256;
+
+/**
+ * Most drafts per frame: a drafted frame's rows (1 + drafts) must be at most the mat-vec's 8 columns, where a
+ * chunk's state and hidden rows are the bits of one-token steps (wider chunks run the tiled matmul and the
+ * chunked DeltaNet form, which sum in another order).
+ */
+export const MAX_DRAFT = 7;
+
+/** Longest n-gram {@linkcode lookupDrafts} matches. */
+const DRAFT_NGRAM = 3;
+
+/**
+ * Prompt-lookup drafts: the `k` ids that followed the latest earlier occurrence of the longest suffix (3 ids
+ * down to 1) of `seq`; empty when no suffix occurred before.
+ * @example
+ * ```ts
+ * lookupDrafts([5, 6, 7, 8, 5, 6], 3); // [7, 8, 5]
+ * ```
+ */
+export function lookupDrafts(seq: readonly number[], k: number): number[] {
+  if (k < 1) return [];
+  for (let n = Math.min(DRAFT_NGRAM, seq.length - 1); n >= 1; n--) {
+    const tail = seq.length - n;
+    for (let at = tail - 1; at >= 0; at--) {
+      let j = 0;
+      while (j < n && seq[at + j] === seq[tail + j]) j++;
+      if (j === n) return seq.slice(at + n, at + n + k);
+    }
+  }
+  return [];
+}
+
+/** A drafted run's rollback point on the head: its snapshot, position and fed tokens. */
+interface Anchor {
+  readonly id: number;
+  readonly base: number;
+  readonly tokens: readonly number[];
+}
 
 interface Snap {
   /** Tokens the snapshot holds. */
@@ -155,20 +232,45 @@ export class SplitDecoder implements SlotDecoder {
   readonly #held: number[][];
   /** Connection each slot's remote state lives on (undefined: none or unknown, replay before use). */
   readonly #epoch: (number | undefined)[];
+  /** Per slot: the head's rollback point of its latest drafted run. */
+  readonly #anchor: (Anchor | undefined)[];
   readonly #snaps = new Map<number, Snap>();
   /** Remote operations in scheduler order, one at a time. */
   #tail: Promise<unknown> = Promise.resolve();
+  #draft: number;
+  readonly #drafter: (seq: readonly number[], k: number) => number[];
+  /**
+   * Draft counts since the decoder was made: frames that carried drafts, draft ids sent, and those that
+   * matched the produced id (each saved one frame).
+   */
+  readonly draftStats: { frames: number; proposed: number; accepted: number } = {
+    frames: 0,
+    proposed: 0,
+    accepted: 0,
+  };
 
   /**
    * Drives `stage` (layers `0:a`) followed by `next`.
    * @param stage the head's stage
    * @param next the rest of the chain
+   * @param opts `draft`: drafts per decode frame (0..MAX_DRAFT, default 0); a {@linkcode NextResult.draft}
+   *   from the link replaces it from then on. `drafter`: guesses up to `k` ids to follow `seq` (the slot's
+   *   whole sequence; default {@linkcode lookupDrafts}); wrong guesses cost time, never output
+   * @throws {RangeError} on a draft count outside 0..MAX_DRAFT
    */
-  constructor(stage: SplitStage, next: NextStage) {
+  constructor(
+    stage: SplitStage,
+    next: NextStage,
+    opts: { readonly draft?: number; readonly drafter?: (seq: readonly number[], k: number) => number[] } =
+      {},
+  ) {
+    this.#drafter = opts.drafter ?? lookupDrafts;
     this.#stage = stage;
     this.#next = next;
     this.#held = Array.from({ length: stage.states.nSlots }, () => []);
     this.#epoch = new Array(stage.states.nSlots).fill(undefined);
+    this.#anchor = new Array(stage.states.nSlots).fill(undefined);
+    this.#draft = draftCheck(opts.draft ?? 0);
   }
 
   /** Positions per slot. */
@@ -191,6 +293,11 @@ export class SplitDecoder implements SlotDecoder {
     return this.#stage.states.snapshotBytes;
   }
 
+  /** Drafts per decode frame now. */
+  get draft(): number {
+    return this.#draft;
+  }
+
   /** Tokens held by `slot`. */
   length(slot: number): number {
     return this.#stage.length(slot);
@@ -199,7 +306,7 @@ export class SplitDecoder implements SlotDecoder {
   /** Feeds `tokens` to `slot` at `base` (0 resets it) on the head and the chain. */
   prefill(slot: number, tokens: readonly number[], base: number): Promise<void> {
     return this.#queue(async () => {
-      await this.#feed(slot, tokens, base, "none", 0);
+      await this.#feed(slot, tokens, base, { want: "none", topK: 0 });
     });
   }
 
@@ -225,6 +332,7 @@ export class SplitDecoder implements SlotDecoder {
   restore(id: number, slot: number): void {
     const snap = this.#snaps.get(id);
     if (!snap) throw new RangeError(`Snapshot ${id} does not exist on this split head`);
+    this.#dropAnchor(slot);
     this.#stage.restore(id, slot);
     this.#held[slot] = [...snap.tokens];
     this.#epoch[slot] = undefined;
@@ -253,9 +361,9 @@ export class SplitDecoder implements SlotDecoder {
   }
 
   /**
-   * Generation on `items`, one after the other (canBatch is false, so the scheduler sends one). Greedy only:
-   * sampling would need the last stage's GPU sampler and the seed and RNG step in the frame.
-   * @throws {RangeError} on sampling settings other than greedy, or as Stage.run
+   * Generation on `items`, one after the other (canBatch is false, so the scheduler sends one): greedy on
+   * the last stage's argmax, or its GPU sampler with the request's settings, RNG step and history.
+   * @throws {RangeError} as Stage.run
    * @throws the chain's error when a stage fails or the link drops
    */
   generate(items: readonly BatchItem[]): Promise<GenerateResult[]> {
@@ -269,67 +377,104 @@ export class SplitDecoder implements SlotDecoder {
   async #generateOne(it: BatchItem): Promise<GenerateResult> {
     const { slot, opts: o } = it;
     const p = o.sampling;
-    if (
-      p && !(isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0)
-    ) {
-      throw new RangeError(
-        `Split serving decodes greedily only: temperature ${p.temperature}, repeat/presence/frequency ` +
-          `penalties ${p.repeatPenalty}/${p.presencePenalty}/${p.frequencyPenalty} need the last stage's ` +
-          `sampler, which the split does not carry yet: send temperature 0 and no penalties`,
-      );
-    }
+    // Plain greedy (no penalties) is the argmax; anything else the sampler, as the decode driver decides.
+    const sampler = p && !(isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 &&
+        p.frequencyPenalty === 0)
+      ? p
+      : undefined;
     const top = o.top ?? 0;
     if (!Number.isInteger(o.nNew) || o.nNew < 1) throw new RangeError(`nNew must be >= 1, got ${o.nNew}`);
     const base = o.base ?? 0;
     const start = base + it.prompt.length;
     const nNew = Math.min(o.nNew, this.#stage.nCtx - start + 1);
     const stops = new Set(o.stopIds ?? []);
+    const step0 = o.samplerStep ?? 0;
+    // The penalty window as the decode driver seeds it, then every id drawn (the kernel appends them).
+    const history = [...(o.samplerHistory ?? it.prompt)].slice(-SAMPLE_HIST);
     const tokens: number[] = [];
     const tops: [number, number][][] = [];
     let reason: GenerateResult["reason"] = nNew < o.nNew ? "context" : "length";
     let feed: readonly number[] = it.prompt;
     let pos = base;
     for (;;) {
-      const r = await this.#feed(slot, feed, pos, "ids", top);
-      pos += feed.length;
-      const id = r.ids[0]!;
-      tokens.push(id);
-      if (top > 0) {
-        tops.push(Array.from({ length: r.topIds.length }, (_, i) => [r.topIds[i]!, r.topLogits[i]!]));
+      // Drafts only after a single fed id (a decode frame), never past the ids still wanted or the context.
+      const room = Math.min(this.#draft, nNew - tokens.length - 1, this.#stage.nCtx - pos - feed.length);
+      const drafts = feed.length === 1 && room > 0
+        ? this.#drafter([...this.#held[slot]!.slice(0, pos), ...feed], room).slice(0, room)
+        : [];
+      const fed = [...feed, ...drafts];
+      const r = await this.#feed(slot, fed, pos, {
+        want: "ids",
+        topK: top,
+        drafts,
+        ...(sampler ? { sampling: { params: sampler, step: step0 + tokens.length, history } } : {}),
+      });
+      if (r.draft !== undefined) this.#draft = Math.min(MAX_DRAFT, r.draft);
+      if (r.ids.length !== drafts.length + 1) {
+        throw new Error(
+          `Internal error: the chain answered ${r.ids.length} ids for a run with ${drafts.length} drafts`,
+        );
       }
-      o.onTokens?.([id]);
-      if (stops.has(id)) {
-        reason = "stop";
-        break;
+      // Ids up to the first that is not the draft fed after it (that one is the correction, still exact).
+      const got: number[] = [];
+      let ended = false;
+      for (let j = 0; j < r.ids.length && !ended; j++) {
+        const id = r.ids[j]!;
+        tokens.push(id);
+        got.push(id);
+        history.push(id);
+        if (top > 0) {
+          const k = r.topIds.length / r.ids.length;
+          tops.push(Array.from({ length: k }, (_, i) => [r.topIds[j * k + i]!, r.topLogits[j * k + i]!]));
+        }
+        if (stops.has(id)) {
+          reason = "stop";
+          ended = true;
+        } else if (tokens.length >= nNew) ended = true;
+        if (j < drafts.length && id !== drafts[j]) break;
       }
-      if (tokens.length >= nNew) break;
-      if (o.signal?.aborted) {
+      if (history.length > SAMPLE_HIST) history.splice(0, history.length - SAMPLE_HIST);
+      if (drafts.length > 0) {
+        this.draftStats.frames++;
+        this.draftStats.proposed += drafts.length;
+        this.draftStats.accepted += got.length - 1;
+      }
+      o.onTokens?.(got);
+      // The slot must hold the fed ids up to the last kept id (not fed yet): the rest is rolled back by the
+      // next frame, or at the end by re-sending the kept rows (the settle).
+      const kept = feed.length + got.length - 1;
+      if (!ended && o.signal?.aborted) {
         reason = "cancelled";
+        ended = true;
+      }
+      if (ended) {
+        if (kept < fed.length) await this.#feed(slot, fed.slice(0, kept), pos, { want: "none", topK: 0 });
+        else this.#dropAnchor(slot);
         break;
       }
-      feed = [id];
+      pos += kept;
+      feed = [got.at(-1)!];
     }
     return { tokens, top: tops, reason, steps: tokens.length - 1 };
   }
 
   /**
    * Runs `tokens` at `base` on the head's stage and the chain (replaying the slot's older tokens first when
-   * its remote state is gone); the last piece asks `want`.
+   * its remote state is gone); the last piece asks `x.want` and carries the drafts and sampling.
    */
   async #feed(
     slot: number,
     tokens: readonly number[],
     base: number,
-    want: "none" | "ids",
-    topK: number,
+    x: FeedExtra,
   ): Promise<NextResult> {
     if (base > 0 && this.#epoch[slot] === undefined) await this.#replay(slot, base);
     try {
-      return await this.#forward(slot, tokens, base, want, topK);
+      return await this.#forward(slot, tokens, base, x);
     } catch (e) {
       if (!(e instanceof StaleChainError)) throw e;
       await this.#replay(slot, base);
-      return await this.#forward(slot, tokens, base, want, topK);
+      return await this.#forward(slot, tokens, base, x);
     }
   }
 
@@ -342,17 +487,30 @@ export class SplitDecoder implements SlotDecoder {
       );
     }
     this.#epoch[slot] = undefined;
-    await this.#forward(slot, held, 0, "none", 0);
+    await this.#forward(slot, held, 0, { want: "none", topK: 0 });
   }
 
-  async #forward(
-    slot: number,
-    tokens: readonly number[],
-    base: number,
-    want: "none" | "ids",
-    topK: number,
-  ): Promise<NextResult> {
-    const h = await this.#stage.run(slot, { tokens }, base, { rows: "all" });
+  async #forward(slot: number, tokens: readonly number[], base: number, x: FeedExtra): Promise<NextResult> {
+    const stage = this.#stage;
+    const anchor = this.#anchor[slot];
+    if (base > 0 && stage.length(slot) > base) {
+      // Inside the latest drafted run: back to its start, then its kept tokens up to base.
+      if (!anchor || base < anchor.base || base > anchor.base + anchor.tokens.length) {
+        throw new Error(
+          `Internal error: slot ${slot} holds ${
+            stage.length(slot)
+          } tokens, a run at ${base} has no drafted run ` +
+            `to roll back`,
+        );
+      }
+      stage.restore(anchor.id, slot);
+      const pre = anchor.tokens.slice(0, base - anchor.base);
+      if (pre.length > 0) await stage.run(slot, { tokens: pre }, anchor.base, { rows: "none" });
+    }
+    this.#dropAnchor(slot);
+    const drafts = x.drafts ?? [];
+    if (drafts.length > 0) this.#anchor[slot] = { id: stage.snapshot(slot), base, tokens: [...tokens] };
+    const h = await stage.run(slot, { tokens }, base, { rows: "all" });
     this.#held[slot] = [...this.#held[slot]!.slice(0, base), ...tokens];
     const nEmbd = h.data.length / tokens.length;
     let result: NextResult | undefined;
@@ -365,9 +523,11 @@ export class SplitDecoder implements SlotDecoder {
           slot,
           basePos: pos,
           rows: h.data.slice(at * nEmbd, (at + n) * nEmbd),
-          want: last ? want : "none",
-          topK: last ? topK : 0,
+          want: last ? x.want : "none",
+          topK: last ? x.topK : 0,
           epoch: pos === 0 ? undefined : this.#epoch[slot],
+          ...(last && drafts.length > 0 ? { drafts } : {}),
+          ...(last && x.sampling ? { sampling: x.sampling } : {}),
         });
         this.#epoch[slot] = result.epoch;
       }
@@ -378,10 +538,33 @@ export class SplitDecoder implements SlotDecoder {
     return result!;
   }
 
+  /** Forgets `slot`'s rollback point (its state moved on or was replaced). */
+  #dropAnchor(slot: number): void {
+    const a = this.#anchor[slot];
+    if (!a) return;
+    this.#stage.states.drop(a.id);
+    this.#anchor[slot] = undefined;
+  }
+
   /** Runs `f` after every remote operation queued before it. */
   #queue<T>(f: () => Promise<T>): Promise<T> {
     const p = this.#tail.then(f);
     this.#tail = p.catch(() => {});
     return p;
   }
+}
+
+/** What a fed run asks of the chain besides its rows. */
+interface FeedExtra {
+  readonly want: "none" | "ids";
+  readonly topK: number;
+  readonly drafts?: readonly number[];
+  readonly sampling?: NextSampling;
+}
+
+function draftCheck(k: number): number {
+  if (!Number.isInteger(k) || k < 0 || k > MAX_DRAFT) {
+    throw new RangeError(`--draft must be an integer in 0..${MAX_DRAFT}, got ${k}`);
+  }
+  return k;
 }

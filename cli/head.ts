@@ -25,7 +25,7 @@ import { Metrics } from "../server/metrics.ts";
 import { parseCorsOrigins } from "../server/cors.ts";
 import type { Engine } from "../engine/mod.ts";
 import { parseAddress, readTlsFlags } from "../wire/mod.ts";
-import { ChainLink } from "../wire/chain.ts";
+import { ChainLink, STAGE_LIMITS } from "../wire/chain.ts";
 import { buildInfo } from "../version.ts";
 import { parseLayers } from "./worker.ts";
 
@@ -55,6 +55,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)
   --tls-ca F        connect to --next over TLS, trusting this CA (PEM)
+  --draft K         split serving: guess up to K ids per decode frame by prompt lookup (0..7, default 0:
+                    off); the last stage checks them, output is the same with drafts on or off
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
                     split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
@@ -124,10 +126,26 @@ async function showProgress(engine: Engine, stop: AbortSignal): Promise<"ready" 
   return undefined;
 }
 
+/** `--draft K`: drafts per decode frame, 0..7 (a drafted frame's rows fit the mat-vec's 8 columns). */
+function draftFlag(value: string): number {
+  const n = int("draft", value, 0);
+  if (n > STAGE_LIMITS.maxDraft) {
+    throw new RangeError(
+      `--draft ${value} must be at most ${STAGE_LIMITS.maxDraft} (rows per frame: 1 + drafts <= 8)`,
+    );
+  }
+  return n;
+}
+
 /** `--layers 0:a --next HOST:PORT` (both or neither): the head's range and its chain link. */
 async function splitOptions(
-  v: { layers?: string; next?: string; "link-key"?: string; "tls-ca"?: string },
+  v: { layers?: string; next?: string; "link-key"?: string; "tls-ca"?: string; draft?: string },
 ): Promise<{ layers: [number, number]; next: ChainLink } | undefined> {
+  if (v.draft !== undefined && v.next === undefined) {
+    throw new RangeError(
+      `--draft ${v.draft} drafts frames of a split chain: give it with --layers and --next`,
+    );
+  }
   if ((v.layers === undefined) !== (v.next === undefined)) {
     throw new RangeError(
       `--layers and --next go together (split serving) but only ${
@@ -143,7 +161,12 @@ async function splitOptions(
   const tls = await readTlsFlags({ tlsCa: v["tls-ca"] });
   return {
     layers,
-    next: new ChainLink(parseAddress(v.next), { build: buildInfo(), linkKey, tls: tls.connect }),
+    next: new ChainLink(parseAddress(v.next), {
+      build: buildInfo(),
+      linkKey,
+      tls: tls.connect,
+      draft: v.draft === undefined ? 0 : draftFlag(v.draft),
+    }),
   };
 }
 
@@ -193,6 +216,7 @@ export const command: Command = {
         next: { type: "string" },
         "link-key": { type: "string" },
         "tls-ca": { type: "string" },
+        draft: { type: "string" },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },

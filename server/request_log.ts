@@ -20,7 +20,6 @@
  * @module
  */
 import type { MiddlewareHandler } from "hono";
-import type { AppEnv, EndReason } from "./_generate.ts";
 
 /** Paths polled by monitors: not logged. */
 const QUIET_PATHS: ReadonlySet<string> = new Set(["/health", "/metrics"]);
@@ -40,8 +39,8 @@ export interface GenerationStats {
   readonly generatedTokens: number;
   /** Ids per second after the first batch (null: fewer than two batches). */
   readonly decodeTokPerS: number | null;
-  /** Why it ended. */
-  readonly finish: EndReason;
+  /** Why it ended: the head's end reason (`_generate.ts` EndReason: `eos`, `max_tokens`, `cancelled`, ...). */
+  readonly finish: string;
 }
 
 /**
@@ -107,7 +106,9 @@ function rate(v: number | null): string {
  * {@linkcode RequestTrace} and writes one line to `log` when the answer and its generation are done (499 when
  * the client went away first).
  */
-export function requestLog(log: (line: string) => void): MiddlewareHandler<AppEnv> {
+export function requestLog(
+  log: (line: string) => void,
+): MiddlewareHandler<{ Variables: { requestId: string; trace?: RequestTrace } }> {
   return async (c, next) => {
     const trace = new RequestTrace();
     c.set("trace", trace);

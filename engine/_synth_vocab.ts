@@ -4,6 +4,7 @@
  * small built-in corpus and then generated to fill, and the Qwen special tokens at their real ids.
  * @module
  */
+import { QWEN35_TEMPLATE } from "./text/_builtin_templates.ts";
 import { RandomState } from "./quant/random.ts";
 
 /** ggml token types (`tokenizer.ggml.token_type`, spec `chat.md` §2). */
@@ -242,52 +243,8 @@ export const TEMPLATE_QWEN3NEXT = `{%- if tools %}
 `;
 
 /**
- * A ChatML template in the style of the Qwen3.5 template (spec `chat.md` §6: trimmed contents, thinking on
- * by default, XML tool calls). Synthetic: rendered text follows the spec's rules for system, user,
- * assistant (with reasoning after the last query) and tool messages; the Jinja source is not the published
- * one.
+ * The chat template of the synthesized qwen35moe models: the built-in Qwen3.5 template (written from spec
+ * `chat.md` §6; it renders as the published template does), so the default model renders `tools`, tool
+ * calls and tool results as the real model's file does (an earlier synthetic template dropped `tools`).
  */
-export const TEMPLATE_QWEN35 = `{%- set ns = namespace(last_query_index=messages|length - 1) %}
-{%- for message in messages[::-1] %}
-{%- set index = (messages|length - 1) - loop.index0 %}
-{%- if message.role == 'user' and message.content is string and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
-{%- set ns.last_query_index = index %}{%- break %}
-{%- endif %}
-{%- endfor %}
-{%- if messages[0].role == 'system' %}
-{{- '<|im_start|>system\\n' + messages[0].content|trim + '<|im_end|>\\n' }}
-{%- endif %}
-{%- for message in messages %}
-{%- set content = (message.content if message.content is string else '')|trim %}
-{%- if message.role == 'user' %}
-{{- '<|im_start|>user\\n' + content + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{%- set reasoning = (message.reasoning_content if message.reasoning_content is string else '')|trim %}
-{%- if loop.index0 > ns.last_query_index %}
-{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content }}
-{%- else %}
-{{- '<|im_start|>assistant\\n' + content }}
-{%- endif %}
-{%- if message.tool_calls %}
-{%- for tool_call in message.tool_calls %}
-{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}
-{%- if loop.first %}{%- if content %}{{- '\\n\\n' }}{%- endif %}{%- else %}{{- '\\n' }}{%- endif %}
-{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}
-{%- for key, value in tool_call.arguments.items() %}
-{{- '<parameter=' + key + '>\\n' }}{%- if value is string %}{{- value }}{%- else %}{{- value | tojson }}{%- endif %}{{- '\\n</parameter>\\n' }}
-{%- endfor %}
-{{- '</function>\\n</tool_call>' }}
-{%- endfor %}
-{%- endif %}
-{{- '<|im_end|>\\n' }}
-{%- elif message.role == 'tool' %}
-{%- if loop.previtem and loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
-{%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}
-{%- endif %}
-`;
+export const TEMPLATE_QWEN35: string = QWEN35_TEMPLATE;

@@ -3,11 +3,11 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--grouped]`: `--slots`
+ * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS] [--moe-down TEAM,ROWS] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--per-column]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
- * StageOptions.int8Activations, `--grouped` StageOptions.groupedExperts (prefill experts as grouped matmuls).
+ * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls).
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -38,7 +38,7 @@ const { values: args } = parseArgs({
     "norm-max-rows": { type: "string" },
     matvec: { type: "string" },
     "fuse-route": { type: "boolean", default: false },
-    grouped: { type: "boolean", default: false },
+    "per-column": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
   },
 });
@@ -83,7 +83,7 @@ const stage = await Stage.load(gpu, file, {
   moeTuning,
   matvecTuning: tuning(args.matvec),
   fuseDecodeRoute: args["fuse-route"],
-  groupedExperts: args.grouped,
+  groupedExperts: !args["per-column"],
   int8Activations: args.int8,
   normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
 });
@@ -94,7 +94,7 @@ emit("load", {
   moeTuning,
   matvecTuning: tuning(args.matvec),
   fuseDecodeRoute: args["fuse-route"],
-  groupedExperts: args.grouped,
+  groupedExperts: !args["per-column"],
   int8Activations: args.int8,
 });
 const hp = stage.hp;

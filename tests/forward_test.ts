@@ -107,7 +107,7 @@ for (const m of MODELS) {
     // groupedExperts: the same stage without it, to show that the grouped path ran (other bits).
     // kvF16 too: an f32-KV stage, to show that the option reached the kernels (other bits).
     const plain = m.groupedExperts || m.kvF16
-      ? await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk: 16 })
+      ? await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk: 16, groupedExperts: false })
       : undefined;
     const ref = await RefModel.load(file, { kvF16: m.kvF16 });
     try {

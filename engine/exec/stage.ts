@@ -297,7 +297,7 @@ export class Stage {
         moeTuning: opts.moeTuning,
         matvecTuning: opts.matvecTuning,
         fuseDecodeRoute: opts.fuseDecodeRoute ?? false,
-        groupedExperts: opts.groupedExperts ?? false,
+        groupedExperts: opts.groupedExperts ?? true,
         int8Activations,
         kvF16: opts.kvF16 ?? false,
       },

@@ -416,6 +416,49 @@ Deno.test("frame: each malformed RUN payload gives its specific WireError", () =
     /nHistory is 1 but must be 0 without the history flag/,
   );
   throwsWire(() => dec(runPayload(() => {}, sampled).subarray(0, 50)), "short_payload", /sampling block/);
+  // Each sampling field outside its domain, the flags out of their combinations, a history beyond its cap.
+  throwsWire(
+    () => dec(runPayload((dv) => dv.setFloat64(24, -0.5, true), sampled)),
+    "bad_value",
+    /temperature/,
+  );
+  throwsWire(
+    () => dec(runPayload((dv) => dv.setFloat64(32, 1.5, true), sampled)),
+    "bad_value",
+    /topP is 1.5/,
+  );
+  throwsWire(() => dec(runPayload((dv) => dv.setFloat64(40, -1, true), sampled)), "bad_value", /minP/);
+  throwsWire(
+    () => dec(runPayload((dv) => dv.setFloat64(48, Infinity, true), sampled)),
+    "bad_value",
+    /repeat/,
+  );
+  throwsWire(() => dec(runPayload((dv) => dv.setInt32(84, -2, true), sampled)), "bad_value", /penaltyLastN/);
+  throwsWire(() => dec(runPayload((_dv, b) => b[20] = 2)), "bad_value", /sampling flags is 2/);
+  throwsWire(
+    () => dec(runPayload((dv, b) => (b[2] = 0, dv.setUint16(18, 0, true)), sampled)),
+    "bad_value",
+    /0 when want is none/,
+  );
+  const withHistory = run({
+    want: "ids",
+    topK: 0,
+    drafts: Uint32Array.of(7),
+    rows: new Float32Array(16),
+    sampling: { ...sampled.sampling!, history: Uint32Array.of(1, 2, 3) },
+  });
+  const back = dec(runPayload(() => {}, withHistory));
+  assert.ok(back.op === "run");
+  assert.deepStrictEqual(plain(back), plain({ op: "run", id: 1, run: withHistory }));
+  throwsWire(
+    () => dec(runPayload((dv) => dv.setUint32(92, 257, true), withHistory)),
+    "out_of_range",
+    /nHistory 257/,
+  );
+  throwsWire(
+    () => dec(runPayload((dv) => dv.setUint32(92, 4, true), withHistory)),
+    "bad_length",
+  );
 });
 
 Deno.test("frame: malformed payloads of the other ops give their specific WireError", () => {

@@ -1,0 +1,314 @@
+/**
+ * Benchmark: the attention kernels on the 35B-A3B shape (16 query heads, 2 KV heads, head dim 256), one
+ * layer's dispatch at a time, at cache depths 0, 2k, 8k and 32k, f32 and f16 KV caches:
+ * - prefill of a `--chunk` (512) token chunk after `depth` cached positions: the pre-flash kernel
+ *   (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the engine's flash variant for this
+ *   device, and the flash variants of other query blocks and tiles that fit; ms and TFLOP/s (4·D_H FLOPs per
+ *   query head and visible key: q·k and p·v);
+ * - decode of one token at position `depth`: attn_decode + attn_combine with the old split policy (32 splits)
+ *   and the engine's (attnSplits), plus a sweep of N_SPLIT, PER_MIN and TILE; ms and GB/s of K and V read.
+ * Every pipeline is built first; ROUNDS rounds over all jobs, every other one in reverse, keep each job's best
+ * (the H200's SM clock drifts within a run, docs/PERF.md). One JSON line per measurement, never asserts.
+ *
+ * Usage: `deno run -A bench/attention.ts [--quick] [--kv f32,f16] [--depths 0,2048,8192,32768] [--chunk 512]
+ * [--no-v1]` (`--quick`: depths 0 and 256, chunk 64, one round, no sweep: for lavapipe). Pass BENCH_COMMIT on machines without
+ * git. No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { PassTimer } from "./_pass_timer.ts";
+import { acquireGpu } from "../engine/gpu/device.ts";
+import { bindGroup, type KernelSpec, PipelineCache, variantKey } from "../wgsl/kernel.ts";
+import {
+  ATTN_PREFILL,
+  attnPrefillBindGroup,
+  type AttnPrefillConstants,
+  attnPrefillConstants,
+  attnPrefillGrid,
+  attnPrefillWorkgroupBytes,
+  checkAttnPrefill,
+} from "../wgsl/attn_prefill.ts";
+import {
+  ATTN_DECODE,
+  attnDecodeBindGroup,
+  type AttnDecodeConstants,
+  attnDecodeGrid,
+  attnDecodeSplits,
+  attnDecodeWorkgroupBytes,
+} from "../wgsl/attn_decode.ts";
+import {
+  ATTN_COMBINE,
+  attnCombineBindGroup,
+  type AttnCombineConstants,
+  attnCombineGrid,
+} from "../wgsl/attn_combine.ts";
+import { kvCacheWords, packAttnParams } from "../wgsl/attn_params.ts";
+import { ATTN_SPLIT_MIN, ATTN_SPLITS, attnSplits } from "../engine/blocks/attention.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    quick: { type: "boolean", default: false },
+    kv: { type: "string", default: "f32,f16" },
+    depths: { type: "string" },
+    chunk: { type: "string" },
+    "no-v1": { type: "boolean", default: false },
+  },
+});
+const QUICK = args.quick ?? false;
+const DEPTHS = (args.depths ?? (QUICK ? "0,256" : "0,2048,8192,32768")).split(",").map(Number);
+const CHUNK = Number(args.chunk ?? (QUICK ? 64 : 512));
+const KVS = args.kv!.split(",").map((k) => {
+  if (k !== "f32" && k !== "f16") throw new RangeError(`--kv takes f32 and/or f16, got ${k}`);
+  return k === "f16";
+});
+const ROUNDS = QUICK ? 1 : 2;
+/** Whether to time the variants beside the engine's and the old ones (off with --quick: lavapipe is slow). */
+const SWEEP = !QUICK;
+const H_Q = 16;
+const H_KV = 2;
+const D_H = 256;
+const SCALE = 1 / Math.sqrt(D_H);
+
+/** The pre-flash prefill kernel, kept beside this script for comparison only. */
+const ATTN_PREFILL_V1: KernelSpec = {
+  name: "attn_prefill_v1",
+  url: new URL("./_attn_prefill_v1.wgsl", import.meta.url),
+  lib: ["attn"],
+  constants: {
+    H_Q: "u32",
+    H_KV: "u32",
+    D_H: "u32",
+    P_MAX: "u32",
+    BQ: "u32",
+    TILE: "u32",
+    WG: "u32",
+    SCALE: "f32",
+    KV_F16: "bool",
+  },
+};
+
+const gpu = await acquireGpu();
+const { device } = gpu;
+const cache = new PipelineCache(device, { f16: gpu.f16 });
+const commit = Deno.env.get("BENCH_COMMIT") ?? "unknown";
+const timer = new PassTimer(device, gpu.timestamps);
+// A validation error skips the pass it is in: a timing after one would be stale, so stop at the first.
+device.addEventListener("uncapturederror", (e) => {
+  console.error(`bench/attention.ts: WebGPU error: ${(e as GPUUncapturedErrorEvent).error.message}`);
+  Deno.exit(1);
+});
+const maxWg = device.limits.maxComputeWorkgroupStorageSize;
+const P_MAX = Math.max(...DEPTHS) + CHUNK;
+const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
+
+/** A storage buffer of `words` random f32 in [-1, 1) (f16 caches read them as pairs of halves: finite). */
+function randomBuffer(words: number, f16Pairs = false): GPUBuffer {
+  const buf = device.createBuffer({ size: 4 * words, usage: STORAGE });
+  const chunk = Math.min(words, 1 << 22);
+  const data = new Float32Array(chunk);
+  const halves = new Uint16Array(data.buffer);
+  for (let i = 0; i < chunk; i++) data[i] = Math.random() * 2 - 1;
+  if (f16Pairs) {
+    // Random f16 bits of magnitude < 1: sign, exponent 0..14, any mantissa.
+    for (let i = 0; i < halves.length; i++) {
+      halves[i] = (Math.random() < 0.5 ? 0x8000 : 0) | (Math.floor(Math.random() * 15) << 10) |
+        Math.floor(Math.random() * 1024);
+    }
+  }
+  for (let o = 0; o < words; o += chunk) {
+    device.queue.writeBuffer(buf, 4 * o, data, 0, Math.min(chunk, words - o));
+  }
+  return buf;
+}
+
+const caches = new Map<boolean, { k: GPUBuffer; v: GPUBuffer }>();
+for (const f16 of KVS) {
+  const words = kvCacheWords({ D_H, P_MAX, H_KV, KV_F16: f16 });
+  caches.set(f16, { k: randomBuffer(words, f16), v: randomBuffer(words, f16) });
+}
+const q = randomBuffer(D_H * H_Q * CHUNK);
+const qf = randomBuffer(2 * D_H * H_Q * CHUNK);
+const o = device.createBuffer({ size: 4 * D_H * H_Q * CHUNK, usage: GPUBufferUsage.STORAGE });
+const partO = device.createBuffer({ size: 4 * D_H * H_Q * ATTN_SPLITS, usage: GPUBufferUsage.STORAGE });
+const partMl = device.createBuffer({ size: 4 * 2 * H_Q * ATTN_SPLITS, usage: GPUBufferUsage.STORAGE });
+// AttnParams per depth, prefill at 512·i, decode at 512·i + 256 (storage offsets are multiples of 256).
+const params = device.createBuffer({ size: 512 * DEPTHS.length, usage: STORAGE });
+DEPTHS.forEach((d, i) => {
+  device.queue.writeBuffer(params, 512 * i, Uint32Array.from(packAttnParams(d, CHUNK)));
+  device.queue.writeBuffer(params, 512 * i + 256, Uint32Array.from(packAttnParams(d, 1)));
+});
+
+interface Job {
+  line: Record<string, unknown>;
+  ops: { pipeline: GPUComputePipeline; bindGroup: GPUBindGroup; grid: [number, number, number] }[];
+  reps: number;
+  /** FLOPs (prefill) or bytes (decode) per repetition, for the rate. */
+  work: number;
+  best: number;
+}
+const jobs: Job[] = [];
+
+// Prefill: q·k and p·v over every visible key of every query head.
+const prefillFlops = (depth: number) => 4 * D_H * H_Q * (CHUNK * depth + (CHUNK * (CHUNK + 1)) / 2);
+/** Repetitions per timed pass: about 20 ms of work at the rate given (FLOP/s or B/s). */
+const repsFor = (work: number, rate: number) => Math.max(1, Math.min(20, Math.round(0.02 / (work / rate))));
+
+for (const [i, depth] of DEPTHS.entries()) {
+  const p = { buffer: params, offset: 512 * i, size: 8 };
+  for (const f16 of KVS) {
+    const kv = caches.get(f16)!;
+    const shape = { H_Q, H_KV, D_H, P_MAX, SCALE, KV_F16: f16 };
+    const buffers = { params: p, q, qf, kCache: kv.k, vCache: kv.v, o };
+    const flops = prefillFlops(depth);
+    if (!args["no-v1"]) {
+      const c = { ...shape, BQ: 1, TILE: 8, WG: 256 };
+      const pipeline = await cache.get(ATTN_PREFILL_V1, c);
+      const bg = bindGroup(device, pipeline, [p, q, qf, kv.k, kv.v, o]);
+      jobs.push({
+        line: { op: "prefill", variant: "v1", key: variantKey(ATTN_PREFILL_V1, c), depth, kvF16: f16 },
+        ops: [{ pipeline, bindGroup: bg, grid: [CHUNK, H_KV, 1] }],
+        reps: repsFor(flops, 1e12),
+        work: flops,
+        best: Infinity,
+      });
+    }
+    const engine = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg });
+    const variants: AttnPrefillConstants[] = [engine];
+    for (const bq of SWEEP ? [1, 2, 4, 8] : []) {
+      for (const tile of [16, 32, 64]) {
+        for (const dc of [32, 64]) {
+          let c: AttnPrefillConstants;
+          try {
+            c = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, bq, tile, dc });
+            checkAttnPrefill(c, CHUNK, maxWg);
+          } catch {
+            continue; // does not fit this device
+          }
+          if (!variants.some((v) => variantKey(ATTN_PREFILL, v) === variantKey(ATTN_PREFILL, c))) {
+            variants.push(c);
+          }
+        }
+      }
+    }
+    for (const c of variants) {
+      const pipeline = await cache.get(ATTN_PREFILL, c);
+      const bg = attnPrefillBindGroup(device, { pipeline, constants: c, nTokens: CHUNK, buffers });
+      jobs.push({
+        line: {
+          op: "prefill",
+          variant: c === engine ? "flash-engine" : "flash",
+          key: variantKey(ATTN_PREFILL, c),
+          workgroupBytes: attnPrefillWorkgroupBytes(c),
+          depth,
+          kvF16: f16,
+        },
+        ops: [{ pipeline, bindGroup: bg, grid: attnPrefillGrid(c, CHUNK) }],
+        reps: repsFor(flops, 1e13),
+        work: flops,
+        best: Infinity,
+      });
+    }
+
+    // Decode at position `depth`: K and V rows 0..depth of both KV heads.
+    const pd = { buffer: params, offset: 512 * i + 256, size: 8 };
+    const bytes = 2 * (depth + 1) * H_KV * D_H * (f16 ? 2 : 4);
+    const decodeVariants: { name: string; nSplit: number; perMin: number; tile: number }[] = [
+      { name: "old-32-splits", nSplit: 32, perMin: 16, tile: 16 },
+      { name: "engine", nSplit: attnSplits(P_MAX), perMin: ATTN_SPLIT_MIN, tile: 16 },
+    ];
+    for (const nSplit of SWEEP ? [64, 128, 256] : []) {
+      for (const perMin of [16, 32, 64]) {
+        for (const tile of [16, 32]) {
+          if (perMin % tile !== 0) continue;
+          decodeVariants.push({ name: "sweep", nSplit, perMin, tile });
+        }
+      }
+    }
+    for (const dv of decodeVariants) {
+      const dc: AttnDecodeConstants = {
+        H_Q,
+        H_KV,
+        D_H,
+        P_MAX,
+        N_SPLIT: dv.nSplit,
+        TILE: dv.tile,
+        PER_MIN: dv.perMin,
+        WG: 256,
+        SCALE,
+        KV_F16: f16,
+      };
+      if (attnDecodeWorkgroupBytes(dc) > maxWg) continue;
+      const cc: AttnCombineConstants = {
+        H_Q,
+        D_H,
+        N_SPLIT: dv.nSplit,
+        TILE: dv.tile,
+        PER_MIN: dv.perMin,
+        WG: 256,
+        CD: 16,
+      };
+      const pDec = await cache.get(ATTN_DECODE, dc);
+      const pCmb = await cache.get(ATTN_COMBINE, cc);
+      const db = { params: pd, q, kCache: kv.k, vCache: kv.v, partO, partMl };
+      const cb = { params: pd, partO, partMl, qf, o };
+      jobs.push({
+        line: {
+          op: "decode",
+          variant: dv.name,
+          key: variantKey(ATTN_DECODE, dc),
+          splitsUsed: attnDecodeSplits(dc, depth).used,
+          depth,
+          kvF16: f16,
+        },
+        ops: [
+          {
+            pipeline: pDec,
+            bindGroup: attnDecodeBindGroup(device, { pipeline: pDec, constants: dc, buffers: db }),
+            grid: attnDecodeGrid(dc),
+          },
+          {
+            pipeline: pCmb,
+            bindGroup: attnCombineBindGroup(device, { pipeline: pCmb, constants: cc, buffers: cb }),
+            grid: attnCombineGrid(cc),
+          },
+        ],
+        reps: 20,
+        work: bytes,
+        best: Infinity,
+      });
+    }
+  }
+}
+
+for (let r = 0; r < ROUNDS; r++) {
+  const order = r % 2 === 0 ? jobs : [...jobs].reverse();
+  for (const j of order) {
+    j.best = Math.min(
+      j.best,
+      await timer.perRep(
+        (pass) => {
+          for (const op of j.ops) {
+            pass.setPipeline(op.pipeline);
+            pass.setBindGroup(0, op.bindGroup);
+            pass.dispatchWorkgroups(...op.grid);
+          }
+        },
+        j.reps,
+        { warmMs: 20, timed: 2 },
+      ),
+    );
+  }
+}
+for (const j of jobs) {
+  const rate = j.line.op === "prefill"
+    ? { tflops: +(j.work / j.best / 1e12).toFixed(3), chunk: CHUNK }
+    : { gbps: Math.round(j.work / j.best / 1e9) };
+  console.log(JSON.stringify({
+    bench: "attention",
+    commit,
+    adapter: gpu.summary,
+    ...j.line,
+    ms: +(j.best * 1e3).toFixed(4),
+    ...rate,
+  }));
+}

@@ -323,7 +323,8 @@ export const DASHBOARD_JS = String.raw`"use strict";
         var state = p.phase === "prefilling"
           ? "prefilling " + p.prefilledTokens + "/" + p.promptTokens : p.phase;
         row(tbody, [p.slot, state, p.promptTokens, p.generatedTokens,
-          p.ageMs > 0 && p.generatedTokens > 0 ? fmtRate(1000 * p.generatedTokens / p.ageMs) : "—",
+          p.tokPerS !== undefined ? fmtRate(p.tokPerS)
+            : p.ageMs > 0 && p.generatedTokens > 0 ? fmtRate(1000 * p.generatedTokens / p.ageMs) : "—",
           p.phase === "idle" ? "—" : fmtMs(p.ageMs)], [null, p.phase]);
       });
       $("slots-note").textContent = "";

@@ -166,6 +166,26 @@ Deno.test({
         );
         await page.waitForSelector("#slots td.generating", { timeout: WAIT_MS });
         assert.equal(engine.status().busySlots, 1);
+        // The engine's own per-slot view (status().slots): its slot number, ids so far and rate.
+        assert.equal(await page.textContent("#slots-note"), "", "the engine reports each slot");
+        await page.waitForFunction(
+          () => {
+            const doc = (globalThis as unknown as { document: Doc }).document;
+            const cells = Array.from(doc.querySelectorAll("#slots tbody tr")).map((r) =>
+              Array.from((r as unknown as Doc).querySelectorAll("td"), (c) => c.textContent ?? "")
+            ).find((c) => c[1] === "generating");
+            return cells !== undefined && Number(cells[3]) > 0 && /^[\d.]+$/.test(cells[4] ?? "");
+          },
+          undefined,
+          { timeout: WAIT_MS },
+        );
+        const slot = engine.status().slots?.find((s) => s.phase === "generating")?.slot;
+        assert.ok(slot !== undefined, "the engine names the generating slot");
+        assert.equal(
+          await page.locator("#slots tbody tr", { has: page.locator("td.generating") }).locator("td").first()
+            .textContent(),
+          String(slot),
+        );
         assert.match((await page.textContent("#queue")) ?? "", /busy1 \/ 2/);
         const shot = Deno.env.get("DASHBOARD_SCREENSHOT");
         if (shot !== undefined && shot !== "") {

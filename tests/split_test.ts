@@ -1,7 +1,7 @@
 /**
  * Split serving end to end, real processes on loopback: heads and workers of `mod.ts` on the tiny synthetic
  * models of both architectures. A 2-stage and a 3-stage chain answer exactly what the unsplit head answers
- * (greedy: text and usage); the worker refuses hellos that cannot chain (context, layer range) and a wrong
+ * (greedy and seeded sampling with penalties, text and usage; the 2-stage head also with `--draft 3`); the worker refuses hellos that cannot chain (context, layer range) and a wrong
  * link key, each with its own message; a worker SIGKILLed mid-stream ends the stream with an error event,
  * the head stays up and answers 503 while the chain is down, and serves again once the worker is back.
  * @module
@@ -111,7 +111,7 @@ function worker(model: string, layers: string, port: number, next?: number, extr
 
 async function head(
   model: string,
-  split?: { layers: string; next: number },
+  split?: { layers: string; next: number; draft?: number },
 ): Promise<{ p: Proc; url: string }> {
   const p = spawn([
     "head",
@@ -124,6 +124,7 @@ async function head(
     "--ctx",
     String(CTX),
     ...(split ? ["--layers", split.layers, "--next", `127.0.0.1:${split.next}`] : []),
+    ...(split?.draft ? ["--draft", String(split.draft)] : []),
   ]);
   const m = await p.waitFor(/Listening on (http:\/\/\S+)/);
   await p.waitFor(/ready: /);
@@ -153,6 +154,26 @@ async function answer(url: string, content: string): Promise<unknown> {
   return { content: body.content, usage: body.usage, stop: body.stop_reason };
 }
 
+/** A seeded, sampled chat completion (temperature, top-p, a repeat penalty): its text and usage. */
+async function sampled(url: string, content: string): Promise<unknown> {
+  const r = await fetch(`${url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: "m",
+      max_tokens: 12,
+      temperature: 0.9,
+      top_p: 0.95,
+      frequency_penalty: 0.3,
+      seed: 4242,
+      messages: [{ role: "user", content }],
+    }),
+  });
+  const body = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(body));
+  return { text: body.choices[0].message.content, usage: body.usage, finish: body.choices[0].finish_reason };
+}
+
 async function synthModel(dir: string, arch: "qwen35moe" | "qwen3next", seed: number): Promise<string> {
   const out = `${dir}/${arch}.gguf`;
   await synthesize(planModel({ arch, preset: "tiny", quant: "q8_0", seed }), { out });
@@ -172,16 +193,22 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
       await w34.waitFor(/Listening on/);
       const w13 = worker(model, "1:3", p13, p34);
       procs.push(w13);
-      const [u, h2, h3] = await Promise.all([
+      const [u, h2, h3, h2d] = await Promise.all([
         head(model),
         w24.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24 })),
         w13.waitFor(/Listening on/).then(() => head(model, { layers: "0:1", next: p13 })),
+        w24.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24, draft: 3 })),
       ]);
-      procs.push(u.p, h2.p, h3.p);
+      procs.push(u.p, h2.p, h3.p, h2d.p);
       for (const prompt of PROMPTS) {
         const want = await answer(u.url, prompt);
         assert.deepEqual(await answer(h2.url, prompt), want, `2 stages, prompt ${prompt}`);
         assert.deepEqual(await answer(h3.url, prompt), want, `3 stages, prompt ${prompt}`);
+        assert.deepEqual(await answer(h2d.url, prompt), want, `2 stages with --draft 3, prompt ${prompt}`);
+        const wantSampled = await sampled(u.url, prompt);
+        assert.deepEqual(await sampled(h2.url, prompt), wantSampled, `2 stages sampled, prompt ${prompt}`);
+        assert.deepEqual(await sampled(h3.url, prompt), wantSampled, `3 stages sampled, prompt ${prompt}`);
+        assert.deepEqual(await sampled(h2d.url, prompt), wantSampled, `--draft 3 sampled, prompt ${prompt}`);
       }
       const health = await (await fetch(`${h3.url}/health`)).json();
       assert.deepEqual(
@@ -238,15 +265,15 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
       const w24b = worker(model, "2:4", p24);
       procs.push(w24b);
       await w24b.waitFor(/Listening on/);
-      let back: Response | undefined;
-      for (let i = 0; i < 40; i++) {
-        back = await ask(h2.url, PROMPTS[0]!);
-        if (back.status === 200) break;
-        await back.body?.cancel();
-        await new Promise((r) => setTimeout(r, 250));
+      let status = 0;
+      let backBody: { content?: unknown; usage?: unknown; stop_reason?: unknown; error?: unknown } = {};
+      for (let i = 0; i < 80 && status !== 200; i++) {
+        if (i > 0) await new Promise((r) => setTimeout(r, 250));
+        const back = await ask(h2.url, PROMPTS[0]!);
+        status = back.status;
+        backBody = await back.json();
       }
-      const backBody = await back!.json();
-      assert.equal(back!.status, 200, JSON.stringify(backBody));
+      assert.equal(status, 200, JSON.stringify(backBody));
       assert.deepEqual(
         { content: backBody.content, usage: backBody.usage, stop: backBody.stop_reason },
         want,

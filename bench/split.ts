@@ -1,0 +1,338 @@
+/**
+ * Benchmark: split serving over loopback (issue #19's Benchmark section). For the unsplit head and for
+ * chains of 2 and 3 stages (a head and worker processes of `mod.ts`, all on this machine's one GPU, layers
+ * split evenly), over HTTP like a client: single-stream ms/token and time to first token, then the aggregate
+ * tok/s of `--slots` parallel streams. With `--drafts 0,3` each split is also run with `--draft 3` (prompt
+ * lookup drafts per decode frame).
+ *
+ * Usage: `deno run -A bench/split.ts [--model F.gguf] [--stages 1,2,3] [--n 128] [--prompt 64] [--slots 8]
+ * [--ctx 1024] [--drafts 0] [--quick]`
+ * - no `--model`: the 35B-A3B-shaped IQ4_XS model of bench/decode.ts (`--synth-out`, default
+ *   `/tmp/bench-35b-a3b-iq4_xs.gguf`, synthesized once and reused);
+ * - `--quick` (lavapipe, CI-sized): the tiny synthetic qwen35moe in a temporary folder, `--n 16 --prompt 16
+ *   --ctx 128` unless given.
+ *
+ * Per-stage and wire times: the split decoder does not report them yet (no per-stage times in `/health` or
+ * `/metrics`, and the draft acceptance rate stays inside the head's engine Worker), so each line carries the
+ * end-to-end figures only and says so (`perStageMs: null`, `wireMs: null`, `draftAcceptance: null`).
+ *
+ * One JSON line per measurement (commit, adapter, command, parameters, result with units); never asserts.
+ * No npm imports: it runs with nothing but Deno (the lent H200 included).
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { openGguf } from "../engine/gguf.ts";
+import { archKey, KEYS } from "../engine/names.ts";
+import { planModel, synthesize } from "../engine/synth.ts";
+import { buildInfo } from "../version.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    model: { type: "string" },
+    "synth-out": { type: "string", default: "/tmp/bench-35b-a3b-iq4_xs.gguf" },
+    stages: { type: "string", default: "1,2,3" },
+    n: { type: "string" },
+    prompt: { type: "string" },
+    slots: { type: "string", default: "8" },
+    ctx: { type: "string" },
+    drafts: { type: "string", default: "0" },
+    quick: { type: "boolean", default: false },
+  },
+});
+
+function int(flag: string, value: string, min: number): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min) {
+    throw new RangeError(`--${flag} ${value} must be an integer >= ${min}`);
+  }
+  return n;
+}
+
+const quick = args.quick!;
+const nNew = int("n", args.n ?? (quick ? "16" : "128"), 2);
+const nPrompt = int("prompt", args.prompt ?? (quick ? "16" : "64"), 1);
+const nSlots = int("slots", args.slots!, 1);
+const nCtx = int("ctx", args.ctx ?? (quick ? "128" : "1024"), 2);
+const stageCounts = args.stages!.split(",").map((s) => int("stages", s, 1));
+const drafts = args.drafts!.split(",").map((s) => int("drafts", s, 0));
+if (nPrompt + nNew + 1 > nCtx) {
+  throw new RangeError(`--prompt ${nPrompt} plus --n ${nNew} does not fit --ctx ${nCtx}: raise --ctx`);
+}
+const MOD = new URL("../mod.ts", import.meta.url).pathname;
+const COMMAND = ["bench/split.ts", ...Deno.args].join(" ");
+const build = buildInfo();
+/** Longest wait for a process's expected log line (a 35B model's load and warm-up included). */
+const WAIT_MS = 20 * 60_000;
+
+let adapter: string | undefined;
+
+function emit(what: string, result: Record<string, unknown>): void {
+  console.log(JSON.stringify({
+    bench: "split",
+    what,
+    commit: build.commit,
+    adapter: adapter ?? null,
+    command: COMMAND,
+    ...result,
+  }));
+}
+
+// ---- the model ----
+
+let tempDir: string | undefined;
+let model = args.model;
+if (model === undefined) {
+  if (quick) {
+    tempDir = await Deno.makeTempDir({ prefix: "bench_split_" });
+    model = `${tempDir}/tiny-qwen35moe.gguf`;
+    await synthesize(planModel({ arch: "qwen35moe", preset: "tiny", quant: "q8_0", seed: 1 }), {
+      out: model,
+    });
+  } else {
+    model = args["synth-out"]!;
+    if (!(await Deno.stat(model).then(() => true, () => false))) {
+      const r = await synthesize(
+        planModel({ arch: "qwen35moe", preset: "35b-a3b", quant: "iq4_xs", seed: 7 }),
+        { out: model },
+      );
+      emit("synth", { path: model, dataBytes: r.dataBytes, seconds: r.seconds });
+    }
+  }
+}
+const nLayer = await (async () => {
+  using f = await openGguf(model);
+  const arch = f.metadata.getString(KEYS.architecture);
+  return f.metadata.getInt(archKey(arch, "blockCount"));
+})();
+
+/** Layer ranges of `n` stages, as even as whole layers allow (the first range is the head's). */
+function ranges(n: number): [number, number][] {
+  return Array.from(
+    { length: n },
+    (_, i) => [Math.round((i * nLayer) / n), Math.round(((i + 1) * nLayer) / n)],
+  );
+}
+
+// ---- processes ----
+
+interface Proc {
+  readonly log: string[];
+  waitFor(re: RegExp): Promise<RegExpMatchArray>;
+  stop(): Promise<void>;
+}
+
+function spawn(argv: string[]): Proc {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MOD, ...argv],
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const log: string[] = [];
+  let exited = false;
+  const done = (async () => {
+    let buf = "";
+    for await (const chunk of child.stderr.pipeThrough(new TextDecoderStream())) {
+      buf += chunk;
+      const lines = buf.split("\n");
+      buf = lines.pop()!;
+      log.push(...lines);
+    }
+    exited = true;
+  })();
+  return {
+    log,
+    async waitFor(re) {
+      const end = Date.now() + WAIT_MS;
+      for (;;) {
+        for (const l of log) {
+          const m = l.match(re);
+          if (m) return m;
+        }
+        if (exited) throw new Error(`${argv[0]} exited before printing ${re}:\n${log.slice(-30).join("\n")}`);
+        if (Date.now() > end) throw new Error(`${argv[0]} printed no ${re} within ${WAIT_MS} ms`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    },
+    async stop() {
+      if (!exited) {
+        try {
+          child.kill("SIGTERM");
+        } catch {
+          // It exited between the check and the signal.
+        }
+      }
+      await child.status;
+      await done;
+    },
+  };
+}
+
+function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (l.addr as Deno.NetAddr).port;
+  l.close();
+  return port;
+}
+
+/** Starts the chain (workers last to first, then the head) and resolves with the head's URL once ready. */
+async function startChain(n: number, draft: number, procs: Proc[]): Promise<string> {
+  const rs = ranges(n);
+  const common = ["--model", model!, "--slots", String(nSlots), "--ctx", String(nCtx)];
+  const ports = rs.map(() => freePort());
+  for (let i = n - 1; i >= 1; i--) {
+    const [a, b] = rs[i]!;
+    const w = spawn([
+      "worker",
+      ...common,
+      "--layers",
+      `${a}:${b}`,
+      "--listen",
+      `127.0.0.1:${ports[i]}`,
+      ...(i + 1 < n ? ["--next", `127.0.0.1:${ports[i + 1]}`] : []),
+    ]);
+    procs.push(w);
+    await w.waitFor(/Listening on /);
+  }
+  const split = n > 1 ? ["--layers", `0:${rs[0]![1]}`, "--next", `127.0.0.1:${ports[1]}`] : [];
+  const head = spawn([
+    "head",
+    ...common,
+    "--port",
+    "0",
+    "--queue",
+    String(nSlots),
+    ...split,
+    ...(draft > 0 ? ["--draft", String(draft)] : []),
+  ]);
+  procs.push(head);
+  const url = (await head.waitFor(/Listening on (http:\/\/\S+)/))[1]!;
+  await head.waitFor(/ ready: /);
+  adapter ??= (await head.waitFor(/^GPU: (.*)$/))[1];
+  return url;
+}
+
+// ---- measurements over HTTP ----
+
+/** A deterministic prompt of `n` ids in 1..900, distinct per `seed` (no prefix shared across seeds). */
+function prompt(seed: number, n = nPrompt): number[] {
+  return Array.from({ length: n }, (_, j) => 1 + ((seed * 7919 + j * 104729 + seed * j) % 900));
+}
+
+interface Timed {
+  /** Milliseconds to the first id. */
+  ttftMs: number;
+  /** Ids received, and those in the first batch. */
+  tokens: number;
+  firstBatch: number;
+  /** Milliseconds from the first id to the last. */
+  decodeMs: number;
+}
+
+/**
+ * One streamed `/completion` request of at most `maxTokens` ids (an end-of-generation id ends it early:
+ * rates count the ids that came).
+ */
+async function stream(url: string, ids: number[], maxTokens = nNew): Promise<Timed> {
+  const t0 = performance.now();
+  const r = await fetch(`${url}/completion`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      prompt: ids,
+      n_predict: maxTokens,
+      stream: true,
+      temperature: 0,
+      return_tokens: true,
+    }),
+  });
+  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  let first = -1;
+  let last = -1;
+  let tokens = 0;
+  let firstBatch = 0;
+  let buf = "";
+  for await (const chunk of r.body.pipeThrough(new TextDecoderStream())) {
+    buf += chunk;
+    let got = 0;
+    for (let at = buf.indexOf("\n\n"); at >= 0; at = buf.indexOf("\n\n")) {
+      const data = buf.slice(0, at).split("\n").find((l) => l.startsWith("data: "));
+      buf = buf.slice(at + 2);
+      if (!data || data === "data: [DONE]") continue;
+      const j = JSON.parse(data.slice(6));
+      if (j.error) throw new Error(`Stream error: ${JSON.stringify(j.error)}`);
+      got += Array.isArray(j.tokens) ? j.tokens.length : 0;
+    }
+    if (got === 0) continue;
+    const now = performance.now() - t0;
+    if (first < 0) [first, firstBatch] = [now, got];
+    last = now;
+    tokens += got;
+  }
+  return { ttftMs: first, tokens, firstBatch, decodeMs: last - first };
+}
+
+async function measure(n: number, draft: number): Promise<void> {
+  const procs: Proc[] = [];
+  const config = {
+    stages: n,
+    layers: ranges(n),
+    draft,
+    model,
+    nLayer,
+    promptTokens: nPrompt,
+    newTokens: nNew,
+    ctx: nCtx,
+    perStageMs: null,
+    wireMs: null,
+    draftAcceptance: null,
+  };
+  try {
+    const url = await startChain(n, draft, procs);
+    // Connect the chain and build every graph the runs use (one stream, then a full set of slots).
+    await stream(url, prompt(999), 4);
+    await Promise.all(Array.from({ length: nSlots }, (_, i) => stream(url, prompt(900 + i), 4)));
+
+    const solo = await stream(url, prompt(1));
+    const decoded = solo.tokens - solo.firstBatch;
+    emit("single", {
+      ...config,
+      streams: 1,
+      tokens: solo.tokens,
+      ttftMs: solo.ttftMs,
+      msPerToken: decoded > 0 ? solo.decodeMs / decoded : null,
+      tokPerSecond: decoded > 0 ? (decoded * 1000) / solo.decodeMs : null,
+    });
+
+    const t0 = performance.now();
+    const rs = await Promise.all(Array.from({ length: nSlots }, (_, i) => stream(url, prompt(10 + i))));
+    const wallMs = performance.now() - t0;
+    const tokens = rs.reduce((a, r) => a + r.tokens, 0);
+    const ttft = rs.map((r) => r.ttftMs).sort((a, b) => a - b);
+    emit("aggregate", {
+      ...config,
+      streams: nSlots,
+      tokens,
+      wallMs,
+      tokPerSecond: (tokens * 1000) / wallMs,
+      ttftMsMedian: ttft[Math.floor(ttft.length / 2)],
+      ttftMsMax: ttft.at(-1),
+    });
+  } catch (e) {
+    emit("failed", { ...config, error: e instanceof Error ? e.message : String(e) });
+  } finally {
+    for (const p of procs.reverse()) await p.stop();
+  }
+}
+
+try {
+  for (const n of stageCounts) {
+    if (n > nLayer) {
+      emit("skipped", { stages: n, nLayer, reason: `${n} stages need at least ${n} layers` });
+      continue;
+    }
+    // Drafts are a split chain's (the unsplit head has no --draft).
+    for (const draft of n === 1 ? [0] : drafts) await measure(n, draft);
+  }
+} finally {
+  if (tempDir !== undefined) await Deno.remove(tempDir, { recursive: true });
+}

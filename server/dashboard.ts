@@ -7,10 +7,11 @@
  * it and sends it as a Bearer token: an `EventSource` cannot send headers, so the page reads the stream
  * through `fetch`).
  *
- * The engine reports busy and queued counts only, so the head keeps its own view of each request:
- * {@linkcode LiveRequests} wraps the {@linkcode Engine} the endpoints call and notes when each request was
- * admitted, when its first ids came and how many came since, and a five-minute history of time to first
- * token and generated tokens per second in 5-second buckets.
+ * The engine reports each slot (`status().slots`: idle, prefilling with progress, generating, ids, tok/s,
+ * age), which the slot table draws; the head also keeps its own view of each request (for engines that do
+ * not report slots, and for the queue): {@linkcode LiveRequests} wraps the {@linkcode Engine} the endpoints
+ * call and notes when each request was admitted, when its first ids came and how many came since, and a
+ * five-minute history of time to first token and generated tokens per second in 5-second buckets.
  *
  * @example
  * ```ts

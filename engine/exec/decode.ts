@@ -142,6 +142,8 @@ export interface DecodeStage {
   readonly first: boolean;
   readonly last: boolean;
   readonly nCtx: number;
+  /** Most tokens per prefill chunk (one compute pass each). */
+  readonly maxChunk: number;
   readonly canBatch: boolean;
   readonly states: SlotStates;
   length(slot: number): number;
@@ -149,7 +151,7 @@ export interface DecodeStage {
     slot: number,
     input: { readonly tokens: readonly number[] },
     base: number,
-    opts?: { rows?: "all" | "last" },
+    opts?: { rows?: "all" | "last" | "none" },
   ): Promise<{ readonly data: Float32Array<ArrayBuffer> }>;
   snapshot(slot: number): number;
   restore(id: number, slot: number): void;
@@ -183,6 +185,13 @@ export interface DecodeBuffers {
   gpuCheck(): void;
   /** Throws on an input that does not fit the slot (see Stage.run). */
   inputCheck(slot: number, tokens: readonly number[], base: number): void;
+}
+
+/** What a fresh sequence's one readback brings back: its last logits row and its sampler's first id. */
+interface FirstRead {
+  readonly logits: Float32Array<ArrayBuffer>;
+  /** The sampler's draw (meaningless without a sampler). */
+  readonly id: number;
 }
 
 /** The decode step of one slot: its graph followed by its selector's step dispatches. */
@@ -258,9 +267,12 @@ export class DecodeDriver implements SlotDecoder {
     return this.#stage.length(slot);
   }
 
-  /** Feeds `tokens` to `slot` at `base` (0 resets it). */
+  /**
+   * Feeds `tokens` to `slot` at `base` (0 resets it). Queued without a readback (no logits, no wait): the
+   * next call's readback lands after it, and a GPU error surfaces there.
+   */
   async prefill(slot: number, tokens: readonly number[], base: number): Promise<void> {
-    await this.#stage.run(slot, { tokens }, base);
+    await this.#stage.run(slot, { tokens }, base, { rows: "none" });
   }
 
   /** Saves `slot`'s state to a new snapshot; returns its id. */
@@ -326,6 +338,29 @@ export class DecodeDriver implements SlotDecoder {
       return c;
     });
     const seqs: Seq[] = [];
+    // The fresh items' prompts and first ids are queued first and read back together in one round (each
+    // its last logits row and its sampler's id): a request's first id costs one readback, not one for its
+    // logits and another for its draw.
+    const fresh: { i: number; sel: Selector; tok: GPUBuffer; read: Promise<FirstRead> }[] = [];
+    try {
+      for (const [i, it] of items.entries()) {
+        const { top, sampling } = checked[i]!;
+        if (it.opts.resume) continue;
+        // The first id goes to the buffer the slot's first step embeds: a lone slot's own decode graph's, or
+        // the slot's id buffer, which its batched steps embed.
+        const sel = solo
+          ? await this.#soloStep(it.slot, S, top, sampling)
+          : await this.#slotSelector(it.slot, -1, S, top, sampling);
+        const tok = solo ? this.#b.tokens : this.#b.slotTok[it.slot]!;
+        fresh.push({ i, sel, tok, ...await this.#prefillFirst(it, sel) });
+      }
+    } catch (e) {
+      // The reads already queued are dropped with this call (their maps may still fail: not unhandled).
+      for (const f of fresh) f.read.catch(() => {});
+      throw e;
+    }
+    const firsts = await Promise.all(fresh.map((f) => f.read));
+    this.#b.gpuCheck();
     for (const [i, it] of items.entries()) {
       const o = it.opts;
       const { top, sampling } = checked[i]!;
@@ -334,15 +369,11 @@ export class DecodeDriver implements SlotDecoder {
         seqs.push(await this.#resumed(it, S, top, sampling, solo));
         continue;
       }
-      const first = await stage.run(it.slot, { tokens: it.prompt }, base);
+      const f = fresh.find((x) => x.i === i)!;
+      const { sel, tok } = f;
+      const first = firsts[fresh.indexOf(f)]!;
       const start = base + it.prompt.length;
-      // The first id goes to the buffer the slot's first step embeds: a lone slot's own decode graph's, or
-      // the slot's id buffer, which its batched steps embed.
-      const sel = solo
-        ? await this.#soloStep(it.slot, S, top, sampling)
-        : await this.#slotSelector(it.slot, -1, S, top, sampling);
-      const tok = solo ? this.#b.tokens : this.#b.slotTok[it.slot]!;
-      const id = await this.#firstId(first.data, it.prompt, o, sel);
+      const id = this.#firstId(first, sel);
       if (!sel.sampler) device.queue.writeBuffer(tok, 0, Uint32Array.of(id));
       o.onTokens?.([id]);
       const stops = new Set(o.stopIds ?? []);
@@ -358,7 +389,7 @@ export class DecodeDriver implements SlotDecoder {
         skip: 0,
         steps: early ? 0 : nNew - 1,
         tokens: [id],
-        tops: top > 0 ? [topCpu(first.data, top)] : [],
+        tops: top > 0 ? [topCpu(first.logits, top)] : [],
         reason: early ?? (nNew < o.nNew ? "context" : "length"),
         ended: early !== undefined,
         sched: 0,
@@ -640,29 +671,68 @@ export class DecodeDriver implements SlotDecoder {
   }
 
   /**
-   * The first id after a prefill whose last logits are `first`: the argmax on the CPU, or a draw of `sel`'s
-   * sampler, which first gets the request's settings, a fresh RNG step and penalty history (and writes the
-   * id to its next-token buffer itself).
+   * Queues `it`'s prompt on its slot (all chunks but the last without a readback) and, in the last chunk's
+   * submission, the copy of its last logits row and, with a sampler, the draw of `sel` (which first gets the
+   * request's settings, a fresh RNG step and penalty history, and writes the id to its next-token buffer
+   * itself) with the id's copy. Resolves once queued, to `read`: both once mapped (`#firstId` reads them).
    */
-  async #firstId(first: Float32Array, prompt: readonly number[], opts: GenerateOptions, sel: Selector) {
-    const bad = first.findIndex((v) => !Number.isFinite(v));
-    if (bad >= 0) throw nonFinite(`the prompt's last position (logit ${bad} is ${first[bad]})`);
-    if (!sel.sampler) return argmaxCpu(first);
+  async #prefillFirst(it: BatchItem, sel: Selector): Promise<{ read: Promise<FirstRead> }> {
+    const stage = this.#stage;
     const { device } = this.#b;
-    this.#samplerStart(sel.sampler, opts, prompt);
+    const { slot, prompt } = it;
+    const base = it.opts.base ?? 0;
+    const lastAt = Math.floor((prompt.length - 1) / stage.maxChunk) * stage.maxChunk;
+    if (lastAt > 0) await stage.run(slot, { tokens: prompt.slice(0, lastAt) }, base, { rows: "none" });
+    const at = base + lastAt;
+    const n = prompt.length - lastAt;
+    const ops = await this.#b.graph(slot, n, "last");
+    if (sel.sampler) this.#samplerStart(sel.sampler, it.opts, prompt);
+    device.queue.writeBuffer(this.#b.posParams[slot]!, 0, Uint32Array.of(at, n));
+    device.queue.writeBuffer(this.#b.tokens, 0, Uint32Array.from(prompt.slice(lastAt)));
     const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    encodeOps(pass, sel.firstOps);
-    pass.end();
-    const read = device.createBuffer({ size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-    enc.copyBufferToBuffer(sel.idRing, 0, read, 0, 4);
+    if (at === 0) stage.states.reset(enc, slot);
+    // The chunk's pass, then the draw's (a pass of its own, as the selector's first dispatches always ran).
+    for (const list of sel.sampler ? [ops, sel.firstOps] : [ops]) {
+      const pass = enc.beginComputePass();
+      encodeOps(pass, list);
+      pass.end();
+    }
+    const V = stage.hp.nVocab;
+    // The logits row, then the sampler's id at byte 4V.
+    const read = device.createBuffer({
+      size: 4 * V + 4,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
+    enc.copyBufferToBuffer(this.#b.logits!, 0, read, 0, 4 * V);
+    if (sel.sampler) enc.copyBufferToBuffer(sel.idRing, 0, read, 4 * V, 4);
     device.queue.submit([enc.finish()]);
-    await read.mapAsync(GPUMapMode.READ);
-    const id = new Uint32Array(read.getMappedRange())[0]!;
-    read.unmap();
-    read.destroy();
-    if (id >= this.#stage.hp.nVocab) throw nonFinite("the prompt's last position (the sampler found no id)");
-    return id;
+    this.#b.setLength(slot, at + n);
+    const mapped = read.mapAsync(GPUMapMode.READ).then(() => {
+      const bytes = read.getMappedRange();
+      const logits = new Float32Array(bytes.slice(0, 4 * V));
+      const id = new Uint32Array(bytes, 4 * V, 1)[0]!;
+      read.unmap();
+      read.destroy();
+      return { logits, id };
+    }, (e) => {
+      read.destroy();
+      throw e;
+    });
+    return { read: mapped };
+  }
+
+  /**
+   * The first id after a prefill whose last logits and sampler draw are `first`: the argmax on the CPU, or
+   * the draw of `sel`'s sampler (which wrote the id to its next-token buffer itself).
+   */
+  #firstId(first: FirstRead, sel: Selector): number {
+    const bad = first.logits.findIndex((v) => !Number.isFinite(v));
+    if (bad >= 0) throw nonFinite(`the prompt's last position (logit ${bad} is ${first.logits[bad]})`);
+    if (!sel.sampler) return argmaxCpu(first.logits);
+    if (first.id >= this.#stage.hp.nVocab) {
+      throw nonFinite("the prompt's last position (the sampler found no id)");
+    }
+    return first.id;
   }
 
   /** A lone slot's decode step: its solo graph and a selector writing the graph's token buffer (cached). */

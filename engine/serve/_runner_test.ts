@@ -208,3 +208,89 @@ Deno.test("runner: on a decoder that cannot batch and ignores pause (a split), r
     stage.destroy();
   }
 });
+
+/**
+ * Counts the GPU readbacks (`mapAsync` calls) of this module's isolate in `count.maps` until the returned
+ * function restores the original: each costs at least 10 ms in Deno, whatever the GPU (docs PLATFORM.md).
+ */
+function countReadbacks(count: { maps: number }): () => void {
+  const proto = GPUBuffer.prototype;
+  const orig = proto.mapAsync;
+  proto.mapAsync = function (this: GPUBuffer, ...a: Parameters<GPUBuffer["mapAsync"]>) {
+    count.maps++;
+    return orig.apply(this, a);
+  };
+  return () => proto.mapAsync = orig;
+}
+
+Deno.test("runner: a fresh request's first id costs one GPU readback (prompt piece, snapshot, rest and first id)", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
+  const count = { maps: 0 };
+  const restore = countReadbacks(count);
+  try {
+    const log: string[] = [];
+    const runner = new SlotRunner(logged(stage.decoder, log), {
+      batch: 8,
+      turnTokens: 64,
+      snapshotBack: 8,
+      prefillTurn: 0,
+      batchMin: 2,
+    });
+    const sampled = samplingParams({ temperature: 0.8, topK: 20, seed: rng.u32() });
+    // 20 prompt tokens with chunks of 16: a piece of 12 up to the snapshot point, then a rest of 8; and 40:
+    // a piece of two chunks, a rest of 8 (each new prompt also gets a fresh slot: no prefix reuse).
+    for (const [n, sampling] of [[20, GREEDY], [20, sampled], [40, GREEDY], [40, sampled]] as const) {
+      const what = `${n} prompt tokens, temperature ${sampling.temperature} (seed ${rng.seed})`;
+      const prompt = Array.from({ length: n }, () => rng.int(0, 1021));
+      log.length = 0;
+      count.maps = 0;
+      let atFirst = -1;
+      const r = await runner.submit({
+        prompt,
+        maxTokens: 9,
+        stopIds: [],
+        sampling,
+        signal: new AbortController().signal,
+        onTokens: () => {
+          if (atFirst < 0) atFirst = count.maps;
+        },
+      });
+      assert.equal(r.tokens.length, 9, what);
+      assert.equal(r.prefilledTokens, n, `${what}: no prefix reused`);
+      assert.deepEqual(
+        log.filter((x) => !x.startsWith("s")),
+        [`P${r.slot}`, `G${r.slot}`],
+        `${what}: ${log}`,
+      );
+      assert.equal(atFirst, 1, `${what}: readbacks before the first id`);
+      assert.equal(count.maps, 2, `${what}: readbacks in all (the first id's, then one batch of 8 steps)`);
+    }
+    // Two requests arriving together: both first ids in one round of readbacks, then one batched decode call.
+    count.maps = 0;
+    const firsts: number[] = [];
+    await Promise.all([GREEDY, sampled].map((sampling) =>
+      runner.submit({
+        prompt: Array.from({ length: 20 }, () => rng.int(0, 1021)),
+        maxTokens: 9,
+        stopIds: [],
+        sampling,
+        signal: new AbortController().signal,
+        onTokens: () => {
+          if (firsts.length < 2) firsts.push(count.maps);
+        },
+      })
+    ));
+    assert.deepEqual(
+      firsts,
+      [2, 2],
+      `two first ids after their two maps in flight together (seed ${rng.seed})`,
+    );
+    assert.equal(count.maps, 3, `then one batch of 8 steps for both (seed ${rng.seed})`);
+  } finally {
+    restore();
+    stage.destroy();
+  }
+});

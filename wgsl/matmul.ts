@@ -4,18 +4,15 @@
  * `matvec.ts`, no repacking): tiles of 16·TR rows × 16·TT tokens, TR × TT per invocation, weights
  * dequantized into f32 workgroup memory per 32-element chunk, f32 accumulation.
  *
- * Uniform `Params` (80 bytes, 20 × u32, in struct order): 0 k, 4 n, 8 m, 12 row_bytes, 16 w_off (bytes),
- * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36 chunks_per_split, 40 split_stride, then the
- * grouped fields 44 expert_bytes, 48 w_off_up, 52 cap, 56 x_div, 60 n_groups, 64 n_routed, 68 shared_x0, 72
- * and 76 padding. Bindings: 0 params, 1 weights, 2 x, 3 y, 4 groups (GROUPED; any storage buffer otherwise).
+ * Uniform `Params` (48 bytes, 12 × u32, in struct order): 0 k, 4 n, 8 m, 12 row_bytes, 16 w_off (bytes),
+ * 20 x_off, 24 y_off, 28 x_stride, 32 y_stride (elements), 36 chunks_per_split, 40 split_stride, 44 padding.
+ * Bindings: 0 params, 1 weights, 2 x, 3 y.
  *
  * Split K (`splits` > 1): grid z workgroups each sum a run of the K / 32 chunks into a partial product, and
  * `matmul_splits.wgsl` ({@linkcode MATMUL_SPLITS}) adds them into Y. It is for small N, where a few
  * workgroups would each step through every chunk in turn (docs/PERF.md: 0.27-0.34 ms for N ≤ 257 unsplit).
  *
- * Grouped (`GROUPED`, {@linkcode GroupedMatmulShape}): the routed experts of a prefill chunk, one expert per
- * grid z, its tokens listed by `moe_group.wgsl`; each expert's weights are read once per tile of its tokens
- * instead of once per token column (moe_matvec). `GATE_UP` writes silu(gate)·up.
+ * The grouped expert passes of a prefill chunk have a kernel of their own (`moe_matmul.ts`).
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "./kernel.ts";
@@ -28,7 +25,7 @@ export const MATMUL: KernelSpec = {
   name: "matmul",
   url: new URL("./matmul.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32", TR: "u32", TT: "u32", GROUPED: "bool", GATE_UP: "bool" },
+  constants: { TYPE: "u32", TR: "u32", TT: "u32" },
 };
 
 /** Constants of one matmul variant. */
@@ -39,14 +36,10 @@ export type MatmulConstants = {
   readonly TR: number;
   /** Tokens per invocation (4 or 8): the tile has 16·TT tokens. */
   readonly TT: number;
-  /** Experts' tokens from a moe_group list, one expert per grid z. */
-  readonly GROUPED: boolean;
-  /** GROUPED with TR 8: 64 gate rows and the same up rows per tile, Y = silu(gate)·up. */
-  readonly GATE_UP: boolean;
 };
 
 /** Size of the uniform params block in bytes. */
-export const MATMUL_PARAMS_BYTES = 80;
+export const MATMUL_PARAMS_BYTES = 48;
 
 /** Rows or tokens per invocation a variant may take. */
 export const MATMUL_THREAD_TILES: readonly number[] = [4, 8];
@@ -107,8 +100,6 @@ export interface MatmulBindings {
   readonly x: Binding;
   /** Output, f32 (storage, read_write). */
   readonly y: Binding;
-  /** GROUPED: moe_group's counts and lists (u32); otherwise omitted (x is bound in its place). */
-  readonly groups?: Binding;
 }
 
 /** A checked, ready-to-encode matmul: pipeline, bind group and grid. */
@@ -139,9 +130,8 @@ export function matmulConstants(
   opts: { maxWorkgroupBytes?: number; tile?: readonly [number, number] } = {},
 ): MatmulConstants {
   const TYPE = TYPE_ID[shape.type];
-  const dense = { GROUPED: false, GATE_UP: false };
-  if (opts.tile) return { TYPE, TR: opts.tile[0], TT: opts.tile[1], ...dense };
-  const wide = { TYPE, TR: 8, TT: 8, ...dense };
+  if (opts.tile) return { TYPE, TR: opts.tile[0], TT: opts.tile[1] };
+  const wide = { TYPE, TR: 8, TT: 8 };
   const workgroups = Math.ceil(shape.n / 128) * Math.ceil(shape.m / 128);
   if (
     workgroups >= MATMUL_WIDE_MIN_WORKGROUPS &&
@@ -149,7 +139,7 @@ export function matmulConstants(
   ) {
     return wide;
   }
-  return { TYPE, TR: 4, TT: 4, ...dense };
+  return { TYPE, TR: 4, TT: 4 };
 }
 
 /** The uniform params of `shape` (write them at a 256-byte-aligned offset of a uniform buffer). */
@@ -167,7 +157,7 @@ export function matmulParams(shape: MatmulShape): Uint32Array<ArrayBuffer> {
     shape.yStride ?? shape.n,
     matmulSplits(shape).chunksPerSplit,
     shape.n * shape.m,
-    ...[0, 0, 0, 1, 0, 0, 0, 0, 0],
+    0,
   ]);
 }
 
@@ -253,12 +243,11 @@ export async function prepareMatmul(
     matmulWorkgroupBytes(c),
     "take a smaller TR or TT",
   );
-  checkShape(!c.GROUPED, "Kernel matmul: GROUPED variants take a GroupedMatmulShape (prepareGroupedMatmul)");
   const pipeline = await cache.get(MATMUL, c);
   const b = opts.bindings;
   return {
     pipeline,
-    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y, b.groups ?? b.x]),
+    bindGroup: bindGroup(opts.device, pipeline, [b.params, b.weights, b.x, b.y]),
     grid: matmulGrid(opts.shape, c),
   };
 }

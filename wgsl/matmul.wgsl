@@ -16,19 +16,9 @@
 // units of 8 per invocation) into `xt` (both f32, transposed so that the inner loop reads vec4s), then every
 // invocation runs 32 rank-1 updates of TR × TT, while the next step's weights and inputs load into
 // registers. Rows ≥ N and tokens ≥ M are computed from clamped or zero inputs and never stored.
-// GROUPED (the routed experts of a prefill chunk, grouped by expert; moe_group.wgsl writes the groups):
-// workgroup z is expert e, and its tile's tokens are entries [m0, m0 + 16·TT) of e's list of columns:
-//   groups[e] = count_e,  groups[n_groups + e·cap + i] = column i of expert e (ascending)
-// Column col reads x row xc = col / x_div for col < n_routed, else col - n_routed + shared_x0 (the shared
-// expert's columns follow the routed ones), and writes Y at y_off + col·y_stride + n. Expert e's matrix starts
-// at byte w_off + e·expert_bytes. Workgroups past count_e return at once; in the others, a warp holds two
-// token groups (tx = lid / 16), so warps whose tokens are all past count_e skip the rank-1 updates.
-// GATE_UP (GROUPED, TR = 8): the tile's first 64 rows are gate rows n0.., the second 64 the same rows of up
-// (w_off_up + e·expert_bytes), and Y gets silu(gate)·up for the 64 rows: grid x is ceil(N / 64).
-// Constants: const TYPE: u32 (ggml id); const TR: u32, const TT: u32 (4 or 8); const GROUPED: bool,
-// const GATE_UP: bool.
-// Limits: K % 32 == 0; workgroup memory 2048·(TR + TT) bytes, plus 2 KiB for the IQ4 table; no split with
-// GROUPED.
+// Constants: const TYPE: u32 (ggml id); const TR: u32, const TT: u32 (4 or 8).
+// (The grouped expert passes of a prefill chunk have a kernel of their own: moe_matmul.wgsl.)
+// Limits: K % 32 == 0; workgroup memory 2048·(TR + TT) bytes, plus 2 KiB for the IQ4 table.
 
 struct Params {
   k: u32,
@@ -42,13 +32,6 @@ struct Params {
   y_stride: u32,
   chunks_per_split: u32,
   split_stride: u32,
-  expert_bytes: u32,
-  w_off_up: u32,
-  cap: u32,
-  x_div: u32,
-  n_groups: u32,
-  n_routed: u32,
-  shared_x0: u32,
   pad0: u32,
 }
 
@@ -56,7 +39,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> weights: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> groups: array<u32>;
 
 const RV: u32 = TR / 4u; // row groups (vec4s of rows) per invocation, and weight units it stages
 const TV: u32 = TT / 4u; // token groups per invocation, and input units it stages
@@ -96,53 +78,15 @@ fn stage_x(g: u32, comp: u32, xj: u32, valid: bool, xl: vec4<f32>, xh: vec4<f32>
   }
 }
 
-// The Y column of the tile's token slot m (< count): m itself, or GROUPED, entry m of expert e's list.
-fn token_col(e: u32, m: u32) -> u32 {
-  if (GROUPED) {
-    return groups[params.n_groups + e * params.cap + m];
-  }
-  return m;
-}
-
-// The x row that Y column col reads.
-fn x_row(col: u32) -> u32 {
-  if (GROUPED) {
-    return select(col - params.n_routed + params.shared_x0, col / params.x_div, col < params.n_routed);
-  }
-  return col;
-}
-
-fn silu(v: f32) -> f32 {
-  return v / (1.0 + exp(-v));
-}
-
-// Stores block (a, b) of the invocation's accumulators: rows 4·(ty + 16·a) + i, tokens 4·(tx + 16·b) + j;
-// GATE_UP: silu(blk)·up (up: the same rows' block of the up matrix).
-fn store_block(
-  y0: u32,
-  e: u32,
-  count: u32,
-  n0: u32,
-  m0: u32,
-  ty: u32,
-  tx: u32,
-  a: u32,
-  b: u32,
-  blk: mat4x4<f32>,
-  up: mat4x4<f32>,
-) {
+// Stores block (a, b) of the invocation's accumulators: rows 4·(ty + 16·a) + i, tokens 4·(tx + 16·b) + j.
+fn store_block(y0: u32, n0: u32, m0: u32, ty: u32, tx: u32, a: u32, b: u32, blk: mat4x4<f32>) {
   for (var j = 0u; j < 4u; j++) {
     let m = m0 + 4u * (tx + 16u * b) + j;
-    if (m < count) {
-      let col = token_col(e, m);
+    if (m < params.m) {
       for (var i = 0u; i < 4u; i++) {
         let row = n0 + 4u * (ty + 16u * a) + i;
         if (row < params.n) {
-          var v = blk[i][j];
-          if (GATE_UP) {
-            v = silu(v) * up[i][j];
-          }
-          y[y0 + col * params.y_stride + row] = v;
+          y[y0 + m * params.y_stride + row] = blk[i][j];
         }
       }
     }
@@ -153,23 +97,12 @@ fn store_block(
 // condition rather than an array indexed in a loop: the driver then keeps all of it in registers.
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-  // GATE_UP: the tile's rows are 64 gate rows and the same 64 rows of up.
-  let n0 = wid.x * select(16u * TR, 64u, GATE_UP);
+  let n0 = wid.x * (16u * TR);
   let m0 = wid.y * (16u * TT);
-  // GROUPED: z is the expert, the tokens are its list's entries [0, count).
-  var e = 0u;
-  var split = wid.z;
-  var count = params.m;
-  if (GROUPED) {
-    e = wid.z;
-    split = 0u;
-    count = groups[e];
-    if (m0 >= count) {
-      return;
-    }
-  }
-  let tx = select(lid % 16u, lid / 16u, GROUPED); // token group
-  let ty = select(lid / 16u, lid % 16u, GROUPED); // row group
+  let split = wid.z;
+  let count = params.m;
+  let tx = lid % 16u; // token group
+  let ty = lid / 16u; // row group
   // This workgroup's chunks [c0, c1) of the K / 32 (all of them without a split).
   let c0 = split * params.chunks_per_split;
   let c1 = min(c0 + params.chunks_per_split, params.k / 32u);
@@ -181,20 +114,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   // Weight staging: rows wr (and wr + 64), unit wj. Input staging: tokens xm (and xm + 64), unit xj.
   let wr = lid / 4u;
   let wj = lid % 4u;
-  let eb = e * params.expert_bytes;
-  let rb0 = params.w_off + eb + min(n0 + wr, params.n - 1u) * params.row_bytes;
-  var rb1 = params.w_off + eb + min(n0 + wr + 64u, params.n - 1u) * params.row_bytes;
-  if (GATE_UP) {
-    rb1 = params.w_off_up + eb + min(n0 + wr, params.n - 1u) * params.row_bytes;
-  }
+  let rb0 = params.w_off + min(n0 + wr, params.n - 1u) * params.row_bytes;
+  let rb1 = params.w_off + min(n0 + wr + 64u, params.n - 1u) * params.row_bytes;
   let xm = lid % 64u;
   let xj = lid / 64u;
   let xv0 = m0 + xm < count;
   let xv1 = m0 + xm + 64u < count;
-  let xb0 = params.x_off + x_row(token_col(e, min(m0 + xm, count - 1u))) * params.x_stride;
-  let xb1 = params.x_off + x_row(token_col(e, min(m0 + xm + 64u, count - 1u))) * params.x_stride;
-  // GROUPED: whether any of this invocation's tokens is in the list (whole warps agree: tx = lid / 16).
-  let busy = !GROUPED || m0 + 4u * tx < count;
+  let xb0 = params.x_off + min(m0 + xm, count - 1u) * params.x_stride;
+  let xb1 = params.x_off + min(m0 + xm + 64u, count - 1u) * params.x_stride;
 
   var m00 = mat4x4<f32>();
   var m01 = mat4x4<f32>();
@@ -245,7 +172,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
       xl1 = x[(xb1 + pos.x) >> 2u];
       xh1 = x[(xb1 + pos.y) >> 2u];
     }
-    for (var kk = 0u; kk < select(0u, 32u, busy); kk++) {
+    for (var kk = 0u; kk < 32u; kk++) {
       let a0 = wt[kk * WG_R + ty];
       let b0 = xt[kk * WG_T + tx];
       m00 += outer(a0, b0);
@@ -266,21 +193,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   }
 
   let y0 = params.y_off + split * params.split_stride;
-  if (GATE_UP) {
-    store_block(y0, e, count, n0, m0, ty, tx, 0u, 0u, m00, m10);
-    if (TV > 1u) {
-      store_block(y0, e, count, n0, m0, ty, tx, 0u, 1u, m01, m11);
-    }
-    return;
-  }
-  store_block(y0, e, count, n0, m0, ty, tx, 0u, 0u, m00, m00);
+  store_block(y0, n0, m0, ty, tx, 0u, 0u, m00);
   if (TV > 1u) {
-    store_block(y0, e, count, n0, m0, ty, tx, 0u, 1u, m01, m01);
+    store_block(y0, n0, m0, ty, tx, 0u, 1u, m01);
   }
   if (RV > 1u) {
-    store_block(y0, e, count, n0, m0, ty, tx, 1u, 0u, m10, m10);
+    store_block(y0, n0, m0, ty, tx, 1u, 0u, m10);
     if (TV > 1u) {
-      store_block(y0, e, count, n0, m0, ty, tx, 1u, 1u, m11, m11);
+      store_block(y0, n0, m0, ty, tx, 1u, 1u, m11);
     }
   }
 }

@@ -181,22 +181,16 @@ Deno.test("matmul shape check throws before encoding", () => {
     TYPE: 23,
     TR: 8,
     TT: 8,
-    GROUPED: false,
-    GATE_UP: false,
   });
   assert.deepEqual(matmulConstants(qkv, { maxWorkgroupBytes: 32768 }), {
     TYPE: 23,
     TR: 4,
     TT: 4,
-    GROUPED: false,
-    GATE_UP: false,
   });
   assert.deepEqual(matmulConstants({ ...qkv, n: 4096 }, { maxWorkgroupBytes: 49152 }), {
     TYPE: 23,
     TR: 4,
     TT: 4,
-    GROUPED: false,
-    GATE_UP: false,
   });
   assert.throws(() => checkMatmul({ ...shape, n: 16 * 8 * 65536 }, { ...c, TR: 8 }, b), /workgroups/);
 });

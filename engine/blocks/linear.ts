@@ -118,7 +118,7 @@ export async function matvec(
         label,
         MATMUL,
         plan.constants,
-        [g.storage(plan.params), p.buffer, x, part ?? y, x],
+        [g.storage(plan.params), p.buffer, x, part ?? y],
         plan.grid,
       );
       if (plan.sum) {

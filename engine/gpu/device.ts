@@ -105,7 +105,8 @@ export async function acquireGpu(): Promise<Gpu> {
 }
 
 /**
- * Sets `DENO_WEBGPU_BACKEND` to {@linkcode NATIVE_BACKENDS} when unset. Deno reads it when a runtime
+ * Sets `DENO_WEBGPU_BACKEND` to {@linkcode NATIVE_BACKENDS} when unset (and on Linux `XDG_RUNTIME_DIR`
+ * to the temp folder when unset). Deno reads them when a runtime
  * (the main one or a worker's) first creates its WebGPU instance, so this must run before the first
  * `requestAdapter` of every runtime; without env permission the default stands.
  */
@@ -113,6 +114,12 @@ function chooseBackends(): void {
   try {
     if (Deno.env.get("DENO_WEBGPU_BACKEND") === undefined) {
       Deno.env.set("DENO_WEBGPU_BACKEND", NATIVE_BACKENDS);
+    }
+    // Linux without a desktop session: the Vulkan loader's window-system layer prints "error:
+    // XDG_RUNTIME_DIR is invalid or not set" twice on every start, though compute never uses it. A
+    // harmless value (the temp folder) keeps that noise out of every GPU command's output.
+    if (Deno.build.os === "linux" && !Deno.env.get("XDG_RUNTIME_DIR")) {
+      Deno.env.set("XDG_RUNTIME_DIR", Deno.env.get("TMPDIR") || "/tmp");
     }
   } catch (e) {
     if (!(e instanceof Deno.errors.NotCapable || e instanceof Deno.errors.PermissionDenied)) throw e;

@@ -32,3 +32,23 @@ Deno.test("acquireGpu leaves wgpu's GL backend out unless DENO_WEBGPU_BACKEND is
   assert.equal(await backendAfter(undefined), NATIVE_BACKENDS);
   assert.equal(await backendAfter("vulkan"), "vulkan");
 });
+
+Deno.test("acquireGpu on Linux without XDG_RUNTIME_DIR: no loader complaint on stderr", {
+  ignore: Deno.build.os !== "linux",
+}, async () => {
+  const device = new URL("./device.ts", import.meta.url).href;
+  const script = `import { acquireGpu } from ${JSON.stringify(device)};\n` +
+    `const g = await acquireGpu();\ng.device.destroy();`;
+  const env = { ...Deno.env.toObject() };
+  delete env.XDG_RUNTIME_DIR;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", "--no-lock", script],
+    env,
+    clearEnv: true,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const stderr = new TextDecoder().decode(out.stderr);
+  assert.ok(out.success, stderr);
+  assert.doesNotMatch(stderr, /XDG_RUNTIME_DIR/);
+});

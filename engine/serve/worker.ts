@@ -147,7 +147,8 @@ const WARM_UP_REST = 4;
  * request runs: a prompt piece, a snapshot, the prompt's rest and two greedy ids on slot 0 (argmax), then,
  * when the stage batches, a batched step of slots 0 and 1 with one of them sampled (the sampler). A split
  * head runs its own layers only (the chain may not be up yet). The slots are emptied after: the runner
- * starts from nothing. Skipped for contexts too small to hold it.
+ * starts from nothing. Then every slot's graphs of a prompt's rest after the snapshot point and of a decode
+ * step are built (no GPU work). Skipped for contexts too small to hold it.
  */
 async function warmUp(
   stage: Stage,
@@ -184,6 +185,16 @@ async function warmUp(
     }
   }
   for (const slot of used) stage.reset(slot);
+  // Each slot's own graphs (dispatch lists are per slot and chunk width; a 40-layer model's takes tens of ms
+  // to build) of a fresh request's last prompt chunk after the prompt-boundary snapshot and of its decode
+  // step, so that no slot's first request builds them between its prefill and its first id.
+  const restWidth = Math.min(m.snapshotBack, m.maxChunk);
+  if (!m.split) {
+    for (let slot = 0; slot < m.nSlots; slot++) {
+      if (restWidth >= 1 && restWidth <= m.nCtx) await stage.graph(slot, restWidth, "last");
+      await stage.graph(slot, 1, "last");
+    }
+  }
   post({ type: "log", line: `GPU pipelines built in ${((performance.now() - t0) / 1000).toFixed(1)} s` });
 }
 

@@ -56,15 +56,14 @@ export * from "./fingerprint.ts";
 export * from "./inspect.ts";
 export * from "./plan.ts";
 export * from "./exec/stage.ts";
-export {
-  argmaxCpu,
-  type BatchItem,
-  DecodeDriver,
-  type GenerateOptions,
-  type GenerateResult,
-  type SlotDecoder,
-  topCpu,
-} from "./exec/decode.ts";
+export { argmaxCpu, DecodeDriver, topCpu } from "./exec/decode.ts";
+export type {
+  BatchItem,
+  Generated,
+  GenerateOptions,
+  GenerateResult,
+  SlotDecoder,
+} from "./exec/slot_decoder.ts";
 export { MAX_BATCH_SLOTS, MAX_SLOTS } from "./exec/activations.ts";
 export {
   type ChainClient,

@@ -130,3 +130,14 @@ Deno.test("layering: the checker sees each forbidden import and a cycle", () => 
   assert.match(broken[2]!, /^wgsl\/k\.ts .* imports engine\/gguf\.ts/);
   assert.ok(cycles.some((c) => c.includes("engine/a.ts → engine/b.ts → engine/a.ts")), cycles.join("\n"));
 });
+
+Deno.test("layering: no engine module over 800 lines, the stage executor under 600 (#17's sizes)", async () => {
+  const long: string[] = [];
+  for (const f of await sources()) {
+    if (!f.startsWith("engine/") || isTest(f)) continue;
+    const lines = (await Deno.readTextFile(new URL(f, ROOT))).split("\n").length - 1;
+    const max = f === "engine/exec/stage.ts" ? 599 : 800;
+    if (lines > max) long.push(`${f}: ${lines} lines (at most ${max}): split it by responsibility`);
+  }
+  assert.deepEqual(long, []);
+});

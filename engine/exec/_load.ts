@@ -8,7 +8,7 @@
 import type { Hparams } from "../models/_arch.ts";
 import { GpuError } from "../errors.ts";
 import { checkStageFits, stateSpecs } from "./activations.ts";
-import type { Int8Logged, StageOptions } from "./options.ts";
+import type { Int8Logged, StageInput, StageOptions } from "./options.ts";
 import type { Int8LogEntry } from "../graph/builder.ts";
 import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 
@@ -114,4 +114,55 @@ export async function readInt8Log(
     col: e.col,
     ...decodeQ8x(e.type, e.k, bytes.subarray(e.offset, e.offset + q8xBytes(e.k))),
   }));
+}
+
+/**
+ * Throws unless `input` (nTokens rows) can run on `slot`, which holds `held` tokens, from position `base`
+ * of a stage with these layers and context: a clear message naming what is wrong and what to do.
+ * @throws {RangeError} on an empty input, a gap or overlap with the slot's tokens, a sequence past the
+ *   context, token ids on a later stage (or hidden rows on the first), ids outside the vocabulary, or hidden
+ *   rows of the wrong size
+ */
+export function checkStageInput(
+  stage: {
+    readonly hp: Hparams;
+    readonly layers: readonly [number, number];
+    readonly first: boolean;
+    readonly nCtx: number;
+  },
+  r: { slot: number; held: number; input: StageInput; base: number; nTokens: number },
+): void {
+  const { slot, held, input, base, nTokens } = r;
+  const hp = stage.hp;
+  if (nTokens < 1) throw new RangeError("Input has no tokens: give at least one");
+  if (base !== 0 && base !== held) {
+    throw new RangeError(
+      `Slot ${slot} holds ${held} tokens but the run continues at position ${base}: ` +
+        `start at 0, continue at ${held}, or restore a snapshot of length ${base} first`,
+    );
+  }
+  if (base + nTokens > stage.nCtx) {
+    throw new RangeError(
+      `Sequence of ${
+        base + nTokens
+      } tokens does not fit the context of ${stage.nCtx}: raise --ctx or shorten it`,
+    );
+  }
+  const range = stage.layers.join(":");
+  if ("tokens" in input) {
+    if (!stage.first) throw new RangeError(`Layers ${range} take hidden rows, not token ids`);
+    for (const t of input.tokens) {
+      if (!Number.isInteger(t) || t < 0 || t >= hp.nVocab) {
+        throw new RangeError(`Token id ${t} is outside the vocabulary 0..${hp.nVocab - 1}`);
+      }
+    }
+  } else {
+    if (stage.first) throw new RangeError(`Layers ${range} start at 0 and take token ids`);
+    if (input.hidden.length !== nTokens * hp.nEmbd) {
+      throw new RangeError(
+        `Hidden input has ${input.hidden.length} values but ${nTokens} rows of ${hp.nEmbd} need ` +
+          `${nTokens * hp.nEmbd}`,
+      );
+    }
+  }
 }

@@ -26,7 +26,7 @@
  * StaleChainError} tells the decoder), so the scheduler's cached prefixes stay valid across a restart.
  * @module
  */
-import type { BatchItem, GenerateResult, SlotDecoder } from "./decode.ts";
+import type { BatchItem, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
 import { isGreedy, SAMPLE_HIST, type SamplingParams } from "../sampling.ts";
 import type { StageInput, StageOutput } from "./options.ts";
 import type { SlotStates } from "../state.ts";

@@ -46,14 +46,15 @@ import {
   STORAGE,
 } from "./activations.ts";
 import { loadPlan } from "./load_plan.ts";
-import { checkLoadOptions, readInt8Log, underLoadScopes } from "./_load.ts";
+import { checkLoadOptions, checkStageInput, readInt8Log, underLoadScopes } from "./_load.ts";
 import {
   FingerprintHasher,
   fingerprintStats,
   modelFingerprint,
   readCachedFingerprint,
 } from "../fingerprint.ts";
-import { type BatchItem, DecodeDriver, type GenerateOptions, type GenerateResult } from "./decode.ts";
+import { DecodeDriver } from "./decode.ts";
+import type { BatchItem, GenerateOptions, GenerateResult } from "./slot_decoder.ts";
 import { type RowSampleOptions, RowSampler } from "./_row_sampler.ts";
 import type { Int8Logged, StageInput, StageOptions, StageOutput } from "./options.ts";
 
@@ -578,38 +579,7 @@ export class Stage {
   }
 
   #inputCheck(slot: number, input: StageInput, base: number, nTokens: number): void {
-    if (nTokens < 1) throw new RangeError("Input has no tokens: give at least one");
-    if (base !== 0 && base !== this.#length[slot]) {
-      throw new RangeError(
-        `Slot ${slot} holds ${this.#length[slot]} tokens but the run continues at position ${base}: ` +
-          `start at 0, continue at ${this.#length[slot]}, or restore a snapshot of length ${base} first`,
-      );
-    }
-    if (base + nTokens > this.nCtx) {
-      throw new RangeError(
-        `Sequence of ${
-          base + nTokens
-        } tokens does not fit the context of ${this.nCtx}: raise --ctx or shorten it`,
-      );
-    }
-    if ("tokens" in input) {
-      if (!this.first) {
-        throw new RangeError(`Layers ${this.layers.join(":")} take hidden rows, not token ids`);
-      }
-      for (const t of input.tokens) {
-        if (!Number.isInteger(t) || t < 0 || t >= this.hp.nVocab) {
-          throw new RangeError(`Token id ${t} is outside the vocabulary 0..${this.hp.nVocab - 1}`);
-        }
-      }
-    } else {
-      if (this.first) throw new RangeError(`Layers ${this.layers.join(":")} start at 0 and take token ids`);
-      if (input.hidden.length !== nTokens * this.hp.nEmbd) {
-        throw new RangeError(
-          `Hidden input has ${input.hidden.length} values but ${nTokens} rows of ${this.hp.nEmbd} need ` +
-            `${nTokens * this.hp.nEmbd}`,
-        );
-      }
-    }
+    checkStageInput(this, { slot, held: this.#length[slot]!, input, base, nTokens });
   }
 
   #tensor(name: string): GpuTensor {

@@ -4,7 +4,7 @@
  * @module
  */
 import type { SamplingParams } from "../sampling.ts";
-import type { FinishReason } from "../exec/decode.ts";
+import type { Generated } from "../exec/slot_decoder.ts";
 import type { NextResult, NextRun, StageInfo } from "../exec/split.ts";
 
 /** A call of the worker's split decoder on the chain, which lives on the main thread (EngineOptions.next). */
@@ -79,11 +79,7 @@ export type FromWorker =
   | { readonly type: "closed" };
 
 /** What the worker reports for one finished request. */
-export interface JobResult {
-  /** Every generated id (cancelled: those made before the cancel was seen). */
-  readonly tokens: readonly number[];
-  /** Why it ended. */
-  readonly reason: FinishReason;
+export interface JobResult extends Generated {
   /** Slot it ran on. */
   readonly slot: number;
   /** Prompt tokens served from the slot's cached history. */

@@ -30,7 +30,7 @@
  *   snapshot can seed any free slot.
  * @module
  */
-import type { BatchItem, SlotDecoder } from "../exec/decode.ts";
+import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";
 import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 import { assert } from "../errors.ts";
 import type { SamplingParams } from "../sampling.ts";

@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { openGguf } from "../gguf.ts";
 import { Stage } from "../exec/stage.ts";
-import type { BatchItem, SlotDecoder } from "../exec/decode.ts";
+import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";
 import { samplingParams } from "../sampling.ts";
 import { type RunnerJob, SlotRunner } from "./_runner.ts";
 import type { JobResult } from "./_protocol.ts";

@@ -5,7 +5,7 @@
  * @module
  */
 import type { SamplingParams } from "../sampling.ts";
-import type { FinishReason } from "../exec/decode.ts";
+import type { FinishReason, Generated } from "../exec/slot_decoder.ts";
 
 export type { SamplingParams };
 
@@ -29,11 +29,7 @@ export interface GenerateRequest {
 export type { FinishReason };
 
 /** Outcome of one request. */
-export interface GenerateResult {
-  /** Every generated id, in order (the stop id included when `reason` is "stop"). */
-  readonly tokens: readonly number[];
-  /** Why it ended. */
-  readonly reason: FinishReason;
+export interface GenerateResult extends Generated {
   /** Prompt tokens. */
   readonly promptTokens: number;
   /** Prompt tokens served from a cached prefix (not prefilled again). */

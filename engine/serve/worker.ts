@@ -13,7 +13,7 @@ import { planModel, synthesize } from "../synth.ts";
 import { samplingParams } from "../sampling.ts";
 import { SlotRunner } from "./_runner.ts";
 import { decodeError, encodeError, type FromWorker, type NextCall, type ToWorker } from "./_protocol.ts";
-import type { SlotDecoder } from "../exec/decode.ts";
+import type { SlotDecoder } from "../exec/slot_decoder.ts";
 import { type NextResult, type NextStage, SplitDecoder, StaleChainError } from "../exec/split.ts";
 
 interface WorkerScope {

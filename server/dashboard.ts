@@ -80,8 +80,8 @@ export interface DashboardStage {
   readonly stepMs: number | null;
   /** Milliseconds on the wire per step, both ways (0 for a local stage, null: not measured). */
   readonly wireMs: number | null;
-  /** The link's state: `local` (same process), `up`, `slow` or `down`. */
-  readonly link: "local" | "up" | "slow" | "down";
+  /** The link's state: `local` (same process), `up`, `slow`, `down`, `reconnecting` or `idle` (not yet). */
+  readonly link: "local" | "up" | "slow" | "down" | "reconnecting" | "idle";
 }
 
 /** The JSON of one `status` event of `GET /dashboard/events`. */

@@ -118,9 +118,29 @@ export interface EngineStatus {
     readonly stepMs: number | null;
     /** Milliseconds on the wire per step, both ways (null: not measured). */
     readonly wireMs: number | null;
-    /** The link's state: `local` (same process), `up`, `slow` or `down`. */
-    readonly link: "local" | "up" | "slow" | "down";
+    /**
+     * The link's state: `local` (same process), `up`, `slow`, `down`, `reconnecting` (a new connection is
+     * being made) or `idle` (not connected yet: the head connects at its first request).
+     */
+    readonly link: "local" | "up" | "slow" | "down" | "reconnecting" | "idle";
+    /**
+     * Its compute per RUN frame (a decode step or a prompt piece) in ms, as the stage measured it: frames
+     * counted, their total, the latest and the mean of the latest few, when reported.
+     */
+    readonly compute?: Readonly<Record<"count" | "totalMs" | "lastMs" | "recentMs", number>>;
+    /**
+     * The wire time per RUN frame of the hop into it (round trip minus compute), as `compute`, when measured;
+     * with several workers the first one's holds every hop behind it.
+     */
+    readonly wire?: Readonly<Record<"count" | "totalMs" | "lastMs" | "recentMs", number>>;
+    /** Why its link is down, when it is. */
+    readonly error?: string;
   }[];
+  /**
+   * Drafts per frame of a split head since start (`--draft`): frames that carried drafts, draft ids sent
+   * (proposed) and those the chain's output matched (accepted), when the engine drafts.
+   */
+  readonly drafts?: { readonly frames: number; readonly proposed: number; readonly accepted: number };
 }
 
 /** Thrown by {@linkcode Engine.generate} when every slot is busy and the queue is full (HTTP 503). */

@@ -27,6 +27,7 @@ import {
 } from "./frame.ts";
 import { type HelloInfo, PROTOCOL_VERSION } from "./hello.ts";
 import { connectLink, type Link, type LinkAddress } from "./link.ts";
+import { ChainTimes } from "./stats.ts";
 
 /** Start of the message of a stage's ERROR when the slot's state behind it is gone (see the module doc). */
 export const STALE_MARK = "Stale slot state:";
@@ -112,6 +113,7 @@ export class ChainLink implements ChainClient {
   #backoffMs = BACKOFF_MIN_MS;
   #lastError: string | undefined;
   #closed = false;
+  readonly #times = new ChainTimes();
 
   /** A link to `address`, not yet connected (call {@linkcode attach} first). */
   constructor(address: LinkAddress, opts: ChainLinkOptions) {
@@ -222,11 +224,16 @@ export class ChainLink implements ChainClient {
    * @throws {StaleChainError} on an epoch mismatch, or when the next stage reports stale state itself
    * @throws {WireError} when the link fails or the stage refuses the run
    */
-  async forward(req: RunRequest, epoch: number | undefined): Promise<{ result: RunResult; epoch: number }> {
+  async forward(
+    req: RunRequest,
+    epoch: number | undefined,
+  ): Promise<{ result: RunResult; epoch: number; roundTripUs: number }> {
     const link = await this.#live(epoch, `run of slot ${req.slot}`);
     const at = this.#epoch;
     try {
-      return { result: await link.run(req), epoch: at };
+      const t0 = performance.now();
+      const result = await link.run(req);
+      return { result, epoch: at, roundTripUs: Math.round((performance.now() - t0) * 1000) };
     } catch (e) {
       throw stale(e);
     }
@@ -236,7 +243,7 @@ export class ChainLink implements ChainClient {
   async run(req: NextRun): Promise<NextResult> {
     const self = this.#self;
     if (!self) throw new Error("Internal error: ChainLink used before attach()");
-    const { result, epoch } = await this.forward({
+    const { result, epoch, roundTripUs } = await this.forward({
       slot: req.slot,
       basePos: req.basePos,
       nEmbd: self.nEmbd,
@@ -247,6 +254,7 @@ export class ChainLink implements ChainClient {
       drafts: Uint32Array.from(req.drafts ?? []),
       ...(req.sampling ? { sampling: wireSampling(req.sampling) } : {}),
     }, req.epoch);
+    this.#times.record({ headUs: req.headUs, timesUs: result.timesUs, roundTripUs });
     switch (result.kind) {
       case "ids":
         return {
@@ -298,21 +306,46 @@ export class ChainLink implements ChainClient {
     await link.reset(slot);
   }
 
-  /** The next stage and those behind it, for `/health`. */
+  /**
+   * The next stage and those behind it, for `/health`, `/metrics` and the dashboard: state, layers, and the
+   * compute and wire times of the RUN frames this head sent (wire only for the hop into the next stage, which
+   * then holds the wire time of every hop behind it too: a middle worker reports only its compute).
+   */
   stages(): ChainStageStatus[] {
     const state = this.isUp ? "up" : this.#lastError !== undefined ? "down" : "idle";
+    const connecting = this.#connecting !== undefined;
+    const times = (i: number) => {
+      const compute = this.#times.compute(i);
+      const wire = this.#times.wire(i);
+      return { ...(compute ? { compute } : {}), ...(wire ? { wire } : {}) };
+    };
     const first: ChainStageStatus = {
       address: `${this.address.hostname}:${this.address.port}`,
       state,
       ...(this.#peer ? { layers: this.#peer.layers } : {}),
       ...(state === "down" ? { error: this.#lastError } : {}),
+      ...(connecting ? { connecting } : {}),
+      ...times(1),
     };
     const rest = (this.#peer?.downstream ?? []).map((h, i): ChainStageStatus => ({
       address: `behind ${first.address} (${i + 1})`,
       state: state === "up" ? "up" : "idle",
       layers: h.layers,
+      ...times(i + 2),
     }));
     return [first, ...rest];
+  }
+
+  /** The head's own range as a stage (its compute as the split decoder reported it with each run). */
+  head(): ChainStageStatus {
+    const self = this.#self;
+    const compute = this.#times.compute(0);
+    return {
+      address: "head",
+      state: "up",
+      ...(self ? { layers: self.layers } : {}),
+      ...(compute ? { compute } : {}),
+    };
   }
 
   /** Closes the link for good. */

@@ -83,6 +83,12 @@ export interface NextRun {
     readonly step: number;
     readonly history: readonly number[];
   };
+  /**
+   * The head's own compute time in µs for these rows (its `Stage.run`, readback included, and any rollback
+   * re-run before it), on the first remote run of a fed piece; absent on the later ones. For the per-stage
+   * times of `/metrics` and the dashboard.
+   */
+  readonly headUs?: number;
 }
 
 /** {@linkcode NextRun.sampling}. */
@@ -132,6 +138,18 @@ export interface ChainStageStatus {
   readonly layers?: { readonly first: number; readonly end: number; readonly total: number };
   /** Why it is down. */
   readonly error?: string;
+  /** True while a (re)connection attempt to it is under way. */
+  readonly connecting?: boolean;
+  /**
+   * Its own compute per RUN frame (a decode step or a prompt piece), as the stage measured it, in ms: frames
+   * counted, their total, the latest, and the mean of the latest few; absent when not measured.
+   */
+  readonly compute?: Readonly<Record<"count" | "totalMs" | "lastMs" | "recentMs", number>>;
+  /**
+   * Wire time per RUN frame of the hop into this stage, in ms (both ways: the round trip seen by the stage
+   * before it minus the compute of this stage and those after it), as `compute`; absent when not measured.
+   */
+  readonly wire?: Readonly<Record<"count" | "totalMs" | "lastMs" | "recentMs", number>>;
 }
 
 /** The main-thread side of the chain the service drives (implemented by `wire/chain.ts`). */
@@ -142,6 +160,11 @@ export interface ChainClient extends NextStage {
   ready(): Promise<void>;
   /** Each stage behind the head. */
   stages(): ChainStageStatus[];
+  /**
+   * The head's own range as a stage (address `head`, state `up`), with its compute per RUN frame as
+   * {@linkcode NextRun.headUs} reported it; optional (a client that does not measure leaves it out).
+   */
+  head?(): ChainStageStatus;
   /** Closes the link. */
   close(): Promise<void>;
 }
@@ -239,6 +262,7 @@ export class SplitDecoder implements SlotDecoder {
   #tail: Promise<unknown> = Promise.resolve();
   #draft: number;
   readonly #drafter: (seq: readonly number[], k: number) => number[];
+  readonly #onDrafts: ((stats: SplitDecoder["draftStats"]) => void) | undefined;
   /**
    * Draft counts since the decoder was made: frames that carried drafts, draft ids sent, and those that
    * matched the produced id (each saved one frame).
@@ -255,16 +279,22 @@ export class SplitDecoder implements SlotDecoder {
    * @param next the rest of the chain
    * @param opts `draft`: drafts per decode frame (0..MAX_DRAFT, default 0); a {@linkcode NextResult.draft}
    *   from the link replaces it from then on. `drafter`: guesses up to `k` ids to follow `seq` (the slot's
-   *   whole sequence; default {@linkcode lookupDrafts}); wrong guesses cost time, never output
+   *   whole sequence; default {@linkcode lookupDrafts}); wrong guesses cost time, never output.
+   *   `onDrafts`: called with {@linkcode draftStats} after each frame that carried drafts (the engine's
+   *   Worker posts them to the main thread for `/metrics`)
    * @throws {RangeError} on a draft count outside 0..MAX_DRAFT
    */
   constructor(
     stage: SplitStage,
     next: NextStage,
-    opts: { readonly draft?: number; readonly drafter?: (seq: readonly number[], k: number) => number[] } =
-      {},
+    opts: {
+      readonly draft?: number;
+      readonly drafter?: (seq: readonly number[], k: number) => number[];
+      readonly onDrafts?: (stats: { frames: number; proposed: number; accepted: number }) => void;
+    } = {},
   ) {
     this.#drafter = opts.drafter ?? lookupDrafts;
+    this.#onDrafts = opts.onDrafts;
     this.#stage = stage;
     this.#next = next;
     this.#held = Array.from({ length: stage.states.nSlots }, () => []);
@@ -438,6 +468,7 @@ export class SplitDecoder implements SlotDecoder {
         this.draftStats.frames++;
         this.draftStats.proposed += drafts.length;
         this.draftStats.accepted += got.length - 1;
+        this.#onDrafts?.({ ...this.draftStats });
       }
       o.onTokens?.(got);
       // The slot must hold the fed ids up to the last kept id (not fed yet): the rest is rolled back by the
@@ -493,6 +524,7 @@ export class SplitDecoder implements SlotDecoder {
   async #forward(slot: number, tokens: readonly number[], base: number, x: FeedExtra): Promise<NextResult> {
     const stage = this.#stage;
     const anchor = this.#anchor[slot];
+    const t0 = performance.now();
     if (base > 0 && stage.length(slot) > base) {
       // Inside the latest drafted run: back to its start, then its kept tokens up to base.
       if (!anchor || base < anchor.base || base > anchor.base + anchor.tokens.length) {
@@ -511,6 +543,7 @@ export class SplitDecoder implements SlotDecoder {
     const drafts = x.drafts ?? [];
     if (drafts.length > 0) this.#anchor[slot] = { id: stage.snapshot(slot), base, tokens: [...tokens] };
     const h = await stage.run(slot, { tokens }, base, { rows: "all" });
+    const headUs = Math.round((performance.now() - t0) * 1000);
     this.#held[slot] = [...this.#held[slot]!.slice(0, base), ...tokens];
     const nEmbd = h.data.length / tokens.length;
     let result: NextResult | undefined;
@@ -528,6 +561,7 @@ export class SplitDecoder implements SlotDecoder {
           epoch: pos === 0 ? undefined : this.#epoch[slot],
           ...(last && drafts.length > 0 ? { drafts } : {}),
           ...(last && x.sampling ? { sampling: x.sampling } : {}),
+          ...(at === 0 ? { headUs } : {}),
         });
         this.#epoch[slot] = result.epoch;
       }

@@ -66,6 +66,8 @@ export type FromWorker =
   | { readonly type: "ready"; readonly nVocab: number }
   | { readonly type: "stage"; readonly info: StageInfo }
   | { readonly type: "next"; readonly call: number; readonly request: NextCall }
+  /** A split head's draft counts since start (SplitDecoder.draftStats), after each frame that carried drafts. */
+  | { readonly type: "drafts"; readonly frames: number; readonly proposed: number; readonly accepted: number }
   | { readonly type: "failed"; readonly error: WireErrorValue }
   | { readonly type: "tokens"; readonly id: number; readonly ids: readonly number[] }
   /** A request got slot `slot`, or prefilled a prompt piece: the slot holds `heldTokens` of its prompt. */

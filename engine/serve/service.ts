@@ -191,6 +191,8 @@ export class EngineService implements Engine {
   };
   #prefilledTokens = 0;
   readonly #chain: ChainClient | undefined;
+  /** A drafting split head's counts (its Worker's latest `drafts` message). */
+  #drafts: EngineStatus["drafts"];
 
   /** Starts the worker; prefer {@linkcode startEngine}. */
   constructor(opts: EngineOptions) {
@@ -284,7 +286,34 @@ export class EngineService implements Engine {
       queued: this.#queue.length,
       counters: { ...this.#counters },
       slots: this.#slotView(),
+      ...(this.#chain ? { stages: this.#stageView(this.#chain) } : {}),
+      ...(this.#drafts ? { drafts: { ...this.#drafts } } : {}),
     };
+  }
+
+  /** A split head's stages in layer order: its own range, then the chain's, with their times and links. */
+  #stageView(chain: ChainClient): NonNullable<EngineStatus["stages"]> {
+    const head = chain.head?.();
+    const all = head ? [head, ...chain.stages()] : chain.stages();
+    return all.map((s, i) => {
+      const local = head !== undefined && i === 0;
+      const link = local ? "local" : s.state === "up" ? "up" : s.connecting ? "reconnecting" : s.state;
+      return {
+        box: local ? "head" : s.address,
+        // Before its first connection a worker's range is unknown; the first one continues the head's.
+        layers: s.layers
+          ? [s.layers.first, s.layers.end]
+          : head?.layers && i === 1
+          ? [head.layers.end, head.layers.total]
+          : [0, 0],
+        stepMs: s.compute ? s.compute.recentMs : null,
+        wireMs: local ? 0 : s.wire ? s.wire.recentMs : null,
+        link,
+        ...(s.compute ? { compute: s.compute } : {}),
+        ...(s.wire ? { wire: s.wire } : {}),
+        ...(s.error !== undefined ? { error: s.error } : {}),
+      };
+    });
   }
 
   /** Each slot: the request running on it (by the worker's slot and prefill messages) or idle. */
@@ -548,6 +577,9 @@ export class EngineService implements Engine {
         break;
       case "next":
         void this.#callNext(m.call, m.request);
+        break;
+      case "drafts":
+        this.#drafts = { frames: m.frames, proposed: m.proposed, accepted: m.accepted };
         break;
       case "closed":
         this.#onClosed();

@@ -94,7 +94,10 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
           } of ${path}: a split head runs layers 0:a with a < ${stage.hp.nLayer}`,
         );
       }
-      decoder = new SplitDecoder(stage, nextStage);
+      decoder = new SplitDecoder(stage, nextStage, {
+        onDrafts: (d) =>
+          post({ type: "drafts", frames: d.frames, proposed: d.proposed, accepted: d.accepted }),
+      });
       post({
         type: "stage",
         info: {

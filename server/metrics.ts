@@ -1,7 +1,9 @@
 /**
  * `GET /metrics`: Prometheus text exposition (format 0.0.4) of the head's own counters (requests by
  * endpoint and status, client aborts, open and refused connections, tokens in and out, generation throughput, time-to-first-token histogram) and the
- * engine's live gauges (queue depth, busy slots) and counters (prefix-cache hits).
+ * engine's live gauges (queue depth, busy slots) and counters (prefix-cache hits); on a split head, per stage of the
+ * chain (labels `stage`, `box`, `layers`) its compute and wire seconds, RUN frames, recent step times and
+ * whether it is up, and the draft counts.
  * @module
  */
 import type { Context } from "hono";
@@ -156,11 +158,84 @@ export class Metrics {
       "Tokens generated in GPU steps shared by several requests (batched decode).",
       [`llm_batched_tokens_total ${status.counters.batchedTokens}`],
     );
+    if (status.stages) renderStages(status.stages, metric);
+    if (status.drafts) {
+      const d = status.drafts;
+      metric("llm_draft_frames_total", "counter", "Decode frames of a split head that carried drafts.", [
+        `llm_draft_frames_total ${d.frames}`,
+      ]);
+      metric("llm_draft_tokens_proposed_total", "counter", "Draft ids a split head sent.", [
+        `llm_draft_tokens_proposed_total ${d.proposed}`,
+      ]);
+      metric("llm_draft_tokens_accepted_total", "counter", "Draft ids the chain's output matched (kept).", [
+        `llm_draft_tokens_accepted_total ${d.accepted}`,
+      ]);
+    }
     metric("llm_model_loaded_ratio", "gauge", "Fraction of the model's bytes on the GPU.", [
       `llm_model_loaded_ratio ${status.totalBytes > 0 ? status.loadedBytes / status.totalBytes : 0}`,
     ]);
     return out.join("\n") + "\n";
   }
+}
+
+/**
+ * A label value as the exposition format writes it: backslash, double quote and newline escaped (a stage's
+ * box comes from the command line and is not trusted to be plain).
+ */
+function labelValue(v: string): string {
+  return v.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n");
+}
+
+/** The per-stage series of a split head: compute and wire seconds and frames, link up, recent step times. */
+function renderStages(
+  stages: NonNullable<EngineStatus["stages"]>,
+  metric: (name: string, type: string, help: string, lines: string[]) => void,
+): void {
+  const labels = stages.map((g, i) =>
+    `stage="${i}",box="${labelValue(g.box)}",layers="${g.layers[0]}:${g.layers[1]}"`
+  );
+  const series = (name: string, value: (g: (typeof stages)[number]) => number | undefined) =>
+    stages.flatMap((g, i) => {
+      const v = value(g);
+      return v === undefined ? [] : [`${name}{${labels[i]}} ${v}`];
+    });
+  metric(
+    "llm_stage_compute_seconds_total",
+    "counter",
+    "Seconds each stage of the split chain spent computing RUN frames, as the stage measured it.",
+    series("llm_stage_compute_seconds_total", (g) => g.compute && g.compute.totalMs / 1000),
+  );
+  metric(
+    "llm_stage_runs_total",
+    "counter",
+    "RUN frames (decode steps and prompt pieces) each stage computed.",
+    series("llm_stage_runs_total", (g) => g.compute?.count),
+  );
+  metric(
+    "llm_stage_wire_seconds_total",
+    "counter",
+    "Seconds on the wire of the hop into each stage, both ways (round trip minus the compute behind it; " +
+      "the first worker's holds every hop behind it).",
+    series("llm_stage_wire_seconds_total", (g) => g.wire && g.wire.totalMs / 1000),
+  );
+  metric(
+    "llm_stage_step_seconds",
+    "gauge",
+    "Mean compute per RUN frame over each stage's latest frames.",
+    series("llm_stage_step_seconds", (g) => g.compute && g.compute.recentMs / 1000),
+  );
+  metric(
+    "llm_stage_wire_step_seconds",
+    "gauge",
+    "Mean wire time per RUN frame over the latest frames of the hop into each stage.",
+    series("llm_stage_wire_step_seconds", (g) => g.wire && g.wire.recentMs / 1000),
+  );
+  metric(
+    "llm_stage_up",
+    "gauge",
+    "1 while the stage is reachable (the head's own range, or a worker whose link is up), else 0.",
+    series("llm_stage_up", (g) => g.link === "local" || g.link === "up" || g.link === "slow" ? 1 : 0),
+  );
 }
 
 /** The `GET /metrics` handler. */

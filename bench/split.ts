@@ -12,9 +12,12 @@
  * - `--quick` (lavapipe, CI-sized): the tiny synthetic qwen35moe in a temporary folder, `--n 16 --prompt 16
  *   --ctx 128` unless given.
  *
- * Per-stage and wire times: the split decoder does not report them yet (no per-stage times in `/health` or
- * `/metrics`, and the draft acceptance rate stays inside the head's engine Worker), so each line carries the
- * end-to-end figures only and says so (`perStageMs: null`, `wireMs: null`, `draftAcceptance: null`).
+ * Per-stage and wire times (split runs): the head's `/metrics` read before and after each measurement;
+ * `perStageMs` lists each stage (head first: its box and layers) with the RUN frames it computed in the
+ * measurement and its mean compute per frame, as the stage measured it; `wireMs` is the mean wire time per
+ * frame (the head's round trip minus the workers' compute: every hop together); `draftAcceptance` the
+ * accepted / proposed draft ids in the measurement (null without drafts). RUN frames are decode steps (one
+ * per token, or per drafted frame) and prompt pieces. The unsplit head reports none of these (null).
  *
  * One JSON line per measurement (commit, adapter, command, parameters, result with units); never asserts.
  * No npm imports: it runs with nothing but Deno (the lent H200 included).
@@ -271,6 +274,47 @@ async function stream(url: string, ids: number[], maxTokens = nNew): Promise<Tim
   return { ttftMs: first, tokens, firstBatch, decodeMs: last - first };
 }
 
+/** The per-stage and draft series of a head's `/metrics`: `name` → labels → value. */
+type Series = Map<string, Map<string, number>>;
+
+async function scrape(url: string): Promise<Series> {
+  const out: Series = new Map();
+  const text = await (await fetch(`${url}/metrics`)).text();
+  for (const m of text.matchAll(/^(llm_(?:stage|draft)_[a-z_]+)(?:\{([^}]*)\})? (\S+)$/gm)) {
+    const byLabels = out.get(m[1]!) ?? new Map<string, number>();
+    byLabels.set(m[2] ?? "", Number(m[3]));
+    out.set(m[1]!, byLabels);
+  }
+  return out;
+}
+
+/** `perStageMs`, `wireMs` and `draftAcceptance` of the interval between two scrapes (see the module doc). */
+function stageTimes(a: Series, b: Series) {
+  const delta = (name: string, labels: string) =>
+    (b.get(name)?.get(labels) ?? 0) - (a.get(name)?.get(labels) ?? 0);
+  const perStageMs = [...(b.get("llm_stage_runs_total")?.keys() ?? [])].map((labels) => {
+    const l = Object.fromEntries([...labels.matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((m) => [m[1], m[2]]));
+    const runs = delta("llm_stage_runs_total", labels);
+    const ms = delta("llm_stage_compute_seconds_total", labels) * 1000;
+    return {
+      stage: Number(l.stage),
+      box: l.box,
+      layers: l.layers,
+      runs,
+      msPerRun: runs > 0 ? ms / runs : null,
+    };
+  });
+  const wire = [...(b.get("llm_stage_wire_seconds_total")?.keys() ?? [])];
+  const wireRuns = wire.reduce((t, l) => t + delta("llm_stage_runs_total", l), 0);
+  const wireS = wire.reduce((t, l) => t + delta("llm_stage_wire_seconds_total", l), 0);
+  const proposed = delta("llm_draft_tokens_proposed_total", "");
+  return {
+    perStageMs: perStageMs.length > 0 ? perStageMs : null,
+    wireMs: wireRuns > 0 ? (wireS * 1000) / wireRuns : null,
+    draftAcceptance: proposed > 0 ? delta("llm_draft_tokens_accepted_total", "") / proposed : null,
+  };
+}
+
 async function measure(n: number, draft: number): Promise<void> {
   const procs: Proc[] = [];
   const config = {
@@ -282,9 +326,6 @@ async function measure(n: number, draft: number): Promise<void> {
     promptTokens: nPrompt,
     newTokens: nNew,
     ctx: nCtx,
-    perStageMs: null,
-    wireMs: null,
-    draftAcceptance: null,
   };
   try {
     const url = await startChain(n, draft, procs);
@@ -292,10 +333,13 @@ async function measure(n: number, draft: number): Promise<void> {
     await stream(url, prompt(999), 4);
     await Promise.all(Array.from({ length: nSlots }, (_, i) => stream(url, prompt(900 + i), 4)));
 
+    const before = await scrape(url);
     const solo = await stream(url, prompt(1));
     const decoded = solo.tokens - solo.firstBatch;
+    const mid = await scrape(url);
     emit("single", {
       ...config,
+      ...stageTimes(before, mid),
       streams: 1,
       tokens: solo.tokens,
       ttftMs: solo.ttftMs,
@@ -310,6 +354,7 @@ async function measure(n: number, draft: number): Promise<void> {
     const ttft = rs.map((r) => r.ttftMs).sort((a, b) => a - b);
     emit("aggregate", {
       ...config,
+      ...stageTimes(mid, await scrape(url)),
       streams: nSlots,
       tokens,
       wallMs,
@@ -318,7 +363,13 @@ async function measure(n: number, draft: number): Promise<void> {
       ttftMsMax: ttft.at(-1),
     });
   } catch (e) {
-    emit("failed", { ...config, error: e instanceof Error ? e.message : String(e) });
+    emit("failed", {
+      ...config,
+      perStageMs: null,
+      wireMs: null,
+      draftAcceptance: null,
+      error: e instanceof Error ? e.message : String(e),
+    });
   } finally {
     for (const p of procs.reverse()) await p.stop();
   }

@@ -82,6 +82,12 @@ export interface DashboardStage {
   readonly wireMs: number | null;
   /** The link's state: `local` (same process), `up`, `slow`, `down`, `reconnecting` or `idle` (not yet). */
   readonly link: "local" | "up" | "slow" | "down" | "reconnecting" | "idle";
+  /** A split stage's compute aggregates per RUN frame (ms), when the engine reports them (the page's hover). */
+  readonly compute?: NonNullable<EngineStatus["stages"]>[number]["compute"];
+  /** The wire aggregates of the hop into it (ms), when measured. */
+  readonly wire?: NonNullable<EngineStatus["stages"]>[number]["wire"];
+  /** Why its link is down (untrusted text: the page shows it as a title). */
+  readonly error?: string;
 }
 
 /** The JSON of one `status` event of `GET /dashboard/events`. */

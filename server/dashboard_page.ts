@@ -154,7 +154,7 @@ th, td { text-align: left; padding: .2rem .4rem; border-bottom: 1px solid var(--
 td.idle { color: var(--muted); }
 td.generating { color: var(--ok); font-weight: 600; }
 td.prefilling, td.queued { color: var(--accent); font-weight: 600; }
-td.down, td.slow { color: var(--warn); font-weight: 600; }
+td.down, td.slow, td.reconnecting { color: var(--warn); font-weight: 600; }
 .note { font-size: .78rem; color: var(--muted); }
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(14rem, 1fr)); gap: .6rem; }
 figure { margin: .6rem 0 0; }
@@ -194,6 +194,11 @@ export const DASHBOARD_JS = String.raw`"use strict";
   function fmtMs(ms) {
     if (ms === null || ms === undefined) return "—";
     return ms < 1000 ? Math.round(ms) + " ms" : (ms / 1000).toFixed(1) + " s";
+  }
+  // A per-frame time: tenths below 10 ms (a split's wire time is often a fraction of a millisecond).
+  function fmtStep(ms) {
+    if (ms === null || ms === undefined) return "—";
+    return ms < 10 ? ms.toFixed(1) + " ms" : fmtMs(ms);
   }
   function fmtRate(r) { return r === null || r === undefined ? "—" : r.toFixed(1); }
 
@@ -348,8 +353,11 @@ export const DASHBOARD_JS = String.raw`"use strict";
     var st = $("stages").tBodies[0];
     st.replaceChildren();
     s.stages.forEach(function (g) {
-      row(st, [g.box, g.layers ? g.layers[0] + "–" + g.layers[1] : "all", fmtMs(g.stepMs),
-        g.wireMs === null ? "—" : fmtMs(g.wireMs), g.link], [null, null, null, null, g.link]);
+      var tr = row(st, [g.box, g.layers ? g.layers[0] + "–" + g.layers[1] : "all", fmtStep(g.stepMs),
+        g.wireMs === null ? "—" : fmtStep(g.wireMs), g.link], [null, null, null, null, g.link]);
+      // Why a worker is down, on hover (a title is text: the message is untrusted).
+      if (g.error) tr.cells[4].title = String(g.error);
+      if (g.compute) tr.cells[2].title = g.compute.count + " frames, " + fmtMs(g.compute.totalMs) + " in all";
     });
     void now;
   }

@@ -90,7 +90,7 @@ Deno.test("head: pipelines built before ready; one log line per request; the tem
     const body = await r.json();
     assert.equal(r.status, 200, JSON.stringify(body));
     const m = await waitFor(
-      /^POST \/v1\/messages 200 queue_ms=\d+ ttft_ms=\d+ prompt_tokens=(\d+) cached_tokens=0 prefill_tok_s=[\d.]+ gen_tokens=(\d+) decode_tok_s=([\d.]+|-) finish=(\w+) total_ms=\d+ id=first-run-test$/,
+      /^POST \/v1\/messages 200 queue_ms=\d+ ttft_ms=\d+ prompt_tokens=(\d+) cached_tokens=0 prefill_tok_s=[\d.]+ gen_tokens=(\d+) decode_tok_s=([\d.]+|-) batch=1\.0 finish=(\w+) total_ms=\d+ id=first-run-test$/,
     );
     assert.equal(Number(m[1]), body.usage.input_tokens);
     assert.equal(Number(m[2]), body.usage.output_tokens);

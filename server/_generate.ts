@@ -275,17 +275,21 @@ async function generate(
     }
   })();
   const end = performance.now();
+  const queueMs = result.queueMs ?? null;
+  const prefillMs = result.timeToFirstTokenMs - (queueMs ?? 0);
+  const prefilled = result.promptTokens - result.cachedTokens;
   deps.metrics.generation({
     promptTokens: result.promptTokens,
     cachedTokens: result.cachedTokens,
     generatedTokens: counted,
     timeToFirstTokenMs: firstAt === undefined ? undefined : result.timeToFirstTokenMs,
     decodeMs: firstAt === undefined ? 0 : end - Math.max(firstAt, started),
+    queueMs: queueMs ?? undefined,
+    prefillMs: firstAt !== undefined && prefilled > 0 && prefillMs > 0 ? prefillMs : undefined,
+    prefilledTokens: prefilled,
+    meanBatch: result.meanBatch,
   });
   const finish = reason === "eos" && sawToolCall ? "tool_use" : reason;
-  const queueMs = result.queueMs ?? null;
-  const prefillMs = result.timeToFirstTokenMs - (queueMs ?? 0);
-  const prefilled = result.promptTokens - result.cachedTokens;
   const decodeMs = firstAt === undefined ? 0 : lastAt - firstAt;
   onStats({
     queueMs,
@@ -297,6 +301,7 @@ async function generate(
       : null,
     generatedTokens: counted,
     decodeTokPerS: decodeMs > 0 ? ((seen - firstBatch) * 1000) / decodeMs : null,
+    meanBatch: result.meanBatch !== undefined && result.meanBatch > 0 ? result.meanBatch : null,
     finish,
   });
   return {

@@ -196,6 +196,7 @@ export class FakeEngine implements Engine {
         cachedTokens: 0,
         timeToFirstTokenMs: ttft + (admitted - arrived),
         queueMs: admitted - arrived,
+        meanBatch: 1,
       };
       this.results.push(result);
       return result;

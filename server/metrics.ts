@@ -1,6 +1,7 @@
 /**
  * `GET /metrics`: Prometheus text exposition (format 0.0.4) of the head's own counters (requests by
- * endpoint and status, client aborts, open and refused connections, tokens in and out, generation throughput, time-to-first-token histogram) and the
+ * endpoint and status, client aborts, open and refused connections, tokens in and out, generation throughput,
+ * time-to-first-token histogram, queue time, prefill seconds and tokens, batch size seen) and the
  * engine's live gauges (queue depth, busy slots) and counters (prefix-cache hits); on a split head, per stage of the
  * chain (labels `stage`, `box`, `layers`) its compute and wire seconds, RUN frames, recent step times and
  * whether it is up, and the draft counts.
@@ -26,6 +27,14 @@ export interface GenerationSample {
   timeToFirstTokenMs: number | undefined;
   /** Milliseconds from the first token to the end. */
   decodeMs: number;
+  /** Milliseconds it waited for a slot, when the engine reports it. */
+  queueMs?: number;
+  /** Milliseconds from the slot to the first token (its prefill), when tokens were prefilled and one came. */
+  prefillMs?: number;
+  /** Prompt tokens prefilled (prompt minus cached). */
+  prefilledTokens?: number;
+  /** Batch size seen (requests per decode step, weighted by its ids), when the engine reports it. */
+  meanBatch?: number;
 }
 
 /** The head's counters since start. */
@@ -38,6 +47,9 @@ export class Metrics {
   #ttftCounts: number[] = TTFT_BUCKETS_S.map(() => 0);
   #ttftSum = 0;
   #ttftCount = 0;
+  #queue = { seconds: 0, count: 0 };
+  #prefill = { seconds: 0, tokens: 0 };
+  #batch = { sum: 0, count: 0 };
   #connectionsOpen = 0;
   #refused = new Map<string, number>();
   #aborts = new Map<string, number>();
@@ -85,6 +97,18 @@ export class Metrics {
       });
       this.#ttftSum += t;
       this.#ttftCount++;
+    }
+    if (s.queueMs !== undefined) {
+      this.#queue.seconds += s.queueMs / 1000;
+      this.#queue.count++;
+    }
+    if (s.prefillMs !== undefined && s.prefilledTokens !== undefined) {
+      this.#prefill.seconds += s.prefillMs / 1000;
+      this.#prefill.tokens += s.prefilledTokens;
+    }
+    if (s.meanBatch !== undefined && s.meanBatch > 0) {
+      this.#batch.sum += s.meanBatch;
+      this.#batch.count++;
     }
   }
 
@@ -142,6 +166,30 @@ export class Metrics {
       "histogram",
       "Time from admission to the first token.",
       buckets,
+    );
+    metric("llm_queue_seconds", "summary", "Time requests waited for a slot before the model saw them.", [
+      `llm_queue_seconds_sum ${this.#queue.seconds}`,
+      `llm_queue_seconds_count ${this.#queue.count}`,
+    ]);
+    metric(
+      "llm_prefill_seconds_total",
+      "counter",
+      "Seconds from a slot to the first token, over requests that prefilled (prefill tok/s: tokens over this).",
+      [`llm_prefill_seconds_total ${this.#prefill.seconds}`],
+    );
+    metric(
+      "llm_prefilled_tokens_total",
+      "counter",
+      "Prompt tokens prefilled (not served from a cached prefix).",
+      [
+        `llm_prefilled_tokens_total ${this.#prefill.tokens}`,
+      ],
+    );
+    metric(
+      "llm_batch_size",
+      "summary",
+      "Batch size each request saw: requests per decode step it shared, weighted by its tokens (1: alone).",
+      [`llm_batch_size_sum ${this.#batch.sum}`, `llm_batch_size_count ${this.#batch.count}`],
     );
     metric("llm_queue_depth", "gauge", "Requests waiting for a slot.", [`llm_queue_depth ${status.queued}`]);
     metric("llm_slots_busy", "gauge", "Slots running a request.", [`llm_slots_busy ${status.busySlots}`]);

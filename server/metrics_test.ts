@@ -23,6 +23,13 @@ Deno.test("metrics: request, token and TTFT counters and engine gauges in Promet
   assert.equal(value("llm_slots_total"), 1);
   assert.equal(value("llm_engine_requests_total"), 1);
   assert.equal(value("llm_batched_tokens_total"), 0, "one request at a time shares no step");
+  // The request that generated: its queue time, prefill and batch size seen (the fake engine runs alone: 1).
+  assert.equal(value("llm_queue_seconds_count"), 1);
+  assert.ok(value("llm_queue_seconds_sum") >= 0);
+  assert.equal(value("llm_prefilled_tokens_total"), 3);
+  assert.ok(value("llm_prefill_seconds_total") > 0);
+  assert.equal(value("llm_batch_size_count"), 1);
+  assert.equal(value("llm_batch_size_sum"), 1);
   for (const line of text.trimEnd().split("\n")) {
     assert.match(line, /^(# (HELP|TYPE) llm_[a-z_]+ .+|llm_[a-z_]+(\{[^}]*\})? [0-9.e+-]+)$/, line);
   }

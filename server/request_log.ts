@@ -39,6 +39,8 @@ export interface GenerationStats {
   readonly generatedTokens: number;
   /** Ids per second after the first batch (null: fewer than two batches). */
   readonly decodeTokPerS: number | null;
+  /** Batch size seen: requests per decode step it shared, weighted by its ids (null: not reported). */
+  readonly meanBatch: number | null;
   /** Why it ended: the head's end reason (`_generate.ts` EndReason: `eos`, `max_tokens`, `cancelled`, ...). */
   readonly finish: string;
 }
@@ -85,6 +87,7 @@ export class RequestTrace {
         `prefill_tok_s=${rate(s.prefillTokPerS)}`,
         `gen_tokens=${s.generatedTokens}`,
         `decode_tok_s=${rate(s.decodeTokPerS)}`,
+        `batch=${s.meanBatch === null ? "-" : s.meanBatch.toFixed(1)}`,
         `finish=${s.finish}`,
       );
     } else if (this.#failed) parts.push("finish=error");

@@ -11,7 +11,7 @@ import { parseSse, post, testApp } from "./_test_engine.ts";
 const MSG = { model: "m", max_tokens: 64, messages: [{ role: "user", content: "Hi" }] };
 const GEN_LINE = new RegExp(
   "^POST /v1/messages 200 queue_ms=\\d+ ttft_ms=\\d+ prompt_tokens=(\\d+) cached_tokens=0 " +
-    "prefill_tok_s=[\\d.]+ gen_tokens=(\\d+) decode_tok_s=[\\d.]+ finish=eos total_ms=\\d+ id=req_\\w+$",
+    "prefill_tok_s=[\\d.]+ gen_tokens=(\\d+) decode_tok_s=[\\d.]+ batch=1\\.0 finish=eos total_ms=\\d+ id=req_\\w+$",
 );
 
 /** Waits for the lines a settled generation writes (one microtask hop after the response). */
@@ -62,7 +62,7 @@ Deno.test("request log: a stream's line comes when its generation ends, with the
     new RegExp(
       `^POST /v1/chat/completions 200 queue_ms=\\d+ ttft_ms=\\d+ prompt_tokens=${usage.prompt_tokens} ` +
         `cached_tokens=0 prefill_tok_s=[\\d.]+ gen_tokens=${usage.completion_tokens} decode_tok_s=[\\d.]+ ` +
-        "finish=eos total_ms=\\d+ id=",
+        "batch=1\\.0 finish=eos total_ms=\\d+ id=",
     ),
   );
 });

@@ -92,6 +92,11 @@ export interface JobResult extends Generated {
   readonly snapshotBytes: number;
   /** Ids it made in turns shared with other requests (batched GPU steps). */
   readonly batchedTokens: number;
+  /**
+   * Batch size seen: the requests in each generate call it took part in, weighted by the ids it made there
+   * (1 when it always ran alone; 0 when it made none).
+   */
+  readonly meanBatch: number;
 }
 
 /** An error as it crosses `postMessage`: its class name (when a built-in the receiver rebuilds) and message. */

@@ -98,6 +98,8 @@ interface Active {
   consistent: boolean;
   /** Ids made in calls shared with other requests. */
   batched: number;
+  /** Σ over its generate calls of (requests in the call × ids it made there): batch size seen, weighted. */
+  batchIds: number;
   /** Whether a generate call holds it now. */
   running: boolean;
   /** When it last took part in a generate call (rotation order when not all fit one step). */
@@ -168,6 +170,7 @@ export class SlotRunner {
         got: [],
         consistent: false,
         batched: 0,
+        batchIds: 0,
         running: false,
         lastRun: 0,
       });
@@ -325,6 +328,7 @@ export class SlotRunner {
       a.made.push(...r.tokens);
       a.consistent = true;
       if (group.length > 1) a.batched += r.tokens.length;
+      a.batchIds += group.length * r.tokens.length;
       let end: JobResult["reason"] | undefined;
       if (!r.paused && (r.reason === "stop" || r.reason === "cancelled")) end = r.reason;
       else if (a.made.length >= job.maxTokens) end = "length";
@@ -355,6 +359,7 @@ export class SlotRunner {
       prefilledTokens: a.slot >= 0 ? a.job.prompt.length - a.base : 0,
       snapshotBytes: this.#stage.snapshotBytes,
       batchedTokens: a.batched,
+      meanBatch: a.made.length > 0 ? a.batchIds / a.made.length : 0,
     };
   }
 

@@ -88,6 +88,10 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
     const lateGot = await late!;
     for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} (seed ${rng.seed})`);
     assert.deepEqual(lateGot.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
+    // Batch size seen: the three shared their steps (with each other, then with the long prompt).
+    for (const r of [...got, lateGot]) {
+      assert.ok(r.meanBatch > 1 && r.meanBatch <= 4, `meanBatch ${r.meanBatch}`);
+    }
     const what = `(seed ${rng.seed}) ${log.join(" ")}`;
     // The three arrive together (their prompts exceed one round's 8 tokens together: the last joins a turn
     // later), and one call holds all three before the long prompt arrives.

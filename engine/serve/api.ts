@@ -41,6 +41,11 @@ export interface GenerateResult extends Generated {
    * reports it.
    */
   readonly queueMs?: number;
+  /**
+   * Batch size seen: requests per decode step it shared, weighted by its ids (1: it always ran alone), when
+   * the engine reports it.
+   */
+  readonly meanBatch?: number;
 }
 
 /** What the service reports for `/health`, `/v1/models` and `/metrics`. */

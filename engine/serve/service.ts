@@ -622,6 +622,7 @@ export class EngineService implements Engine {
           cachedTokens: r.cachedTokens,
           ttftMs: ttft(p),
           queueMs: queued(p),
+          meanBatch: r.meanBatch,
         }),
       );
     }
@@ -721,7 +722,7 @@ function result(
   req: GenerateRequest,
   tokens: readonly number[],
   reason: FinishReason,
-  o: { cachedTokens: number; ttftMs: number; queueMs: number },
+  o: { cachedTokens: number; ttftMs: number; queueMs: number; meanBatch?: number },
 ): GenerateResult {
   return {
     tokens,
@@ -730,5 +731,6 @@ function result(
     cachedTokens: o.cachedTokens,
     timeToFirstTokenMs: o.ttftMs,
     queueMs: o.queueMs,
+    ...(o.meanBatch !== undefined ? { meanBatch: o.meanBatch } : {}),
   };
 }

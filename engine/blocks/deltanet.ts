@@ -102,8 +102,16 @@ export async function deltaNet(
         GDN_STEP_BINDINGS.map((k) => bindings[k]),
         gdnStepGrid(c),
       );
-      await gdnStepNorm(g, `L${l}.gdn_norm.${col}`, c, bindings, 1);
     }
+    // A split step leaves o in y: one gated norm over every column (column t of y and z at t·N_V·D_V, the
+    // layout gdn_chunk_norm reads for n tokens; each (head, column) alone, so the bits equal per-slot norms).
+    const nCol = cx.batch.slots.length;
+    await gdnStepNorm(g, `L${l}.gdn_norm`, c, {
+      params: g.storage(Uint32Array.of(0, nCol)),
+      z: sub(A.z!, 0, nCol * d.inner),
+      normW: part0(lw.t("ssm_norm")),
+      y: sub(A.y!, 0, nCol * d.inner),
+    }, nCol);
     await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
     return;
   }
@@ -156,12 +164,15 @@ export async function deltaNet(
   await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
 }
 
-/** After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens in place (spec §8.7). */
+/**
+ * After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens (or a batched step's n
+ * columns) in place (spec §8.7).
+ */
 export async function gdnStepNorm(
   g: GraphBuilder,
   label: string,
   c: GdnStepConstants,
-  b: GdnStepBindings,
+  b: Pick<GdnStepBindings, "params" | "z" | "normW" | "y">,
   n: number,
 ) {
   if (!gdnStepNeedsNorm(c)) return;

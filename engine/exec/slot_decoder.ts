@@ -28,6 +28,12 @@ export interface GenerateOptions {
   /** Called with each batch of new ids as they land. */
   readonly onTokens?: (ids: readonly number[]) => void;
   /**
+   * Called as the prompt prefills, after each chunk the GPU has finished but the last: `doneTokens` of the
+   * `promptTokens` of `prompt` (its first id then follows). With it the chunks go in one at a time, each
+   * submitted once the one before has finished (no buffer is mapped; see DecodeDriver.prefill).
+   */
+  readonly onPrefill?: (doneTokens: number, promptTokens: number) => void;
+  /**
    * Continue the slot's sequence: `prompt` is appended at this position, which must equal the slot's length
    * (default 0: the slot is reset and `prompt` is the whole sequence).
    */

@@ -44,7 +44,12 @@ const USAGE =
   --kv-f16      KV cache in f16: half the memory per position; K and V round to f16 (StageOptions.kvF16)
   --int8        x rounded to int8 before quantized mat-vecs (integer dot products in decode steps, the
                 rounded x in prefill): faster decode, llama.cpp's quantized arithmetic
-                (StageOptions.int8Activations)`;
+                (StageOptions.int8Activations)
+A prompt that prefills for more than a second prints its progress on stderr, at most one line a second
+(LLM_PROGRESS_MS sets both, in ms; default 1000).`;
+
+/** Milliseconds of prefill before the first progress line, and between lines (LLM_PROGRESS_MS overrides). */
+const PROGRESS_MS = 1000;
 
 function int(flag: string, value: string, min: number): number {
   const n = Number(value);
@@ -77,6 +82,35 @@ export function speedLine(
   const prefill = t.first === undefined ? "-" : rate(promptTokens, t.first.atMs - t.t0);
   const decode = t.first === undefined ? "-" : rate(generated - t.first.n, t.lastMs - t.first.atMs);
   return `prompt ${promptTokens} tokens, prefill ${prefill} tok/s; generated ${generated} tokens, decode ${decode} tok/s`;
+}
+
+/** `LLM_PROGRESS_MS`, checked: the prefill progress threshold and interval in ms. */
+export function progressMs(env: string | undefined): number {
+  if (env === undefined) return PROGRESS_MS;
+  const n = Number(env);
+  if (env.trim() === "" || !Number.isFinite(n) || n < 0) {
+    throw new RangeError(`LLM_PROGRESS_MS=${env} must be a number of milliseconds >= 0`);
+  }
+  return n;
+}
+
+/**
+ * The prefill progress printer: `report(done, total)` after each chunk returns a line (`prefill 8192/32768
+ * tokens, 1,234 tok/s`) once the prefill has run `everyMs` and `everyMs` after the last line, else undefined.
+ */
+export function prefillProgress(
+  everyMs: number,
+  now: () => number = () => performance.now(),
+): (doneTokens: number, promptTokens: number) => string | undefined {
+  const t0 = now();
+  let last = t0;
+  return (done, total) => {
+    const t = now();
+    if (t - t0 < everyMs || (last > t0 && t - last < everyMs)) return undefined;
+    last = t;
+    const rate = t > t0 ? Math.round((done * 1000) / (t - t0)).toLocaleString("en-US") : "-";
+    return `prefill ${done}/${total} tokens, ${rate} tok/s`;
+  };
 }
 
 /** The `generate` command. */
@@ -153,6 +187,15 @@ export const command: Command = {
     }
     if (ids.length === 0) throw new RangeError("The prompt is empty: give at least one token");
     const nCtx = values.ctx === undefined ? Math.max(256, ids.length + nNew) : int("ctx", values.ctx, 1);
+    // Before any GPU work: a prompt longer than the context would fail only after the weights' upload.
+    if (ids.length > nCtx) {
+      throw new RangeError(
+        `The prompt of ${ids.length} tokens does not fit --ctx ${nCtx}: raise --ctx to at least ${
+          ids.length + nNew
+        } (prompt + --n) or shorten the prompt`,
+      );
+    }
+    const everyMs = progressMs(Deno.env.get("LLM_PROGRESS_MS"));
     const gpu = await acquireGpu();
     let layers: [number, number] | undefined;
     if (values.layers !== undefined) {
@@ -168,6 +211,14 @@ export const command: Command = {
       maxChunk,
       int8Activations: values.int8,
       kvF16: values["kv-f16"],
+    }).catch((e) => {
+      // The context was sized from the prompt: say so, as the refusal names --ctx (checked before upload).
+      if (values.ctx !== undefined || !(e instanceof RangeError) || !e.message.startsWith("--ctx")) throw e;
+      throw new RangeError(
+        `The prompt of ${ids.length} tokens and --n ${nNew} need a context of ${nCtx} positions, more than ` +
+          `this GPU can bind: ${e.message}; shorten the prompt or lower --n`,
+        { cause: e },
+      );
     });
     if (!stage.first || !stage.last) {
       throw new RangeError(
@@ -222,7 +273,12 @@ export const command: Command = {
       const t0 = performance.now();
       let first: { atMs: number; n: number } | undefined;
       let lastMs = t0;
+      const progress = prefillProgress(everyMs);
       const g = await stage.generate(0, ids, {
+        onPrefill: (done, total) => {
+          const line = progress(done, total);
+          if (line !== undefined) console.error(line);
+        },
         sampling,
         nNew,
         top: values.json ? top : 0,

@@ -28,6 +28,8 @@ import { parseAddress, readTlsFlags } from "../wire/mod.ts";
 import { ChainLink, STAGE_LIMITS } from "../wire/chain.ts";
 import { buildInfo } from "../version.ts";
 import { parseLayers } from "./worker.ts";
+import { progressMs } from "./generate.ts";
+import { PrefillLog } from "../server/prefill_log.ts";
 
 const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --model F         GGUF (first part of a split set); default: a tiny synthetic qwen35moe
@@ -61,7 +63,9 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
                     split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
                     quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill rounds x
-                    alike, so a prompt's chunking (prefix reuse, snapshots) moves only f32 rounding`;
+                    alike, so a prompt's chunking (prefix reuse, snapshots) moves only f32 rounding
+A prompt that prefills for more than a second logs its progress per slot, at most one line a second
+(LLM_PROGRESS_MS sets both, in ms; default 1000).`;
 
 /** Seconds between progress lines while loading on a non-terminal. */
 const PROGRESS_EVERY_MS = 1000;
@@ -248,6 +252,7 @@ export const command: Command = {
     }
 
     const corsOrigins = values.cors === undefined ? undefined : parseCorsOrigins(values.cors);
+    const everyMs = progressMs(Deno.env.get("LLM_PROGRESS_MS"));
 
     const synth = values.model === undefined ? await defaultModel() : undefined;
     // The default model's temporary folder goes on every exit path (a busy port, a bad flag, a failed load).
@@ -315,6 +320,13 @@ export const command: Command = {
       }
       const stopProgress = new AbortController();
       const loaded = showProgress(engine, stopProgress.signal);
+      // Long prefills' progress from the engine's per-slot view, polled a few times per interval.
+      const prefillLog = new PrefillLog(everyMs);
+      const prefillPoll = setInterval(() => {
+        const st = engine.status();
+        if (st.state !== "ready") return;
+        for (const line of prefillLog.update(st.slots ?? [], performance.now())) console.error(line);
+      }, Math.min(250, Math.max(10, everyMs / 4)));
 
       let cancelTimer: ReturnType<typeof setTimeout> | undefined;
       const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];
@@ -355,6 +367,7 @@ export const command: Command = {
         await engine.close();
       } finally {
         stopProgress.abort();
+        clearInterval(prefillPoll);
         await loaded;
         clearTimeout(cancelTimer);
         for (const s of signals) Deno.removeSignalListener(s, onSignal);

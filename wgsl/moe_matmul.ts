@@ -115,9 +115,8 @@ export function groupedMatmulFits(type: GgmlTypeName, maxWorkgroupBytes: number)
 }
 
 /**
- * The variant of a pass: half chunks per step (UNITS 2). Whole chunks (UNITS 4, 37 KiB) measured slower on
- * the H200 at 35B-A3B shapes, 4.06 against 3.17 ms for gate·up over a 512-token chunk (docs/PERF.md):
- * twice the workgroup memory halves the workgroups an SM holds.
+ * The variant of a pass: half chunks per step (UNITS 2). Whole chunks (UNITS 4, 37 KiB) are slower on the
+ * H200 at 35B-A3B shapes (docs/PERF.md): twice the workgroup memory halves the workgroups an SM holds.
  */
 export function groupedMatmulConstants(shape: GroupedMatmulShape): GroupedMatmulConstants {
   return { TYPE: TYPE_ID[shape.type], GATE_UP: shape.upOffsetBytes !== undefined, UNITS: 2 };

@@ -7,8 +7,7 @@
 // row r at + r·row_bytes, raw GGUF blocks (lib/quant.wgsl).
 //
 // Tiles of 16 tokens: a chunk of 512 tokens with 8 of 256 experts each gives an expert 16 tokens on average,
-// so wider token tiles leave most of a workgroup idle (matmul.wgsl's 64-token GROUPED tiles ran at a fifth
-// of the dense matmul's FLOP rate on the H200). Each group's tokens are cut into tiles of 16; grid y runs over
+// so wider token tiles leave most of a workgroup idle. Each group's tokens are cut into tiles of 16; grid y runs over
 // every group's tiles in group order (a bound: workgroups past the last tile return), and each workgroup
 // finds its group and first token from a workgroup prefix sum over the groups' tile counts.
 // A workgroup (256 invocations) owns 256 weight rows × 16 tokens: rows n0 + r, r < 256 (GATE_UP: gate rows

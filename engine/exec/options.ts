@@ -43,9 +43,8 @@ export interface StageOptions {
   /**
    * Prefill chunks wider than 8 tokens run the routed experts (and the packed shared one) as one grouped
    * matmul per pass: moe_group lists each expert's columns, and moe_matmul reads each expert's weights
-   * once per tile of its tokens instead of once per column (moe_matvec). Default on: prefill of 2,048
-   * tokens in chunks of 512 ran 1,335 against 1,028 tok/s per column on the H200 (docs/PERF.md); the
-   * results differ from moe_matvec's by f32 summation order only.
+   * once per tile of its tokens instead of once per column (moe_matvec). Default on: the whole prefill
+   * is faster so (docs/PERF.md); the results differ from moe_matvec's by f32 summation order only.
    */
   readonly groupedExperts?: boolean;
   /**

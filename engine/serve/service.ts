@@ -450,7 +450,10 @@ export class EngineService implements Engine {
     const n = req.prompt.length;
     if (n === 0) throw new RangeError("The prompt is empty: send at least one token");
     if (n + 1 > this.#nCtx) {
-      throw new RangeError(`Prompt of ${n} tokens plus 1 does not fit the context of ${this.#nCtx}`);
+      throw new RangeError(
+        `Prompt of ${n} tokens plus 1 does not fit the context of ${this.#nCtx}: shorten the prompt, or ` +
+          `restart the server with --ctx ${n + 1} or more`,
+      );
     }
     const maxId = this.#nVocab > 0 ? this.#nVocab : 2 ** 32;
     const badId = (ids: readonly number[], max: number) =>

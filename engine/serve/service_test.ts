@@ -312,7 +312,10 @@ Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt 
     assert.equal((await b).tokens.length, 6);
     await assert.rejects(
       e.generate({ ...req(), prompt: randomPrompt(rng, N_CTX) }),
-      new RangeError(`Prompt of ${N_CTX} tokens plus 1 does not fit the context of ${N_CTX}`),
+      new RangeError(
+        `Prompt of ${N_CTX} tokens plus 1 does not fit the context of ${N_CTX}: shorten the prompt, or ` +
+          `restart the server with --ctx ${N_CTX + 1} or more`,
+      ),
     );
     await assert.rejects(
       e.generate({ ...req(), sampling: { ...GREEDY, topP: 1.5 } }),

@@ -103,6 +103,7 @@ export const command: Command = {
           (stage.weightBytes / 2 ** 20).toFixed(1)
         } MiB of weights, fingerprint ${stage.fingerprint.slice(0, 16)}…)`,
       );
+      await warmUp(stage);
       const next = nextAddr && new ChainLink(nextAddr, { build, linkKey, tls: tls.connect });
       const backend = stageBackend(stage, { build, arch, next });
       if (next) {
@@ -140,3 +141,26 @@ export const command: Command = {
     }
   },
 };
+
+/** Hidden rows of the warm-up: a piece over 8 (the chunked DeltaNet path), a rest of 4 and one decode row. */
+const WARM_UP_ROWS = [16, 4, 1] as const;
+
+/**
+ * Builds the GPU pipelines and slot 0's graphs the head's first request would otherwise wait for: zero hidden
+ * rows through this stage's layers as a prompt piece, its rest and one decode step (the last stage computes
+ * logits for each), then slot 0 is emptied again. Skipped for contexts too small to hold it.
+ */
+async function warmUp(stage: Stage): Promise<void> {
+  const total = WARM_UP_ROWS.reduce((a, b) => a + b, 0);
+  if (stage.nCtx < total || stage.first) return;
+  const t0 = performance.now();
+  console.error("Building the GPU pipelines (a short warm-up run, so the first request does not wait)");
+  let at = 0;
+  for (const n of WARM_UP_ROWS) {
+    if (n > stage.maxChunk) continue;
+    await stage.run(0, { hidden: new Float32Array(n * stage.hp.nEmbd), nTokens: n }, at, { rows: "all" });
+    at += n;
+  }
+  stage.reset(0);
+  console.error(`GPU pipelines built in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+}

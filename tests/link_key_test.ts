@@ -142,6 +142,10 @@ Deno.test({
       ]);
       procs.push(w);
       await w.waitFor(/listening|Listening/);
+      // The worker built its pipelines before it listened, as the head does before "ready".
+      const warm = w.log.findIndex((l) => /^GPU pipelines built in [\d.]+ s$/.test(l));
+      const listening = w.log.findIndex((l) => /listening|Listening/.test(l));
+      assert.ok(warm >= 0 && warm < listening, w.log.join("\n"));
 
       const wrong = await head(model, port, KEY_B);
       procs.push(wrong.p);

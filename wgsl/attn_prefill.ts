@@ -12,8 +12,9 @@ import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } fr
 
 /**
  * Constants of `attn_prefill.wgsl`: heads, headDim, cache capacity, query tokens per workgroup (BQ), key
- * positions per tile (TILE), K dims staged at once (DC), V rows staged at once (TV), keys per invocation's
- * score block (SK), dims per invocation's output block (OD), workgroup size, score scale, f16 KV cache.
+ * positions per tile (TILE), K dims per stage (DC; a V stage is TILE * DC / D_H rows), keys per
+ * invocation's score block (SK), dims per invocation's output block (OD), workgroup size, score scale, f16
+ * KV cache.
  */
 export type AttnPrefillConstants = {
   readonly H_Q: number;
@@ -23,7 +24,6 @@ export type AttnPrefillConstants = {
   readonly BQ: number;
   readonly TILE: number;
   readonly DC: number;
-  readonly TV: number;
   readonly SK: number;
   readonly OD: number;
   readonly WG: number;
@@ -44,7 +44,6 @@ export const ATTN_PREFILL: KernelSpec = {
     BQ: "u32",
     TILE: "u32",
     DC: "u32",
-    TV: "u32",
     SK: "u32",
     OD: "u32",
     WG: "u32",
@@ -77,54 +76,79 @@ export type AttnPrefillShape = {
 export function attnPrefillWorkgroupBytes(c: AttnPrefillConstants): number {
   const r = c.BQ * c.H_Q / c.H_KV;
   const dq = c.D_H / 4;
-  const kvQuads = Math.max(c.TILE * (c.DC / 4 + 1), c.TV * dq);
-  return 16 * (r * dq + kvQuads) + 4 * (c.TILE * (r + 1) + r * c.TILE / c.SK + r);
+  const tv = c.TILE * c.DC / c.D_H;
+  const kvQuads = Math.max(c.TILE * (c.DC / 4 + 1), tv * dq);
+  return 16 * (r * (dq + 1) + kvQuads) + 4 * (c.TILE * (r + 1) + r * c.TILE / c.SK + r);
 }
 
 /**
- * Constants for `shape`: the largest query block (BQ tokens, at most 64 query rows) whose workgroup memory
- * fits `maxWorkgroupBytes` with tiles of TILE keys (default 32), the score and output register blocks that
- * split its work over the workgroup. `bq` and `tile` override the choice (tests, benchmarks); the result is
- * checked either way.
+ * Query block, key tile and K stage width the engine tries in order, the first that fits the device's
+ * workgroup memory winning: 2 tokens of 8 heads (16 rows) by 64 keys, staged 32 dims at a time, fits 32 KiB.
+ */
+const PREFERRED: readonly { bq: number; tile: number; dc: number }[] = [
+  { bq: 2, tile: 64, dc: 32 },
+  { bq: 2, tile: 32, dc: 32 },
+  { bq: 1, tile: 32, dc: 32 },
+  { bq: 1, tile: 16, dc: 16 },
+];
+
+/**
+ * Constants for `shape`: BQ query tokens per workgroup, TILE keys per tile, DC K dims per stage (defaults
+ * from {@linkcode PREFERRED}, the first whose workgroup memory fits `maxWorkgroupBytes`), a workgroup of
+ * one invocation per 64 outputs (WG = R * D_H / 64, 16..256), and the register blocks: SK keys per score
+ * block (SR >= SK where possible: the SR q quads are broadcast loads, the SK K quads are not), OD dims per
+ * output block (16 where it splits). Overrides (tests, benchmarks) are checked like the defaults.
  * @throws {RangeError} when no variant fits the device or an override breaks a limit
  */
 export function attnPrefillConstants(
   shape: AttnPrefillShape,
-  opts: { maxWorkgroupBytes: number; bq?: number; tile?: number; dc?: number; wg?: number },
+  opts: {
+    maxWorkgroupBytes: number;
+    bq?: number;
+    tile?: number;
+    dc?: number;
+    wg?: number;
+    sk?: number;
+    od?: number;
+  },
 ): AttnPrefillConstants {
   const g = shape.H_Q / shape.H_KV;
-  const tile = opts.tile ?? 32;
-  const dc = opts.dc ?? Math.min(64, shape.D_H);
-  const build = (bq: number): AttnPrefillConstants => {
+  const build = (bq: number, tile: number, dc: number): AttnPrefillConstants => {
     const r = bq * g;
-    // The largest power-of-two workgroup (<= 256) that splits both the scores and the outputs evenly.
-    let wg = opts.wg ?? 256;
-    while (opts.wg === undefined && wg > 1 && ((r * tile) % wg !== 0 || (r * shape.D_H / 4) % wg !== 0)) {
-      wg /= 2;
+    let wg = opts.wg ?? 2 ** Math.round(Math.log2(r * shape.D_H / 64));
+    wg = Math.min(256, Math.max(16, wg));
+    // Score block: SK keys by SR rows; the split must be even (KQ = TILE / SK lanes divide WG, RQ divide R).
+    const skOk = (sk: number) => {
+      const kq = tile / sk;
+      return Number.isInteger(kq) && wg % kq === 0 && r % (wg / kq) === 0;
+    };
+    let sk = opts.sk;
+    if (sk === undefined) {
+      const ok = [1, 2, 4, 8, 16, 32].filter(skOk);
+      const sr = (k: number) => r / (wg / (tile / k));
+      sk = ok.filter((k) => sr(k) >= k).pop() ?? ok[0] ?? 1;
     }
-    const spi = r * tile / wg;
-    // Score block SR x SK near square, SK <= SR; output block of 8 dims where it divides, else 4.
-    let sk = 1;
-    for (let k = 1; k * k <= spi; k++) if (spi % k === 0 && tile % k === 0 && wg % (tile / k) === 0) sk = k;
-    const opi = r * shape.D_H / wg;
-    const od = opi % 8 === 0 && wg % (shape.D_H / 8) === 0 && r % (wg / (shape.D_H / 8)) === 0 ? 8 : 4;
-    // V rows per staging: as many as the K chunk's buffer holds, dividing TILE.
-    let tv = 1;
-    for (let t = 1; t <= tile; t++) if (tile % t === 0 && t * shape.D_H / 4 <= tile * (dc / 4 + 1)) tv = t;
-    return { ...shape, BQ: bq, TILE: tile, DC: dc, TV: tv, SK: sk, OD: od, WG: wg };
+    const odOk = (od: number) => {
+      const dg = shape.D_H / od;
+      return od % 4 === 0 && Number.isInteger(dg) && wg % dg === 0 && r % (wg / dg) === 0;
+    };
+    const od = opts.od ?? [16, 8, 32, 4, 64].find(odOk) ?? 4;
+    return { ...shape, BQ: bq, TILE: tile, DC: dc, SK: sk, OD: od, WG: wg };
   };
   let c: AttnPrefillConstants | undefined;
-  if (opts.bq !== undefined) {
-    c = build(opts.bq);
+  if (opts.bq !== undefined || opts.tile !== undefined || opts.dc !== undefined) {
+    const p = PREFERRED[0]!;
+    c = build(opts.bq ?? p.bq, opts.tile ?? p.tile, opts.dc ?? Math.min(p.dc, shape.D_H));
   } else {
-    for (let bq = Math.max(1, Math.floor(64 / g)); bq >= 1; bq = Math.floor(bq / 2)) {
-      const t = build(bq);
+    for (const p of PREFERRED) {
+      const t = build(p.bq, p.tile, Math.min(p.dc, shape.D_H));
       if (attnPrefillWorkgroupBytes(t) <= opts.maxWorkgroupBytes) {
         c = t;
         break;
       }
     }
-    if (c === undefined) c = build(1);
+    const last = PREFERRED[PREFERRED.length - 1]!;
+    c ??= build(last.bq, last.tile, Math.min(last.dc, shape.D_H));
   }
   checkAttnPrefill(c, 1, opts.maxWorkgroupBytes);
   return c;
@@ -146,26 +170,21 @@ export function checkAttnPrefill(c: AttnPrefillConstants, nTokens: number, maxWo
   checkInt("attn_prefill: TILE", c.TILE, 1, 256);
   checkInt("attn_prefill: DC", c.DC, 8, c.D_H);
   checkShape(
-    c.DC % 8 === 0 && c.D_H % c.DC === 0,
-    `attn_prefill: DC (${c.DC}) must be a multiple of 8 dividing D_H (${c.D_H})`,
-  );
-  checkShape(
-    Number.isInteger(c.TV) && c.TV >= 1 && c.TILE % c.TV === 0,
-    `attn_prefill: TV (${c.TV}) must divide TILE (${c.TILE})`,
+    c.DC % 8 === 0 && c.D_H % c.DC === 0 && (c.TILE * c.DC) % c.D_H === 0,
+    `attn_prefill: DC (${c.DC}) must be a multiple of 8 dividing D_H (${c.D_H}) with TILE * DC ` +
+      `(${c.TILE} * ${c.DC}) a multiple of D_H (a V stage holds TILE * DC / D_H whole rows)`,
   );
   checkShape(isPow2(c.WG) && c.WG <= 256, `attn_prefill: WG must be a power of two <= 256, got ${c.WG}`);
   const r = c.BQ * c.H_Q / c.H_KV;
-  const spi = r * c.TILE / c.WG;
+  const kq = c.TILE / c.SK;
   checkShape(
-    Number.isInteger(spi) && Number.isInteger(c.SK) && c.SK >= 1 && spi % c.SK === 0 && c.TILE % c.SK === 0 &&
-      c.WG % (c.TILE / c.SK) === 0,
+    Number.isInteger(c.SK) && c.SK >= 1 && Number.isInteger(kq) && c.WG % kq === 0 && r % (c.WG / kq) === 0,
     `attn_prefill: scores BQ * G * TILE (${r} * ${c.TILE}) over WG (${c.WG}) with SK (${c.SK}) keys per ` +
       `invocation do not split evenly: pick BQ, TILE, WG, SK from attnPrefillConstants`,
   );
-  const opi = r * c.D_H / c.WG;
   const dg = c.D_H / c.OD;
   checkShape(
-    c.OD % 4 === 0 && Number.isInteger(opi) && opi % c.OD === 0 && Number.isInteger(dg) && c.WG % dg === 0 &&
+    Number.isInteger(c.OD) && c.OD % 4 === 0 && Number.isInteger(dg) && c.WG % dg === 0 &&
       r % (c.WG / dg) === 0,
     `attn_prefill: outputs BQ * G * D_H (${r} * ${c.D_H}) over WG (${c.WG}) in blocks of OD (${c.OD}) dims ` +
       `do not split evenly: pick OD from attnPrefillConstants`,
@@ -174,7 +193,7 @@ export function checkAttnPrefill(c: AttnPrefillConstants, nTokens: number, maxWo
   const bytes = attnPrefillWorkgroupBytes(c);
   checkShape(
     bytes <= maxWorkgroupBytes,
-    `attn_prefill: workgroup memory ${bytes} bytes exceeds the device's ${maxWorkgroupBytes}: lower BQ or TILE`,
+    `attn_prefill: workgroup memory ${bytes} bytes exceeds the device's ${maxWorkgroupBytes}: lower BQ, TILE or DC`,
   );
   checkInt("attn_prefill: nTokens", nTokens, 1, c.BQ * MAX_WORKGROUPS_PER_DIM);
 }

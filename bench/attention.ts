@@ -2,16 +2,19 @@
  * Benchmark: the attention kernels on the 35B-A3B shape (16 query heads, 2 KV heads, head dim 256), one
  * layer's dispatch at a time, at cache depths 0, 2k, 8k and 32k, f32 and f16 KV caches:
  * - prefill of a `--chunk` (512) token chunk after `depth` cached positions: the pre-flash kernel
- *   (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the engine's flash variant for this
- *   device, and the flash variants of other query blocks and tiles that fit; ms and TFLOP/s (4·D_H FLOPs per
- *   query head and visible key: q·k and p·v);
+ *   (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the first flash kernel
+ *   (`bench/_attn_prefill_v2.wgsl`: the variant the engine ran on this device and the best of its H200
+ *   sweep), the register-blocked `attn_prefill` the engine runs now (variant "engine") and its variants of
+ *   query block, tile, K stage width and workgroup that fit ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query
+ *   head and visible key: q·k and p·v);
  * - decode of one token at position `depth`: attn_decode + attn_combine with the old split policy (32 splits)
  *   and the engine's (attnSplits), plus a sweep of N_SPLIT, PER_MIN and TILE; ms and GB/s of K and V read.
  * Every pipeline is built first; ROUNDS rounds over all jobs, every other one in reverse, keep each job's best
  * (the H200's SM clock drifts within a run, docs/PERF.md). One JSON line per measurement, never asserts.
  *
  * Usage: `deno run -A bench/attention.ts [--quick] [--kv f32,f16] [--depths 0,2048,8192,32768] [--chunk 512]
- * [--no-v1]` (`--quick`: depths 0 and 256, chunk 64, one round, no sweep: for lavapipe). Pass BENCH_COMMIT on machines without
+ * [--no-v1] [--prefill-only]` (`--quick`: depths 0 and 256, chunk 64, one round, no sweep: for lavapipe;
+ * `--prefill-only`: no decode jobs). Pass BENCH_COMMIT on machines without
  * git. No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
@@ -43,6 +46,7 @@ import {
   attnCombineGrid,
 } from "../wgsl/attn_combine.ts";
 import { kvCacheWords, packAttnParams } from "../wgsl/attn_params.ts";
+import { ATTN_PREFILL_V2, attnPrefillV2Constants, attnPrefillV2WorkgroupBytes } from "./_attn_prefill_v2.ts";
 import { ATTN_SPLIT_MIN, ATTN_SPLITS, attnSplits } from "../engine/blocks/attention.ts";
 
 const { values: args } = parseArgs({
@@ -52,6 +56,7 @@ const { values: args } = parseArgs({
     depths: { type: "string" },
     chunk: { type: "string" },
     "no-v1": { type: "boolean", default: false },
+    "prefill-only": { type: "boolean", default: false },
   },
 });
 const QUICK = args.quick ?? false;
@@ -62,6 +67,7 @@ const KVS = args.kv!.split(",").map((k) => {
   return k === "f16";
 });
 const ROUNDS = QUICK ? 1 : 2;
+const PREFILL_ONLY = args["prefill-only"] ?? false;
 /** Whether to time the variants beside the engine's and the old ones (off with --quick: lavapipe is slow). */
 const SWEEP = !QUICK;
 const H_Q = 16;
@@ -172,22 +178,56 @@ for (const [i, depth] of DEPTHS.entries()) {
         best: Infinity,
       });
     }
+    // The first flash kernel: the engine's choice for this device, and its best H200 sweep variant.
+    for (const [name, ov] of [["v2-engine", {}], ["v2-best", { bq: 2, tile: 16, dc: 64 }]] as const) {
+      const c = attnPrefillV2Constants(shape, { maxWorkgroupBytes: maxWg, ...ov });
+      if (c === undefined || (!SWEEP && name !== "v2-engine")) continue;
+      const pipeline = await cache.get(ATTN_PREFILL_V2, c);
+      jobs.push({
+        line: {
+          op: "prefill",
+          variant: name,
+          key: variantKey(ATTN_PREFILL_V2, c),
+          workgroupBytes: attnPrefillV2WorkgroupBytes(c),
+          depth,
+          kvF16: f16,
+        },
+        ops: [{
+          pipeline,
+          bindGroup: bindGroup(device, pipeline, [p, q, qf, kv.k, kv.v, o]),
+          grid: attnPrefillGrid(c, CHUNK),
+        }],
+        reps: repsFor(flops, 1e12),
+        work: flops,
+        best: Infinity,
+      });
+    }
     const engine = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg });
     const variants: AttnPrefillConstants[] = [engine];
-    for (const bq of SWEEP ? [1, 2, 4, 8] : []) {
-      for (const tile of [16, 32, 64]) {
-        for (const dc of [32, 64]) {
-          let c: AttnPrefillConstants;
-          try {
-            c = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, bq, tile, dc });
-            checkAttnPrefill(c, CHUNK, maxWg);
-          } catch {
-            continue; // does not fit this device
-          }
-          if (!variants.some((v) => variantKey(ATTN_PREFILL, v) === variantKey(ATTN_PREFILL, c))) {
-            variants.push(c);
-          }
-        }
+    // Query block (R = 8·BQ rows), key tile, K stage width and workgroup (default: 64 outputs per invocation).
+    const sweep: { bq: number; tile: number; dc: number; wg?: number }[] = [
+      { bq: 1, tile: 32, dc: 32 },
+      { bq: 1, tile: 64, dc: 32 },
+      { bq: 2, tile: 32, dc: 32 },
+      { bq: 2, tile: 64, dc: 16 },
+      { bq: 2, tile: 64, dc: 32 },
+      { bq: 2, tile: 64, dc: 64 },
+      { bq: 2, tile: 64, dc: 32, wg: 128 },
+      { bq: 2, tile: 32, dc: 64, wg: 128 },
+      { bq: 4, tile: 32, dc: 32 },
+      { bq: 4, tile: 64, dc: 16 },
+      { bq: 4, tile: 32, dc: 32, wg: 256 },
+    ];
+    for (const ov of SWEEP ? sweep : []) {
+      let c: AttnPrefillConstants;
+      try {
+        c = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, ...ov });
+        checkAttnPrefill(c, CHUNK, maxWg);
+      } catch {
+        continue; // does not fit this device
+      }
+      if (!variants.some((v) => variantKey(ATTN_PREFILL, v) === variantKey(ATTN_PREFILL, c))) {
+        variants.push(c);
       }
     }
     for (const c of variants) {
@@ -196,7 +236,7 @@ for (const [i, depth] of DEPTHS.entries()) {
       jobs.push({
         line: {
           op: "prefill",
-          variant: c === engine ? "flash-engine" : "flash",
+          variant: c === engine ? "engine" : "sweep",
           key: variantKey(ATTN_PREFILL, c),
           workgroupBytes: attnPrefillWorkgroupBytes(c),
           depth,
@@ -208,6 +248,7 @@ for (const [i, depth] of DEPTHS.entries()) {
         best: Infinity,
       });
     }
+    if (PREFILL_ONLY) continue;
 
     // Decode at position `depth`: K and V rows 0..depth of both KV heads.
     const pd = { buffer: params, offset: 512 * i + 256, size: 8 };

@@ -110,7 +110,7 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
     if (n === 1) {
       await attnDecode(g, `L${l}`, "", cx, { pos: cx.pos, q: A.q!, kCache, vCache, qf, o: A.o! });
     } else {
-      // The query block and tile follow the device's workgroup memory (H200 48 KiB: 4 tokens of 8 heads).
+      // The variant is the first of attn_prefill's preferred list whose workgroup memory fits the device.
       const pc = attnPrefillConstants(
         {
           H_Q: hp.nHead,

@@ -2,7 +2,8 @@
  * Host twin of `attn_prefill.wgsl`: causal gated GQA flash attention (online softmax over key tiles) for a
  * chunk of `nTokens` new tokens over the KV cache, which already holds the chunk (written by `attn_qk_rope`).
  * A workgroup keeps the queries of BQ tokens times the G heads of one KV head in workgroup memory and walks
- * the keys in tiles of TILE, so the tile sizes follow the device's workgroup memory
+ * the keys in tiles of TILE: scores and outputs are register blocks of each invocation, K and V stream
+ * through one staging buffer a stage ahead. The variant follows the device's workgroup memory
  * ({@linkcode attnPrefillConstants}).
  * @module
  */

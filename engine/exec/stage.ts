@@ -46,6 +46,7 @@ import {
   STORAGE,
 } from "./activations.ts";
 import { loadPlan } from "./load_plan.ts";
+import { batchSlotsCheck, runBatch } from "./_batch_run.ts";
 import { checkLoadOptions, checkStageInput, readInt8Log, underLoadScopes } from "./_load.ts";
 import {
   FingerprintHasher,
@@ -468,13 +469,15 @@ export class Stage {
 
   /** Dispatches of one batched decode step of `slots` (for counting and benchmarks). */
   async batchGraph(slots: readonly number[]): Promise<readonly Op[]> {
-    for (const s of slots) this.#slotCheck(s);
-    if (slots.length < 2 || slots.length > MAX_BATCH_SLOTS || new Set(slots).size !== slots.length) {
-      throw new RangeError(
-        `A batched step takes 2..${MAX_BATCH_SLOTS} distinct slots, got ${slots.join(",")}`,
-      );
-    }
+    batchSlotsCheck(slots, this.#length.length);
     return (await this.#batchGraph(slots)).ops;
+  }
+
+  /** One row per slot of `slots` at its length, in one batched step, read back (engine/exec/_batch_run.ts). */
+  runBatch(slots: readonly number[], input: StageInput): Promise<StageOutput> {
+    const [act, tok, length, gpuCheck] = [this.#act, this.#slotTok, this.#length, () => this.#gpuCheck()];
+    const p = { stage: this, device: this.#gpu.device, act, tok, length, gpuCheck };
+    return runBatch({ ...p, graph: (s) => this.#batchGraph(s) }, slots, input);
   }
 
   /** Releases every GPU buffer of the stage. */

@@ -1,0 +1,118 @@
+/**
+ * `Stage.runBatch`: one decode row for each of several slots in one batched step (the decode driver's
+ * batched graph, `Stage.#batchGraph`), with its output read back: the hidden rows of a head or middle stage,
+ * or the logits of a last stage. A split's pipelined driver (engine/exec/_split_pipe.ts) runs a group of
+ * slots through the head's layers with it, and a worker runs a group's frame (docs/WIRE.md RUN_BATCH).
+ *
+ * Each column's arithmetic is that of the slot's one-token `Stage.run` (the batched graph sums every
+ * column in the solo order: tests/batch_test.ts), so the rows and logits are the same bits
+ * (tests/split_batch_test.ts checks both against `run`).
+ * @module
+ */
+import { encodeOps, type Op, padWords } from "../graph/builder.ts";
+import type { Hparams } from "../models/mod.ts";
+import { checkStageInput } from "./_load.ts";
+import { MAX_BATCH_SLOTS } from "./activations.ts";
+import type { StageInput, StageOutput } from "./options.ts";
+
+/** Bytes per column of a batched graph's column table (each column's entry a bindable sub-range). */
+const TABLE_COLUMN_BYTES = 256;
+
+/** What `runBatch` needs of its stage (its private buffers, handed over by `Stage.runBatch`). */
+export interface BatchRunParts {
+  readonly stage: {
+    readonly hp: Hparams;
+    readonly layers: readonly [number, number];
+    readonly first: boolean;
+    readonly last: boolean;
+    readonly nCtx: number;
+    readonly canBatch: boolean;
+  };
+  readonly device: GPUDevice;
+  readonly act: Record<string, GPUBuffer>;
+  /** Per slot: the id buffer its batched steps embed. */
+  readonly tok: readonly GPUBuffer[];
+  /** Tokens held per slot (updated here). */
+  readonly length: number[];
+  /** The batched graph of `slots`: its column table ([pos, 1, slot] per 256 bytes), or per-column params. */
+  readonly graph: (
+    slots: readonly number[],
+  ) => Promise<{ ops: readonly Op[]; table: GPUBuffer } | { ops: readonly Op[]; pos: readonly GPUBuffer[] }>;
+  readonly gpuCheck: () => void;
+}
+
+/** Throws unless `slots` are 2..MAX_BATCH_SLOTS distinct slots of the `nSlots` (a batched step's). */
+export function batchSlotsCheck(slots: readonly number[], nSlots: number): void {
+  for (const slot of slots) {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= nSlots) {
+      throw new RangeError(`Slot ${slot} does not exist: this stage has ${nSlots} slots`);
+    }
+  }
+  if (slots.length < 2 || slots.length > MAX_BATCH_SLOTS || new Set(slots).size !== slots.length) {
+    throw new RangeError(`A batched step takes 2..${MAX_BATCH_SLOTS} distinct slots, got ${slots.join(",")}`);
+  }
+}
+
+/**
+ * Runs one row per slot of `slots` (2..MAX_BATCH_SLOTS distinct slots), each continuing its sequence at its
+ * length: `tokens[b]` (first stage) or hidden row `b` of `hidden` (`nTokens` = slots.length) for slot
+ * `slots[b]`. Returns row `b` per slot in that order: ne=[nVocab, n] logits (last stage) or ne=[nEmbd, n].
+ * @throws {RangeError} on repeated or missing slots, a stage that cannot batch, or input as Stage.run refuses
+ */
+export async function runBatch(
+  p: BatchRunParts,
+  slots: readonly number[],
+  input: StageInput,
+): Promise<StageOutput> {
+  const { stage, device, act } = p;
+  const n = slots.length;
+  batchSlotsCheck(slots, p.length.length);
+  if (!stage.canBatch) {
+    throw new RangeError("This model's activation rows cannot be bound per slot: no batching");
+  }
+  const nEmbd = stage.hp.nEmbd;
+  if ("tokens" in input ? input.tokens.length !== n : input.nTokens !== n) {
+    throw new RangeError(`A batched step takes one row per slot: ${n} slots`);
+  }
+  for (const [b, slot] of slots.entries()) {
+    const one: StageInput = "tokens" in input
+      ? { tokens: [input.tokens[b]!] }
+      : { hidden: input.hidden.subarray(b * nEmbd, (b + 1) * nEmbd), nTokens: 1 };
+    const held = p.length[slot]!;
+    checkStageInput(stage, { slot, held, input: one, base: held, nTokens: 1 });
+  }
+  const g = await p.graph(slots);
+  for (const [b, slot] of slots.entries()) {
+    const at = "table" in g
+      ? { buffer: g.table, offset: b * TABLE_COLUMN_BYTES }
+      : { buffer: g.pos[b]!, offset: 0 };
+    device.queue.writeBuffer(at.buffer, at.offset, Uint32Array.of(p.length[slot]!, 1, slot));
+    if ("tokens" in input) device.queue.writeBuffer(p.tok[slot]!, 0, Uint32Array.of(input.tokens[b]!));
+  }
+  if (!("tokens" in input)) device.queue.writeBuffer(act.h!, 0, input.hidden, 0, n * nEmbd);
+  // A batched step's logits columns start 256-byte aligned; hidden columns are contiguous.
+  const width = stage.last ? stage.hp.nVocab : nEmbd;
+  const stride = stage.last ? padWords(width) : width;
+  const staging = device.createBuffer({
+    size: n * stride * 4,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  try {
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encodeOps(pass, g.ops);
+    pass.end();
+    enc.copyBufferToBuffer(stage.last ? act.logits! : act.h!, 0, staging, 0, n * stride * 4);
+    device.queue.submit([enc.finish()]);
+    for (const slot of slots) p.length[slot]!++;
+    await staging.mapAsync(GPUMapMode.READ);
+    p.gpuCheck();
+    const all = new Float32Array(staging.getMappedRange());
+    const out = new Float32Array(n * width);
+    for (let b = 0; b < n; b++) out.set(all.subarray(b * stride, b * stride + width), b * width);
+    staging.unmap();
+    return { kind: stage.last ? "logits" : "hidden", data: out, rows: n };
+  } finally {
+    staging.destroy();
+  }
+}

@@ -14,32 +14,12 @@ import { chromium, type Page } from "playwright-core";
 import { ChatTemplate, openGguf, planModel, startEngine, synthesize, Tokenizer } from "../engine/mod.ts";
 import { createApp } from "../server/app.ts";
 import { serveHttp1 } from "../server/http1.ts";
+import { chromiumPath } from "./util/browser.ts";
 
 const KEY = "dashboard-test-key";
 const WAIT_MS = 30_000;
 /** The first answer also builds the GPU pipelines (seconds on lavapipe, more under a parallel test run). */
 const FIRST_ANSWER_MS = 90_000;
-
-/** The chromium binary: `CHROMIUM_PATH`, else the usual Debian and Ubuntu paths. */
-function chromiumPath(): string {
-  const candidates = [
-    Deno.env.get("CHROMIUM_PATH"),
-    "/usr/bin/chromium",
-    "/usr/bin/chromium-browser",
-    "/usr/bin/google-chrome",
-  ].filter((p): p is string => p !== undefined && p !== "");
-  for (const p of candidates) {
-    try {
-      if (Deno.statSync(p).isFile) return p;
-    } catch (e) {
-      if (!(e instanceof Deno.errors.NotFound)) throw e;
-    }
-  }
-  throw new Error(
-    `No chromium found (looked at ${candidates.join(", ")}): the dashboard test needs a real browser. ` +
-      "Install Debian's package: apt-get install -y chromium (CI's .ci/run does), or set CHROMIUM_PATH",
-  );
-}
 
 /** The DOM calls the in-page functions make (Deno's types have no DOM; the casts vanish when compiled). */
 interface Doc {

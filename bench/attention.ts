@@ -5,8 +5,8 @@
  *   (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the first flash kernel
  *   (`bench/_attn_prefill_v2.wgsl`: the variant the engine ran on this device and the best of its H200
  *   sweep), the register-blocked `attn_prefill` the engine runs now (variant "engine") and its variants of
- *   query block, tile, K stage width and workgroup that fit ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query
- *   head and visible key: q·k and p·v);
+ *   query block and K stage width that fit ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query head and
+ *   visible key: q·k and p·v);
  * - decode of one token at position `depth`: attn_decode + attn_combine with the old split policy (32 splits)
  *   and the engine's (attnSplits), plus a sweep of N_SPLIT, PER_MIN and TILE; ms and GB/s of K and V read.
  * Every pipeline is built first; ROUNDS rounds over all jobs, every other one in reverse, keep each job's best
@@ -204,19 +204,16 @@ for (const [i, depth] of DEPTHS.entries()) {
     }
     const engine = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg });
     const variants: AttnPrefillConstants[] = [engine];
-    // Query block (R = 8·BQ rows), key tile, K stage width and workgroup (default: 64 outputs per invocation).
-    const sweep: { bq: number; tile: number; dc: number; wg?: number }[] = [
-      { bq: 1, tile: 32, dc: 32 },
-      { bq: 1, tile: 64, dc: 32 },
-      { bq: 2, tile: 32, dc: 32 },
-      { bq: 2, tile: 64, dc: 16 },
-      { bq: 2, tile: 64, dc: 32 },
-      { bq: 2, tile: 64, dc: 64 },
-      { bq: 2, tile: 64, dc: 32, wg: 128 },
-      { bq: 2, tile: 32, dc: 64, wg: 128 },
-      { bq: 4, tile: 32, dc: 32 },
-      { bq: 4, tile: 64, dc: 16 },
-      { bq: 4, tile: 32, dc: 32, wg: 256 },
+    // Query block (R = 8·BQ rows) and K stage width; TILE = D_H / 4 and WG = R·D_H / 64 follow from them.
+    const sweep: { bq: number; dc: number }[] = [
+      { bq: 1, dc: 16 },
+      { bq: 2, dc: 16 },
+      { bq: 2, dc: 32 },
+      { bq: 2, dc: 64 },
+      { bq: 4, dc: 16 },
+      { bq: 4, dc: 32 },
+      { bq: 4, dc: 64 },
+      { bq: 8, dc: 16 },
     ];
     for (const ov of SWEEP ? sweep : []) {
       let c: AttnPrefillConstants;

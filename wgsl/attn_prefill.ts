@@ -13,9 +13,8 @@ import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } fr
 
 /**
  * Constants of `attn_prefill.wgsl`: heads, headDim, cache capacity, query tokens per workgroup (BQ), key
- * positions per tile (TILE), K dims per stage (DC; a V stage is TILE * DC / D_H rows), keys per
- * invocation's score block (SK), dims per invocation's output block (OD), workgroup size, score scale, f16
- * KV cache.
+ * positions per tile (TILE = D_H / 4), K dims per stage (DC; a V stage is TILE * DC / D_H rows), workgroup
+ * size (WG = R * D_H / 64: one invocation per 4 x 4 scores and 4 x 16 outputs), score scale, f16 KV cache.
  */
 export type AttnPrefillConstants = {
   readonly H_Q: number;
@@ -25,8 +24,6 @@ export type AttnPrefillConstants = {
   readonly BQ: number;
   readonly TILE: number;
   readonly DC: number;
-  readonly SK: number;
-  readonly OD: number;
   readonly WG: number;
   readonly SCALE: number;
   readonly KV_F16: boolean;
@@ -45,8 +42,6 @@ export const ATTN_PREFILL: KernelSpec = {
     BQ: "u32",
     TILE: "u32",
     DC: "u32",
-    SK: "u32",
-    OD: "u32",
     WG: "u32",
     SCALE: "f32",
     KV_F16: "bool",
@@ -79,77 +74,57 @@ export function attnPrefillWorkgroupBytes(c: AttnPrefillConstants): number {
   const dq = c.D_H / 4;
   const tv = c.TILE * c.DC / c.D_H;
   const kvQuads = Math.max(c.TILE * (c.DC / 4 + 1), tv * dq);
-  return 16 * (r * (dq + 1) + kvQuads) + 4 * (c.TILE * (r + 1) + r * c.TILE / c.SK + r);
+  return 16 * (r * (dq + 1) + kvQuads) + 4 * (c.TILE * (r + 1) + r * c.TILE / 4 + r);
+}
+
+/** Global loads per invocation per stage (the kernel holds at most 8 in named registers). */
+function stageLoads(c: AttnPrefillConstants): number {
+  return Math.ceil(c.TILE * c.DC / (c.KV_F16 ? 8 : 4) / c.WG);
 }
 
 /**
- * Query block, key tile and K stage width the engine tries in order, the first that fits the device's
- * workgroup memory winning: 2 tokens of 8 heads (16 rows) by 64 keys, staged 32 dims at a time, fits 32 KiB.
+ * Query blocks and K stage widths the engine tries in order, the first that fits the device's workgroup
+ * memory winning: 2 tokens of 8 heads (16 rows) staged 32 dims at a time fits 32 KiB.
  */
-const PREFERRED: readonly { bq: number; tile: number; dc: number }[] = [
-  { bq: 2, tile: 64, dc: 32 },
-  { bq: 2, tile: 32, dc: 32 },
-  { bq: 1, tile: 32, dc: 32 },
-  { bq: 1, tile: 16, dc: 16 },
+const PREFERRED: readonly { bq: number; dc: number }[] = [
+  { bq: 2, dc: 32 },
+  { bq: 1, dc: 16 },
 ];
 
 /**
- * Constants for `shape`: BQ query tokens per workgroup, TILE keys per tile, DC K dims per stage (defaults
- * from {@linkcode PREFERRED}, the first whose workgroup memory fits `maxWorkgroupBytes`), a workgroup of
- * one invocation per 64 outputs (WG = R * D_H / 64, 16..256), and the register blocks: SK keys per score
- * block (SR >= SK where possible: the SR q quads are broadcast loads, the SK K quads are not), OD dims per
- * output block (16 where it splits). Overrides (tests, benchmarks) are checked like the defaults.
+ * Constants for `shape`: BQ query tokens per workgroup and DC K dims per stage (defaults from
+ * {@linkcode PREFERRED}, the first whose workgroup memory fits `maxWorkgroupBytes`); TILE = D_H / 4 keys and
+ * WG = R * D_H / 64 invocations follow from the kernel's fixed 4 x 4 score and 4 x 16 output blocks. DC is
+ * lowered (to 8 at least) until a stage is at most 8 loads per invocation. Overrides (tests, benchmarks) are
+ * checked like the defaults.
  * @throws {RangeError} when no variant fits the device or an override breaks a limit
  */
 export function attnPrefillConstants(
   shape: AttnPrefillShape,
-  opts: {
-    maxWorkgroupBytes: number;
-    bq?: number;
-    tile?: number;
-    dc?: number;
-    wg?: number;
-    sk?: number;
-    od?: number;
-  },
+  opts: { maxWorkgroupBytes: number; bq?: number; dc?: number },
 ): AttnPrefillConstants {
   const g = shape.H_Q / shape.H_KV;
-  const build = (bq: number, tile: number, dc: number): AttnPrefillConstants => {
+  const build = (bq: number, dc: number): AttnPrefillConstants => {
     const r = bq * g;
-    let wg = opts.wg ?? 2 ** Math.round(Math.log2(r * shape.D_H / 64));
-    wg = Math.min(256, Math.max(16, wg));
-    // Score block: SK keys by SR rows; the split must be even (KQ = TILE / SK lanes divide WG, RQ divide R).
-    const skOk = (sk: number) => {
-      const kq = tile / sk;
-      return Number.isInteger(kq) && wg % kq === 0 && r % (wg / kq) === 0;
-    };
-    let sk = opts.sk;
-    if (sk === undefined) {
-      const ok = [1, 2, 4, 8, 16, 32].filter(skOk);
-      const sr = (k: number) => r / (wg / (tile / k));
-      sk = ok.filter((k) => sr(k) >= k).pop() ?? ok[0] ?? 1;
-    }
-    const odOk = (od: number) => {
-      const dg = shape.D_H / od;
-      return od % 4 === 0 && Number.isInteger(dg) && wg % dg === 0 && r % (wg / dg) === 0;
-    };
-    const od = opts.od ?? [16, 8, 32, 4, 64].find(odOk) ?? 4;
-    return { ...shape, BQ: bq, TILE: tile, DC: dc, SK: sk, OD: od, WG: wg };
+    const c = { ...shape, BQ: bq, TILE: shape.D_H / 4, DC: Math.min(dc, shape.D_H), WG: r * shape.D_H / 64 };
+    let d = c.DC;
+    while (d > 8 && stageLoads({ ...c, DC: d }) > 8) d /= 2;
+    return { ...c, DC: d };
   };
   let c: AttnPrefillConstants | undefined;
-  if (opts.bq !== undefined || opts.tile !== undefined || opts.dc !== undefined) {
+  if (opts.bq !== undefined || opts.dc !== undefined) {
     const p = PREFERRED[0]!;
-    c = build(opts.bq ?? p.bq, opts.tile ?? p.tile, opts.dc ?? Math.min(p.dc, shape.D_H));
+    c = build(opts.bq ?? p.bq, opts.dc ?? p.dc);
   } else {
     for (const p of PREFERRED) {
-      const t = build(p.bq, p.tile, Math.min(p.dc, shape.D_H));
+      const t = build(p.bq, p.dc);
       if (attnPrefillWorkgroupBytes(t) <= opts.maxWorkgroupBytes) {
         c = t;
         break;
       }
     }
     const last = PREFERRED[PREFERRED.length - 1]!;
-    c ??= build(last.bq, last.tile, Math.min(last.dc, shape.D_H));
+    c ??= build(last.bq, last.dc);
   }
   checkAttnPrefill(c, 1, opts.maxWorkgroupBytes);
   return c;
@@ -165,36 +140,28 @@ export function checkAttnPrefill(c: AttnPrefillConstants, nTokens: number, maxWo
     Number.isInteger(c.H_Q) && c.H_Q >= c.H_KV && c.H_Q % c.H_KV === 0,
     `attn_prefill: H_Q (${c.H_Q}) must be a multiple of H_KV (${c.H_KV})`,
   );
-  checkInt("attn_prefill: D_H", c.D_H, 8, 4096);
+  checkInt("attn_prefill: D_H", c.D_H, 64, 1024);
+  checkShape(c.D_H % 64 === 0, `attn_prefill: D_H must be a multiple of 64, got ${c.D_H}`);
   checkInt("attn_prefill: P_MAX", c.P_MAX, 1, 2 ** 24);
   checkInt("attn_prefill: BQ", c.BQ, 1, 256);
-  checkInt("attn_prefill: TILE", c.TILE, 1, 256);
-  checkInt("attn_prefill: DC", c.DC, 8, c.D_H);
+  const r = c.BQ * c.H_Q / c.H_KV;
   checkShape(
-    c.DC % 8 === 0 && c.D_H % c.DC === 0 && (c.TILE * c.DC) % c.D_H === 0,
-    `attn_prefill: DC (${c.DC}) must be a multiple of 8 dividing D_H (${c.D_H}) with TILE * DC ` +
-      `(${c.TILE} * ${c.DC}) a multiple of D_H (a V stage holds TILE * DC / D_H whole rows)`,
+    r % 4 === 0 && c.TILE === c.D_H / 4 && c.WG === r * c.D_H / 64,
+    `attn_prefill: the 4 x 4 score and 4 x 16 output blocks need R = BQ * G (${r}) a multiple of 4, ` +
+      `TILE = D_H / 4 (got ${c.TILE}) and WG = R * D_H / 64 (got ${c.WG}): pick them with attnPrefillConstants`,
   );
   checkShape(isPow2(c.WG) && c.WG <= 256, `attn_prefill: WG must be a power of two <= 256, got ${c.WG}`);
-  const r = c.BQ * c.H_Q / c.H_KV;
-  const kq = c.TILE / c.SK;
+  checkInt("attn_prefill: DC", c.DC, 8, c.D_H);
   checkShape(
-    Number.isInteger(c.SK) && c.SK >= 1 && Number.isInteger(kq) && c.WG % kq === 0 && r % (c.WG / kq) === 0,
-    `attn_prefill: scores BQ * G * TILE (${r} * ${c.TILE}) over WG (${c.WG}) with SK (${c.SK}) keys per ` +
-      `invocation do not split evenly: pick BQ, TILE, WG, SK from attnPrefillConstants`,
-  );
-  const dg = c.D_H / c.OD;
-  checkShape(
-    Number.isInteger(c.OD) && c.OD % 4 === 0 && Number.isInteger(dg) && c.WG % dg === 0 &&
-      r % (c.WG / dg) === 0,
-    `attn_prefill: outputs BQ * G * D_H (${r} * ${c.D_H}) over WG (${c.WG}) in blocks of OD (${c.OD}) dims ` +
-      `do not split evenly: pick OD from attnPrefillConstants`,
+    c.DC % 8 === 0 && c.D_H % c.DC === 0 && stageLoads(c) <= 8,
+    `attn_prefill: DC (${c.DC}) must be a multiple of 8 dividing D_H (${c.D_H}) with at most 8 loads per ` +
+      `invocation per stage (TILE * DC / (4 or 8) / WG = ${stageLoads(c)}): lower DC`,
   );
   checkShape(c.SCALE > 0, `attn_prefill: SCALE must be > 0, got ${c.SCALE}`);
   const bytes = attnPrefillWorkgroupBytes(c);
   checkShape(
     bytes <= maxWorkgroupBytes,
-    `attn_prefill: workgroup memory ${bytes} bytes exceeds the device's ${maxWorkgroupBytes}: lower BQ, TILE or DC`,
+    `attn_prefill: workgroup memory ${bytes} bytes exceeds the device's ${maxWorkgroupBytes}: lower BQ or DC`,
   );
   checkInt("attn_prefill: nTokens", nTokens, 1, c.BQ * MAX_WORKGROUPS_PER_DIM);
 }

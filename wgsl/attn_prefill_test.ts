@@ -15,6 +15,7 @@ import {
   attnQkRopeBindGroup,
   type AttnQkRopeConstants,
   encodeAttnQkRope,
+  QK_ROPE_ONE_COLUMN,
 } from "./attn_qk_rope.ts";
 import { packAttnParams } from "./attn_params.ts";
 import { checkF32 } from "./_test_util.ts";
@@ -32,7 +33,6 @@ interface Case {
   nTokens: number; // AttnParams.n_tokens
   nGrid: number; // capacity the grids cover
   bq?: number;
-  tile?: number;
   dc?: number;
   kvF16?: boolean;
 }
@@ -44,21 +44,21 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
   const maxWorkgroupBytes = device.limits.maxComputeWorkgroupStorageSize;
   const dH = 256;
   const cases: Case[] = [
-    { hQ: 16, hKv: 2, pos0: 37, nTokens: 1, nGrid: 1, bq: 2, tile: 8 },
-    { hQ: 16, hKv: 2, pos0: 5, nTokens: 7, nGrid: 8, bq: 2, tile: 8 }, // grid covers one absent token
-    // The engine's variant (BQ=2, TILE=64, DC=32): 3 tiles, the causal edge inside tile 2, a ragged end.
+    { hQ: 16, hKv: 2, pos0: 37, nTokens: 1, nGrid: 1, bq: 2, dc: 16 },
+    { hQ: 16, hKv: 2, pos0: 5, nTokens: 7, nGrid: 8, bq: 2 }, // grid covers one absent token
+    // The engine's variant (BQ=2, DC=32, TILE=64): 3 tiles, the causal edge inside tile 2, a ragged end.
     { hQ: 16, hKv: 2, pos0: 100, nTokens: 64, nGrid: 64 },
     { hQ: 16, hKv: 2, pos0: 131, nTokens: 7, nGrid: 7 }, // unaligned depth, 7-token chunk, odd tail block
     { hQ: 16, hKv: 2, pos0: 64, nTokens: 1, nGrid: 1 }, // one token exactly at a tile edge
     // From an empty cache: the first query sees one key; keys end mid-tile (ragged last tile).
-    { hQ: 16, hKv: 2, pos0: 0, nTokens: 45, nGrid: 48, bq: 2, tile: 16, dc: 32 },
-    // One V stage per tile (DC = D_H) and, below, stages smaller than the workgroup (guarded loads).
-    { hQ: 16, hKv: 2, pos0: 19, nTokens: 9, nGrid: 10, bq: 1, tile: 8, dc: 256 },
-    { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, tile: 8 },
-    { hQ: 4, hKv: 1, pos0: rng.int(1, 90), nTokens: rng.int(1, 30), nGrid: 30, bq: 1, tile: 16 },
-    { hQ: 16, hKv: 2, pos0: rng.int(0, 200), nTokens: rng.int(1, 40), nGrid: 40, bq: 1, tile: 32 },
-    { hQ: 16, hKv: 2, pos0: 29, nTokens: 7, nGrid: 7, bq: 2, tile: 8, kvF16: true },
-    { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, tile: 8, kvF16: true },
+    { hQ: 16, hKv: 2, pos0: 0, nTokens: 45, nGrid: 48, bq: 2, dc: 32 },
+    // 32 K and 32 V stages (2 rows) per tile; then 4-row blocks of 1 token (WG 16) and 4 tokens of 4 heads.
+    { hQ: 16, hKv: 2, pos0: 19, nTokens: 9, nGrid: 10, bq: 1, dc: 8 },
+    { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4 },
+    { hQ: 4, hKv: 1, pos0: rng.int(1, 90), nTokens: rng.int(1, 30), nGrid: 30, bq: 1 },
+    { hQ: 16, hKv: 2, pos0: rng.int(0, 200), nTokens: rng.int(1, 40), nGrid: 40, bq: 1 },
+    { hQ: 16, hKv: 2, pos0: 29, nTokens: 7, nGrid: 7, bq: 2, dc: 16, kvF16: true },
+    { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, kvF16: true },
     // Depth far past the tile, f16 cache, a 3-token tail block, the engine's variant.
     { hQ: 16, hKv: 2, pos0: 301, nTokens: 19, nGrid: 19, kvF16: true },
   ];
@@ -78,10 +78,11 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
       ROPE_THETA: 1e7,
       EPS: 1e-6,
       KV_F16: k.kvF16 ?? false,
+      ...QK_ROPE_ONE_COLUMN,
     };
     const pc = attnPrefillConstants(
       { H_Q: hQ, H_KV: hKv, D_H: dH, P_MAX: pMax, SCALE: 1 / Math.sqrt(dH), KV_F16: k.kvF16 ?? false },
-      { maxWorkgroupBytes, bq: k.bq, tile: k.tile, dc: k.dc },
+      { maxWorkgroupBytes, bq: k.bq, dc: k.dc },
     );
     const qf = rng.normals(2 * dH * hQ * nGrid, 2);
     // Earlier chunks' K/V (rows < pos0); attn_qk_rope appends this chunk's rows.
@@ -161,7 +162,7 @@ Deno.test("attn_prefill shape check throws before encoding", async () => {
   const { device } = await testGpu();
   const pc: AttnPrefillConstants = attnPrefillConstants(
     { H_Q: 16, H_KV: 2, D_H: 256, P_MAX: 64, SCALE: 0.0625, KV_F16: false },
-    { maxWorkgroupBytes: device.limits.maxComputeWorkgroupStorageSize, bq: 2, tile: 8 },
+    { maxWorkgroupBytes: device.limits.maxComputeWorkgroupStorageSize, bq: 2 },
   );
   const pipeline = await new PipelineCache(device).get(ATTN_PREFILL, pc);
   const big = device.createBuffer({ size: 1 << 20, usage: GPUBufferUsage.STORAGE });
@@ -171,12 +172,18 @@ Deno.test("attn_prefill shape check throws before encoding", async () => {
     /binding qf holds 1048576 bytes but ne=\[512, 16, 64\]/,
   );
   assert.throws(
-    () => attnPrefillBindGroup(device, { pipeline, constants: { ...pc, BQ: 8 }, nTokens: 1, buffers: b }),
+    () =>
+      attnPrefillBindGroup(device, {
+        pipeline,
+        constants: { ...pc, BQ: 8, WG: 256 },
+        nTokens: 1,
+        buffers: b,
+      }),
     /workgroup memory/,
   );
   assert.throws(
-    () => attnPrefillBindGroup(device, { pipeline, constants: { ...pc, SK: 3 }, nTokens: 1, buffers: b }),
-    /do not split evenly/,
+    () => attnPrefillBindGroup(device, { pipeline, constants: { ...pc, TILE: 32 }, nTokens: 1, buffers: b }),
+    /4 x 4 score and 4 x 16 output blocks/,
   );
   big.destroy();
 });

@@ -2,7 +2,8 @@
  * Benchmark: the expert passes of one MoE layer over a prefill chunk at 35B-A3B shapes (full-size IQ4_XS expert
  * tensors, 8 of 256 experts per token plus the shared one), per-column `moe_matvec` (the default) beside the
  * grouped path (`moe_group`, then `moe_matmul` for gate·up and for down: StageOptions.groupedExperts), in
- * the same run. Routing is uniform at random over the experts, each token's 8 distinct.
+ * the same run, the grouped passes also at every token-tile width (`tileUs`: TT 16 / 32 / 64; the engine's
+ * choice is `tt`). Routing is uniform at random over the experts, each token's 8 distinct.
  *
  * Usage: `deno run -A bench/moe_prefill.ts [--tokens 256,1024] [--quick]` (`--quick`: 16 experts and 32
  * tokens, for lavapipe; `--probe`: also time variants of the grouped kernel's source with parts switched off
@@ -28,6 +29,7 @@ import {
 import {
   encodeGroupedMatmul,
   GROUPED_MATMUL_PARAMS_BYTES,
+  GROUPED_MATMUL_TILE_TOKENS,
   type GroupedMatmulBindings,
   groupedMatmulConstants,
   type GroupedMatmulOp,
@@ -139,8 +141,15 @@ for (const T of TOKENS) {
     device.queue.writeBuffer(params, 0, groupedMatmulParams(shape));
     const bindings = { params, weights, x: xb, y, groups };
     probeInputs.push({ shape, bindings });
+    const ops: Record<number, GroupedMatmulOp> = {};
+    for (const TT of GROUPED_MATMUL_TILE_TOKENS) {
+      const constants = { ...groupedMatmulConstants(shape), TT };
+      ops[TT] = await prepareGroupedMatmul(cache, { device, shape, bindings, constants });
+    }
+    tileOps.push(ops);
     return await prepareGroupedMatmul(cache, { device, shape, bindings });
   };
+  const tileOps: Record<number, GroupedMatmulOp>[] = [];
   const probeInputs: { shape: GroupedMatmulShape; bindings: GroupedMatmulBindings }[] = [];
   const gcommon = {
     type: "IQ4_XS" as const,
@@ -196,6 +205,13 @@ for (const T of TOKENS) {
     groupedGateUp: await us((p) => encodeGroupedMatmul(p, guOp)),
     groupedDown: await us((p) => encodeGroupedMatmul(p, dnOp)),
   };
+  const tileUs: Record<number, { gateUp: number; down: number }> = {};
+  for (const TT of GROUPED_MATMUL_TILE_TOKENS) {
+    tileUs[TT] = {
+      gateUp: await us((p) => encodeGroupedMatmul(p, tileOps[0]![TT]!)),
+      down: await us((p) => encodeGroupedMatmul(p, tileOps[1]![TT]!)),
+    };
+  }
   if (args.probe) await probe(T, probeInputs, us);
   const columnSum = r.perColumnGateUp + r.perColumnDown;
   const groupedSum = r.group + r.groupedGateUp + r.groupedDown;
@@ -204,6 +220,8 @@ for (const T of TOKENS) {
     tokens: T,
     experts: N_EXPERT,
     us: r,
+    tt: groupedMatmulConstants(probeInputs[0]!.shape).TT,
+    tileUs,
     perColumnUs: columnSum,
     groupedUs: groupedSum,
     speedup: columnSum / groupedSum,

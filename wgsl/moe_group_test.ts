@@ -12,6 +12,7 @@ import {
   checkGroupedMatmul,
   encodeGroupedMatmul,
   GROUPED_MATMUL_PARAMS_BYTES,
+  GROUPED_MATMUL_TILE_TOKENS,
   type GroupedMatmulConstants,
   groupedMatmulConstants,
   groupedMatmulParams,
@@ -127,11 +128,14 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
     makeCase(rng, "Q8_0", true, true, rng.int(20, 60), rng.int(600, 1023)),
     makeCase(rng, "IQ4_XS", false, false, rng.int(20, 60), rng.int(257, 700)),
   );
-  // Both step widths where the device holds them (lavapipe: UNITS 2 only); else the check must refuse.
+  // Both step widths where the device holds them (lavapipe: UNITS 2 only; else the check must refuse), and
+  // every token-tile width (UNITS 2).
   const variants = (s: GroupedMatmulShape): GroupedMatmulConstants[] =>
-    [4, 2].map((UNITS) => ({ ...groupedMatmulConstants(s), UNITS }))
-      .filter((c) => groupedMatmulWorkgroupBytes(c) <= max);
-  const wide = cases.find((c) => variants(c.shape).length === 1);
+    [
+      { ...groupedMatmulConstants(s), UNITS: 4, TT: 16 },
+      ...GROUPED_MATMUL_TILE_TOKENS.map((TT) => ({ ...groupedMatmulConstants(s), UNITS: 2, TT })),
+    ].filter((c) => groupedMatmulWorkgroupBytes(c) <= max);
+  const wide = cases.find((c) => variants(c.shape).length === 3);
   if (wide) {
     await assert.rejects(
       prepareGroupedMatmul(cache, {
@@ -144,7 +148,7 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
           y: upload(device, new Float32Array(wide.shape.n * (wide.shape.nRouted + wide.shape.cap))),
           groups: upload(device, new Uint32Array(moeGroupWords(wide.group))),
         },
-        constants: { ...groupedMatmulConstants(wide.shape), UNITS: 4 },
+        constants: { ...groupedMatmulConstants(wide.shape), UNITS: 4, TT: 16 },
       }),
       /workgroup memory/,
     );
@@ -195,7 +199,7 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
     const gateUp = c.shape.upOffsetBytes !== undefined;
     const what = `grouped ${c.shape.type} ${gateUp ? "gate·up" : "down"} k=${c.shape.k} n=${c.shape.n} ` +
       `experts=${c.group.nExpert} used=${c.used} tokens=${c.group.nTokens} shared=${c.group.shared} ` +
-      `UNITS=${c.v.UNITS}`;
+      `UNITS=${c.v.UNITS} TT=${c.v.TT}`;
     const words = new Uint32Array(got[2 * i]!);
     const { counts, lists } = refGroups(c);
     const nGroups = counts.length;
@@ -251,13 +255,17 @@ Deno.test("grouped matmul and moe_group checks throw before encoding", () => {
     yStride: 40,
   };
   const c = groupedMatmulConstants(shape);
-  assert.deepEqual(c, { TYPE: 8, GATE_UP: true, UNITS: 2 });
+  assert.deepEqual(c, { TYPE: 8, GATE_UP: true, UNITS: 2, TT: 16 });
+  // Token tiles follow the routed experts' mean column count: 2,048 tokens × 8 of 256 experts give 64.
+  const tt = (nRouted: number) => groupedMatmulConstants({ ...shape, nGroups: 257, nRouted }).TT;
+  assert.deepEqual([tt(512 * 8), tt(1024 * 8), tt(2048 * 8), tt(4096 * 8)], [16, 32, 64, 64]);
   const b = { params: big, weights: big, x: big, y: big, groups: big };
   checkGroupedMatmul(shape, c, b);
   assert.throws(() => checkGroupedMatmul(shape, c, { ...b, groups: small }), /groups holds 16 bytes/);
   assert.throws(() => checkGroupedMatmul(shape, c, { ...b, y: small }), /binding y/);
   assert.throws(() => checkGroupedMatmul(shape, { ...c, GATE_UP: false }, b), /GATE_UP goes with/);
   assert.throws(() => checkGroupedMatmul(shape, { ...c, UNITS: 3 }, b), /UNITS=3/);
+  assert.throws(() => checkGroupedMatmul(shape, { ...c, TT: 24 }, b), /TT=24 must be one of 16, 32, 64/);
   assert.throws(() => checkGroupedMatmul({ ...shape, nGroups: 1025 }, c, b), /nGroups/);
   assert.throws(() => checkGroupedMatmul({ ...shape, expertBytes: 68 }, c, b), /expertBytes/);
   assert.throws(() => checkGroupedMatmul({ ...shape, k: 48 }, c, b), /48/);

@@ -1,8 +1,8 @@
 /**
  * Twin of `moe_matmul.wgsl`: the expert passes of a prefill chunk as grouped matmuls over the lists
- * `moe_group.wgsl` writes, each expert's weights read once per tile of 16 of its tokens instead of once per
- * token column (moe_matvec). Tiles are 256 weight rows (gate·up: 128 gate rows and the same up rows, written
- * as silu(gate)·up) × 16 tokens; grid y runs over every group's token tiles in group order.
+ * `moe_group.wgsl` writes, each expert's weights read once per tile of TT (16, 32 or 64) of its tokens instead
+ * of once per token column (moe_matvec). Tiles are 256 weight rows (gate·up: 128 gate rows and the same up
+ * rows, written as silu(gate)·up) × TT tokens; grid y runs over every group's token tiles in group order.
  *
  * Uniform `Params` (64 bytes, 16 × u32, in struct order): 0 k, 4 n, 8 row_bytes, 12 w_off, 16 w_off_up,
  * 20 expert_bytes (bytes), 24 x_stride, 28 y_stride (elements), 32 cap, 36 x_div, 40 n_groups, 44 n_routed,
@@ -19,7 +19,7 @@ export const MOE_MATMUL: KernelSpec = {
   name: "moe_matmul",
   url: new URL("./moe_matmul.wgsl", import.meta.url),
   lib: QUANT_LIBS,
-  constants: { TYPE: "u32", GATE_UP: "bool", UNITS: "u32" },
+  constants: { TYPE: "u32", GATE_UP: "bool", UNITS: "u32", TT: "u32" },
 };
 
 /** Constants of one grouped-matmul variant. */
@@ -30,13 +30,15 @@ export type GroupedMatmulConstants = {
   readonly GATE_UP: boolean;
   /** Units of 8 row positions staged per step: 4 (a whole 32-element chunk) or 2 (half the memory). */
   readonly UNITS: number;
+  /** Tokens per tile: 16, 32 or 64 ({@linkcode GROUPED_MATMUL_TILE_TOKENS}). */
+  readonly TT: number;
 };
 
 /** Bytes of the uniform params. */
 export const GROUPED_MATMUL_PARAMS_BYTES = 64;
 
-/** Tokens per tile. */
-export const GROUPED_MATMUL_TILE_TOKENS = 16;
+/** The token-tile widths the kernel takes. */
+export const GROUPED_MATMUL_TILE_TOKENS: readonly number[] = [16, 32, 64];
 
 /** Most groups one pass takes (each of the 256 invocations sums four groups' tile counts). */
 export const GROUPED_MATMUL_MAX_GROUPS = 1024;
@@ -106,20 +108,26 @@ export interface GroupedMatmulOp {
 /** Workgroup memory of a variant in bytes: the f32 tiles, the prefix sum, and the IQ4 codebook table. */
 export function groupedMatmulWorkgroupBytes(c: GroupedMatmulConstants): number {
   const iq4 = c.TYPE === TYPE_ID.IQ4_XS || c.TYPE === TYPE_ID.IQ4_NL;
-  return 8704 * c.UNITS + 1032 + (iq4 ? 2048 : 0);
+  return 8192 * c.UNITS + 32 * c.TT * c.UNITS + 1032 + (iq4 ? 2048 : 0);
 }
 
 /** Whether some variant of `type` fits `maxWorkgroupBytes` of workgroup memory (UNITS 2: 20 KiB at most). */
 export function groupedMatmulFits(type: GgmlTypeName, maxWorkgroupBytes: number): boolean {
-  return groupedMatmulWorkgroupBytes({ TYPE: TYPE_ID[type], GATE_UP: false, UNITS: 2 }) <= maxWorkgroupBytes;
+  return groupedMatmulWorkgroupBytes({ TYPE: TYPE_ID[type], GATE_UP: false, UNITS: 2, TT: 16 }) <=
+    maxWorkgroupBytes;
 }
 
 /**
  * The variant of a pass: half chunks per step (UNITS 2). Whole chunks (UNITS 4, 37 KiB) are slower on the
  * H200 at 35B-A3B shapes (docs/PERF.md): twice the workgroup memory halves the workgroups an SM holds.
+ * Token tiles as wide as the routed experts' mean column count allows (at least 16): a tile wider than an
+ * expert's tokens idles warps, a narrower one reads the expert's weights again per tile.
  */
 export function groupedMatmulConstants(shape: GroupedMatmulShape): GroupedMatmulConstants {
-  return { TYPE: TYPE_ID[shape.type], GATE_UP: shape.upOffsetBytes !== undefined, UNITS: 2 };
+  const routedGroups = Math.max(1, shape.nGroups - (shape.shared ? 1 : 0));
+  const mean = shape.nRouted / routedGroups;
+  const TT = GROUPED_MATMUL_TILE_TOKENS.reduce((t, w) => (w <= mean ? w : t), 16);
+  return { TYPE: TYPE_ID[shape.type], GATE_UP: shape.upOffsetBytes !== undefined, UNITS: 2, TT };
 }
 
 /** The uniform params of a pass (write them at a 256-byte-aligned offset of a uniform buffer). */
@@ -146,7 +154,7 @@ export function groupedMatmulParams(shape: GroupedMatmulShape): Uint32Array<Arra
 }
 
 /**
- * Grid: row tiles in x; in y a bound on the groups' 16-token tiles, Σ ceil(count_e / 16) ≤ columns / 16 +
+ * Grid: row tiles in x; in y a bound on the groups' TT-token tiles, Σ ceil(count_e / TT) ≤ columns / TT +
  * groups (workgroups past the last tile return at once).
  */
 export function groupedMatmulGrid(
@@ -154,8 +162,7 @@ export function groupedMatmulGrid(
   c: GroupedMatmulConstants,
 ): [number, number, number] {
   const cols = shape.nRouted + (shape.shared ? shape.cap : 0);
-  const T = GROUPED_MATMUL_TILE_TOKENS;
-  return [Math.ceil(shape.n / (c.GATE_UP ? 128 : 256)), Math.floor(cols / T) + shape.nGroups, 1];
+  return [Math.ceil(shape.n / (c.GATE_UP ? 128 : 256)), Math.floor(cols / c.TT) + shape.nGroups, 1];
 }
 
 /**
@@ -174,6 +181,10 @@ export function checkGroupedMatmul(
     "Kernel moe_matmul: GATE_UP goes with upOffsetBytes",
   );
   checkShape(c.UNITS === 2 || c.UNITS === 4, `Kernel moe_matmul: UNITS=${c.UNITS} must be 2 or 4`);
+  checkShape(
+    GROUPED_MATMUL_TILE_TOKENS.includes(c.TT),
+    `Kernel moe_matmul: TT=${c.TT} must be one of ${GROUPED_MATMUL_TILE_TOKENS.join(", ")}`,
+  );
   checkInt("Kernel moe_matmul: n", shape.n, 1, 2 ** 24);
   checkInt("Kernel moe_matmul: cap", shape.cap, 1, 2 ** 24);
   checkInt("Kernel moe_matmul: nGroups", shape.nGroups, 1, GROUPED_MATMUL_MAX_GROUPS);
@@ -232,7 +243,7 @@ export async function prepareGroupedMatmul(
   checkGroupedMatmul(opts.shape, c, opts.bindings);
   checkWorkgroupBytes(
     opts.device,
-    `Kernel moe_matmul UNITS=${c.UNITS}`,
+    `Kernel moe_matmul UNITS=${c.UNITS} TT=${c.TT}`,
     groupedMatmulWorkgroupBytes(c),
     "take UNITS=2 or use moe_matvec",
   );

@@ -6,23 +6,27 @@
 // col·y_stride + row. Expert e's matrix starts at byte w_off + e·expert_bytes (up: w_off_up + e·expert_bytes);
 // row r at + r·row_bytes, raw GGUF blocks (lib/quant.wgsl).
 //
-// Tiles of 16 tokens: a chunk of 512 tokens with 8 of 256 experts each gives an expert 16 tokens on average,
-// so wider token tiles leave most of a workgroup idle. Each group's tokens are cut into tiles of 16; grid y runs over
-// every group's tiles in group order (a bound: workgroups past the last tile return), and each workgroup
-// finds its group and first token from a workgroup prefix sum over the groups' tile counts.
-// A workgroup (256 invocations) owns 256 weight rows × 16 tokens: rows n0 + r, r < 256 (GATE_UP: gate rows
+// Tiles of TT tokens (16, 32 or 64): a chunk of 512 tokens with 8 of 256 experts each gives an expert 16
+// tokens on average, so wider token tiles leave most of a workgroup idle there, while a 2,048-token chunk
+// (64 per expert) reads each expert's weights 4 times with 16-token tiles; the engine picks TT from the
+// chunk's columns per group. Each group's tokens are cut into tiles of TT; grid y runs over every group's
+// tiles in group order (a bound: workgroups past the last tile return), and each workgroup finds its group
+// and first token from a workgroup prefix sum over the groups' tile counts.
+// A workgroup (256 invocations) owns 256 weight rows × TT tokens: rows n0 + r, r < 256 (GATE_UP: gate rows
 // n0 + r for r < 128 and the same rows of up for r ≥ 128, grid x = ceil(N / 128)). Per step of 8·UNITS row
 // positions (UNITS units of one 32-element chunk, lib/quant.wgsl), invocation lid dequantizes tile row lid's
-// units into workgroup memory `wt` and invocations lid < 16·UNITS stage one unit of one token into `xt`
-// (f32, transposed so that the inner loop reads vec4s), then every invocation runs 8·UNITS rank-1 updates:
-//   plain:   rows 4·ty .. 4·ty + 3 (ty = lid % 64) × tokens 4·tx .. 4·tx + 3 (tx = lid / 64)
-//   GATE_UP: gate rows 4·ty .. + 3 and the same up rows (ty = lid % 32) × tokens 2·tx, 2·tx + 1 (tx = lid / 32)
+// units into workgroup memory `wt` and invocations lid < TT·UNITS stage one unit of one token into `xt`
+// (f32, transposed so that the inner loop reads vec4s), then every invocation runs 8·UNITS rank-1 updates
+// (TPI = TT / 4 tokens per invocation plain, TT / 8 for GATE_UP):
+//   plain:   rows 4·ty .. 4·ty + 3 (ty = lid % 64) × tokens TPI·tx .. + TPI − 1 (tx = lid / 64)
+//   GATE_UP: gate rows 4·ty .. + 3 and the same up rows (ty = lid % 32) × tokens TPI·tx .. (tx = lid / 32)
 // so every warp holds one token group: warps whose tokens are all past count_e skip the updates. The next
 // step's weights and inputs load into registers during this step's updates. Rows ≥ N and tokens ≥ count_e are
 // computed from clamped or zero inputs and never stored.
-// Constants: const TYPE: u32 (ggml id); const GATE_UP: bool; const UNITS: u32 (2 or 4: units per step).
-// Limits: K % 32 == 0; at most 1024 groups; workgroup memory 8704·UNITS + 1032 bytes, plus 2 KiB for the IQ4
-// table (UNITS 4: 37 KiB, UNITS 2: 20 KiB).
+// Constants: const TYPE: u32 (ggml id); const GATE_UP: bool; const UNITS: u32 (2 or 4: units per step);
+// const TT: u32 (16, 32 or 64: tokens per tile).
+// Limits: K % 32 == 0; at most 1024 groups; TT·UNITS <= 256; workgroup memory 8192·UNITS + 32·TT·UNITS +
+// 1032 bytes, plus 2 KiB for the IQ4 table (UNITS 2, TT 16: 20 KiB).
 
 struct Params {
   k: u32,
@@ -52,10 +56,13 @@ struct Params {
 const KK: u32 = 8u * UNITS; // row positions per step
 const STEPS_PER_CHUNK: u32 = 4u / UNITS;
 const NO_TILE: u32 = 0xffffffffu;
+// Token groups of 4 in a tile; tokens per invocation.
+const TG: u32 = TT / 4u;
+const TPI: u32 = select(TT / 4u, TT / 8u, GATE_UP);
 
-// wt[kk · 64 + r / 4][r % 4] = tile row r at step position kk; xt[kk · 4 + t / 4][t % 4] = tile token t.
+// wt[kk · 64 + r / 4][r % 4] = tile row r at step position kk; xt[kk · TG + t / 4][t % 4] = tile token t.
 var<workgroup> wt: array<vec4<f32>, 64u * KK>;
-var<workgroup> xt: array<vec4<f32>, 4u * KK>;
+var<workgroup> xt: array<vec4<f32>, TG * KK>;
 var<workgroup> scan: array<u32, 256>;
 var<workgroup> tile_group: u32;
 var<workgroup> tile_m0: u32;
@@ -68,12 +75,12 @@ fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
 }
 
-// Tiles of 16 tokens in group e (none past the last group).
+// Tiles of TT tokens in group e (none past the last group).
 fn group_tiles(e: u32) -> u32 {
   if (e >= params.n_groups) {
     return 0u;
   }
-  return (min(groups[e], params.cap) + 15u) / 16u;
+  return (min(groups[e], params.cap) + TT - 1u) / TT;
 }
 
 // The Y column of entry m of group e's list, and the x row it reads.
@@ -165,9 +172,26 @@ fn stage_units(lid: u32, s: u32, f: Fetched) {
   }
 }
 
+// Writes entry m of group e (when m < count), rows r0 .. r0 + 3 below N: v, or with GATE_UP silu(v)·u.
+fn store(e: u32, m: u32, count: u32, r0: u32, v: vec4<f32>, u: vec4<f32>) {
+  if (m >= count) {
+    return;
+  }
+  let col = token_col(e, m);
+  for (var i = 0u; i < 4u; i++) {
+    if (r0 + i < params.n) {
+      if (GATE_UP) {
+        y[col * params.y_stride + r0 + i] = silu(v[i]) * u[i];
+      } else {
+        y[col * params.y_stride + r0 + i] = v[i];
+      }
+    }
+  }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-  // This workgroup's tile: the wid.y-th 16-token tile over the groups in order. Invocation lid sums the tiles
+  // This workgroup's tile: the wid.y-th TT-token tile over the groups in order. Invocation lid sums the tiles
   // of groups 4·lid .. 4·lid + 3; an inclusive prefix sum over the invocations gives each range's first tile.
   if (lid == 0u) {
     tile_group = NO_TILE;
@@ -192,7 +216,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let tiles = group_tiles(4u * lid + i);
     if (wid.y >= first && wid.y < first + tiles) {
       tile_group = 4u * lid + i;
-      tile_m0 = 16u * (wid.y - first);
+      tile_m0 = TT * (wid.y - first);
     }
     first += tiles;
   }
@@ -216,21 +240,36 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     base = select(params.w_off, params.w_off_up, lid >= 128u);
   }
   let rb = base + e * params.expert_bytes + min(row, params.n - 1u) * params.row_bytes;
-  // Input staging (lid < 16·UNITS): token xm of the tile, unit xu of the step.
-  let xm = lid % 16u;
-  let xu = lid / 16u;
+  // Input staging (lid < TT·UNITS): token xm of the tile, unit xu of the step.
+  let xm = lid % TT;
+  let xu = lid / TT;
   let stages_x = xu < UNITS;
   let xv = m0 + xm < count;
   let xb = params.x_stride * x_row(token_col(e, min(m0 + xm, count - 1u)));
-  // The invocation's tokens: plain 4·tx .. + 3, GATE_UP 2·tx, 2·tx + 1 (tx is the same across a warp).
+  // The invocation's tokens: TPI·tx .. + TPI − 1 (tx is the same across a warp).
   let ty = select(lid % 64u, lid % 32u, GATE_UP);
   let tx = select(lid / 64u, lid / 32u, GATE_UP);
-  let busy = m0 + select(4u, 2u, GATE_UP) * tx < count;
+  let busy = m0 + TPI * tx < count;
 
-  var acc0 = vec4<f32>(0.0);
-  var acc1 = vec4<f32>(0.0);
-  var acc2 = vec4<f32>(0.0);
-  var acc3 = vec4<f32>(0.0);
+  // The accumulators are named variables, never an array: naga's SPIR-V keeps a function-scope array that
+  // a loop indexes in local memory on the H200 (3x slower, docs/PERF.md). Plain: a_j = rows 4·ty .. + 3 of
+  // token TPI·tx + j. GATE_UP: TPI 2: gate a0, a1 and up a2, a3; TPI 4 or 8: gate a_j and up a_(8 + j).
+  var a0 = vec4<f32>(0.0);
+  var a1 = vec4<f32>(0.0);
+  var a2 = vec4<f32>(0.0);
+  var a3 = vec4<f32>(0.0);
+  var a4 = vec4<f32>(0.0);
+  var a5 = vec4<f32>(0.0);
+  var a6 = vec4<f32>(0.0);
+  var a7 = vec4<f32>(0.0);
+  var a8 = vec4<f32>(0.0);
+  var a9 = vec4<f32>(0.0);
+  var a10 = vec4<f32>(0.0);
+  var a11 = vec4<f32>(0.0);
+  var a12 = vec4<f32>(0.0);
+  var a13 = vec4<f32>(0.0);
+  var a14 = vec4<f32>(0.0);
+  var a15 = vec4<f32>(0.0);
 
   let steps = (params.k / 32u) * STEPS_PER_CHUNK;
   // Registers of step s: the chunk's scales, units UNITS·h .. of the chunk (h = s % STEPS_PER_CHUNK).
@@ -244,8 +283,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
       let l = select(vec4<f32>(0.0), xl, xv);
       let hv = select(vec4<f32>(0.0), xh, xv);
       for (var i = 0u; i < 4u; i++) {
-        xt[(8u * xu + i) * 4u + xm / 4u][xm % 4u] = l[i];
-        xt[(8u * xu + 4u + i) * 4u + xm / 4u][xm % 4u] = hv[i];
+        xt[(8u * xu + i) * TG + xm / 4u][xm % 4u] = l[i];
+        xt[(8u * xu + 4u + i) * TG + xm / 4u][xm % 4u] = hv[i];
       }
     }
     workgroupBarrier();
@@ -259,58 +298,105 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
       if (GATE_UP) {
         let ag = wt[kk * 64u + ty];
         let au = wt[kk * 64u + 32u + ty];
-        let b4 = xt[kk * 4u + tx / 2u];
-        let b = select(b4.xy, b4.zw, (tx & 1u) == 1u);
-        acc0 += ag * b.x;
-        acc1 += ag * b.y;
-        acc2 += au * b.x;
-        acc3 += au * b.y;
+        if (TPI == 2u) {
+          let b4 = xt[kk * TG + tx / 2u];
+          let b = select(b4.xy, b4.zw, (tx & 1u) == 1u);
+          a0 += ag * b.x;
+          a1 += ag * b.y;
+          a2 += au * b.x;
+          a3 += au * b.y;
+        } else {
+          let b0 = xt[kk * TG + tx * (TPI / 4u)];
+          a0 += ag * b0.x;
+          a1 += ag * b0.y;
+          a2 += ag * b0.z;
+          a3 += ag * b0.w;
+          a8 += au * b0.x;
+          a9 += au * b0.y;
+          a10 += au * b0.z;
+          a11 += au * b0.w;
+          if (TPI == 8u) {
+            let b1 = xt[kk * TG + 2u * tx + 1u];
+            a4 += ag * b1.x;
+            a5 += ag * b1.y;
+            a6 += ag * b1.z;
+            a7 += ag * b1.w;
+            a12 += au * b1.x;
+            a13 += au * b1.y;
+            a14 += au * b1.z;
+            a15 += au * b1.w;
+          }
+        }
       } else {
         let a = wt[kk * 64u + ty];
-        let b = xt[kk * 4u + tx];
-        acc0 += a * b.x;
-        acc1 += a * b.y;
-        acc2 += a * b.z;
-        acc3 += a * b.w;
+        let b0 = xt[kk * TG + tx * (TPI / 4u)];
+        a0 += a * b0.x;
+        a1 += a * b0.y;
+        a2 += a * b0.z;
+        a3 += a * b0.w;
+        if (TPI >= 8u) {
+          let b1 = xt[kk * TG + tx * (TPI / 4u) + 1u];
+          a4 += a * b1.x;
+          a5 += a * b1.y;
+          a6 += a * b1.z;
+          a7 += a * b1.w;
+        }
+        if (TPI == 16u) {
+          let b2 = xt[kk * TG + tx * 4u + 2u];
+          let b3 = xt[kk * TG + tx * 4u + 3u];
+          a8 += a * b2.x;
+          a9 += a * b2.y;
+          a10 += a * b2.z;
+          a11 += a * b2.w;
+          a12 += a * b3.x;
+          a13 += a * b3.y;
+          a14 += a * b3.z;
+          a15 += a * b3.w;
+        }
       }
     }
     workgroupBarrier();
   }
 
   let r0 = n0 + 4u * ty;
+  let t0 = m0 + TPI * tx;
   if (GATE_UP) {
-    for (var j = 0u; j < 2u; j++) {
-      let m = m0 + 2u * tx + j;
-      if (m < count) {
-        let col = token_col(e, m);
-        let g = select(acc0, acc1, j == 1u);
-        let u = select(acc2, acc3, j == 1u);
-        for (var i = 0u; i < 4u; i++) {
-          if (r0 + i < params.n) {
-            y[col * params.y_stride + r0 + i] = silu(g[i]) * u[i];
-          }
-        }
-      }
+    if (TPI == 2u) {
+      store(e, t0, count, r0, a0, a2);
+      store(e, t0 + 1u, count, r0, a1, a3);
+      return;
+    }
+    store(e, t0, count, r0, a0, a8);
+    store(e, t0 + 1u, count, r0, a1, a9);
+    store(e, t0 + 2u, count, r0, a2, a10);
+    store(e, t0 + 3u, count, r0, a3, a11);
+    if (TPI == 8u) {
+      store(e, t0 + 4u, count, r0, a4, a12);
+      store(e, t0 + 5u, count, r0, a5, a13);
+      store(e, t0 + 6u, count, r0, a6, a14);
+      store(e, t0 + 7u, count, r0, a7, a15);
     }
     return;
   }
-  for (var j = 0u; j < 4u; j++) {
-    let m = m0 + 4u * tx + j;
-    if (m < count) {
-      let col = token_col(e, m);
-      var a = acc0;
-      if (j == 1u) {
-        a = acc1;
-      } else if (j == 2u) {
-        a = acc2;
-      } else if (j == 3u) {
-        a = acc3;
-      }
-      for (var i = 0u; i < 4u; i++) {
-        if (r0 + i < params.n) {
-          y[col * params.y_stride + r0 + i] = a[i];
-        }
-      }
-    }
+  let z = vec4<f32>(0.0);
+  store(e, t0, count, r0, a0, z);
+  store(e, t0 + 1u, count, r0, a1, z);
+  store(e, t0 + 2u, count, r0, a2, z);
+  store(e, t0 + 3u, count, r0, a3, z);
+  if (TPI >= 8u) {
+    store(e, t0 + 4u, count, r0, a4, z);
+    store(e, t0 + 5u, count, r0, a5, z);
+    store(e, t0 + 6u, count, r0, a6, z);
+    store(e, t0 + 7u, count, r0, a7, z);
+  }
+  if (TPI == 16u) {
+    store(e, t0 + 8u, count, r0, a8, z);
+    store(e, t0 + 9u, count, r0, a9, z);
+    store(e, t0 + 10u, count, r0, a10, z);
+    store(e, t0 + 11u, count, r0, a11, z);
+    store(e, t0 + 12u, count, r0, a12, z);
+    store(e, t0 + 13u, count, r0, a13, z);
+    store(e, t0 + 14u, count, r0, a14, z);
+    store(e, t0 + 15u, count, r0, a15, z);
   }
 }

@@ -256,9 +256,9 @@ Deno.test("grouped matmul and moe_group checks throw before encoding", () => {
   };
   const c = groupedMatmulConstants(shape);
   assert.deepEqual(c, { TYPE: 8, GATE_UP: true, UNITS: 2, TT: 16 });
-  // Token tiles follow the routed experts' mean column count: 2,048 tokens × 8 of 256 experts give 64.
+  // Token tiles follow the routed experts' mean column count (tokens × 8 of 256 experts / 256).
   const tt = (nRouted: number) => groupedMatmulConstants({ ...shape, nGroups: 257, nRouted }).TT;
-  assert.deepEqual([tt(512 * 8), tt(1024 * 8), tt(2048 * 8), tt(4096 * 8)], [16, 32, 64, 64]);
+  assert.deepEqual([tt(64 * 8), tt(256 * 8), tt(512 * 8), tt(1024 * 8), tt(2048 * 8)], [16, 16, 32, 64, 64]);
   const b = { params: big, weights: big, x: big, y: big, groups: big };
   checkGroupedMatmul(shape, c, b);
   assert.throws(() => checkGroupedMatmul(shape, c, { ...b, groups: small }), /groups holds 16 bytes/);

@@ -120,13 +120,14 @@ export function groupedMatmulFits(type: GgmlTypeName, maxWorkgroupBytes: number)
 /**
  * The variant of a pass: half chunks per step (UNITS 2). Whole chunks (UNITS 4, 37 KiB) are slower on the
  * H200 at 35B-A3B shapes (docs/PERF.md): twice the workgroup memory halves the workgroups an SM holds.
- * Token tiles as wide as the routed experts' mean column count allows (at least 16): a tile wider than an
- * expert's tokens idles warps, a narrower one reads the expert's weights again per tile.
+ * Token tiles by the routed experts' mean column count: 16 up to 8 columns, 32 below 32, else 64. On the
+ * H200 (docs/PERF.md) 32-token tiles beat 16 even at 16 columns per expert (512-token chunks), and 64 wins
+ * from 32 columns on (2x the 16-token tiles at 2,048-token chunks).
  */
 export function groupedMatmulConstants(shape: GroupedMatmulShape): GroupedMatmulConstants {
   const routedGroups = Math.max(1, shape.nGroups - (shape.shared ? 1 : 0));
   const mean = shape.nRouted / routedGroups;
-  const TT = GROUPED_MATMUL_TILE_TOKENS.reduce((t, w) => (w <= mean ? w : t), 16);
+  const TT = mean <= 8 ? 16 : mean < 32 ? 32 : 64;
   return { TYPE: TYPE_ID[shape.type], GATE_UP: shape.upOffsetBytes !== undefined, UNITS: 2, TT };
 }
 

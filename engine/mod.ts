@@ -68,6 +68,7 @@ export { MAX_BATCH_SLOTS, MAX_SLOTS } from "./exec/activations.ts";
 export {
   type ChainClient,
   type ChainStageStatus,
+  type NextBatchRun,
   type NextResult,
   type NextRun,
   type NextStage,

@@ -127,7 +127,7 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
         "slots        2, context 256 positions per slot",
         "state        kv=f32;ssm=f32; int8 activations off; hidden rows f32",
         `build        ${buildInfo().version} (commit `,
-        "wire protocol 1",
+        "wire protocol 2",
         "over 3 ping(s)",
       ]
     ) assert.ok(ok.stdout.includes(want), `missing "${want}" in:\n${ok.stdout}`);

@@ -16,6 +16,7 @@ export const OP = {
   ready: 0x05,
   run: 0x10,
   run_result: 0x11,
+  run_batch: 0x12,
   snapshot_save: 0x20,
   snapshot_restore: 0x21,
   snapshot_drop: 0x22,

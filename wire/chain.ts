@@ -12,6 +12,7 @@
 import {
   type ChainClient,
   type ChainStageStatus,
+  type NextBatchRun,
   type NextResult,
   type NextRun,
   type StageInfo,
@@ -21,6 +22,7 @@ import { WireError } from "./errors.ts";
 import {
   DEFAULT_MAX_FRAME_BYTES,
   MAX_HISTORY,
+  type RunBatchRequest,
   type RunRequest,
   type RunResult,
   type WireSampling,
@@ -237,6 +239,55 @@ export class ChainLink implements ChainClient {
     } catch (e) {
       throw stale(e);
     }
+  }
+
+  /**
+   * Sends a RUN_BATCH on connection `epoch` and returns its result and the connection.
+   * @throws {StaleChainError} on an epoch mismatch, or when the next stage reports stale state itself
+   * @throws {WireError} when the link fails or the stage refuses the run
+   */
+  async forwardBatch(
+    req: RunBatchRequest,
+    epoch: number,
+  ): Promise<{ result: RunResult; epoch: number; roundTripUs: number }> {
+    const link = await this.#live(epoch, `batched run of slots ${req.entries.map((e) => e.slot).join(",")}`);
+    const at = this.#epoch;
+    try {
+      const t0 = performance.now();
+      const result = await link.runBatch(req);
+      return { result, epoch: at, roundTripUs: Math.round((performance.now() - t0) * 1000) };
+    } catch (e) {
+      throw stale(e);
+    }
+  }
+
+  /** One row per slot through the rest of the chain as one batched frame (ChainClient). */
+  async runBatch(req: NextBatchRun): Promise<NextResult> {
+    const self = this.#self;
+    if (!self) throw new Error("Internal error: ChainLink used before attach()");
+    const { result, epoch, roundTripUs } = await this.forwardBatch({
+      entries: req.entries.map((e) => ({
+        slot: e.slot,
+        basePos: e.basePos,
+        ...(e.sampling ? { sampling: wireSampling(e.sampling) } : {}),
+      })),
+      nEmbd: self.nEmbd,
+      rows: req.rows,
+      dtype: "f32",
+      want: "ids",
+      topK: req.topK,
+    }, req.epoch);
+    this.#times.record({ headUs: req.headUs, timesUs: result.timesUs, roundTripUs });
+    if (result.kind !== "ids" || result.ids.length !== req.entries.length) {
+      throw new WireError("unexpected", `${this.#name} answered a batched run without one id per slot`);
+    }
+    return {
+      epoch,
+      ids: result.ids,
+      topIds: result.topIds,
+      topLogits: result.topLogits,
+      timesUs: result.timesUs,
+    };
   }
 
   /** Runs rows through the rest of the chain (ChainClient). */

@@ -45,10 +45,14 @@ import {
 import {
   decodeResult,
   decodeRun,
+  decodeRunBatch,
   encodeResult,
   encodeRun,
+  encodeRunBatch,
   MAX_HISTORY,
   MAX_TIMES,
+  type RunBatchEntry,
+  type RunBatchRequest,
   type RunRequest,
   type RunResult,
   type RunWant,
@@ -56,7 +60,16 @@ import {
 } from "./run.ts";
 
 export { type FrameLimits, OP, type OpName };
-export { MAX_HISTORY, MAX_TIMES, type RunRequest, type RunResult, type RunWant, type WireSampling };
+export {
+  MAX_HISTORY,
+  MAX_TIMES,
+  type RunBatchEntry,
+  type RunBatchRequest,
+  type RunRequest,
+  type RunResult,
+  type RunWant,
+  type WireSampling,
+};
 
 /** The frame magic as a little-endian u32: the bytes `W L L M`. */
 export const FRAME_MAGIC = 0x4d4c4c57;
@@ -102,6 +115,7 @@ export type Frame =
   | { readonly op: "auth" | "ready"; readonly id: number; readonly proof: Uint8Array }
   | { readonly op: "run"; readonly id: number; readonly run: RunRequest }
   | { readonly op: "run_result"; readonly id: number; readonly result: RunResult }
+  | { readonly op: "run_batch"; readonly id: number; readonly run: RunBatchRequest }
   | { readonly op: "snapshot_save" | "reset"; readonly id: number; readonly slot: number }
   | {
     readonly op: "snapshot_restore";
@@ -173,6 +187,8 @@ function encodePayload(f: Frame): Uint8Array {
       return encodeRun(f.run);
     case "run_result":
       return encodeResult(f.result);
+    case "run_batch":
+      return encodeRunBatch(f.run);
     case "snapshot_save":
     case "reset": {
       checkEncode(Number.isInteger(f.slot) && f.slot >= 0 && f.slot <= 0xffff, `slot ${f.slot}`);
@@ -361,6 +377,8 @@ function decodePayload(h: FrameHeader, payload: Uint8Array, lim: FrameLimits): F
       return { op: h.op, id, run: decodeRun(r, lim) };
     case "run_result":
       return { op: h.op, id, result: decodeResult(r, lim) };
+    case "run_batch":
+      return { op: h.op, id, run: decodeRunBatch(r, lim) };
     case "snapshot_save":
     case "reset": {
       r.need(4, "slot");

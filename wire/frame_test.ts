@@ -529,17 +529,18 @@ Deno.test("frame: a malformed hello gives bad_hello, another protocol version gi
     /layers/,
   );
   throwsWire(
-    () => decodeFrame(withJson(JSON.stringify({ ...HELLO, protocol: 2 })), LIM),
+    () => decodeFrame(withJson(JSON.stringify({ ...HELLO, protocol: 1 })), LIM),
     "bad_hello",
-    /header protocol 1 but the hello JSON says 2/,
+    /header protocol 2 but the hello JSON says 1/,
   );
   throwsWire(() => decodeFrame(withJson("[]"), LIM), "bad_hello");
-  const v2 = payload.slice();
-  v2[0] = 2;
+  // Version 1 (before RUN_BATCH) is refused.
+  const v1 = payload.slice();
+  v1[0] = 1;
   throwsWire(
-    () => decodeFrame(raw(OP.hello, v2), LIM),
+    () => decodeFrame(raw(OP.hello, v1), LIM),
     "refused",
-    /peer speaks version 2 but this side speaks version 1/,
+    /peer speaks version 1 but this side speaks version 2/,
   );
   throwsWire(() => decodeFrame(raw(OP.hello, payload.subarray(0, 20)), LIM), "short_payload");
 });

@@ -18,7 +18,7 @@
 import { WireError } from "./errors.ts";
 
 /** The protocol version this code speaks; a peer with another is refused at hello. */
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 
 /** Dtype of hidden rows on the wire: `f32` exact (the default), `f16` half the bytes, rounded. */
 export type HiddenDtype = "f32" | "f16";

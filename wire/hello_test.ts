@@ -16,9 +16,9 @@ Deno.test("hello: a matching head and last worker chain", () => {
 const CASES: readonly [string, Partial<HelloInfo>, HelloField, RegExp][] = [
   [
     "protocol",
-    { protocol: 2 },
+    { protocol: 1 },
     "protocol",
-    /this head .*version 1 but worker 10\.0\.0\.2:9100 speaks version 2/,
+    /this head .*version 2 but worker 10\.0\.0\.2:9100 speaks version 1/,
   ],
   [
     "build version",

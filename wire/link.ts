@@ -30,6 +30,7 @@ import {
   FrameDecoder,
   type FrameLimits,
   limitsOf,
+  type RunBatchRequest,
   type RunRequest,
   type RunResult,
 } from "./frame.ts";
@@ -46,6 +47,11 @@ export interface StageBackend {
   hello(): HelloInfo;
   /** Runs rows through this stage (and, in a middle worker, the stages after it). */
   run(req: RunRequest): Promise<RunResult>;
+  /**
+   * Runs one row per slot as one batched step (RUN_BATCH, docs/WIRE.md); absent: the acceptor answers
+   * ERROR `backend`.
+   */
+  runBatch?(req: RunBatchRequest): Promise<RunResult>;
   /** Saves `slot`'s state; returns a snapshot id. */
   snapshot(slot: number): number | Promise<number>;
   /** Restores snapshot `snapshotId` into `slot` (the snapshot stays). */
@@ -487,6 +493,19 @@ export class Link {
       opts.timeoutMs ?? this.#timeoutMs,
     );
     if (f.op !== "run_result") throw new Error(`Internal error: run got ${f.op}`);
+    return f.result;
+  }
+
+  /** Sends a RUN_BATCH and resolves with its result. @throws {WireError} as {@linkcode run} */
+  async runBatch(req: RunBatchRequest, opts: { timeoutMs?: number } = {}): Promise<RunResult> {
+    const what = `batched run of slots ${req.entries.map((e) => e.slot).join(",")}`;
+    const f = await this.#request(
+      { op: "run_batch", id: 0, run: req },
+      "run_result",
+      what,
+      opts.timeoutMs ?? this.#timeoutMs,
+    );
+    if (f.op !== "run_result") throw new Error(`Internal error: runBatch got ${f.op}`);
     return f.result;
   }
 

@@ -211,9 +211,9 @@ Deno.test("link: a hello mismatch is refused at connect naming both values, and 
   assert.match(r.log[0]!, /Too few slots/);
   // Another protocol version is refused by the worker's decoder before the JSON is read.
   await rejectsWire(
-    r.connect({ hello: sampleHeadHello({ protocol: 2 }) }),
+    r.connect({ hello: sampleHeadHello({ protocol: 1 }) }),
     "refused",
-    /refused the connection: Wire protocol differs: the peer speaks version 2 but this side speaks version 1/,
+    /refused the connection: Wire protocol differs: the peer speaks version 1 but this side speaks version 2/,
   );
   await until(() => r.log.length === 2, "the second log line");
   // The connector checks too (a worker that does not refuse): the whole chain must end at a last stage.

@@ -160,23 +160,7 @@ export function encodeRun(r: RunRequest): Uint8Array {
   dv.setUint16(18, r.topK, true);
   out[20] = (s ? SAMPLING_FLAG : 0) | (hist ? HISTORY_FLAG : 0);
   let at = RUN_FIXED;
-  if (s) {
-    checkEncode(Number.isSafeInteger(s.seed) && s.seed >= 0, `seed ${s.seed}`);
-    checkEncode(u32ok(s.topK) && u32ok(s.step), `sampler topK ${s.topK} / step ${s.step}`);
-    checkEncode(Number.isInteger(s.penaltyLastN) && s.penaltyLastN >= -1, `penaltyLastN ${s.penaltyLastN}`);
-    dv.setFloat64(at, s.temperature, true);
-    dv.setFloat64(at + 8, s.topP, true);
-    dv.setFloat64(at + 16, s.minP, true);
-    dv.setFloat64(at + 24, s.repeatPenalty, true);
-    dv.setFloat64(at + 32, s.presencePenalty, true);
-    dv.setFloat64(at + 40, s.frequencyPenalty, true);
-    dv.setBigUint64(at + 48, BigInt(s.seed), true);
-    dv.setUint32(at + 56, s.topK, true);
-    dv.setInt32(at + 60, s.penaltyLastN, true);
-    dv.setUint32(at + 64, s.step, true);
-    dv.setUint32(at + 68, hist?.length ?? 0, true);
-    at = writeU32s(dv, at + SAMPLING_BYTES, hist ?? new Uint32Array(0));
-  }
+  if (s) at = writeSampling(dv, at, s);
   at = writeU32s(dv, at, r.drafts);
   writeRows(dv, at, r.rows, r.dtype);
   return out;
@@ -264,46 +248,7 @@ export function decodeRun(r: Reader, lim: FrameLimits): RunRequest {
   let sampling: WireSampling | undefined;
   if (flags & SAMPLING_FLAG) {
     if (want !== "ids") throw badValue(op, "sampling flags", flags, `0 when want is ${want}`);
-    r.need(RUN_FIXED + SAMPLING_BYTES, "sampling block");
-    const f = (o: number, name: string, lo: number, hi: number) => {
-      const v = dv.getFloat64(at + o, true);
-      if (!(v >= lo && v <= hi)) throw badValue(op, name, v, `a number in [${lo}, ${hi}]`);
-      return v;
-    };
-    const temperature = f(0, "temperature", 0, 1e6);
-    const topP = f(8, "topP", 0, 1);
-    const minP = f(16, "minP", 0, 1);
-    const repeatPenalty = f(24, "repeatPenalty", 0, 1e6);
-    const presencePenalty = f(32, "presencePenalty", -1e6, 1e6);
-    const frequencyPenalty = f(40, "frequencyPenalty", -1e6, 1e6);
-    const seed = dv.getBigUint64(at + 48, true);
-    if (seed > BigInt(Number.MAX_SAFE_INTEGER)) throw badValue(op, "seed", seed, "below 2^53");
-    const sTopK = dv.getUint32(at + 56, true);
-    const penaltyLastN = dv.getInt32(at + 60, true);
-    if (penaltyLastN < -1) throw badValue(op, "penaltyLastN", penaltyLastN, "-1 or more");
-    const step = dv.getUint32(at + 64, true);
-    const nHistory = dv.getUint32(at + 68, true);
-    if (!(flags & HISTORY_FLAG) && nHistory !== 0) {
-      throw badValue(op, "nHistory", nHistory, "0 without the history flag");
-    }
-    range(op, "nHistory", nHistory, 0, MAX_HISTORY, "send at most the penalty window");
-    at += SAMPLING_BYTES;
-    r.need(at + 4 * nHistory, "history");
-    const history = flags & HISTORY_FLAG ? readU32s(r, at, nHistory) : undefined;
-    at += 4 * nHistory;
-    sampling = {
-      temperature,
-      topK: sTopK,
-      topP,
-      minP,
-      repeatPenalty,
-      presencePenalty,
-      frequencyPenalty,
-      penaltyLastN,
-      seed: Number(seed),
-      step,
-      ...(history ? { history } : {}),
-    };
+    [sampling, at] = readSampling(r, at, flags);
   }
   const total = at + 4 * nDraft + rowBytes(nRows * nEmbd, dtype);
   r.exact(total, `${nDraft} drafts and ${nRows} ${dtype} rows of width ${nEmbd}`);
@@ -367,4 +312,187 @@ export function decodeResult(r: Reader, lim: FrameLimits): RunResult {
       throw new Error(`Internal error: unhandled kind ${never}`);
     }
   }
+}
+
+/** Writes `s` as a sampling block (and its history) at `at`; returns the offset after them. */
+function writeSampling(dv: DataView, at: number, s: WireSampling): number {
+  const hist = s.history;
+  checkEncode(Number.isSafeInteger(s.seed) && s.seed >= 0, `seed ${s.seed}`);
+  checkEncode(u32ok(s.topK) && u32ok(s.step), `sampler topK ${s.topK} / step ${s.step}`);
+  checkEncode(Number.isInteger(s.penaltyLastN) && s.penaltyLastN >= -1, `penaltyLastN ${s.penaltyLastN}`);
+  dv.setFloat64(at, s.temperature, true);
+  dv.setFloat64(at + 8, s.topP, true);
+  dv.setFloat64(at + 16, s.minP, true);
+  dv.setFloat64(at + 24, s.repeatPenalty, true);
+  dv.setFloat64(at + 32, s.presencePenalty, true);
+  dv.setFloat64(at + 40, s.frequencyPenalty, true);
+  dv.setBigUint64(at + 48, BigInt(s.seed), true);
+  dv.setUint32(at + 56, s.topK, true);
+  dv.setInt32(at + 60, s.penaltyLastN, true);
+  dv.setUint32(at + 64, s.step, true);
+  dv.setUint32(at + 68, hist?.length ?? 0, true);
+  return writeU32s(dv, at + SAMPLING_BYTES, hist ?? new Uint32Array(0));
+}
+
+/** Bytes of `s`'s sampling block and history (0 without sampling). */
+function samplingBytes(s: WireSampling | undefined): number {
+  return s ? SAMPLING_BYTES + 4 * (s.history?.length ?? 0) : 0;
+}
+
+/**
+ * Reads the sampling block (and history, with HISTORY in `flags`) at `at`; returns it and the offset after.
+ * @throws {WireError} on a value out of its domain, a missing history flag, or a payload ending inside it
+ */
+function readSampling(r: Reader, at: number, flags: number): [WireSampling, number] {
+  const { op, dv } = r;
+  r.need(at + SAMPLING_BYTES, "sampling block");
+  const f = (o: number, name: string, lo: number, hi: number) => {
+    const v = dv.getFloat64(at + o, true);
+    if (!(v >= lo && v <= hi)) throw badValue(op, name, v, `a number in [${lo}, ${hi}]`);
+    return v;
+  };
+  const temperature = f(0, "temperature", 0, 1e6);
+  const topP = f(8, "topP", 0, 1);
+  const minP = f(16, "minP", 0, 1);
+  const repeatPenalty = f(24, "repeatPenalty", 0, 1e6);
+  const presencePenalty = f(32, "presencePenalty", -1e6, 1e6);
+  const frequencyPenalty = f(40, "frequencyPenalty", -1e6, 1e6);
+  const seed = dv.getBigUint64(at + 48, true);
+  if (seed > BigInt(Number.MAX_SAFE_INTEGER)) throw badValue(op, "seed", seed, "below 2^53");
+  const sTopK = dv.getUint32(at + 56, true);
+  const penaltyLastN = dv.getInt32(at + 60, true);
+  if (penaltyLastN < -1) throw badValue(op, "penaltyLastN", penaltyLastN, "-1 or more");
+  const step = dv.getUint32(at + 64, true);
+  const nHistory = dv.getUint32(at + 68, true);
+  if (!(flags & HISTORY_FLAG) && nHistory !== 0) {
+    throw badValue(op, "nHistory", nHistory, "0 without the history flag");
+  }
+  range(op, "nHistory", nHistory, 0, MAX_HISTORY, "send at most the penalty window");
+  at += SAMPLING_BYTES;
+  r.need(at + 4 * nHistory, "history");
+  const history = flags & HISTORY_FLAG ? readU32s(r, at, nHistory) : undefined;
+  at += 4 * nHistory;
+  const sampling: WireSampling = {
+    temperature,
+    topK: sTopK,
+    topP,
+    minP,
+    repeatPenalty,
+    presencePenalty,
+    frequencyPenalty,
+    penaltyLastN,
+    seed: Number(seed),
+    step,
+    ...(history ? { history } : {}),
+  };
+  return [sampling, at];
+}
+
+/** One slot's row of a {@linkcode RunBatchRequest}. */
+export interface RunBatchEntry {
+  /** Sequence slot, < the receiver's nSlots; distinct within a frame. */
+  readonly slot: number;
+  /** Position of its row: the slot's length on the receiving stage (a batched row continues the sequence). */
+  readonly basePos: number;
+  /** Its sampling settings for a last stage (absent: greedy argmax, ties to the lowest id). */
+  readonly sampling?: WireSampling;
+}
+
+/**
+ * One RUN_BATCH: one hidden row per entry, row `b` for `entries[b]`'s slot at its `basePos`, run as one
+ * batched decode step; with `want: "ids"` the last stage answers one id per entry, in entry order.
+ */
+export interface RunBatchRequest {
+  /** The slots and positions of the rows, in row order. */
+  readonly entries: readonly RunBatchEntry[];
+  /** Row width (must equal the receiver's nEmbd). */
+  readonly nEmbd: number;
+  /** The rows, `entries.length × nEmbd` f32 (row-major). */
+  readonly rows: Float32Array;
+  /** How the rows travel. */
+  readonly dtype: HiddenDtype;
+  /** `ids` (one per entry, with top-k pairs) or `none` (only advance the states). */
+  readonly want: "none" | "ids";
+  /** (id, logit) pairs wanted per id, with `want: "ids"` (0 otherwise). */
+  readonly topK: number;
+}
+
+const BATCH_FIXED = 16;
+
+const ENTRY_FIXED = 8;
+
+export function encodeRunBatch(r: RunBatchRequest): Uint8Array {
+  const n = r.entries.length;
+  checkEncode(n >= 1 && n <= 0xffff, `${n} entries`);
+  checkEncode(Number.isInteger(r.nEmbd) && r.nEmbd > 0, `nEmbd ${r.nEmbd}`);
+  checkEncode(r.rows.length === n * r.nEmbd, `${r.rows.length} values for ${n} rows of ${r.nEmbd}`);
+  checkEncode(Number.isInteger(r.topK) && r.topK >= 0 && r.topK <= 0xffff, `topK ${r.topK}`);
+  let size = BATCH_FIXED + rowBytes(r.rows.length, r.dtype);
+  for (const e of r.entries) {
+    checkEncode(Number.isInteger(e.slot) && e.slot >= 0 && e.slot <= 0xffff, `slot ${e.slot}`);
+    checkEncode(u32ok(e.basePos), `basePos ${e.basePos}`);
+    const hist = e.sampling?.history;
+    checkEncode(!hist || hist.length <= MAX_HISTORY, `history of ${hist?.length} ids`);
+    size += ENTRY_FIXED + samplingBytes(e.sampling);
+  }
+  const out = new Uint8Array(size);
+  const dv = new DataView(out.buffer);
+  dv.setUint16(0, n, true);
+  out[2] = WANTS.indexOf(r.want);
+  out[3] = DTYPES.indexOf(r.dtype);
+  dv.setUint32(4, r.nEmbd, true);
+  dv.setUint16(8, r.topK, true);
+  let at = BATCH_FIXED;
+  for (const e of r.entries) {
+    const s = e.sampling;
+    dv.setUint16(at, e.slot, true);
+    out[at + 2] = (s ? SAMPLING_FLAG : 0) | (s?.history ? HISTORY_FLAG : 0);
+    dv.setUint32(at + 4, e.basePos, true);
+    at += ENTRY_FIXED;
+    if (s) at = writeSampling(dv, at, s);
+  }
+  writeRows(dv, at, r.rows, r.dtype);
+  return out;
+}
+
+export function decodeRunBatch(r: Reader, lim: FrameLimits): RunBatchRequest {
+  const op = r.op;
+  r.need(BATCH_FIXED, "fixed fields");
+  const dv = r.dv;
+  const n = dv.getUint16(0, true);
+  const want = WANTS[r.bytes[2]!];
+  if (want !== "none" && want !== "ids") throw badValue(op, "want", r.bytes[2], "0 none or 3 ids");
+  const dtype = DTYPES[r.bytes[3]!];
+  if (dtype === undefined) throw badValue(op, "dtype", r.bytes[3], "0 f32 or 1 f16");
+  const nEmbd = dv.getUint32(4, true);
+  const topK = dv.getUint16(8, true);
+  r.zero(10, 6);
+  range(op, "nEntries", n, 1, Math.min(lim.nSlots, lim.maxRows), "one row per distinct slot");
+  if (nEmbd !== lim.nEmbd) throw badValue(op, "nEmbd", nEmbd, `the receiver's width ${lim.nEmbd}`);
+  range(op, "topK", topK, 0, want === "ids" ? lim.maxTopK : 0, "top-k pairs come only with ids");
+  const entries: RunBatchEntry[] = [];
+  const seen = new Set<number>();
+  let at = BATCH_FIXED;
+  for (let b = 0; b < n; b++) {
+    r.need(at + ENTRY_FIXED, `entry ${b}`);
+    const slot = dv.getUint16(at, true);
+    const flags = r.bytes[at + 2]!;
+    if ((flags & ~(SAMPLING_FLAG | HISTORY_FLAG)) !== 0 || flags === HISTORY_FLAG) {
+      throw badValue(op, "sampling flags", flags, "0, 1 (sampling) or 3 (sampling with history)");
+    }
+    if (flags !== 0 && want !== "ids") throw badValue(op, "sampling flags", flags, "0 when want is none");
+    r.zero(at + 3, 1);
+    const basePos = dv.getUint32(at + 4, true);
+    range(op, "slot", slot, 0, lim.nSlots - 1, "the receiver has fewer slots");
+    if (seen.has(slot)) throw badValue(op, "slot", slot, "a slot not already in the frame");
+    seen.add(slot);
+    range(op, "basePos + 1", basePos + 1, 1, lim.nCtx, "the context of the receiver is smaller");
+    at += ENTRY_FIXED;
+    let sampling: WireSampling | undefined;
+    if (flags & SAMPLING_FLAG) [sampling, at] = readSampling(r, at, flags);
+    entries.push({ slot, basePos, ...(sampling ? { sampling } : {}) });
+  }
+  r.exact(at + rowBytes(n * nEmbd, dtype), `${n} entries and ${n} ${dtype} rows of width ${nEmbd}`);
+  const rows = readRows(r, at, n * nEmbd, dtype);
+  return { entries, nEmbd, rows, dtype, want, topK };
 }

@@ -246,6 +246,13 @@ async function serveFrames(
       case "run":
         answer(id, async () => ({ op: "run_result", id, result: await backend.run(f.run) }));
         break;
+      case "run_batch": {
+        const run = backend.runBatch?.bind(backend);
+        if (!run) {
+          answer(id, () => Promise.reject(new WireError("backend", "This stage runs no batched frames")));
+        } else answer(id, async () => ({ op: "run_result", id, result: await run(f.run) }));
+        break;
+      }
       case "snapshot_save": {
         const v = backend.snapshot.bind(backend);
         answer(id, () => Promise.resolve(v(f.slot)).then((value) => ({ op: "done", id, value })));

@@ -24,7 +24,7 @@ import {
   topCpu,
 } from "../engine/mod.ts";
 import { WireError } from "./errors.ts";
-import type { RunRequest, RunResult, WireSampling } from "./frame.ts";
+import type { RunBatchRequest, RunRequest, RunResult, WireSampling } from "./frame.ts";
 import type { HelloInfo } from "./hello.ts";
 import type { StageBackend } from "./link.ts";
 import { type ChainLink, helloOf, STALE_MARK } from "./chain.ts";
@@ -251,6 +251,77 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     return { ...r.result, timesUs: [own, ...r.result.timesUs].slice(0, 16) };
   };
 
+  /**
+   * A batched frame's rows through this stage (docs/WIRE.md RUN_BATCH): every entry continues its slot at its
+   * length, as one batched step (`Stage.runBatch`) or, for one entry or a shape that cannot batch, a run each.
+   */
+  const batchRows = async (req: RunBatchRequest): Promise<Float32Array<ArrayBuffer>> => {
+    for (const e of req.entries) {
+      const held = stage.length(e.slot);
+      if (e.basePos !== held) {
+        throw new WireError(
+          "backend",
+          `Batched row of slot ${e.slot} at position ${e.basePos}, but layers ${range} hold ${held} tokens: ` +
+            `a batched row continues its slot's sequence`,
+        );
+      }
+    }
+    for (const e of req.entries) dropAnchor(e.slot);
+    const slots = req.entries.map((e) => e.slot);
+    const hidden = req.rows as Float32Array<ArrayBuffer>;
+    if (slots.length >= 2 && stage.canBatch) {
+      return (await stage.runBatch(slots, { hidden, nTokens: slots.length })).data;
+    }
+    const width = stage.last ? stage.hp.nVocab : nEmbd;
+    const out = new Float32Array(slots.length * width);
+    for (const [b, e] of req.entries.entries()) {
+      const row = hidden.subarray(b * nEmbd, (b + 1) * nEmbd);
+      const r = await stage.run(e.slot, { hidden: row, nTokens: 1 }, e.basePos, { rows: "last" });
+      out.set(r.data, b * width);
+    }
+    return out;
+  };
+
+  /** A last stage's ids of a batched frame: each entry drawn from its row's logits with its own settings. */
+  const batchIds = async (req: RunBatchRequest, logits: Float32Array<ArrayBuffer>, t0: number) => {
+    const V = stage.hp.nVocab;
+    const n = req.entries.length;
+    const ids = new Uint32Array(n);
+    const topIds = new Uint32Array(n * req.topK);
+    const topLogits = new Float32Array(n * req.topK);
+    for (const [b, e] of req.entries.entries()) {
+      const row = logits.subarray(b * V, (b + 1) * V);
+      const s = e.sampling;
+      const params = s && samplingOf(s);
+      if (s && params && !plainGreedy(params)) {
+        const one = { slot: e.slot, basePos: e.basePos, sampling: s } as RunRequest;
+        const history = historyOf(one);
+        try {
+          ids[b] = (await stage.sampleRows(row, { sampling: params, step: s.step, history }))[0]!;
+        } catch (err) {
+          throw new WireError("backend", `Layers ${range} cannot sample: ${(err as Error).message}`, {
+            cause: err,
+          });
+        }
+        hists[e.slot] = { ids: history.slice(-256), pending: ids.slice(b, b + 1), pendingPos: e.basePos + 1 };
+      } else ids[b] = argmaxCpu(row);
+      if (ids[b]! >= V) {
+        throw new WireError(
+          "backend",
+          `Layers ${range}: the sampler found no usable logit (NaN, Inf or masked) for slot ${e.slot}: ` +
+            "check the model with `inspect --check`",
+        );
+      }
+      for (const [i, [id, logit]] of (req.topK > 0 ? topCpu(row, req.topK) : []).entries()) {
+        topIds[b * req.topK + i] = id;
+        topLogits[b * req.topK + i] = logit;
+      }
+    }
+    const timesUs = [Math.round((performance.now() - t0) * 1000)];
+    if (req.want === "none") return { kind: "none" as const, timesUs };
+    return { kind: "ids" as const, ids, topK: req.topK, topIds, topLogits, timesUs };
+  };
+
   return {
     hello(): HelloInfo {
       const peer = next?.peer;
@@ -263,6 +334,34 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         const nRows = req.rows.length / stage.hp.nEmbd;
         return next ? runMiddle(req, nRows, t0, next) : runLast(req, nRows, t0);
       });
+    },
+    async runBatch(req: RunBatchRequest): Promise<RunResult> {
+      const t0 = performance.now();
+      if (!next) return await serial(async () => await batchIds(req, await batchRows(req), t0));
+      // A middle stage computes in turn, then sends the frame on and leaves the stage to the next frame while
+      // the stages behind it work (frames of other slots overlap); sends keep arrival order.
+      const sent = await serial(async () => {
+        const epochs = new Set(req.entries.map((e) => slotEpoch[e.slot]));
+        const epoch = slotEpoch[req.entries[0]!.slot];
+        if (epoch === undefined || epochs.size !== 1) {
+          throw staleError(`slots ${req.entries.map((e) => e.slot).join(",")}`);
+        }
+        const rows = await batchRows(req);
+        const own = Math.round((performance.now() - t0) * 1000);
+        for (const e of req.entries) slotEpoch[e.slot] = undefined;
+        const forward = next.forwardBatch({ ...req, rows }, epoch);
+        forward.catch(() => {/* awaited below */});
+        return { own, forward };
+      });
+      let r: { result: RunResult; epoch: number };
+      try {
+        r = await sent.forward;
+      } catch (e) {
+        if (e instanceof Error && e.name === "StaleChainError") throw staleError("a batched run's slots");
+        throw e;
+      }
+      for (const e of req.entries) slotEpoch[e.slot] = r.epoch;
+      return { ...r.result, timesUs: [sent.own, ...r.result.timesUs].slice(0, 16) };
     },
     snapshot(slot: number): Promise<number> {
       return serial(async () => {
@@ -324,6 +423,11 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       });
     },
   };
+}
+
+/** Plain greedy (no penalties): the argmax, as the decode driver decides; anything else the sampler. */
+function plainGreedy(p: SamplingParams): boolean {
+  return isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0;
 }
 
 /** The engine's sampling settings of a RUN's sampling block. */

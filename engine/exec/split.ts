@@ -30,6 +30,7 @@ import type { BatchItem, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
 import { isGreedy, SAMPLE_HIST, type SamplingParams } from "../sampling.ts";
 import type { StageInput, StageOutput } from "./options.ts";
 import type { SlotStates } from "../state.ts";
+import { generateMany, MAX_GROUPS, type PipeParts } from "./_split_pipe.ts";
 
 /** What a stage says about itself to the stages around it (the wire hello is built from it). */
 export interface StageInfo {
@@ -92,7 +93,28 @@ export interface NextRun {
 }
 
 /** {@linkcode NextRun.sampling}. */
-type NextSampling = NonNullable<NextRun["sampling"]>;
+export type NextSampling = NonNullable<NextRun["sampling"]>;
+
+/**
+ * One decode row per slot through the stages after the head, as one batched frame (each stage runs the rows
+ * as one batched step; the last answers one id per entry, in entry order, each drawn with its settings).
+ */
+export interface NextBatchRun {
+  /** Per row: its slot, position (the slot's length) and the last stage's sampler (absent: argmax). */
+  readonly entries: readonly {
+    readonly slot: number;
+    readonly basePos: number;
+    readonly sampling?: NextSampling;
+  }[];
+  /** Hidden rows `entries.length × nEmbd` f32 (the head's output). */
+  readonly rows: Float32Array;
+  /** (id, logit) pairs wanted per id (0: none). */
+  readonly topK: number;
+  /** The chain connection every entry's remote state lives on (else {@linkcode StaleChainError}). */
+  readonly epoch: number;
+  /** The head's compute time in µs for these rows (see {@linkcode NextRun.headUs}). */
+  readonly headUs?: number;
+}
 
 /** What {@linkcode NextStage.run} answers. */
 export interface NextResult {
@@ -120,6 +142,11 @@ export interface NextResult {
 export interface NextStage {
   /** Runs rows through the rest of the chain. @throws {StaleChainError} on an epoch mismatch */
   run(req: NextRun): Promise<NextResult>;
+  /**
+   * Runs one row per slot as one batched frame (ids: one per entry; top-k: `topK` pairs per id); absent, the
+   * decoder sends a run per slot. @throws {StaleChainError} on an epoch mismatch
+   */
+  runBatch?(req: NextBatchRun): Promise<NextResult>;
   /** Saves `slot`'s remote state (of connection `epoch`). @throws {StaleChainError} on an epoch mismatch */
   snapshot(slot: number, epoch: number): Promise<number>;
   /** Restores remote snapshot `id` (of connection `epoch`) into `slot`. @throws {StaleChainError} as above */
@@ -193,6 +220,10 @@ export interface SplitStage {
     base: number,
     opts?: { rows?: "all" | "last" | "none"; chunk?: number },
   ): Promise<StageOutput>;
+  /** Whether `runBatch` can run several slots in one step (Stage.canBatch). */
+  readonly canBatch?: boolean;
+  /** One row per slot of `slots` at its length in one batched step (Stage.runBatch); absent: a run each. */
+  runBatch?(slots: readonly number[], input: StageInput): Promise<StageOutput>;
   /** Saves `slot`'s state; returns the snapshot id. */
   snapshot(slot: number): number;
   /** Restores snapshot `id` into `slot`. */
@@ -260,6 +291,10 @@ export class SplitDecoder implements SlotDecoder {
   readonly #snaps = new Map<number, Snap>();
   /** Remote operations in scheduler order, one at a time. */
   #tail: Promise<unknown> = Promise.resolve();
+  /** The head stage's GPU calls, one at a time (its activations are shared by its slots). */
+  #gpuTail: Promise<unknown> = Promise.resolve();
+  /** Slot groups in flight at once in a multi-slot generate (0: one slot at a time, canBatch false). */
+  readonly #groups: number;
   #draft: number;
   readonly #drafter: (seq: readonly number[], k: number) => number[];
   readonly #onDrafts: ((stats: SplitDecoder["draftStats"]) => void) | undefined;
@@ -291,8 +326,13 @@ export class SplitDecoder implements SlotDecoder {
       readonly draft?: number;
       readonly drafter?: (seq: readonly number[], k: number) => number[];
       readonly onDrafts?: (stats: { frames: number; proposed: number; accepted: number }) => void;
+      readonly groups?: number;
     } = {},
   ) {
+    this.#groups = opts.groups ?? 2;
+    if (!Number.isInteger(this.#groups) || this.#groups < 0 || this.#groups > MAX_GROUPS) {
+      throw new RangeError(`Pipeline groups must be an integer in 0..${MAX_GROUPS}, got ${opts.groups}`);
+    }
     this.#drafter = opts.drafter ?? lookupDrafts;
     this.#onDrafts = opts.onDrafts;
     this.#stage = stage;
@@ -313,9 +353,9 @@ export class SplitDecoder implements SlotDecoder {
     return this.#stage.states.nSlots;
   }
 
-  /** False: a split decodes one slot per step (the pipelined multi-slot driver is not built yet). */
+  /** True with pipeline groups (the default): several slots generate together (see generateMany). */
   get canBatch(): boolean {
-    return false;
+    return this.#groups > 0;
   }
 
   /** Bytes held by the head's snapshots. */
@@ -391,20 +431,44 @@ export class SplitDecoder implements SlotDecoder {
   }
 
   /**
-   * Generation on `items`, one after the other (canBatch is false, so the scheduler sends one): greedy on
-   * the last stage's argmax, or its GPU sampler with the request's settings, RNG step and history.
+   * Generation on `items`: greedy on the last stage's argmax, or its GPU sampler with the request's settings,
+   * RNG step and history. One item runs frame by frame with drafts; several run together in pipeline groups
+   * ({@linkcode generateMany}), or one after the other without groups. With `pause`, the call returns once it
+   * is true (asked before each frame) or a sequence ended, the others `paused` (continue with `resume`).
    * @throws {RangeError} as Stage.run
    * @throws the chain's error when a stage fails or the link drops
    */
-  generate(items: readonly BatchItem[]): Promise<GenerateResult[]> {
+  generate(items: readonly BatchItem[], opts: { pause?: () => boolean } = {}): Promise<GenerateResult[]> {
     return this.#queue(async () => {
+      if (items.length > 1 && this.#groups > 0) return await generateMany(this.#pipe(), items, opts.pause);
       const out: GenerateResult[] = [];
-      for (const it of items) out.push(await this.#generateOne(it));
+      for (const it of items) out.push(await this.#generateOne(it, opts.pause));
       return out;
     });
   }
 
-  async #generateOne(it: BatchItem): Promise<GenerateResult> {
+  /** What the pipelined driver (engine/exec/_split_pipe.ts) uses of this decoder. */
+  #pipe(): PipeParts {
+    return {
+      stage: this.#stage,
+      next: this.#next,
+      groups: this.#groups,
+      held: this.#held,
+      epoch: this.#epoch,
+      gpu: (f) => this.#gpu(f),
+      feed: (slot, tokens, base, x) => this.#gpu(() => this.#feed(slot, tokens, base, x)),
+      dropAnchor: (slot) => this.#dropAnchor(slot),
+    };
+  }
+
+  /** Runs `f` (head GPU work) after the head's GPU calls before it. */
+  #gpu<T>(f: () => Promise<T>): Promise<T> {
+    const p = this.#gpuTail.then(f);
+    this.#gpuTail = p.catch(() => {});
+    return p;
+  }
+
+  async #generateOne(it: BatchItem, pause?: () => boolean): Promise<GenerateResult> {
     const { slot, opts: o } = it;
     const p = o.sampling;
     // Plain greedy (no penalties) is the argmax; anything else the sampler, as the decode driver decides.
@@ -426,6 +490,7 @@ export class SplitDecoder implements SlotDecoder {
     let reason: GenerateResult["reason"] = nNew < o.nNew ? "context" : "length";
     let feed: readonly number[] = it.prompt;
     let pos = base;
+    let paused = false;
     for (;;) {
       // Drafts only after a single fed id (a decode frame), never past the ids still wanted or the context.
       const room = Math.min(this.#draft, nNew - tokens.length - 1, this.#stage.nCtx - pos - feed.length);
@@ -478,6 +543,7 @@ export class SplitDecoder implements SlotDecoder {
         reason = "cancelled";
         ended = true;
       }
+      if (!ended && pause?.()) paused = ended = true;
       if (ended) {
         if (kept < fed.length) await this.#feed(slot, fed.slice(0, kept), pos, { want: "none", topK: 0 });
         else this.#dropAnchor(slot);
@@ -486,7 +552,7 @@ export class SplitDecoder implements SlotDecoder {
       pos += kept;
       feed = [got.at(-1)!];
     }
-    return { tokens, top: tops, reason, steps: tokens.length - 1 };
+    return { tokens, top: tops, reason, steps: tokens.length - 1, ...(paused ? { paused } : {}) };
   }
 
   /**
@@ -589,7 +655,7 @@ export class SplitDecoder implements SlotDecoder {
 }
 
 /** What a fed run asks of the chain besides its rows. */
-interface FeedExtra {
+export interface FeedExtra {
   readonly want: "none" | "ids";
   readonly topK: number;
   readonly drafts?: readonly number[];

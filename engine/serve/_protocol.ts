@@ -5,11 +5,12 @@
  */
 import type { SamplingParams } from "../sampling.ts";
 import type { Generated } from "../exec/slot_decoder.ts";
-import type { NextResult, NextRun, StageInfo } from "../exec/split.ts";
+import type { NextBatchRun, NextResult, NextRun, StageInfo } from "../exec/split.ts";
 
 /** A call of the worker's split decoder on the chain, which lives on the main thread (EngineOptions.next). */
 export type NextCall =
   | { readonly op: "run"; readonly req: NextRun }
+  | { readonly op: "runBatch"; readonly req: NextBatchRun }
   | { readonly op: "snapshot"; readonly slot: number; readonly epoch: number }
   | { readonly op: "restore"; readonly id: number; readonly slot: number; readonly epoch: number }
   | { readonly op: "drop"; readonly id: number; readonly epoch: number };

@@ -642,6 +642,10 @@ export class EngineService implements Engine {
         case "run":
           value = await next.run(r.req);
           break;
+        case "runBatch":
+          if (!next.runBatch) throw new Error("Internal error: a batched run on a chain without runBatch");
+          value = await next.runBatch(r.req);
+          break;
         case "snapshot":
           value = await next.snapshot(r.slot, r.epoch);
           break;

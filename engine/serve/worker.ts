@@ -46,6 +46,7 @@ function callNext<T>(request: NextCall): Promise<T> {
 
 const nextStage: NextStage = {
   run: (req) => callNext<NextResult>({ op: "run", req }),
+  runBatch: (req) => callNext<NextResult>({ op: "runBatch", req }),
   snapshot: (slot, epoch) => callNext<number>({ op: "snapshot", slot, epoch }),
   restore: (id, slot, epoch) => callNext<void>({ op: "restore", id, slot, epoch }),
   drop: (id, epoch) => callNext<void>({ op: "drop", id, epoch }),

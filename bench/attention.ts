@@ -5,17 +5,19 @@
  *   (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the first flash kernel
  *   (`bench/_attn_prefill_v2.wgsl`: the variant the engine ran on this device and the best of its H200
  *   sweep), the register-blocked `attn_prefill` the engine runs now (variant "engine") and its variants of
- *   query block and K stage width that fit ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query head and
- *   visible key: q·k and p·v);
- * - decode of one token at position `depth`: attn_decode + attn_combine with the old split policy (32 splits)
- *   and the engine's (attnSplits), plus a sweep of N_SPLIT, PER_MIN and TILE; ms and GB/s of K and V read.
+ *   query block and K stage width that fit ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query
+ *   head and visible key: q·k and p·v);
+ * - decode of one token at position `depth`: attn_decode + attn_combine as the engine runs them ("engine"),
+ *   the kernel before the per-key-lane rewrite (`bench/_attn_decode_v1.wgsl` with its split policy then:
+ *   "v1"), plus a sweep of the current kernel's N_SPLIT, TILE (= PER_MIN) and WG; ms and GB/s of K and
+ *   V read (where the cache fits the 50 MB L2, repeated reps may read it from there: an upper bound).
  * Every pipeline is built first; ROUNDS rounds over all jobs, every other one in reverse, keep each job's best
  * (the H200's SM clock drifts within a run, docs/PERF.md). One JSON line per measurement, never asserts.
  *
  * Usage: `deno run -A bench/attention.ts [--quick] [--kv f32,f16] [--depths 0,2048,8192,32768] [--chunk 512]
- * [--no-v1] [--prefill-only]` (`--quick`: depths 0 and 256, chunk 64, one round, no sweep: for lavapipe;
- * `--prefill-only`: no decode jobs). Pass BENCH_COMMIT on machines without
- * git. No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * [--no-v1] [--prefill-only] [--decode-only]` (`--quick`: depths 0 and 256, chunk 64, one round, no sweep:
+ * for lavapipe; `--prefill-only`: no decode jobs; `--decode-only`: no prefill jobs). Pass BENCH_COMMIT on
+ * machines without git. No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -38,6 +40,7 @@ import {
   attnDecodeGrid,
   attnDecodeSplits,
   attnDecodeWorkgroupBytes,
+  checkAttnDecode,
 } from "../wgsl/attn_decode.ts";
 import {
   ATTN_COMBINE,
@@ -47,7 +50,7 @@ import {
 } from "../wgsl/attn_combine.ts";
 import { kvCacheWords, packAttnParams } from "../wgsl/attn_params.ts";
 import { ATTN_PREFILL_V2, attnPrefillV2Constants, attnPrefillV2WorkgroupBytes } from "./_attn_prefill_v2.ts";
-import { ATTN_SPLIT_MIN, ATTN_SPLITS, attnSplits } from "../engine/blocks/attention.ts";
+import { ATTN_DECODE_TILE, ATTN_SPLIT_MIN, ATTN_SPLITS, attnSplits } from "../engine/blocks/attention.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -57,6 +60,7 @@ const { values: args } = parseArgs({
     chunk: { type: "string" },
     "no-v1": { type: "boolean", default: false },
     "prefill-only": { type: "boolean", default: false },
+    "decode-only": { type: "boolean", default: false },
   },
 });
 const QUICK = args.quick ?? false;
@@ -68,6 +72,7 @@ const KVS = args.kv!.split(",").map((k) => {
 });
 const ROUNDS = QUICK ? 1 : 2;
 const PREFILL_ONLY = args["prefill-only"] ?? false;
+const DECODE_ONLY = args["decode-only"] ?? false;
 /** Whether to time the variants beside the engine's and the old ones (off with --quick: lavapipe is slow). */
 const SWEEP = !QUICK;
 const H_Q = 16;
@@ -87,6 +92,28 @@ const ATTN_PREFILL_V1: KernelSpec = {
     P_MAX: "u32",
     BQ: "u32",
     TILE: "u32",
+    WG: "u32",
+    SCALE: "f32",
+    KV_F16: "bool",
+  },
+};
+
+/**
+ * The decode kernel before the per-key-lane rewrite (issue #24), kept beside this script for comparison
+ * only: bindings, grid, constants and split formula as `attn_decode` then (attn_combine unchanged).
+ */
+const ATTN_DECODE_V1: KernelSpec = {
+  name: "attn_decode_v1",
+  url: new URL("./_attn_decode_v1.wgsl", import.meta.url),
+  lib: [],
+  constants: {
+    H_Q: "u32",
+    H_KV: "u32",
+    D_H: "u32",
+    P_MAX: "u32",
+    N_SPLIT: "u32",
+    TILE: "u32",
+    PER_MIN: "u32",
     WG: "u32",
     SCALE: "f32",
     KV_F16: "bool",
@@ -159,10 +186,109 @@ const prefillFlops = (depth: number) => 4 * D_H * H_Q * (CHUNK * depth + (CHUNK 
 /** Repetitions per timed pass: about 20 ms of work at the rate given (FLOP/s or B/s). */
 const repsFor = (work: number, rate: number) => Math.max(1, Math.min(20, Math.round(0.02 / (work / rate))));
 
+/**
+ * Decode jobs at position `depth` (AttnParams at 512·i + 256): the v1 kernel, the engine's variant and the
+ * sweep, each followed by attn_combine; K and V rows 0..depth of both KV heads are the bytes.
+ */
+async function decodeJobs(
+  i: number,
+  depth: number,
+  kv: { f16: boolean; k: GPUBuffer; v: GPUBuffer },
+): Promise<void> {
+  const f16 = kv.f16;
+  const shape = { H_Q, H_KV, D_H, P_MAX, SCALE, KV_F16: f16 };
+  const pd = { buffer: params, offset: 512 * i + 256, size: 8 };
+  const bytes = 2 * (depth + 1) * H_KV * D_H * (f16 ? 2 : 4);
+  const cb = { params: pd, partO, partMl, qf, o };
+  const push = async (
+    line: Record<string, unknown>,
+    decode: Job["ops"][number],
+    split: { N_SPLIT: number; TILE: number; PER_MIN: number },
+  ) => {
+    const { N_SPLIT, TILE, PER_MIN } = split;
+    const cc: AttnCombineConstants = { H_Q, D_H, N_SPLIT, TILE, PER_MIN, WG: 256, CD: 16 };
+    const pCmb = await cache.get(ATTN_COMBINE, cc);
+    const { used } = attnDecodeSplits({ ...split, P_MAX }, depth);
+    jobs.push({
+      line: { op: "decode", ...line, splitsUsed: used, depth, kvF16: f16 },
+      ops: [
+        decode,
+        {
+          pipeline: pCmb,
+          bindGroup: attnCombineBindGroup(device, { pipeline: pCmb, constants: cc, buffers: cb }),
+          grid: attnCombineGrid(cc),
+        },
+      ],
+      reps: 20,
+      work: bytes,
+      best: Infinity,
+    });
+  };
+  if (!args["no-v1"]) {
+    // The split policy of then: up to 256 splits of at least one 16-position tile.
+    const c = {
+      ...shape,
+      N_SPLIT: Math.min(ATTN_SPLITS, Math.ceil(P_MAX / 16)),
+      TILE: 16,
+      PER_MIN: 16,
+      WG: 256,
+    };
+    const pipeline = await cache.get(ATTN_DECODE_V1, c);
+    const bg = bindGroup(device, pipeline, [pd, q, kv.k, kv.v, partO, partMl]);
+    await push(
+      { variant: "v1", key: variantKey(ATTN_DECODE_V1, c) },
+      { pipeline, bindGroup: bg, grid: [c.N_SPLIT, H_KV, 1] },
+      c,
+    );
+  }
+  const engine: AttnDecodeConstants = {
+    ...shape,
+    N_SPLIT: attnSplits(P_MAX),
+    TILE: ATTN_DECODE_TILE,
+    PER_MIN: ATTN_SPLIT_MIN,
+    WG: 256,
+  };
+  const variants: AttnDecodeConstants[] = [engine];
+  for (const nSplit of SWEEP ? [64, 128, 256] : []) {
+    for (const tile of [16, 32, 64]) {
+      for (const wg of [128, 256]) {
+        const c = { ...shape, N_SPLIT: nSplit, TILE: tile, PER_MIN: tile, WG: wg };
+        if (!variants.some((v) => variantKey(ATTN_DECODE, v) === variantKey(ATTN_DECODE, c))) {
+          variants.push(c);
+        }
+      }
+    }
+  }
+  const db = { params: pd, q, kCache: kv.k, vCache: kv.v, partO, partMl };
+  for (const c of variants) {
+    try {
+      checkAttnDecode(c, maxWg);
+    } catch {
+      continue; // does not fit this device
+    }
+    const pipeline = await cache.get(ATTN_DECODE, c);
+    await push(
+      {
+        variant: c === engine ? "engine" : "sweep",
+        key: variantKey(ATTN_DECODE, c),
+        workgroupBytes: attnDecodeWorkgroupBytes(c),
+      },
+      {
+        pipeline,
+        bindGroup: attnDecodeBindGroup(device, { pipeline, constants: c, buffers: db }),
+        grid: attnDecodeGrid(c),
+      },
+      c,
+    );
+  }
+}
+
 for (const [i, depth] of DEPTHS.entries()) {
   const p = { buffer: params, offset: 512 * i, size: 8 };
   for (const f16 of KVS) {
     const kv = caches.get(f16)!;
+    if (!PREFILL_ONLY) await decodeJobs(i, depth, { f16, ...kv });
+    if (DECODE_ONLY) continue;
     const shape = { H_Q, H_KV, D_H, P_MAX, SCALE, KV_F16: f16 };
     const buffers = { params: p, q, qf, kCache: kv.k, vCache: kv.v, o };
     const flops = prefillFlops(depth);
@@ -242,76 +368,6 @@ for (const [i, depth] of DEPTHS.entries()) {
         ops: [{ pipeline, bindGroup: bg, grid: attnPrefillGrid(c, CHUNK) }],
         reps: repsFor(flops, 1e13),
         work: flops,
-        best: Infinity,
-      });
-    }
-    if (PREFILL_ONLY) continue;
-
-    // Decode at position `depth`: K and V rows 0..depth of both KV heads.
-    const pd = { buffer: params, offset: 512 * i + 256, size: 8 };
-    const bytes = 2 * (depth + 1) * H_KV * D_H * (f16 ? 2 : 4);
-    const decodeVariants: { name: string; nSplit: number; perMin: number; tile: number }[] = [
-      { name: "old-32-splits", nSplit: 32, perMin: 16, tile: 16 },
-      { name: "engine", nSplit: attnSplits(P_MAX), perMin: ATTN_SPLIT_MIN, tile: 16 },
-    ];
-    for (const nSplit of SWEEP ? [64, 128, 256] : []) {
-      for (const perMin of [16, 32, 64]) {
-        for (const tile of [16, 32]) {
-          if (perMin % tile !== 0) continue;
-          decodeVariants.push({ name: "sweep", nSplit, perMin, tile });
-        }
-      }
-    }
-    for (const dv of decodeVariants) {
-      const dc: AttnDecodeConstants = {
-        H_Q,
-        H_KV,
-        D_H,
-        P_MAX,
-        N_SPLIT: dv.nSplit,
-        TILE: dv.tile,
-        PER_MIN: dv.perMin,
-        WG: 256,
-        SCALE,
-        KV_F16: f16,
-      };
-      if (attnDecodeWorkgroupBytes(dc) > maxWg) continue;
-      const cc: AttnCombineConstants = {
-        H_Q,
-        D_H,
-        N_SPLIT: dv.nSplit,
-        TILE: dv.tile,
-        PER_MIN: dv.perMin,
-        WG: 256,
-        CD: 16,
-      };
-      const pDec = await cache.get(ATTN_DECODE, dc);
-      const pCmb = await cache.get(ATTN_COMBINE, cc);
-      const db = { params: pd, q, kCache: kv.k, vCache: kv.v, partO, partMl };
-      const cb = { params: pd, partO, partMl, qf, o };
-      jobs.push({
-        line: {
-          op: "decode",
-          variant: dv.name,
-          key: variantKey(ATTN_DECODE, dc),
-          splitsUsed: attnDecodeSplits(dc, depth).used,
-          depth,
-          kvF16: f16,
-        },
-        ops: [
-          {
-            pipeline: pDec,
-            bindGroup: attnDecodeBindGroup(device, { pipeline: pDec, constants: dc, buffers: db }),
-            grid: attnDecodeGrid(dc),
-          },
-          {
-            pipeline: pCmb,
-            bindGroup: attnCombineBindGroup(device, { pipeline: pCmb, constants: cc, buffers: cb }),
-            grid: attnCombineGrid(cc),
-          },
-        ],
-        reps: 20,
-        work: bytes,
         best: Infinity,
       });
     }

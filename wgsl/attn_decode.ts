@@ -9,8 +9,9 @@ import { ATTN_PARAMS_WORDS, kvCacheWords } from "./attn_params.ts";
 import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 
 /**
- * Constants of `attn_decode.wgsl`: heads, headDim, cache capacity, split count, positions per tile, shortest
- * split (a multiple of TILE), workgroup size, score scale (1/sqrt(headDim) unless the model gives one).
+ * Constants of `attn_decode.wgsl`: heads, headDim, cache capacity, split count, positions per tile (per three
+ * barriers), shortest split (a multiple of TILE), workgroup size, score scale (1/sqrt(headDim) unless the
+ * model gives one), f16 cache.
  */
 export type AttnDecodeConstants = {
   readonly H_Q: number;
@@ -29,7 +30,7 @@ export type AttnDecodeConstants = {
 export const ATTN_DECODE: KernelSpec = {
   name: "attn_decode",
   url: new URL("./attn_decode.wgsl", import.meta.url),
-  lib: ["attn"],
+  lib: [],
   constants: {
     H_Q: "u32",
     H_KV: "u32",
@@ -57,7 +58,9 @@ export type AttnDecodeBuffers = Readonly<Record<(typeof ATTN_DECODE_BINDINGS)[nu
 /** Workgroup memory of one variant in bytes (must fit the device's maxComputeWorkgroupStorageSize). */
 export function attnDecodeWorkgroupBytes(c: AttnDecodeConstants): number {
   const g = c.H_Q / c.H_KV;
-  return 4 * (g * c.D_H + c.TILE * (c.D_H + 4) + g * c.TILE + 3 * g);
+  const g4 = Math.ceil(g / 4);
+  // qs (4x4 blocks of head quads), part, sc, p_s and corr_s (head quads).
+  return 16 * g4 * c.D_H + 4 * g * c.WG + 4 * g * c.TILE + 16 * g4 * c.TILE + 16 * g4;
 }
 
 /**
@@ -87,21 +90,39 @@ export function checkAttnDecode(c: AttnDecodeConstants, maxWorkgroupBytes: numbe
   checkShape(c.D_H % 8 === 0, `attn_decode: D_H (${c.D_H}) must be a multiple of 8 (16-byte cache loads)`);
   checkInt("attn_decode: P_MAX", c.P_MAX, 1, 2 ** 24);
   checkInt("attn_decode: N_SPLIT", c.N_SPLIT, 1, MAX_WORKGROUPS_PER_DIM);
-  checkInt("attn_decode: TILE", c.TILE, 1, 256);
+  checkShape(isPow2(c.WG) && c.WG <= 256, `attn_decode: WG must be a power of two <= 256, got ${c.WG}`);
+  const g = c.H_Q / c.H_KV;
+  checkShape(
+    g <= 8,
+    `attn_decode: H_Q / H_KV (${g}) must be <= 8 (named accumulators for 8 heads)`,
+  );
+  checkShape(
+    isPow2(c.TILE) && c.TILE >= 4 && c.TILE * 4 <= c.WG,
+    `attn_decode: TILE must be a power of two in [4, WG / 4] (${c.WG / 4}), got ${c.TILE}`,
+  );
+  const slices = c.WG / c.TILE;
+  checkShape(
+    (c.D_H / 8) % slices === 0,
+    `attn_decode: D_H / 8 (${c.D_H / 8}) must be a multiple of WG / TILE (${slices}): raise TILE`,
+  );
+  checkShape(
+    c.D_H / 4 <= c.WG && c.WG % (c.D_H / 4) === 0,
+    `attn_decode: WG (${c.WG}) must be a multiple of D_H / 4 (${c.D_H / 4})`,
+  );
+  const kq = c.WG / (c.D_H / 4);
+  checkShape(
+    c.TILE % kq === 0,
+    `attn_decode: TILE (${c.TILE}) must be a multiple of WG / (D_H / 4) (${kq}): raise TILE`,
+  );
   checkShape(
     Number.isInteger(c.PER_MIN) && c.PER_MIN >= c.TILE && c.PER_MIN % c.TILE === 0,
     `attn_decode: PER_MIN (${c.PER_MIN}) must be a positive multiple of TILE (${c.TILE})`,
-  );
-  checkShape(isPow2(c.WG) && c.WG <= 256, `attn_decode: WG must be a power of two <= 256, got ${c.WG}`);
-  checkShape(
-    (c.H_Q / c.H_KV * c.D_H) % c.WG === 0,
-    `attn_decode: G * D_H (${c.H_Q / c.H_KV} * ${c.D_H}) must be a multiple of WG (${c.WG})`,
   );
   checkShape(c.SCALE > 0, `attn_decode: SCALE must be > 0, got ${c.SCALE}`);
   const bytes = attnDecodeWorkgroupBytes(c);
   checkShape(
     bytes <= maxWorkgroupBytes,
-    `attn_decode: workgroup memory ${bytes} bytes exceeds the device's ${maxWorkgroupBytes}: lower TILE`,
+    `attn_decode: workgroup memory ${bytes} bytes exceeds the device's ${maxWorkgroupBytes}: lower WG or TILE`,
   );
 }
 

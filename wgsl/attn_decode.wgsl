@@ -4,9 +4,7 @@
 // The partials (O unnormalised, m, l) per (split, head) are merged by attn_combine.
 // Split ranges: per = max(PER_MIN, roundup(ceil((p + 1) / N_SPLIT), TILE)); split s covers
 // [s * per, min((s + 1) * per, p + 1)), so ceil((p + 1) / per) splits are used (attn_combine reads those).
-// The grid is constant whatever p is (pre-encodable); the workgroups of unused splits write nothing. N_SPLIT
-// follows the cache capacity (the engine's attnDecodeSplits): with a fixed 32 splits a 32k context gave 64
-// workgroups of 1024 positions each, latency-bound at ~150 GB/s (0.9 ms per layer on the H200).
+// The grid is constant whatever p is (pre-encodable); the workgroups of unused splits write nothing.
 // Bindings:
 //   params   AttnParams { pos0: u32, n_tokens: u32 }   only pos0 is read (the cache holds 0..pos0)
 //   q        f32 ne=[D_H, H_Q]                 normed, roped queries (attn_qk_rope q_out, token 0)
@@ -16,15 +14,27 @@
 //   part_o   f32 ne=[D_H, H_Q, N_SPLIT]        unnormalised O per split and head
 //   part_ml  f32 ne=[2, H_Q, N_SPLIT]          (m, l) per split and head
 // Grid (N_SPLIT, H_KV): workgroup (s, g) owns split s for the G = H_Q / H_KV query heads of KV head g, so
-// each K/V row is read once for all G heads. Per tile of TILE positions: stage K in workgroup memory,
-// G * TILE invocations each take one full q.k dot, G invocations update the online softmax, stage V, then
-// invocation i accumulates outputs o = i + j * WG (head o / D_H, dim o % D_H) in registers.
-// The K/V tile staging (padded vec4 rows, no bank conflicts) is lib/attn.wgsl's.
+// each K/V row is read once for all G heads, straight from the cache into registers (no staging). A tile of
+// TILE positions takes three barriers:
+//   (a) q.k: invocation (key kt, lane c) of TILE keys x SLICES = WG / TILE lanes loads its slice of K row kt
+//       (lane c takes the 16-byte words c, c + SLICES, ...: a row is read by SLICES adjacent invocations,
+//       so loads coalesce) and multiplies each word by a 4x4 block of q (4 heads x the word's 4 dims, from
+//       workgroup memory): partial dots of 4 heads per block;
+//   (b) score (h, t): the SLICES partials summed, scaled, masked past the split's end;
+//   (c) every invocation of head h reads the tile's TILE scores of h, so all of them know the new running
+//       max m_h (kept in registers by each: no serial step); p = exp(s - m_h); l is kept per key lane;
+//   (d) P.V: invocation (key group kq, dim quad dq) of KQ = WG / (D_H / 4) groups x D_H / 4 quads owns dims
+//       4dq..4dq+3 of every head over the keys kq, kq + KQ, ...: V rows stream as 16-byte loads, one row
+//       read by D_H / 4 adjacent invocations. The key groups' sums meet once per split, at the end.
+// Rows past the split's end are clamped to its last row (loaded, finite) and weigh 0 (score NEG).
+// Registers are named variables (acc0..acc7, sA/sB), never function-scope arrays: the H200's driver keeps
+// those in local memory when a loop indexes them (docs/PERF.md, 2026-12-04), hence G <= 8.
 // Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, PER_MIN, WG: u32; const SCALE: f32;
 // const KV_F16: bool.
-// Limits: H_Q % H_KV == 0; G * D_H % WG == 0; D_H % 8 == 0 (16-byte cache loads); PER_MIN % TILE == 0;
-// G * TILE <= WG is not required; workgroup memory 4 * (G * D_H + TILE * (D_H + 4) + G * TILE + 3 * G) bytes <= device limit (32 KiB
-// on lavapipe).
+// Limits (attn_decode.ts checks them): H_Q % H_KV == 0; G <= 8; D_H % 8 == 0; WG % TILE == 0, TILE >= 4
+// and SLICES % 4 == 0 (so G * TILE <= 2 * WG: two scores per invocation); (D_H / 8) % SLICES == 0;
+// WG % (D_H / 4) == 0; TILE % KQ == 0; PER_MIN % TILE == 0; workgroup memory (attnDecodeWorkgroupBytes) within the device's limit (32 KiB on
+// lavapipe).
 struct AttnParams {
   pos0: u32,
   n_tokens: u32,
@@ -34,47 +44,117 @@ struct AttnParams {
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read_write> part_o: array<f32>;
+@group(0) @binding(4) var<storage, read_write> part_o: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> part_ml: array<f32>;
 
 const G: u32 = H_Q / H_KV;
-const OPI: u32 = G * D_H / WG;
+// Head quads (the heads padded to whole vec4s; the pad heads have q = 0 and are never written out).
+const G4: u32 = (G + 3u) / 4u;
+// 16-byte words of one cache row: quads of f32, or octets of f16.
+const DQ: u32 = D_H / 4u;
+const DO: u32 = D_H / 8u;
+const ROW_WORDS: u32 = select(DQ, DO, KV_F16);
+const SLICES: u32 = WG / TILE;
+const KQ: u32 = WG / DQ;
+const SCORES: u32 = G * TILE;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
 
-var<workgroup> qs: array<vec4<f32>, G * ATTN_DQ>;
-var<workgroup> sc: array<f32, G * TILE>;
-var<workgroup> m_s: array<f32, G>;
-var<workgroup> l_s: array<f32, G>;
-var<workgroup> corr: array<f32, G>;
+// q as 4x4 blocks: block (hq, e) at qs[4 * (hq * DQ + e) ..] holds column j = dim 4e' + j of heads
+// 4hq..4hq+3, where e' = e for f32; with KV_F16 the quads are reordered, even ones first, then odd ones
+// (e' = 2e, then 2(e - DO) + 1), so that lane c's two quads of octet e are blocks e and DO + e: adjacent
+// lanes read adjacent words. After the tile loop qs holds the key groups' sums of (d), head h at h*DQ + dq.
+var<workgroup> qs: array<vec4<f32>, G4 * DQ * 4u>;
+// (a) -> (b): partial dots; scalar h * WG + lid (head h, key kt, lane c).
+var<workgroup> part: array<vec4<f32>, G * WG / 4u>;
+// (b) -> (c): scores sc[h][t]; after the loop, each key lane's l.
+var<workgroup> sc: array<vec4<f32>, SCORES / 4u>;
+// (c) -> (d): p_s[t][hq] (4 heads a vec4) and each head's rescale of O.
+var<workgroup> p_s: array<vec4<f32>, TILE * G4>;
+var<workgroup> corr_s: array<vec4<f32>, G4>;
 
-// Elements e..e+3 of a cache (e % 4 == 0): f32 bits, or two f16 pair words (low half = even element). One
-// 16-byte load per four elements: the tile loads below are latency-bound chains, so fewer, wider loads.
-fn load4(w: vec4<u32>, e: u32) -> vec4<f32> {
+// Words of cache row `row` of KV head g start at this index of the vec4<u32> arrays.
+fn row_base(g: u32, row: u32) -> u32 {
+  return (g * P_MAX + row) * ROW_WORDS;
+}
+
+// Dims 4dq..4dq+3 of a V row from its 16-byte word (f32: word dq; f16: the half of word dq / 2).
+fn v_quad(w: vec4<u32>, dq: u32) -> vec4<f32> {
   if (KV_F16) {
-    let hi = ((e >> 1u) & 3u) == 2u;
-    return vec4<f32>(
-      unpack2x16float(select(w.x, w.z, hi)),
-      unpack2x16float(select(w.y, w.w, hi)),
-    );
+    let hi = (dq & 1u) == 1u;
+    return vec4<f32>(unpack2x16float(select(w.x, w.z, hi)), unpack2x16float(select(w.y, w.w, hi)));
   }
   return bitcast<vec4<f32>>(w);
 }
 
-fn load_k4(e: u32) -> vec4<f32> {
-  return load4(k_cache[select(e >> 2u, e >> 3u, KV_F16)], e);
-}
-
-fn load_v4(e: u32) -> vec4<f32> {
-  return load4(v_cache[select(e >> 2u, e >> 3u, KV_F16)], e);
-}
-
-// K or V elements e..e+3 for the tile staging (lib/attn.wgsl).
-fn attn_load4(is_k: bool, e: u32) -> vec4<f32> {
-  if (is_k) {
-    return load_k4(e);
+// q[h][d] of KV head g's head h, 0 for the pad heads.
+fn q_at(g: u32, h: u32, d: u32) -> f32 {
+  if (h < G) {
+    return q[(g * G + h) * D_H + d];
   }
-  return load_v4(e);
+  return 0.0;
+}
+
+// The q block (head quad hq, quad position e): the partial dots of 4 heads with k are block * k.
+fn q_block(hq: u32, e: u32) -> mat4x4<f32> {
+  let b = 4u * (hq * DQ + e);
+  return mat4x4<f32>(qs[b], qs[b + 1u], qs[b + 2u], qs[b + 3u]);
+}
+
+// Partial dot of head h (< 4 * G4) for (a); pad heads are not stored.
+fn put_part(h: u32, lid: u32, v: f32) {
+  if (h < G) {
+    part[(h * WG + lid) / 4u][lid % 4u] = v;
+  }
+}
+
+// (b) for score i = (head i / TILE, key i % TILE): the sum of its lanes' partials, scaled; NEG past `end`.
+fn score(i: u32, t0: u32, end: u32) -> f32 {
+  let h = i / TILE;
+  let t = i % TILE;
+  var a4 = vec4<f32>(0.0);
+  for (var cq = 0u; cq < SLICES / 4u; cq++) {
+    a4 += part[(h * WG + t * SLICES) / 4u + cq];
+  }
+  let s = select(NEG, ((a4.x + a4.y) + (a4.z + a4.w)) * SCALE, t0 + t < end);
+  sc[i / 4u][i % 4u] = s;
+  return s;
+}
+
+// (c) for score i with value s and its head's running (m, l) of this key lane: publishes p and, from key 0,
+// the head's rescale; returns the new (m, l).
+fn softmax_step(i: u32, s: f32, ml: vec2<f32>) -> vec2<f32> {
+  let h = i / TILE;
+  let t = i % TILE;
+  var mx4 = vec4<f32>(NEG);
+  for (var tq = 0u; tq < TILE / 4u; tq++) {
+    mx4 = max(mx4, sc[h * (TILE / 4u) + tq]);
+  }
+  let m_new = max(ml.x, max(max(mx4.x, mx4.y), max(mx4.z, mx4.w)));
+  let cr = exp(ml.x - m_new);
+  let p = exp(s - m_new);
+  p_s[t * G4 + h / 4u][h % 4u] = p;
+  if (t == 0u) {
+    corr_s[h / 4u][h % 4u] = cr;
+  }
+  return vec2<f32>(m_new, fma(ml.y, cr, p));
+}
+
+// The (m, l) of head i / TILE from key lane 0 (the lanes' l summed; they were published as sc).
+fn put_ml(i: u32, out_head0: u32, m: f32) {
+  let h = i / TILE;
+  var l4 = vec4<f32>(0.0);
+  for (var tq = 0u; tq < TILE / 4u; tq++) {
+    l4 += sc[h * (TILE / 4u) + tq];
+  }
+  part_ml[(out_head0 + h) * 2u] = m;
+  part_ml[(out_head0 + h) * 2u + 1u] = (l4.x + l4.y) + (l4.z + l4.w);
+}
+
+fn put_o(h: u32, out_head0: u32, dq: u32, v: vec4<f32>) {
+  if (h < G) {
+    part_o[(out_head0 + h) * DQ + dq] = v;
+  }
 }
 
 @compute @workgroup_size(WG)
@@ -89,78 +169,181 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     return;
   }
   let end = min(begin + per, ctx);
-  let kv_base = g * P_MAX * D_H;
 
-  for (var i = lid; i < G * ATTN_DQ; i += WG) {
-    let b = g * G * D_H + 4u * i;
-    qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+  for (var i = lid; i < G4 * DQ * 4u; i += WG) {
+    let j = i % 4u;
+    let e = (i / 4u) % DQ;
+    let hq = i / (4u * DQ);
+    var quad = e;
+    if (KV_F16) {
+      quad = select(2u * e, 2u * (e - DO) + 1u, e >= DO);
+    }
+    let d = 4u * quad + j;
+    qs[i] = vec4<f32>(q_at(g, 4u * hq, d), q_at(g, 4u * hq + 1u, d), q_at(g, 4u * hq + 2u, d), q_at(g, 4u * hq + 3u, d));
   }
-  for (var h = lid; h < G; h += WG) {
-    m_s[h] = NEG;
-    l_s[h] = 0.0;
-  }
-  var acc: array<f32, OPI>;
+
+  // (a) roles
+  let kt = lid / SLICES;
+  let c = lid % SLICES;
+  // (d) roles
+  let kq = lid / DQ;
+  let dq = lid % DQ;
+  // (b)/(c): scores lid and lid + WG (SCORES <= 2 * WG); each keeps (m, l) of its head and key lane.
+  let i0 = lid;
+  let i1 = lid + WG;
+  var ml0 = vec2<f32>(NEG, 0.0);
+  var ml1 = vec2<f32>(NEG, 0.0);
+  var acc0 = vec4<f32>(0.0);
+  var acc1 = vec4<f32>(0.0);
+  var acc2 = vec4<f32>(0.0);
+  var acc3 = vec4<f32>(0.0);
+  var acc4 = vec4<f32>(0.0);
+  var acc5 = vec4<f32>(0.0);
+  var acc6 = vec4<f32>(0.0);
+  var acc7 = vec4<f32>(0.0);
   workgroupBarrier();
 
   for (var t0 = begin; t0 < end; t0 += TILE) {
-    attn_stage_tile(lid, kv_base, t0, end, true);
-    workgroupBarrier();
-    for (var i = lid; i < G * TILE; i += WG) {
-      let h = i / TILE;
-      let tt = i % TILE;
-      var s = NEG;
-      if (t0 + tt < end) {
-        // Four partial sums: a quarter of the dependent add chain of a single accumulator.
-        var a4 = vec4<f32>(0.0);
-        for (var dq = 0u; dq < ATTN_DQ; dq++) {
-          a4 += qs[h * ATTN_DQ + dq] * attn_kv[tt * ATTN_ROW + dq];
+    // (a)
+    let base = row_base(g, min(t0 + kt, end - 1u));
+    var dA = vec4<f32>(0.0);
+    var dB = vec4<f32>(0.0);
+    if (KV_F16) {
+      for (var i = 0u; i < DO / SLICES; i++) {
+        let e = c + i * SLICES;
+        let w = k_cache[base + e];
+        let k0 = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+        let k1 = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+        dA += q_block(0u, e) * k0 + q_block(0u, DO + e) * k1;
+        if (G > 4u) {
+          dB += q_block(1u, e) * k0 + q_block(1u, DO + e) * k1;
         }
-        let dot = (a4.x + a4.y) + (a4.z + a4.w);
-        s = dot * SCALE;
       }
-      sc[i] = s;
+    } else {
+      for (var i = 0u; i < DQ / SLICES; i++) {
+        let e = c + i * SLICES;
+        let k = bitcast<vec4<f32>>(k_cache[base + e]);
+        dA += q_block(0u, e) * k;
+        if (G > 4u) {
+          dB += q_block(1u, e) * k;
+        }
+      }
+    }
+    put_part(0u, lid, dA.x);
+    put_part(1u, lid, dA.y);
+    put_part(2u, lid, dA.z);
+    put_part(3u, lid, dA.w);
+    if (G > 4u) {
+      put_part(4u, lid, dB.x);
+      put_part(5u, lid, dB.y);
+      put_part(6u, lid, dB.z);
+      put_part(7u, lid, dB.w);
     }
     workgroupBarrier();
-    for (var h = lid; h < G; h += WG) {
-      var mx = NEG;
-      for (var tt = 0u; tt < TILE; tt++) {
-        mx = max(mx, sc[h * TILE + tt]);
-      }
-      let m_new = max(m_s[h], mx);
-      var sum = 0.0;
-      for (var tt = 0u; tt < TILE; tt++) {
-        let pr = exp(sc[h * TILE + tt] - m_new);
-        sc[h * TILE + tt] = pr;
-        sum += pr;
-      }
-      let c = exp(m_s[h] - m_new);
-      l_s[h] = l_s[h] * c + sum;
-      m_s[h] = m_new;
-      corr[h] = c;
+    // (b)
+    var s0 = NEG;
+    var s1 = NEG;
+    if (i0 < SCORES) {
+      s0 = score(i0, t0, end);
     }
-    attn_stage_tile(lid, kv_base, t0, end, false);
+    if (i1 < SCORES) {
+      s1 = score(i1, t0, end);
+    }
     workgroupBarrier();
-    // Keys outer, heads inner: with WG = D_H every j of an invocation reads the same V element, loaded once.
-    for (var j = 0u; j < OPI; j++) {
-      acc[j] *= corr[(lid + j * WG) / D_H];
+    // (c)
+    if (i0 < SCORES) {
+      ml0 = softmax_step(i0, s0, ml0);
     }
-    for (var tt = 0u; tt < TILE; tt++) {
-      for (var j = 0u; j < OPI; j++) {
-        let o = lid + j * WG;
-        let d = o % D_H;
-        acc[j] = fma(sc[(o / D_H) * TILE + tt], attn_kv[tt * ATTN_ROW + d / 4u][d % 4u], acc[j]);
+    if (i1 < SCORES) {
+      ml1 = softmax_step(i1, s1, ml1);
+    }
+    workgroupBarrier();
+    // (d)
+    let cA = corr_s[0];
+    acc0 *= cA.x;
+    acc1 *= cA.y;
+    acc2 *= cA.z;
+    acc3 *= cA.w;
+    if (G > 4u) {
+      let cB = corr_s[G4 - 1u];
+      acc4 *= cB.x;
+      acc5 *= cB.y;
+      acc6 *= cB.z;
+      acc7 *= cB.w;
+    }
+    for (var j = 0u; j < TILE / KQ; j++) {
+      let t = kq + j * KQ;
+      let row = min(t0 + t, end - 1u);
+      let v = v_quad(v_cache[row_base(g, row) + select(dq, dq / 2u, KV_F16)], dq);
+      let pA = p_s[t * G4];
+      acc0 = fma(vec4<f32>(pA.x), v, acc0);
+      acc1 = fma(vec4<f32>(pA.y), v, acc1);
+      acc2 = fma(vec4<f32>(pA.z), v, acc2);
+      acc3 = fma(vec4<f32>(pA.w), v, acc3);
+      if (G > 4u) {
+        let pB = p_s[t * G4 + G4 - 1u];
+        acc4 = fma(vec4<f32>(pB.x), v, acc4);
+        acc5 = fma(vec4<f32>(pB.y), v, acc5);
+        acc6 = fma(vec4<f32>(pB.z), v, acc6);
+        acc7 = fma(vec4<f32>(pB.w), v, acc7);
+      }
+    }
+    // No barrier here: the next tile's (a) writes only `part`, last read in this tile's (b).
+  }
+
+  // Each key lane's l for the head sums below; the barrier after it publishes them.
+  if (i0 < SCORES) {
+    sc[i0 / 4u][i0 % 4u] = ml0.y;
+  }
+  if (i1 < SCORES) {
+    sc[i1 / 4u][i1 % 4u] = ml1.y;
+  }
+  // The key groups' O sums meet in qs (free now): groups 1, 2, ... added to group 0 in order.
+  workgroupBarrier();
+  for (var r = 1u; r < KQ; r++) {
+    if (kq == r) {
+      qs[0u * DQ + dq] = acc0;
+      qs[1u * DQ + dq] = acc1;
+      qs[2u * DQ + dq] = acc2;
+      qs[3u * DQ + dq] = acc3;
+      if (G > 4u) {
+        qs[4u * DQ + dq] = acc4;
+        qs[5u * DQ + dq] = acc5;
+        qs[6u * DQ + dq] = acc6;
+        qs[7u * DQ + dq] = acc7;
+      }
+    }
+    workgroupBarrier();
+    if (kq == 0u) {
+      acc0 += qs[0u * DQ + dq];
+      acc1 += qs[1u * DQ + dq];
+      acc2 += qs[2u * DQ + dq];
+      acc3 += qs[3u * DQ + dq];
+      if (G > 4u) {
+        acc4 += qs[4u * DQ + dq];
+        acc5 += qs[5u * DQ + dq];
+        acc6 += qs[6u * DQ + dq];
+        acc7 += qs[7u * DQ + dq];
       }
     }
     workgroupBarrier();
   }
 
   let out_head0 = split * H_Q + g * G;
-  for (var j = 0u; j < OPI; j++) {
-    let o = lid + j * WG;
-    part_o[out_head0 * D_H + o] = acc[j];
+  if (kq == 0u) {
+    put_o(0u, out_head0, dq, acc0);
+    put_o(1u, out_head0, dq, acc1);
+    put_o(2u, out_head0, dq, acc2);
+    put_o(3u, out_head0, dq, acc3);
+    put_o(4u, out_head0, dq, acc4);
+    put_o(5u, out_head0, dq, acc5);
+    put_o(6u, out_head0, dq, acc6);
+    put_o(7u, out_head0, dq, acc7);
   }
-  for (var h = lid; h < G; h += WG) {
-    part_ml[(out_head0 + h) * 2u] = m_s[h];
-    part_ml[(out_head0 + h) * 2u + 1u] = l_s[h];
+  if (i0 < SCORES && i0 % TILE == 0u) {
+    put_ml(i0, out_head0, ml0.x);
+  }
+  if (i1 < SCORES && i1 % TILE == 0u) {
+    put_ml(i1, out_head0, ml1.x);
   }
 }

@@ -14,6 +14,7 @@ import {
   attnDecodeBindGroup,
   type AttnDecodeConstants,
   attnDecodeSplits,
+  checkAttnDecode,
   encodeAttnDecode,
 } from "./attn_decode.ts";
 import { packAttnParams } from "./attn_params.ts";
@@ -43,30 +44,35 @@ interface Dims {
 }
 const REAL: Dims = { hQ: 16, hKv: 2, dH: 256 };
 const TINY: Dims = { hQ: 4, hKv: 1, dH: 256 };
+const ODD: Dims = { hQ: 6, hKv: 2, dH: 128 };
 
 Deno.test("attn_decode + attn_combine match the float64 reference at positions 0 to 3000, any split count", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  // [dims, position, N_SPLIT, KV_F16, PER_MIN]
-  const cases: [Dims, number, number, boolean, number][] = [
-    [REAL, 0, 64, false, 16],
-    [REAL, 1, 64, false, 16],
-    [REAL, 37, 64, false, 16],
-    [REAL, 3000, 64, false, 16], // per split 48 positions: 63 splits used, the last one ragged, 1 unused
-    [REAL, 3000, 256, false, 16], // the engine's long-context split count: 188 splits of one tile
-    [REAL, 2999, 32, false, 128], // PER_MIN above the even share: 24 splits of 128, 8 unused
-    [TINY, 37, 8, false, 16],
-    [TINY, 127, 8, false, 16], // every split full, the last one included
-    [TINY, rng.int(0, 700), 16, false, 16 * rng.int(1, 4)],
-    [REAL, 37, 64, true, 16], // f16 cache
-    [REAL, 2000, 256, true, 32], // f16 cache at depth
-    [TINY, 127, 8, true, 16],
+  // [dims, position, N_SPLIT, KV_F16, PER_MIN, TILE, WG]
+  const cases: [Dims, number, number, boolean, number, number, number][] = [
+    [REAL, 0, 64, false, 32, 32, 256],
+    [REAL, 1, 64, false, 32, 32, 256],
+    [REAL, 37, 64, false, 16, 16, 256],
+    [REAL, 3000, 64, false, 32, 32, 256], // per split 64 positions: 47 splits used, the last one ragged
+    [REAL, 3000, 256, false, 32, 32, 256], // the engine's long-context split count: 94 splits of one tile
+    [REAL, 2999, 32, false, 128, 64, 256], // PER_MIN above the even share: 24 splits of 128, 8 unused; 2 scores each
+    [REAL, 1500, 16, false, 64, 16, 128], // 128 invocations: 2 key groups, 8 lanes per key
+    [TINY, 37, 8, false, 16, 16, 256],
+    [TINY, 127, 8, false, 16, 16, 256], // every split full, the last one included
+    [TINY, rng.int(0, 700), 16, false, 64 * rng.int(1, 3), 64, 256],
+    [ODD, 300, 8, false, 16, 16, 256], // 3 heads per KV head: a pad head, idle score lanes, 8 key groups
+    [REAL, 37, 64, true, 32, 32, 256], // f16 cache
+    [REAL, 2000, 256, true, 32, 32, 256], // f16 cache at depth
+    [REAL, 700, 16, true, 64, 64, 256],
+    [TINY, 127, 8, true, 16, 16, 256],
+    [ODD, 211, 4, true, 16, 16, 256],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   const runs = [];
-  for (const [dims, pos, nSplit, kvF16, perMin] of cases) {
+  for (const [dims, pos, nSplit, kvF16, perMin, tile, wg] of cases) {
     const { hQ, hKv, dH } = dims;
     const pMax = pos + 1 + rng.int(0, 40);
     const dc: AttnDecodeConstants = {
@@ -75,9 +81,9 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       D_H: dH,
       P_MAX: pMax,
       N_SPLIT: nSplit,
-      TILE: 16,
+      TILE: tile,
       PER_MIN: perMin,
-      WG: 256,
+      WG: wg,
       SCALE: 1 / Math.sqrt(dH),
       KV_F16: kvF16,
     };
@@ -188,8 +194,8 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     D_H: 256,
     P_MAX: 64,
     N_SPLIT: 8,
-    TILE: 16,
-    PER_MIN: 16,
+    TILE: 32,
+    PER_MIN: 32,
     WG: 256,
     SCALE: 0.0625,
     KV_F16: false,
@@ -201,17 +207,27 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     () => attnDecodeBindGroup(device, { pipeline, constants: dc, buffers: b }),
     /binding q holds 1024/,
   );
+  // 8 heads per KV head and tiles of 64: 21 KiB of workgroup memory.
+  assert.throws(() => checkAttnDecode({ ...dc, TILE: 64, PER_MIN: 64 }, 16384), /workgroup memory/);
   assert.throws(
-    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, TILE: 64, PER_MIN: 64 }, buffers: b }),
-    /workgroup memory/,
+    () => checkAttnDecode({ ...dc, WG: 128, TILE: 64, PER_MIN: 64 }, 32768),
+    /TILE must be a power/,
+  );
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, TILE: 4, PER_MIN: 4 }, buffers: b }),
+    /D_H \/ 8 \(32\) must be a multiple of WG \/ TILE \(64\)/,
+  );
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, H_Q: 18 }, buffers: b }),
+    /must be <= 8/,
   );
   assert.throws(
     () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, H_Q: 15 }, buffers: b }),
     /multiple of H_KV/,
   );
   assert.throws(
-    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, PER_MIN: 24 }, buffers: b }),
-    /PER_MIN \(24\) must be a positive multiple of TILE/,
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, PER_MIN: 48 }, buffers: b }),
+    /PER_MIN \(48\) must be a positive multiple of TILE/,
   );
   small.destroy();
 });

@@ -34,13 +34,16 @@ import {
 
 /**
  * Most splits of the decode attention (the capacity of the partials buffers, 16 KiB per split for 35B-A3B):
- * at a 32k context 256 splits of 128 positions give 512 workgroups, enough to stream the cache at HBM rate
+ * at a 32k context 256 splits of 128 positions give 512 workgroups
  * (32 splits gave 64 workgroups of 1024 positions, ~9 ms per token for 10 layers on the H200).
  */
 export const ATTN_SPLITS = 256;
 
+/** Positions per tile of the decode attention (three barriers per tile; bench/attention.ts sweeps it). */
+export const ATTN_DECODE_TILE = 32;
+
 /** Shortest decode split in positions (one tile): short contexts use few splits and combine few partials. */
-export const ATTN_SPLIT_MIN = 16;
+export const ATTN_SPLIT_MIN = ATTN_DECODE_TILE;
 
 /** Decode splits for a cache of `nCtx` positions: no more than its shortest splits can fill. */
 export function attnSplits(nCtx: number): number {
@@ -204,7 +207,7 @@ export async function attnDecode(
     D_H: hp.headDim,
     P_MAX: cx.nCtx,
     N_SPLIT: attnSplits(cx.nCtx),
-    TILE: 16,
+    TILE: ATTN_DECODE_TILE,
     PER_MIN: ATTN_SPLIT_MIN,
     WG: 256,
     SCALE: hp.attnScale,

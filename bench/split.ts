@@ -3,10 +3,13 @@
  * chains of 2 and 3 stages (a head and worker processes of `mod.ts`, all on this machine's one GPU, layers
  * split evenly), over HTTP like a client: single-stream ms/token and time to first token, then the aggregate
  * tok/s of `--slots` parallel streams. With `--drafts 0,3` each split is also run with `--draft 3` (prompt
- * lookup drafts per decode frame).
+ * lookup drafts per decode frame). `--pipelines 2,0` (the default) runs each split with the head's `--pipeline 2`
+ * (the pipelined multi-slot driver: two slot groups in flight, each a batched RUN_BATCH frame) and
+ * `--pipeline 0` (the driver before it: generating requests take turns, one slot per frame), side by side;
+ * `pipeline` in each line says which (null for the unsplit head).
  *
  * Usage: `deno run -A bench/split.ts [--model F.gguf] [--stages 1,2,3] [--n 128] [--prompt 64] [--slots 8]
- * [--ctx 1024] [--drafts 0] [--quick]`
+ * [--ctx 1024] [--drafts 0] [--pipelines 2,0] [--quick]`
  * - no `--model`: the 35B-A3B-shaped IQ4_XS model of bench/decode.ts (`--synth-out`, default
  *   `/tmp/bench-35b-a3b-iq4_xs.gguf`, synthesized once and reused);
  * - `--quick` (lavapipe, CI-sized): the tiny synthetic qwen35moe in a temporary folder, `--n 16 --prompt 16
@@ -39,6 +42,7 @@ const { values: args } = parseArgs({
     slots: { type: "string", default: "8" },
     ctx: { type: "string" },
     drafts: { type: "string", default: "0" },
+    pipelines: { type: "string", default: "2,0" },
     quick: { type: "boolean", default: false },
   },
 });
@@ -58,6 +62,7 @@ const nSlots = int("slots", args.slots!, 1);
 const nCtx = int("ctx", args.ctx ?? (quick ? "128" : "1024"), 2);
 const stageCounts = args.stages!.split(",").map((s) => int("stages", s, 1));
 const drafts = args.drafts!.split(",").map((s) => int("drafts", s, 0));
+const pipelines = args.pipelines!.split(",").map((s) => int("pipelines", s, 0));
 if (nPrompt + nNew + 1 > nCtx) {
   throw new RangeError(`--prompt ${nPrompt} plus --n ${nNew} does not fit --ctx ${nCtx}: raise --ctx`);
 }
@@ -178,7 +183,7 @@ function freePort(): number {
 }
 
 /** Starts the chain (workers last to first, then the head) and resolves with the head's URL once ready. */
-async function startChain(n: number, draft: number, procs: Proc[]): Promise<string> {
+async function startChain(n: number, draft: number, pipeline: number, procs: Proc[]): Promise<string> {
   const rs = ranges(n);
   const common = ["--model", model!, "--slots", String(nSlots), "--ctx", String(nCtx)];
   const ports = rs.map(() => freePort());
@@ -206,6 +211,7 @@ async function startChain(n: number, draft: number, procs: Proc[]): Promise<stri
     String(nSlots),
     ...split,
     ...(draft > 0 ? ["--draft", String(draft)] : []),
+    ...(n > 1 ? ["--pipeline", String(pipeline)] : []),
   ]);
   procs.push(head);
   const url = (await head.waitFor(/Listening on (http:\/\/\S+)/))[1]!;
@@ -315,12 +321,13 @@ function stageTimes(a: Series, b: Series) {
   };
 }
 
-async function measure(n: number, draft: number): Promise<void> {
+async function measure(n: number, draft: number, pipeline: number): Promise<void> {
   const procs: Proc[] = [];
   const config = {
     stages: n,
     layers: ranges(n),
     draft,
+    pipeline: n > 1 ? pipeline : null,
     model,
     nLayer,
     promptTokens: nPrompt,
@@ -328,7 +335,7 @@ async function measure(n: number, draft: number): Promise<void> {
     ctx: nCtx,
   };
   try {
-    const url = await startChain(n, draft, procs);
+    const url = await startChain(n, draft, pipeline, procs);
     // Connect the chain and build every graph the runs use (one stream, then a full set of slots).
     await stream(url, prompt(999), 4);
     await Promise.all(Array.from({ length: nSlots }, (_, i) => stream(url, prompt(900 + i), 4)));
@@ -382,7 +389,9 @@ try {
       continue;
     }
     // Drafts are a split chain's (the unsplit head has no --draft).
-    for (const draft of n === 1 ? [0] : drafts) await measure(n, draft);
+    for (const draft of n === 1 ? [0] : drafts) {
+      for (const pipeline of n === 1 ? [0] : pipelines) await measure(n, draft, pipeline);
+    }
   }
 } finally {
   if (tempDir !== undefined) await Deno.remove(tempDir, { recursive: true });

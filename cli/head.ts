@@ -57,6 +57,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)
   --tls-ca F        connect to --next over TLS, trusting this CA (PEM)
+  --pipeline N      split serving: slot groups in flight at once, each a batched frame (0..8, default 2;
+                    0: the generating requests take turns, one slot per frame)
   --draft K         split serving: guess up to K ids per decode frame by prompt lookup (0..7, default 0:
                     off); the last stage checks them, output is the same with drafts on or off
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
@@ -143,13 +145,27 @@ function draftFlag(value: string): number {
 
 /** `--layers 0:a --next HOST:PORT` (both or neither): the head's range and its chain link. */
 async function splitOptions(
-  v: { layers?: string; next?: string; "link-key"?: string; "tls-ca"?: string; draft?: string },
-): Promise<{ layers: [number, number]; next: ChainLink } | undefined> {
+  v: {
+    layers?: string;
+    next?: string;
+    "link-key"?: string;
+    "tls-ca"?: string;
+    draft?: string;
+    pipeline?: string;
+  },
+): Promise<{ layers: [number, number]; next: ChainLink; groups?: number } | undefined> {
   if (v.draft !== undefined && v.next === undefined) {
     throw new RangeError(
       `--draft ${v.draft} drafts frames of a split chain: give it with --layers and --next`,
     );
   }
+  if (v.pipeline !== undefined && v.next === undefined) {
+    throw new RangeError(
+      `--pipeline ${v.pipeline} groups the frames of a split chain: give it with --layers and --next`,
+    );
+  }
+  const groups = v.pipeline === undefined ? undefined : int("pipeline", v.pipeline, 0);
+  if (groups !== undefined && groups > 8) throw new RangeError(`--pipeline ${v.pipeline} must be at most 8`);
   if ((v.layers === undefined) !== (v.next === undefined)) {
     throw new RangeError(
       `--layers and --next go together (split serving) but only ${
@@ -171,6 +187,7 @@ async function splitOptions(
       tls: tls.connect,
       draft: v.draft === undefined ? 0 : draftFlag(v.draft),
     }),
+    ...(groups !== undefined ? { groups } : {}),
   };
 }
 
@@ -221,6 +238,7 @@ export const command: Command = {
         "link-key": { type: "string" },
         "tls-ca": { type: "string" },
         draft: { type: "string" },
+        pipeline: { type: "string" },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },

@@ -40,7 +40,7 @@ export type ToWorker =
     /** StageOptions.kvF16. */
     readonly kvF16: boolean;
     /** Split head: the first layer range runs here, the rest through `next` calls (absent: whole model). */
-    readonly split?: { readonly layers: readonly [number, number] };
+    readonly split?: { readonly layers: readonly [number, number]; readonly groups?: number };
   }
   | {
     readonly type: "next-reply";

@@ -95,7 +95,12 @@ export interface EngineOptions {
    * Split serving: the head runs `layers` (0:a) of the model and the chain `next` (wire/chain.ts, given by
    * cli/head.ts) runs the rest; both or neither. Requests while the chain is down get {@linkcode QueueFullError}.
    */
-  readonly split?: { readonly layers: readonly [number, number]; readonly next: ChainClient };
+  readonly split?: {
+    readonly layers: readonly [number, number];
+    readonly next: ChainClient;
+    /** Pipeline groups of a multi-slot generate (SplitDecoder's `groups`; default 2, 0: one slot at a time). */
+    readonly groups?: number;
+  };
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -263,7 +268,10 @@ export class EngineService implements Engine {
       maxChunk,
       int8Activations: opts.int8Activations ?? false,
       kvF16: opts.kvF16 ?? false,
-      split: opts.split && { layers: opts.split.layers },
+      split: opts.split && {
+        layers: opts.split.layers,
+        ...(opts.split.groups !== undefined ? { groups: opts.split.groups } : {}),
+      },
     });
   }
 

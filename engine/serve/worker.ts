@@ -96,6 +96,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
         );
       }
       decoder = new SplitDecoder(stage, nextStage, {
+        ...(m.split.groups !== undefined ? { groups: m.split.groups } : {}),
         onDrafts: (d) =>
           post({ type: "drafts", frames: d.frames, proposed: d.proposed, accepted: d.accepted }),
       });

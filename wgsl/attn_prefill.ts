@@ -84,9 +84,11 @@ function stageLoads(c: AttnPrefillConstants): number {
 
 /**
  * Query blocks and K stage widths the engine tries in order, the first that fits the device's workgroup
- * memory winning: 2 tokens of 8 heads (16 rows) staged 32 dims at a time fits 32 KiB.
+ * memory winning: 4 tokens of 8 heads (32 rows) staged 16 dims at a time where 48 KiB allows (the H200:
+ * 1.5x the 2-token blocks, docs/PERF.md); 2 tokens (16 rows) staged 32 dims at a time fits 32 KiB.
  */
 const PREFERRED: readonly { bq: number; dc: number }[] = [
+  { bq: 4, dc: 16 },
   { bq: 2, dc: 32 },
   { bq: 1, dc: 16 },
 ];
@@ -113,7 +115,7 @@ export function attnPrefillConstants(
   };
   let c: AttnPrefillConstants | undefined;
   if (opts.bq !== undefined || opts.dc !== undefined) {
-    const p = PREFERRED[0]!;
+    const p = PREFERRED.find((x) => x.bq === opts.bq) ?? PREFERRED[0]!;
     c = build(opts.bq ?? p.bq, opts.dc ?? p.dc);
   } else {
     for (const p of PREFERRED) {

@@ -25,7 +25,7 @@ import {
   type NextStage,
   type SplitStage,
   StaleChainError,
-} from "./split.ts";
+} from "./_split_api.ts";
 
 /** Most pipeline groups (a group of one slot each at 8 slots). */
 export const MAX_GROUPS = 8;

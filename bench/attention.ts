@@ -9,8 +9,8 @@
  *   head and visible key: q·k and p·v);
  * - decode of one token at position `depth`: attn_decode + attn_combine as the engine runs them ("engine"),
  *   the kernel before the per-key-lane rewrite (`bench/_attn_decode_v1.wgsl` with its split policy then:
- *   "v1"), plus a sweep of the current kernel's N_SPLIT, TILE (= PER_MIN) and WG; ms and GB/s of K and
- *   V read (where the cache fits the 50 MB L2, repeated reps may read it from there: an upper bound).
+ *   "v1"), plus a sweep of the current kernel's N_SPLIT, TILE (= PER_MIN), WG and KPT; ms and GB/s of K
+ *   and V read (where the cache fits the 50 MB L2, repeated reps may read it from there: an upper bound).
  * Every pipeline is built first; ROUNDS rounds over all jobs, every other one in reverse, keep each job's best
  * (the H200's SM clock drifts within a run, docs/PERF.md). One JSON line per measurement, never asserts.
  *
@@ -50,7 +50,13 @@ import {
 } from "../wgsl/attn_combine.ts";
 import { kvCacheWords, packAttnParams } from "../wgsl/attn_params.ts";
 import { ATTN_PREFILL_V2, attnPrefillV2Constants, attnPrefillV2WorkgroupBytes } from "./_attn_prefill_v2.ts";
-import { ATTN_DECODE_TILE, ATTN_SPLIT_MIN, ATTN_SPLITS, attnSplits } from "../engine/blocks/attention.ts";
+import {
+  ATTN_DECODE_KPT,
+  ATTN_DECODE_TILE,
+  ATTN_SPLIT_MIN,
+  ATTN_SPLITS,
+  attnSplits,
+} from "../engine/blocks/attention.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -162,8 +168,11 @@ for (const f16 of KVS) {
 const q = randomBuffer(D_H * H_Q * CHUNK);
 const qf = randomBuffer(2 * D_H * H_Q * CHUNK);
 const o = device.createBuffer({ size: 4 * D_H * H_Q * CHUNK, usage: GPUBufferUsage.STORAGE });
-const partO = device.createBuffer({ size: 4 * D_H * H_Q * ATTN_SPLITS, usage: GPUBufferUsage.STORAGE });
-const partMl = device.createBuffer({ size: 4 * 2 * H_Q * ATTN_SPLITS, usage: GPUBufferUsage.STORAGE });
+/** Split counts of the decode sweep (the v1 kernel used up to 256 too). */
+const DECODE_SPLITS = [64, 128, 256];
+const maxSplits = Math.max(ATTN_SPLITS, ...DECODE_SPLITS);
+const partO = device.createBuffer({ size: 4 * D_H * H_Q * maxSplits, usage: GPUBufferUsage.STORAGE });
+const partMl = device.createBuffer({ size: 4 * 2 * H_Q * maxSplits, usage: GPUBufferUsage.STORAGE });
 // AttnParams per depth, prefill at 512·i, decode at 512·i + 256 (storage offsets are multiples of 256).
 const params = device.createBuffer({ size: 512 * DEPTHS.length, usage: STORAGE });
 DEPTHS.forEach((d, i) => {
@@ -228,7 +237,7 @@ async function decodeJobs(
     // The split policy of then: up to 256 splits of at least one 16-position tile.
     const c = {
       ...shape,
-      N_SPLIT: Math.min(ATTN_SPLITS, Math.ceil(P_MAX / 16)),
+      N_SPLIT: Math.min(256, Math.ceil(P_MAX / 16)),
       TILE: 16,
       PER_MIN: 16,
       WG: 256,
@@ -247,14 +256,17 @@ async function decodeJobs(
     TILE: ATTN_DECODE_TILE,
     PER_MIN: ATTN_SPLIT_MIN,
     WG: 256,
+    KPT: ATTN_DECODE_KPT,
   };
   const variants: AttnDecodeConstants[] = [engine];
-  for (const nSplit of SWEEP ? [64, 128, 256] : []) {
+  for (const nSplit of SWEEP ? DECODE_SPLITS : []) {
     for (const tile of [16, 32, 64]) {
       for (const wg of [128, 256]) {
-        const c = { ...shape, N_SPLIT: nSplit, TILE: tile, PER_MIN: tile, WG: wg };
-        if (!variants.some((v) => variantKey(ATTN_DECODE, v) === variantKey(ATTN_DECODE, c))) {
-          variants.push(c);
+        for (const kpt of [1, 2]) {
+          const c = { ...shape, N_SPLIT: nSplit, TILE: tile, PER_MIN: tile, WG: wg, KPT: kpt };
+          if (!variants.some((v) => variantKey(ATTN_DECODE, v) === variantKey(ATTN_DECODE, c))) {
+            variants.push(c);
+          }
         }
       }
     }

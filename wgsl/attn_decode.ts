@@ -11,7 +11,7 @@ import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } fr
 /**
  * Constants of `attn_decode.wgsl`: heads, headDim, cache capacity, split count, positions per tile (per three
  * barriers), shortest split (a multiple of TILE), workgroup size, score scale (1/sqrt(headDim) unless the
- * model gives one), f16 cache.
+ * model gives one), f16 cache, keys per invocation in the q·k phase (1 or 2: 2 reuses each q block).
  */
 export type AttnDecodeConstants = {
   readonly H_Q: number;
@@ -24,6 +24,7 @@ export type AttnDecodeConstants = {
   readonly WG: number;
   readonly SCALE: number;
   readonly KV_F16: boolean;
+  readonly KPT: number;
 };
 
 /** Kernel spec of `attn_decode.wgsl`. */
@@ -42,6 +43,7 @@ export const ATTN_DECODE: KernelSpec = {
     WG: "u32",
     SCALE: "f32",
     KV_F16: "bool",
+    KPT: "u32",
   },
 };
 
@@ -60,7 +62,7 @@ export function attnDecodeWorkgroupBytes(c: AttnDecodeConstants): number {
   const g = c.H_Q / c.H_KV;
   const g4 = Math.ceil(g / 4);
   // qs (4x4 blocks of head quads), part, sc, p_s and corr_s (head quads).
-  return 16 * g4 * c.D_H + 4 * g * c.WG + 4 * g * c.TILE + 16 * g4 * c.TILE + 16 * g4;
+  return 16 * g4 * c.D_H + 4 * g * c.WG * c.KPT + 4 * g * c.TILE + 16 * g4 * c.TILE + 16 * g4;
 }
 
 /**
@@ -96,14 +98,19 @@ export function checkAttnDecode(c: AttnDecodeConstants, maxWorkgroupBytes: numbe
     g <= 8,
     `attn_decode: H_Q / H_KV (${g}) must be <= 8 (named accumulators for 8 heads)`,
   );
+  checkShape(c.KPT === 1 || c.KPT === 2, `attn_decode: KPT must be 1 or 2, got ${c.KPT}`);
   checkShape(
-    isPow2(c.TILE) && c.TILE >= 4 && c.TILE * 4 <= c.WG,
-    `attn_decode: TILE must be a power of two in [4, WG / 4] (${c.WG / 4}), got ${c.TILE}`,
+    isPow2(c.TILE) && c.TILE >= 4 && c.TILE * 4 <= c.WG * c.KPT,
+    `attn_decode: TILE must be a power of two in [4, WG * KPT / 4] (${c.WG * c.KPT / 4}), got ${c.TILE}`,
   );
-  const slices = c.WG / c.TILE;
+  const slices = c.WG * c.KPT / c.TILE;
   checkShape(
     (c.D_H / 8) % slices === 0,
-    `attn_decode: D_H / 8 (${c.D_H / 8}) must be a multiple of WG / TILE (${slices}): raise TILE`,
+    `attn_decode: D_H / 8 (${c.D_H / 8}) must be a multiple of WG * KPT / TILE (${slices}): raise TILE`,
+  );
+  checkShape(
+    g * c.TILE <= 2 * c.WG,
+    `attn_decode: G * TILE (${g} * ${c.TILE}) must be <= 2 * WG (${2 * c.WG}): two scores per invocation`,
   );
   checkShape(
     c.D_H / 4 <= c.WG && c.WG % (c.D_H / 4) === 0,

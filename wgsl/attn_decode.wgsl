@@ -16,10 +16,12 @@
 // Grid (N_SPLIT, H_KV): workgroup (s, g) owns split s for the G = H_Q / H_KV query heads of KV head g, so
 // each K/V row is read once for all G heads, straight from the cache into registers (no staging). A tile of
 // TILE positions takes three barriers:
-//   (a) q.k: invocation (key kt, lane c) of TILE keys x SLICES = WG / TILE lanes loads its slice of K row kt
-//       (lane c takes the 16-byte words c, c + SLICES, ...: a row is read by SLICES adjacent invocations,
-//       so loads coalesce) and multiplies each word by a 4x4 block of q (4 heads x the word's 4 dims, from
-//       workgroup memory): partial dots of 4 heads per block;
+//   (a) q.k: invocation (key kt, lane c) of TILE / KPT keys x SLICES = WG * KPT / TILE lanes loads its slice
+//       of K row kt (lane c takes the 16-byte words c, c + SLICES, ...: a row is read by SLICES adjacent
+//       invocations, so loads coalesce) and multiplies each word by a 4x4 block of q (4 heads x the word's
+//       4 dims, from workgroup memory): partial dots of 4 heads per block. With KPT = 2 it does the same for
+//       key kt + TILE / 2 with the same q blocks: half the workgroup-memory reads per multiply-add (those
+//       reads, not the cache loads, bounded KPT = 1 at depth on the H200);
 //   (b) score (h, t): the SLICES partials summed, scaled, masked past the split's end;
 //   (c) every invocation of head h reads the tile's TILE scores of h, so all of them know the new running
 //       max m_h (kept in registers by each: no serial step); p = exp(s - m_h); l is kept per key lane;
@@ -29,12 +31,12 @@
 // Rows past the split's end are clamped to its last row (loaded, finite) and weigh 0 (score NEG).
 // Registers are named variables (acc0..acc7, sA/sB), never function-scope arrays: the H200's driver keeps
 // those in local memory when a loop indexes them (docs/PERF.md, 2026-12-04), hence G <= 8.
-// Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, PER_MIN, WG: u32; const SCALE: f32;
+// Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, PER_MIN, WG, KPT: u32; const SCALE: f32;
 // const KV_F16: bool.
-// Limits (attn_decode.ts checks them): H_Q % H_KV == 0; G <= 8; D_H % 8 == 0; WG % TILE == 0, TILE >= 4
-// and SLICES % 4 == 0 (so G * TILE <= 2 * WG: two scores per invocation); (D_H / 8) % SLICES == 0;
-// WG % (D_H / 4) == 0; TILE % KQ == 0; PER_MIN % TILE == 0; workgroup memory (attnDecodeWorkgroupBytes) within the device's limit (32 KiB on
-// lavapipe).
+// Limits (attn_decode.ts checks them): H_Q % H_KV == 0; G <= 8; D_H % 8 == 0; KPT in {1, 2}; TILE % KPT
+// == 0; (WG * KPT) % TILE == 0 and SLICES % 4 == 0; (D_H / 8) % SLICES == 0; G * TILE <= 2 * WG (two scores
+// per invocation); WG % (D_H / 4) == 0; TILE % KQ == 0; PER_MIN % TILE == 0; workgroup memory
+// (attnDecodeWorkgroupBytes) within the device's limit (32 KiB on lavapipe).
 struct AttnParams {
   pos0: u32,
   n_tokens: u32,
@@ -54,19 +56,19 @@ const G4: u32 = (G + 3u) / 4u;
 const DQ: u32 = D_H / 4u;
 const DO: u32 = D_H / 8u;
 const ROW_WORDS: u32 = select(DQ, DO, KV_F16);
-const SLICES: u32 = WG / TILE;
+const SLICES: u32 = WG * KPT / TILE;
 const KQ: u32 = WG / DQ;
 const SCORES: u32 = G * TILE;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
 
-// q as 4x4 blocks: block (hq, e) at qs[4 * (hq * DQ + e) ..] holds column j = dim 4e' + j of heads
-// 4hq..4hq+3, where e' = e for f32; with KV_F16 the quads are reordered, even ones first, then odd ones
-// (e' = 2e, then 2(e - DO) + 1), so that lane c's two quads of octet e are blocks e and DO + e: adjacent
-// lanes read adjacent words. After the tile loop qs holds the key groups' sums of (d), head h at h*DQ + dq.
+// q as 4x4 blocks: block (hq, e) has column j = dim 4e' + j of heads 4hq..4hq+3 at qs[(4hq + j) * DQ + e]
+// (adjacent lanes read adjacent words: no bank conflicts), where e' = e for f32; with KV_F16 the quads are
+// reordered, even ones first, then odd ones (e' = 2e, then 2(e - DO) + 1), so that lane c's two quads of
+// octet e are blocks e and DO + e. After the tile loop qs holds the key groups' sums of (d), head h at h*DQ + dq.
 var<workgroup> qs: array<vec4<f32>, G4 * DQ * 4u>;
-// (a) -> (b): partial dots; scalar h * WG + lid (head h, key kt, lane c).
-var<workgroup> part: array<vec4<f32>, G * WG / 4u>;
+// (a) -> (b): partial dots; scalar h * TILE * SLICES + t * SLICES + c (head h, key t, lane c).
+var<workgroup> part: array<vec4<f32>, G * WG * KPT / 4u>;
 // (b) -> (c): scores sc[h][t]; after the loop, each key lane's l.
 var<workgroup> sc: array<vec4<f32>, SCORES / 4u>;
 // (c) -> (d): p_s[t][hq] (4 heads a vec4) and each head's rescale of O.
@@ -97,14 +99,29 @@ fn q_at(g: u32, h: u32, d: u32) -> f32 {
 
 // The q block (head quad hq, quad position e): the partial dots of 4 heads with k are block * k.
 fn q_block(hq: u32, e: u32) -> mat4x4<f32> {
-  let b = 4u * (hq * DQ + e);
-  return mat4x4<f32>(qs[b], qs[b + 1u], qs[b + 2u], qs[b + 3u]);
+  let b = 4u * hq * DQ + e;
+  return mat4x4<f32>(qs[b], qs[b + DQ], qs[b + 2u * DQ], qs[b + 3u * DQ]);
 }
 
-// Partial dot of head h (< 4 * G4) for (a); pad heads are not stored.
-fn put_part(h: u32, lid: u32, v: f32) {
+// Partial dot of head h (< 4 * G4) from (a) at `slot` (its key's lanes are slots kt * SLICES ..); pad heads
+// are not stored.
+fn put_part(h: u32, slot: u32, v: f32) {
   if (h < G) {
-    part[(h * WG + lid) / 4u][lid % 4u] = v;
+    part[(h * WG * KPT + slot) / 4u][slot % 4u] = v;
+  }
+}
+
+// The partial dots of heads 0..3 (a) and 4..7 (b) at `slot`.
+fn put_parts(slot: u32, a: vec4<f32>, b: vec4<f32>) {
+  put_part(0u, slot, a.x);
+  put_part(1u, slot, a.y);
+  put_part(2u, slot, a.z);
+  put_part(3u, slot, a.w);
+  if (G > 4u) {
+    put_part(4u, slot, b.x);
+    put_part(5u, slot, b.y);
+    put_part(6u, slot, b.z);
+    put_part(7u, slot, b.w);
   }
 }
 
@@ -114,7 +131,7 @@ fn score(i: u32, t0: u32, end: u32) -> f32 {
   let t = i % TILE;
   var a4 = vec4<f32>(0.0);
   for (var cq = 0u; cq < SLICES / 4u; cq++) {
-    a4 += part[(h * WG + t * SLICES) / 4u + cq];
+    a4 += part[(h * WG * KPT + t * SLICES) / 4u + cq];
   }
   let s = select(NEG, ((a4.x + a4.y) + (a4.z + a4.w)) * SCALE, t0 + t < end);
   sc[i / 4u][i % 4u] = s;
@@ -171,8 +188,8 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let end = min(begin + per, ctx);
 
   for (var i = lid; i < G4 * DQ * 4u; i += WG) {
-    let j = i % 4u;
-    let e = (i / 4u) % DQ;
+    let e = i % DQ;
+    let j = (i / DQ) % 4u;
     let hq = i / (4u * DQ);
     var quad = e;
     if (KV_F16) {
@@ -182,7 +199,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     qs[i] = vec4<f32>(q_at(g, 4u * hq, d), q_at(g, 4u * hq + 1u, d), q_at(g, 4u * hq + 2u, d), q_at(g, 4u * hq + 3u, d));
   }
 
-  // (a) roles
+  // (a) roles: keys kt and, with KPT = 2, kt + TILE / 2
   let kt = lid / SLICES;
   let c = lid % SLICES;
   // (d) roles
@@ -205,39 +222,58 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
 
   for (var t0 = begin; t0 < end; t0 += TILE) {
     // (a)
-    let base = row_base(g, min(t0 + kt, end - 1u));
-    var dA = vec4<f32>(0.0);
-    var dB = vec4<f32>(0.0);
+    let base0 = row_base(g, min(t0 + kt, end - 1u));
+    let base1 = row_base(g, min(t0 + kt + TILE / KPT, end - 1u));
+    var dA0 = vec4<f32>(0.0);
+    var dB0 = vec4<f32>(0.0);
+    var dA1 = vec4<f32>(0.0);
+    var dB1 = vec4<f32>(0.0);
     if (KV_F16) {
       for (var i = 0u; i < DO / SLICES; i++) {
         let e = c + i * SLICES;
-        let w = k_cache[base + e];
-        let k0 = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-        let k1 = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-        dA += q_block(0u, e) * k0 + q_block(0u, DO + e) * k1;
+        let qa0 = q_block(0u, e);
+        let qa1 = q_block(0u, DO + e);
+        let qb0 = q_block(G4 - 1u, e);
+        let qb1 = q_block(G4 - 1u, DO + e);
+        let w0 = k_cache[base0 + e];
+        let k00 = vec4<f32>(unpack2x16float(w0.x), unpack2x16float(w0.y));
+        let k01 = vec4<f32>(unpack2x16float(w0.z), unpack2x16float(w0.w));
+        dA0 += qa0 * k00 + qa1 * k01;
         if (G > 4u) {
-          dB += q_block(1u, e) * k0 + q_block(1u, DO + e) * k1;
+          dB0 += qb0 * k00 + qb1 * k01;
+        }
+        if (KPT > 1u) {
+          let w1 = k_cache[base1 + e];
+          let k10 = vec4<f32>(unpack2x16float(w1.x), unpack2x16float(w1.y));
+          let k11 = vec4<f32>(unpack2x16float(w1.z), unpack2x16float(w1.w));
+          dA1 += qa0 * k10 + qa1 * k11;
+          if (G > 4u) {
+            dB1 += qb0 * k10 + qb1 * k11;
+          }
         }
       }
     } else {
       for (var i = 0u; i < DQ / SLICES; i++) {
         let e = c + i * SLICES;
-        let k = bitcast<vec4<f32>>(k_cache[base + e]);
-        dA += q_block(0u, e) * k;
+        let qa = q_block(0u, e);
+        let qb = q_block(G4 - 1u, e);
+        let k0 = bitcast<vec4<f32>>(k_cache[base0 + e]);
+        dA0 += qa * k0;
         if (G > 4u) {
-          dB += q_block(1u, e) * k;
+          dB0 += qb * k0;
+        }
+        if (KPT > 1u) {
+          let k1 = bitcast<vec4<f32>>(k_cache[base1 + e]);
+          dA1 += qa * k1;
+          if (G > 4u) {
+            dB1 += qb * k1;
+          }
         }
       }
     }
-    put_part(0u, lid, dA.x);
-    put_part(1u, lid, dA.y);
-    put_part(2u, lid, dA.z);
-    put_part(3u, lid, dA.w);
-    if (G > 4u) {
-      put_part(4u, lid, dB.x);
-      put_part(5u, lid, dB.y);
-      put_part(6u, lid, dB.z);
-      put_part(7u, lid, dB.w);
+    put_parts(lid, dA0, dB0);
+    if (KPT > 1u) {
+      put_parts(lid + WG, dA1, dB1);
     }
     workgroupBarrier();
     // (b)

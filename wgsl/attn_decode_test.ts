@@ -50,29 +50,33 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  // [dims, position, N_SPLIT, KV_F16, PER_MIN, TILE, WG]
-  const cases: [Dims, number, number, boolean, number, number, number][] = [
-    [REAL, 0, 64, false, 32, 32, 256],
-    [REAL, 1, 64, false, 32, 32, 256],
-    [REAL, 37, 64, false, 16, 16, 256],
-    [REAL, 3000, 64, false, 32, 32, 256], // per split 64 positions: 47 splits used, the last one ragged
-    [REAL, 3000, 256, false, 32, 32, 256], // the engine's long-context split count: 94 splits of one tile
-    [REAL, 2999, 32, false, 128, 64, 256], // PER_MIN above the even share: 24 splits of 128, 8 unused; 2 scores each
-    [REAL, 1500, 16, false, 64, 16, 128], // 128 invocations: 2 key groups, 8 lanes per key
-    [TINY, 37, 8, false, 16, 16, 256],
-    [TINY, 127, 8, false, 16, 16, 256], // every split full, the last one included
-    [TINY, rng.int(0, 700), 16, false, 64 * rng.int(1, 3), 64, 256],
-    [ODD, 300, 8, false, 16, 16, 256], // 3 heads per KV head: a pad head, idle score lanes, 8 key groups
-    [REAL, 37, 64, true, 32, 32, 256], // f16 cache
-    [REAL, 2000, 256, true, 32, 32, 256], // f16 cache at depth
-    [REAL, 700, 16, true, 64, 64, 256],
-    [TINY, 127, 8, true, 16, 16, 256],
-    [ODD, 211, 4, true, 16, 16, 256],
+  // [dims, position, N_SPLIT, KV_F16, PER_MIN, TILE, WG, KPT]
+  const cases: [Dims, number, number, boolean, number, number, number, number][] = [
+    [REAL, 0, 64, false, 32, 32, 256, 1],
+    [REAL, 1, 64, false, 64, 64, 256, 2],
+    [REAL, 37, 64, false, 16, 16, 256, 1],
+    [REAL, 3000, 64, false, 32, 32, 256, 1], // per split 64 positions: 47 splits used, the last one ragged
+    [REAL, 3000, 128, false, 64, 64, 256, 2], // the engine's: 47 splits, the last one ragged in its second half
+    [REAL, 3000, 256, false, 32, 32, 256, 2], // 94 splits of one tile
+    [REAL, 2999, 32, false, 128, 64, 256, 1], // PER_MIN above the even share: 24 splits of 128, 8 unused; 2 scores each
+    [REAL, 1500, 16, false, 64, 16, 128, 1], // 128 invocations: 2 key groups, 8 lanes per key
+    [REAL, 1499, 16, false, 64, 32, 128, 2],
+    [TINY, 37, 8, false, 16, 16, 256, 1],
+    [TINY, 127, 8, false, 16, 16, 256, 1], // every split full, the last one included
+    [TINY, rng.int(0, 700), 16, false, 64 * rng.int(1, 3), 64, 256, rng.int(1, 2)],
+    [ODD, 300, 8, false, 16, 16, 256, 1], // 3 heads per KV head: a pad head, idle score lanes, 8 key groups
+    [REAL, 37, 64, true, 32, 32, 256, 1], // f16 cache
+    [REAL, 2000, 256, true, 32, 32, 256, 2], // f16 cache at depth
+    [REAL, 700, 16, true, 64, 64, 256, 2],
+    [REAL, 701, 16, true, 64, 64, 256, 1],
+    [TINY, 127, 8, true, 16, 16, 256, 1],
+    [ODD, 211, 4, true, 16, 16, 256, 1],
+    [ODD, 212, 4, true, 32, 32, 256, 2],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   const runs = [];
-  for (const [dims, pos, nSplit, kvF16, perMin, tile, wg] of cases) {
+  for (const [dims, pos, nSplit, kvF16, perMin, tile, wg, kpt] of cases) {
     const { hQ, hKv, dH } = dims;
     const pMax = pos + 1 + rng.int(0, 40);
     const dc: AttnDecodeConstants = {
@@ -86,6 +90,7 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       WG: wg,
       SCALE: 1 / Math.sqrt(dH),
       KV_F16: kvF16,
+      KPT: kpt,
     };
     const cc: AttnCombineConstants = {
       H_Q: hQ,
@@ -199,6 +204,7 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     WG: 256,
     SCALE: 0.0625,
     KV_F16: false,
+    KPT: 1,
   };
   const pipeline = await new PipelineCache(device).get(ATTN_DECODE, dc);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
@@ -215,7 +221,12 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
   );
   assert.throws(
     () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, TILE: 4, PER_MIN: 4 }, buffers: b }),
-    /D_H \/ 8 \(32\) must be a multiple of WG \/ TILE \(64\)/,
+    /D_H \/ 8 \(32\) must be a multiple of WG \* KPT \/ TILE \(64\)/,
+  );
+  assert.throws(() => checkAttnDecode({ ...dc, KPT: 3 }, 32768), /KPT must be 1 or 2/);
+  assert.throws(
+    () => checkAttnDecode({ ...dc, KPT: 2, TILE: 128, PER_MIN: 128 }, 32768),
+    /must be <= 2 \* WG/,
   );
   assert.throws(
     () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, H_Q: 18 }, buffers: b }),

@@ -34,13 +34,16 @@ import {
 
 /**
  * Most splits of the decode attention (the capacity of the partials buffers, 16 KiB per split for 35B-A3B):
- * at a 32k context 256 splits of 128 positions give 512 workgroups
- * (32 splits gave 64 workgroups of 1024 positions, ~9 ms per token for 10 layers on the H200).
+ * at a 32k context 128 splits of 256 positions (4 tiles) give 256 workgroups. On the H200 (docs/PERF.md,
+ * 2026-12-04) 128 splits of tiles of 64 ran 0.116 ms per layer at 32k against 0.147 for 256 of 32.
  */
-export const ATTN_SPLITS = 256;
+export const ATTN_SPLITS = 128;
 
 /** Positions per tile of the decode attention (three barriers per tile; bench/attention.ts sweeps it). */
-export const ATTN_DECODE_TILE = 32;
+export const ATTN_DECODE_TILE = 64;
+
+/** Keys per invocation in attn_decode's q·k phase (2 halves its workgroup-memory reads; swept by the bench). */
+export const ATTN_DECODE_KPT = 1;
 
 /** Shortest decode split in positions (one tile): short contexts use few splits and combine few partials. */
 export const ATTN_SPLIT_MIN = ATTN_DECODE_TILE;
@@ -212,6 +215,7 @@ export async function attnDecode(
     WG: 256,
     SCALE: hp.attnScale,
     KV_F16: g.opts.kvF16,
+    KPT: ATTN_DECODE_KPT,
   };
   await g.checked(
     `${label}.attn_decode${suffix}`,

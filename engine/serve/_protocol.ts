@@ -31,6 +31,8 @@ export type ToWorker =
     readonly snapshotBack: number;
     /** Most prompt tokens prefilled per turn (0: a whole prompt). */
     readonly prefillTurn: number;
+    /** Most prompt tokens prefilled per round while no request generates (0: a whole prompt). */
+    readonly prefillAlone: number;
     /** Fewest generating requests batched into one GPU step (0: never). */
     readonly batchMin: number;
     /** Tokens per prefill chunk. */

@@ -3,7 +3,8 @@
  * {@linkcode SlotDecoder}'s slots with continuous batching, one GPU call at a time (the stage's activation
  * buffers are shared by all slots). The loop alternates two kinds of work:
  * - prompt pieces of the new requests whose prompt has more left than one piece (or a snapshot point ahead),
- *   oldest first, at most `prefillTurn` tokens in all;
+ *   oldest first, at most `prefillTurn` tokens in all while other requests generate (their streams pause for
+ *   it), else at most `prefillAlone` (wide chunks, fewer rounds: nothing waits but newcomers);
  * - one decode call ({@linkcode SlotDecoder.generate}) of every generating request together with the new ones
  *   whose prompt rest fits what the round's pieces left of `prefillTurn` (they join with a fresh prompt, the
  *   driver prefills it and streams their first id before the step loop; the others wait one turn). The call is a turn: it returns at the first readback boundary where work
@@ -74,6 +75,11 @@ export interface SlotRunnerOptions {
   /** Most prompt tokens prefilled per piece between the others' decode turns (0: a whole prompt at once). */
   readonly prefillTurn: number;
   /**
+   * Most prompt tokens prefilled per round while no request generates (0: a whole prompt at once; below
+   * `prefillTurn`: `prefillTurn`). Absent: `prefillTurn`.
+   */
+  readonly prefillAlone?: number;
+  /**
    * Fewest generating requests that share one batched GPU step (2..MAX_BATCH_SLOTS: 2 always batches; or 0:
    * never batch); fewer take turns, one request per call.
    */
@@ -113,6 +119,7 @@ export class SlotRunner {
   readonly #turnTokens: number;
   readonly #snapshotBack: number;
   readonly #prefillTurn: number;
+  readonly #prefillAlone: number;
   readonly #batchMin: number;
   /** Tokens each slot's state holds exactly (empty: unknown, the next request resets it). */
   readonly #history: number[][];
@@ -136,6 +143,8 @@ export class SlotRunner {
     this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
     this.#snapshotBack = opts.snapshotBack;
     this.#prefillTurn = opts.prefillTurn > 0 ? opts.prefillTurn : Infinity;
+    const alone = opts.prefillAlone ?? opts.prefillTurn;
+    this.#prefillAlone = Math.max(this.#prefillTurn, alone > 0 ? alone : Infinity);
     assert(
       opts.batchMin === 0 || (opts.batchMin >= 2 && opts.batchMin <= MAX_BATCH_SLOTS),
       "batchMin is 0 or 2..MAX_BATCH_SLOTS",
@@ -187,8 +196,8 @@ export class SlotRunner {
       while (this.#sweep()) {
         // Prompt pieces of the new requests, oldest first, up to prefillTurn tokens in all (short pieces up to
         // a snapshot point of several requests share one), then one decode turn of everything generating: a
-        // long prompt does not freeze the streams in flight.
-        let budget = this.#prefillTurn;
+        // long prompt does not freeze the streams in flight. With no stream in flight, prefillAlone tokens.
+        let budget = this.#generating() ? this.#prefillTurn : this.#prefillAlone;
         for (let n = this.#nextPiece(); n && budget > 0; n = this.#nextPiece()) {
           try {
             budget -= await this.#prefillPiece(n, budget);
@@ -389,6 +398,11 @@ export class SlotRunner {
       }
     }
     return best;
+  }
+
+  /** Whether some request (slot assigned, not cancelled) has made ids and so waits for decode turns. */
+  #generating(): boolean {
+    return this.#jobs.some((a) => a.slot >= 0 && !a.job.signal.aborted && a.made.length > 0);
   }
 
   /** The oldest request (slot assigned, not cancelled) with a prompt piece due. */

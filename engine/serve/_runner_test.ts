@@ -298,3 +298,52 @@ Deno.test("runner: a fresh request's first id costs one GPU readback (prompt pie
     stage.destroy();
   }
 });
+
+Deno.test("runner: a lone long prompt goes in rounds of prefillAlone tokens, pieces of prefillTurn once another streams", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 2, maxChunk: 8 });
+  try {
+    const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
+    const short = Array.from({ length: 3 }, () => rng.int(0, 1021));
+    const want = (await stage.generate(0, long, { nNew: 4 })).tokens;
+    const job = (prompt: number[], maxTokens: number, onTokens?: () => void): RunnerJob => ({
+      prompt,
+      maxTokens,
+      stopIds: [],
+      sampling: GREEDY,
+      signal: new AbortController().signal,
+      onTokens: () => onTokens?.(),
+    });
+    const opts = { batch: 4, turnTokens: 64, snapshotBack: 0, prefillTurn: 8, batchMin: 2 };
+    for (const [alone, pieces] of [[undefined, 7], [32, 2], [0, 1]] as const) {
+      const log: string[] = [];
+      const runner = new SlotRunner(logged(stage.decoder, log), { ...opts, prefillAlone: alone });
+      const r = await runner.submit(job(long, 4));
+      assert.deepEqual(r.tokens, want, `prefillAlone ${alone} (seed ${rng.seed})`);
+      // 59 tokens before the last (which goes with the first id in the generate call): rounds of at most
+      // prefillAlone (undefined: prefillTurn 8) tokens.
+      const first = log.indexOf(`G${r.slot}`);
+      assert.equal(log.slice(0, first).filter((x) => x === `P${r.slot}`).length, pieces, log.join(" "));
+    }
+    // While another request streams, the long prompt goes in pieces of prefillTurn even with prefillAlone 0.
+    const log: string[] = [];
+    const runner = new SlotRunner(logged(stage.decoder, log), { ...opts, prefillAlone: 0 });
+    let late: Promise<JobResult> | undefined;
+    const streaming = runner.submit(job(short, 40, () => {
+      if (!late) {
+        log.push("arrive");
+        late = runner.submit(job(long, 4));
+      }
+    }));
+    await streaming;
+    const lateGot = await late!;
+    assert.deepEqual(lateGot.tokens, want, `the long prompt beside a stream (seed ${rng.seed})`);
+    const after = log.slice(log.indexOf("arrive"));
+    const pieces = after.filter((x) => x === `P${lateGot.slot}`).length;
+    assert.ok(pieces >= 2, `pieces of 8 between the stream's turns: ${after.join(" ")}`);
+  } finally {
+    stage.destroy();
+  }
+});

@@ -67,12 +67,18 @@ export interface EngineOptions {
    */
   readonly snapshotBack?: number;
   /**
-   * Most prompt tokens prefilled per piece (default `maxChunk`: one prefill chunk; 0: a whole prompt at once).
-   * A long prompt is prefilled piece by piece, each followed by one decode turn (a readback's `batch` steps)
-   * of the requests generating meanwhile, so their streams pause for one piece at a time. Each piece costs
-   * one readback.
+   * Most prompt tokens prefilled per piece while other requests generate (default `maxChunk`: one prefill
+   * chunk; 0: a whole prompt at once). A long prompt is prefilled piece by piece, each followed by one decode
+   * turn (a readback's `batch` steps) of the requests generating meanwhile, so their streams pause for one
+   * piece at a time. Each piece costs one readback.
    */
   readonly prefillTurn?: number;
+  /**
+   * Most prompt tokens prefilled per round while no request generates (default
+   * {@linkcode DEFAULT_PREFILL_ALONE}; 0: a whole prompt at once; never below `prefillTurn`): a lone long
+   * prompt goes in a few wide rounds, and a request arriving meanwhile waits at most one round.
+   */
+  readonly prefillAlone?: number;
   /**
    * Fewest generating requests that share one batched GPU step (default {@linkcode DEFAULT_BATCH_MIN}: all
    * of them, always; 0: never batch; at most 8). Fewer take turns of `turnTokens` ids, one request per call:
@@ -111,6 +117,8 @@ const DEFAULT_TURN_TOKENS = 64;
 const DEFAULT_SNAPSHOT_BACK = 8;
 /** Prefill chunk: the width bench/decode.ts measures prefill at (docs/PERF.md). */
 export const DEFAULT_MAX_CHUNK = 256;
+/** Prompt tokens per prefill round while nothing generates: a few seconds of prefill on the H200 at most. */
+export const DEFAULT_PREFILL_ALONE = 8192;
 /** Generating requests from which they share one decode step: 2, every generating request joins every step. */
 export const DEFAULT_BATCH_MIN = 2;
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
@@ -223,10 +231,11 @@ export class EngineService implements Engine {
       throw new RangeError(`Engine option maxChunk must be an integer in 1..4096, got ${maxChunk}`);
     }
     const prefillTurn = opts.prefillTurn ?? maxChunk;
+    const prefillAlone = opts.prefillAlone ?? DEFAULT_PREFILL_ALONE;
     const ints = [["turnTokens", turnTokens], ["snapshotBack", snapshotBack], [
       "prefillTurn",
       prefillTurn,
-    ]] as const;
+    ], ["prefillAlone", prefillAlone]] as const;
     for (const [name, v] of ints) {
       if (!Number.isInteger(v) || v < 0) {
         throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
@@ -264,6 +273,7 @@ export class EngineService implements Engine {
       turnTokens,
       snapshotBack,
       prefillTurn,
+      prefillAlone,
       batchMin,
       maxChunk,
       int8Activations: opts.int8Activations ?? false,

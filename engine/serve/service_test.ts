@@ -154,9 +154,10 @@ Deno.test("4 concurrent requests on 4 slots each give their solo greedy output, 
 
 Deno.test("prompt pieces of 4 tokens interleave with the others' decode; 3 requests on 3 slots each give their solo output", async () => {
   const rng = new Rng();
-  const e = engine(3, 0, { prefillTurn: 4, batch: 4 });
+  const e = engine(3, 0, { prefillTurn: 4, prefillAlone: 4, batch: 4 });
   try {
-    // Request 0 has the longest prompt (several pieces); 1 and 2 fit one piece, so both start generating
+    // Request 0 has the longest prompt (several pieces, prefillAlone 4: pieces even before the others stream);
+    // 1 and 2 fit one piece, so both start generating
     // while 0 is still prefilling whatever the draw.
     const prompts = [rng.int(5, 20), rng.int(2, 5), rng.int(2, 5)].map((len) => randomPrompt(rng, len));
     const n = [17, 9, 12];

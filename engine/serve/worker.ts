@@ -122,6 +122,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       turnTokens: m.turnTokens,
       snapshotBack: m.snapshotBack,
       prefillTurn: m.prefillTurn,
+      prefillAlone: m.prefillAlone,
       batchMin: m.batchMin,
     });
     post({

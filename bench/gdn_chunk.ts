@@ -5,6 +5,10 @@
  *
  * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]
  * [--split 1,2,4,8]` (`--split`: `gdn_step` with those SPLIT values, plus `gdn_chunk_norm` above 1).
+ * `--scan [--scan-n 512,2048] [--quick]`: instead, the scan `gdn_chunk` alone in every shape BJ × CJ beside
+ * the kernel before its rewrite (`bench/_gdn_chunk_v1.wgsl`, "v1"), µs per dispatch on the same prep output,
+ * each line with its max |difference| from v1's y and state after one dispatch from the same state (`--quick`:
+ * n = 64, one repetition, for a check on lavapipe).
  * Timestamp queries around one compute pass of `reps` repetitions when the adapter has them, else wall clock;
  * the best of 5 such passes after 3 untimed ones.
  * Prints one JSON line per measurement, never asserts.
@@ -13,8 +17,16 @@
 import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
-import { bindGroup, PipelineCache } from "../wgsl/kernel.ts";
-import { gdnChunkDispatches, gdnChunkScratchBytes, prepareGdnChunk } from "../wgsl/gdn_chunk.ts";
+import { bindGroup, type KernelSpec, PipelineCache, variantKey } from "../wgsl/kernel.ts";
+import {
+  GDN_CHUNK,
+  gdnChunkDispatches,
+  type GdnChunkScan,
+  gdnChunkScan,
+  gdnChunkScratchBytes,
+  prepareGdnChunk,
+  scanConstants,
+} from "../wgsl/gdn_chunk.ts";
 import {
   GDN_STEP,
   GDN_STEP_BINDINGS,
@@ -33,10 +45,13 @@ const { values: args } = parseArgs({
     "step-max": { type: "string", default: "2048" },
     tiled: { type: "boolean", default: false },
     split: { type: "string", default: "1" },
+    scan: { type: "boolean", default: false },
+    "scan-n": { type: "string", default: "512,2048" },
+    quick: { type: "boolean", default: false },
   },
 });
 const ns = args.n!.split(",").map(Number);
-const reps = Number(args.reps);
+const reps = args.quick ? 1 : Number(args.reps);
 const stepMax = Number(args["step-max"]);
 const splits = args.split!.split(",").map(Number);
 
@@ -65,12 +80,13 @@ const c: GdnStepConstants = {
   SPLIT: 1,
 };
 const d = gdnDims(c);
-const maxN = Math.max(...ns);
+const scanNs = args.quick ? [64] : args["scan-n"]!.split(",").map(Number);
+const maxN = Math.max(...(args.scan ? scanNs : ns));
 
 function buf(words: number, fill?: () => number): GPUBuffer {
   const b = device.createBuffer({
     size: Math.max(16, words * 4),
-    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC,
     mappedAtCreation: true,
   });
   if (fill) {
@@ -107,8 +123,17 @@ function time(encode: (pass: GPUComputePassEncoder) => void): Promise<number> {
   return timer.perRep((pass) => encode(pass), reps, { timed: 5 });
 }
 
+/** The scan before the named-register rewrite, its header as it was (grid N_V × D_V/16). */
+const GDN_CHUNK_V1: KernelSpec = {
+  name: "gdn_chunk_v1",
+  url: new URL("./_gdn_chunk_v1.wgsl", import.meta.url),
+  lib: [],
+  constants: { N_V: "u32", D_K: "u32", D_V: "u32" },
+};
+
 const pipes = await prepareGdnChunk(cache, c);
-for (const n of ns) {
+if (args.scan) await compareScans();
+for (const n of args.scan ? [] : ns) {
   const bindings: GdnStepBindings = { ...base, params: buf(2) };
   device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
   const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
@@ -142,5 +167,86 @@ for (const n of ns) {
       usPerToken: us(s / n),
       speedup: Math.round(s / all * 10) / 10,
     });
+  }
+}
+
+/** `--scan`: v1 and every scan shape on one prep output per n; µs per dispatch and the difference from v1. */
+async function compareScans(): Promise<void> {
+  const engine = gdnChunkScan(c);
+  const shapes: GdnChunkScan[] = [8, 16, 32].flatMap((BJ) => [1, 2].map((CJ) => ({ BJ, CJ })));
+  const variants = [
+    { variant: "v1", spec: GDN_CHUNK_V1, k: { N_V: c.N_V, D_K: c.D_K, D_V: c.D_V }, bj: 16 },
+    ...shapes.map((s) => ({
+      variant: `BJ${s.BJ}.CJ${s.CJ}`,
+      spec: GDN_CHUNK,
+      k: scanConstants(c, s),
+      bj: s.BJ,
+    })),
+  ];
+  const state0 = buf(d.state);
+  const enc0 = device.createCommandEncoder();
+  enc0.copyBufferToBuffer(base.state, 0, state0, 0, d.state * 4);
+  device.queue.submit([enc0.finish()]);
+  const us = (s: number) => Math.round(s * 1e7) / 10;
+  for (const n of scanNs) {
+    const bindings: GdnStepBindings = { ...base, params: buf(2) };
+    device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
+    const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    pass.setPipeline(pipes[0]);
+    pass.setBindGroup(0, bindGroup(device, pipes[0], ds[0]!.bindings));
+    pass.dispatchWorkgroups(...ds[0]!.grid);
+    pass.end();
+    device.queue.submit([enc.finish()]);
+    let ref: { y: Float32Array; state: Float32Array } | undefined;
+    let v1Us = 0;
+    for (const v of variants) {
+      const pipe = await cache.get(v.spec, v.k);
+      const group = bindGroup(device, pipe, ds[1]!.bindings);
+      const grid = [c.N_V, c.D_V / v.bj, 1] as const;
+      const one = (p: GPUComputePassEncoder) => {
+        p.setPipeline(pipe);
+        p.setBindGroup(0, group);
+        p.dispatchWorkgroups(...grid);
+      };
+      const t = await time(one);
+      // one dispatch from the initial state, read back
+      const yWords = d.inner * n;
+      const read = device.createBuffer({
+        size: (yWords + d.state) * 4,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      });
+      const e = device.createCommandEncoder();
+      e.copyBufferToBuffer(state0, 0, base.state, 0, d.state * 4);
+      const p = e.beginComputePass();
+      one(p);
+      p.end();
+      e.copyBufferToBuffer(base.y, 0, read, 0, yWords * 4);
+      e.copyBufferToBuffer(base.state, 0, read, yWords * 4, d.state * 4);
+      device.queue.submit([e.finish()]);
+      await read.mapAsync(GPUMapMode.READ);
+      const all = new Float32Array(read.getMappedRange().slice(0));
+      read.unmap();
+      read.destroy();
+      const got = { y: all.subarray(0, yWords), state: all.subarray(yWords) };
+      ref ??= got;
+      if (v.variant === "v1") v1Us = t;
+      const diff = (a: Float32Array, b: Float32Array) =>
+        a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0);
+      line({
+        what: "gdn_chunk_scan",
+        variant: v.variant,
+        key: variantKey(v.spec, v.k),
+        engine: v.spec === GDN_CHUNK && v.k.BJ === engine.BJ && v.k.CJ === engine.CJ,
+        nTokens: n,
+        grid,
+        us: us(t),
+        usPerToken: us(t / n),
+        speedupVsV1: Math.round(v1Us / t * 100) / 100,
+        maxDiffY: diff(got.y, ref.y),
+        maxDiffState: diff(got.state, ref.state),
+      });
+    }
   }
 }

@@ -29,13 +29,59 @@ export const GDN_CHUNK_PREP: KernelSpec = {
   constants: GDN_STEP.constants,
 };
 
-/** Kernel spec of `gdn_chunk`, the scan (constants N_V, D_K, D_V). */
+/** Kernel spec of `gdn_chunk`, the scan (constants N_V, D_K, D_V and the {@linkcode GdnChunkScan} BJ, CJ). */
 export const GDN_CHUNK: KernelSpec = {
   name: "gdn_chunk",
   url: new URL("./gdn_chunk.wgsl", import.meta.url),
   lib: [],
-  constants: { N_V: "u32", D_K: "u32", D_V: "u32" },
+  constants: { N_V: "u32", D_K: "u32", D_V: "u32", BJ: "u32", CJ: "u32" },
 };
+
+/**
+ * Workgroup shape of the scan: `BJ` state columns per workgroup (8, 16 or 32; grid N_V × D_V/BJ), `CJ` of them
+ * per invocation (1 or 2; workgroup size 16·BJ/CJ).
+ */
+export interface GdnChunkScan {
+  /** State columns per workgroup: 8, 16 or 32, dividing D_V. */
+  readonly BJ: number;
+  /** Columns per invocation: 1 or 2. */
+  readonly CJ: number;
+}
+
+/**
+ * The scan shape the engine asks for (bench/gdn_chunk.ts --scan times the others at real dims);
+ * {@linkcode gdnChunkScan} narrows it to what the dims allow.
+ */
+export const GDN_CHUNK_SCAN: GdnChunkScan = { BJ: 16, CJ: 1 };
+
+/** Workgroup storage bound every adapter here meets (lavapipe's maxComputeWorkgroupStorageSize). */
+const SCAN_STORAGE_MAX = 32768;
+
+/** Workgroup storage bytes of the scan: st, vp, eg and dk (gdn_chunk.wgsl header). */
+export function gdnChunkScanStorage(c: Pick<GdnChunkConstants, "D_K">, s: GdnChunkScan): number {
+  return s.BJ * (16 * (c.D_K / 4 + 1) + 256) + 512;
+}
+
+/**
+ * The scan shape for `c`: `want` (default {@linkcode GDN_CHUNK_SCAN}) with BJ halved (CJ kept while BJ/CJ >= 4)
+ * until BJ divides D_V and the workgroup storage fits 32 KiB.
+ * @throws {RangeError} on a `want` outside BJ ∈ {8, 16, 32}, CJ ∈ {1, 2}
+ */
+export function gdnChunkScan(
+  c: Pick<GdnChunkConstants, "D_K" | "D_V">,
+  want: GdnChunkScan = GDN_CHUNK_SCAN,
+): GdnChunkScan {
+  if (![8, 16, 32].includes(want.BJ) || ![1, 2].includes(want.CJ)) {
+    throw new RangeError(
+      `gdn_chunk: scan shape BJ=${want.BJ} CJ=${want.CJ} is not supported: BJ must be 8, 16 or 32, CJ 1 or 2`,
+    );
+  }
+  let s = want;
+  while (s.BJ > 8 && (c.D_V % s.BJ !== 0 || gdnChunkScanStorage(c, s) > SCAN_STORAGE_MAX)) {
+    s = { BJ: s.BJ / 2, CJ: s.CJ };
+  }
+  return s;
+}
 
 /** Kernel spec of `gdn_chunk_norm`, the gated RMSNorm in place (constants N_V, D_V, EPS). */
 export const GDN_CHUNK_NORM: KernelSpec = {
@@ -148,11 +194,12 @@ export interface GdnChunkDispatch {
  */
 export function gdnChunkDispatches(
   c: GdnChunkConstants,
-  opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number },
+  opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number; scan?: GdnChunkScan },
 ): GdnChunkDispatch[] {
   checkGdnChunk(c, opts);
   const all = { ...opts.bindings, ...opts.scratch };
   const blocks = Math.ceil(opts.maxTokens / GDN_CHUNK_TOKENS);
+  const s = gdnChunkScan(c, opts.scan);
   return [
     {
       spec: GDN_CHUNK_PREP,
@@ -162,9 +209,9 @@ export function gdnChunkDispatches(
     },
     {
       spec: GDN_CHUNK,
-      constants: { N_V: c.N_V, D_K: c.D_K, D_V: c.D_V },
+      constants: scanConstants(c, s),
       bindings: GDN_CHUNK_BINDINGS.map((k) => all[k]),
-      grid: [c.N_V, c.D_V / 16, 1],
+      grid: [c.N_V, c.D_V / s.BJ, 1],
     },
     {
       spec: GDN_CHUNK_NORM,
@@ -175,6 +222,11 @@ export function gdnChunkDispatches(
   ];
 }
 
+/** Constants of the scan `gdn_chunk` for `c` and shape `s` (as {@linkcode gdnChunkScan} returns it). */
+export function scanConstants(c: GdnChunkConstants, s: GdnChunkScan): Record<string, number> {
+  return { N_V: c.N_V, D_K: c.D_K, D_V: c.D_V, BJ: s.BJ, CJ: s.CJ };
+}
+
 /** Compiled pipelines of the chunked prefill, in dispatch order. */
 export type GdnChunkPipelines = readonly [GPUComputePipeline, GPUComputePipeline, GPUComputePipeline];
 
@@ -182,10 +234,11 @@ export type GdnChunkPipelines = readonly [GPUComputePipeline, GPUComputePipeline
 export async function prepareGdnChunk(
   cache: PipelineCache,
   c: GdnChunkConstants,
+  opts: { scan?: GdnChunkScan } = {},
 ): Promise<GdnChunkPipelines> {
   return [
     await cache.get(GDN_CHUNK_PREP, { ...c }),
-    await cache.get(GDN_CHUNK, { N_V: c.N_V, D_K: c.D_K, D_V: c.D_V }),
+    await cache.get(GDN_CHUNK, scanConstants(c, gdnChunkScan(c, opts.scan))),
     await cache.get(GDN_CHUNK_NORM, { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS }),
   ];
 }
@@ -206,6 +259,8 @@ export function encodeGdnChunk(
     bindings: GdnStepBindings;
     scratch: GdnChunkScratch;
     maxTokens: number;
+    /** The scan shape the pipelines were prepared with (default {@linkcode GDN_CHUNK_SCAN}). */
+    scan?: GdnChunkScan;
   },
 ): void {
   const dispatches = gdnChunkDispatches(opts.constants, opts);

@@ -12,58 +12,124 @@
 //   0 params  u32 ne=[2]: [pos0, n]
 //   1 ws_qkw  ne=[QKW_BLK, N_V, NB] read: block (c, h) at (c·N_V + h)·QKW_BLK words, Q|K|W each ne=[D_K, 64]
 //   2 ws_up   ne=[UP_BLK, N_V, NB] read: block (c, h) at (c·N_V + h)·UP_BLK: U ne=[D_V, 64] | P ne=[64, 64] | G ne=[64]
+//             (P is 0 above the diagonal)
 //   3 state   ne=[D_K, D_V, N_V] read_write, transposed as in gdn_step: state[(h·D_V + j)·D_K + i] = S_h[i][j]
 //   4 y       ne=[N_V·D_V, n] written: o of token t, head h, column j at t·N_V·D_V + h·D_V + j (gdn_chunk_norm
 //             turns it into ô in place)
-// (NB = ceil(n/64); QKW_BLK = 3·64·D_K, UP_BLK = 64·D_V + 64·64 + 64.)
+// (NB = ceil(n/64); QKW_BLK = 3·64·D_K, UP_BLK = 64·D_V + 64·64 + 64; both multiples of 4, read as vec4.)
 //
-// Constants: N_V, D_K, D_V: u32. Limits: D_K % 64 == 0, D_K <= 256; D_V % 16 == 0. Workgroup storage
-// 16·(D_K+4)·4 + 4 KiB + 512 B (13 KiB at D_K = 128).
+// Constants: N_V, D_K, D_V: u32; BJ: state columns per workgroup (8, 16 or 32, dividing D_V); CJ: columns per
+// invocation (1 or 2). Limits: D_K % 64 == 0, D_K <= 256; D_V % BJ == 0. Workgroup size 16·BJ/CJ; storage
+// BJ·(16·(D_K/4+1) + 256) + 512 bytes (13 KiB at D_K = 128, BJ = 16; the twin keeps it <= 32 KiB).
 //
-// Grid (N_V, D_V/16, 1): workgroup (h, jb) owns columns J = 16·jb .. 16·jb+15 of head h for all blocks, its
+// Grid (N_V, D_V/BJ, 1): workgroup (h, jb) owns columns J = BJ·jb .. BJ·jb+BJ−1 of head h for all blocks, its
 // S[:, J] transposed in workgroup memory (rows padded by one vec4 against bank conflicts). Invocation
-// (jl = lid % 16, tq = lid / 16) owns column j = 16·jb + jl and tokens tq + 16·m (m < 4) in V' and O, and key
-// rows 4·(tq + 16·m) .. +3 (m < D_K/64) of S[:, j] in the update. Per block: barrier, V' (and Q·S) into
-// workgroup memory, barrier, O and the state update (each invocation rewrites only its own S entries).
+// (jl = lid % LJ, tq = lid / LJ), LJ = BJ/CJ, owns the local columns jl and (CJ = 2) jl + LJ, the four
+// consecutive tokens 4·tq .. 4·tq+3 in V' and O, and the key rows 4·(tq + 16·m) .. +3 (m < D_K/64) of S in the
+// update. Per block: barrier, V' (and Q·S) into workgroup memory, barrier, O and the state update (each
+// invocation rewrites only its own S entries).
 //
-// Measured (bench/gdn_chunk.ts, H200, real dims, all three dispatches): 2.0-2.2 µs per token for n = 256..2048
-// (gdn_step: 8.5-8.8), e.g. n = 2048: prep 1.27 ms, this scan 2.87 ms, norm 0.06 ms. The scan is bound by the
-// latency of its global loads (W, Q, P, K per block); staging P in workgroup memory and batching the loads
-// into private arrays measured 2.5x slower (register pressure), so this plain form stays.
+// Registers, not arrays: every per-invocation accumulator is a named vec4 or mat4x4 indexed by constants (a
+// function-scope array indexed by a loop counter lives in local memory on the H200, docs/PERF.md), which was
+// the v1 kernel's limit (bench/_gdn_chunk_v1.wgsl). Four rows of W, Q, P or K are read per step as the
+// columns of a mat4x4 (x·M gives the four dots), the loads that do not depend on the state (U, G) are issued
+// before the block's first barrier, W·S and Q·S take two key vec4s per step and P·V' two token vec4s (more
+// loads in flight per wait), and V', e^G and e^{G_63−G} sit in workgroup memory as vec4s of four tokens.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> ws_qkw: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> ws_up: array<f32>;
+@group(0) @binding(2) var<storage, read> ws_up: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> state: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 const BT: u32 = 64u;
-const WG: u32 = 256u;
-const BJ: u32 = 16u; // columns per workgroup
-const TQ: u32 = WG / BJ; // token groups
-const NT: u32 = BT / TQ; // tokens per invocation in V' and O
+const BT4: u32 = BT / 4u;
+const TQ: u32 = 16u; // token vec4s of a block, and key-row groups of the update
+const LJ: u32 = BJ / CJ; // column lanes
+const WG: u32 = TQ * LJ;
 const D4: u32 = D_K / 4u;
+const DV4: u32 = D_V / 4u;
 const SP: u32 = D4 + 1u; // padded row of st, in vec4
-const M4: u32 = D4 / TQ; // key vec4s per invocation in the update
+const M4: u32 = D4 / TQ; // key vec4s per column and invocation in the update (1..4)
 const Y_W: u32 = N_V * D_V;
 const QKW_BLK4: u32 = 3u * BT * D4;
 const OFF_K4: u32 = BT * D4;
 const OFF_W4: u32 = 2u * BT * D4;
-const UP_BLK: u32 = BT * D_V + BT * BT + BT;
-const OFF_P: u32 = BT * D_V;
-const OFF_G: u32 = BT * D_V + BT * BT;
+const UP_BLK4: u32 = BT * DV4 + BT * BT4 + BT4;
+const OFF_P4: u32 = BT * DV4;
+const OFF_G4: u32 = BT * DV4 + BT * BT4;
 
-var<workgroup> st: array<vec4<f32>, BJ * SP>; // st[jl·SP + i4] = S[4·i4 .. 4·i4+3][16·jb + jl]
-var<workgroup> vp: array<f32, BT * BJ>; // V'[t][jl]
-var<workgroup> eg: array<f32, BT>; // e^{G_t}
-var<workgroup> dk: array<f32, BT>; // e^{G_63 − G_t}
+var<workgroup> st: array<vec4<f32>, BJ * SP>; // st[jl·SP + i4] = S[4·i4 .. 4·i4+3][BJ·jb + jl]
+var<workgroup> vp: array<vec4<f32>, BT4 * BJ>; // vp[t4·BJ + jl] = V'[4·t4 .. 4·t4+3][jl]
+var<workgroup> eg: array<vec4<f32>, BT4>; // e^{G_t}, four tokens a vec4
+var<workgroup> dk: array<vec4<f32>, BT4>; // e^{G_63 − G_t}
+
+// Rows r, r+1, r+2, r+3 of a D4-wide matrix in ws_qkw at vec4 b (row r), as the columns of a mat4x4.
+fn rows4(b: u32) -> mat4x4<f32> {
+  return mat4x4<f32>(ws_qkw[b], ws_qkw[b + D4], ws_qkw[b + 2u * D4], ws_qkw[b + 3u * D4]);
+}
+
+// The key vec4s tq + 16·m (m < M4) of one K row (b: its vec4 tq) as the columns of a mat4x4; zero beyond M4.
+fn krow(b: u32) -> mat4x4<f32> {
+  var k = mat4x4<f32>();
+  k[0] = ws_qkw[b];
+  if (M4 > 1u) {
+    k[1] = ws_qkw[b + TQ];
+  }
+  if (M4 > 2u) {
+    k[2] = ws_qkw[b + 2u * TQ];
+  }
+  if (M4 > 3u) {
+    k[3] = ws_qkw[b + 3u * TQ];
+  }
+  return k;
+}
+
+// U[t][j], t = 4·tq .. 4·tq+3, from the block at vec4 ub (j a global column of the head).
+fn u4(ub: u32, tq: u32, j: u32) -> vec4<f32> {
+  let b = ub + 4u * tq * DV4 + j / 4u;
+  let e = j % 4u;
+  return vec4<f32>(ws_up[b][e], ws_up[b + DV4][e], ws_up[b + 2u * DV4][e], ws_up[b + 3u * DV4][e]);
+}
+
+// o of tokens t0 .. t0+3 (those < n) of one column, y index base yb for token 0.
+fn put_o(t0: u32, n: u32, yb: u32, o: vec4<f32>) {
+  if (t0 < n) {
+    y[t0 * Y_W + yb] = o.x;
+  }
+  if (t0 + 1u < n) {
+    y[(t0 + 1u) * Y_W + yb] = o.y;
+  }
+  if (t0 + 2u < n) {
+    y[(t0 + 2u) * Y_W + yb] = o.z;
+  }
+  if (t0 + 3u < n) {
+    y[(t0 + 3u) * Y_W + yb] = o.w;
+  }
+}
+
+// S rows of column jl (the update's key vec4s tq + 16·m): S ← el·S + a.
+fn update_st(jl: u32, tq: u32, el: f32, a: mat4x4<f32>) {
+  let b = jl * SP + tq;
+  st[b] = el * st[b] + a[0];
+  if (M4 > 1u) {
+    st[b + TQ] = el * st[b + TQ] + a[1];
+  }
+  if (M4 > 2u) {
+    st[b + 2u * TQ] = el * st[b + 2u * TQ] + a[2];
+  }
+  if (M4 > 3u) {
+    st[b + 3u * TQ] = el * st[b + 3u * TQ] + a[3];
+  }
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let h = wid.x;
   let j0 = wid.y * BJ;
-  let jl = lid % BJ;
-  let tq = lid / BJ;
+  let jl = lid % LJ;
+  let jm = jl + LJ; // the second column when CJ = 2
+  let tq = lid / LJ;
   let n = params[1];
   let nb = (n + BT - 1u) / BT;
 
@@ -72,59 +138,98 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   for (var c = 0u; c < nb; c++) {
     let qb = (c * N_V + h) * QKW_BLK4;
-    let ub = (c * N_V + h) * UP_BLK;
+    let ub = (c * N_V + h) * UP_BLK4;
+    // state-independent loads first, in flight across the barrier
+    var g = vec4<f32>(0.0);
+    var g_last = 0.0;
+    if (lid < BT4) {
+      g = ws_up[ub + OFF_G4 + lid];
+      g_last = ws_up[ub + OFF_G4 + BT4 - 1u].w;
+    }
+    let u0 = u4(ub, tq, j0 + jl);
+    var u1 = vec4<f32>(0.0);
+    if (CJ > 1u) {
+      u1 = u4(ub, tq, j0 + jm);
+    }
     // the previous block's readers of vp, eg, dk and writers of st are done
     workgroupBarrier();
-    if (lid < BT) {
-      let g = ws_up[ub + OFF_G + lid];
+    if (lid < BT4) {
       eg[lid] = exp(g);
-      dk[lid] = exp(ws_up[ub + OFF_G + BT - 1u] - g);
+      dk[lid] = exp(vec4<f32>(g_last) - g);
     }
-    // explicit zeros: lavapipe was seen to keep a loop-body array's values from the previous iteration
-    var aw: array<f32, NT>;
-    var aq: array<f32, NT>;
-    for (var m = 0u; m < NT; m++) {
-      aw[m] = 0.0;
-      aq[m] = 0.0;
-    }
-    for (var i4 = 0u; i4 < D4; i4++) {
-      let s4 = st[jl * SP + i4];
-      for (var m = 0u; m < NT; m++) {
-        let t = tq + TQ * m;
-        aw[m] += dot(ws_qkw[qb + OFF_W4 + t * D4 + i4], s4);
-        aq[m] += dot(ws_qkw[qb + t * D4 + i4], s4);
+
+    // W·S and Q·S for tokens 4·tq .. 4·tq+3
+    var aw0 = vec4<f32>(0.0);
+    var aq0 = vec4<f32>(0.0);
+    var aw1 = vec4<f32>(0.0);
+    var aq1 = vec4<f32>(0.0);
+    let bw = qb + OFF_W4 + 4u * tq * D4;
+    let bq = qb + 4u * tq * D4;
+    for (var i4 = 0u; i4 < D4; i4 += 2u) {
+      let wa = rows4(bw + i4);
+      let qa = rows4(bq + i4);
+      let wb = rows4(bw + i4 + 1u);
+      let qbm = rows4(bq + i4 + 1u);
+      let sa = st[jl * SP + i4];
+      let sb = st[jl * SP + i4 + 1u];
+      aw0 += sa * wa + sb * wb;
+      aq0 += sa * qa + sb * qbm;
+      if (CJ > 1u) {
+        let ra = st[jm * SP + i4];
+        let rb = st[jm * SP + i4 + 1u];
+        aw1 += ra * wa + rb * wb;
+        aq1 += ra * qa + rb * qbm;
       }
     }
-    for (var m = 0u; m < NT; m++) {
-      let t = tq + TQ * m;
-      vp[t * BJ + jl] = ws_up[ub + t * D_V + j0 + jl] - aw[m];
+    vp[tq * BJ + jl] = u0 - aw0;
+    if (CJ > 1u) {
+      vp[tq * BJ + jm] = u1 - aw1;
     }
     workgroupBarrier();
 
-    for (var m = 0u; m < NT; m++) {
-      let t = tq + TQ * m;
-      var o = eg[t] * aq[m];
-      for (var s = 0u; s <= t; s++) {
-        o += ws_up[ub + OFF_P + t * BT + s] * vp[s * BJ + jl];
-      }
-      if (c * BT + t < n) {
-        y[(c * BT + t) * Y_W + h * D_V + j0 + jl] = o;
-      }
-    }
-    var acc: array<vec4<f32>, M4>;
-    for (var m = 0u; m < M4; m++) { // explicit zeros, as aw and aq
-      acc[m] = vec4<f32>(0.0);
-    }
-    for (var t = 0u; t < BT; t++) {
-      let v = vp[t * BJ + jl] * dk[t];
-      for (var m = 0u; m < M4; m++) {
-        acc[m] += ws_qkw[qb + OFF_K4 + t * D4 + tq + TQ * m] * v;
+    // O = e^G·(Q·S) + P·V': P rows 4·tq .. 4·tq+3 are 0 beyond token 4·tq+3, so token vec4s s4 <= tq suffice;
+    // pairs of them per step (the pair's second may be tq+1 <= 15, all zeros: adds exact zeros)
+    let egt = eg[tq];
+    var o0 = egt * aq0;
+    var o1 = egt * aq1;
+    let bp = ub + OFF_P4 + 4u * tq * BT4;
+    for (var s4 = 0u; s4 <= tq; s4 += 2u) {
+      let pa = mat4x4<f32>(ws_up[bp + s4], ws_up[bp + BT4 + s4], ws_up[bp + 2u * BT4 + s4], ws_up[bp + 3u * BT4 + s4]);
+      let s5 = s4 + 1u;
+      let pb = mat4x4<f32>(ws_up[bp + s5], ws_up[bp + BT4 + s5], ws_up[bp + 2u * BT4 + s5], ws_up[bp + 3u * BT4 + s5]);
+      o0 += vp[s4 * BJ + jl] * pa + vp[s5 * BJ + jl] * pb;
+      if (CJ > 1u) {
+        o1 += vp[s4 * BJ + jm] * pa + vp[s5 * BJ + jm] * pb;
       }
     }
-    let el = eg[BT - 1u];
-    for (var m = 0u; m < M4; m++) {
-      let i = jl * SP + tq + TQ * m;
-      st[i] = el * st[i] + acc[m];
+    let yb = h * D_V + j0;
+    put_o(c * BT + 4u * tq, n, yb + jl, o0);
+    if (CJ > 1u) {
+      put_o(c * BT + 4u * tq, n, yb + jm, o1);
+    }
+
+    // S ← e^{G_63}·S + Kᵀ·(diag(e^{G_63 − G}) V') for key vec4s tq + 16·m, four tokens per step
+    var a0 = mat4x4<f32>();
+    var a1 = mat4x4<f32>();
+    let bk = qb + OFF_K4 + tq;
+    for (var t4 = 0u; t4 < BT4; t4++) {
+      let d = dk[t4];
+      let r = bk + 4u * t4 * D4;
+      let k0 = krow(r);
+      let k1 = krow(r + D4);
+      let k2 = krow(r + 2u * D4);
+      let k3 = krow(r + 3u * D4);
+      let v0 = vp[t4 * BJ + jl] * d;
+      a0 += k0 * v0.x + k1 * v0.y + k2 * v0.z + k3 * v0.w;
+      if (CJ > 1u) {
+        let v1 = vp[t4 * BJ + jm] * d;
+        a1 += k0 * v1.x + k1 * v1.y + k2 * v1.z + k3 * v1.w;
+      }
+    }
+    let el = eg[BT4 - 1u].w;
+    update_st(jl, tq, el, a0);
+    if (CJ > 1u) {
+      update_st(jm, tq, el, a1);
     }
   }
   workgroupBarrier();

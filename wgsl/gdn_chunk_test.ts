@@ -7,6 +7,8 @@ import {
   checkGdnChunk,
   encodeGdnChunk,
   gdnChunkDispatches,
+  type GdnChunkScan,
+  gdnChunkScan,
   type GdnChunkScratch,
   gdnChunkScratchBytes,
   prepareGdnChunk,
@@ -40,10 +42,11 @@ const S_TOL: Tolerance = { atol: 3e-5, rtol: 3e-4 };
 // The ring holds copies of the f32 inputs: exact.
 const RING_TOL: Tolerance = { atol: 0, rtol: 0 };
 
-/** One dispatch of a schedule: `n` tokens through the chunked kernels, or through `gdn_step`. */
+/** One dispatch of a schedule: `n` tokens through the chunked kernels (scan shape `scan`), or `gdn_step`. */
 interface Part {
   readonly n: number;
   readonly kernel: "chunk" | "step";
+  readonly scan?: GdnChunkScan;
 }
 
 const chunks = (...ns: number[]): Part[] => ns.map((n) => ({ n, kernel: "chunk" }));
@@ -62,7 +65,6 @@ async function record(
   const K = c.K_CONV;
   assert.equal(schedule.reduce((s, p) => s + p.n, 0), inp.nTokens, "schedule covers the inputs");
   const step = await cache.get(GDN_STEP, c);
-  const chunk = await prepareGdnChunk(cache, c);
   const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
@@ -77,7 +79,7 @@ async function record(
   const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
   const ys: GPUBuffer[] = [];
   let t0 = 0;
-  for (const { n, kernel } of schedule) {
+  for (const { n, kernel, scan } of schedule) {
     const params = mk(upload(device, packGdnParams(inp.pos0 + t0, n), "params"));
     const xQkv = mk(upload(device, inp.x.subarray(t0 * d.convCh, (t0 + n) * d.convCh)));
     // A_OFF > 0: a follows b in one buffer bound to both bindings, A_OFF words after it.
@@ -112,7 +114,8 @@ async function record(
       y: { buffer: y, size: d.inner * n * 4 },
     };
     if (kernel === "chunk") {
-      encodeGdnChunk(pass, { device, pipelines: chunk, constants: c, bindings, scratch, maxTokens: n });
+      const pipelines = await prepareGdnChunk(cache, c, { scan });
+      encodeGdnChunk(pass, { device, pipelines, constants: c, bindings, scratch, maxTokens: n, scan });
     } else {
       encodeGdnStep(pass, { device, pipeline: step, constants: c, bindings, maxTokens: n });
     }
@@ -266,6 +269,28 @@ Deno.test("gdn_chunk: awkward dims", async () => {
   }
   const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
+});
+
+Deno.test("gdn_chunk: every scan shape (BJ, CJ), real and awkward dims, carried state", async () => {
+  const rng = new Rng();
+  const runs: Run[] = [];
+  const shapes: GdnChunkScan[] = [{ BJ: 8, CJ: 1 }, { BJ: 8, CJ: 2 }, { BJ: 16, CJ: 2 }, { BJ: 32, CJ: 1 }, {
+    BJ: 32,
+    CJ: 2,
+  }];
+  for (const scan of shapes) {
+    // D_K 128 (M4 = 2) over two blocks, the second short; D_K 256 (M4 = 4, BJ capped by D_V = 16) and 64
+    // (M4 = 1, D_V = 48: BJ 32 falls back to 16)
+    for (const [m, n] of [[REAL_35, rng.int(66, 80)], [ODD_A, 70], [ODD_B, 30]] as const) {
+      const inp = makeInputs(rng, m, { nTokens: n, pos0: rng.int(0, 1000), fresh: false });
+      runs.push({ inp, schedule: [{ n, kernel: "chunk", scan }] });
+    }
+  }
+  const got = await runAll(runs, record);
+  runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
+  assert.deepEqual(gdnChunkScan(ODD_B.c, { BJ: 32, CJ: 2 }), { BJ: 16, CJ: 2 });
+  assert.deepEqual(gdnChunkScan({ D_K: 256, D_V: 128 }, { BJ: 32, CJ: 1 }), { BJ: 16, CJ: 1 });
+  assert.throws(() => gdnChunkScan(ODD_B.c, { BJ: 4, CJ: 1 }), /BJ must be 8, 16 or 32/);
 });
 
 Deno.test("gdn_chunk: equals gdn_step over the same tokens within tolerance (real dims)", async () => {

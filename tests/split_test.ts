@@ -245,17 +245,25 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
       );
       await refused(hello, /link key/i, "0123456789abcdef0123456789abcdef");
 
-      // SIGKILL of the worker mid-stream: an error event, the head stays up, 503 while down, then back.
+      // SIGKILL of the worker mid-stream, two streams generating together (one pipelined generate call):
+      // an error event on each, the head stays up, 503 while down, then back.
       const want = await answer(u.url, PROMPTS[0]!);
-      const r = await ask(h2.url, PROMPTS[1]!, { stream: true, maxTokens: CTX - 40 });
-      assert.equal(r.status, 200);
-      const reader = r.body!.pipeThrough(new TextDecoderStream()).getReader();
-      let text = "";
-      while (!text.includes("content_block_delta")) text += (await reader.read()).value ?? "";
+      // (The second prompt is neither of PROMPTS: its prefix snapshot must not serve the request after it.)
+      const readers = await Promise.all([PROMPTS[1]!, "Name three rivers"].map(async (prompt) => {
+        const r = await ask(h2.url, prompt, { stream: true, maxTokens: CTX - 40 });
+        assert.equal(r.status, 200);
+        return r.body!.pipeThrough(new TextDecoderStream()).getReader();
+      }));
+      const texts = ["", ""];
+      for (const [i, reader] of readers.entries()) {
+        while (!texts[i]!.includes("content_block_delta")) texts[i] += (await reader.read()).value ?? "";
+      }
       await w24.kill("SIGKILL");
-      for (let c = await reader.read(); !c.done; c = await reader.read()) text += c.value;
-      assert.match(text, /event: error\ndata: .*split chain is down/);
-      assert.doesNotMatch(text, /message_stop/);
+      for (const [i, reader] of readers.entries()) {
+        for (let c = await reader.read(); !c.done; c = await reader.read()) texts[i] += c.value;
+        assert.match(texts[i]!, /event: error\ndata: .*split chain is down/, `stream ${i}`);
+        assert.doesNotMatch(texts[i]!, /message_stop/, `stream ${i}`);
+      }
       const down = await ask(h2.url, PROMPTS[0]!);
       const downBody = await down.json();
       assert.equal(down.status, 503, JSON.stringify(downBody));

@@ -6,6 +6,12 @@
  * The layouts belong to the kernels: each state buffer is declared by a {@linkcode StateSpec} whose
  * `liveRanges(nPos)` says which byte ranges hold the state of a sequence `nPos` tokens long, so a snapshot of a
  * KV cache copies only the filled positions while a recurrent state is copied whole.
+ *
+ * Each (layer, state) is one pooled buffer holding every slot at a 256-byte-aligned stride, so that a batched
+ * decode step can bind all slots' regions at once (one dispatch for every column), while a slot's own graphs,
+ * snapshots and resets use its sub-range. A pool larger than the device can bind whole (big KV caches times
+ * many slots) falls back to one buffer per slot; {@linkcode SlotStates.pool} then answers `undefined` and the
+ * batched step dispatches per slot for that state.
  * @module
  */
 
@@ -42,11 +48,33 @@ function key(layer: number, name: string): string {
   return `${layer}/${name}`;
 }
 
+/** Offset alignment of a storage binding (WebGPU's minStorageBufferOffsetAlignment is at most 256). */
+export const STATE_ALIGN_BYTES = 256;
+
+/** One slot's region of a state: a storage binding (offset a multiple of {@linkcode STATE_ALIGN_BYTES}). */
+export interface StateBinding {
+  readonly buffer: GPUBuffer;
+  readonly offset: number;
+  readonly size: number;
+}
+
+/** All slots of one (layer, state) in one buffer: slot s at byte `s·strideBytes`, `sizeBytes` long. */
+export interface StatePool {
+  readonly buffer: GPUBuffer;
+  readonly strideBytes: number;
+  readonly sizeBytes: number;
+}
+
+/** Where one (layer, state) lives: a pool, or one buffer per slot (a pool too large to bind). */
+type Storage =
+  | { readonly pool: StatePool }
+  | { readonly perSlot: readonly GPUBuffer[] };
+
 /** GPU state buffers for `nSlots` slots, plus snapshots of single slots. */
 export class SlotStates {
   readonly #device: GPUDevice;
   readonly #specs: ReadonlyMap<string, StateSpec>;
-  readonly #buffers: ReadonlyArray<ReadonlyMap<string, GPUBuffer>>;
+  readonly #storage: ReadonlyMap<string, Storage>;
   readonly #snapshots = new Map<number, Snapshot>();
   #nextSnapshot = 1;
   /** Number of slots. */
@@ -55,10 +83,15 @@ export class SlotStates {
   readonly bytesPerSlot: number;
 
   /**
-   * Allocates and zeroes every state buffer for every slot.
+   * Allocates and zeroes every state buffer for every slot: one pool per (layer, name) when all slots at
+   * 256-byte strides fit in `maxPoolBytes` (default: the device's storage binding and buffer size limits),
+   * else one buffer per slot.
    * @throws {RangeError} on a duplicate (layer, name) or a size that is not a positive multiple of 4
    */
-  constructor(device: GPUDevice, opts: { specs: readonly StateSpec[]; nSlots: number }) {
+  constructor(
+    device: GPUDevice,
+    opts: { specs: readonly StateSpec[]; nSlots: number; maxPoolBytes?: number },
+  ) {
     if (!Number.isInteger(opts.nSlots) || opts.nSlots < 1) {
       throw new RangeError(`Slot count must be a positive integer, got ${opts.nSlots}`);
     }
@@ -77,20 +110,26 @@ export class SlotStates {
     this.#specs = specs;
     this.nSlots = opts.nSlots;
     this.bytesPerSlot = opts.specs.reduce((a, s) => a + s.sizeBytes, 0);
-    this.#buffers = Array.from({ length: opts.nSlots }, (_, slot) => {
-      const m = new Map<string, GPUBuffer>();
-      for (const [k, s] of specs) {
-        m.set(
-          k,
-          device.createBuffer({
-            label: `slot${slot}.L${s.layer}.${s.name}`,
-            size: s.sizeBytes,
-            usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-          }),
+    const maxPool = opts.maxPoolBytes ??
+      Math.min(device.limits.maxStorageBufferBindingSize, device.limits.maxBufferSize);
+    const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+    const storage = new Map<string, Storage>();
+    for (const [k, s] of specs) {
+      const strideBytes = Math.ceil(s.sizeBytes / STATE_ALIGN_BYTES) * STATE_ALIGN_BYTES;
+      const poolBytes = strideBytes * (opts.nSlots - 1) + s.sizeBytes;
+      if (poolBytes <= maxPool) {
+        const buffer = device.createBuffer({ label: `L${s.layer}.${s.name}`, size: poolBytes, usage });
+        storage.set(k, { pool: { buffer, strideBytes, sizeBytes: s.sizeBytes } });
+      } else {
+        const perSlot = Array.from(
+          { length: opts.nSlots },
+          (_, slot) =>
+            device.createBuffer({ label: `slot${slot}.L${s.layer}.${s.name}`, size: s.sizeBytes, usage }),
         );
+        storage.set(k, { perSlot });
       }
-      return m;
-    });
+    }
+    this.#storage = storage;
   }
 
   /** Bytes held by all slots (snapshots excluded). */
@@ -105,16 +144,27 @@ export class SlotStates {
     return n;
   }
 
-  /** The buffer of state `name` of `layer` in `slot`. */
-  buffer(slot: number, layer: number, name: string): GPUBuffer {
-    const b = this.#slot(slot).get(key(layer, name));
-    if (!b) throw new RangeError(`No state ${name} in layer ${layer}`);
-    return b;
+  /** `slot`'s region of state `name` of `layer` (a sub-range of its pool, or its own buffer). */
+  binding(slot: number, layer: number, name: string): StateBinding {
+    return this.#region(this.#slotChecked(slot), this.#storageOf(layer, name));
+  }
+
+  /**
+   * All slots of state `name` of `layer` in one buffer, or `undefined` where that pool would exceed the
+   * binding limit and each slot has a buffer of its own (then a batched step dispatches per slot).
+   */
+  pool(layer: number, name: string): StatePool | undefined {
+    const st = this.#storageOf(layer, name);
+    return "pool" in st ? st.pool : undefined;
   }
 
   /** Records zeroing of every state buffer of `slot` (a sequence restarting at position 0). */
   reset(encoder: GPUCommandEncoder, slot: number): void {
-    for (const b of this.#slot(slot).values()) encoder.clearBuffer(b);
+    this.#slotChecked(slot);
+    for (const st of this.#storage.values()) {
+      const r = this.#region(slot, st);
+      encoder.clearBuffer(r.buffer, r.offset, r.size);
+    }
   }
 
   /**
@@ -122,7 +172,7 @@ export class SlotStates {
    * The copy happens when the encoder's commands run, so it captures the state as of that point in the queue.
    */
   snapshot(encoder: GPUCommandEncoder, slot: number, nPos: number): number {
-    const bufs = this.#slot(slot);
+    this.#slotChecked(slot);
     const out = new Map<string, { buffer: GPUBuffer; ranges: Range[] }>();
     let total = 0;
     for (const [k, spec] of this.#specs) {
@@ -139,8 +189,9 @@ export class SlotStates {
         size: Math.max(4, at),
         usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
       });
+      const src = this.#region(slot, this.#storage.get(k)!);
       for (const r of ranges) {
-        encoder.copyBufferToBuffer(bufs.get(k)!, r.offsetBytes, buffer, r.atBytes, r.sizeBytes);
+        encoder.copyBufferToBuffer(src.buffer, src.offset + r.offsetBytes, buffer, r.atBytes, r.sizeBytes);
       }
       out.set(k, { buffer, ranges });
       total += at;
@@ -158,12 +209,14 @@ export class SlotStates {
   /** Records restoring snapshot `id` into `slot` (any slot: a snapshot can seed another sequence). */
   restore(encoder: GPUCommandEncoder, id: number, slot: number): void {
     const snap = this.#get(id);
-    const bufs = this.#slot(slot);
+    this.#slotChecked(slot);
     for (const [k, { buffer, ranges }] of snap.buffers) {
-      const dst = bufs.get(k)!;
+      const dst = this.#region(slot, this.#storage.get(k)!);
       // Positions past the snapshot's length must read as empty, exactly as after a reset.
-      encoder.clearBuffer(dst);
-      for (const r of ranges) encoder.copyBufferToBuffer(buffer, r.atBytes, dst, r.offsetBytes, r.sizeBytes);
+      encoder.clearBuffer(dst.buffer, dst.offset, dst.size);
+      for (const r of ranges) {
+        encoder.copyBufferToBuffer(buffer, r.atBytes, dst.buffer, dst.offset + r.offsetBytes, r.sizeBytes);
+      }
     }
   }
 
@@ -177,17 +230,34 @@ export class SlotStates {
   /** Destroys every buffer, snapshots included. */
   destroy(): void {
     for (const id of [...this.#snapshots.keys()]) this.drop(id);
-    for (const m of this.#buffers) for (const b of m.values()) b.destroy();
+    for (const st of this.#storage.values()) {
+      if ("pool" in st) st.pool.buffer.destroy();
+      else for (const b of st.perSlot) b.destroy();
+    }
   }
 
-  #slot(slot: number): ReadonlyMap<string, GPUBuffer> {
-    const m = this.#buffers[slot];
-    if (!m) {
+  #slotChecked(slot: number): number {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.nSlots) {
       throw new RangeError(
         `Slot ${slot} does not exist: this engine has ${this.nSlots} slots (0..${this.nSlots - 1})`,
       );
     }
-    return m;
+    return slot;
+  }
+
+  #storageOf(layer: number, name: string): Storage {
+    const st = this.#storage.get(key(layer, name));
+    if (!st) throw new RangeError(`No state ${name} in layer ${layer}`);
+    return st;
+  }
+
+  #region(slot: number, st: Storage): StateBinding {
+    if ("pool" in st) {
+      const p = st.pool;
+      return { buffer: p.buffer, offset: slot * p.strideBytes, size: p.sizeBytes };
+    }
+    const b = st.perSlot[slot]!;
+    return { buffer: b, offset: 0, size: b.size };
   }
 
   #get(id: number): Snapshot {

@@ -16,7 +16,7 @@ import {
   silu,
   softplus,
 } from "../tests/ref/ops.ts";
-import { gdnDims, type GdnStepConstants } from "./gdn_step.ts";
+import { GDN_ONE_COLUMN, gdnDims, type GdnStepConstants } from "./gdn_step.ts";
 
 /** RMS eps and L2-norm floor of the test models. */
 export const EPS = 1e-6;
@@ -42,6 +42,7 @@ function model(name: string, nK: number, nV: number, d: number, tiled: boolean):
       BA_GROUPED: !tiled,
       A_OFF: 0,
       SPLIT: 1,
+      ...GDN_ONE_COLUMN,
     },
   };
 }
@@ -65,6 +66,7 @@ export const ODD_A: Model = {
     BA_GROUPED: true,
     A_OFF: 0,
     SPLIT: 1,
+    ...GDN_ONE_COLUMN,
   },
 };
 export const ODD_B: Model = {
@@ -80,6 +82,7 @@ export const ODD_B: Model = {
     BA_GROUPED: false,
     A_OFF: 0,
     SPLIT: 1,
+    ...GDN_ONE_COLUMN,
   },
 };
 

@@ -31,7 +31,21 @@ export type GdnStepConstants = {
    * ({@linkcode gdnStepNeedsNorm}). `gdn_chunk_prep` ignores it.
    */
   readonly SPLIT: number;
+  /**
+   * Words between columns' params (a batched step's table: column c's [pos0, n, slot] at word c·P_COL); 0 for
+   * one column, whose params are [pos0, n] and whose slot is 0. The strides below are 0 for one column too.
+   */
+  readonly P_COL: number;
+  /** Words between columns of b and a (the batched in-projection's padded columns). */
+  readonly BA_COL: number;
+  /** Words between slots in the conv ring binding (a pool of every slot's ring). */
+  readonly RING_COL: number;
+  /** Words between slots in the state binding (a pool of every slot's state), a multiple of 4. */
+  readonly STATE_COL: number;
 };
+
+/** The column constants of a dispatch of one column (its own params, its slot's own state bindings). */
+export const GDN_ONE_COLUMN = { P_COL: 0, BA_COL: 0, RING_COL: 0, STATE_COL: 0 } as const;
 
 /** Kernel spec of `gdn_step`. */
 export const GDN_STEP: KernelSpec = {
@@ -49,6 +63,10 @@ export const GDN_STEP: KernelSpec = {
     BA_GROUPED: "bool",
     A_OFF: "u32",
     SPLIT: "u32",
+    P_COL: "u32",
+    BA_COL: "u32",
+    RING_COL: "u32",
+    STATE_COL: "u32",
   },
 };
 
@@ -156,34 +174,72 @@ export function checkGdnConstants(c: GdnStepConstants): void {
   if (!Number.isInteger(c.A_OFF) || c.A_OFF < 0 || (c.BA_GROUPED && c.A_OFF !== 0)) {
     throw new RangeError(`gdn_step: A_OFF=${c.A_OFF} must be a non-negative integer, and 0 when BA_GROUPED`);
   }
+  const d = gdnDims(c);
+  const ba = (c.BA_GROUPED ? 2 * c.N_V : c.N_V) + c.A_OFF;
+  const cols: Array<[string, number, number]> = [
+    ["P_COL", c.P_COL, 3],
+    ["BA_COL", c.BA_COL, ba],
+    ["RING_COL", c.RING_COL, d.convRing],
+    ["STATE_COL", c.STATE_COL, d.state],
+  ];
+  for (const [name, v, min] of cols) {
+    if (!Number.isInteger(v) || v < 0 || (v > 0 && v < min)) {
+      throw new RangeError(
+        `gdn_step: ${name}=${v} must be 0 (one column) or a stride of at least ${min} words (one column's data)`,
+      );
+    }
+  }
+  if (c.STATE_COL % 4 !== 0) {
+    throw new RangeError(`gdn_step: STATE_COL=${c.STATE_COL} is not a multiple of 4`);
+  }
 }
 
 /**
- * Checks constants and every binding's size for dispatches of up to `maxTokens` tokens.
+ * Checks constants and every binding's size for dispatches of up to `maxTokens` tokens in each of `cols`
+ * columns (default 1; several need n = 1 and the column strides) whose table names slots below `slots`
+ * (default 1).
  * @throws {RangeError} naming the binding, its bytes, the bytes it needs and its `ne`
  */
 export function checkGdnStep(
   c: GdnStepConstants,
-  opts: { bindings: GdnStepBindings; maxTokens: number },
+  opts: { bindings: GdnStepBindings; maxTokens: number; cols?: number; slots?: number },
 ): void {
   checkGdnConstants(c);
   const n = opts.maxTokens;
   if (!Number.isInteger(n) || n < 1) throw new RangeError(`gdn_step: maxTokens must be >= 1, got ${n}`);
+  const cols = opts.cols ?? 1;
+  const slots = opts.slots ?? 1;
+  if (!Number.isInteger(cols) || cols < 1 || cols > 65535 || !Number.isInteger(slots) || slots < 1) {
+    throw new RangeError(`gdn_step: cols (${cols}) and slots (${slots}) must be positive integers`);
+  }
+  if (cols > 1 && (n !== 1 || c.P_COL === 0 || c.BA_COL === 0)) {
+    throw new RangeError(
+      `gdn_step: ${cols} columns need one token each (got maxTokens ${n}) and P_COL, BA_COL strides ` +
+        `(got ${c.P_COL}, ${c.BA_COL})`,
+    );
+  }
+  if (slots > 1 && (c.P_COL === 0 || c.RING_COL === 0 || c.STATE_COL === 0)) {
+    throw new RangeError(`gdn_step: ${slots} slots need P_COL, RING_COL and STATE_COL strides`);
+  }
   const d = gdnDims(c);
   const ba = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+  const nc = n * cols;
   const need: Record<(typeof GDN_STEP_BINDINGS)[number], [number, string]> = {
-    params: [GDN_PARAMS_WORDS, "u32 ne=[2]"],
-    xQkv: [d.convCh * n, `ne=[${d.convCh}, ${n}]`],
-    z: [d.inner * n, `ne=[${d.inner}, ${n}]`],
-    b: [ba * n, `ne=[${ba}, ${n}]`],
-    a: [ba * n + c.A_OFF, `ne=[${ba}, ${n}] from word ${c.A_OFF}`],
+    params: c.P_COL > 0 ? [(cols - 1) * c.P_COL + 3, `u32 [pos0, n, slot] per ${c.P_COL} words`] : [
+      GDN_PARAMS_WORDS,
+      "u32 ne=[2]",
+    ],
+    xQkv: [d.convCh * nc, `ne=[${d.convCh}, ${nc}]`],
+    z: [d.inner * nc, `ne=[${d.inner}, ${nc}]`],
+    b: [(cols - 1) * c.BA_COL + ba * n, `ne=[${ba}, ${n}] per column`],
+    a: [(cols - 1) * c.BA_COL + ba * n + c.A_OFF, `ne=[${ba}, ${n}] from word ${c.A_OFF} per column`],
     convW: [c.K_CONV * d.convCh, `ne=[${c.K_CONV}, ${d.convCh}]`],
     dtBias: [c.N_V, `ne=[${c.N_V}]`],
     ssmA: [c.N_V, `ne=[${c.N_V}]`],
     normW: [c.D_V, `ne=[${c.D_V}]`],
-    convRing: [d.convRing, `ne=[${d.convCh}, ${c.K_CONV}]`],
-    state: [d.state, `ne=[${c.D_K}, ${c.D_V}, ${c.N_V}]`],
-    y: [d.inner * n, `ne=[${d.inner}, ${n}]`],
+    convRing: [(slots - 1) * c.RING_COL + d.convRing, `ne=[${d.convCh}, ${c.K_CONV}] per slot`],
+    state: [(slots - 1) * c.STATE_COL + d.state, `ne=[${c.D_K}, ${c.D_V}, ${c.N_V}] per slot`],
+    y: [d.inner * nc, `ne=[${d.inner}, ${nc}]`],
   };
   for (const name of GDN_STEP_BINDINGS) {
     const [words, ne] = need[name];
@@ -191,15 +247,15 @@ export function checkGdnStep(
     if (got < words * 4) {
       throw new RangeError(
         `gdn_step binding ${name} has ${got} bytes but needs ${words * 4} (${ne}, 4-byte elements): ` +
-          `allocate it for ${n} token(s)`,
+          `allocate it for ${n} token(s) in ${cols} column(s) of ${slots} slot(s)`,
       );
     }
   }
 }
 
-/** Dispatch grid of `gdn_step`: SPLIT workgroups per v-head. */
-export function gdnStepGrid(c: GdnStepConstants): [number, number, number] {
-  return [c.N_V, c.SPLIT, 1];
+/** Dispatch grid of `gdn_step`: SPLIT workgroups per v-head, in each of `cols` columns (default 1). */
+export function gdnStepGrid(c: GdnStepConstants, cols = 1): [number, number, number] {
+  return [c.N_V, c.SPLIT, cols];
 }
 
 /** Whether `gdn_chunk_norm` must follow the dispatch (SPLIT > 1: y holds o before the gated norm). */
@@ -209,7 +265,8 @@ export function gdnStepNeedsNorm(c: GdnStepConstants): boolean {
 
 /**
  * Records one `gdn_step` dispatch into a caller-supplied compute pass. The token count and position come from
- * the params buffer (GPU-side); `maxTokens` is what the bindings were sized for. When the params may say
+ * the params buffer (GPU-side); `maxTokens` is what the bindings were sized for; `cols` columns (a batched
+ * step) take their slots from the params table. When the params may say
  * n > 1, record `encodeGdnConvRing` right after it in the same pass.
  * @throws {RangeError} from {@linkcode checkGdnStep}, before anything is recorded
  */
@@ -221,11 +278,13 @@ export function encodeGdnStep(
     constants: GdnStepConstants;
     bindings: GdnStepBindings;
     maxTokens: number;
+    cols?: number;
+    slots?: number;
   },
 ): void {
   checkGdnStep(opts.constants, opts);
   const group = bindGroup(opts.device, opts.pipeline, GDN_STEP_BINDINGS.map((k) => opts.bindings[k]));
   pass.setPipeline(opts.pipeline);
   pass.setBindGroup(0, group);
-  pass.dispatchWorkgroups(...gdnStepGrid(opts.constants));
+  pass.dispatchWorkgroups(...gdnStepGrid(opts.constants, opts.cols));
 }

@@ -1,6 +1,12 @@
 // gdn_step: n tokens of one gated DeltaNet layer (spec qwen3next.md §8.2-§8.5, §8.7), one sequence, in order:
 //   per v-head h and token t:  ô_h,t = RMSNorm(o_h,t, ssm_norm) ⊙ silu(z_h,t)  with o from the recurrence §8.5
 // Decode is n = 1; prefill is the same code over n tokens, so a prefill of n equals n decode steps bit for bit.
+// Columns (grid z): a batched decode step runs one token of each of several sequences in one dispatch; column c
+// runs exactly the code of a dispatch of its own, on its own slices of every binding (so its bits are a solo
+// step's). Its params are words c·P_COL.. of params: [pos0, n, slot] (P_COL = 0: one column, [pos0, n], slot 0);
+// its x_qkv, z and y start at token c (columns lie as the tokens of a chunk: n must be 1 when there are several),
+// its b and a at word c·BA_COL, its conv ring at word slot·RING_COL and its state at word slot·STATE_COL of
+// the pooled state buffers (all slots of the layer, 256-byte strides).
 //
 // Bindings (f32 unless noted; ne innermost first; t = token of this dispatch, 0 <= t < n):
 //   0 params    u32 ne=[2]: [pos0 (position of token 0), n (token count, >= 1)]
@@ -26,10 +32,11 @@
 //   to y, and gdn_chunk_norm must run after this dispatch);
 //   A_OFF: u32 (not BA_GROUPED: a[h] of token t at word t·N_V + h + A_OFF of its binding; 0 for a buffer of its own,
 //   N_V for a decode whose a follows b in one buffer bound twice; 0 when BA_GROUPED).
-// Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % (16·SPLIT) == 0, D_V <= 128 (workgroup storage, ~21 KiB at
+//   P_COL, BA_COL, RING_COL, STATE_COL: u32 (column strides above, in words; all 0 for one column).
+// Limits: STATE_COL % 4 == 0; N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % (16·SPLIT) == 0, D_V <= 128 (workgroup storage, ~21 KiB at
 // D_K = D_V = 128, stays under lavapipe's 32 KiB); K_CONV >= 1.
 //
-// Grid (N_V, SPLIT, 1): workgroup (h, s) owns columns s·D_V/SPLIT.. of v-head h's state for all n tokens (a
+// Grid (N_V, SPLIT, columns): workgroup (h, s, c) owns, in column c, columns s·D_V/SPLIT.. of v-head h's state for all n tokens (a
 // column's recurrence needs no other column; only the gated norm spans the head, hence gdn_chunk_norm after
 // a split step). With SPLIT = 1 the norm runs here. It computes the conv + SiLU of its key head's 2·D_K q/k
 // channels (repeated by the r workgroups sharing κ(h); the one with h mod r == 0, or h < N_K when tiled, and
@@ -103,8 +110,19 @@ fn wg_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let h = wid.x;
   let j0 = wid.y * COLS; // first column of this workgroup
-  let pos0 = params[0];
-  let n = params[1];
+  let col = wid.z;
+  let pos0 = params[col * P_COL];
+  let n = params[col * P_COL + 1u];
+  var slot = 0u;
+  if (P_COL > 0u) {
+    slot = params[col * P_COL + 2u];
+  }
+  // Column c's slices: inputs and y from token c, b and a from column c, conv ring and state from the slot's.
+  let xb = col * C_CH;
+  let yb = col * Y_W;
+  let bab = col * BA_COL;
+  let rb = slot * RING_COL;
+  let sb = slot * (STATE_COL / 4u);
   var g = h / R;
   var qk_writer = h % R == 0u;
   if (KAPPA_TILED) {
@@ -121,7 +139,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // Loads that do not depend on each other, issued together: state, conv taps and window, token 0's inputs.
   var st: array<vec4<f32>, NJ * M4>;
   for (var c = 0u; c < NJ; c++) {
-    let row = (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
+    let row = sb + (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
     for (var m = 0u; m < M4; m++) {
       st[c * M4 + m] = state[row + LANES * m];
     }
@@ -140,18 +158,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
       // tap k < K-1 of token 0 is position pos0 - (K-1) + k, in ring slot (pos0 + k + 1) mod K
       for (var k = 0u; k + 1u < K_CONV; k++) {
-        win[i * K_CONV + k] = conv_ring[((pos0 + k + 1u) % K_CONV) * C_CH + ch];
+        win[i * K_CONV + k] = conv_ring[rb + ((pos0 + k + 1u) % K_CONV) * C_CH + ch];
       }
-      xn[i] = x_qkv[ch];
+      xn[i] = x_qkv[xb + ch];
     }
   }
   let dtb = dt_bias[h];
   let sa = ssm_a[h];
   let jo = min(lid, D_V - 1u); // invocations past D_V load a valid element and never use it
   let nw = norm_w[jo];
-  var bn = b[gdn_ba_index(0u, h)];
-  var an = a[gdn_ba_index(0u, h) + a_off];
-  var zn = z[h * D_V + jo];
+  var bn = b[bab + gdn_ba_index(0u, h)];
+  var an = a[bab + gdn_ba_index(0u, h) + a_off];
+  var zn = z[yb + h * D_V + jo];
 
   for (var t = 0u; t < n; t++) {
     let p = pos0 + t;
@@ -162,12 +180,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (t + 1u < n) {
       for (var i = 0u; i < NCH; i++) {
         if (lid + WG * i < LOC_CH) {
-          xn[i] = x_qkv[(t + 1u) * C_CH + chs[i]];
+          xn[i] = x_qkv[xb + (t + 1u) * C_CH + chs[i]];
         }
       }
-      bn = b[gdn_ba_index(t + 1u, h)];
-      an = a[gdn_ba_index(t + 1u, h) + a_off];
-      zn = z[(t + 1u) * Y_W + h * D_V + jo];
+      bn = b[bab + gdn_ba_index(t + 1u, h)];
+      an = a[bab + gdn_ba_index(t + 1u, h) + a_off];
+      zn = z[yb + (t + 1u) * Y_W + h * D_V + jo];
     }
 
     // §8.3 conv + SiLU; the window then slides by one token
@@ -194,7 +212,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
           vs[lc - 2u * D_K] = yv;
         }
         if (n == 1u && (lc >= 2u * D_K || qk_writer) && j0 == 0u) {
-          conv_ring[(p % K_CONV) * C_CH + chs[i]] = xc[i];
+          conv_ring[rb + (p % K_CONV) * C_CH + chs[i]] = xc[i];
         }
       }
     }
@@ -244,13 +262,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let so = wg_sum(vec2<f32>(o * o, 0.0), lid);
       if (lid < D_V) {
         let inv_rms = 1.0 / sqrt(so.x / f32(D_V) + EPS);
-        y[t * Y_W + h * D_V + lid] = o * inv_rms * nw * (zc / (1.0 + exp(-zc)));
+        y[yb + t * Y_W + h * D_V + lid] = o * inv_rms * nw * (zc / (1.0 + exp(-zc)));
       }
     } else {
       // o as it is (gdn_chunk_norm applies §8.7 after this dispatch); the barrier publishes delta
       workgroupBarrier();
       if (lid < COLS) {
-        y[t * Y_W + h * D_V + j0 + lid] = o;
+        y[yb + t * Y_W + h * D_V + j0 + lid] = o;
       }
     }
     for (var c = 0u; c < NJ; c++) {
@@ -262,7 +280,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 
   for (var c = 0u; c < NJ; c++) {
-    let row = (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
+    let row = sb + (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
     for (var m = 0u; m < M4; m++) {
       state[row + LANES * m] = st[c * M4 + m];
     }

@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
 import { bindGroup, PipelineCache } from "./kernel.ts";
 import { assertClose, assertPoisoned } from "../tests/util/close.ts";
-import { POISON_F32, poisoned, testGpu, upload } from "../tests/util/gpu.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
 import {
+  checkGdnConstants,
   checkGdnStep,
   encodeGdnStep,
   GDN_STEP,
@@ -288,4 +289,198 @@ Deno.test("gdn_step: shape checks throw before encoding", async () => {
   assert.throws(() => packGdnParams(0, 0), /token count must be a positive integer/);
   assert.deepEqual([...packGdnParams(7, 3)], [7, 3]);
   bufs.forEach((b) => b.destroy());
+});
+
+/** A batched step's layout: `slots` per column, state pools of `nSlots` slots at 256-byte strides. */
+interface ColumnCase {
+  readonly m: Model;
+  readonly nSlots: number;
+  readonly slots: readonly number[];
+  readonly inps: readonly Inputs[];
+}
+
+/** Column inputs of one layer: fresh per column, the layer's weights shared (those of column 0). */
+function columnCase(rng: Rng, m: Model, nSlots: number, slots: readonly number[]): ColumnCase {
+  const inps: Inputs[] = [];
+  for (const [j] of slots.entries()) {
+    const fresh = j === 1;
+    const inp = makeInputs(rng, m, { nTokens: 1, pos0: fresh ? 0 : rng.int(0, 100_000), fresh });
+    const w = inps[0] ?? inp;
+    inps.push({ ...inp, convW: w.convW, dtBias: w.dtBias, ssmA: w.ssmA, normW: w.normW });
+  }
+  return { m, nSlots, slots, inps };
+}
+
+/**
+ * Records the batched dispatch of a column case (every column in one gdn_step, the slots' conv rings and
+ * states in pools whose other words hold random bits that must stay as they are) and each column's solo
+ * step (its own buffers, `record`); returns a checker for the read-back bytes.
+ */
+async function recordColumns(
+  device: GPUDevice,
+  cache: PipelineCache,
+  pass: GPUComputePassEncoder,
+  rng: Rng,
+  cc: ColumnCase,
+  owned: GPUBuffer[],
+): Promise<{ read: GPUBuffer[]; check: (bufs: ArrayBuffer[]) => void }> {
+  const { m, nSlots, slots, inps } = cc;
+  const nCol = slots.length;
+  const pad = (w: number) => Math.ceil(w / 64) * 64;
+  const d = gdnDims(m.c);
+  const K = m.c.K_CONV;
+  const baW = m.c.BA_GROUPED ? 2 * m.c.N_V : m.c.N_V;
+  const c = { ...m.c, P_COL: 64, BA_COL: pad(baW) + 64, RING_COL: pad(d.convRing), STATE_COL: pad(d.state) };
+  const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
+  const table = new Uint32Array(nCol * c.P_COL).fill(0xffffffff);
+  const x = new Float32Array(nCol * d.convCh);
+  const z = new Float32Array(nCol * d.inner);
+  const b = new Float32Array(nCol * c.BA_COL).fill(NaN);
+  const a = new Float32Array(nCol * c.BA_COL).fill(NaN);
+  // Pools: every word random bits, then each column's slot gets its ring (the slot of no live position
+  // poisoned, as uploadLayer does) and state.
+  const rand = (n: number) => new Uint32Array(n).map(() => rng.u32());
+  const ring0 = rand(c.RING_COL * (nSlots - 1) + d.convRing + GUARD_WORDS);
+  const st0 = rand(c.STATE_COL * (nSlots - 1) + d.state + GUARD_WORDS);
+  for (const [j, slot] of slots.entries()) {
+    const inp = inps[j]!;
+    table.set([inp.pos0, 1, slot], j * c.P_COL);
+    x.set(inp.x, j * d.convCh);
+    z.set(inp.z, j * d.inner);
+    b.set(inp.b, j * c.BA_COL);
+    a.set(inp.a, j * c.BA_COL);
+    const ring = new Float32Array(ring0.buffer, slot * c.RING_COL * 4, d.convRing);
+    new Uint32Array(ring.buffer, ring.byteOffset, d.convRing).fill(POISON_F32);
+    for (let k = 0; k < K - 1; k++) {
+      const rs = (inp.pos0 - (K - 1) + k + K * 4) % K;
+      ring.set(inp.hist.subarray(k * d.convCh, (k + 1) * d.convCh), rs * d.convCh);
+    }
+    new Float32Array(st0.buffer, slot * c.STATE_COL * 4, d.state).set(inp.s0);
+  }
+  const w = inps[0]!;
+  const ringBuf = mk(upload(device, ring0, "conv_ring pool"));
+  const stateBuf = mk(upload(device, st0, "state pool"));
+  const yBuf = mk(poisoned(device, nCol * d.inner, POISON_F32, "y"));
+  const bBuf = mk(upload(device, b));
+  const bindings: GdnStepBindings = {
+    params: mk(upload(device, table, "column table")),
+    xQkv: mk(upload(device, x)),
+    z: mk(upload(device, z)),
+    b: bBuf,
+    a: m.c.BA_GROUPED ? bBuf : mk(upload(device, a)),
+    convW: mk(upload(device, w.convW)),
+    dtBias: mk(upload(device, w.dtBias)),
+    ssmA: mk(upload(device, w.ssmA)),
+    normW: mk(upload(device, w.normW)),
+    convRing: { buffer: ringBuf, size: ring0.byteLength - GUARD_WORDS * 4 },
+    state: { buffer: stateBuf, size: st0.byteLength - GUARD_WORDS * 4 },
+    y: { buffer: yBuf, size: nCol * d.inner * 4 },
+  };
+  encodeGdnStep(pass, {
+    device,
+    pipeline: await cache.get(GDN_STEP, c),
+    constants: c,
+    bindings,
+    maxTokens: 1,
+    cols: nCol,
+    slots: nSlots,
+  });
+  if (gdnStepNeedsNorm(c)) {
+    const normPipe = await cache.get(GDN_CHUNK_NORM, { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS });
+    const nb = { ...bindings, params: mk(upload(device, Uint32Array.of(0, nCol))) };
+    pass.setPipeline(normPipe);
+    pass.setBindGroup(0, bindGroup(device, normPipe, GDN_CHUNK_NORM_BINDINGS.map((k) => nb[k])));
+    pass.dispatchWorkgroups(c.N_V, nCol);
+  }
+  const solo: Awaited<ReturnType<typeof record>>[] = [];
+  for (const inp of inps) solo.push(await record(device, cache, pass, inp, [1], owned));
+  const check = (bufs: ArrayBuffer[]) => {
+    const [yb, rb, sb] = bufs;
+    const what = `${m.name} columns at slots [${slots}] of ${nSlots}, positions [${inps.map((i) => i.pos0)}]`;
+    assertPoisoned(new Uint32Array(yb!).subarray(nCol * d.inner), POISON_F32, `${what}: y`);
+    const ringW = new Uint32Array(rb!);
+    const stW = new Uint32Array(sb!);
+    // Words outside the columns' regions (other slots, padding between regions, guard) keep their bits.
+    const mine = (at: number, stride: number, size: number) =>
+      slots.some((s) => at >= s * stride && at < s * stride + size);
+    for (let i = 0; i < ringW.length; i++) {
+      if (!mine(i, c.RING_COL, d.convRing) && ringW[i] !== ring0[i]) {
+        throw new Error(
+          `${what} (seed ${rng.seed}): conv ring pool word ${i} outside the columns' rings changed`,
+        );
+      }
+    }
+    for (let i = 0; i < stW.length; i++) {
+      if (!mine(i, c.STATE_COL, d.state) && stW[i] !== st0[i]) {
+        throw new Error(
+          `${what} (seed ${rng.seed}): state pool word ${i} outside the columns' states changed`,
+        );
+      }
+    }
+    let at = 3;
+    for (const [j, slot] of slots.entries()) {
+      const inp = inps[j]!;
+      const rf = new Float32Array(rb!, slot * c.RING_COL * 4, d.convRing);
+      const end = inp.pos0 + 1;
+      const hist = new Float32Array(d.convCh * (K - 1));
+      for (let k = 0; k < K - 1; k++) {
+        const rs = (end - (K - 1) + k) % K;
+        hist.set(rf.subarray(rs * d.convCh, (rs + 1) * d.convCh), k * d.convCh);
+      }
+      const got: Result = {
+        y: new Float32Array(yb!, j * d.inner * 4, d.inner),
+        state: new Float32Array(sb!, slot * c.STATE_COL * 4, d.state),
+        hist,
+      };
+      checkAgainstRef(got, inp, [1], rng.seed);
+      const n = solo[j]!.read.length;
+      assertSame(
+        got,
+        solo[j]!.decode(bufs.slice(at, at + n)),
+        `${what}: column ${j} vs its solo step`,
+        rng.seed,
+      );
+      at += n;
+    }
+  };
+  return { read: [yBuf, ringBuf, stateBuf, ...solo.flatMap((s) => s.read)], check };
+}
+
+Deno.test("gdn_step columns: one dispatch over columns at other slots and positions = reference = solo bits, other slots untouched", async () => {
+  const rng = new Rng();
+  const split = (m: Model, s: number): Model => ({ name: `${m.name}, SPLIT ${s}`, c: { ...m.c, SPLIT: s } });
+  const cases = [
+    columnCase(rng, TINY_35, 4, [2, 0, 3]),
+    columnCase(rng, split(TINY_NEXT, 8), 5, [4, 1]),
+    columnCase(rng, split(ODD_B, 3), 3, [1, 2, 0]),
+    columnCase(rng, ODD_A, 2, [1]),
+  ];
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const owned: GPUBuffer[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const recs = [];
+  for (const cc of cases) recs.push(await recordColumns(device, cache, pass, rng, cc, owned));
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const bufs = await readAll(device, recs.flatMap((r) => r.read));
+  let at = 0;
+  for (const r of recs) {
+    r.check(bufs.slice(at, at + r.read.length));
+    at += r.read.length;
+  }
+  owned.forEach((b) => b.destroy());
+});
+
+Deno.test("gdn_step columns: shape checks", () => {
+  const c = { ...TINY_35.c, P_COL: 64, BA_COL: 64, RING_COL: 4096, STATE_COL: 0 };
+  assert.throws(
+    () => checkGdnConstants({ ...c, RING_COL: 8 }),
+    /RING_COL=8 must be 0 \(one column\) or a stride/,
+  );
+  assert.throws(
+    () => checkGdnConstants({ ...c, STATE_COL: 4 * gdnDims(c).state + 2 }),
+    /STATE_COL=.* multiple of 4/,
+  );
 });

@@ -78,8 +78,8 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
     // Per slot: its column of q/k/v, its KV cache and position.
     const nQ = hp.nHead * hp.headDim;
     for (const [b, slot] of cx.batch.slots.entries()) {
-      const kCache = cx.states.buffer(slot, l, "k_cache");
-      const vCache = cx.states.buffer(slot, l, "v_cache");
+      const kCache = cx.states.binding(slot, l, "k_cache");
+      const vCache = cx.states.binding(slot, l, "v_cache");
       const qfB = sub(A.qf!, b * nQf, nQf);
       const qB = sub(A.q!, b * nQ, nQ);
       const pos = cx.batch.pos[b]!;
@@ -102,8 +102,8 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
       });
     }
   } else {
-    const kCache = cx.states.buffer(cx.slot, l, "k_cache");
-    const vCache = cx.states.buffer(cx.slot, l, "v_cache");
+    const kCache = cx.states.binding(cx.slot, l, "k_cache");
+    const vCache = cx.states.binding(cx.slot, l, "v_cache");
     await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, n, {
       params: cx.pos,
       qf,
@@ -159,8 +159,8 @@ export async function qkRope(
     k: Binding;
     v: Binding;
     qOut: Binding;
-    kCache: GPUBuffer;
-    vCache: GPUBuffer;
+    kCache: Binding;
+    vCache: Binding;
   },
 ) {
   const hp = g.hp;
@@ -200,7 +200,7 @@ export async function attnDecode(
   label: string,
   suffix: string,
   cx: BuildContext,
-  x: { pos: Binding; q: Binding; kCache: GPUBuffer; vCache: GPUBuffer; qf: Binding; o: Binding },
+  x: { pos: Binding; q: Binding; kCache: Binding; vCache: Binding; qf: Binding; o: Binding },
 ) {
   const hp = g.hp;
   const A = cx.act;

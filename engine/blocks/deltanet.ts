@@ -6,6 +6,7 @@
  */
 import type { Binding } from "../../wgsl/kernel.ts";
 import {
+  BATCH_TABLE_WORDS,
   type BuildContext,
   GraphBuilder,
   type LayerWeights,
@@ -78,31 +79,7 @@ export async function deltaNet(
   const baStride = cx.batch ? padWords(c0.BA_GROUPED ? 2 * nV : nV) : undefined;
   const c: GdnStepConstants = { ...c0, A_OFF: aOff };
   if (cx.batch) {
-    const nBa = c0.BA_GROUPED ? 2 * nV : nV;
-    for (const [col, slot] of cx.batch.slots.entries()) {
-      const bindings = {
-        params: cx.batch.pos[col]!,
-        xQkv: sub(A.xqkv!, col * d.convCh, d.convCh),
-        z: sub(A.z!, col * d.inner, d.inner),
-        b: sub(A.ba!, col * baStride!, nBa),
-        a: c0.BA_GROUPED ? sub(A.ba!, col * baStride!, nBa) : sub(A.alpha!, col * baStride!, nV),
-        convW: part0(lw.t("ssm_conv1d")),
-        dtBias: part0(lw.t("ssm_dt")),
-        ssmA: part0(lw.t("ssm_a")),
-        normW: part0(lw.t("ssm_norm")),
-        convRing: cx.states.buffer(slot, l, "conv"),
-        state: cx.states.buffer(slot, l, "ssm"),
-        y: sub(A.y!, col * d.inner, d.inner),
-      };
-      checkGdnStep(c, { bindings, maxTokens: 1 });
-      await g.push(
-        `L${l}.gdn_step.${col}`,
-        GDN_STEP,
-        c,
-        GDN_STEP_BINDINGS.map((k) => bindings[k]),
-        gdnStepGrid(c),
-      );
-    }
+    await batchedStep(g, cx, l, lw, c, baStride!);
     // A split step leaves o in y: one gated norm over every column (column t of y and z at t·N_V·D_V, the
     // layout gdn_chunk_norm reads for n tokens; each (head, column) alone, so the bits equal per-slot norms).
     const nCol = cx.batch.slots.length;
@@ -115,8 +92,8 @@ export async function deltaNet(
     await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
     return;
   }
-  const convRing = cx.states.buffer(cx.slot, l, "conv");
-  const state = cx.states.buffer(cx.slot, l, "ssm");
+  const convRing = cx.states.binding(cx.slot, l, "conv");
+  const state = cx.states.binding(cx.slot, l, "ssm");
   const bindings = {
     params: cx.pos,
     xQkv,
@@ -162,6 +139,86 @@ export async function deltaNet(
     );
   }
   await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
+}
+
+/**
+ * gdn_step of a batched decode step: one dispatch over every column (grid z), each on its slot's conv ring
+ * and state in the layer's pools (slot and position from the column table); one dispatch per slot where a
+ * state is not pooled. Either way a column runs the solo step's code, so its bits are the solo step's.
+ */
+async function batchedStep(
+  g: GraphBuilder,
+  cx: BuildContext,
+  l: number,
+  lw: LayerWeights,
+  c: GdnStepConstants,
+  baStride: number,
+) {
+  const A = cx.act;
+  const batch = cx.batch!;
+  const d = gdnDims(c);
+  const nV = c.N_V;
+  const nBa = c.BA_GROUPED ? 2 * nV : nV;
+  const nCol = batch.slots.length;
+  const weights = {
+    convW: part0(lw.t("ssm_conv1d")),
+    dtBias: part0(lw.t("ssm_dt")),
+    ssmA: part0(lw.t("ssm_a")),
+    normW: part0(lw.t("ssm_norm")),
+  };
+  const ring = cx.states.pool(l, "conv");
+  const ssm = cx.states.pool(l, "ssm");
+  if (ring && ssm) {
+    const cc: GdnStepConstants = {
+      ...c,
+      P_COL: BATCH_TABLE_WORDS,
+      BA_COL: baStride,
+      RING_COL: ring.strideBytes / 4,
+      STATE_COL: ssm.strideBytes / 4,
+    };
+    const slots = cx.states.nSlots;
+    const bindings = {
+      params: batch.table,
+      xQkv: sub(A.xqkv!, 0, nCol * d.convCh),
+      z: sub(A.z!, 0, nCol * d.inner),
+      b: sub(A.ba!, 0, nCol * baStride),
+      a: c.BA_GROUPED ? sub(A.ba!, 0, nCol * baStride) : sub(A.alpha!, 0, nCol * baStride),
+      ...weights,
+      convRing: ring.buffer,
+      state: ssm.buffer,
+      y: sub(A.y!, 0, nCol * d.inner),
+    };
+    checkGdnStep(cc, { bindings, maxTokens: 1, cols: nCol, slots });
+    await g.push(
+      `L${l}.gdn_step`,
+      GDN_STEP,
+      cc,
+      GDN_STEP_BINDINGS.map((k) => bindings[k]),
+      gdnStepGrid(cc, nCol),
+    );
+    return;
+  }
+  for (const [col, slot] of batch.slots.entries()) {
+    const bindings = {
+      params: batch.pos[col]!,
+      xQkv: sub(A.xqkv!, col * d.convCh, d.convCh),
+      z: sub(A.z!, col * d.inner, d.inner),
+      b: sub(A.ba!, col * baStride, nBa),
+      a: c.BA_GROUPED ? sub(A.ba!, col * baStride, nBa) : sub(A.alpha!, col * baStride, nV),
+      ...weights,
+      convRing: cx.states.binding(slot, l, "conv"),
+      state: cx.states.binding(slot, l, "ssm"),
+      y: sub(A.y!, col * d.inner, d.inner),
+    };
+    checkGdnStep(c, { bindings, maxTokens: 1 });
+    await g.push(
+      `L${l}.gdn_step.${col}`,
+      GDN_STEP,
+      c,
+      GDN_STEP_BINDINGS.map((k) => bindings[k]),
+      gdnStepGrid(c),
+    );
+  }
 }
 
 /**

@@ -10,7 +10,7 @@ import type { StateSpec } from "../state.ts";
 import { assert } from "../errors.ts";
 import { MATVEC_MAX_COLS, padWords } from "../graph/builder.ts";
 import { ATTN_SPLITS } from "../blocks/attention.ts";
-import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
+import { GDN_ONE_COLUMN, gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 import { gdnChunkScratchBytes } from "../../wgsl/gdn_chunk.ts";
 
 /** Most slots one batched decode step takes (the mat-vec's column limit: one weight read for all). */
@@ -40,6 +40,7 @@ export function gdnConstants(hp: Hparams, layout: DeltaNetLayout | undefined): G
     BA_GROUPED: layout === "ssm_in" || layout === "qkv_ba",
     A_OFF: 0,
     SPLIT: gdnSplit(hp.ssmInner / hp.ssmDtRank),
+    ...GDN_ONE_COLUMN,
   };
 }
 

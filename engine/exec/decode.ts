@@ -22,7 +22,7 @@ import type { Hparams } from "../models/_arch.ts";
 import type { SlotStates } from "../state.ts";
 import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing } from "../gpu/readback.ts";
-import { encodeOps, type Op } from "../graph/builder.ts";
+import { BATCH_TABLE_WORDS, encodeOps, type Op } from "../graph/builder.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
 import { isGreedy, SAMPLE_HIST, sampleParamWords } from "../sampling.ts";
@@ -69,8 +69,8 @@ export interface DecodeBuffers {
   readonly unusedMask: Uint32Array<ArrayBuffer> | undefined;
   /** The solo graph of `n` tokens on `slot`. */
   graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<readonly Op[]>;
-  /** The batched decode step of `slots` and its per-slot position buffers. */
-  batchGraph(slots: readonly number[]): Promise<{ ops: readonly Op[]; pos: readonly GPUBuffer[] }>;
+  /** The batched decode step of `slots` and its column table (column b's [pos, 1] at word 64·b). */
+  batchGraph(slots: readonly number[]): Promise<{ ops: readonly Op[]; table: GPUBuffer }>;
   /** Sets the tokens `slot` holds after a generation. */
   setLength(slot: number, n: number): void;
   /** Throws on a slot that does not exist. */
@@ -477,14 +477,14 @@ export class DecodeDriver implements SlotDecoder {
       const n = Math.min(S, ...set.map((q) => q.steps - q.sched));
       // The set's graph: the batched one, or the slot's own decode step when one slot is left.
       let ops: readonly Op[];
-      let pos: readonly GPUBuffer[];
+      let pos: readonly { buffer: GPUBuffer; offset: number }[];
       const sels: Selector[] = [];
       const toks: GPUBuffer[] = [];
       if (set.length === 1) {
         const q = set[0]!;
         const dec = await this.#soloStep(q.slot, S, q.top, q.sampling);
         ops = dec.ops;
-        pos = [this.#b.posParams[q.slot]!];
+        pos = [{ buffer: this.#b.posParams[q.slot]!, offset: 0 }];
         sels.push(dec);
         toks.push(this.#b.tokens);
       } else {
@@ -497,7 +497,7 @@ export class DecodeDriver implements SlotDecoder {
           toks.push(this.#b.slotTok[q.slot]!);
         }
         ops = all;
-        pos = g.pos;
+        pos = set.map((_, b) => ({ buffer: g.table, offset: 4 * BATCH_TABLE_WORDS * b }));
       }
       const cbs: GPUCommandBuffer[] = [];
       const enc0 = device.createCommandEncoder();
@@ -532,7 +532,7 @@ export class DecodeDriver implements SlotDecoder {
         const enc = device.createCommandEncoder();
         for (const [b, q] of set.entries()) {
           const at = (j * set.length + b) * 16;
-          enc.copyBufferToBuffer(pb, at, pos[b]!, 0, 8);
+          enc.copyBufferToBuffer(pb, at, pos[b]!.buffer, pos[b]!.offset, 8);
           enc.copyBufferToBuffer(pb, at + 8, q.sel.argmaxParams, 0, 4);
         }
         const pass = enc.beginComputePass();

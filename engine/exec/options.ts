@@ -72,6 +72,12 @@ export interface StageOptions {
    * rounding decisions, so that a reference can check them and continue with the same ones.
    */
   readonly int8Log?: boolean;
+  /**
+   * Test and benchmark hook: the largest pool of one (layer, state) over every slot (`SlotStates`); a state
+   * whose pool would be larger keeps a buffer per slot, and batched steps dispatch per slot for it. Default:
+   * the device's storage binding limit (what it must be at most).
+   */
+  readonly maxStatePoolBytes?: number;
   /** Upload progress. */
   readonly onProgress?: (p: UploadProgress) => void;
   /** Where a note goes that the model fingerprint could not be cached beside the file (default `console.error`). */

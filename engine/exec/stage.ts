@@ -28,6 +28,7 @@ import { buildHybrid, type HybridModel } from "../models/_hybrid.ts";
 import { assert, GpuError } from "../errors.ts";
 import { unusedTokenMask } from "../sampling.ts";
 import {
+  BATCH_TABLE_WORDS,
   type BuildContext,
   encodeOps,
   GraphBuilder,
@@ -115,7 +116,7 @@ export class Stage {
   readonly #graphs = new Map<string, Op[]>();
   /** int8Log: the log buffer, each graph's entries, and the graph of the last run() chunk. */
   readonly #int8Log: { buffer: GPUBuffer; entries: Map<string, Int8LogEntry[]>; last?: string } | undefined;
-  readonly #batchGraphs = new Map<string, { ops: Op[]; pos: GPUBuffer[] }>();
+  readonly #batchGraphs = new Map<string, { ops: Op[]; table: GPUBuffer }>();
   /** Per slot: the id its batched steps embed (written by its selector). */
   readonly #slotTok: readonly GPUBuffer[];
   /** Small buffers the cached graphs and decoders own (params, rings, scratch): destroyed with the stage. */
@@ -144,6 +145,7 @@ export class Stage {
     tiedOutput: boolean;
     layouts: readonly (DeltaNetLayout | undefined)[];
     nSlots: number;
+    maxStatePoolBytes?: number;
     tokenTypes?: ArrayLike<number>;
     fingerprint: string;
   }) {
@@ -190,6 +192,7 @@ export class Stage {
     this.states = new SlotStates(gpu.device, {
       specs: stateSpecs(hp, init.layers, init.nCtx, init.graph.kvF16),
       nSlots: init.nSlots,
+      maxPoolBytes: init.maxStatePoolBytes,
     });
     const words = activationWords(hp, {
       maxChunk: this.maxChunk,
@@ -308,6 +311,7 @@ export class Stage {
       tiedOutput: check.tiedOutput,
       layouts: check.layouts,
       nSlots: opts.nSlots,
+      maxStatePoolBytes: opts.maxStatePoolBytes,
       fingerprint,
     });
   }
@@ -518,20 +522,21 @@ export class Stage {
     return cx;
   }
 
-  /** The dispatches of one batched decode step of `slots` and its per-slot position buffers (cached). */
-  async #batchGraph(slots: readonly number[]): Promise<{ ops: Op[]; pos: GPUBuffer[] }> {
+  /** The dispatches of one batched decode step of `slots` and its column table (cached). */
+  async #batchGraph(slots: readonly number[]): Promise<{ ops: Op[]; table: GPUBuffer }> {
     const key = slots.join(",");
     const hit = this.#batchGraphs.get(key);
     if (hit) return hit;
-    const pos = slots.map((s) => {
-      const b = this.#gpu.device.createBuffer({
-        label: `batch${key}.slot${s}.pos`,
-        size: 16,
-        usage: STORAGE,
-      });
-      this.#owned.push(b);
-      return b;
+    const table = this.#gpu.device.createBuffer({
+      label: `batch${key}.table`,
+      size: slots.length * BATCH_TABLE_WORDS * 4,
+      usage: STORAGE,
     });
+    this.#owned.push(table);
+    const words = new Uint32Array(slots.length * BATCH_TABLE_WORDS);
+    for (const [b, s] of slots.entries()) words.set([0, 1, s], b * BATCH_TABLE_WORDS);
+    this.#gpu.device.queue.writeBuffer(table, 0, words);
+    const pos = slots.map((_, b) => ({ buffer: table, offset: b * BATCH_TABLE_WORDS * 4, size: 16 }));
     const g = new GraphBuilder(
       this.#gpu.device,
       this.#cache,
@@ -540,9 +545,9 @@ export class Stage {
       this.#owned,
       this.#graphOptions,
     );
-    const batch = { slots, pos, tok: slots.map((s) => this.#slotTok[s]!) };
-    const ops = await buildHybrid(g, this.#context(slots[0]!, "all", pos[0]!, batch), this.#model);
-    const out = { ops, pos };
+    const batch = { slots, table, pos, tok: slots.map((s) => this.#slotTok[s]!) };
+    const ops = await buildHybrid(g, this.#context(slots[0]!, "all", table, batch), this.#model);
+    const out = { ops, table };
     this.#batchGraphs.set(key, out);
     return out;
   }

@@ -115,10 +115,19 @@ export interface BuildContext {
   readonly batch?: BatchSlots;
 }
 
+/** Words per column of a batched step's column table (256 bytes: a column's entry is a bindable sub-range). */
+export const BATCH_TABLE_WORDS = 64;
+
 /** The per-slot buffers of a batched decode graph (see {@linkcode BuildContext.batch}). */
 export interface BatchSlots {
   readonly slots: readonly number[];
-  readonly pos: readonly GPUBuffer[];
+  /**
+   * The column table: column b's [pos, 1, slot] at word b·{@linkcode BATCH_TABLE_WORDS} (pos written before
+   * each step, slot at creation). Kernels with a column dimension read it whole.
+   */
+  readonly table: GPUBuffer;
+  /** Column b's params [pos, 1]: its entry of the table, for kernels dispatched per slot. */
+  readonly pos: readonly Binding[];
   readonly tok: readonly GPUBuffer[];
 }
 

@@ -7,7 +7,9 @@
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
- * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls).
+ * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
+ * `--state-pool-max-bytes N` StageOptions.maxStatePoolBytes (1: every slot state a buffer of its own, so the
+ * batched step runs gdn_step and attn_qk_rope per slot as before the pools).
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -40,6 +42,7 @@ const { values: args } = parseArgs({
     "fuse-route": { type: "boolean", default: false },
     "per-column": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
+    "state-pool-max-bytes": { type: "string" },
   },
 });
 
@@ -67,6 +70,9 @@ const nNew = Number(args.n);
 const nPrefill = Number(args.prefill);
 const maxChunk = Number(args.chunk);
 const batchSizes = args.slots ? args.slots.split(",").map(Number) : [];
+const statePoolMax = args["state-pool-max-bytes"] === undefined
+  ? undefined
+  : Number(args["state-pool-max-bytes"]);
 const tuning = (v: string | undefined) => {
   if (!v) return undefined;
   const [team, rows] = v.split(",").map(Number);
@@ -86,6 +92,7 @@ const stage = await Stage.load(gpu, file, {
   groupedExperts: !args["per-column"],
   int8Activations: args.int8,
   normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
+  maxStatePoolBytes: statePoolMax,
 });
 emit("load", {
   path,
@@ -96,6 +103,7 @@ emit("load", {
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
   int8Activations: args.int8,
+  maxStatePoolBytes: statePoolMax ?? null,
 });
 const hp = stage.hp;
 
@@ -206,7 +214,8 @@ async function profile(
     read.unmap();
     if (rep === 0) continue;
     ops.forEach((op, i) => {
-      const kernel = op.label.replace(/^L\d+\./, "").replace(
+      // Per-slot dispatches of a batched step (`gdn_step.3`) count under their kernel.
+      const kernel = op.label.replace(/^L\d+\./, "").replace(/\.\d+$/, "").replace(
         /^(attn_q|attn_k|attn_v|attn_qkv|attn_gate|ssm_beta|ssm_alpha|ssm_ba|ssm_in\.\w+)$/,
         "in_proj:$1",
       );
@@ -329,6 +338,7 @@ for (const B of batchSizes) {
   const bops = await stage.batchGraph(slots);
   emit("decode_batched", {
     slots: B,
+    maxStatePoolBytes: statePoolMax ?? null,
     newTokensPerSlot: rs[0]!.tokens.length,
     tokPerSecond: ids / ((tDone - tStart) / 1000),
     msPerStep: (tDone - tStart) / (ids / B),

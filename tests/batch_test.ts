@@ -19,17 +19,36 @@ import { fixturePath } from "./util/fixtures.ts";
 
 // int8: StageOptions.int8Activations, where a batched step quantizes each slot's column on its own (after the
 // norm's own dispatch) and a solo step quantizes with the norm in the prologue: the same bits either way.
+// perSlot: every state pool over StageOptions.maxStatePoolBytes, so each slot's states are buffers of their own
+// and the batched step runs gdn_step and attn_qk_rope per slot (the fallback for pools over the binding limit).
 for (
-  const [name, int8] of [["tiny-qwen35moe", false], ["tiny-qwen3next", false], [
-    "tiny-qwen3next",
-    true,
-  ]] as const
+  const [name, int8, perSlot] of [
+    ["tiny-qwen35moe", false, false],
+    ["tiny-qwen3next", false, false],
+    ["tiny-qwen3next", true, false],
+    ["tiny-qwen35moe", false, true],
+  ] as const
 ) {
-  Deno.test(`${name}${int8 ? " int8 activations" : ""}: four slots decoded together equal their solo runs (greedy, sampled, late stop, cancel)`, async () => {
+  const variant = `${int8 ? " int8 activations" : ""}${perSlot ? " states per slot" : ""}`;
+  Deno.test(`${name}${variant}: four slots decoded together equal their solo runs (greedy, sampled, late stop, cancel)`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
     using file = await openGguf(fixturePath(`${name}.q8_0.gguf`));
-    const stage = await Stage.load(gpu, file, { nCtx: 96, nSlots: 4, maxChunk: 8, int8Activations: int8 });
+    const stage = await Stage.load(gpu, file, {
+      nCtx: 96,
+      nSlots: 4,
+      maxChunk: 8,
+      int8Activations: int8,
+      maxStatePoolBytes: perSlot ? 4 : undefined,
+    });
+    // The batched step has one gdn_step and attn_qk_rope per layer, or one per slot.
+    const labels = (await stage.batchGraph([0, 1, 2])).map((op) => op.label);
+    const perLayer = perSlot ? 3 : 1;
+    for (const k of ["gdn_step", "attn_qk_rope"]) {
+      const n = labels.filter((x) => x.replace(/^L\d+\./, "").startsWith(k)).length;
+      const layers = new Set(labels.filter((x) => x.includes(`.${k}`)).map((x) => x.split(".")[0])).size;
+      assert.ok(layers > 0 && n === perLayer * layers, `${k}: ${n} dispatches over ${layers} layers`);
+    }
     try {
       assert.ok(stage.canBatch, "the tiny shape binds per-slot rows");
       const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(2, 13) }, () => rng.int(0, 1021)));

@@ -31,7 +31,8 @@ export const ATTN_COMBINE: KernelSpec = {
 
 /**
  * Binding order: params AttnParams (pos0 = the token's position); partO f32 ne=[D_H, H_Q, N_SPLIT];
- * partMl f32 ne=[2, H_Q, N_SPLIT]; qf f32 ne=[2*D_H, H_Q] (gates); o f32 ne=[D_H, H_Q].
+ * partMl f32 ne=[2, H_Q, N_SPLIT]; qf f32 ne=[2*D_H, H_Q] (gates); o f32 ne=[D_H, H_Q]; per column when
+ * there are several ({@linkcode attnCombineColumnWords}).
  */
 export const ATTN_COMBINE_BINDINGS = ["params", "partO", "partMl", "qf", "o"] as const;
 
@@ -56,35 +57,71 @@ export function checkAttnCombine(c: AttnCombineConstants): void {
 }
 
 /**
- * The bind group of one dispatch, after checking every buffer against its `ne`.
+ * The bind group of one dispatch, after checking every buffer against its `ne`: one column, or `cols` columns
+ * laid out as {@linkcode attnCombineColumnWords} says (params: a batched step's column table).
  * @throws {RangeError} when a constant is out of range or a buffer too small
  */
 export function attnCombineBindGroup(
   device: GPUDevice,
-  opts: { pipeline: GPUComputePipeline; constants: AttnCombineConstants; buffers: AttnCombineBuffers },
+  opts: {
+    pipeline: GPUComputePipeline;
+    constants: AttnCombineConstants;
+    buffers: AttnCombineBuffers;
+    cols?: number;
+  },
 ): GPUBindGroup {
   const { constants: c, buffers: b } = opts;
+  const cols = opts.cols ?? 1;
   checkAttnCombine(c);
+  checkInt("attn_combine: cols", cols, 1, 65535);
   const k = "attn_combine";
-  checkBinding(k, "params", b.params, [ATTN_PARAMS_WORDS]);
-  checkBinding(k, "partO", b.partO, [c.D_H, c.H_Q, c.N_SPLIT]);
-  checkBinding(k, "partMl", b.partMl, [2, c.H_Q, c.N_SPLIT]);
-  checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q]);
-  checkBinding(k, "o", b.o, [c.D_H, c.H_Q]);
+  const w = attnCombineColumnWords(c);
+  checkBinding(k, "params", b.params, [
+    cols > 1 ? (cols - 1) * w.params + ATTN_PARAMS_WORDS : ATTN_PARAMS_WORDS,
+  ]);
+  // One column: the shapes as such; several: the words up to the last column's end.
+  const many = (
+    words: number,
+    ne: number[],
+  ) => (cols > 1 ? [(cols - 1) * words + ne.reduce((a, x) => a * x)] : ne);
+  checkBinding(k, "partO", b.partO, many(w.partO, [c.D_H, c.H_Q, c.N_SPLIT]));
+  checkBinding(k, "partMl", b.partMl, many(w.partMl, [2, c.H_Q, c.N_SPLIT]));
+  checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, cols]);
+  checkBinding(k, "o", b.o, [c.D_H, c.H_Q, cols]);
   return bindGroup(device, opts.pipeline, ATTN_COMBINE_BINDINGS.map((name) => b[name]));
 }
 
-/** Dispatch grid: query heads by ceil(D_H / CD) dim slices. */
-export function attnCombineGrid(c: AttnCombineConstants): [number, number, number] {
-  return [c.H_Q, Math.ceil(c.D_H / c.CD), 1];
+/** Dispatch grid: query heads by ceil(D_H / CD) dim slices by `cols` columns (default 1). */
+export function attnCombineGrid(c: AttnCombineConstants, cols = 1): [number, number, number] {
+  return [c.H_Q, Math.ceil(c.D_H / c.CD), cols];
 }
 
-/** Records one `attn_combine` dispatch into `pass` (the bind group was checked when it was built). */
+/**
+ * Words between columns of a dispatch over several (a batched step): `params` in the column table (64, 256
+ * bytes), `partO` and `partMl` in the partials, each column's padded to 256 bytes; qf and o hold the columns
+ * as tokens.
+ */
+export function attnCombineColumnWords(
+  c: AttnCombineConstants,
+): { readonly params: number; readonly partO: number; readonly partMl: number } {
+  const pad = (w: number) => Math.ceil(w / 64) * 64;
+  return { params: 64, partO: pad(c.D_H * c.H_Q * c.N_SPLIT), partMl: pad(2 * c.H_Q * c.N_SPLIT) };
+}
+
+/**
+ * Records one `attn_combine` dispatch of `cols` columns (default 1) into `pass` (the bind group was checked
+ * when it was built).
+ */
 export function encodeAttnCombine(
   pass: GPUComputePassEncoder,
-  opts: { pipeline: GPUComputePipeline; bindGroup: GPUBindGroup; constants: AttnCombineConstants },
+  opts: {
+    pipeline: GPUComputePipeline;
+    bindGroup: GPUBindGroup;
+    constants: AttnCombineConstants;
+    cols?: number;
+  },
 ): void {
   pass.setPipeline(opts.pipeline);
   pass.setBindGroup(0, opts.bindGroup);
-  pass.dispatchWorkgroups(...attnCombineGrid(opts.constants));
+  pass.dispatchWorkgroups(...attnCombineGrid(opts.constants, opts.cols));
 }

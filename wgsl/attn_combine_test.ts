@@ -6,6 +6,7 @@ import { Rng } from "../tests/util/rng.ts";
 import {
   ATTN_COMBINE,
   attnCombineBindGroup,
+  attnCombineColumnWords,
   type AttnCombineConstants,
   encodeAttnCombine,
 } from "./attn_combine.ts";
@@ -123,4 +124,87 @@ Deno.test("attn_combine shape check throws before encoding", async () => {
     /binding partO holds 1024 bytes but ne=\[256, 16, 64\]/,
   );
   small.destroy();
+});
+
+Deno.test("attn_combine columns: one dispatch over columns at other positions = reference = solo bits", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: [AttnCombineConstants, number[]][] = [
+    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, TILE: 32, PER_MIN: 32, WG: 256, CD: 16 }, [40, 0, rng.int(0, 2047)]],
+    // Partials not a multiple of 64 words per column (padding between columns), D_H not a multiple of CD.
+    [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), [6, rng.int(0, 7)]],
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs = [];
+  for (const [c, positions] of cases) {
+    const nCol = positions.length;
+    const w = attnCombineColumnWords(c);
+    const nO = c.D_H * c.H_Q * c.N_SPLIT;
+    const nMl = 2 * c.H_Q * c.N_SPLIT;
+    // NaN everywhere a column must not read: unused splits, the padding between columns.
+    const partO = new Float32Array((nCol - 1) * w.partO + nO).fill(NaN);
+    const partMl = new Float32Array((nCol - 1) * w.partMl + nMl).fill(NaN);
+    const table = new Uint32Array(nCol * w.params).fill(0xffffffff);
+    const qf = rng.normals(2 * c.D_H * c.H_Q * nCol, 2);
+    const qfB = upload(device, qf);
+    const cols = positions.map((pos, j) => {
+      const { used } = attnDecodeSplits({ ...c, P_MAX: pos + 1 }, pos);
+      const o = partO.subarray(j * w.partO, j * w.partO + nO);
+      const ml = partMl.subarray(j * w.partMl, j * w.partMl + nMl);
+      for (let k = 0; k < used * c.H_Q; k++) {
+        ml[2 * k] = rng.normal() * 4;
+        ml[2 * k + 1] = 1 + rng.float() * 60;
+        o.set(rng.normals(c.D_H, 5), k * c.D_H);
+      }
+      table.set([pos, 1], j * w.params);
+      const qfj = qf.subarray(j * 2 * c.D_H * c.H_Q, (j + 1) * 2 * c.D_H * c.H_Q);
+      // The column alone: its own params and partials.
+      const sb = {
+        params: upload(device, packAttnParams(pos, 1)),
+        partO: upload(device, o),
+        partMl: upload(device, ml),
+        qf: upload(device, qfj),
+        o: poisoned(device, c.D_H * c.H_Q),
+      };
+      return { used, sb, ref: refCombine(o, ml, qfj, c, used) };
+    });
+    const b = {
+      params: upload(device, table),
+      partO: upload(device, partO),
+      partMl: upload(device, partMl),
+      qf: qfB,
+      o: poisoned(device, c.D_H * c.H_Q * nCol),
+    };
+    const pipeline = await cache.get(ATTN_COMBINE, c);
+    const bg = attnCombineBindGroup(device, { pipeline, constants: c, buffers: b, cols: nCol });
+    encodeAttnCombine(pass, { pipeline, bindGroup: bg, constants: c, cols: nCol });
+    for (const col of cols) {
+      const sbg = attnCombineBindGroup(device, { pipeline, constants: c, buffers: col.sb });
+      encodeAttnCombine(pass, { pipeline, bindGroup: sbg, constants: c });
+    }
+    runs.push({ c, positions, b, cols });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, runs.flatMap((r) => [r.b.o, ...r.cols.map((col) => col.sb.o)]));
+  let at = 0;
+  for (const r of runs) {
+    const n = r.c.D_H * r.c.H_Q;
+    const all = outs[at++]!;
+    const what = `${variantKey(ATTN_COMBINE, r.c)} columns at positions [${r.positions}]`;
+    checkF32(all, r.cols.flatMap((col) => [...col.ref]), TOL, { what, seed: rng.seed });
+    r.cols.forEach((col, j) => {
+      const solo = new Uint32Array(outs[at++]!, 0, n);
+      const got = new Uint32Array(all, j * n * 4, n);
+      for (let i = 0; i < n; i++) {
+        if (got[i] !== solo[i]) {
+          assert.fail(`${what} (seed ${rng.seed}): column ${j} o[${i}] differs from solo`);
+        }
+      }
+      Object.values(col.sb).forEach((buf) => buf.destroy());
+    });
+    [r.b.params, r.b.partO, r.b.partMl, r.b.o].forEach((buf) => buf.destroy());
+  }
 });

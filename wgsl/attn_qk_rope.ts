@@ -21,7 +21,17 @@ export type AttnQkRopeConstants = {
   readonly ROPE_THETA: number;
   readonly EPS: number;
   readonly KV_F16: boolean;
+  /**
+   * Words between columns' params (a batched step's table: column c's [pos0, n_tokens, slot] at word c·P_COL);
+   * 0 for one column (AttnParams, slot 0).
+   */
+  readonly P_COL: number;
+  /** Words between slots in the KV cache bindings (pooled caches of every slot); 0 for one column. */
+  readonly KV_COL: number;
 };
+
+/** The column constants of a dispatch of one column (its own params and its slot's own caches). */
+export const QK_ROPE_ONE_COLUMN = { P_COL: 0, KV_COL: 0 } as const;
 
 /** Kernel spec of `attn_qk_rope.wgsl`. */
 export const ATTN_QK_ROPE: KernelSpec = {
@@ -38,6 +48,8 @@ export const ATTN_QK_ROPE: KernelSpec = {
     ROPE_THETA: "f32",
     EPS: "f32",
     KV_F16: "bool",
+    P_COL: "u32",
+    KV_COL: "u32",
   },
 };
 
@@ -62,10 +74,11 @@ export const ATTN_QK_ROPE_BINDINGS = [
 export type AttnQkRopeBuffers = Readonly<Record<(typeof ATTN_QK_ROPE_BINDINGS)[number], Binding>>;
 
 /**
- * Checks constants and the token count (the grid's second dimension) against the kernel's limits.
+ * Checks constants, the token count (the grid's second dimension) and the column count (its third) against
+ * the kernel's limits.
  * @throws {RangeError} naming the offending value
  */
-export function checkAttnQkRope(c: AttnQkRopeConstants, nTokens: number): void {
+export function checkAttnQkRope(c: AttnQkRopeConstants, nTokens: number, cols = 1): void {
   checkInt("attn_qk_rope: H_KV", c.H_KV, 1, 1024);
   checkShape(
     Number.isInteger(c.H_Q) && c.H_Q >= c.H_KV && c.H_Q % c.H_KV === 0,
@@ -84,10 +97,26 @@ export function checkAttnQkRope(c: AttnQkRopeConstants, nTokens: number): void {
   checkShape(c.ROPE_THETA > 1, `attn_qk_rope: ROPE_THETA must be > 1, got ${c.ROPE_THETA}`);
   checkShape(c.EPS > 0, `attn_qk_rope: EPS must be > 0, got ${c.EPS}`);
   checkInt("attn_qk_rope: nTokens", nTokens, 1, MAX_WORKGROUPS_PER_DIM);
+  checkInt("attn_qk_rope: cols", cols, 1, MAX_WORKGROUPS_PER_DIM);
+  checkShape(
+    c.P_COL === 0 || (Number.isInteger(c.P_COL) && c.P_COL >= 3),
+    `attn_qk_rope: P_COL must be 0 or >= 3 words ([pos0, n_tokens, slot]), got ${c.P_COL}`,
+  );
+  checkShape(
+    c.KV_COL === 0 || (Number.isInteger(c.KV_COL) && c.KV_COL >= kvCacheWords(c)),
+    `attn_qk_rope: KV_COL must be 0 or a stride of at least ${
+      kvCacheWords(c)
+    } words (one slot's cache), got ${c.KV_COL}`,
+  );
+  checkShape(
+    cols === 1 || (nTokens === 1 && c.P_COL > 0),
+    `attn_qk_rope: ${cols} columns need one token each (got ${nTokens}) and a P_COL stride (got ${c.P_COL})`,
+  );
 }
 
 /**
- * The bind group of one dispatch, after checking every buffer against its `ne`.
+ * The bind group of one dispatch, after checking every buffer against its `ne`: `nTokens` tokens in each of
+ * `cols` columns (default 1) whose table names slots below `slots` (default 1).
  * @throws {RangeError} when a buffer is too small for the constants and `nTokens`
  */
 export function attnQkRopeBindGroup(
@@ -97,26 +126,35 @@ export function attnQkRopeBindGroup(
     constants: AttnQkRopeConstants;
     nTokens: number;
     buffers: AttnQkRopeBuffers;
+    cols?: number;
+    slots?: number;
   },
 ): GPUBindGroup {
   const { constants: c, nTokens: n, buffers: b } = opts;
-  checkAttnQkRope(c, n);
+  const cols = opts.cols ?? 1;
+  const slots = opts.slots ?? 1;
+  checkAttnQkRope(c, n, cols);
   const k = "attn_qk_rope";
-  checkBinding(k, "params", b.params, [ATTN_PARAMS_WORDS]);
-  checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, n]);
-  checkBinding(k, "k", b.k, [c.D_H, c.H_KV, n]);
-  checkBinding(k, "v", b.v, [c.D_H, c.H_KV, n]);
+  checkShape(
+    Number.isInteger(slots) && slots >= 1 && (slots === 1 || (c.P_COL > 0 && c.KV_COL > 0)),
+    `attn_qk_rope: ${slots} slots need P_COL and KV_COL strides`,
+  );
+  const nc = n * cols;
+  checkBinding(k, "params", b.params, [c.P_COL > 0 ? (cols - 1) * c.P_COL + 3 : ATTN_PARAMS_WORDS]);
+  checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, nc]);
+  checkBinding(k, "k", b.k, [c.D_H, c.H_KV, nc]);
+  checkBinding(k, "v", b.v, [c.D_H, c.H_KV, nc]);
   checkBinding(k, "qNorm", b.qNorm, [c.D_H]);
   checkBinding(k, "kNorm", b.kNorm, [c.D_H]);
-  checkBinding(k, "qOut", b.qOut, [c.D_H, c.H_Q, n]);
-  checkBinding(k, "kCache", b.kCache, [kvCacheWords(c)]);
-  checkBinding(k, "vCache", b.vCache, [kvCacheWords(c)]);
+  checkBinding(k, "qOut", b.qOut, [c.D_H, c.H_Q, nc]);
+  checkBinding(k, "kCache", b.kCache, [(slots - 1) * c.KV_COL + kvCacheWords(c)]);
+  checkBinding(k, "vCache", b.vCache, [(slots - 1) * c.KV_COL + kvCacheWords(c)]);
   return bindGroup(device, opts.pipeline, ATTN_QK_ROPE_BINDINGS.map((name) => b[name]));
 }
 
-/** Dispatch grid: (H_Q + H_KV) heads by `nTokens` tokens. */
-export function attnQkRopeGrid(c: AttnQkRopeConstants, nTokens: number): [number, number, number] {
-  return [c.H_Q + c.H_KV, nTokens, 1];
+/** Dispatch grid: (H_Q + H_KV) heads by `nTokens` tokens by `cols` columns (default 1). */
+export function attnQkRopeGrid(c: AttnQkRopeConstants, nTokens: number, cols = 1): [number, number, number] {
+  return [c.H_Q + c.H_KV, nTokens, cols];
 }
 
 /**

@@ -2,8 +2,13 @@
 //   q_out[t][h] = rope(RMSNorm(q_h, q_norm), p);  k_cache[g][p] = rope(RMSNorm(k_g, k_norm), p);  v_cache[g][p] = v_g
 // rope: NeoX pairs (j, j + N_ROT/2) over dims 0..N_ROT-1, phi = p * ROPE_THETA^(-2j/N_ROT) in f32 (as llama.cpp);
 // dims N_ROT..D_H-1 pass through. The gate halves of qf are not touched (attn_combine/attn_prefill read them).
+// Columns (grid z): a batched decode step writes one token of each of several sequences in one dispatch; column
+// c runs exactly the code of a dispatch of its own on its slices (so its bits are a solo step's): params words
+// c·P_COL.. = [pos0, n_tokens, slot] (P_COL = 0: one column, AttnParams, slot 0), its qf, k, v and q_out at
+// token c (n_tokens must be 1 when there are several columns), its caches from word slot·KV_COL of pooled
+// caches (every slot of the layer at 256-byte strides).
 // Bindings:
-//   params   AttnParams { pos0: u32, n_tokens: u32 }  position of token 0, tokens present (<= grid.y)
+//   params   u32 [pos0, n_tokens] (AttnParams) per column: position of token 0, tokens present (<= grid.y)
 //   qf       f32 ne=[2*D_H, H_Q, nTok]   attn_q output; head h holds [q_h (D_H) | gate_h (D_H)] (spec §7.1)
 //   k        f32 ne=[D_H, H_KV, nTok]    attn_k output
 //   v        f32 ne=[D_H, H_KV, nTok]    attn_v output
@@ -13,18 +18,14 @@
 //   k_cache  u32 words of K[g][p][d], ne=[D_H, P_MAX, H_KV]: f32 bits, or with KV_F16 two f16 per word
 //            (dims 2w, 2w+1 in word w of a row, low half first); this (slot, layer)'s cache, row p written
 //   v_cache  V likewise
-// Grid (H_Q + H_KV, nTok): workgroup (j, t) owns q head j of token t when j < H_Q, else KV head j - H_Q
+// Grid (H_Q + H_KV, nTok, columns): workgroup (j, t, c) owns, in column c, q head j of token t when j < H_Q, else KV head j - H_Q
 // (norm, rope, K and V append). Invocation i loads dims i, i + WG, ... and writes dim pairs (2w, 2w+1) for
 // w = i, i + WG, ... (one f16 word); the row sits in workgroup memory because a rope pair spans
 // invocations. Tokens with t >= n_tokens or p >= P_MAX write nothing.
-// Constants: const H_Q, H_KV, D_H, N_ROT, P_MAX, WG: u32; const ROPE_THETA, EPS: f32; const KV_F16: bool.
+// Constants: const H_Q, H_KV, D_H, N_ROT, P_MAX, WG: u32; const ROPE_THETA, EPS: f32; const KV_F16: bool;
+//   const P_COL, KV_COL: u32 (column strides above, in words; 0 for one column).
 // Limits: D_H and N_ROT even, N_ROT <= D_H; WG a power of two <= 256; phases < 2^18 * pi/2 (p < 4e5).
-struct AttnParams {
-  pos0: u32,
-  n_tokens: u32,
-}
-
-@group(0) @binding(0) var<storage, read> params: AttnParams;
+@group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> qf: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
@@ -90,20 +91,27 @@ fn rope_value(i: u32, pos: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
   let t = wid.y;
   let head = wid.x;
-  let pos = params.pos0 + t;
+  let col = wid.z;
+  let pos = params[col * P_COL] + t;
+  var slot = 0u;
+  if (P_COL > 0u) {
+    slot = params[col * P_COL + 2u];
+  }
   // Uniform per workgroup (workgroup id and a read-only storage value), so no barrier is skipped unevenly.
-  if (t >= params.n_tokens || pos >= P_MAX) {
+  if (t >= params[col * P_COL + 1u] || pos >= P_MAX) {
     return;
   }
+  let tc = col + t; // column c's token (one token per column when there are several)
+  let kvw = slot * KV_COL;
   let is_q = head < H_Q;
   let kv_head = head - H_Q;
   var src_base: u32;
   var dst_base: u32;
   if (is_q) {
-    src_base = (t * H_Q + head) * 2u * D_H;
-    dst_base = (t * H_Q + head) * D_H;
+    src_base = (tc * H_Q + head) * 2u * D_H;
+    dst_base = (tc * H_Q + head) * D_H;
   } else {
-    src_base = (t * H_KV + kv_head) * D_H;
+    src_base = (tc * H_KV + kv_head) * D_H;
     dst_base = (kv_head * P_MAX + pos) * D_H;
   }
 
@@ -138,13 +146,13 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       q_out[dst_base + d] = y0;
       q_out[dst_base + d + 1u] = y1;
     } else if (KV_F16) {
-      k_cache[(dst_base + d) / 2u] = pack2x16float(vec2f(y0, y1));
-      v_cache[(dst_base + d) / 2u] = pack2x16float(vec2f(v[src_base + d], v[src_base + d + 1u]));
+      k_cache[kvw + (dst_base + d) / 2u] = pack2x16float(vec2f(y0, y1));
+      v_cache[kvw + (dst_base + d) / 2u] = pack2x16float(vec2f(v[src_base + d], v[src_base + d + 1u]));
     } else {
-      k_cache[dst_base + d] = bitcast<u32>(y0);
-      k_cache[dst_base + d + 1u] = bitcast<u32>(y1);
-      v_cache[dst_base + d] = bitcast<u32>(v[src_base + d]);
-      v_cache[dst_base + d + 1u] = bitcast<u32>(v[src_base + d + 1u]);
+      k_cache[kvw + dst_base + d] = bitcast<u32>(y0);
+      k_cache[kvw + dst_base + d + 1u] = bitcast<u32>(y1);
+      v_cache[kvw + dst_base + d] = bitcast<u32>(v[src_base + d]);
+      v_cache[kvw + dst_base + d + 1u] = bitcast<u32>(v[src_base + d + 1u]);
     }
   }
 }

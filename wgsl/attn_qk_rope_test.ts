@@ -7,7 +7,9 @@ import {
   ATTN_QK_ROPE,
   attnQkRopeBindGroup,
   type AttnQkRopeConstants,
+  attnQkRopeGrid,
   encodeAttnQkRope,
+  QK_ROPE_ONE_COLUMN,
 } from "./attn_qk_rope.ts";
 import { kvCacheWords, packAttnParams } from "./attn_params.ts";
 import { assertCloseEach, checkF32 } from "./_test_util.ts";
@@ -62,6 +64,7 @@ function constants(hQ: number, hKv: number, pMax: number, kvF16 = false): AttnQk
     ROPE_THETA: 1e7,
     EPS: 1e-6,
     KV_F16: kvF16,
+    ...QK_ROPE_ONE_COLUMN,
   };
 }
 
@@ -251,4 +254,179 @@ Deno.test("attn_qk_rope shape check throws before encoding", async () => {
   );
   big.destroy();
   small.destroy();
+});
+
+Deno.test("attn_qk_rope columns: one dispatch over columns at other slots and positions = reference = solo bits, other slots untouched", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const P_COL = 64;
+  const cases = [
+    { c: constants(16, 2, 40), nSlots: 4, slots: [3, 0, 2] },
+    { c: { ...constants(4, 1, 70, true), WG: 32 }, nSlots: 3, slots: [1, 2] },
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs = [];
+  for (const k of cases) {
+    const c1 = k.c;
+    const dH = c1.D_H;
+    const nCol = k.slots.length;
+    const words = kvCacheWords(c1);
+    // Slots 256 bytes apart plus one spare block, so the padding between slots is checked too.
+    const kvCol = Math.ceil(words / 64) * 64 + 64;
+    const c = { ...c1, P_COL, KV_COL: kvCol };
+    const pos = k.slots.map((_, j) => (j === 1 ? 0 : rng.int(1, c.P_MAX)));
+    const table = new Uint32Array(nCol * P_COL).fill(0xffffffff);
+    k.slots.forEach((s, j) => table.set([pos[j]!, 1, s], j * P_COL));
+    const qf = rng.normals(2 * dH * c.H_Q * nCol, 2);
+    const kIn = rng.normals(dH * c.H_KV * nCol, 2);
+    const vIn = rng.normals(dH * c.H_KV * nCol, 2);
+    const qNorm = Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x);
+    const kNorm = Float32Array.from(rng.normals(dH), (x) => 1 + 0.3 * x);
+    // Pools of random bits (every slot, the padding): only each column's row at its position may change.
+    const poolWords = (k.nSlots - 1) * kvCol + words;
+    const kp0 = new Uint32Array(poolWords).map(() => rng.u32());
+    const vp0 = new Uint32Array(poolWords).map(() => rng.u32());
+    const qfB = upload(device, qf);
+    const kB = upload(device, kIn);
+    const vB = upload(device, vIn);
+    const qnB = upload(device, qNorm);
+    const knB = upload(device, kNorm);
+    const b = {
+      params: upload(device, table),
+      qf: qfB,
+      k: kB,
+      v: vB,
+      qNorm: qnB,
+      kNorm: knB,
+      qOut: poisoned(device, dH * c.H_Q * nCol),
+      kCache: upload(device, kp0),
+      vCache: upload(device, vp0),
+    };
+    const pipeline = await cache.get(ATTN_QK_ROPE, c);
+    const bg = attnQkRopeBindGroup(device, {
+      pipeline,
+      constants: c,
+      nTokens: 1,
+      buffers: b,
+      cols: nCol,
+      slots: k.nSlots,
+    });
+    pass.setPipeline(pipeline);
+    pass.setBindGroup(0, bg);
+    pass.dispatchWorkgroups(...attnQkRopeGrid(c, 1, nCol));
+    // Each column alone: its own params, its slot's caches as buffers of their own.
+    const solo = [];
+    const soloPipe = await cache.get(ATTN_QK_ROPE, c1);
+    for (const [j, s] of k.slots.entries()) {
+      const sb = {
+        params: upload(device, packAttnParams(pos[j]!, 1)),
+        qf: { buffer: qfB, offset: j * 2 * dH * c.H_Q * 4, size: 2 * dH * c.H_Q * 4 },
+        k: { buffer: kB, offset: j * dH * c.H_KV * 4, size: dH * c.H_KV * 4 },
+        v: { buffer: vB, offset: j * dH * c.H_KV * 4, size: dH * c.H_KV * 4 },
+        qNorm: qnB,
+        kNorm: knB,
+        qOut: poisoned(device, dH * c.H_Q),
+        kCache: upload(device, kp0.subarray(s * kvCol, s * kvCol + words)),
+        vCache: upload(device, vp0.subarray(s * kvCol, s * kvCol + words)),
+      };
+      const sbg = attnQkRopeBindGroup(device, { pipeline: soloPipe, constants: c1, nTokens: 1, buffers: sb });
+      encodeAttnQkRope(pass, { pipeline: soloPipe, bindGroup: sbg, constants: c1, nTokens: 1 });
+      solo.push(sb);
+    }
+    runs.push({ k, c, pos, kvCol, words, b, solo, qf, kIn, vIn, qNorm, kNorm, kp0, vp0 });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(
+    device,
+    runs.flatMap((
+      r,
+    ) => [r.b.qOut, r.b.kCache, r.b.vCache, ...r.solo.flatMap((s) => [s.qOut, s.kCache, s.vCache])]),
+  );
+  let at = 0;
+  for (const r of runs) {
+    const { c, k } = r;
+    const dH = c.D_H;
+    const seed = rng.seed;
+    const nCol = k.slots.length;
+    const what = `attn_qk_rope columns H_Q=${c.H_Q} KV_F16=${c.KV_F16} slots [${k.slots}] of ${k.nSlots} ` +
+      `positions [${r.pos}]`;
+    const [qo, kp, vp] = [outs[at]!, outs[at + 1]!, outs[at + 2]!];
+    at += 3;
+    checkF32(qo, [], TOL_NORM, {
+      what: `${what} q_out past the columns`,
+      seed,
+      offsetWords: dH * c.H_Q * nCol,
+    });
+    const kpU = new Uint32Array(kp);
+    const vpU = new Uint32Array(vp);
+    const rowWords = c.KV_F16 ? dH / 2 : dH;
+    // Words each column may write: its slot's rows at its position.
+    const mine = new Set<number>();
+    for (const [j, s] of k.slots.entries()) {
+      for (let g = 0; g < c.H_KV; g++) {
+        for (let d = 0; d < rowWords; d++) mine.add(s * r.kvCol + (g * c.P_MAX + r.pos[j]!) * rowWords + d);
+      }
+    }
+    for (let w = 0; w < kpU.length; w++) {
+      if (!mine.has(w) && (kpU[w] !== r.kp0[w] || vpU[w] !== r.vp0[w])) {
+        assert.fail(`${what} (seed ${seed}): pool word ${w} outside the columns' rows changed`);
+      }
+    }
+    for (const [j, s] of k.slots.entries()) {
+      const [sq, sk, sv] = [outs[at]!, outs[at + 1]!, outs[at + 2]!];
+      at += 3;
+      const nQ = dH * c.H_Q;
+      const qGot = new Float32Array(qo, j * nQ * 4, nQ);
+      const same = (a: Uint32Array, b: Uint32Array, part: string) => {
+        for (let i = 0; i < b.length; i++) {
+          if (a[i] !== b[i]) {
+            assert.fail(`${what} (seed ${seed}): column ${j} ${part} word ${i} differs from solo`);
+          }
+        }
+      };
+      same(new Uint32Array(qo, j * nQ * 4, nQ), new Uint32Array(sq, 0, nQ), "q_out");
+      same(kpU.subarray(s * r.kvCol, s * r.kvCol + r.words), new Uint32Array(sk, 0, r.words), "k cache");
+      same(vpU.subarray(s * r.kvCol, s * r.kvCol + r.words), new Uint32Array(sv, 0, r.words), "v cache");
+      // The float64 reference for this column's token at its position.
+      const ropeOpts = { dH, nRot: c.N_ROT, base: c.ROPE_THETA, pos: [r.pos[j]!] };
+      const qRaw = new Float64Array(nQ);
+      for (let h = 0; h < c.H_Q; h++) {
+        const src = (j * c.H_Q + h) * 2 * dH;
+        qRaw.set(r.qf.subarray(src, src + dH), h * dH);
+      }
+      const qNormed = rmsNorm(qRaw, r.qNorm, { eps: c.EPS, n: dH });
+      const rope = { headDim: dH, nRot: c.N_ROT, base: c.ROPE_THETA, pos: [r.pos[j]!] };
+      assertCloseEach(qGot, ropeNeox(qNormed, rope), ropeAllowance(qNormed, ropeOpts), TOL_NORM, {
+        what: `${what} column ${j} q_out`,
+        seed,
+      });
+      const nKv = dH * c.H_KV;
+      const kNormed = rmsNorm(r.kIn.subarray(j * nKv, (j + 1) * nKv), r.kNorm, { eps: c.EPS, n: dH });
+      const kc = c.KV_F16 ? new Float16Array(kp) : new Float32Array(kp);
+      const vc = c.KV_F16 ? new Float16Array(vp) : new Float32Array(vp);
+      const elemsPerWord = c.KV_F16 ? 2 : 1;
+      const kGot = new Float64Array(nKv);
+      const vGot = new Float64Array(nKv);
+      for (let g = 0; g < c.H_KV; g++) {
+        const row = (s * r.kvCol) * elemsPerWord + (g * c.P_MAX + r.pos[j]!) * dH;
+        kGot.set(kc.subarray(row, row + dH), g * dH);
+        vGot.set(vc.subarray(row, row + dH), g * dH);
+      }
+      const tolStore = c.KV_F16 ? { atol: F16_ABS, rtol: F16_REL } : { atol: 0, rtol: 0 };
+      assertCloseEach(vGot, r.vIn.subarray(j * nKv, (j + 1) * nKv), new Float64Array(nKv), tolStore, {
+        what: `${what} column ${j} v row`,
+        seed,
+      });
+      const tolK = { atol: TOL_NORM.atol + tolStore.atol, rtol: TOL_NORM.rtol + tolStore.rtol };
+      assertCloseEach(kGot, ropeNeox(kNormed, rope), ropeAllowance(kNormed, ropeOpts), tolK, {
+        what: `${what} column ${j} k row`,
+        seed,
+      });
+    }
+    Object.values(r.b).forEach((buf) => buf.destroy());
+    for (const sb of r.solo) [sb.params, sb.qOut, sb.kCache, sb.vCache].forEach((buf) => buf.destroy());
+  }
 });

@@ -5,13 +5,22 @@
  * @module
  */
 import type { Binding } from "../../wgsl/kernel.ts";
-import { type BuildContext, GraphBuilder, type LayerWeights, part0, sub } from "../graph/builder.ts";
+import {
+  BATCH_TABLE_WORDS,
+  type BuildContext,
+  GraphBuilder,
+  type LayerWeights,
+  part0,
+  sub,
+} from "../graph/builder.ts";
+import { assert } from "../errors.ts";
 import { fusedMatvec, matvec, outProj } from "./linear.ts";
 import {
   ATTN_QK_ROPE,
   attnQkRopeBindGroup,
   type AttnQkRopeConstants,
   attnQkRopeGrid,
+  QK_ROPE_ONE_COLUMN,
 } from "../../wgsl/attn_qk_rope.ts";
 import {
   ATTN_DECODE,
@@ -22,6 +31,7 @@ import {
 import {
   ATTN_COMBINE,
   attnCombineBindGroup,
+  attnCombineColumnWords,
   type AttnCombineConstants,
   attnCombineGrid,
 } from "../../wgsl/attn_combine.ts";
@@ -75,32 +85,52 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
   else await matvec(g, `L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n);
   if (cx.batch) {
-    // Per slot: its column of q/k/v, its KV cache and position.
     const nQ = hp.nHead * hp.headDim;
+    const nCol = cx.batch.slots.length;
+    // RoPE and the KV write: one dispatch over every column where the layer's caches are pooled (each column
+    // writes its slot's rows), else per slot.
+    const kPool = cx.states.pool(l, "k_cache");
+    const vPool = cx.states.pool(l, "v_cache");
+    const pooled = kPool !== undefined && vPool !== undefined;
+    if (pooled) {
+      assert(kPool.strideBytes === vPool.strideBytes, "K and V caches share one slot stride");
+      await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, 1, {
+        params: cx.batch.table,
+        qf: sub(A.qf!, 0, nCol * nQf),
+        k: sub(A.k!, 0, nCol * nKv),
+        v: sub(A.v!, 0, nCol * nKv),
+        qOut: sub(A.q!, 0, nCol * nQ),
+        kCache: kPool.buffer,
+        vCache: vPool.buffer,
+      }, { n: nCol, slots: cx.states.nSlots, kvCol: kPool.strideBytes / 4 });
+    }
+    // attn_decode per slot on its column of q and its caches, into the column's partials (a column
+    // dimension can come to it as it did to the kernels around it: the table holds each column's slot), then
+    // one combine over every column.
+    let dc: AttnDecodeConstants | undefined;
     for (const [b, slot] of cx.batch.slots.entries()) {
       const kCache = cx.states.binding(slot, l, "k_cache");
       const vCache = cx.states.binding(slot, l, "v_cache");
-      const qfB = sub(A.qf!, b * nQf, nQf);
       const qB = sub(A.q!, b * nQ, nQ);
       const pos = cx.batch.pos[b]!;
-      await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
-        params: pos,
-        qf: qfB,
-        k: sub(A.k!, b * nKv, nKv),
-        v: sub(A.v!, b * nKv, nKv),
-        qOut: qB,
-        kCache,
-        vCache,
-      });
-      await attnDecode(g, `L${l}`, `.${b}`, cx, {
-        pos,
-        q: qB,
-        kCache,
-        vCache,
-        qf: qfB,
-        o: sub(A.o!, b * nQ, nQ),
-      });
+      if (!pooled) {
+        await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
+          params: pos,
+          qf: sub(A.qf!, b * nQf, nQf),
+          k: sub(A.k!, b * nKv, nKv),
+          v: sub(A.v!, b * nKv, nKv),
+          qOut: qB,
+          kCache,
+          vCache,
+        });
+      }
+      dc = await decodeSplits(g, `L${l}.attn_decode.${b}`, cx, { pos, q: qB, kCache, vCache }, b);
     }
+    await combineSplits(g, `L${l}.attn_combine`, cx, dc!, {
+      params: cx.batch.table,
+      qf: sub(A.qf!, 0, nCol * nQf),
+      o: sub(A.o!, 0, nCol * nQ),
+    }, nCol);
   } else {
     const kCache = cx.states.binding(cx.slot, l, "k_cache");
     const vCache = cx.states.binding(cx.slot, l, "v_cache");
@@ -162,6 +192,7 @@ export async function qkRope(
     kCache: Binding;
     vCache: Binding;
   },
+  cols?: { n: number; slots: number; kvCol: number },
 ) {
   const hp = g.hp;
   const rope: AttnQkRopeConstants = {
@@ -174,6 +205,7 @@ export async function qkRope(
     ROPE_THETA: hp.ropeBase,
     EPS: hp.rmsEps,
     KV_F16: g.opts.kvF16,
+    ...(cols ? { P_COL: BATCH_TABLE_WORDS, KV_COL: cols.kvCol } : QK_ROPE_ONE_COLUMN),
   };
   await g.checked(
     label,
@@ -189,8 +221,10 @@ export async function qkRope(
           qNorm: part0(lw.t("attn_q_norm")),
           kNorm: part0(lw.t("attn_k_norm")),
         },
+        cols: cols?.n,
+        slots: cols?.slots,
       }),
-    attnQkRopeGrid(rope, nTokens),
+    attnQkRopeGrid(rope, nTokens, cols?.n),
   );
 }
 
@@ -202,6 +236,21 @@ export async function attnDecode(
   cx: BuildContext,
   x: { pos: Binding; q: Binding; kCache: Binding; vCache: Binding; qf: Binding; o: Binding },
 ) {
+  const dc = await decodeSplits(g, `${label}.attn_decode${suffix}`, cx, x);
+  await combineSplits(g, `${label}.attn_combine${suffix}`, cx, dc, { params: x.pos, qf: x.qf, o: x.o });
+}
+
+/**
+ * attn_decode of one token into the partials, or into column `col`'s region of them (a batched step's,
+ * laid out as `attnCombineColumnWords` says); returns its constants.
+ */
+async function decodeSplits(
+  g: GraphBuilder,
+  label: string,
+  cx: BuildContext,
+  x: { pos: Binding; q: Binding; kCache: Binding; vCache: Binding },
+  col?: number,
+): Promise<AttnDecodeConstants> {
   const hp = g.hp;
   const A = cx.act;
   const dc: AttnDecodeConstants = {
@@ -217,44 +266,66 @@ export async function attnDecode(
     KV_F16: g.opts.kvF16,
     KPT: ATTN_DECODE_KPT,
   };
+  let partO: Binding = A.partO!;
+  let partMl: Binding = A.partMl!;
+  if (col !== undefined) {
+    const w = attnCombineColumnWords(combineConstants(dc));
+    partO = sub(A.partO!, col * w.partO, dc.D_H * dc.H_Q * dc.N_SPLIT);
+    partMl = sub(A.partMl!, col * w.partMl, 2 * dc.H_Q * dc.N_SPLIT);
+  }
   await g.checked(
-    `${label}.attn_decode${suffix}`,
+    label,
     ATTN_DECODE,
     dc,
     (pipeline) =>
       attnDecodeBindGroup(g.device, {
         pipeline,
         constants: dc,
-        buffers: {
-          params: x.pos,
-          q: x.q,
-          kCache: x.kCache,
-          vCache: x.vCache,
-          partO: A.partO!,
-          partMl: A.partMl!,
-        },
+        buffers: { params: x.pos, q: x.q, kCache: x.kCache, vCache: x.vCache, partO, partMl },
       }),
     attnDecodeGrid(dc),
   );
-  const cc: AttnCombineConstants = {
-    H_Q: hp.nHead,
-    D_H: hp.headDim,
+  return dc;
+}
+
+/** The combine constants that go with attn_decode's. */
+function combineConstants(dc: AttnDecodeConstants): AttnCombineConstants {
+  return {
+    H_Q: dc.H_Q,
+    D_H: dc.D_H,
     N_SPLIT: dc.N_SPLIT,
     TILE: dc.TILE,
     PER_MIN: dc.PER_MIN,
     WG: 256,
     CD: 16,
   };
+}
+
+/**
+ * attn_combine of one token, or of `cols` columns in one dispatch (params: the batched step's column table;
+ * each column's partials where `decodeSplits` put them; qf and o hold the columns as tokens).
+ */
+async function combineSplits(
+  g: GraphBuilder,
+  label: string,
+  cx: BuildContext,
+  dc: AttnDecodeConstants,
+  x: { params: Binding; qf: Binding; o: Binding },
+  cols = 1,
+) {
+  const A = cx.act;
+  const cc = combineConstants(dc);
   await g.checked(
-    `${label}.attn_combine${suffix}`,
+    label,
     ATTN_COMBINE,
     cc,
     (pipeline) =>
       attnCombineBindGroup(g.device, {
         pipeline,
         constants: cc,
-        buffers: { params: x.pos, partO: A.partO!, partMl: A.partMl!, qf: x.qf, o: x.o },
+        buffers: { params: x.params, partO: A.partO!, partMl: A.partMl!, qf: x.qf, o: x.o },
+        cols,
       }),
-    attnCombineGrid(cc),
+    attnCombineGrid(cc, cols),
   );
 }

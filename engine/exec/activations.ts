@@ -114,8 +114,9 @@ export function activationWords(
     v: hp.nHeadKv * hp.headDim * T,
     q: hp.nHead * hp.headDim * T,
     o: hp.nHead * hp.headDim * T,
-    partO: hp.headDim * hp.nHead * ATTN_SPLITS,
-    partMl: 2 * hp.nHead * ATTN_SPLITS,
+    // A batched step's decode attention leaves each column's partials for one combine (256-byte strides).
+    partO: padWords(hp.headDim * hp.nHead * ATTN_SPLITS) * MAX_BATCH_SLOTS,
+    partMl: padWords(2 * hp.nHead * ATTN_SPLITS) * MAX_BATCH_SLOTS,
     router: (hp.nExpert + 1) * T,
     ids: K * T,
     wts: K * T,

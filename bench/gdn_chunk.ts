@@ -5,10 +5,11 @@
  *
  * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]
  * [--split 1,2,4,8]` (`--split`: `gdn_step` with those SPLIT values, plus `gdn_chunk_norm` above 1).
- * `--scan [--scan-n 512,2048] [--quick]`: instead, the scan `gdn_chunk` alone in every shape BJ × CJ beside
- * the kernel before its rewrite (`bench/_gdn_chunk_v1.wgsl`, "v1"), µs per dispatch on the same prep output,
- * each line with its max |difference| from v1's y and state after one dispatch from the same state (`--quick`:
- * n = 64, one repetition, for a check on lavapipe).
+ * `--scan [--scan-n 512,2048] [--quick]`: instead, `gdn_chunk_prep` beside its version before phase 4's named
+ * registers (`bench/_gdn_chunk_prep_v1.wgsl`), then the scan `gdn_chunk` alone in every shape BJ × CJ beside
+ * the kernel before its rewrite (`bench/_gdn_chunk_v1.wgsl`, "v1"), µs per dispatch (the scans on the same prep
+ * output), each line with its max |difference| from v1's output after one dispatch from the same state
+ * (`--quick`: n = 64, one repetition, for a check on lavapipe).
  * Timestamp queries around one compute pass of `reps` repetitions when the adapter has them, else wall clock;
  * the best of 5 such passes after 3 untimed ones.
  * Prints one JSON line per measurement, never asserts.
@@ -20,6 +21,7 @@ import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, type KernelSpec, PipelineCache, variantKey } from "../wgsl/kernel.ts";
 import {
   GDN_CHUNK,
+  GDN_CHUNK_PREP,
   gdnChunkDispatches,
   type GdnChunkScan,
   gdnChunkScan,
@@ -133,7 +135,20 @@ const GDN_CHUNK_V1: KernelSpec = {
   constants: { N_V: "u32", D_K: "u32", D_V: "u32" },
 };
 
+/** The prep before phase 4's named registers, its header as it was. */
+const GDN_CHUNK_PREP_V1: KernelSpec = {
+  ...GDN_CHUNK_PREP,
+  name: "gdn_chunk_prep_v1",
+  url: new URL("./_gdn_chunk_prep_v1.wgsl", import.meta.url),
+};
+
 const pipes = await prepareGdnChunk(cache, c);
+const state0 = buf(d.state);
+{
+  const e = device.createCommandEncoder();
+  e.copyBufferToBuffer(base.state, 0, state0, 0, d.state * 4);
+  device.queue.submit([e.finish()]);
+}
 if (args.scan) await compareScans();
 for (const n of args.scan ? [] : ns) {
   const bindings: GdnStepBindings = { ...base, params: buf(2) };
@@ -172,6 +187,38 @@ for (const n of args.scan ? [] : ns) {
   }
 }
 
+/** Largest |a[i] − b[i]|. */
+function maxDiff(a: Float32Array, b: Float32Array): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
+  return m;
+}
+
+/** Runs `encode` once (the state reset to its initial value first) and reads back the leading bytes of `outs`. */
+async function readAfter(
+  encode: (pass: GPUComputePassEncoder) => void,
+  outs: readonly (readonly [GPUBuffer | { buffer: GPUBuffer }, number])[],
+): Promise<Float32Array> {
+  const total = outs.reduce((s, [, bytes]) => s + bytes, 0);
+  const read = device.createBuffer({ size: total, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const e = device.createCommandEncoder();
+  e.copyBufferToBuffer(state0, 0, base.state, 0, d.state * 4);
+  const p = e.beginComputePass();
+  encode(p);
+  p.end();
+  let at = 0;
+  for (const [b, bytes] of outs) {
+    e.copyBufferToBuffer("buffer" in b ? b.buffer : b, 0, read, at, bytes);
+    at += bytes;
+  }
+  device.queue.submit([e.finish()]);
+  await read.mapAsync(GPUMapMode.READ);
+  const got = new Float32Array(read.getMappedRange().slice(0));
+  read.unmap();
+  read.destroy();
+  return got;
+}
+
 /** `--scan`: v1 and every scan shape on one prep output per n; µs per dispatch and the difference from v1. */
 async function compareScans(): Promise<void> {
   const engine = gdnChunkScan(c);
@@ -185,22 +232,38 @@ async function compareScans(): Promise<void> {
       bj: s.BJ,
     })),
   ];
-  const state0 = buf(d.state);
-  const enc0 = device.createCommandEncoder();
-  enc0.copyBufferToBuffer(base.state, 0, state0, 0, d.state * 4);
-  device.queue.submit([enc0.finish()]);
   const us = (s: number) => Math.round(s * 1e7) / 10;
   for (const n of scanNs) {
     const bindings: GdnStepBindings = { ...base, params: buf(2) };
     device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
     const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    pass.setPipeline(pipes[0]);
-    pass.setBindGroup(0, bindGroup(device, pipes[0], ds[0]!.bindings));
-    pass.dispatchWorkgroups(...ds[0]!.grid);
-    pass.end();
-    device.queue.submit([enc.finish()]);
+    // prep, v1 then the engine's (whose output the scans read), each with its difference from v1's scratch
+    const nb = gdnChunkScratchBytes(c, n);
+    let prepRef: Float32Array | undefined;
+    let prepV1Us = 0;
+    for (
+      const [variant, pipe] of [["v1", await cache.get(GDN_CHUNK_PREP_V1, c)], ["engine", pipes[0]]] as const
+    ) {
+      const group = bindGroup(device, pipe, ds[0]!.bindings);
+      const one = (p: GPUComputePassEncoder) => {
+        p.setPipeline(pipe);
+        p.setBindGroup(0, group);
+        p.dispatchWorkgroups(...ds[0]!.grid);
+      };
+      const t = await time(one);
+      const got = await readAfter(one, [[scratch.wsQkw, nb.wsQkw], [scratch.wsUp, nb.wsUp]]);
+      prepRef ??= got;
+      if (variant === "v1") prepV1Us = t;
+      line({
+        what: "gdn_chunk_prep",
+        variant,
+        nTokens: n,
+        us: us(t),
+        usPerToken: us(t / n),
+        speedupVsV1: Math.round(prepV1Us / t * 100) / 100,
+        maxDiffScratch: maxDiff(got, prepRef),
+      });
+    }
     let ref: { y: Float32Array; state: Float32Array } | undefined;
     let v1Us = 0;
     for (const v of variants) {
@@ -215,27 +278,10 @@ async function compareScans(): Promise<void> {
       const t = await time(one);
       // one dispatch from the initial state, read back
       const yWords = d.inner * n;
-      const read = device.createBuffer({
-        size: (yWords + d.state) * 4,
-        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-      });
-      const e = device.createCommandEncoder();
-      e.copyBufferToBuffer(state0, 0, base.state, 0, d.state * 4);
-      const p = e.beginComputePass();
-      one(p);
-      p.end();
-      e.copyBufferToBuffer(base.y, 0, read, 0, yWords * 4);
-      e.copyBufferToBuffer(base.state, 0, read, yWords * 4, d.state * 4);
-      device.queue.submit([e.finish()]);
-      await read.mapAsync(GPUMapMode.READ);
-      const all = new Float32Array(read.getMappedRange().slice(0));
-      read.unmap();
-      read.destroy();
+      const all = await readAfter(one, [[base.y, yWords * 4], [base.state, d.state * 4]]);
       const got = { y: all.subarray(0, yWords), state: all.subarray(yWords) };
       ref ??= got;
       if (v.variant === "v1") v1Us = t;
-      const diff = (a: Float32Array, b: Float32Array) =>
-        a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0);
       line({
         what: "gdn_chunk_scan",
         variant: v.variant,
@@ -246,8 +292,8 @@ async function compareScans(): Promise<void> {
         us: us(t),
         usPerToken: us(t / n),
         speedupVsV1: Math.round(v1Us / t * 100) / 100,
-        maxDiffY: diff(got.y, ref.y),
-        maxDiffState: diff(got.state, ref.state),
+        maxDiffY: maxDiff(got.y, ref.y),
+        maxDiffState: maxDiff(got.state, ref.state),
       });
     }
   }

@@ -29,7 +29,7 @@
 //   2 L2 norms: invocation 2t+w sums the squares of q (w = 0) or k (w = 1) of token t; the prefix sum of g.
 //   3 q and k scaled in place.
 //   4 a 4×4 tile of (t, s) per invocation: k̂_t·k̂_s and q_t·k̂_s → M (workgroup) and P (scratch), over key
-//     slices of 32 staged in workgroup memory (M's array) by coalesced loads.
+//     slices of 32 staged in workgroup memory (M's array) by coalesced loads; the tile in named vec4s.
 //   5 forward substitution (I+M) x = rhs, one column of [U | W] per invocation (D_V + D_K columns), in vec4
 //     steps over the column held in a private array.
 
@@ -83,6 +83,25 @@ fn substitute(x: ptr<function, array<vec4<f32>, BT / 4u>>) {
     }
     (*x)[t4][t % 4u] = v;
   }
+}
+
+// Row t of M (into ms) and of P (into the block at ub) for keys 4·st .. 4·st+3, from kk[b] = k̂_t·k̂_{4st+b} and
+// qk[b] = q_t·k̂_{4st+b}; zeros above the diagonal.
+fn emit_mp(t: u32, st: u32, ub: u32, kk: vec4<f32>, qk: vec4<f32>) {
+  var mv = vec4<f32>(0.0);
+  var pv = vec4<f32>(0.0);
+  for (var f = 0u; f < 4u; f++) {
+    let s = 4u * st + f;
+    if (s <= t) {
+      let dec = exp(g_s[t] - g_s[s]);
+      pv[f] = qk[f] * dec;
+      if (s < t) {
+        mv[f] = beta_s[t] * kk[f] * dec;
+      }
+    }
+    ws_up[ub + OFF_P + t * BT + s] = pv[f];
+  }
+  ms[t * (BT / 4u) + st] = mv;
 }
 
 fn load4(i: u32) -> vec4<f32> {
@@ -209,8 +228,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // staged in `ms` by coalesced loads (the dots from global memory were latency-bound).
   let tt = lid / 16u;
   let st = lid % 16u;
-  var kk: array<vec4<f32>, 4>; // kk[a][b] = k̂_{4tt+a} · k̂_{4st+b}
-  var qk: array<vec4<f32>, 4>;
+  // kk_e[b] = k̂_{4tt+e} · k̂_{4st+b}, qk_e[b] = q_{4tt+e} · k̂_{4st+b}: named vec4s (a private array indexed by a
+  // loop counter lives in local memory on the H200, docs/PERF.md); x·ks gives the four dots with ks's columns
+  var kk0 = vec4<f32>(0.0);
+  var kk1 = vec4<f32>(0.0);
+  var kk2 = vec4<f32>(0.0);
+  var kk3 = vec4<f32>(0.0);
+  var qk0 = vec4<f32>(0.0);
+  var qk1 = vec4<f32>(0.0);
+  var qk2 = vec4<f32>(0.0);
+  var qk3 = vec4<f32>(0.0);
   for (var i0 = 0u; i0 < D_K; i0 += 32u) {
     for (var e = lid; e < BT * 8u; e += WG) {
       let at = (e / 8u) * D_K + i0 + 4u * (e % 8u);
@@ -220,37 +247,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     if (st <= tt) {
       for (var i = 0u; i < 8u; i++) {
-        var ks: array<vec4<f32>, 4>;
-        for (var e = 0u; e < 4u; e++) {
-          ks[e] = ms[(4u * st + e) * 8u + i];
-        }
-        for (var e = 0u; e < 4u; e++) {
-          let kt = ms[(4u * tt + e) * 8u + i];
-          let qt = ms[BT * 8u + (4u * tt + e) * 8u + i];
-          kk[e] += vec4<f32>(dot(kt, ks[0]), dot(kt, ks[1]), dot(kt, ks[2]), dot(kt, ks[3]));
-          qk[e] += vec4<f32>(dot(qt, ks[0]), dot(qt, ks[1]), dot(qt, ks[2]), dot(qt, ks[3]));
-        }
+        let sb = 4u * st * 8u + i;
+        let ks = mat4x4<f32>(ms[sb], ms[sb + 8u], ms[sb + 16u], ms[sb + 24u]);
+        let tb = 4u * tt * 8u + i;
+        kk0 += ms[tb] * ks;
+        kk1 += ms[tb + 8u] * ks;
+        kk2 += ms[tb + 16u] * ks;
+        kk3 += ms[tb + 24u] * ks;
+        qk0 += ms[BT * 8u + tb] * ks;
+        qk1 += ms[BT * 8u + tb + 8u] * ks;
+        qk2 += ms[BT * 8u + tb + 16u] * ks;
+        qk3 += ms[BT * 8u + tb + 24u] * ks;
       }
     }
     workgroupBarrier();
   }
-  for (var e = 0u; e < 4u; e++) {
-    let t = 4u * tt + e;
-    var mv = vec4<f32>(0.0);
-    var pv = vec4<f32>(0.0);
-    for (var f = 0u; f < 4u; f++) {
-      let s = 4u * st + f;
-      if (s <= t) {
-        let dec = exp(g_s[t] - g_s[s]);
-        pv[f] = qk[e][f] * dec;
-        if (s < t) {
-          mv[f] = beta_s[t] * kk[e][f] * dec;
-        }
-      }
-      ws_up[ub + OFF_P + t * BT + s] = pv[f];
-    }
-    ms[t * (BT / 4u) + st] = mv;
-  }
+  emit_mp(4u * tt, st, ub, kk0, qk0);
+  emit_mp(4u * tt + 1u, st, ub, kk1, qk1);
+  emit_mp(4u * tt + 2u, st, ub, kk2, qk2);
+  emit_mp(4u * tt + 3u, st, ub, kk3, qk3);
   workgroupBarrier();
 
   // 5: U = (I+M)^{-1} diag(β) V in place of V, W = (I+M)^{-1} diag(β e^G) K

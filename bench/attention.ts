@@ -1,12 +1,14 @@
 /**
  * Benchmark: the attention kernels on the 35B-A3B shape (16 query heads, 2 KV heads, head dim 256), one
  * layer's dispatch at a time, at cache depths 0, 2k, 8k and 32k, f32 and f16 KV caches:
- * - prefill of a `--chunk` (512) token chunk after `depth` cached positions: the pre-flash kernel
- *   (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the first flash kernel
- *   (`bench/_attn_prefill_v2.wgsl`: the variant the engine ran on this device and the best of its H200
- *   sweep), the register-blocked `attn_prefill` the engine runs now (variant "engine") and its variants of
- *   query block and K stage width that fit ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query
- *   head and visible key: q·k and p·v);
+ * - prefill of each `--chunk` (512; a list, e.g. 512,2048) token chunk after `depth` cached positions: the
+ *   pre-flash kernel (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the register-blocked
+ *   `attn_prefill` the engine runs now ("engine": NS key splits from the chunk's workgroups, then
+ *   attn_prefill_combine), the same without key splits ("default", the engine's before them), NS 1-8 of
+ *   the preferred query blocks ("split"); with `--sweep` also the first flash kernel
+ *   (`bench/_attn_prefill_v2.wgsl`: the engine's variant then and the best of its H200 sweep) and more
+ *   query blocks and K stage widths ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query head and visible key:
+ *   q·k and p·v);
  * - decode of one token at position `depth`: attn_decode + attn_combine as the engine runs them ("engine"),
  *   the kernel before the per-key-lane rewrite (`bench/_attn_decode_v1.wgsl` with its split policy then:
  *   "v1"), plus a sweep of the current kernel's N_SPLIT, TILE (= PER_MIN), WG and KPT; ms and GB/s of K
@@ -15,8 +17,8 @@
  * (the H200's SM clock drifts within a run, docs/PERF.md). One JSON line per measurement, never asserts.
  *
  * Usage: `deno run -A bench/attention.ts [--quick] [--kv f32,f16] [--depths 0,2048,8192,32768] [--chunk 512]
- * [--no-v1] [--prefill-only] [--decode-only]` (`--quick`: depths 0 and 256, chunk 64, one round, no sweep:
- * for lavapipe; `--prefill-only`: no decode jobs; `--decode-only`: no prefill jobs). Pass BENCH_COMMIT on
+ * [--no-v1] [--prefill-only] [--decode-only] [--sweep]` (`--quick`: depths 0 and 256, chunk 64, one round,
+ * no sweep: for lavapipe; `--prefill-only`: no decode jobs; `--decode-only`: no prefill jobs). Pass BENCH_COMMIT on
  * machines without git. No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
@@ -30,9 +32,16 @@ import {
   type AttnPrefillConstants,
   attnPrefillConstants,
   attnPrefillGrid,
+  attnPrefillSplits,
   attnPrefillWorkgroupBytes,
   checkAttnPrefill,
 } from "../wgsl/attn_prefill.ts";
+import {
+  ATTN_PREFILL_COMBINE,
+  attnPrefillCombineBindGroup,
+  type AttnPrefillCombineConstants,
+  attnPrefillCombineGrid,
+} from "../wgsl/attn_prefill_combine.ts";
 import {
   ATTN_DECODE,
   attnDecodeBindGroup,
@@ -64,6 +73,7 @@ const { values: args } = parseArgs({
     kv: { type: "string", default: "f32,f16" },
     depths: { type: "string" },
     chunk: { type: "string" },
+    sweep: { type: "boolean", default: false },
     "no-v1": { type: "boolean", default: false },
     "prefill-only": { type: "boolean", default: false },
     "decode-only": { type: "boolean", default: false },
@@ -71,7 +81,9 @@ const { values: args } = parseArgs({
 });
 const QUICK = args.quick ?? false;
 const DEPTHS = (args.depths ?? (QUICK ? "0,256" : "0,2048,8192,32768")).split(",").map(Number);
-const CHUNK = Number(args.chunk ?? (QUICK ? 64 : 512));
+const CHUNKS = (args.chunk ?? (QUICK ? "64" : "512")).split(",").map(Number);
+/** The largest chunk (buffer sizes). */
+const CHUNK = Math.max(...CHUNKS);
 const KVS = args.kv!.split(",").map((k) => {
   if (k !== "f32" && k !== "f16") throw new RangeError(`--kv takes f32 and/or f16, got ${k}`);
   return k === "f16";
@@ -81,6 +93,8 @@ const PREFILL_ONLY = args["prefill-only"] ?? false;
 const DECODE_ONLY = args["decode-only"] ?? false;
 /** Whether to time the variants beside the engine's and the old ones (off with --quick: lavapipe is slow). */
 const SWEEP = !QUICK;
+/** Whether to time the prefill sweep of query blocks and stage widths and the first flash kernel. */
+const PREFILL_SWEEP = args.sweep ?? false;
 const H_Q = 16;
 const H_KV = 2;
 const D_H = 256;
@@ -168,15 +182,20 @@ for (const f16 of KVS) {
 const q = randomBuffer(D_H * H_Q * CHUNK);
 const qf = randomBuffer(2 * D_H * H_Q * CHUNK);
 const o = device.createBuffer({ size: 4 * D_H * H_Q * CHUNK, usage: GPUBufferUsage.STORAGE });
+/** attn_prefill's key-split partials, for up to 8 splits. */
+const part = device.createBuffer({ size: 4 * (D_H + 4) * 8 * H_Q * CHUNK, usage: GPUBufferUsage.STORAGE });
 /** Split counts of the decode sweep (the v1 kernel used up to 256 too). */
 const DECODE_SPLITS = [64, 128, 256];
 const maxSplits = Math.max(ATTN_SPLITS, ...DECODE_SPLITS);
 const partO = device.createBuffer({ size: 4 * D_H * H_Q * maxSplits, usage: GPUBufferUsage.STORAGE });
 const partMl = device.createBuffer({ size: 4 * 2 * H_Q * maxSplits, usage: GPUBufferUsage.STORAGE });
-// AttnParams per depth, prefill at 512·i, decode at 512·i + 256 (storage offsets are multiples of 256).
-const params = device.createBuffer({ size: 512 * DEPTHS.length, usage: STORAGE });
+// AttnParams per depth i and chunk ci: prefill at 512·(ci·depths + i), decode at 512·i + 256 (storage
+// offsets are multiples of 256).
+const params = device.createBuffer({ size: 512 * DEPTHS.length * CHUNKS.length, usage: STORAGE });
 DEPTHS.forEach((d, i) => {
-  device.queue.writeBuffer(params, 512 * i, Uint32Array.from(packAttnParams(d, CHUNK)));
+  CHUNKS.forEach((c, ci) => {
+    device.queue.writeBuffer(params, 512 * (ci * DEPTHS.length + i), Uint32Array.from(packAttnParams(d, c)));
+  });
   device.queue.writeBuffer(params, 512 * i + 256, Uint32Array.from(packAttnParams(d, 1)));
 });
 
@@ -191,7 +210,8 @@ interface Job {
 const jobs: Job[] = [];
 
 // Prefill: q·k and p·v over every visible key of every query head.
-const prefillFlops = (depth: number) => 4 * D_H * H_Q * (CHUNK * depth + (CHUNK * (CHUNK + 1)) / 2);
+const prefillFlops = (depth: number, chunk: number) =>
+  4 * D_H * H_Q * (chunk * depth + (chunk * (chunk + 1)) / 2);
 /** Repetitions per timed pass: about 20 ms of work at the rate given (FLOP/s or B/s). */
 const repsFor = (work: number, rate: number) => Math.max(1, Math.min(20, Math.round(0.02 / (work / rate))));
 
@@ -295,94 +315,148 @@ async function decodeJobs(
   }
 }
 
+/** The prefill variant's line fields, its dispatches (attn_prefill, then attn_prefill_combine with NS > 1). */
+async function prefillVariant(
+  c: AttnPrefillConstants,
+  chunk: number,
+  buffers: { params: GPUBufferBinding; kCache: GPUBuffer; vCache: GPUBuffer },
+): Promise<{ fields: Record<string, unknown>; ops: Job["ops"] }> {
+  const pipeline = await cache.get(ATTN_PREFILL, c);
+  const b = { ...buffers, q, qf, o: c.NS > 1 ? part : o };
+  const ops: Job["ops"] = [{
+    pipeline,
+    bindGroup: attnPrefillBindGroup(device, { pipeline, constants: c, nTokens: chunk, buffers: b }),
+    grid: attnPrefillGrid(c, chunk),
+  }];
+  if (c.NS > 1) {
+    const cc: AttnPrefillCombineConstants = { H_Q, D_H, NS: c.NS, WG: 256 };
+    const pc = await cache.get(ATTN_PREFILL_COMBINE, cc);
+    ops.push({
+      pipeline: pc,
+      bindGroup: attnPrefillCombineBindGroup(device, {
+        pipeline: pc,
+        constants: cc,
+        nTokens: chunk,
+        buffers: { params: buffers.params, part, qf, o },
+      }),
+      grid: attnPrefillCombineGrid(cc, chunk),
+    });
+  }
+  const fields = {
+    key: variantKey(ATTN_PREFILL, c),
+    bq: c.BQ,
+    dc: c.DC,
+    ns: c.NS,
+    workgroupBytes: attnPrefillWorkgroupBytes(c),
+  };
+  return { fields, ops };
+}
+
+/**
+ * Prefill jobs of a `chunk`-token chunk after `depth` positions (AttnParams at 512·(ci·depths + i)): v1, the
+ * first flash kernel (with --sweep), the engine's variant for this chunk ("engine": key splits from the
+ * chunk's workgroups), the variant before key splits ("default": NS 1), NS 1-8 of the preferred query
+ * blocks ("split") and with --sweep the BQ x DC list ("sweep").
+ */
+async function prefillJobs(
+  ci: number,
+  chunk: number,
+  i: number,
+  depth: number,
+  kv: { f16: boolean; k: GPUBuffer; v: GPUBuffer },
+): Promise<void> {
+  const f16 = kv.f16;
+  const p = { buffer: params, offset: 512 * (ci * DEPTHS.length + i), size: 8 };
+  const shape = { H_Q, H_KV, D_H, P_MAX, SCALE, KV_F16: f16 };
+  const flops = prefillFlops(depth, chunk);
+  const base = { op: "prefill", depth, chunk, kvF16: f16 };
+  if (!args["no-v1"]) {
+    const c = { ...shape, BQ: 1, TILE: 8, WG: 256 };
+    const pipeline = await cache.get(ATTN_PREFILL_V1, c);
+    const bg = bindGroup(device, pipeline, [p, q, qf, kv.k, kv.v, o]);
+    jobs.push({
+      line: { ...base, variant: "v1", key: variantKey(ATTN_PREFILL_V1, c) },
+      ops: [{ pipeline, bindGroup: bg, grid: [chunk, H_KV, 1] }],
+      reps: repsFor(flops, 1e12),
+      work: flops,
+      best: Infinity,
+    });
+  }
+  // The first flash kernel: the engine's choice for this device, and its best H200 sweep variant.
+  for (const [name, ov] of [["v2-engine", {}], ["v2-best", { bq: 2, tile: 16, dc: 64 }]] as const) {
+    const c = attnPrefillV2Constants(shape, { maxWorkgroupBytes: maxWg, ...ov });
+    if (c === undefined || !PREFILL_SWEEP) continue;
+    const pipeline = await cache.get(ATTN_PREFILL_V2, c);
+    jobs.push({
+      line: {
+        ...base,
+        variant: name,
+        key: variantKey(ATTN_PREFILL_V2, c),
+        workgroupBytes: attnPrefillV2WorkgroupBytes(c),
+      },
+      ops: [{
+        pipeline,
+        bindGroup: bindGroup(device, pipeline, [p, q, qf, kv.k, kv.v, o]),
+        grid: [Math.ceil(chunk / c.BQ), H_KV, 1],
+      }],
+      reps: repsFor(flops, 1e12),
+      work: flops,
+      best: Infinity,
+    });
+  }
+  const engine = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, nTokens: chunk });
+  const variants: { variant: string; c: AttnPrefillConstants }[] = [
+    { variant: "engine", c: engine },
+    { variant: "default", c: attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg }) },
+  ];
+  // Key splits of the preferred query blocks (the first is this device's; BQ 2 DC 32 fits 32 KiB).
+  const tries: { variant: string; ov: { bq?: number; dc?: number; ns: number } }[] = [];
+  for (const ns of QUICK ? [3] : [1, 2, 3, 4, 8]) tries.push({ variant: "split", ov: { ns } });
+  for (const ns of QUICK ? [] : [1, 2, 4]) tries.push({ variant: "split", ov: { bq: 2, dc: 32, ns } });
+  // Query block (R = 8·BQ rows) and K stage width; TILE = D_H / 4 and WG = R·D_H / 64 follow from them.
+  const sweep: { bq: number; dc: number }[] = [
+    { bq: 1, dc: 16 },
+    { bq: 2, dc: 16 },
+    { bq: 2, dc: 64 },
+    { bq: 4, dc: 32 },
+    { bq: 4, dc: 64 },
+    { bq: 8, dc: 16 },
+  ];
+  for (const ov of PREFILL_SWEEP ? sweep : []) {
+    for (const ns of [1, attnPrefillSplits(H_KV, ov.bq, chunk)]) {
+      tries.push({ variant: "sweep", ov: { ...ov, ns } });
+    }
+  }
+  for (const t of tries) {
+    let c: AttnPrefillConstants;
+    try {
+      c = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, ...t.ov });
+      checkAttnPrefill(c, chunk, maxWg);
+    } catch {
+      continue; // does not fit this device
+    }
+    if (!variants.some((v) => variantKey(ATTN_PREFILL, v.c) === variantKey(ATTN_PREFILL, c))) {
+      variants.push({ variant: t.variant, c });
+    }
+  }
+  for (const v of variants) {
+    const { fields, ops } = await prefillVariant(v.c, chunk, { params: p, kCache: kv.k, vCache: kv.v });
+    jobs.push({
+      line: { ...base, variant: v.variant, ...fields },
+      ops,
+      reps: repsFor(flops, 1e13),
+      work: flops,
+      best: Infinity,
+    });
+  }
+}
+
 for (const [i, depth] of DEPTHS.entries()) {
-  const p = { buffer: params, offset: 512 * i, size: 8 };
   for (const f16 of KVS) {
     const kv = caches.get(f16)!;
     if (!PREFILL_ONLY) await decodeJobs(i, depth, { f16, ...kv });
     if (DECODE_ONLY) continue;
-    const shape = { H_Q, H_KV, D_H, P_MAX, SCALE, KV_F16: f16 };
-    const buffers = { params: p, q, qf, kCache: kv.k, vCache: kv.v, o };
-    const flops = prefillFlops(depth);
-    if (!args["no-v1"]) {
-      const c = { ...shape, BQ: 1, TILE: 8, WG: 256 };
-      const pipeline = await cache.get(ATTN_PREFILL_V1, c);
-      const bg = bindGroup(device, pipeline, [p, q, qf, kv.k, kv.v, o]);
-      jobs.push({
-        line: { op: "prefill", variant: "v1", key: variantKey(ATTN_PREFILL_V1, c), depth, kvF16: f16 },
-        ops: [{ pipeline, bindGroup: bg, grid: [CHUNK, H_KV, 1] }],
-        reps: repsFor(flops, 1e12),
-        work: flops,
-        best: Infinity,
-      });
-    }
-    // The first flash kernel: the engine's choice for this device, and its best H200 sweep variant.
-    for (const [name, ov] of [["v2-engine", {}], ["v2-best", { bq: 2, tile: 16, dc: 64 }]] as const) {
-      const c = attnPrefillV2Constants(shape, { maxWorkgroupBytes: maxWg, ...ov });
-      if (c === undefined || (!SWEEP && name !== "v2-engine")) continue;
-      const pipeline = await cache.get(ATTN_PREFILL_V2, c);
-      jobs.push({
-        line: {
-          op: "prefill",
-          variant: name,
-          key: variantKey(ATTN_PREFILL_V2, c),
-          workgroupBytes: attnPrefillV2WorkgroupBytes(c),
-          depth,
-          kvF16: f16,
-        },
-        ops: [{
-          pipeline,
-          bindGroup: bindGroup(device, pipeline, [p, q, qf, kv.k, kv.v, o]),
-          grid: attnPrefillGrid(c, CHUNK),
-        }],
-        reps: repsFor(flops, 1e12),
-        work: flops,
-        best: Infinity,
-      });
-    }
-    const engine = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg });
-    const variants: AttnPrefillConstants[] = [engine];
-    // Query block (R = 8·BQ rows) and K stage width; TILE = D_H / 4 and WG = R·D_H / 64 follow from them.
-    const sweep: { bq: number; dc: number }[] = [
-      { bq: 1, dc: 16 },
-      { bq: 2, dc: 16 },
-      { bq: 2, dc: 32 },
-      { bq: 2, dc: 64 },
-      { bq: 4, dc: 16 },
-      { bq: 4, dc: 32 },
-      { bq: 4, dc: 64 },
-      { bq: 8, dc: 16 },
-    ];
-    for (const ov of SWEEP ? sweep : []) {
-      let c: AttnPrefillConstants;
-      try {
-        c = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, ...ov });
-        checkAttnPrefill(c, CHUNK, maxWg);
-      } catch {
-        continue; // does not fit this device
-      }
-      if (!variants.some((v) => variantKey(ATTN_PREFILL, v) === variantKey(ATTN_PREFILL, c))) {
-        variants.push(c);
-      }
-    }
-    for (const c of variants) {
-      const pipeline = await cache.get(ATTN_PREFILL, c);
-      const bg = attnPrefillBindGroup(device, { pipeline, constants: c, nTokens: CHUNK, buffers });
-      jobs.push({
-        line: {
-          op: "prefill",
-          variant: c === engine ? "engine" : "sweep",
-          key: variantKey(ATTN_PREFILL, c),
-          workgroupBytes: attnPrefillWorkgroupBytes(c),
-          depth,
-          kvF16: f16,
-        },
-        ops: [{ pipeline, bindGroup: bg, grid: attnPrefillGrid(c, CHUNK) }],
-        reps: repsFor(flops, 1e13),
-        work: flops,
-        best: Infinity,
-      });
-    }
+    for (const [ci, chunk] of CHUNKS.entries()) await prefillJobs(ci, chunk, i, depth, { f16, ...kv });
   }
 }
 
@@ -407,7 +481,7 @@ for (let r = 0; r < ROUNDS; r++) {
 }
 for (const j of jobs) {
   const rate = j.line.op === "prefill"
-    ? { tflops: +(j.work / j.best / 1e12).toFixed(3), chunk: CHUNK }
+    ? { tflops: +(j.work / j.best / 1e12).toFixed(3) }
     : { gbps: Math.round(j.work / j.best / 1e9) };
   console.log(JSON.stringify({
     bench: "attention",

@@ -10,6 +10,7 @@ import wgsl_argmax_topk from "./argmax_topk.wgsl" with { type: "text" };
 import wgsl_attn_combine from "./attn_combine.wgsl" with { type: "text" };
 import wgsl_attn_decode from "./attn_decode.wgsl" with { type: "text" };
 import wgsl_attn_prefill from "./attn_prefill.wgsl" with { type: "text" };
+import wgsl_attn_prefill_combine from "./attn_prefill_combine.wgsl" with { type: "text" };
 import wgsl_attn_qk_rope from "./attn_qk_rope.wgsl" with { type: "text" };
 import wgsl_gdn_chunk from "./gdn_chunk.wgsl" with { type: "text" };
 import wgsl_gdn_chunk_norm from "./gdn_chunk_norm.wgsl" with { type: "text" };
@@ -61,6 +62,7 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "attn_combine.wgsl": wgsl_attn_combine,
   "attn_decode.wgsl": wgsl_attn_decode,
   "attn_prefill.wgsl": wgsl_attn_prefill,
+  "attn_prefill_combine.wgsl": wgsl_attn_prefill_combine,
   "attn_qk_rope.wgsl": wgsl_attn_qk_rope,
   "gdn_chunk.wgsl": wgsl_gdn_chunk,
   "gdn_chunk_norm.wgsl": wgsl_gdn_chunk_norm,

@@ -4,7 +4,8 @@
  * A workgroup keeps the queries of BQ tokens times the G heads of one KV head in workgroup memory and walks
  * the keys in tiles of TILE: scores and outputs are register blocks of each invocation, K and V stream
  * through one staging buffer a stage ahead. The variant follows the device's workgroup memory
- * ({@linkcode attnPrefillConstants}).
+ * ({@linkcode attnPrefillConstants}). With NS > 1 key splits (grid z) the kernel leaves per-split partials
+ * that `attn_prefill_combine` merges and gates.
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
@@ -14,7 +15,9 @@ import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } fr
 /**
  * Constants of `attn_prefill.wgsl`: heads, headDim, cache capacity, query tokens per workgroup (BQ), key
  * positions per tile (TILE = D_H / 4), K dims per stage (DC; a V stage is TILE * DC / D_H rows), workgroup
- * size (WG = R * D_H / 64: one invocation per 4 x 4 scores and 4 x 16 outputs), score scale, f16 KV cache.
+ * size (WG = R * D_H / 64: one invocation per 4 x 4 scores and 4 x 16 outputs), key splits per query block
+ * (NS; 1: the kernel writes the gated output itself) and the fewest tiles a split walks (SPLIT_MIN), score
+ * scale, f16 KV cache.
  */
 export type AttnPrefillConstants = {
   readonly H_Q: number;
@@ -25,6 +28,8 @@ export type AttnPrefillConstants = {
   readonly TILE: number;
   readonly DC: number;
   readonly WG: number;
+  readonly NS: number;
+  readonly SPLIT_MIN: number;
   readonly SCALE: number;
   readonly KV_F16: boolean;
 };
@@ -43,6 +48,8 @@ export const ATTN_PREFILL: KernelSpec = {
     TILE: "u32",
     DC: "u32",
     WG: "u32",
+    NS: "u32",
+    SPLIT_MIN: "u32",
     SCALE: "f32",
     KV_F16: "bool",
   },
@@ -51,7 +58,8 @@ export const ATTN_PREFILL: KernelSpec = {
 /**
  * Binding order: params AttnParams; q f32 ne=[D_H, H_Q, nTokens]; qf f32 ne=[2*D_H, H_Q, nTokens];
  * kCache, vCache u32 words
- * of ne=[D_H, P_MAX, H_KV] ({@linkcode kvCacheWords}: f32, or f16 pairs with KV_F16); o f32 ne=[D_H, H_Q, nTokens].
+ * of ne=[D_H, P_MAX, H_KV] ({@linkcode kvCacheWords}: f32, or f16 pairs with KV_F16); o f32 ne=[D_H, H_Q, nTokens]
+ * (NS > 1: the partials, ne=[D_H + 4, NS, H_Q, nTokens], {@linkcode attnPrefillOutNe}).
  */
 export const ATTN_PREFILL_BINDINGS = ["params", "q", "qf", "kCache", "vCache", "o"] as const;
 
@@ -67,6 +75,29 @@ export type AttnPrefillShape = {
   readonly SCALE: number;
   readonly KV_F16: boolean;
 };
+
+/** `ne` of the `o` binding: the output, or with NS > 1 each split's O row then its (m, l, 0, 0). */
+export function attnPrefillOutNe(c: AttnPrefillConstants, nTokens: number): number[] {
+  return c.NS > 1 ? [c.D_H + 4, c.NS, c.H_Q, nTokens] : [c.D_H, c.H_Q, nTokens];
+}
+
+/**
+ * Fewest key tiles (TILE = D_H / 4 positions) a split walks: near the diagonal and at shallow depths a block
+ * uses fewer splits (the rest only mark themselves empty) rather than splitting a few tiles NS ways.
+ */
+export const ATTN_PREFILL_SPLIT_MIN = 4;
+
+/**
+ * Workgroups the key splits aim for: NS = ceil(this / (ceil(nTokens / BQ) * H_KV)), at most 8. A 512-token
+ * chunk of the 35B-A3B shape is 256 workgroups of 128 invocations on the H200's 132 SMs without splits (NS
+ * 4); 2,048-token chunks already have 1,024 (NS 1).
+ */
+export const ATTN_PREFILL_TARGET_WORKGROUPS = 1024;
+
+/** Key splits for a chunk of `nTokens` in query blocks of `bq` (see {@linkcode ATTN_PREFILL_TARGET_WORKGROUPS}). */
+export function attnPrefillSplits(hKv: number, bq: number, nTokens: number): number {
+  return Math.min(8, Math.ceil(ATTN_PREFILL_TARGET_WORKGROUPS / (Math.ceil(nTokens / bq) * hKv)));
+}
 
 /** Workgroup memory of one variant in bytes (must fit the device's maxComputeWorkgroupStorageSize). */
 export function attnPrefillWorkgroupBytes(c: AttnPrefillConstants): number {
@@ -97,18 +128,35 @@ const PREFERRED: readonly { bq: number; dc: number }[] = [
  * Constants for `shape`: BQ query tokens per workgroup and DC K dims per stage (defaults from
  * {@linkcode PREFERRED}, the first whose workgroup memory fits `maxWorkgroupBytes`); TILE = D_H / 4 keys and
  * WG = R * D_H / 64 invocations follow from the kernel's fixed 4 x 4 score and 4 x 16 output blocks. DC is
- * lowered (to 8 at least) until a stage is at most 8 loads per invocation. Overrides (tests, benchmarks) are
- * checked like the defaults.
+ * lowered (to 8 at least) until a stage is at most 8 loads per invocation. NS: `ns`, else from `nTokens`
+ * ({@linkcode attnPrefillSplits}), else 1; SPLIT_MIN: `splitMin` or {@linkcode ATTN_PREFILL_SPLIT_MIN}.
+ * Overrides (tests, benchmarks) are checked like the defaults.
  * @throws {RangeError} when no variant fits the device or an override breaks a limit
  */
 export function attnPrefillConstants(
   shape: AttnPrefillShape,
-  opts: { maxWorkgroupBytes: number; bq?: number; dc?: number },
+  opts: {
+    maxWorkgroupBytes: number;
+    bq?: number;
+    dc?: number;
+    nTokens?: number;
+    ns?: number;
+    splitMin?: number;
+  },
 ): AttnPrefillConstants {
   const g = shape.H_Q / shape.H_KV;
   const build = (bq: number, dc: number): AttnPrefillConstants => {
     const r = bq * g;
-    const c = { ...shape, BQ: bq, TILE: shape.D_H / 4, DC: Math.min(dc, shape.D_H), WG: r * shape.D_H / 64 };
+    const ns = opts.ns ?? (opts.nTokens === undefined ? 1 : attnPrefillSplits(shape.H_KV, bq, opts.nTokens));
+    const c = {
+      ...shape,
+      BQ: bq,
+      TILE: shape.D_H / 4,
+      DC: Math.min(dc, shape.D_H),
+      WG: r * shape.D_H / 64,
+      NS: ns,
+      SPLIT_MIN: opts.splitMin ?? ATTN_PREFILL_SPLIT_MIN,
+    };
     let d = c.DC;
     while (d > 8 && stageLoads({ ...c, DC: d }) > 8) d /= 2;
     return { ...c, DC: d };
@@ -159,6 +207,8 @@ export function checkAttnPrefill(c: AttnPrefillConstants, nTokens: number, maxWo
     `attn_prefill: DC (${c.DC}) must be a multiple of 8 dividing D_H (${c.D_H}) with at most 8 loads per ` +
       `invocation per stage (TILE * DC / (4 or 8) / WG = ${stageLoads(c)}): lower DC`,
   );
+  checkInt("attn_prefill: NS", c.NS, 1, 64);
+  checkInt("attn_prefill: SPLIT_MIN", c.SPLIT_MIN, 1, 2 ** 24);
   checkShape(c.SCALE > 0, `attn_prefill: SCALE must be > 0, got ${c.SCALE}`);
   const bytes = attnPrefillWorkgroupBytes(c);
   checkShape(
@@ -189,13 +239,13 @@ export function attnPrefillBindGroup(
   checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, n]);
   checkBinding(k, "kCache", b.kCache, [kvCacheWords(c)]);
   checkBinding(k, "vCache", b.vCache, [kvCacheWords(c)]);
-  checkBinding(k, "o", b.o, [c.D_H, c.H_Q, n]);
+  checkBinding(k, "o", b.o, attnPrefillOutNe(c, n));
   return bindGroup(device, opts.pipeline, ATTN_PREFILL_BINDINGS.map((name) => b[name]));
 }
 
-/** Dispatch grid: ceil(nTokens / BQ) query blocks by H_KV KV heads. */
+/** Dispatch grid: ceil(nTokens / BQ) query blocks by H_KV KV heads by NS key splits. */
 export function attnPrefillGrid(c: AttnPrefillConstants, nTokens: number): [number, number, number] {
-  return [Math.ceil(nTokens / c.BQ), c.H_KV, 1];
+  return [Math.ceil(nTokens / c.BQ), c.H_KV, c.NS];
 }
 
 /**

@@ -11,8 +11,16 @@
 //   k_cache  K[g][u][d], ne=[D_H, P_MAX, H_KV], holding positions 0..pos0+n_tokens-1: f32, or with KV_F16
 //            two f16 per word (low half = even d); read as vec4<u32> (4 f32 or 8 f16 dims)
 //   v_cache  V likewise
-//   o        f32 ne=[D_H, H_Q, nTok]        gated attention output
-// Grid (ceil(nTok / BQ), H_KV): workgroup (b, g) owns the R = BQ * G query rows of tokens b*BQ .. b*BQ+BQ-1
+//   o        f32 ne=[D_H, H_Q, nTok]        gated attention output; with NS > 1 the partials instead,
+//            ne=[D_H + 4, NS, H_Q, nTok]: row (t, h) of split s holds O_s = sum_u exp(s_u - m_s) V[u] over the
+//            split's keys (unnormalized, ungated), then the quad (m_s, l_s, 0, 0); attn_prefill_combine merges
+// Key splits (grid z, NS): split s of a block of keys 0..end-1 (nt = ceil(end / TILE) tiles) walks tiles
+// s*per .. s*per+per-1, per = max(SPLIT_MIN, ceil(nt / NS)); at depth they multiply the workgroups by NS
+// (a 512-token chunk alone is 256 workgroups on 132 SMs), near the diagonal the later splits are empty and
+// only write (m, l) = (NEG, 0). A row sees the first key of its split or none of it (keys run from the
+// split's first to the row's position): then its m stays NEG (its l and O are sums of exp(NEG - NEG) = 1,
+// not 0) and the combine skips the split, as it skips empty ones.
+// Grid (ceil(nTok / BQ), H_KV, NS): workgroup (b, g, s) owns the R = BQ * G query rows of tokens b*BQ .. b*BQ+BQ-1
 // and the G = H_Q / H_KV heads of KV head g (row r = token r / G, head g*G + r % G), so every K/V element it
 // stages serves R rows (GQA). The R rows of q stay in workgroup memory for the whole pass. Keys run from 0 to
 // the block's last position (tiles after it are never visited; the diagonal tiles are masked).
@@ -29,7 +37,8 @@
 //      and the row sums l of its rows (it reads every p of them): 4 quads of V and 4 broadcast loads of p
 //      feed 64 FMAs per key.
 // At the end, o = O / l * sigmoid(gate).
-// Constants: const H_Q, H_KV, D_H, P_MAX, BQ, TILE, DC, WG: u32; const SCALE: f32; const KV_F16: bool.
+// Constants: const H_Q, H_KV, D_H, P_MAX, BQ, TILE, DC, WG, NS, SPLIT_MIN: u32; const SCALE: f32;
+// const KV_F16: bool.
 // Limits (attn_prefill.ts checks them): H_Q % H_KV == 0; R % 4 == 0; D_H % 64 == 0; TILE == D_H / 4 and
 // WG == R * D_H / 64 (the 4 x 4 and 4 x 16 blocks cover the tile's scores and O exactly); D_H % DC == 0;
 // DC % 8 == 0; a stage is at most 8 loads per invocation (TILE * DC / (4 or 8) <= 8 * WG); workgroup memory
@@ -70,6 +79,8 @@ const KV_QUADS: u32 = max(TILE * KROW, TV * DQ);
 const LD: u32 = select(4u, 8u, KV_F16);
 const STAGE_LOADS: u32 = TILE * DC / LD;
 const NL: u32 = (STAGE_LOADS + WG - 1u) / WG;
+// Quads per partial row (NS > 1): D_H / 4 of O, then (m, l, 0, 0).
+const PQ: u32 = DQ + 1u;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
 
@@ -187,6 +198,21 @@ fn write_row(blk: u32, r: u32, n: u32, g: u32, dl: u32, l: f32, a0: vec4<f32>, a
   }
 }
 
+// Split s's partial of row r (NS > 1): O at quads dl + j*DG unnormalized, (m, l) by lane dl == 0.
+fn write_part(blk: u32, r: u32, n: u32, g: u32, s: u32, dl: u32, m: f32, l: f32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) {
+  let t = blk * BQ + r / G;
+  if (t < n) {
+    let pb = ((t * H_Q + g * G + r % G) * NS + s) * PQ;
+    o[pb + dl] = a0;
+    o[pb + dl + DG] = a1;
+    o[pb + dl + 2u * DG] = a2;
+    o[pb + dl + 3u * DG] = a3;
+    if (dl == 0u) {
+      o[pb + DQ] = vec4<f32>(m, l, 0.0, 0.0);
+    }
+  }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
   let blk = wid.x;
@@ -198,8 +224,28 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     return;
   }
   let end = min(pos0 + min(blk * BQ + BQ, n), P_MAX);
+  // This split's keys ta..tb-1 (NS = 1: all of them).
+  let split = wid.z;
+  let nt = (end + TILE - 1u) / TILE;
+  let per = max(SPLIT_MIN, (nt + NS - 1u) / NS);
+  let ta = min(split * per, nt) * TILE;
+  let tb = min(ta + per * TILE, end);
+  let dl = lid % DG;
+  let o0 = (lid / DG) * 4u;
+  if (ta >= tb) {
+    // An empty split (uniform per workgroup): its rows' (m, l) only; the combine skips its O.
+    if (dl == 0u) {
+      for (var i = 0u; i < 4u; i++) {
+        let t = blk * BQ + (o0 + i) / G;
+        if (t < n) {
+          o[((t * H_Q + g * G + (o0 + i) % G) * NS + split) * PQ + DQ] = vec4<f32>(NEG, 0.0, 0.0, 0.0);
+        }
+      }
+    }
+    return;
+  }
   let kv_base = g * P_MAX * D_H;
-  fetch(true, kv_base, 0u, 0u, end, lid);
+  fetch(true, kv_base, ta, 0u, end, lid);
 
   for (var i = lid; i < R * DQ; i += WG) {
     let r = i / DQ;
@@ -207,9 +253,8 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     qs[r * QROW + i % DQ] = q[(t * H_Q + g * G + r % G) * DQ + i % DQ];
   }
   let kl = lid % KQ;
+  // KQ == DG (TILE == D_H / 4): the rows r0.. of the S phase are the rows o0.. of the O phase.
   let r0 = (lid / KQ) * 4u;
-  let dl = lid % DG;
-  let o0 = (lid / DG) * 4u;
   let qpos = vec4<u32>(pos0) + vec4<u32>(
     row_token(blk, r0, n),
     row_token(blk, r0 + 1u, n),
@@ -235,8 +280,8 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   var a32 = vec4<f32>(0.0);
   var a33 = vec4<f32>(0.0);
 
-  // Every row sees position 0 in the first tile, so m is a real score from then on.
-  for (var t0 = 0u; t0 < end; t0 += TILE) {
+  // NS = 1: every row sees position 0 in the first tile, so m is a real score from then on.
+  for (var t0 = ta; t0 < tb; t0 += TILE) {
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);
     var s2 = vec4<f32>(0.0);
@@ -277,7 +322,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     commit(false, lid);
     if (NVS > 1u) {
       fetch(false, kv_base, t0 + TV, 0u, end, lid);
-    } else if (t0 + TILE < end) {
+    } else if (t0 + TILE < tb) {
       fetch(true, kv_base, t0 + TILE, 0u, end, lid);
     }
     var tm = vec4<f32>(NEG);
@@ -323,7 +368,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
         workgroupBarrier();
         if (vi + 1u < NVS) {
           fetch(false, kv_base, t0 + (vi + 1u) * TV, 0u, end, lid);
-        } else if (t0 + TILE < end) {
+        } else if (t0 + TILE < tb) {
           fetch(true, kv_base, t0 + TILE, 0u, end, lid);
         }
       }
@@ -356,8 +401,15 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     }
   }
 
-  write_row(blk, o0, n, g, dl, l.x, a00, a01, a02, a03);
-  write_row(blk, o0 + 1u, n, g, dl, l.y, a10, a11, a12, a13);
-  write_row(blk, o0 + 2u, n, g, dl, l.z, a20, a21, a22, a23);
-  write_row(blk, o0 + 3u, n, g, dl, l.w, a30, a31, a32, a33);
+  if (NS > 1u) {
+    write_part(blk, o0, n, g, split, dl, m.x, l.x, a00, a01, a02, a03);
+    write_part(blk, o0 + 1u, n, g, split, dl, m.y, l.y, a10, a11, a12, a13);
+    write_part(blk, o0 + 2u, n, g, split, dl, m.z, l.z, a20, a21, a22, a23);
+    write_part(blk, o0 + 3u, n, g, split, dl, m.w, l.w, a30, a31, a32, a33);
+  } else {
+    write_row(blk, o0, n, g, dl, l.x, a00, a01, a02, a03);
+    write_row(blk, o0 + 1u, n, g, dl, l.y, a10, a11, a12, a13);
+    write_row(blk, o0 + 2u, n, g, dl, l.z, a20, a21, a22, a23);
+    write_row(blk, o0 + 3u, n, g, dl, l.w, a30, a31, a32, a33);
+  }
 }

@@ -8,8 +8,15 @@ import {
   attnPrefillBindGroup,
   type AttnPrefillConstants,
   attnPrefillConstants,
+  attnPrefillOutNe,
   encodeAttnPrefill,
 } from "./attn_prefill.ts";
+import {
+  ATTN_PREFILL_COMBINE,
+  attnPrefillCombineBindGroup,
+  type AttnPrefillCombineConstants,
+  encodeAttnPrefillCombine,
+} from "./attn_prefill_combine.ts";
 import {
   ATTN_QK_ROPE,
   attnQkRopeBindGroup,
@@ -35,6 +42,9 @@ interface Case {
   bq?: number;
   dc?: number;
   kvF16?: boolean;
+  /** Key splits (then attn_prefill_combine merges them) and the fewest tiles per split. */
+  ns?: number;
+  splitMin?: number;
 }
 
 Deno.test("attn_prefill: chunks after a cache of any depth match the reference, across tiles and tails", async () => {
@@ -61,6 +71,23 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
     { hQ: 4, hKv: 1, pos0: 3, nTokens: 13, nGrid: 13, bq: 4, kvF16: true },
     // Depth far past the tile, f16 cache, a 3-token tail block, the engine's variant.
     { hQ: 16, hKv: 2, pos0: 301, nTokens: 19, nGrid: 19, kvF16: true },
+    // Key splits: one tile each (the block of positions 319-320 straddles tiles 4 and 5: row 319 sees nothing
+    // of split 5, whose partial the combine must skip), splits 6 and 7 empty; SPLIT_MIN 4 leaves split 3 of 4 empty; 2 splits
+    // of 4-token blocks (190-193 straddles 192); f16; random.
+    { hQ: 16, hKv: 2, pos0: 301, nTokens: 21, nGrid: 24, ns: 8, splitMin: 1 },
+    { hQ: 16, hKv: 2, pos0: 600, nTokens: 9, nGrid: 9, ns: 4 },
+    { hQ: 4, hKv: 1, pos0: 190, nTokens: 13, nGrid: 16, bq: 4, ns: 2, splitMin: 1 },
+    { hQ: 16, hKv: 2, pos0: 190, nTokens: 5, nGrid: 5, ns: 3, splitMin: 1, kvF16: true },
+    {
+      hQ: 4,
+      hKv: 1,
+      pos0: rng.int(0, 400),
+      nTokens: rng.int(1, 30),
+      nGrid: 30,
+      bq: 1,
+      ns: rng.int(2, 5),
+      splitMin: rng.int(1, 3),
+    },
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -82,7 +109,7 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
     };
     const pc = attnPrefillConstants(
       { H_Q: hQ, H_KV: hKv, D_H: dH, P_MAX: pMax, SCALE: 1 / Math.sqrt(dH), KV_F16: k.kvF16 ?? false },
-      { maxWorkgroupBytes, bq: k.bq, dc: k.dc },
+      { maxWorkgroupBytes, bq: k.bq, dc: k.dc, ns: k.ns, splitMin: k.splitMin },
     );
     const qf = rng.normals(2 * dH * hQ * nGrid, 2);
     // Earlier chunks' K/V (rows < pos0); attn_qk_rope appends this chunk's rows.
@@ -99,6 +126,7 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
       kCache: upload(device, kc),
       vCache: upload(device, vc),
       o: poisoned(device, dH * hQ * nGrid),
+      part: poisoned(device, attnPrefillOutNe(pc, nGrid).reduce((a, x) => a * x, 1)),
     };
     const pr = await cache.get(ATTN_QK_ROPE, rc);
     const pp = await cache.get(ATTN_PREFILL, pc);
@@ -107,10 +135,21 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
       pipeline: pp,
       constants: pc,
       nTokens: nGrid,
-      buffers: { ...b, q: b.qOut },
+      buffers: { ...b, q: b.qOut, o: pc.NS > 1 ? b.part : b.o },
     });
     encodeAttnQkRope(pass, { pipeline: pr, bindGroup: bgR, constants: rc, nTokens: nGrid });
     encodeAttnPrefill(pass, { pipeline: pp, bindGroup: bgP, constants: pc, nTokens: nGrid });
+    if (pc.NS > 1) {
+      const cc: AttnPrefillCombineConstants = { H_Q: hQ, D_H: dH, NS: pc.NS, WG: 64 };
+      const pcm = await cache.get(ATTN_PREFILL_COMBINE, cc);
+      const bgC = attnPrefillCombineBindGroup(device, {
+        pipeline: pcm,
+        constants: cc,
+        nTokens: nGrid,
+        buffers: b,
+      });
+      encodeAttnPrefillCombine(pass, { pipeline: pcm, bindGroup: bgC, constants: cc, nTokens: nGrid });
+    }
     runs.push({ k, pc, b, qf });
   }
   pass.end();

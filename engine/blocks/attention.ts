@@ -40,7 +40,14 @@ import {
   attnPrefillBindGroup,
   attnPrefillConstants,
   attnPrefillGrid,
+  attnPrefillOutNe,
 } from "../../wgsl/attn_prefill.ts";
+import {
+  ATTN_PREFILL_COMBINE,
+  attnPrefillCombineBindGroup,
+  type AttnPrefillCombineConstants,
+  attnPrefillCombineGrid,
+} from "../../wgsl/attn_prefill_combine.ts";
 
 /**
  * Most splits of the decode attention (the capacity of the partials buffers, 16 KiB per split for 35B-A3B):
@@ -146,7 +153,8 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
     if (n === 1) {
       await attnDecode(g, `L${l}`, "", cx, { pos: cx.pos, q: A.q!, kCache, vCache, qf, o: A.o! });
     } else {
-      // The variant is the first of attn_prefill's preferred list whose workgroup memory fits the device.
+      // The variant is the first of attn_prefill's preferred list whose workgroup memory fits the device; key
+      // splits (NS) where the chunk alone has few workgroups, merged by attn_prefill_combine.
       const pc = attnPrefillConstants(
         {
           H_Q: hp.nHead,
@@ -156,8 +164,10 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
           SCALE: hp.attnScale,
           KV_F16: g.opts.kvF16,
         },
-        { maxWorkgroupBytes: g.device.limits.maxComputeWorkgroupStorageSize },
+        { maxWorkgroupBytes: g.device.limits.maxComputeWorkgroupStorageSize, nTokens: n },
       );
+      const partWords = attnPrefillOutNe(pc, n).reduce((a, x) => a * x, 1);
+      const part = pc.NS > 1 ? g.grown("attn_prefill partials", 4 * partWords) : undefined;
       await g.checked(
         `L${l}.attn_prefill`,
         ATTN_PREFILL,
@@ -167,10 +177,26 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
             pipeline,
             constants: pc,
             nTokens: n,
-            buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: A.o! },
+            buffers: { params: cx.pos, q: A.q!, qf, kCache, vCache, o: part ?? A.o! },
           }),
         attnPrefillGrid(pc, n),
       );
+      if (part) {
+        const cc: AttnPrefillCombineConstants = { H_Q: hp.nHead, D_H: hp.headDim, NS: pc.NS, WG: 256 };
+        await g.checked(
+          `L${l}.attn_prefill_combine`,
+          ATTN_PREFILL_COMBINE,
+          cc,
+          (pipeline) =>
+            attnPrefillCombineBindGroup(g.device, {
+              pipeline,
+              constants: cc,
+              nTokens: n,
+              buffers: { params: cx.pos, part, qf, o: A.o! },
+            }),
+          attnPrefillCombineGrid(cc, n),
+        );
+      }
     }
   }
   await outProj(g, `L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, A.h!);

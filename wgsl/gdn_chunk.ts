@@ -49,10 +49,11 @@ export interface GdnChunkScan {
 }
 
 /**
- * The scan shape the engine asks for (bench/gdn_chunk.ts --scan times the others at real dims);
+ * The scan shape the engine asks for (bench/gdn_chunk.ts --scan times the others at real dims: on the H200
+ * 16 columns per workgroup, 2 per invocation was the fastest shape at 512 and 2,048 tokens, docs/PERF.md);
  * {@linkcode gdnChunkScan} narrows it to what the dims allow.
  */
-export const GDN_CHUNK_SCAN: GdnChunkScan = { BJ: 16, CJ: 1 };
+export const GDN_CHUNK_SCAN: GdnChunkScan = { BJ: 16, CJ: 2 };
 
 /** Workgroup storage bound every adapter here meets (lavapipe's maxComputeWorkgroupStorageSize). */
 const SCAN_STORAGE_MAX = 32768;

@@ -6,7 +6,7 @@
  */
 import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
-import { acquireGpu, KEYS, openGguf, Stage } from "../engine/mod.ts";
+import { acquireGpu, DEFAULT_MAX_CHUNK, KEYS, openGguf, Stage } from "../engine/mod.ts";
 import { listenWorker, parseAddress, readTlsFlags, serveWorker, WireError } from "../wire/mod.ts";
 import { ChainLink } from "../wire/chain.ts";
 import { stageBackend } from "../wire/stage_backend.ts";
@@ -22,7 +22,7 @@ const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --li
   --link-key K      shared key of the chain (or LLM_LINK_KEY); both sides of each hop need the same
   --tls-cert F --tls-key F   listen with TLS (PEM files)
   --tls-ca F        trust this CA when connecting to --next over TLS
-  --chunk N         rows per prefill chunk (default 256)
+  --chunk N         rows per prefill chunk (default ${DEFAULT_MAX_CHUNK}, as the head)
   --kv-f16          KV cache in f16 (every stage must agree)
   --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)`;
 
@@ -59,7 +59,7 @@ export const command: Command = {
         "tls-cert": { type: "string" },
         "tls-key": { type: "string" },
         "tls-ca": { type: "string" },
-        chunk: { type: "string", default: "256" },
+        chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         debug: { type: "boolean", default: false },

@@ -91,6 +91,9 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
     "256",
     "--slots",
     "2",
+    // The boxes are sized for the activations of 256-token chunks (the default 2,048 needs ~100 MiB here).
+    "--chunk",
+    "256",
     "--headroom",
     "0",
     "--port",

@@ -166,3 +166,16 @@ export function checkStageInput(
     }
   }
 }
+
+/** The stage's results are void after a GPU error: what to do about it. */
+export function stageVoidError(error: string): GpuError {
+  return new GpuError(
+    `The GPU reported an error, so this stage's results are void: ${error}. Restart the server; ` +
+      `if it recurs, lower --ctx, --slots or --chunk, or report it with this message`,
+  );
+}
+
+/** Vocabulary-wide rows the logits buffer holds (activations.ts LOGITS_ROWS, or a batched step's columns). */
+export function logitsRows(logits: GPUBuffer, hp: Pick<Hparams, "nVocab">): number {
+  return Math.floor(logits.size / 4 / hp.nVocab);
+}

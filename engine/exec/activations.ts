@@ -82,9 +82,16 @@ export function stateSpecs(
 }
 
 /**
+ * Most logits rows a last stage computes at once: a prefill chunk needs one (its last token), a batched step
+ * or a draft check a few; every-row logits (`rows: "all"`) of a wider chunk run in pieces of this many
+ * (Stage.run), so a 2,048-token chunk does not hold 2,048 vocabulary-wide rows (1.9 GiB for 35B-A3B).
+ */
+export const LOGITS_ROWS = 64;
+
+/**
  * f32 words of every activation buffer of a stage: rows for a prefill chunk of `maxChunk` or a batched decode
  * step, whichever is wider; the chunked DeltaNet's scratch when chunks exceed the mat-vec width and the stage
- * has DeltaNet layers; logits on the last stage.
+ * has DeltaNet layers; logits on the last stage ({@linkcode LOGITS_ROWS} rows at most).
  */
 export function activationWords(
   hp: Hparams,
@@ -131,7 +138,9 @@ export function activationWords(
     sizes.gdnQkw = sb.wsQkw / 4;
     sizes.gdnUp = sb.wsUp / 4;
   }
-  if (o.last) sizes.logits = Math.max(hp.nVocab * T, padWords(hp.nVocab) * MAX_BATCH_SLOTS);
+  if (o.last) {
+    sizes.logits = Math.max(hp.nVocab * Math.min(T, LOGITS_ROWS), padWords(hp.nVocab) * MAX_BATCH_SLOTS);
+  }
   return sizes;
 }
 

@@ -25,7 +25,7 @@ import { KEYS, tensorName } from "../names.ts";
 import { archOf, type DeltaNetLayout, type Hparams, type TensorCheck } from "../models/mod.ts";
 import { GRAPHS } from "../models/graphs.ts";
 import { buildHybrid, type HybridModel } from "../models/_hybrid.ts";
-import { assert, GpuError } from "../errors.ts";
+import { assert } from "../errors.ts";
 import { unusedTokenMask } from "../sampling.ts";
 import {
   BATCH_TABLE_WORDS,
@@ -48,7 +48,7 @@ import {
 } from "./activations.ts";
 import { loadPlan } from "./load_plan.ts";
 import { batchSlotsCheck, runBatch } from "./_batch_run.ts";
-import { checkLoadOptions, checkStageInput, readInt8Log, underLoadScopes } from "./_load.ts";
+import * as load from "./_load.ts";
 import {
   FingerprintHasher,
   fingerprintStats,
@@ -251,8 +251,8 @@ export class Stage {
     const hp = arch.readHparams(file.metadata);
     const check = arch.checkTensors(file, hp);
     const model = GRAPHS[arch.name];
-    const { layers, maxChunk, npr } = checkLoadOptions(hp, file.path, opts, gpu.device.limits);
-    return await underLoadScopes(
+    const { layers, maxChunk, npr } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
+    return await load.underLoadScopes(
       gpu.device,
       { hp, layers, nCtx: opts.nCtx, nSlots: opts.nSlots, kvF16: opts.kvF16 ?? false },
       () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, npr }),
@@ -324,9 +324,9 @@ export class Stage {
 
   /**
    * Runs `input` through the stage for `slot`, continuing its sequence at position `base` (`base == 0`
-   * resets the slot). Prefill runs in chunks of `maxChunk`. Returns logits (last stage) or hidden rows of
-   * every position (`all`) or only the last (`last`, the default); `none` queues the work and returns at once
-   * with no rows (no readback: a later run's readback waits for it). `chunk` (1..maxChunk) sets the tokens per
+   * resets the slot). Prefill runs in chunks of `maxChunk` (every-row logits: fewer). Returns logits or
+   * hidden rows of every position (`all`) or only the last (`last`, the default); `none` queues the work
+   * (no rows, no readback: a later run's readback waits for it). `chunk` (1..maxChunk) sets the tokens per
    * chunk for this call: with 1 every row runs the one-token decode graph, so a last stage's logits equal
    * those of separate one-token runs bit for bit (a wider chunk's output norm and LM head sum in another order;
    * its state and hidden rows are the same bits up to 8 tokens), all for one readback (split draft checks).
@@ -360,8 +360,12 @@ export class Stage {
       size: out.byteLength,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     });
-    for (let at = 0; at < nTokens; at += chunk) {
-      const n = Math.min(chunk, nTokens - at);
+    // Every-row logits go in pieces of the rows the logits buffer holds (activations.ts LOGITS_ROWS).
+    const step = this.last && rows === "all"
+      ? Math.min(chunk, load.logitsRows(this.#act.logits!, this.hp))
+      : chunk;
+    for (let at = 0; at < nTokens; at += step) {
+      const n = Math.min(step, nTokens - at);
       const lastChunk = at + n === nTokens;
       const outRows = rows === "all" ? "all" : lastChunk && rows === "last" ? "last" : "none";
       device.queue.writeBuffer(this.#posParams[slot]!, 0, Uint32Array.of(base + at, n));
@@ -405,7 +409,7 @@ export class Stage {
     if (!log || !entries) {
       throw new Error("int8Log: load the stage with int8Activations and int8Log, then run()");
     }
-    return await readInt8Log(this.#gpu.device, log.buffer, entries);
+    return await load.readInt8Log(this.#gpu.device, log.buffer, entries);
   }
 
   /** Generation on one slot: {@linkcode DecodeDriver.generate} with one item. */
@@ -573,11 +577,7 @@ export class Stage {
    * (a failed request, never output computed from invalid buffers).
    */
   #gpuCheck(): void {
-    if (this.#gpuError === undefined) return;
-    throw new GpuError(
-      `The GPU reported an error, so this stage's results are void: ${this.#gpuError}. Restart the server; ` +
-        `if it recurs, lower --ctx, --slots or --chunk, or report it with this message`,
-    );
+    if (this.#gpuError !== undefined) throw load.stageVoidError(this.#gpuError);
   }
 
   #slotCheck(slot: number): void {
@@ -587,7 +587,7 @@ export class Stage {
   }
 
   #inputCheck(slot: number, input: StageInput, base: number, nTokens: number): void {
-    checkStageInput(this, { slot, held: this.#length[slot]!, input, base, nTokens });
+    load.checkStageInput(this, { slot, held: this.#length[slot]!, input, base, nTokens });
   }
 
   #tensor(name: string): GpuTensor {

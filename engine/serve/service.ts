@@ -67,8 +67,8 @@ export interface EngineOptions {
    */
   readonly snapshotBack?: number;
   /**
-   * Most prompt tokens prefilled per piece while other requests generate (default `maxChunk`: one prefill
-   * chunk; 0: a whole prompt at once). A long prompt is prefilled piece by piece, each followed by one decode
+   * Most prompt tokens prefilled per piece while other requests generate (default
+   * {@linkcode DEFAULT_PREFILL_TURN} or `maxChunk` if less; 0: a whole prompt at once). A long prompt is prefilled piece by piece, each followed by one decode
    * turn (a readback's `batch` steps) of the requests generating meanwhile, so their streams pause for one
    * piece at a time. Each piece costs one readback.
    */
@@ -115,8 +115,13 @@ export interface EngineOptions {
 const DEFAULT_TURN_TOKENS = 64;
 /** Tokens before a prompt's end of the per-slot snapshot: covers a chat template's generation cue. */
 const DEFAULT_SNAPSHOT_BACK = 8;
-/** Prefill chunk: the width bench/decode.ts measures prefill at (docs/PERF.md). */
-export const DEFAULT_MAX_CHUNK = 256;
+/**
+ * Prefill chunk: wide chunks read each weight once for more tokens (H200, 35B-A3B: 2,612 tok/s at 2,048
+ * against 1,067 at 256, docs/PERF.md); the activations grow with it (about 0.7 GB at 2,048 for 35B-A3B).
+ */
+export const DEFAULT_MAX_CHUNK = 2048;
+/** Prompt tokens per piece while other requests stream: their pause per piece stays short. */
+export const DEFAULT_PREFILL_TURN = 256;
 /** Prompt tokens per prefill round while nothing generates: a few seconds of prefill on the H200 at most. */
 export const DEFAULT_PREFILL_ALONE = 8192;
 /** Generating requests from which they share one decode step: 2, every generating request joins every step. */
@@ -230,7 +235,7 @@ export class EngineService implements Engine {
     if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
       throw new RangeError(`Engine option maxChunk must be an integer in 1..4096, got ${maxChunk}`);
     }
-    const prefillTurn = opts.prefillTurn ?? maxChunk;
+    const prefillTurn = opts.prefillTurn ?? Math.min(maxChunk, DEFAULT_PREFILL_TURN);
     const prefillAlone = opts.prefillAlone ?? DEFAULT_PREFILL_ALONE;
     const ints = [["turnTokens", turnTokens], ["snapshotBack", snapshotBack], [
       "prefillTurn",

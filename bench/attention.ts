@@ -5,7 +5,8 @@
  *   pre-flash kernel (`bench/_attn_prefill_v1.wgsl`, BQ=1 TILE=8 as the engine ran it), the register-blocked
  *   `attn_prefill` the engine runs now ("engine": NS key splits from the chunk's workgroups, then
  *   attn_prefill_combine), the same without key splits ("default", the engine's before them), NS 1-8 of
- *   the preferred query blocks ("split"); with `--sweep` also the first flash kernel
+ *   the preferred query blocks ("split"), q read from its binding (Q_GLOBAL) with 4- and 8-token blocks
+ *   and 16-64-dim stages ("qglobal"); with `--sweep` also the first flash kernel
  *   (`bench/_attn_prefill_v2.wgsl`: the engine's variant then and the best of its H200 sweep) and more
  *   query blocks and K stage widths ("sweep"); ms and TFLOP/s (4·D_H FLOPs per query head and visible key:
  *   q·k and p·v);
@@ -32,6 +33,7 @@ import {
   type AttnPrefillConstants,
   attnPrefillConstants,
   attnPrefillGrid,
+  attnPrefillOutNe,
   attnPrefillSplits,
   attnPrefillWorkgroupBytes,
   checkAttnPrefill,
@@ -182,8 +184,18 @@ for (const f16 of KVS) {
 const q = randomBuffer(D_H * H_Q * CHUNK);
 const qf = randomBuffer(2 * D_H * H_Q * CHUNK);
 const o = device.createBuffer({ size: 4 * D_H * H_Q * CHUNK, usage: GPUBufferUsage.STORAGE });
-/** attn_prefill's key-split partials, for up to 8 splits. */
-const part = device.createBuffer({ size: 4 * (D_H + 4) * 8 * H_Q * CHUNK, usage: GPUBufferUsage.STORAGE });
+/** Bytes of a variant's key-split partials for a chunk. */
+const partBytes = (c: AttnPrefillConstants, chunk: number) =>
+  4 * attnPrefillOutNe(c, chunk).reduce((a, x) => a * x, 1);
+/**
+ * attn_prefill's key-split partials: 8 splits or the most the engine's rule gives any query block (up to 8
+ * tokens), within the device's binding limit (variants that need more are left out).
+ */
+const PART_BYTES = Math.min(
+  device.limits.maxStorageBufferBindingSize,
+  Math.max(...CHUNKS.map((c) => 4 * (D_H + 4) * H_Q * c * Math.max(8, attnPrefillSplits(H_KV, 8, c)))),
+);
+const part = device.createBuffer({ size: PART_BYTES, usage: GPUBufferUsage.STORAGE });
 /** Split counts of the decode sweep (the v1 kernel used up to 256 too). */
 const DECODE_SPLITS = [64, 128, 256];
 const maxSplits = Math.max(ATTN_SPLITS, ...DECODE_SPLITS);
@@ -322,7 +334,8 @@ async function prefillVariant(
   buffers: { params: GPUBufferBinding; kCache: GPUBuffer; vCache: GPUBuffer },
 ): Promise<{ fields: Record<string, unknown>; ops: Job["ops"] }> {
   const pipeline = await cache.get(ATTN_PREFILL, c);
-  const b = { ...buffers, q, qf, o: c.NS > 1 ? part : o };
+  const partB = { buffer: part, offset: 0, size: partBytes(c, chunk) };
+  const b = { ...buffers, q, qf, o: c.NS > 1 ? partB : o };
   const ops: Job["ops"] = [{
     pipeline,
     bindGroup: attnPrefillBindGroup(device, { pipeline, constants: c, nTokens: chunk, buffers: b }),
@@ -337,7 +350,7 @@ async function prefillVariant(
         pipeline: pc,
         constants: cc,
         nTokens: chunk,
-        buffers: { params: buffers.params, part, qf, o },
+        buffers: { params: buffers.params, part: partB, qf, o },
       }),
       grid: attnPrefillCombineGrid(cc, chunk),
     });
@@ -347,6 +360,7 @@ async function prefillVariant(
     bq: c.BQ,
     dc: c.DC,
     ns: c.NS,
+    qGlobal: c.Q_GLOBAL,
     workgroupBytes: attnPrefillWorkgroupBytes(c),
   };
   return { fields, ops };
@@ -356,7 +370,7 @@ async function prefillVariant(
  * Prefill jobs of a `chunk`-token chunk after `depth` positions (AttnParams at 512·(ci·depths + i)): v1, the
  * first flash kernel (with --sweep), the engine's variant for this chunk ("engine": key splits from the
  * chunk's workgroups), the variant before key splits ("default": NS 1), NS 1-8 of the preferred query
- * blocks ("split") and with --sweep the BQ x DC list ("sweep").
+ * blocks ("split"), Q_GLOBAL blocks ("qglobal") and with --sweep the BQ x DC list ("sweep").
  */
 async function prefillJobs(
   ci: number,
@@ -405,14 +419,21 @@ async function prefillJobs(
     });
   }
   const engine = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, nTokens: chunk });
-  const variants: { variant: string; c: AttnPrefillConstants }[] = [
-    { variant: "engine", c: engine },
-    { variant: "default", c: attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg }) },
+  const variants: { variant: string; c: AttnPrefillConstants }[] = [{ variant: "engine", c: engine }];
+  const tries: { variant: string; ov: { bq?: number; dc?: number; ns?: number; qGlobal?: boolean } }[] = [
+    { variant: "default", ov: {} },
   ];
   // Key splits of the preferred query blocks (the first is this device's; BQ 2 DC 32 fits 32 KiB).
-  const tries: { variant: string; ov: { bq?: number; dc?: number; ns: number } }[] = [];
   for (const ns of QUICK ? [3] : [1, 2, 3, 4, 8]) tries.push({ variant: "split", ov: { ns } });
   for (const ns of QUICK ? [] : [1, 2, 4]) tries.push({ variant: "split", ov: { bq: 2, dc: 32, ns } });
+  // q read from its binding (Q_GLOBAL): the workgroup memory it frees allows wider stages and 8-token blocks;
+  // each with no splits and with the engine's rule for its block.
+  const qg = QUICK ? [{ bq: 4, dc: 32 }] : [16, 32, 64].flatMap((dc) => [{ bq: 4, dc }, { bq: 8, dc }]);
+  for (const ov of qg) {
+    for (const ns of new Set([1, attnPrefillSplits(H_KV, ov.bq, chunk)])) {
+      tries.push({ variant: "qglobal", ov: { ...ov, ns, qGlobal: true } });
+    }
+  }
   // Query block (R = 8·BQ rows) and K stage width; TILE = D_H / 4 and WG = R·D_H / 64 follow from them.
   const sweep: { bq: number; dc: number }[] = [
     { bq: 1, dc: 16 },
@@ -432,6 +453,7 @@ async function prefillJobs(
     try {
       c = attnPrefillConstants(shape, { maxWorkgroupBytes: maxWg, ...t.ov });
       checkAttnPrefill(c, chunk, maxWg);
+      if (c.NS > 1 && partBytes(c, chunk) > PART_BYTES) continue;
     } catch {
       continue; // does not fit this device
     }

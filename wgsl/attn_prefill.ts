@@ -17,7 +17,7 @@ import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } fr
  * positions per tile (TILE = D_H / 4), K dims per stage (DC; a V stage is TILE * DC / D_H rows), workgroup
  * size (WG = R * D_H / 64: one invocation per 4 x 4 scores and 4 x 16 outputs), key splits per query block
  * (NS; 1: the kernel writes the gated output itself) and the fewest tiles a split walks (SPLIT_MIN), score
- * scale, f16 KV cache.
+ * scale, f16 KV cache, q read from its binding at each use instead of held in workgroup memory (Q_GLOBAL).
  */
 export type AttnPrefillConstants = {
   readonly H_Q: number;
@@ -32,6 +32,7 @@ export type AttnPrefillConstants = {
   readonly SPLIT_MIN: number;
   readonly SCALE: number;
   readonly KV_F16: boolean;
+  readonly Q_GLOBAL: boolean;
 };
 
 /** Kernel spec of `attn_prefill.wgsl`. */
@@ -52,6 +53,7 @@ export const ATTN_PREFILL: KernelSpec = {
     SPLIT_MIN: "u32",
     SCALE: "f32",
     KV_F16: "bool",
+    Q_GLOBAL: "bool",
   },
 };
 
@@ -88,15 +90,20 @@ export function attnPrefillOutNe(c: AttnPrefillConstants, nTokens: number): numb
 export const ATTN_PREFILL_SPLIT_MIN = 4;
 
 /**
- * Workgroups the key splits aim for: NS = ceil(this / (ceil(nTokens / BQ) * H_KV)), at most 8. A 512-token
- * chunk of the 35B-A3B shape is 256 workgroups of 128 invocations on the H200's 132 SMs without splits (NS
- * 4); 2,048-token chunks already have 1,024 (NS 1).
+ * Workgroups the key splits aim for: NS = ceil(this / (ceil(nTokens / BQ) * H_KV)), at most
+ * {@linkcode ATTN_PREFILL_MAX_SPLITS}. A 512-token chunk of the 35B-A3B shape is 256 workgroups of 128
+ * invocations on the H200's 132 SMs without splits (NS 4); 2,048-token chunks already have 1,024 (NS 1); a
+ * 64-token turn after a long history has 32 (NS 32).
  */
 export const ATTN_PREFILL_TARGET_WORKGROUPS = 1024;
 
+/** Most key splits (the combine reads every split's (m, l) per row; SPLIT_MIN keeps shallow ones unused). */
+export const ATTN_PREFILL_MAX_SPLITS = 32;
+
 /** Key splits for a chunk of `nTokens` in query blocks of `bq` (see {@linkcode ATTN_PREFILL_TARGET_WORKGROUPS}). */
 export function attnPrefillSplits(hKv: number, bq: number, nTokens: number): number {
-  return Math.min(8, Math.ceil(ATTN_PREFILL_TARGET_WORKGROUPS / (Math.ceil(nTokens / bq) * hKv)));
+  const wgs = Math.ceil(nTokens / bq) * hKv;
+  return Math.min(ATTN_PREFILL_MAX_SPLITS, Math.ceil(ATTN_PREFILL_TARGET_WORKGROUPS / wgs));
 }
 
 /** Workgroup memory of one variant in bytes (must fit the device's maxComputeWorkgroupStorageSize). */
@@ -105,7 +112,7 @@ export function attnPrefillWorkgroupBytes(c: AttnPrefillConstants): number {
   const dq = c.D_H / 4;
   const tv = c.TILE * c.DC / c.D_H;
   const kvQuads = Math.max(c.TILE * (c.DC / 4 + 1), tv * dq);
-  return 16 * (r * (dq + 1) + kvQuads) + 4 * (c.TILE * (r + 1) + r * c.TILE / 4 + r);
+  return 16 * ((c.Q_GLOBAL ? 1 : r * (dq + 1)) + kvQuads) + 4 * (c.TILE * (r + 1) + r * c.TILE / 4 + r);
 }
 
 /** Global loads per invocation per stage (the kernel holds at most 8 in named registers). */
@@ -118,7 +125,7 @@ function stageLoads(c: AttnPrefillConstants): number {
  * memory winning: 4 tokens of 8 heads (32 rows) staged 16 dims at a time where 48 KiB allows (the H200:
  * 1.5x the 2-token blocks, docs/PERF.md); 2 tokens (16 rows) staged 32 dims at a time fits 32 KiB.
  */
-const PREFERRED: readonly { bq: number; dc: number }[] = [
+const PREFERRED: readonly { bq: number; dc: number; qGlobal?: boolean }[] = [
   { bq: 4, dc: 16 },
   { bq: 2, dc: 32 },
   { bq: 1, dc: 16 },
@@ -129,8 +136,9 @@ const PREFERRED: readonly { bq: number; dc: number }[] = [
  * {@linkcode PREFERRED}, the first whose workgroup memory fits `maxWorkgroupBytes`); TILE = D_H / 4 keys and
  * WG = R * D_H / 64 invocations follow from the kernel's fixed 4 x 4 score and 4 x 16 output blocks. DC is
  * lowered (to 8 at least) until a stage is at most 8 loads per invocation. NS: `ns`, else from `nTokens`
- * ({@linkcode attnPrefillSplits}), else 1; SPLIT_MIN: `splitMin` or {@linkcode ATTN_PREFILL_SPLIT_MIN}.
- * Overrides (tests, benchmarks) are checked like the defaults.
+ * ({@linkcode attnPrefillSplits}), else 1; SPLIT_MIN: `splitMin` or {@linkcode ATTN_PREFILL_SPLIT_MIN};
+ * Q_GLOBAL: `qGlobal`, else the preferred entry's. Overrides (tests, benchmarks) are checked like the
+ * defaults.
  * @throws {RangeError} when no variant fits the device or an override breaks a limit
  */
 export function attnPrefillConstants(
@@ -142,10 +150,11 @@ export function attnPrefillConstants(
     nTokens?: number;
     ns?: number;
     splitMin?: number;
+    qGlobal?: boolean;
   },
 ): AttnPrefillConstants {
   const g = shape.H_Q / shape.H_KV;
-  const build = (bq: number, dc: number): AttnPrefillConstants => {
+  const build = (bq: number, dc: number, qGlobal = false): AttnPrefillConstants => {
     const r = bq * g;
     const ns = opts.ns ?? (opts.nTokens === undefined ? 1 : attnPrefillSplits(shape.H_KV, bq, opts.nTokens));
     const c = {
@@ -156,6 +165,7 @@ export function attnPrefillConstants(
       WG: r * shape.D_H / 64,
       NS: ns,
       SPLIT_MIN: opts.splitMin ?? ATTN_PREFILL_SPLIT_MIN,
+      Q_GLOBAL: opts.qGlobal ?? qGlobal,
     };
     let d = c.DC;
     while (d > 8 && stageLoads({ ...c, DC: d }) > 8) d /= 2;
@@ -164,17 +174,17 @@ export function attnPrefillConstants(
   let c: AttnPrefillConstants | undefined;
   if (opts.bq !== undefined || opts.dc !== undefined) {
     const p = PREFERRED.find((x) => x.bq === opts.bq) ?? PREFERRED[0]!;
-    c = build(opts.bq ?? p.bq, opts.dc ?? p.dc);
+    c = build(opts.bq ?? p.bq, opts.dc ?? p.dc, p.qGlobal);
   } else {
     for (const p of PREFERRED) {
-      const t = build(p.bq, p.dc);
+      const t = build(p.bq, p.dc, p.qGlobal);
       if (attnPrefillWorkgroupBytes(t) <= opts.maxWorkgroupBytes) {
         c = t;
         break;
       }
     }
     const last = PREFERRED[PREFERRED.length - 1]!;
-    c ??= build(last.bq, last.dc);
+    c ??= build(last.bq, last.dc, last.qGlobal);
   }
   checkAttnPrefill(c, 1, opts.maxWorkgroupBytes);
   return c;

@@ -22,8 +22,10 @@
 // not 0) and the combine skips the split, as it skips empty ones.
 // Grid (ceil(nTok / BQ), H_KV, NS): workgroup (b, g, s) owns the R = BQ * G query rows of tokens b*BQ .. b*BQ+BQ-1
 // and the G = H_Q / H_KV heads of KV head g (row r = token r / G, head g*G + r % G), so every K/V element it
-// stages serves R rows (GQA). The R rows of q stay in workgroup memory for the whole pass. Keys run from 0 to
-// the block's last position (tiles after it are never visited; the diagonal tiles are masked).
+// stages serves R rows (GQA). The R rows of q stay in workgroup memory for the whole pass, or with Q_GLOBAL
+// are read from the q binding at each use (L1-cached; the score lanes of a warp read 2 rows): that frees
+// two thirds of the 48 KiB for wider stages (DC) or more rows (BQ). Keys run from 0 to the block's last
+// position (tiles after it are never visited; the diagonal tiles are masked).
 // The cache streams through one staging buffer in stages of TILE * DC elements: per tile D_H / DC stages of K
 // (TILE keys by DC dims) then TILE / TV stages of V (TV = TILE * DC / D_H keys by D_H dims). Every stage's
 // global loads go to registers one stage ahead and land in workgroup memory after the current stage's
@@ -38,11 +40,12 @@
 //      feed 64 FMAs per key.
 // At the end, o = O / l * sigmoid(gate).
 // Constants: const H_Q, H_KV, D_H, P_MAX, BQ, TILE, DC, WG, NS, SPLIT_MIN: u32; const SCALE: f32;
-// const KV_F16: bool.
+// const KV_F16, Q_GLOBAL: bool.
 // Limits (attn_prefill.ts checks them): H_Q % H_KV == 0; R % 4 == 0; D_H % 64 == 0; TILE == D_H / 4 and
 // WG == R * D_H / 64 (the 4 x 4 and 4 x 16 blocks cover the tile's scores and O exactly); D_H % DC == 0;
 // DC % 8 == 0; a stage is at most 8 loads per invocation (TILE * DC / (4 or 8) <= 8 * WG); workgroup memory
-// 16 * (R * (D_H / 4 + 1) + max(TILE * (DC / 4 + 1), TV * D_H / 4)) + 4 * (TILE * (R + 1) + R * TILE / 4 + R)
+// 16 * (QS + max(TILE * (DC / 4 + 1), TV * D_H / 4)) + 4 * (TILE * (R + 1) + R * TILE / 4 + R), QS = R * (D_H / 4 + 1)
+// (1 with Q_GLOBAL)
 // bytes <= the device limit (48 KiB on the H200, 32 KiB on lavapipe).
 struct AttnParams {
   pos0: u32,
@@ -84,7 +87,7 @@ const PQ: u32 = DQ + 1u;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
 
-var<workgroup> qs: array<vec4<f32>, R * QROW>;
+var<workgroup> qs: array<vec4<f32>, select(R * QROW, 1u, Q_GLOBAL)>;
 var<workgroup> kv: array<vec4<f32>, KV_QUADS>;
 var<workgroup> ps: array<f32, TILE * PROW>;
 var<workgroup> red: array<f32, R * KQ>;
@@ -103,6 +106,11 @@ var<private> pre7: vec4<u32>;
 // Token of row r, clamped to the last present token so padding rows read valid data (never written).
 fn row_token(blk: u32, r: u32, n: u32) -> u32 {
   return min(blk * BQ + r / G, n - 1u);
+}
+
+// Index of the first quad of row r's query in q (its token clamped like row_token's).
+fn q_row(blk: u32, r: u32, n: u32, g: u32) -> u32 {
+  return (row_token(blk, r, n) * H_Q + g * G + r % G) * DQ;
 }
 
 // Load i of a stage of cache rows row0.. (K: TILE rows of dims d0..d0+DC-1; V: TV rows of all dims); rows
@@ -247,7 +255,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let kv_base = g * P_MAX * D_H;
   fetch(true, kv_base, ta, 0u, end, lid);
 
-  for (var i = lid; i < R * DQ; i += WG) {
+  for (var i = lid; i < R * DQ && !Q_GLOBAL; i += WG) {
     let r = i / DQ;
     let t = row_token(blk, r, n);
     qs[r * QROW + i % DQ] = q[(t * H_Q + g * G + r % G) * DQ + i % DQ];
@@ -255,6 +263,11 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   let kl = lid % KQ;
   // KQ == DG (TILE == D_H / 4): the rows r0.. of the S phase are the rows o0.. of the O phase.
   let r0 = (lid / KQ) * 4u;
+  // Q_GLOBAL: the first quad of rows r0..r0+3 in q.
+  let qg0 = q_row(blk, r0, n, g);
+  let qg1 = q_row(blk, r0 + 1u, n, g);
+  let qg2 = q_row(blk, r0 + 2u, n, g);
+  let qg3 = q_row(blk, r0 + 3u, n, g);
   let qpos = vec4<u32>(pos0) + vec4<u32>(
     row_token(blk, r0, n),
     row_token(blk, r0 + 1u, n),
@@ -297,15 +310,23 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
         fetch(false, kv_base, t0, 0u, end, lid);
       }
       let qb = r0 * QROW + ci * DCQ;
+      let qc = ci * DCQ;
       for (var dq = 0u; dq < DCQ; dq++) {
         let k0 = kv[kl * KROW + dq];
         let k1 = kv[(kl + KQ) * KROW + dq];
         let k2 = kv[(kl + 2u * KQ) * KROW + dq];
         let k3 = kv[(kl + 3u * KQ) * KROW + dq];
-        s0 = qk4(qs[qb + dq], k0, k1, k2, k3, s0);
-        s1 = qk4(qs[qb + QROW + dq], k0, k1, k2, k3, s1);
-        s2 = qk4(qs[qb + 2u * QROW + dq], k0, k1, k2, k3, s2);
-        s3 = qk4(qs[qb + 3u * QROW + dq], k0, k1, k2, k3, s3);
+        if (Q_GLOBAL) {
+          s0 = qk4(q[qg0 + qc + dq], k0, k1, k2, k3, s0);
+          s1 = qk4(q[qg1 + qc + dq], k0, k1, k2, k3, s1);
+          s2 = qk4(q[qg2 + qc + dq], k0, k1, k2, k3, s2);
+          s3 = qk4(q[qg3 + qc + dq], k0, k1, k2, k3, s3);
+        } else {
+          s0 = qk4(qs[qb + dq], k0, k1, k2, k3, s0);
+          s1 = qk4(qs[qb + QROW + dq], k0, k1, k2, k3, s1);
+          s2 = qk4(qs[qb + 2u * QROW + dq], k0, k1, k2, k3, s2);
+          s3 = qk4(qs[qb + 3u * QROW + dq], k0, k1, k2, k3, s3);
+        }
       }
     }
     let u = vec4<u32>(t0 + kl) + vec4<u32>(0u, KQ, 2u * KQ, 3u * KQ);

@@ -55,6 +55,7 @@ Deno.test("attn_prefill_combine: merges key-split partials of every row, skips e
     { c: { H_Q: 16, D_H: 256, NS: 8, WG: 256 }, nTokens: 3, nGrid: 4 },
     { c: { H_Q: 3, D_H: 64, NS: 3, WG: 32 }, nTokens: 7, nGrid: 7 },
     { c: { H_Q: 2, D_H: 128, NS: 1, WG: 64 }, nTokens: 2, nGrid: 3 },
+    { c: { H_Q: 2, D_H: 64, NS: 32, WG: 32 }, nTokens: 3, nGrid: 3 },
     { c: { H_Q: rng.int(1, 8), D_H: 4 * rng.int(1, 40), NS: rng.int(2, 8), WG: 64 }, nTokens: 6, nGrid: 9 },
   ];
   const enc = device.createCommandEncoder();

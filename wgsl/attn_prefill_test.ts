@@ -45,6 +45,8 @@ interface Case {
   /** Key splits (then attn_prefill_combine merges them) and the fewest tiles per split. */
   ns?: number;
   splitMin?: number;
+  /** q read from its binding instead of workgroup memory. */
+  qGlobal?: boolean;
 }
 
 Deno.test("attn_prefill: chunks after a cache of any depth match the reference, across tiles and tails", async () => {
@@ -78,6 +80,11 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
     { hQ: 16, hKv: 2, pos0: 600, nTokens: 9, nGrid: 9, ns: 4 },
     { hQ: 4, hKv: 1, pos0: 190, nTokens: 13, nGrid: 16, bq: 4, ns: 2, splitMin: 1 },
     { hQ: 16, hKv: 2, pos0: 190, nTokens: 5, nGrid: 5, ns: 3, splitMin: 1, kvF16: true },
+    { hQ: 4, hKv: 1, pos0: 700, nTokens: 3, nGrid: 3, bq: 1, ns: 32, splitMin: 1 }, // 12 of 32 splits used
+    // q from its binding: 8-token blocks (64 rows, WG 256), 64-dim stages of 4-token blocks (f16), with splits.
+    { hQ: 16, hKv: 2, pos0: 77, nTokens: 19, nGrid: 20, bq: 8, dc: 16, qGlobal: true },
+    { hQ: 16, hKv: 2, pos0: 150, nTokens: 9, nGrid: 9, bq: 4, dc: 64, qGlobal: true, kvF16: true },
+    { hQ: 4, hKv: 1, pos0: 301, nTokens: 11, nGrid: 12, bq: 2, dc: 32, qGlobal: true, ns: 3, splitMin: 1 },
     {
       hQ: 4,
       hKv: 1,
@@ -109,7 +116,7 @@ Deno.test("attn_prefill: chunks after a cache of any depth match the reference, 
     };
     const pc = attnPrefillConstants(
       { H_Q: hQ, H_KV: hKv, D_H: dH, P_MAX: pMax, SCALE: 1 / Math.sqrt(dH), KV_F16: k.kvF16 ?? false },
-      { maxWorkgroupBytes, bq: k.bq, dc: k.dc, ns: k.ns, splitMin: k.splitMin },
+      { maxWorkgroupBytes, bq: k.bq, dc: k.dc, ns: k.ns, splitMin: k.splitMin, qGlobal: k.qGlobal },
     );
     const qf = rng.normals(2 * dH * hQ * nGrid, 2);
     // Earlier chunks' K/V (rows < pos0); attn_qk_rope appends this chunk's rows.

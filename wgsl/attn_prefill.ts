@@ -112,7 +112,10 @@ export function attnPrefillWorkgroupBytes(c: AttnPrefillConstants): number {
   const dq = c.D_H / 4;
   const tv = c.TILE * c.DC / c.D_H;
   const kvQuads = Math.max(c.TILE * (c.DC / 4 + 1), tv * dq);
-  return 16 * ((c.Q_GLOBAL ? 1 : r * (dq + 1)) + kvQuads) + 4 * (c.TILE * (r + 1) + r * c.TILE / 4 + r);
+  // With Q_GLOBAL: one quad of q (unused), p in quads of 4 rows plus a padding quad per key (and one unused word).
+  const qs = c.Q_GLOBAL ? 1 : r * (dq + 1);
+  const ps = c.Q_GLOBAL ? c.TILE * (r + 4) + 1 : c.TILE * (r + 1);
+  return 16 * (qs + kvQuads) + 4 * (ps + r * c.TILE / 4 + r);
 }
 
 /** Global loads per invocation per stage (the kernel holds at most 8 in named registers). */

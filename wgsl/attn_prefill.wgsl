@@ -44,8 +44,8 @@
 // Limits (attn_prefill.ts checks them): H_Q % H_KV == 0; R % 4 == 0; D_H % 64 == 0; TILE == D_H / 4 and
 // WG == R * D_H / 64 (the 4 x 4 and 4 x 16 blocks cover the tile's scores and O exactly); D_H % DC == 0;
 // DC % 8 == 0; a stage is at most 8 loads per invocation (TILE * DC / (4 or 8) <= 8 * WG); workgroup memory
-// 16 * (QS + max(TILE * (DC / 4 + 1), TV * D_H / 4)) + 4 * (TILE * (R + 1) + R * TILE / 4 + R), QS = R * (D_H / 4 + 1)
-// (1 with Q_GLOBAL)
+// 16 * (QS + max(TILE * (DC / 4 + 1), TV * D_H / 4)) + 4 * (PS + R * TILE / 4 + R), QS = R * (D_H / 4 + 1) and
+// PS = TILE * (R + 1) (with Q_GLOBAL: QS = 1, PS = TILE * (R + 4) + 1)
 // bytes <= the device limit (48 KiB on the H200, 32 KiB on lavapipe).
 struct AttnParams {
   pos0: u32,
@@ -77,6 +77,9 @@ const NVS: u32 = TILE / TV;
 const DG: u32 = DQ / 4u;
 // Row stride of ps: one word of padding, since the lanes writing p differ in key (row of ps).
 const PROW: u32 = R + 1u;
+// With Q_GLOBAL (workgroup memory to spare) p is kept as quads of 4 rows instead, ps4[key * PQ4 + r / 4]
+// (one quad of padding per key): 4 quad stores per invocation per tile and one quad load per key.
+const PQ4: u32 = R / 4u + 1u;
 const KV_QUADS: u32 = max(TILE * KROW, TV * DQ);
 // Dims per global load (one vec4<u32>) and loads per stage per invocation (<= 8; the last round guarded).
 const LD: u32 = select(4u, 8u, KV_F16);
@@ -89,7 +92,8 @@ const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<vec4<f32>, select(R * QROW, 1u, Q_GLOBAL)>;
 var<workgroup> kv: array<vec4<f32>, KV_QUADS>;
-var<workgroup> ps: array<f32, TILE * PROW>;
+var<workgroup> ps: array<f32, select(TILE * PROW, 1u, Q_GLOBAL)>;
+var<workgroup> ps4: array<vec4<f32>, select(1u, TILE * PQ4, Q_GLOBAL)>;
 var<workgroup> red: array<f32, R * KQ>;
 var<workgroup> corr_s: array<f32, R>;
 
@@ -359,10 +363,22 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       corr_s[r0 + 3u] = cr.w;
     }
     m = mn;
-    store_p(r0, kl, exp(s0 - mn.x));
-    store_p(r0 + 1u, kl, exp(s1 - mn.y));
-    store_p(r0 + 2u, kl, exp(s2 - mn.z));
-    store_p(r0 + 3u, kl, exp(s3 - mn.w));
+    let p0 = exp(s0 - mn.x);
+    let p1 = exp(s1 - mn.y);
+    let p2 = exp(s2 - mn.z);
+    let p3 = exp(s3 - mn.w);
+    if (Q_GLOBAL) {
+      let rq = r0 / 4u;
+      ps4[kl * PQ4 + rq] = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
+      ps4[(kl + KQ) * PQ4 + rq] = vec4<f32>(p0.y, p1.y, p2.y, p3.y);
+      ps4[(kl + 2u * KQ) * PQ4 + rq] = vec4<f32>(p0.z, p1.z, p2.z, p3.z);
+      ps4[(kl + 3u * KQ) * PQ4 + rq] = vec4<f32>(p0.w, p1.w, p2.w, p3.w);
+    } else {
+      store_p(r0, kl, p0);
+      store_p(r0 + 1u, kl, p1);
+      store_p(r0 + 2u, kl, p2);
+      store_p(r0 + 3u, kl, p3);
+    }
     workgroupBarrier();
     let cr = vec4<f32>(corr_s[o0], corr_s[o0 + 1u], corr_s[o0 + 2u], corr_s[o0 + 3u]);
     l *= cr;
@@ -399,8 +415,13 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
         let v1 = kv[vb + DG];
         let v2 = kv[vb + 2u * DG];
         let v3 = kv[vb + 3u * DG];
-        let pr = (vi * TV + tt) * PROW + o0;
-        let p = vec4<f32>(ps[pr], ps[pr + 1u], ps[pr + 2u], ps[pr + 3u]);
+        var p: vec4<f32>;
+        if (Q_GLOBAL) {
+          p = ps4[(vi * TV + tt) * PQ4 + o0 / 4u];
+        } else {
+          let pr = (vi * TV + tt) * PROW + o0;
+          p = vec4<f32>(ps[pr], ps[pr + 1u], ps[pr + 2u], ps[pr + 3u]);
+        }
         l += p;
         a00 = fma(vec4<f32>(p.x), v0, a00);
         a01 = fma(vec4<f32>(p.x), v1, a01);

@@ -126,7 +126,9 @@ function stageLoads(c: AttnPrefillConstants): number {
 /**
  * Query blocks and K stage widths the engine tries in order, the first that fits the device's workgroup
  * memory winning: 4 tokens of 8 heads (32 rows) staged 16 dims at a time where 48 KiB allows (the H200:
- * 1.5x the 2-token blocks, docs/PERF.md); 2 tokens (16 rows) staged 32 dims at a time fits 32 KiB.
+ * 1.5x the 2-token blocks, docs/PERF.md); 2 tokens (16 rows) staged 32 dims at a time fits 32 KiB. A
+ * Q_GLOBAL block that `bench/attention.ts` ("qglobal" lines) finds faster goes first as `{ bq, dc, qGlobal:
+ * true }` (8-token blocks of 64 rows fit 32 KiB with 16-dim stages, so lavapipe would run it too).
  */
 const PREFERRED: readonly { bq: number; dc: number; qGlobal?: boolean }[] = [
   { bq: 4, dc: 16 },

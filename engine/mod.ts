@@ -71,6 +71,7 @@ export {
   type NextBatchRun,
   type NextResult,
   type NextRun,
+  type NextSampling,
   type NextStage,
   SplitDecoder,
   type SplitStage,
@@ -79,7 +80,7 @@ export {
 } from "./exec/split.ts";
 export { encodeOps, type Op } from "./graph/builder.ts";
 export { legacyRowOrder } from "./models/qwen3next.ts";
-export { SlotStates, type StateSpec } from "./state.ts";
+export { SlotStates, type StateBinding, type StatePool, type StateSpec } from "./state.ts";
 export {
   type GpuTensor,
   type GpuTensorPart,

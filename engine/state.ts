@@ -53,15 +53,21 @@ export const STATE_ALIGN_BYTES = 256;
 
 /** One slot's region of a state: a storage binding (offset a multiple of {@linkcode STATE_ALIGN_BYTES}). */
 export interface StateBinding {
+  /** The pool's buffer, or the slot's own. */
   readonly buffer: GPUBuffer;
+  /** Byte offset of the slot's region. */
   readonly offset: number;
+  /** Bytes of the region. */
   readonly size: number;
 }
 
 /** All slots of one (layer, state) in one buffer: slot s at byte `s·strideBytes`, `sizeBytes` long. */
 export interface StatePool {
+  /** The buffer holding every slot's region. */
   readonly buffer: GPUBuffer;
+  /** Bytes from one slot's region to the next (a multiple of {@linkcode STATE_ALIGN_BYTES}). */
   readonly strideBytes: number;
+  /** Bytes of one slot's region. */
   readonly sizeBytes: number;
 }
 

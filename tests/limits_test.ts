@@ -7,7 +7,12 @@
  */
 import assert from "node:assert/strict";
 import { GpuError, openGguf, Stage } from "../engine/mod.ts";
-import { checkStageFits, kvBytesPerPosition, MAX_SLOTS } from "../engine/exec/activations.ts";
+import {
+  activationWords,
+  checkStageFits,
+  kvBytesPerPosition,
+  MAX_SLOTS,
+} from "../engine/exec/activations.ts";
 import { testGpu } from "./util/gpu.ts";
 import { fixturePath } from "./util/fixtures.ts";
 
@@ -36,8 +41,13 @@ Deno.test("checkStageFits names the buffer, the limit and the largest --ctx / --
   // A DeltaNet-only range has no KV cache: any context fits.
   const dn = hp.isAttention.indexOf(false);
   checkStageFits(hp, { layers: [dn, dn + 1], nCtx: 10 * fits, nSlots: 1, maxChunk: 8 }, limits);
-  // Activations grow with the chunk: a wide one is refused with a chunk that fits, which then passes.
-  const chunkLimits = { maxStorageBufferBindingSize: 1 * MiB, maxBufferSize: 1024 * MiB };
+  // Activations grow with the chunk: a wide one is refused with a chunk that fits, which then passes. The
+  // limit: the largest buffer at chunk 8 (some, like the decode partials, do not grow with the chunk).
+  const at8 = activationWords(hp, { maxChunk: 8, deltaNet: true, last: true });
+  const chunkLimits = {
+    maxStorageBufferBindingSize: 4 * Math.max(...Object.values(at8)),
+    maxBufferSize: 1024 * MiB,
+  };
   let suggested = 0;
   assert.throws(
     () => checkStageFits(hp, { layers, nCtx: 64, nSlots: 1, maxChunk: 1024 }, chunkLimits),
@@ -50,6 +60,18 @@ Deno.test("checkStageFits names the buffer, the limit and the largest --ctx / --
     },
   );
   checkStageFits(hp, { layers, nCtx: 64, nSlots: 1, maxChunk: suggested }, chunkLimits);
+  // Below a buffer that does not grow with the chunk (the same words at chunk 8 and 16), the message blames
+  // the model, not the chunk.
+  const at16 = activationWords(hp, { maxChunk: 16, deltaNet: true, last: true });
+  const fixed = Math.max(...Object.entries(at8).filter(([k, w]) => at16[k] === w).map(([, w]) => w));
+  assert.throws(
+    () =>
+      checkStageFits(hp, { layers, nCtx: 64, nSlots: 1, maxChunk: 8 }, {
+        ...chunkLimits,
+        maxStorageBufferBindingSize: 4 * fixed - 4,
+      }),
+    /needs .* whatever --chunk is, .* the model is too large for this GPU's limits/,
+  );
   assert.throws(
     () => checkStageFits(hp, { layers, nCtx: 64, nSlots: MAX_SLOTS + 1, maxChunk: 8 }, limits),
     new RegExp(`--slots ${MAX_SLOTS + 1} is out of range 1\\.\\.${MAX_SLOTS}`),

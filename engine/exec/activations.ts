@@ -231,6 +231,16 @@ export function checkStageFits(
       Object.values(activationWords(hp, { maxChunk: chunk, deltaNet, last })).every((x) => 4 * x <= limit);
     let chunk = o.maxChunk;
     while (chunk > 1 && !allFit(chunk)) chunk = Math.floor(chunk / 2);
+    if (!allFit(chunk)) {
+      throw new RangeError(
+        `The activation buffer "${name}" needs ${
+          mib(4 * w)
+        } whatever --chunk is, but this GPU binds at most ` +
+          `${
+            mib(limit)
+          } in one buffer (maxStorageBufferBindingSize): the model is too large for this GPU's limits`,
+      );
+    }
     throw new RangeError(
       `--chunk ${o.maxChunk} needs an activation buffer "${name}" of ${
         mib(4 * w)

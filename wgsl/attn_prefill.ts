@@ -125,12 +125,13 @@ function stageLoads(c: AttnPrefillConstants): number {
 
 /**
  * Query blocks and K stage widths the engine tries in order, the first that fits the device's workgroup
- * memory winning: 4 tokens of 8 heads (32 rows) staged 16 dims at a time where 48 KiB allows (the H200:
- * 1.5x the 2-token blocks, docs/PERF.md); 2 tokens (16 rows) staged 32 dims at a time fits 32 KiB. A
- * Q_GLOBAL block that `bench/attention.ts` ("qglobal" lines) finds faster goes first as `{ bq, dc, qGlobal:
- * true }` (8-token blocks of 64 rows fit 32 KiB with 16-dim stages, so lavapipe would run it too).
+ * memory winning: 8 tokens of 8 heads (64 rows) with q read from its binding (Q_GLOBAL) and 64-dim stages
+ * (the H200: 1.6-2.3x the resident-q 4-token blocks at depths 0-32k, 16-20 TFLOP/s, docs/PERF.md); then 4
+ * tokens (32 rows) with resident q staged 16 dims at a time where 48 KiB allows (1.5x the 2-token blocks); 2
+ * tokens (16 rows) staged 32 dims at a time fits 32 KiB.
  */
 const PREFERRED: readonly { bq: number; dc: number; qGlobal?: boolean }[] = [
+  { bq: 8, dc: 64, qGlobal: true },
   { bq: 4, dc: 16 },
   { bq: 2, dc: 32 },
   { bq: 1, dc: 16 },

@@ -202,7 +202,11 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   await outProj(g, `L${l}.attn_output`, lw.t("attn_output"), A.o!, A.t!, A.h!);
 }
 
-/** q/k norms, RoPE and the KV cache write of `nTokens` tokens. */
+/**
+ * q/k norms, RoPE and the KV cache write of `nTokens` tokens; with `cols`, one token of each of `cols.n`
+ * columns of a batched step (params: the column table; caches: the pools of `cols.slots` slots at `kvCol`
+ * words).
+ */
 export async function qkRope(
   g: GraphBuilder,
   label: string,

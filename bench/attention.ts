@@ -46,6 +46,7 @@ import {
 } from "../wgsl/attn_prefill_combine.ts";
 import {
   ATTN_DECODE,
+  ATTN_DECODE_ONE_COLUMN,
   attnDecodeBindGroup,
   type AttnDecodeConstants,
   attnDecodeGrid,
@@ -289,13 +290,22 @@ async function decodeJobs(
     PER_MIN: ATTN_SPLIT_MIN,
     WG: 256,
     KPT: ATTN_DECODE_KPT,
+    ...ATTN_DECODE_ONE_COLUMN,
   };
   const variants: AttnDecodeConstants[] = [engine];
   for (const nSplit of SWEEP ? DECODE_SPLITS : []) {
     for (const tile of [16, 32, 64]) {
       for (const wg of [128, 256]) {
         for (const kpt of [1, 2]) {
-          const c = { ...shape, N_SPLIT: nSplit, TILE: tile, PER_MIN: tile, WG: wg, KPT: kpt };
+          const c = {
+            ...shape,
+            N_SPLIT: nSplit,
+            TILE: tile,
+            PER_MIN: tile,
+            WG: wg,
+            KPT: kpt,
+            ...ATTN_DECODE_ONE_COLUMN,
+          };
           if (!variants.some((v) => variantKey(ATTN_DECODE, v) === variantKey(ATTN_DECODE, c))) {
             variants.push(c);
           }

@@ -41,13 +41,15 @@ for (
       int8Activations: int8,
       maxStatePoolBytes: perSlot ? 4 : undefined,
     });
-    // The batched step has one gdn_step and attn_qk_rope per layer, or one per slot.
+    // The batched step has one gdn_step, attn_qk_rope and attn_decode per layer, or one per slot (and one
+    // attn_combine per layer either way).
     const labels = (await stage.batchGraph([0, 1, 2])).map((op) => op.label);
     const perLayer = perSlot ? 3 : 1;
-    for (const k of ["gdn_step", "attn_qk_rope"]) {
+    for (const k of ["gdn_step", "attn_qk_rope", "attn_decode", "attn_combine"]) {
       const n = labels.filter((x) => x.replace(/^L\d+\./, "").startsWith(k)).length;
       const layers = new Set(labels.filter((x) => x.includes(`.${k}`)).map((x) => x.split(".")[0])).size;
-      assert.ok(layers > 0 && n === perLayer * layers, `${k}: ${n} dispatches over ${layers} layers`);
+      const want = k === "attn_combine" ? 1 : perLayer;
+      assert.ok(layers > 0 && n === want * layers, `${k}: ${n} dispatches over ${layers} layers`);
     }
     try {
       assert.ok(stage.canBatch, "the tiny shape binds per-slot rows");

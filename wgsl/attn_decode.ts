@@ -1,7 +1,8 @@
 /**
  * Host twin of `attn_decode.wgsl`: split-K GQA attention of one query token over the KV cache, writing
- * per-split partials (O, m, l) that `attn_combine` merges. The grid is constant (`N_SPLIT` by `H_KV`)
- * whatever the position, so a decode step can be pre-encoded.
+ * per-split partials (O, m, l) that `attn_combine` merges. The grid is constant (`N_SPLIT` by `H_KV` by the
+ * columns) whatever the positions, so a decode step can be pre-encoded; a batched step's columns (one token of
+ * each of several slots, caches pooled) run in one dispatch, each with its solo dispatch's arithmetic.
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
@@ -25,7 +26,17 @@ export type AttnDecodeConstants = {
   readonly SCALE: number;
   readonly KV_F16: boolean;
   readonly KPT: number;
+  /**
+   * Words between columns' params (a batched step's table: column c's [pos0, n_tokens, slot] at word c·P_COL);
+   * 0 for one column (AttnParams, slot 0).
+   */
+  readonly P_COL: number;
+  /** Words between slots in the KV cache bindings (pooled caches of every slot); 0 for one column. */
+  readonly KV_COL: number;
 };
+
+/** The column constants of a dispatch of one column (its own params and its slot's own caches). */
+export const ATTN_DECODE_ONE_COLUMN = { P_COL: 0, KV_COL: 0 } as const;
 
 /** Kernel spec of `attn_decode.wgsl`. */
 export const ATTN_DECODE: KernelSpec = {
@@ -44,13 +55,16 @@ export const ATTN_DECODE: KernelSpec = {
     SCALE: "f32",
     KV_F16: "bool",
     KPT: "u32",
+    P_COL: "u32",
+    KV_COL: "u32",
   },
 };
 
 /**
- * Binding order: params AttnParams; q f32 ne=[D_H, H_Q]; kCache, vCache u32 words
- * of ne=[D_H, P_MAX, H_KV] ({@linkcode kvCacheWords}: f32, or f16 pairs with KV_F16);
- * partO f32 ne=[D_H, H_Q, N_SPLIT]; partMl f32 ne=[2, H_Q, N_SPLIT].
+ * Binding order: params AttnParams (several columns: the column table); q f32 ne=[D_H, H_Q, columns];
+ * kCache, vCache u32 words of ne=[D_H, P_MAX, H_KV] ({@linkcode kvCacheWords}: f32, or f16 pairs with KV_F16),
+ * per slot at KV_COL words when pooled; partO f32 ne=[D_H, H_Q, N_SPLIT]; partMl f32 ne=[2, H_Q, N_SPLIT],
+ * per column at the words {@linkcode attnDecodeColumnWords} gives.
  */
 export const ATTN_DECODE_BINDINGS = ["params", "q", "kCache", "vCache", "partO", "partMl"] as const;
 
@@ -126,6 +140,16 @@ export function checkAttnDecode(c: AttnDecodeConstants, maxWorkgroupBytes: numbe
     `attn_decode: PER_MIN (${c.PER_MIN}) must be a positive multiple of TILE (${c.TILE})`,
   );
   checkShape(c.SCALE > 0, `attn_decode: SCALE must be > 0, got ${c.SCALE}`);
+  checkShape(
+    c.P_COL === 0 || (Number.isInteger(c.P_COL) && c.P_COL >= 3),
+    `attn_decode: P_COL must be 0 or >= 3 words ([pos0, n_tokens, slot]), got ${c.P_COL}`,
+  );
+  checkShape(
+    c.KV_COL === 0 || (Number.isInteger(c.KV_COL) && c.KV_COL % 4 === 0 && c.KV_COL >= kvCacheWords(c)),
+    `attn_decode: KV_COL must be 0 or a multiple of 4 words (16-byte loads) of at least ${
+      kvCacheWords(c)
+    } (one slot's cache), got ${c.KV_COL}`,
+  );
   const bytes = attnDecodeWorkgroupBytes(c);
   checkShape(
     bytes <= maxWorkgroupBytes,
@@ -134,36 +158,79 @@ export function checkAttnDecode(c: AttnDecodeConstants, maxWorkgroupBytes: numbe
 }
 
 /**
- * The bind group of one dispatch, after checking constants and every buffer against its `ne`.
+ * Words between columns' partials in a dispatch over several (a batched step): each column's padded to 256
+ * bytes, the layout `attn_combine` reads (its `attnCombineColumnWords`).
+ */
+export function attnDecodeColumnWords(
+  c: { readonly H_Q: number; readonly D_H: number; readonly N_SPLIT: number },
+): { readonly partO: number; readonly partMl: number } {
+  const pad = (w: number) => Math.ceil(w / 64) * 64;
+  return { partO: pad(c.D_H * c.H_Q * c.N_SPLIT), partMl: pad(2 * c.H_Q * c.N_SPLIT) };
+}
+
+/**
+ * The bind group of one dispatch, after checking constants and every buffer against its `ne`: one column, or
+ * `cols` columns whose table names slots below `slots` (default 1).
  * @throws {RangeError} when a constant is out of range or a buffer too small
  */
 export function attnDecodeBindGroup(
   device: GPUDevice,
-  opts: { pipeline: GPUComputePipeline; constants: AttnDecodeConstants; buffers: AttnDecodeBuffers },
+  opts: {
+    pipeline: GPUComputePipeline;
+    constants: AttnDecodeConstants;
+    buffers: AttnDecodeBuffers;
+    cols?: number;
+    slots?: number;
+  },
 ): GPUBindGroup {
   const { constants: c, buffers: b } = opts;
+  const cols = opts.cols ?? 1;
+  const slots = opts.slots ?? 1;
   checkAttnDecode(c, device.limits.maxComputeWorkgroupStorageSize);
   const k = "attn_decode";
-  checkBinding(k, "params", b.params, [ATTN_PARAMS_WORDS]);
-  checkBinding(k, "q", b.q, [c.D_H, c.H_Q]);
-  checkBinding(k, "kCache", b.kCache, [kvCacheWords(c)]);
-  checkBinding(k, "vCache", b.vCache, [kvCacheWords(c)]);
-  checkBinding(k, "partO", b.partO, [c.D_H, c.H_Q, c.N_SPLIT]);
-  checkBinding(k, "partMl", b.partMl, [2, c.H_Q, c.N_SPLIT]);
+  checkInt("attn_decode: cols", cols, 1, MAX_WORKGROUPS_PER_DIM);
+  checkShape(
+    cols === 1 || c.P_COL > 0,
+    `attn_decode: ${cols} columns need a P_COL stride (got ${c.P_COL})`,
+  );
+  checkShape(
+    Number.isInteger(slots) && slots >= 1 && (slots === 1 || (c.P_COL > 0 && c.KV_COL > 0)),
+    `attn_decode: ${slots} slots need P_COL and KV_COL strides`,
+  );
+  checkBinding(k, "params", b.params, [c.P_COL > 0 ? (cols - 1) * c.P_COL + 3 : ATTN_PARAMS_WORDS]);
+  checkBinding(k, "q", b.q, [c.D_H, c.H_Q, cols]);
+  checkBinding(k, "kCache", b.kCache, [(slots - 1) * c.KV_COL + kvCacheWords(c)]);
+  checkBinding(k, "vCache", b.vCache, [(slots - 1) * c.KV_COL + kvCacheWords(c)]);
+  // One column: the shapes as such; several: the words up to the last column's end.
+  const w = attnDecodeColumnWords(c);
+  const many = (
+    words: number,
+    ne: number[],
+  ) => (cols > 1 ? [(cols - 1) * words + ne.reduce((a, x) => a * x)] : ne);
+  checkBinding(k, "partO", b.partO, many(w.partO, [c.D_H, c.H_Q, c.N_SPLIT]));
+  checkBinding(k, "partMl", b.partMl, many(w.partMl, [2, c.H_Q, c.N_SPLIT]));
   return bindGroup(device, opts.pipeline, ATTN_DECODE_BINDINGS.map((name) => b[name]));
 }
 
-/** Dispatch grid: N_SPLIT splits by H_KV KV heads. */
-export function attnDecodeGrid(c: AttnDecodeConstants): [number, number, number] {
-  return [c.N_SPLIT, c.H_KV, 1];
+/** Dispatch grid: N_SPLIT splits by H_KV KV heads by `cols` columns (default 1). */
+export function attnDecodeGrid(c: AttnDecodeConstants, cols = 1): [number, number, number] {
+  return [c.N_SPLIT, c.H_KV, cols];
 }
 
-/** Records one `attn_decode` dispatch into `pass` (the bind group was checked when it was built). */
+/**
+ * Records one `attn_decode` dispatch of `cols` columns (default 1) into `pass` (the bind group was checked
+ * when it was built).
+ */
 export function encodeAttnDecode(
   pass: GPUComputePassEncoder,
-  opts: { pipeline: GPUComputePipeline; bindGroup: GPUBindGroup; constants: AttnDecodeConstants },
+  opts: {
+    pipeline: GPUComputePipeline;
+    bindGroup: GPUBindGroup;
+    constants: AttnDecodeConstants;
+    cols?: number;
+  },
 ): void {
   pass.setPipeline(opts.pipeline);
   pass.setBindGroup(0, opts.bindGroup);
-  pass.dispatchWorkgroups(...attnDecodeGrid(opts.constants));
+  pass.dispatchWorkgroups(...attnDecodeGrid(opts.constants, opts.cols));
 }

@@ -5,15 +5,21 @@
 // Split ranges: per = max(PER_MIN, roundup(ceil((p + 1) / N_SPLIT), TILE)); split s covers
 // [s * per, min((s + 1) * per, p + 1)), so ceil((p + 1) / per) splits are used (attn_combine reads those).
 // The grid is constant whatever p is (pre-encodable); the workgroups of unused splits write nothing.
+// Columns (grid z): a batched decode step attends one token of each of several sequences in one dispatch;
+// column c runs exactly the code of a dispatch of its own on its slices (so its bits are a solo step's): params
+// words c·P_COL.. = [pos0, n_tokens, slot] (P_COL = 0: one column, AttnParams, slot 0), its q at token c, its
+// caches from word slot·KV_COL of pooled caches (every slot of the layer at 256-byte strides; KV_COL = 0: its
+// own), its partials from word c·PO_COL of part_o and c·ML_COL of part_ml (each column's padded to 256 bytes,
+// as attn_combine reads them; column 0 at offset 0).
 // Bindings:
-//   params   AttnParams { pos0: u32, n_tokens: u32 }   only pos0 is read (the cache holds 0..pos0)
-//   q        f32 ne=[D_H, H_Q]                 normed, roped queries (attn_qk_rope q_out, token 0)
+//   params   u32 [pos0, n_tokens] (AttnParams) per column   only pos0 (and slot) is read (the cache holds 0..pos0)
+//   q        f32 ne=[D_H, H_Q, columns]        normed, roped queries (attn_qk_rope q_out)
 //   k_cache  u32 words of K[g][t][d], ne=[D_H, P_MAX, H_KV]: f32 bits, or with KV_F16 two f16 per word
 //            (low half = even d)
 //   v_cache  V[g][t][d] likewise
 //   part_o   f32 ne=[D_H, H_Q, N_SPLIT]        unnormalised O per split and head
 //   part_ml  f32 ne=[2, H_Q, N_SPLIT]          (m, l) per split and head
-// Grid (N_SPLIT, H_KV): workgroup (s, g) owns split s for the G = H_Q / H_KV query heads of KV head g, so
+// Grid (N_SPLIT, H_KV, columns): workgroup (s, g, c) owns, in column c, split s for the G = H_Q / H_KV query heads of KV head g, so
 // each K/V row is read once for all G heads, straight from the cache into registers (no staging). A tile of
 // TILE positions takes three barriers:
 //   (a) q.k: invocation (key kt, lane c) of TILE / KPT keys x SLICES = WG * KPT / TILE lanes loads its slice
@@ -32,17 +38,12 @@
 // Registers are named variables (acc0..acc7, sA/sB), never function-scope arrays: the H200's driver keeps
 // those in local memory when a loop indexes them (docs/PERF.md, 2026-12-04), hence G <= 8.
 // Constants: const H_Q, H_KV, D_H, P_MAX, N_SPLIT, TILE, PER_MIN, WG, KPT: u32; const SCALE: f32;
-// const KV_F16: bool.
+// const KV_F16: bool; const P_COL, KV_COL: u32 (column strides above, in words; 0 for one column).
 // Limits (attn_decode.ts checks them): H_Q % H_KV == 0; G <= 8; D_H % 8 == 0; KPT in {1, 2}; TILE % KPT
 // == 0; (WG * KPT) % TILE == 0 and SLICES % 4 == 0; (D_H / 8) % SLICES == 0; G * TILE <= 2 * WG (two scores
 // per invocation); WG % (D_H / 4) == 0; TILE % KQ == 0; PER_MIN % TILE == 0; workgroup memory
-// (attnDecodeWorkgroupBytes) within the device's limit (32 KiB on lavapipe).
-struct AttnParams {
-  pos0: u32,
-  n_tokens: u32,
-}
-
-@group(0) @binding(0) var<storage, read> params: AttnParams;
+// (attnDecodeWorkgroupBytes) within the device's limit (32 KiB on lavapipe); KV_COL % 4 == 0.
+@group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<u32>>;
@@ -61,6 +62,9 @@ const KQ: u32 = WG / DQ;
 const SCORES: u32 = G * TILE;
 // Stands in for -inf (a -inf constant is not expressible); exp(NEG - m) is 0 for every finite score m.
 const NEG: f32 = -3.0e38;
+// Words between columns' partials (attn_combine's PO_COL and ML_COL).
+const PO_COL: u32 = (D_H * H_Q * N_SPLIT + 63u) / 64u * 64u;
+const ML_COL: u32 = (2u * H_Q * N_SPLIT + 63u) / 64u * 64u;
 
 // q as 4x4 blocks: block (hq, e) has column j = dim 4e' + j of heads 4hq..4hq+3 at qs[(4hq + j) * DQ + e]
 // (adjacent lanes read adjacent words: no bank conflicts), where e' = e for f32; with KV_F16 the quads are
@@ -75,9 +79,10 @@ var<workgroup> sc: array<vec4<f32>, SCORES / 4u>;
 var<workgroup> p_s: array<vec4<f32>, TILE * G4>;
 var<workgroup> corr_s: array<vec4<f32>, G4>;
 
-// Words of cache row `row` of KV head g start at this index of the vec4<u32> arrays.
-fn row_base(g: u32, row: u32) -> u32 {
-  return (g * P_MAX + row) * ROW_WORDS;
+// Words of cache row `row` of KV head g start at this index of the vec4<u32> arrays (kv: the column's
+// cache, in vec4 words).
+fn row_base(kv: u32, g: u32, row: u32) -> u32 {
+  return kv + (g * P_MAX + row) * ROW_WORDS;
 }
 
 // Dims 4dq..4dq+3 of a V row from its 16-byte word (f32: word dq; f16: the half of word dq / 2).
@@ -89,10 +94,10 @@ fn v_quad(w: vec4<u32>, dq: u32) -> vec4<f32> {
   return bitcast<vec4<f32>>(w);
 }
 
-// q[h][d] of KV head g's head h, 0 for the pad heads.
-fn q_at(g: u32, h: u32, d: u32) -> f32 {
+// q[h][d] of KV head g's head h in column col, 0 for the pad heads.
+fn q_at(col: u32, g: u32, h: u32, d: u32) -> f32 {
   if (h < G) {
-    return q[(g * G + h) * D_H + d];
+    return q[(col * H_Q + g * G + h) * D_H + d];
   }
   return 0.0;
 }
@@ -158,19 +163,19 @@ fn softmax_step(i: u32, s: f32, ml: vec2<f32>) -> vec2<f32> {
 }
 
 // The (m, l) of head i / TILE from key lane 0 (the lanes' l summed; they were published as sc).
-fn put_ml(i: u32, out_head0: u32, m: f32) {
+fn put_ml(i: u32, mlb: u32, out_head0: u32, m: f32) {
   let h = i / TILE;
   var l4 = vec4<f32>(0.0);
   for (var tq = 0u; tq < TILE / 4u; tq++) {
     l4 += sc[h * (TILE / 4u) + tq];
   }
-  part_ml[(out_head0 + h) * 2u] = m;
-  part_ml[(out_head0 + h) * 2u + 1u] = (l4.x + l4.y) + (l4.z + l4.w);
+  part_ml[mlb + (out_head0 + h) * 2u] = m;
+  part_ml[mlb + (out_head0 + h) * 2u + 1u] = (l4.x + l4.y) + (l4.z + l4.w);
 }
 
-fn put_o(h: u32, out_head0: u32, dq: u32, v: vec4<f32>) {
+fn put_o(h: u32, pob: u32, out_head0: u32, dq: u32, v: vec4<f32>) {
   if (h < G) {
-    part_o[(out_head0 + h) * DQ + dq] = v;
+    part_o[pob + (out_head0 + h) * DQ + dq] = v;
   }
 }
 
@@ -178,7 +183,13 @@ fn put_o(h: u32, out_head0: u32, dq: u32, v: vec4<f32>) {
 fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {
   let split = wid.x;
   let g = wid.y;
-  let ctx = min(params.pos0 + 1u, P_MAX);
+  let col = wid.z;
+  var slot = 0u;
+  if (P_COL > 0u) {
+    slot = params[col * P_COL + 2u];
+  }
+  let kv = slot * (KV_COL / 4u);
+  let ctx = min(params[col * P_COL] + 1u, P_MAX);
   let per = max(PER_MIN, ((ctx + N_SPLIT - 1u) / N_SPLIT + TILE - 1u) / TILE * TILE);
   let begin = split * per;
   // Uniform per workgroup: an unused split returns before any barrier.
@@ -196,7 +207,12 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
       quad = select(2u * e, 2u * (e - DO) + 1u, e >= DO);
     }
     let d = 4u * quad + j;
-    qs[i] = vec4<f32>(q_at(g, 4u * hq, d), q_at(g, 4u * hq + 1u, d), q_at(g, 4u * hq + 2u, d), q_at(g, 4u * hq + 3u, d));
+    qs[i] = vec4<f32>(
+      q_at(col, g, 4u * hq, d),
+      q_at(col, g, 4u * hq + 1u, d),
+      q_at(col, g, 4u * hq + 2u, d),
+      q_at(col, g, 4u * hq + 3u, d),
+    );
   }
 
   // (a) roles: keys kt and, with KPT = 2, kt + TILE / 2
@@ -222,8 +238,8 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
 
   for (var t0 = begin; t0 < end; t0 += TILE) {
     // (a)
-    let base0 = row_base(g, min(t0 + kt, end - 1u));
-    let base1 = row_base(g, min(t0 + kt + TILE / KPT, end - 1u));
+    let base0 = row_base(kv, g, min(t0 + kt, end - 1u));
+    let base1 = row_base(kv, g, min(t0 + kt + TILE / KPT, end - 1u));
     var dA0 = vec4<f32>(0.0);
     var dB0 = vec4<f32>(0.0);
     var dA1 = vec4<f32>(0.0);
@@ -310,7 +326,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     for (var j = 0u; j < TILE / KQ; j++) {
       let t = kq + j * KQ;
       let row = min(t0 + t, end - 1u);
-      let v = v_quad(v_cache[row_base(g, row) + select(dq, dq / 2u, KV_F16)], dq);
+      let v = v_quad(v_cache[row_base(kv, g, row) + select(dq, dq / 2u, KV_F16)], dq);
       let pA = p_s[t * G4];
       acc0 = fma(vec4<f32>(pA.x), v, acc0);
       acc1 = fma(vec4<f32>(pA.y), v, acc1);
@@ -366,20 +382,22 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   }
 
   let out_head0 = split * H_Q + g * G;
+  let pob = col * (PO_COL / 4u);
+  let mlb = col * ML_COL;
   if (kq == 0u) {
-    put_o(0u, out_head0, dq, acc0);
-    put_o(1u, out_head0, dq, acc1);
-    put_o(2u, out_head0, dq, acc2);
-    put_o(3u, out_head0, dq, acc3);
-    put_o(4u, out_head0, dq, acc4);
-    put_o(5u, out_head0, dq, acc5);
-    put_o(6u, out_head0, dq, acc6);
-    put_o(7u, out_head0, dq, acc7);
+    put_o(0u, pob, out_head0, dq, acc0);
+    put_o(1u, pob, out_head0, dq, acc1);
+    put_o(2u, pob, out_head0, dq, acc2);
+    put_o(3u, pob, out_head0, dq, acc3);
+    put_o(4u, pob, out_head0, dq, acc4);
+    put_o(5u, pob, out_head0, dq, acc5);
+    put_o(6u, pob, out_head0, dq, acc6);
+    put_o(7u, pob, out_head0, dq, acc7);
   }
   if (i0 < SCORES && i0 % TILE == 0u) {
-    put_ml(i0, out_head0, ml0.x);
+    put_ml(i0, mlb, out_head0, ml0.x);
   }
   if (i1 < SCORES && i1 % TILE == 0u) {
-    put_ml(i1, out_head0, ml1.x);
+    put_ml(i1, mlb, out_head0, ml1.x);
   }
 }

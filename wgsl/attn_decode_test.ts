@@ -11,13 +11,15 @@ import {
 } from "./attn_combine.ts";
 import {
   ATTN_DECODE,
+  ATTN_DECODE_ONE_COLUMN,
   attnDecodeBindGroup,
+  attnDecodeColumnWords,
   type AttnDecodeConstants,
   attnDecodeSplits,
   checkAttnDecode,
   encodeAttnDecode,
 } from "./attn_decode.ts";
-import { packAttnParams } from "./attn_params.ts";
+import { kvCacheWords, packAttnParams } from "./attn_params.ts";
 import { checkF32 } from "./_test_util.ts";
 
 /**
@@ -91,6 +93,7 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       SCALE: 1 / Math.sqrt(dH),
       KV_F16: kvF16,
       KPT: kpt,
+      ...ATTN_DECODE_ONE_COLUMN,
     };
     const cc: AttnCombineConstants = {
       H_Q: hQ,
@@ -178,6 +181,165 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
   });
 });
 
+Deno.test("attn_decode columns: one dispatch over columns at other slots and positions = reference = solo bits, other regions untouched", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const base = { N_SPLIT: 8, TILE: 32, PER_MIN: 32, WG: 256, P_COL: 64 };
+  // [dims, KV_F16, KPT, slots in the pool, columns' slots, columns' positions]; the last column region of the
+  // partials (one more than the columns) is never written.
+  const cases: [Dims, boolean, number, number, number[], number[]][] = [
+    [REAL, false, 1, 4, [2, 0, 3], [rng.int(100, 299), 0, 37]],
+    [ODD, true, 2, 3, [1, 2], [rng.int(0, 299), 150]],
+  ];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs = [];
+  for (const [dims, kvF16, kpt, nSlots, slots, positions] of cases) {
+    const { hQ, hKv, dH } = dims;
+    const pMax = 300;
+    const one = {
+      ...base,
+      H_Q: hQ,
+      H_KV: hKv,
+      D_H: dH,
+      P_MAX: pMax,
+      SCALE: 1 / Math.sqrt(dH),
+      KV_F16: kvF16,
+      KPT: kpt,
+    };
+    const slotWords = kvCacheWords(one);
+    // A slot stride past its cache (256-byte aligned plus 64 words of gap, NaN there) as a pool's may be.
+    const kvCol = Math.ceil(slotWords / 64) * 64 + 64;
+    const dc: AttnDecodeConstants = { ...one, KV_COL: kvCol };
+    const solo: AttnDecodeConstants = { ...one, ...ATTN_DECODE_ONE_COLUMN };
+    const nCol = slots.length;
+    const w = attnDecodeColumnWords(dc);
+    const nO = dH * hQ * base.N_SPLIT;
+    const nMl = 2 * hQ * base.N_SPLIT;
+    // Pools: every slot's cache random (f16-rounded in the f16 variant), NaN between them.
+    const pools = [0, 1].map(() => {
+      const pool = new Uint32Array(nSlots * kvCol).fill(0xffffffff);
+      const vals: Float32Array[] = [];
+      for (let s = 0; s < nSlots; s++) {
+        const store = kvF16 ? new Float16Array(rng.normals(dH * pMax * hKv)) : rng.normals(dH * pMax * hKv);
+        pool.set(new Uint32Array(store.buffer, 0, slotWords), s * kvCol);
+        vals.push(Float32Array.from(store));
+      }
+      return { pool, vals };
+    });
+    const table = new Uint32Array(nCol * base.P_COL).fill(0xffffffff);
+    const q = rng.normals(dH * hQ * nCol);
+    const cc: AttnCombineConstants = {
+      H_Q: hQ,
+      D_H: dH,
+      N_SPLIT: base.N_SPLIT,
+      TILE: base.TILE,
+      PER_MIN: base.PER_MIN,
+      WG: 256,
+      CD: 16,
+    };
+    const qf = rng.normals(2 * dH * hQ * nCol, 2);
+    const pd = await cache.get(ATTN_DECODE, dc);
+    const pdSolo = await cache.get(ATTN_DECODE, solo);
+    const cols = positions.map((pos, j) => {
+      const slot = slots[j]!;
+      table.set([pos, 1, slot], j * base.P_COL);
+      const qj = q.subarray(j * dH * hQ, (j + 1) * dH * hQ);
+      // The column alone: its own params, q, its slot's caches and partials.
+      const sb = {
+        params: upload(device, packAttnParams(pos, 1)),
+        q: upload(device, qj),
+        kCache: upload(device, pools[0]!.pool.subarray(slot * kvCol, slot * kvCol + slotWords)),
+        vCache: upload(device, pools[1]!.pool.subarray(slot * kvCol, slot * kvCol + slotWords)),
+        partO: poisoned(device, nO),
+        partMl: poisoned(device, nMl),
+      };
+      encodeAttnDecode(pass, {
+        pipeline: pdSolo,
+        bindGroup: attnDecodeBindGroup(device, { pipeline: pdSolo, constants: solo, buffers: sb }),
+        constants: solo,
+      });
+      const gate = new Float64Array(dH * hQ);
+      for (let h = 0; h < hQ; h++) {
+        for (let d = 0; d < dH; d++) gate[h * dH + d] = qf[(j * hQ + h) * 2 * dH + dH + d]!;
+      }
+      const ref = attention(qj, {
+        k: toRefLayout(pools[0]!.vals[slot]!, dH, pMax, hKv, pos + 1),
+        v: toRefLayout(pools[1]!.vals[slot]!, dH, pMax, hKv, pos + 1),
+        gate,
+        headDim: dH,
+        nHead: hQ,
+        nHeadKv: hKv,
+        scale: dc.SCALE,
+      });
+      return { pos, slot, sb, ref };
+    });
+    const b = {
+      params: upload(device, table),
+      q: upload(device, q),
+      kCache: upload(device, pools[0]!.pool),
+      vCache: upload(device, pools[1]!.pool),
+      partO: poisoned(device, nCol * w.partO + nO),
+      partMl: poisoned(device, nCol * w.partMl + nMl),
+      qf: upload(device, qf),
+      o: poisoned(device, dH * hQ * nCol),
+    };
+    const bg = attnDecodeBindGroup(device, {
+      pipeline: pd,
+      constants: dc,
+      buffers: b,
+      cols: nCol,
+      slots: nSlots,
+    });
+    encodeAttnDecode(pass, { pipeline: pd, bindGroup: bg, constants: dc, cols: nCol });
+    const pc = await cache.get(ATTN_COMBINE, cc);
+    const bgC = attnCombineBindGroup(device, { pipeline: pc, constants: cc, buffers: b, cols: nCol });
+    encodeAttnCombine(pass, { pipeline: pc, bindGroup: bgC, constants: cc, cols: nCol });
+    runs.push({ dc, positions, slots, b, cols, w, nO, nMl });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(
+    device,
+    runs.flatMap((r) => [r.b.o, r.b.partO, r.b.partMl, ...r.cols.flatMap((c) => [c.sb.partO, c.sb.partMl])]),
+  );
+  let at = 0;
+  for (const r of runs) {
+    const what = `${variantKey(ATTN_DECODE, r.dc)} columns at slots [${r.slots}] positions [${r.positions}]`;
+    const o = outs[at++]!;
+    checkF32(o, r.cols.flatMap((c) => [...c.ref]), TOL, { what, seed: rng.seed });
+    const all = [new Uint32Array(outs[at++]!), new Uint32Array(outs[at++]!)];
+    // Each column's region is bit for bit its solo dispatch's partials (the unused splits poisoned in both).
+    const inRegion = [new Uint8Array(all[0]!.length), new Uint8Array(all[1]!.length)];
+    r.cols.forEach((c, j) => {
+      [[r.w.partO, r.nO], [r.w.partMl, r.nMl]].forEach(([stride, n], k) => {
+        const soloWords = new Uint32Array(outs[at++]!, 0, n);
+        for (let i = 0; i < n!; i++) {
+          inRegion[k]![j * stride! + i] = 1;
+          if (all[k]![j * stride! + i] !== soloWords[i]) {
+            assert.fail(
+              `${what} (seed ${rng.seed}): column ${j} ${["partO", "partMl"][k]}[${i}] differs from solo`,
+            );
+          }
+        }
+      });
+      Object.values(c.sb).forEach((buf) => buf.destroy());
+    });
+    // Everything outside the columns' regions (the padding, the region past the last column) still poisoned.
+    all.forEach((words, k) => {
+      for (let i = 0; i < words.length; i++) {
+        if (!inRegion[k]![i] && words[i] !== POISON_F32) {
+          assert.fail(
+            `${what} (seed ${rng.seed}): ${["partO", "partMl"][k]} word ${i} outside the columns written`,
+          );
+        }
+      }
+    });
+    Object.values(r.b).forEach((buf) => buf.destroy());
+  }
+});
+
 /** Exchanges KV heads so that query head h meets the KV head a wrong grouping (h % H_KV) would give. */
 function swapGroups(kv: Float64Array, dc: AttnDecodeConstants): Float64Array {
   const out = Float64Array.from(kv);
@@ -205,6 +367,7 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     SCALE: 0.0625,
     KV_F16: false,
     KPT: 1,
+    ...ATTN_DECODE_ONE_COLUMN,
   };
   const pipeline = await new PipelineCache(device).get(ATTN_DECODE, dc);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });

@@ -1,7 +1,8 @@
 /**
  * The gated attention block: q (with its gate), k and v projections, per-head q/k RMSNorm and RoPE with the
- * KV cache write, then prefill attention over the chunk or split-K decode attention per slot, and the output
- * projection into the residual stream.
+ * KV cache write, then prefill attention over the chunk or split-K decode attention (one dispatch over a
+ * batched step's columns where the KV caches are pooled, else per slot), and the output projection into the
+ * residual stream.
  * @module
  */
 import type { Binding } from "../../wgsl/kernel.ts";
@@ -24,6 +25,7 @@ import {
 } from "../../wgsl/attn_qk_rope.ts";
 import {
   ATTN_DECODE,
+  ATTN_DECODE_ONE_COLUMN,
   attnDecodeBindGroup,
   type AttnDecodeConstants,
   attnDecodeGrid,
@@ -94,13 +96,15 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   if (cx.batch) {
     const nQ = hp.nHead * hp.headDim;
     const nCol = cx.batch.slots.length;
-    // RoPE and the KV write: one dispatch over every column where the layer's caches are pooled (each column
-    // writes its slot's rows), else per slot.
+    // RoPE with the KV write, then attn_decode: one dispatch each over every column where the layer's caches
+    // are pooled (each column writes and reads its slot's rows), else per slot.
     const kPool = cx.states.pool(l, "k_cache");
     const vPool = cx.states.pool(l, "v_cache");
     const pooled = kPool !== undefined && vPool !== undefined;
+    let dc: AttnDecodeConstants | undefined;
     if (pooled) {
       assert(kPool.strideBytes === vPool.strideBytes, "K and V caches share one slot stride");
+      const cols = { n: nCol, slots: cx.states.nSlots, kvCol: kPool.strideBytes / 4 };
       await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, 1, {
         params: cx.batch.table,
         qf: sub(A.qf!, 0, nCol * nQf),
@@ -109,28 +113,31 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
         qOut: sub(A.q!, 0, nCol * nQ),
         kCache: kPool.buffer,
         vCache: vPool.buffer,
-      }, { n: nCol, slots: cx.states.nSlots, kvCol: kPool.strideBytes / 4 });
+      }, cols);
+      // attn_decode likewise: every column on its slot's caches, into its own region of the partials.
+      dc = await decodeSplits(g, `L${l}.attn_decode`, cx, {
+        pos: cx.batch.table,
+        q: sub(A.q!, 0, nCol * nQ),
+        kCache: kPool.buffer,
+        vCache: vPool.buffer,
+      }, cols);
     }
-    // attn_decode per slot on its column of q and its caches, into the column's partials (a column
-    // dimension can come to it as it did to the kernels around it: the table holds each column's slot), then
-    // one combine over every column.
-    let dc: AttnDecodeConstants | undefined;
-    for (const [b, slot] of cx.batch.slots.entries()) {
+    // Caches per slot: RoPE and attn_decode per slot on its column of q and its caches, into the column's
+    // region of the partials. Then one combine over every column.
+    for (const [b, slot] of (pooled ? [] : cx.batch.slots).entries()) {
       const kCache = cx.states.binding(slot, l, "k_cache");
       const vCache = cx.states.binding(slot, l, "v_cache");
       const qB = sub(A.q!, b * nQ, nQ);
       const pos = cx.batch.pos[b]!;
-      if (!pooled) {
-        await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
-          params: pos,
-          qf: sub(A.qf!, b * nQf, nQf),
-          k: sub(A.k!, b * nKv, nKv),
-          v: sub(A.v!, b * nKv, nKv),
-          qOut: qB,
-          kCache,
-          vCache,
-        });
-      }
+      await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
+        params: pos,
+        qf: sub(A.qf!, b * nQf, nQf),
+        k: sub(A.k!, b * nKv, nKv),
+        v: sub(A.v!, b * nKv, nKv),
+        qOut: qB,
+        kCache,
+        vCache,
+      });
       dc = await decodeSplits(g, `L${l}.attn_decode.${b}`, cx, { pos, q: qB, kCache, vCache }, b);
     }
     await combineSplits(g, `L${l}.attn_combine`, cx, dc!, {
@@ -272,14 +279,16 @@ export async function attnDecode(
 
 /**
  * attn_decode of one token into the partials, or into column `col`'s region of them (a batched step's,
- * laid out as `attnCombineColumnWords` says); returns its constants.
+ * laid out as `attnCombineColumnWords` says), or with `col` the columns of a batched step in one dispatch
+ * (pos: the column table; q: every column's; caches: the pools of `col.slots` slots at `kvCol` words; each
+ * column into its region); returns its constants.
  */
 async function decodeSplits(
   g: GraphBuilder,
   label: string,
   cx: BuildContext,
   x: { pos: Binding; q: Binding; kCache: Binding; vCache: Binding },
-  col?: number,
+  col?: number | { n: number; slots: number; kvCol: number },
 ): Promise<AttnDecodeConstants> {
   const hp = g.hp;
   const A = cx.act;
@@ -295,10 +304,12 @@ async function decodeSplits(
     SCALE: hp.attnScale,
     KV_F16: g.opts.kvF16,
     KPT: ATTN_DECODE_KPT,
+    ...(typeof col === "object" ? { P_COL: BATCH_TABLE_WORDS, KV_COL: col.kvCol } : ATTN_DECODE_ONE_COLUMN),
   };
+  const cols = typeof col === "object" ? col : undefined;
   let partO: Binding = A.partO!;
   let partMl: Binding = A.partMl!;
-  if (col !== undefined) {
+  if (typeof col === "number") {
     const w = attnCombineColumnWords(combineConstants(dc));
     partO = sub(A.partO!, col * w.partO, dc.D_H * dc.H_Q * dc.N_SPLIT);
     partMl = sub(A.partMl!, col * w.partMl, 2 * dc.H_Q * dc.N_SPLIT);
@@ -312,8 +323,10 @@ async function decodeSplits(
         pipeline,
         constants: dc,
         buffers: { params: x.pos, q: x.q, kCache: x.kCache, vCache: x.vCache, partO, partMl },
+        cols: cols?.n,
+        slots: cols?.slots,
       }),
-    attnDecodeGrid(dc),
+    attnDecodeGrid(dc, cols?.n),
   );
   return dc;
 }

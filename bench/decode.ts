@@ -9,7 +9,7 @@
  * StageOptions.normPrologueMaxRows, `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
  * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
  * `--state-pool-max-bytes N` StageOptions.maxStatePoolBytes (1: every slot state a buffer of its own, so the
- * batched step runs gdn_step and attn_qk_rope per slot as before the pools).
+ * batched step runs gdn_step, attn_qk_rope and attn_decode per slot as before the pools).
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.

@@ -403,5 +403,29 @@ Deno.test("attn_decode shape check throws before encoding", async () => {
     () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, PER_MIN: 48 }, buffers: b }),
     /PER_MIN \(48\) must be a positive multiple of TILE/,
   );
+  // Columns: strides present and sane, buffers for every column and slot.
+  assert.throws(() => checkAttnDecode({ ...dc, P_COL: 2 }, 32768), /P_COL must be 0 or >= 3/);
+  assert.throws(() => checkAttnDecode({ ...dc, KV_COL: 64 }, 32768), /KV_COL must be 0 or a multiple of 4/);
+  assert.throws(() => checkAttnDecode({ ...dc, KV_COL: 256 * 64 * 2 + 2 }, 32768), /KV_COL must be 0/);
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: dc, buffers: b, cols: 2 }),
+    /2 columns need a P_COL stride/,
+  );
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: { ...dc, P_COL: 64 }, buffers: b, slots: 2 }),
+    /2 slots need P_COL and KV_COL strides/,
+  );
+  // One slot's caches (128 KiB) and two columns' partials (2 x 128 KiB).
+  const one = device.createBuffer({ size: 256 * 64 * 2 * 4, usage: GPUBufferUsage.STORAGE });
+  const big = device.createBuffer({ size: 2 * 256 * 16 * 8 * 4, usage: GPUBufferUsage.STORAGE });
+  const cols = { ...dc, P_COL: 64, KV_COL: 256 * 64 * 2 };
+  const full = { params: small, q: one, kCache: one, vCache: one, partO: big, partMl: one };
+  attnDecodeBindGroup(device, { pipeline, constants: cols, buffers: full, cols: 2 });
+  assert.throws(
+    () => attnDecodeBindGroup(device, { pipeline, constants: cols, buffers: full, cols: 2, slots: 2 }),
+    /binding kCache holds/,
+  );
+  big.destroy();
+  one.destroy();
   small.destroy();
 });

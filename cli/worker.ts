@@ -6,7 +6,7 @@
  */
 import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
-import { acquireGpu, DEFAULT_MAX_CHUNK, KEYS, openGguf, Stage } from "../engine/mod.ts";
+import { acquireGpu, DEFAULT_MAX_CHUNK, KEYS, openGguf, printProfileOnSignal, Stage } from "../engine/mod.ts";
 import { listenWorker, parseAddress, readTlsFlags, serveWorker, WireError } from "../wire/mod.ts";
 import { ChainLink } from "../wire/chain.ts";
 import { stageBackend } from "../wire/stage_backend.ts";
@@ -104,6 +104,7 @@ export const command: Command = {
         } MiB of weights, fingerprint ${stage.fingerprint.slice(0, 16)}…)`,
       );
       await warmUp(stage);
+      printProfileOnSignal(`worker ${layers[0]}:${layers[1]}`, stage.profile);
       const next = nextAddr && new ChainLink(nextAddr, { build, linkKey, tls: tls.connect });
       const backend = stageBackend(stage, { build, arch, next });
       if (next) {

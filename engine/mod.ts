@@ -56,6 +56,8 @@ export * from "./fingerprint.ts";
 export * from "./inspect.ts";
 export * from "./plan.ts";
 export * from "./exec/stage.ts";
+export { type PhaseTotal, printProfileOnSignal, RunProfile } from "./exec/_profile.ts";
+export { ARGMAX_RING } from "./exec/_stage_run.ts";
 export { argmaxCpu, DecodeDriver, topCpu } from "./exec/decode.ts";
 export type {
   BatchItem,

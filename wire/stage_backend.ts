@@ -11,16 +11,22 @@
  * steps (`chunk: 1`), so each row's logits are the bits of the undrafted run's.
  *
  * Requests are applied one at a time in arrival order (the stage's activation buffers are shared by all
- * slots). A middle stage remembers, per slot and per snapshot, the connection to its next stage the state
+ * slots), but a last stage's argmax frame (greedy, no sampler) holds that turn only while it submits: its ids
+ * are drawn on the GPU in the frame's pass (only the ids come back when no top-k pairs are asked), and the
+ * next frame's work is submitted while its readback waits out the ~10 ms poll (docs/PLATFORM.md). A later
+ * request on the same slot, and every other kind of request, waits for the readbacks in flight first. A middle stage remembers, per slot and per snapshot, the connection to its next stage the state
  * behind it lives on; when that connection is gone it answers {@linkcode STALE_MARK} so the head replays.
  * @module
  */
 import {
+  ARGMAX_RING,
   argmaxCpu,
   isGreedy,
+  type PendingRun,
   type SamplingParams,
   type Stage,
   type StageInfo,
+  type StageOutput,
   topCpu,
 } from "../engine/mod.ts";
 import { WireError } from "./errors.ts";
@@ -88,6 +94,28 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     tail = p.catch(() => {});
     return p;
   };
+  /** Per slot: the readback of its overlapped last-stage run still in flight (settles, never rejects). */
+  const inflight = new Map<number, Promise<void>>();
+  /** Waits for the in-flight readbacks of `slots` (all slots when absent). */
+  const quiesce = async (slots?: readonly number[]) => {
+    const ps = slots ? slots.map((s) => inflight.get(s)) : [...inflight.values()];
+    for (const p of ps) if (p) await p;
+  };
+  /** Keeps `slots`' readback in flight until `output` settles (a later request on them waits for it). */
+  const track = (slots: readonly number[], output: Promise<unknown>) => {
+    const done = output.then(() => {}, () => {});
+    for (const s of slots) inflight.set(s, done);
+    done.then(() => {
+      for (const s of slots) if (inflight.get(s) === done) inflight.delete(s);
+    });
+  };
+  /** `serial` once no overlapped readback is in flight: the request sees the stage as the old serial one. */
+  const serialQuiet = <T>(f: () => Promise<T>): Promise<T> =>
+    serial(async () => {
+      await quiesce();
+      return await f();
+    });
+  const prof = stage.profile;
   const staleError = (what: string) =>
     new WireError("backend", `${STALE_MARK} ${what} on layers ${range}: its next stage restarted: replay`);
   const nEmbd = stage.hp.nEmbd;
@@ -145,33 +173,46 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     return [...h.ids, ...h.pending.subarray(0, keep)];
   };
 
-  const runLast = async (req: RunRequest, nRows: number, t0: number): Promise<RunResult> => {
+  /** A last stage's run submitted (rollback, lead rows, the rows that produce ids), its output pending. */
+  const submitLast = async (req: RunRequest, nRows: number): Promise<PendingRun> => {
     if (req.want === "last" || req.want === "all") {
       throw new WireError("backend", `Layers ${range} are the last stage: they return ids, not hidden rows`);
     }
     await rollBack(req, nRows);
     const hidden = req.rows as Float32Array<ArrayBuffer>;
     const nOut = req.drafts.length + 1;
-    let out;
+    // Argmax ids without top-k pairs: drawn on the GPU in the run's pass, only the ids read back.
+    const ids = req.topK === 0 && nOut <= ARGMAX_RING &&
+      (!req.sampling || plainGreedy(samplingOf(req.sampling)));
     if (nOut === 1 || req.want === "none") {
-      out = await stage.run(req.slot, { hidden, nTokens: nRows }, req.basePos, {
+      return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, {
         rows: req.want === "none" ? "none" : "last",
+        ids,
       });
-    } else {
-      // The rows that produce ids run as one-token steps: each row's logits are then the undrafted run's bits.
-      const lead = nRows - nOut;
-      if (lead > 0) {
-        await stage.run(req.slot, { hidden: hidden.subarray(0, lead * nEmbd), nTokens: lead }, req.basePos, {
-          rows: "none",
-        });
-      }
-      out = await stage.run(
-        req.slot,
-        { hidden: hidden.subarray(lead * nEmbd), nTokens: nOut },
-        req.basePos + lead,
-        { rows: "all", chunk: 1 },
-      );
     }
+    // The rows that produce ids run as one-token steps: each row's logits are then the undrafted run's bits.
+    const lead = nRows - nOut;
+    if (lead > 0) {
+      await stage.run(req.slot, { hidden: hidden.subarray(0, lead * nEmbd), nTokens: lead }, req.basePos, {
+        rows: "none",
+      });
+    }
+    return await stage.submit(
+      req.slot,
+      { hidden: hidden.subarray(lead * nEmbd), nTokens: nOut },
+      req.basePos + lead,
+      { rows: "all", chunk: 1, ids },
+    );
+  };
+
+  /** A last stage's ids (or nothing) from a run's logits. */
+  const finishLast = async (
+    req: RunRequest,
+    nRows: number,
+    out: StageOutput,
+    t0: number,
+  ): Promise<RunResult> => {
+    const nOut = req.drafts.length + 1;
     if (req.want === "none") return { kind: "none", timesUs: [Math.round((performance.now() - t0) * 1000)] };
     const V = stage.hp.nVocab;
     const rows = out.data.length / V;
@@ -184,8 +225,10 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         params.frequencyPenalty === 0)
     ) {
       const history = historyOf(req);
+      const ts = performance.now();
       try {
         ids = await stage.sampleRows(logits, { sampling: params, step: s.step, history });
+        prof.add("worker.sample", performance.now() - ts);
       } catch (e) {
         throw new WireError("backend", `Layers ${range} cannot sample: ${(e as Error).message}`, {
           cause: e,
@@ -196,9 +239,13 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         pending: ids.slice(),
         pendingPos: req.basePos + nRows - nOut + 1,
       };
+    } else if (out.ids) {
+      ids = out.ids;
     } else {
+      const ta = performance.now();
       ids = new Uint32Array(nOut);
       for (let j = 0; j < nOut; j++) ids[j] = argmaxCpu(logits.subarray(j * V, (j + 1) * V));
+      prof.add("worker.argmax", performance.now() - ta);
     }
     const bad = ids.findIndex((id) => id >= V);
     if (bad >= 0) {
@@ -211,12 +258,14 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     }
     const topIds = new Uint32Array(nOut * req.topK);
     const topLogits = new Float32Array(nOut * req.topK);
+    if (req.topK > 0) prof.start();
     for (let j = 0; j < nOut && req.topK > 0; j++) {
       for (const [i, [id, logit]] of topCpu(logits.subarray(j * V, (j + 1) * V), req.topK).entries()) {
         topIds[j * req.topK + i] = id;
         topLogits[j * req.topK + i] = logit;
       }
     }
+    if (req.topK > 0) prof.lap("worker.topK");
     const timesUs = [Math.round((performance.now() - t0) * 1000)];
     return { kind: "ids", ids, topK: req.topK, topIds, topLogits, timesUs };
   };
@@ -255,7 +304,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
    * A batched frame's rows through this stage (docs/WIRE.md RUN_BATCH): every entry continues its slot at its
    * length, as one batched step (`Stage.runBatch`) or, for one entry or a shape that cannot batch, a run each.
    */
-  const batchRows = async (req: RunBatchRequest): Promise<Float32Array<ArrayBuffer>> => {
+  const batchRows = async (req: RunBatchRequest, ids = false): Promise<{ output: Promise<StageOutput> }> => {
     for (const e of req.entries) {
       const held = stage.length(e.slot);
       if (e.basePos !== held) {
@@ -270,7 +319,8 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     const slots = req.entries.map((e) => e.slot);
     const hidden = req.rows as Float32Array<ArrayBuffer>;
     if (slots.length >= 2 && stage.canBatch) {
-      return (await stage.runBatch(slots, { hidden, nTokens: slots.length })).data;
+      const pending = await stage.submitBatch(slots, { hidden, nTokens: slots.length }, { ids });
+      return { output: pending.output };
     }
     const width = stage.last ? stage.hp.nVocab : nEmbd;
     const out = new Float32Array(slots.length * width);
@@ -279,13 +329,15 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       const r = await stage.run(e.slot, { hidden: row, nTokens: 1 }, e.basePos, { rows: "last" });
       out.set(r.data, b * width);
     }
-    return out;
+    const kind = stage.last ? "logits" as const : "hidden" as const;
+    return { output: Promise.resolve({ kind, data: out, rows: slots.length }) };
   };
 
   /** A last stage's ids of a batched frame: each entry drawn from its row's logits with its own settings. */
-  const batchIds = async (req: RunBatchRequest, logits: Float32Array<ArrayBuffer>, t0: number) => {
+  const batchIds = async (req: RunBatchRequest, out: StageOutput, t0: number) => {
     const V = stage.hp.nVocab;
     const n = req.entries.length;
+    const logits = out.data;
     const ids = new Uint32Array(n);
     const topIds = new Uint32Array(n * req.topK);
     const topLogits = new Float32Array(n * req.topK);
@@ -304,7 +356,13 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
           });
         }
         hists[e.slot] = { ids: history.slice(-256), pending: ids.slice(b, b + 1), pendingPos: e.basePos + 1 };
-      } else ids[b] = argmaxCpu(row);
+      } else if (out.ids) {
+        ids[b] = out.ids[b]!;
+      } else {
+        const ta = performance.now();
+        ids[b] = argmaxCpu(row);
+        prof.add("worker.argmax", performance.now() - ta);
+      }
       if (ids[b]! >= V) {
         throw new WireError(
           "backend",
@@ -329,24 +387,55 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       return helloOf(info, { build: opts.build, last: stage.last, downstream });
     },
     run(req: RunRequest): Promise<RunResult> {
-      return serial(() => {
-        const t0 = performance.now();
-        const nRows = req.rows.length / stage.hp.nEmbd;
-        return next ? runMiddle(req, nRows, t0, next) : runLast(req, nRows, t0);
-      });
+      const nRows = req.rows.length / stage.hp.nEmbd;
+      if (next) return serialQuiet(() => runMiddle(req, nRows, performance.now(), next));
+      if (req.sampling && !plainGreedy(samplingOf(req.sampling))) {
+        // The GPU sampler's draw (one staging buffer, a history per slot) stays in turn.
+        return serialQuiet(async () => {
+          const t0 = performance.now();
+          return await finishLast(req, nRows, await (await submitLast(req, nRows)).output, t0);
+        });
+      }
+      // Argmax ids: the next frame's work goes in while this one's readback waits (docs/PLATFORM.md).
+      return (async () => {
+        const { pending, t0 } = await serial(async () => {
+          await quiesce([req.slot]);
+          const t0 = performance.now();
+          const pending = await submitLast(req, nRows);
+          track([req.slot], pending.output);
+          return { pending, t0 };
+        });
+        return await finishLast(req, nRows, await pending.output, t0);
+      })();
     },
     async runBatch(req: RunBatchRequest): Promise<RunResult> {
+      if (!next) {
+        const slots = req.entries.map((e) => e.slot);
+        if (req.entries.some((e) => e.sampling && !plainGreedy(samplingOf(e.sampling)))) {
+          return await serialQuiet(async () => {
+            const t0 = performance.now();
+            return await batchIds(req, await (await batchRows(req)).output, t0);
+          });
+        }
+        const { pending, t0 } = await serial(async () => {
+          await quiesce(slots);
+          const t0 = performance.now();
+          const pending = await batchRows(req, req.topK === 0);
+          track(slots, pending.output);
+          return { pending, t0 };
+        });
+        return await batchIds(req, await pending.output, t0);
+      }
       const t0 = performance.now();
-      if (!next) return await serial(async () => await batchIds(req, await batchRows(req), t0));
       // A middle stage computes in turn, then sends the frame on and leaves the stage to the next frame while
       // the stages behind it work (frames of other slots overlap); sends keep arrival order.
-      const sent = await serial(async () => {
+      const sent = await serialQuiet(async () => {
         const epochs = new Set(req.entries.map((e) => slotEpoch[e.slot]));
         const epoch = slotEpoch[req.entries[0]!.slot];
         if (epoch === undefined || epochs.size !== 1) {
           throw staleError(`slots ${req.entries.map((e) => e.slot).join(",")}`);
         }
-        const rows = await batchRows(req);
+        const rows = (await (await batchRows(req)).output).data;
         const own = Math.round((performance.now() - t0) * 1000);
         for (const e of req.entries) slotEpoch[e.slot] = undefined;
         const forward = next.forwardBatch({ ...req, rows }, epoch);
@@ -364,7 +453,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       return { ...r.result, timesUs: [sent.own, ...r.result.timesUs].slice(0, 16) };
     },
     snapshot(slot: number): Promise<number> {
-      return serial(async () => {
+      return serialQuiet(async () => {
         const id = stage.snapshot(slot);
         const epoch = slotEpoch[slot];
         let down: { id: number; epoch: number } | undefined;
@@ -380,7 +469,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       });
     },
     restore(id: number, slot: number): Promise<void> {
-      return serial(async () => {
+      return serialQuiet(async () => {
         if (!downSnaps.has(id)) {
           throw new WireError("backend", `Snapshot ${id} does not exist on layers ${range}`);
         }
@@ -401,7 +490,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       });
     },
     drop(id: number): Promise<void> {
-      return serial(async () => {
+      return serialQuiet(async () => {
         if (!downSnaps.has(id)) {
           throw new WireError("backend", `Snapshot ${id} does not exist on layers ${range}`);
         }
@@ -412,7 +501,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       });
     },
     reset(slot: number): Promise<void> {
-      return serial(async () => {
+      return serialQuiet(async () => {
         dropAnchor(slot);
         hists[slot] = undefined;
         stage.reset(slot);

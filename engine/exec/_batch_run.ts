@@ -14,6 +14,8 @@ import type { Hparams } from "../models/mod.ts";
 import { checkStageInput } from "./_load.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
 import type { StageInput, StageOutput } from "./options.ts";
+import type { RunProfile } from "./_profile.ts";
+import type { PendingRun, RowArgmax } from "./_stage_run.ts";
 
 /** Bytes per column of a batched graph's column table (each column's entry a bindable sub-range). */
 const TABLE_COLUMN_BYTES = 256;
@@ -39,6 +41,9 @@ export interface BatchRunParts {
     slots: readonly number[],
   ) => Promise<{ ops: readonly Op[]; table: GPUBuffer } | { ops: readonly Op[]; pos: readonly GPUBuffer[] }>;
   readonly gpuCheck: () => void;
+  readonly profile: RunProfile;
+  /** The argmax on logits row `row` writing word 0 of its ring (a last stage's `ids` steps). */
+  readonly argmax?: (row: number) => Promise<RowArgmax>;
 }
 
 /** Throws unless `slots` are 2..MAX_BATCH_SLOTS distinct slots of the `nSlots` (a batched step's). */
@@ -54,17 +59,19 @@ export function batchSlotsCheck(slots: readonly number[], nSlots: number): void 
 }
 
 /**
- * Runs one row per slot of `slots` (2..MAX_BATCH_SLOTS distinct slots), each continuing its sequence at its
+ * Submits one row per slot of `slots` (2..MAX_BATCH_SLOTS distinct slots), each continuing its sequence at its
  * length: `tokens[b]` (first stage) or hidden row `b` of `hidden` (`nTokens` = slots.length) for slot
- * `slots[b]`. Returns row `b` per slot in that order: ne=[nVocab, n] logits (last stage) or ne=[nEmbd, n].
+ * `slots[b]`, and starts the readback; its output (pending) is row `b` per slot in that order: ne=[nVocab, n]
+ * logits (last stage) or ne=[nEmbd, n]; with `ids` (a last stage) each column's argmax id instead (`ids`).
  * @throws {RangeError} on repeated or missing slots, a stage that cannot batch, or input as Stage.run refuses
  */
-export async function runBatch(
+export async function submitBatch(
   p: BatchRunParts,
   slots: readonly number[],
   input: StageInput,
-): Promise<StageOutput> {
-  const { stage, device, act } = p;
+  ids = false,
+): Promise<PendingRun> {
+  const { stage, device, act, profile: prof } = p;
   const n = slots.length;
   batchSlotsCheck(slots, p.length.length);
   if (!stage.canBatch) {
@@ -81,7 +88,11 @@ export async function runBatch(
     const held = p.length[slot]!;
     checkStageInput(stage, { slot, held, input: one, base: held, nTokens: 1 });
   }
+  if (ids && (!stage.last || !p.argmax)) throw new RangeError("Only a last stage's step returns ids");
+  prof.start();
   const g = await p.graph(slots);
+  const argmax = ids ? await Promise.all(slots.map((_, b) => p.argmax!(b))) : undefined;
+  prof.lap("batch.graph");
   for (const [b, slot] of slots.entries()) {
     const at = "table" in g
       ? { buffer: g.table, offset: b * TABLE_COLUMN_BYTES }
@@ -90,29 +101,59 @@ export async function runBatch(
     if ("tokens" in input) device.queue.writeBuffer(p.tok[slot]!, 0, Uint32Array.of(input.tokens[b]!));
   }
   if (!("tokens" in input)) device.queue.writeBuffer(act.h!, 0, input.hidden, 0, n * nEmbd);
+  // Each column's id to word 0 of its argmax's ring (row 0's argmax also serves solo runs' other words).
+  for (const a of argmax ?? []) device.queue.writeBuffer(a.params, 0, Uint32Array.of(0));
+  prof.lap("batch.writeBuffer");
   // A batched step's logits columns start 256-byte aligned; hidden columns are contiguous.
   const width = stage.last ? stage.hp.nVocab : nEmbd;
   const stride = stage.last ? padWords(width) : width;
   const staging = device.createBuffer({
-    size: n * stride * 4,
+    size: argmax ? Math.max(16, 4 * n) : n * stride * 4,
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
   });
+  let mapped: Promise<undefined>;
   try {
     const enc = device.createCommandEncoder();
     const pass = enc.beginComputePass();
-    encodeOps(pass, g.ops);
+    encodeOps(pass, argmax ? [...g.ops, ...argmax.flatMap((a) => a.ops)] : g.ops);
     pass.end();
-    enc.copyBufferToBuffer(stage.last ? act.logits! : act.h!, 0, staging, 0, n * stride * 4);
-    device.queue.submit([enc.finish()]);
+    if (argmax) argmax.forEach((a, b) => enc.copyBufferToBuffer(a.ring, 0, staging, 4 * b, 4));
+    else enc.copyBufferToBuffer(stage.last ? act.logits! : act.h!, 0, staging, 0, n * stride * 4);
+    const cmd = enc.finish();
+    prof.lap("batch.encode");
+    device.queue.submit([cmd]);
+    prof.lap("batch.submit");
     for (const slot of slots) p.length[slot]!++;
-    await staging.mapAsync(GPUMapMode.READ);
-    p.gpuCheck();
-    const all = new Float32Array(staging.getMappedRange());
-    const out = new Float32Array(n * width);
-    for (let b = 0; b < n; b++) out.set(all.subarray(b * stride, b * stride + width), b * width);
-    staging.unmap();
-    return { kind: stage.last ? "logits" : "hidden", data: out, rows: n };
-  } finally {
+    mapped = staging.mapAsync(GPUMapMode.READ);
+    prof.lap("batch.mapAsyncCall");
+  } catch (e) {
     staging.destroy();
+    throw e;
   }
+  const t = performance.now();
+  const output = (async (): Promise<StageOutput> => {
+    try {
+      await mapped;
+      prof.add("batch.mapWait", performance.now() - t);
+      const t1 = performance.now();
+      p.gpuCheck();
+      const kind = stage.last ? "logits" as const : "hidden" as const;
+      if (argmax) {
+        const ids = new Uint32Array(staging.getMappedRange(0, 4 * n).slice(0));
+        staging.unmap();
+        prof.add("batch.copyOut", performance.now() - t1);
+        return { kind, data: new Float32Array(0), rows: n, ids };
+      }
+      const all = new Float32Array(staging.getMappedRange());
+      const out = new Float32Array(n * width);
+      for (let b = 0; b < n; b++) out.set(all.subarray(b * stride, b * stride + width), b * width);
+      staging.unmap();
+      prof.add("batch.copyOut", performance.now() - t1);
+      return { kind, data: out, rows: n };
+    } finally {
+      staging.destroy();
+    }
+  })();
+  output.catch(() => {/* the caller awaits it */});
+  return { output };
 }

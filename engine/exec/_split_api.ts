@@ -7,6 +7,7 @@
  */
 import type { SamplingParams } from "../sampling.ts";
 import type { StageInput, StageOutput } from "./options.ts";
+import type { PendingRun } from "./_stage_run.ts";
 import type { SlotStates } from "../state.ts";
 
 /** What a stage says about itself to the stages around it (the wire hello is built from it). */
@@ -201,6 +202,8 @@ export interface SplitStage {
   readonly canBatch?: boolean;
   /** One row per slot of `slots` at its length in one batched step (Stage.runBatch); absent: a run each. */
   runBatch?(slots: readonly number[], input: StageInput): Promise<StageOutput>;
+  /** `runBatch` resolving once submitted, its output pending (Stage.submitBatch); absent: `runBatch`. */
+  submitBatch?(slots: readonly number[], input: StageInput): Promise<PendingRun>;
   /** Saves `slot`'s state; returns the snapshot id. */
   snapshot(slot: number): number;
   /** Restores snapshot `id` into `slot`. */

@@ -168,10 +168,17 @@ async function step(p: PipeParts, live: Lane[]): Promise<void> {
   if (batched.length === 0) return;
   const slots = batched.map((l) => l.it.slot);
   const t0 = performance.now();
-  const rows = await p.gpu(async () => {
+  // The head's lock covers the submission only: another group's step submits while this readback waits.
+  const pending = await p.gpu(async (): Promise<{ output: Promise<Float32Array> }> => {
     for (const s of slots) p.dropAnchor(s);
+    const tokens = { tokens: batched.map((l) => l.feed[0]!) };
+    if (slots.length >= 2 && stage.canBatch && stage.submitBatch) {
+      const output = (await stage.submitBatch(slots, tokens)).output.then((o) => o.data);
+      output.catch(() => {/* awaited below */});
+      return { output };
+    }
     if (slots.length >= 2 && stage.canBatch && stage.runBatch) {
-      return (await stage.runBatch(slots, { tokens: batched.map((l) => l.feed[0]!) })).data;
+      return { output: Promise.resolve((await stage.runBatch(slots, tokens)).data) };
     }
     const outs: Float32Array[] = [];
     for (const l of batched) {
@@ -179,8 +186,9 @@ async function step(p: PipeParts, live: Lane[]): Promise<void> {
     }
     const all = new Float32Array(outs.reduce((n, o) => n + o.length, 0));
     outs.forEach((o, b) => all.set(o, b * o.length));
-    return all;
+    return { output: Promise.resolve(all) };
   });
+  const rows = await pending.output;
   const headUs = Math.round((performance.now() - t0) * 1000);
   for (const l of batched) p.held[l.it.slot] = [...p.held[l.it.slot]!.slice(0, l.pos), l.feed[0]!];
   const nEmbd = rows.length / batched.length;

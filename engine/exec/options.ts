@@ -98,6 +98,24 @@ export interface StageOutput {
   readonly data: Float32Array<ArrayBuffer>;
   /** Rows in `data`: every input token, or only the last one. */
   readonly rows: number;
+  /**
+   * With `ids` (a last stage's `submit` / `submitBatch`): each row's argmax id, drawn on the GPU by the decode
+   * driver's argmax (ties to the lowest id; `ARGMAX_NONFINITE` for a row with NaN or +Inf); `data` is then empty.
+   */
+  readonly ids?: Uint32Array<ArrayBuffer>;
+}
+
+/**
+ * Options of `Stage.run` / `Stage.submit`: the rows returned (`last` by default), the tokens per chunk, and
+ * `ids` (a last stage: each returned row's argmax id instead of its logits, see {@linkcode StageOutput.ids}).
+ */
+export interface RunOptions {
+  /** Rows returned: every input token's, the last one's (default), or none (no readback). */
+  readonly rows?: "all" | "last" | "none";
+  /** Tokens per chunk (1..maxChunk; default maxChunk). */
+  readonly chunk?: number;
+  /** A last stage: each returned row's argmax id, drawn on the GPU, instead of its logits. */
+  readonly ids?: boolean;
 }
 
 /** One logged rounding: the mat-vec it fed, the column, x's int8 values (element order) and scales. */

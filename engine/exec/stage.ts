@@ -30,7 +30,6 @@ import { unusedTokenMask } from "../sampling.ts";
 import {
   BATCH_TABLE_WORDS,
   type BuildContext,
-  encodeOps,
   GraphBuilder,
   type GraphOptions,
   type Int8LogEntry,
@@ -47,7 +46,7 @@ import {
   STORAGE,
 } from "./activations.ts";
 import { loadPlan } from "./load_plan.ts";
-import { batchSlotsCheck, runBatch } from "./_batch_run.ts";
+import { batchSlotsCheck, submitBatch } from "./_batch_run.ts";
 import * as load from "./_load.ts";
 import {
   FingerprintHasher,
@@ -58,9 +57,11 @@ import {
 import { DecodeDriver } from "./decode.ts";
 import type { BatchItem, GenerateOptions, GenerateResult } from "./slot_decoder.ts";
 import { type RowSampleOptions, RowSampler } from "./_row_sampler.ts";
-import type { Int8Logged, StageInput, StageOptions, StageOutput } from "./options.ts";
+import type { Int8Logged, RunOptions, StageInput, StageOptions, StageOutput } from "./options.ts";
+import { type PendingRun, type RowArgmax, rowArgmax, submitRun } from "./_stage_run.ts";
+import { RunProfile } from "./_profile.ts";
 
-export type { Int8Logged, RowSampleOptions, StageInput, StageOptions, StageOutput };
+export type { Int8Logged, PendingRun, RowSampleOptions, RunOptions, StageInput, StageOptions, StageOutput };
 
 /** Size of the int8Log buffer (the tiny test models log a few hundred KiB per chunk). */
 const INT8_LOG_BYTES = 16 << 20;
@@ -102,6 +103,8 @@ export class Stage {
    * tensors of other layers read afterwards, cached beside the GGUF. A split chain compares it at hello.
    */
   readonly fingerprint: string;
+  /** Where this stage's runs spend their time (engine/exec/_profile.ts). */
+  readonly profile: RunProfile = new RunProfile();
 
   readonly #gpu: Gpu;
   readonly #cache: PipelineCache;
@@ -126,6 +129,7 @@ export class Stage {
   /** The UNUSED-token mask the samplers apply (absent when the file has no token types). */
   readonly #unusedMask: Uint32Array<ArrayBuffer> | undefined;
   #rowSampler: RowSampler | undefined;
+  readonly #argmaxes = new Map<number, Promise<RowArgmax>>();
   /** The first GPU error no scope captured while this stage lived (validation, out of memory, internal). */
   #gpuError: string | undefined;
   readonly #onGpuError = (ev: Event) => {
@@ -333,13 +337,16 @@ export class Stage {
    * @throws {RangeError} on a base other than the slot's length (restore a snapshot first), a sequence
    *   longer than the context, token ids out of the vocabulary, an input of the wrong kind, or a bad chunk
    */
-  async run(
-    slot: number,
-    input: StageInput,
-    base: number,
-    opts: { rows?: "all" | "last" | "none"; chunk?: number } = {},
-  ): Promise<StageOutput> {
-    const { device } = this.#gpu;
+  async run(slot: number, input: StageInput, base: number, opts: RunOptions = {}): Promise<StageOutput> {
+    return await (await this.submit(slot, input, base, opts)).output;
+  }
+
+  /**
+   * `run()` split in two: resolves once the work is submitted (and its readback started), with the output
+   * pending (engine/exec/_stage_run.ts); a later submit may go in before that output lands.
+   * @throws {RangeError} as `run()`
+   */
+  submit(slot: number, input: StageInput, base: number, opts: RunOptions = {}): Promise<PendingRun> {
     this.#slotCheck(slot);
     const nTokens = "tokens" in input ? input.tokens.length : input.nTokens;
     this.#inputCheck(slot, input, base, nTokens);
@@ -347,55 +354,21 @@ export class Stage {
     if (!Number.isInteger(chunk) || chunk < 1 || chunk > this.maxChunk) {
       throw new RangeError(`Chunk must be in 1..${this.maxChunk}, got ${chunk}`);
     }
-    const rows = opts.rows ?? "last";
-    const width = this.last ? this.hp.nVocab : this.hp.nEmbd;
-    const out = new Float32Array(width * (rows === "all" ? nTokens : rows === "last" ? 1 : 0));
-    if (base === 0) {
-      const enc = device.createCommandEncoder();
-      this.states.reset(enc, slot);
-      device.queue.submit([enc.finish()]);
-      this.#length[slot] = 0;
-    }
-    const staging = rows === "none" ? undefined : device.createBuffer({
-      size: out.byteLength,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
-    // Every-row logits go in pieces of the rows the logits buffer holds (activations.ts LOGITS_ROWS).
-    const step = this.last && rows === "all"
-      ? Math.min(chunk, load.logitsRows(this.#act.logits!, this.hp))
-      : chunk;
-    for (let at = 0; at < nTokens; at += step) {
-      const n = Math.min(step, nTokens - at);
-      const lastChunk = at + n === nTokens;
-      const outRows = rows === "all" ? "all" : lastChunk && rows === "last" ? "last" : "none";
-      device.queue.writeBuffer(this.#posParams[slot]!, 0, Uint32Array.of(base + at, n));
-      if ("tokens" in input) {
-        device.queue.writeBuffer(this.#act.tokens!, 0, Uint32Array.from(input.tokens.slice(at, at + n)));
-      } else {
-        device.queue.writeBuffer(this.#act.h!, 0, input.hidden, at * this.hp.nEmbd, n * this.hp.nEmbd);
-      }
-      const ops = await this.#graph(slot, n, outRows);
-      const enc = device.createCommandEncoder();
-      const pass = enc.beginComputePass();
-      encodeOps(pass, ops);
-      pass.end();
-      if (outRows !== "none" && staging) {
-        const src = this.last ? this.#act.logits! : this.#act.h!;
-        const srcOff = !this.last && outRows === "last" ? (n - 1) * width * 4 : 0;
-        const size = (outRows === "all" ? n : 1) * width * 4;
-        const dstOff = outRows === "all" ? at * width * 4 : 0;
-        enc.copyBufferToBuffer(src, srcOff, staging, dstOff, size);
-      }
-      device.queue.submit([enc.finish()]);
-      this.#length[slot] = base + at + n;
-    }
-    if (!staging) return { kind: this.last ? "logits" : "hidden", data: out, rows: 0 };
-    await staging.mapAsync(GPUMapMode.READ);
-    this.#gpuCheck();
-    out.set(new Float32Array(staging.getMappedRange()));
-    staging.unmap();
-    staging.destroy();
-    return { kind: this.last ? "logits" : "hidden", data: out, rows: rows === "all" ? nTokens : 1 };
+    const p = {
+      hp: this.hp,
+      last: this.last,
+      device: this.#gpu.device,
+      act: this.#act,
+      pos: this.#posParams[slot]!,
+      states: this.states,
+      length: this.#length,
+      logitsRows: this.last ? load.logitsRows(this.#act.logits!, this.hp) : 1,
+      graph: (n: number, rows: "all" | "last" | "none") => this.#graph(slot, n, rows),
+      gpuCheck: () => this.#gpuCheck(),
+      profile: this.profile,
+      argmax: () => this.#argmax(0),
+    };
+    return submitRun(p, slot, input, base, nTokens, { rows: opts.rows ?? "last", chunk, ids: opts.ids });
   }
 
   /**
@@ -482,10 +455,31 @@ export class Stage {
   }
 
   /** One row per slot of `slots` at its length, in one batched step, read back (engine/exec/_batch_run.ts). */
-  runBatch(slots: readonly number[], input: StageInput): Promise<StageOutput> {
+  async runBatch(slots: readonly number[], input: StageInput): Promise<StageOutput> {
+    return await (await this.submitBatch(slots, input)).output;
+  }
+
+  /** `runBatch` split in two as `submit()` splits `run()`; `ids`: each column's argmax id (a last stage). */
+  submitBatch(
+    slots: readonly number[],
+    input: StageInput,
+    opts: { ids?: boolean } = {},
+  ): Promise<PendingRun> {
     const [act, tok, length, gpuCheck] = [this.#act, this.#slotTok, this.#length, () => this.#gpuCheck()];
-    const p = { stage: this, device: this.#gpu.device, act, tok, length, gpuCheck };
-    return runBatch({ ...p, graph: (s) => this.#batchGraph(s) }, slots, input);
+    const p = { stage: this, device: this.#gpu.device, act, tok, length, gpuCheck, profile: this.profile };
+    const more = {
+      graph: (s: readonly number[]) => this.#batchGraph(s),
+      argmax: (r: number) => this.#argmax(r),
+    };
+    return submitBatch({ ...p, ...more }, slots, input, opts.ids);
+  }
+
+  /** The argmax on logits row `row` for `ids` runs (engine/exec/_stage_run.ts, cached per row). */
+  #argmax(row: number): Promise<RowArgmax> {
+    const sb = { device: this.#gpu.device, cache: this.#cache, owned: this.#owned, logits: this.#act.logits };
+    const hit = this.#argmaxes.get(row) ?? rowArgmax(sb, this.hp.nVocab, row);
+    this.#argmaxes.set(row, hit);
+    return hit;
   }
 
   /** Releases every GPU buffer of the stage. */

@@ -9,6 +9,7 @@ import { acquireGpu } from "../gpu/device.ts";
 import { type GgufFile, openGguf } from "../gguf.ts";
 import { KEYS } from "../names.ts";
 import { Stage } from "../exec/stage.ts";
+import { printProfileOnSignal } from "../exec/_profile.ts";
 import { planModel, synthesize } from "../synth.ts";
 import { samplingParams } from "../sampling.ts";
 import { SlotRunner } from "./_runner.ts";
@@ -86,6 +87,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       onLog: (line) => post({ type: "log", line }),
       onProgress: (p) => post({ type: "progress", loadedBytes: p.doneBytes, totalBytes: p.totalBytes }),
     });
+    printProfileOnSignal(`head ${stage.layers[0]}:${stage.layers[1]}`, stage.profile);
     let decoder: SlotDecoder = stage.decoder;
     if (m.split) {
       if (!stage.first || stage.last) {

@@ -1,0 +1,167 @@
+/**
+ * `Stage.run` and `Stage.submit`: a run of one slot's rows in chunks, its work submitted at once and its
+ * readback (one `mapAsync`) left pending, so a caller can submit the next frame's work while this frame's
+ * readback waits out Deno's 10 ms poll (docs/PLATFORM.md "The 10 ms readback floor"). GPU work is ordered by
+ * submission, so a later submission that reuses the activation buffers runs after this frame's copy out.
+ * @module
+ */
+import { encodeOps, type Op } from "../graph/builder.ts";
+import type { Hparams } from "../models/mod.ts";
+import type { SlotStates } from "../state.ts";
+import type { RunProfile } from "./_profile.ts";
+import type { PipelineCache } from "../../wgsl/kernel.ts";
+import { buildSelector } from "./_selector.ts";
+import { STORAGE } from "./activations.ts";
+import type { StageInput, StageOutput } from "./options.ts";
+
+/** What `submitRun` needs of its stage (its private buffers, handed over by `Stage.submit`). */
+export interface RunParts {
+  readonly hp: Hparams;
+  readonly last: boolean;
+  readonly device: GPUDevice;
+  readonly act: Record<string, GPUBuffer>;
+  readonly pos: GPUBuffer;
+  readonly states: SlotStates;
+  /** Tokens held per slot (updated here). */
+  readonly length: number[];
+  /** Rows the logits buffer holds (every-row logits go in pieces of it). */
+  readonly logitsRows: number;
+  readonly graph: (n: number, rows: "all" | "last" | "none") => Promise<readonly Op[]>;
+  readonly gpuCheck: () => void;
+  readonly profile: RunProfile;
+  /** The argmax on logits row 0 writing ring word `params[0]` (a last stage's `ids` runs). */
+  readonly argmax?: () => Promise<RowArgmax>;
+}
+
+/** Most ids one `ids` run returns (its argmax ring's words). */
+export const ARGMAX_RING = 256;
+
+/** An argmax on one logits row: its dispatches, its params (word 0: the ring word) and its id ring. */
+export interface RowArgmax {
+  readonly ops: readonly Op[];
+  readonly params: GPUBuffer;
+  readonly ring: GPUBuffer;
+}
+
+/** A submitted run: its output once the readback lands (wrapped so `await submit()` does not wait for it). */
+export interface PendingRun {
+  /** The run's output, once its readback lands (rejects as `Stage.run` would). */
+  readonly output: Promise<StageOutput>;
+}
+
+/**
+ * Submits every chunk of the run (checked by the caller: slot, input, base, chunk) and starts its readback;
+ * `mapAsync` is called here (it blocks until the GPU is idle), its promise is the pending output. With `ids`
+ * (a last stage, rows `last`, or `all` in one-token chunks) each output row's argmax runs in the row's pass and
+ * only the ids come back.
+ */
+export async function submitRun(
+  p: RunParts,
+  slot: number,
+  input: StageInput,
+  base: number,
+  nTokens: number,
+  opts: { rows: "all" | "last" | "none"; chunk: number; ids?: boolean },
+): Promise<PendingRun> {
+  const { device, hp, profile: prof } = p;
+  const rows = opts.rows;
+  const nIds = rows === "all" ? nTokens : rows === "last" ? 1 : 0;
+  const argmax = opts.ids && rows !== "none" ? await argmaxOf(p, rows, opts.chunk, nIds) : undefined;
+  const width = p.last ? hp.nVocab : hp.nEmbd;
+  const out = new Float32Array(argmax ? 0 : width * nIds);
+  prof.start();
+  if (base === 0) {
+    const enc = device.createCommandEncoder();
+    p.states.reset(enc, slot);
+    device.queue.submit([enc.finish()]);
+    p.length[slot] = 0;
+  }
+  const staging = rows === "none" ? undefined : device.createBuffer({
+    size: argmax ? Math.max(16, 4 * nIds) : out.byteLength,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  const step = p.last && rows === "all" ? Math.min(opts.chunk, p.logitsRows) : opts.chunk;
+  for (let at = 0; at < nTokens; at += step) {
+    const n = Math.min(step, nTokens - at);
+    const lastChunk = at + n === nTokens;
+    const outRows = rows === "all" ? "all" : lastChunk && rows === "last" ? "last" : "none";
+    prof.lap("run.other");
+    device.queue.writeBuffer(p.pos, 0, Uint32Array.of(base + at, n));
+    if ("tokens" in input) {
+      device.queue.writeBuffer(p.act.tokens!, 0, Uint32Array.from(input.tokens.slice(at, at + n)));
+    } else {
+      device.queue.writeBuffer(p.act.h!, 0, input.hidden, at * hp.nEmbd, n * hp.nEmbd);
+    }
+    prof.lap("run.writeBuffer");
+    const ops = await p.graph(n, outRows);
+    prof.lap("run.graph");
+    if (argmax && outRows !== "none") {
+      device.queue.writeBuffer(argmax.params, 0, Uint32Array.of(rows === "all" ? at : 0));
+    }
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encodeOps(pass, argmax && outRows !== "none" ? [...ops, ...argmax.ops] : ops);
+    pass.end();
+    if (argmax && staging && lastChunk) {
+      enc.copyBufferToBuffer(argmax.ring, 0, staging, 0, 4 * nIds);
+    } else if (!argmax && outRows !== "none" && staging) {
+      const src = p.last ? p.act.logits! : p.act.h!;
+      const srcOff = !p.last && outRows === "last" ? (n - 1) * width * 4 : 0;
+      const size = (outRows === "all" ? n : 1) * width * 4;
+      const dstOff = outRows === "all" ? at * width * 4 : 0;
+      enc.copyBufferToBuffer(src, srcOff, staging, dstOff, size);
+    }
+    const cmd = enc.finish();
+    prof.lap("run.encode");
+    device.queue.submit([cmd]);
+    prof.lap("run.submit");
+    p.length[slot] = base + at + n;
+  }
+  const kind = p.last ? "logits" as const : "hidden" as const;
+  if (!staging) return { output: Promise.resolve({ kind, data: out, rows: 0 }) };
+  const mapped = staging.mapAsync(GPUMapMode.READ);
+  prof.lap("run.mapAsyncCall");
+  const t = performance.now();
+  const output = (async () => {
+    try {
+      await mapped;
+      prof.add("run.mapWait", performance.now() - t);
+      const t1 = performance.now();
+      p.gpuCheck();
+      const ids = argmax && new Uint32Array(staging.getMappedRange(0, 4 * nIds).slice(0));
+      if (!argmax) out.set(new Float32Array(staging.getMappedRange()));
+      staging.unmap();
+      prof.add("run.copyOut", performance.now() - t1);
+      return { kind, data: out, rows: nIds, ...(ids ? { ids } : {}) };
+    } finally {
+      staging.destroy();
+    }
+  })();
+  output.catch(() => {/* the caller awaits it */});
+  return { output };
+}
+
+/**
+ * The argmax on logits row `row` of `logits` (the decode driver's selector, `buildSelector`; its id also lands
+ * in a 16-byte buffer of its own that no graph embeds): `ARGMAX_RING` ring words for row 0, one for the others.
+ */
+export async function rowArgmax(
+  sb: { device: GPUDevice; cache: PipelineCache; owned: GPUBuffer[]; logits: GPUBuffer | undefined },
+  nVocab: number,
+  row: number,
+): Promise<RowArgmax> {
+  const nextToken = sb.device.createBuffer({ label: `argmax${row}.id`, size: 16, usage: STORAGE });
+  sb.owned.push(nextToken);
+  const S = row === 0 ? ARGMAX_RING : 1;
+  const o = { row, nextToken, S, top: 0, sampling: false };
+  const sel = await buildSelector({ ...sb, unusedMask: undefined }, nVocab, o);
+  return { ops: sel.stepOps, params: sel.argmaxParams, ring: sel.idRing };
+}
+
+/** The argmax of an `ids` run, checked: a last stage, rows `last` or one-token `all` chunks, few enough ids. */
+async function argmaxOf(p: RunParts, rows: "all" | "last", chunk: number, nIds: number): Promise<RowArgmax> {
+  if (!p.last || !p.argmax) throw new RangeError("Only a last stage's run returns ids");
+  if (rows === "all" && chunk !== 1) throw new RangeError("Every row's ids take one-token chunks (chunk: 1)");
+  if (nIds > ARGMAX_RING) throw new RangeError(`One run returns at most ${ARGMAX_RING} ids, got ${nIds}`);
+  return await p.argmax();
+}

@@ -19,7 +19,10 @@
  * `perStageMs` lists each stage (head first: its box and layers) with the RUN frames it computed in the
  * measurement and its mean compute per frame, as the stage measured it; `wireMs` is the mean wire time per
  * frame (the head's round trip minus the workers' compute: every hop together); `draftAcceptance` the
- * accepted / proposed draft ids in the measurement (null without drafts). RUN frames are decode steps (one
+ * accepted / proposed draft ids in the measurement (null without drafts). `phasesMs` breaks each stage
+ * process's frames down by phase (issue #19: graph lookup, writeBuffer, encode, submit, the blocking `mapAsync`
+ * call, the wait for its promise, the copy out, the last stage's CPU argmax / top-k / GPU sampler): calls and
+ * mean ms per call, read from each process's profile (started with `LLM_STAGE_PROFILE=1`, printed on SIGUSR1). RUN frames are decode steps (one
  * per token, or per drafted frame) and prompt pieces. The unsplit head reports none of these (null).
  *
  * One JSON line per measurement (commit, adapter, command, parameters, result with units); never asserts.
@@ -125,6 +128,8 @@ function ranges(n: number): [number, number][] {
 
 interface Proc {
   readonly log: string[];
+  /** Sends SIGUSR1: the stage prints its phase profile (`LLM_STAGE_PROFILE=1`, engine/exec/_profile.ts). */
+  usr1(): void;
   waitFor(re: RegExp): Promise<RegExpMatchArray>;
   stop(): Promise<void>;
 }
@@ -134,6 +139,7 @@ function spawn(argv: string[]): Proc {
     args: ["run", "-A", MOD, ...argv],
     stdout: "null",
     stderr: "piped",
+    env: { LLM_STAGE_PROFILE: "1" },
   }).spawn();
   const log: string[] = [];
   let exited = false;
@@ -149,6 +155,9 @@ function spawn(argv: string[]): Proc {
   })();
   return {
     log,
+    usr1() {
+      if (!exited) child.kill("SIGUSR1");
+    },
     async waitFor(re) {
       const end = Date.now() + WAIT_MS;
       for (;;) {
@@ -294,6 +303,45 @@ async function scrape(url: string): Promise<Series> {
   return out;
 }
 
+/** A process's stage profile: its label and phase → summed ms and count. */
+type Profile = { label: string; phases: Record<string, { ms: number; count: number }> };
+
+/** Each process's stage profile now (SIGUSR1, then its next `stage profile:` line; null when none came). */
+async function profiles(procs: readonly Proc[]): Promise<(Profile | null)[]> {
+  return await Promise.all(procs.map(async (p) => {
+    const from = p.log.length;
+    p.usr1();
+    for (let t = 0; t < 50; t++) {
+      const line = p.log.slice(from).find((l) => l.startsWith("stage profile: "));
+      if (line) return JSON.parse(line.slice("stage profile: ".length)) as Profile;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    return null;
+  }));
+}
+
+/**
+ * `phasesMs`: per stage process (head first), each phase's calls and mean ms per call in the interval between
+ * two profiles (run.* / batch.*: `Stage.run` / `Stage.runBatch` phases; worker.*: the last stage's CPU argmax,
+ * top-k and GPU sampler; mapWait: from the blocking `mapAsync` call's return to its promise).
+ */
+function phaseTimes(a: readonly (Profile | null)[], b: readonly (Profile | null)[]) {
+  const out = b.map((pb, i) => {
+    const pa = a[i];
+    if (!pb) return null;
+    const phases: Record<string, { calls: number; msPerCall: number; msTotal: number }> = {};
+    for (const [k, v] of Object.entries(pb.phases)) {
+      const calls = v.count - (pa?.phases[k]?.count ?? 0);
+      const ms = v.ms - (pa?.phases[k]?.ms ?? 0);
+      if (calls > 0) {
+        phases[k] = { calls, msPerCall: Math.round((ms / calls) * 1000) / 1000, msTotal: Math.round(ms) };
+      }
+    }
+    return { stage: pb.label, phases };
+  });
+  return out.some((x) => x) ? out : null;
+}
+
 /** `perStageMs`, `wireMs` and `draftAcceptance` of the interval between two scrapes (see the module doc). */
 function stageTimes(a: Series, b: Series) {
   const delta = (name: string, labels: string) =>
@@ -340,13 +388,18 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
     await stream(url, prompt(999), 4);
     await Promise.all(Array.from({ length: nSlots }, (_, i) => stream(url, prompt(900 + i), 4)));
 
+    // The head first (procs hold the workers last to first, then the head).
+    const stageProcs = [...procs].reverse();
     const before = await scrape(url);
+    const profBefore = await profiles(stageProcs);
     const solo = await stream(url, prompt(1));
     const decoded = solo.tokens - solo.firstBatch;
     const mid = await scrape(url);
+    const profMid = await profiles(stageProcs);
     emit("single", {
       ...config,
       ...stageTimes(before, mid),
+      phasesMs: phaseTimes(profBefore, profMid),
       streams: 1,
       tokens: solo.tokens,
       ttftMs: solo.ttftMs,
@@ -359,9 +412,11 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
     const wallMs = performance.now() - t0;
     const tokens = rs.reduce((a, r) => a + r.tokens, 0);
     const ttft = rs.map((r) => r.ttftMs).sort((a, b) => a - b);
+    const after = await scrape(url);
     emit("aggregate", {
       ...config,
-      ...stageTimes(mid, await scrape(url)),
+      ...stageTimes(mid, after),
+      phasesMs: phaseTimes(profMid, await profiles(stageProcs)),
       streams: nSlots,
       tokens,
       wallMs,
@@ -373,6 +428,7 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
     emit("failed", {
       ...config,
       perStageMs: null,
+      phasesMs: null,
       wireMs: null,
       draftAcceptance: null,
       error: e instanceof Error ? e.message : String(e),

@@ -29,6 +29,8 @@ export interface RunParts {
   readonly graph: (n: number, rows: "all" | "last" | "none") => Promise<readonly Op[]>;
   readonly gpuCheck: () => void;
   readonly profile: RunProfile;
+  /** Per run shape: a command buffer and staging encoded ahead (absent: every run encodes its own). */
+  readonly spares?: Map<string, { cmd: GPUCommandBuffer; staging: GPUBuffer }>;
   /** The argmax on logits row 0 writing ring word `params[0]` (a last stage's `ids` runs). */
   readonly argmax?: () => Promise<RowArgmax>;
 }
@@ -76,11 +78,40 @@ export async function submitRun(
     device.queue.submit([enc.finish()]);
     p.length[slot] = 0;
   }
-  const staging = rows === "none" ? undefined : device.createBuffer({
-    size: argmax ? Math.max(16, 4 * nIds) : out.byteLength,
-    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-  });
+  const stagingSize = argmax ? Math.max(16, 4 * nIds) : out.byteLength;
+  const newStaging = () =>
+    device.createBuffer({ size: stagingSize, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
   const step = p.last && rows === "all" ? Math.min(opts.chunk, p.logitsRows) : opts.chunk;
+  // A one-chunk decode frame's command buffer (and staging) is encoded ahead, while the previous readback of
+  // the same shape waits (its inputs live in buffers written before the submit): the encode leaves the path.
+  const spareKey = p.spares && base > 0 && rows !== "none" && nTokens <= step
+    ? `${slot}/${nTokens}/${rows}/${argmax ? "ids" : ""}`
+    : undefined;
+  const spare = spareKey === undefined ? undefined : p.spares!.get(spareKey);
+  if (spare) p.spares!.delete(spareKey!);
+  const staging = rows === "none" ? undefined : spare?.staging ?? newStaging();
+  const encode = (
+    ops: readonly Op[],
+    at: number,
+    n: number,
+    outRows: "all" | "last" | "none",
+    to?: GPUBuffer,
+  ) => {
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encodeOps(pass, argmax && outRows !== "none" ? [...ops, ...argmax.ops] : ops);
+    pass.end();
+    if (argmax && to && at + n === nTokens) {
+      enc.copyBufferToBuffer(argmax.ring, 0, to, 0, 4 * nIds);
+    } else if (!argmax && outRows !== "none" && to) {
+      const src = p.last ? p.act.logits! : p.act.h!;
+      const srcOff = !p.last && outRows === "last" ? (n - 1) * width * 4 : 0;
+      const size = (outRows === "all" ? n : 1) * width * 4;
+      const dstOff = outRows === "all" ? at * width * 4 : 0;
+      enc.copyBufferToBuffer(src, srcOff, to, dstOff, size);
+    }
+    return enc.finish();
+  };
   for (let at = 0; at < nTokens; at += step) {
     const n = Math.min(step, nTokens - at);
     const lastChunk = at + n === nTokens;
@@ -93,29 +124,32 @@ export async function submitRun(
       device.queue.writeBuffer(p.act.h!, 0, input.hidden, at * hp.nEmbd, n * hp.nEmbd);
     }
     prof.lap("run.writeBuffer");
-    const ops = await p.graph(n, outRows);
+    const ops = spare ? [] : await p.graph(n, outRows);
     prof.lap("run.graph");
     if (argmax && outRows !== "none") {
       device.queue.writeBuffer(argmax.params, 0, Uint32Array.of(rows === "all" ? at : 0));
     }
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    encodeOps(pass, argmax && outRows !== "none" ? [...ops, ...argmax.ops] : ops);
-    pass.end();
-    if (argmax && staging && lastChunk) {
-      enc.copyBufferToBuffer(argmax.ring, 0, staging, 0, 4 * nIds);
-    } else if (!argmax && outRows !== "none" && staging) {
-      const src = p.last ? p.act.logits! : p.act.h!;
-      const srcOff = !p.last && outRows === "last" ? (n - 1) * width * 4 : 0;
-      const size = (outRows === "all" ? n : 1) * width * 4;
-      const dstOff = outRows === "all" ? at * width * 4 : 0;
-      enc.copyBufferToBuffer(src, srcOff, staging, dstOff, size);
-    }
-    const cmd = enc.finish();
+    const cmd = spare?.cmd ?? encode(ops, at, n, outRows, staging);
     prof.lap("run.encode");
     device.queue.submit([cmd]);
     prof.lap("run.submit");
     p.length[slot] = base + at + n;
+  }
+  if (spareKey !== undefined) {
+    const outRows = rows === "all" ? "all" : "last";
+    setTimeout(async () => {
+      try {
+        const t0 = performance.now();
+        const ops = await p.graph(nTokens, outRows);
+        const st = newStaging();
+        const next = { cmd: encode(ops, 0, nTokens, outRows, st), staging: st };
+        p.spares!.get(spareKey)?.staging.destroy();
+        p.spares!.set(spareKey, next);
+        prof.add("run.preEncode", performance.now() - t0);
+      } catch {
+        // The stage is gone (destroyed buffers): no spare.
+      }
+    }, 0);
   }
   const kind = p.last ? "logits" as const : "hidden" as const;
   if (!staging) return { output: Promise.resolve({ kind, data: out, rows: 0 }) };

@@ -130,6 +130,7 @@ export class Stage {
   readonly #unusedMask: Uint32Array<ArrayBuffer> | undefined;
   #rowSampler: RowSampler | undefined;
   readonly #argmaxes = new Map<number, Promise<RowArgmax>>();
+  readonly #spares = new Map<string, { cmd: GPUCommandBuffer; staging: GPUBuffer }>();
   /** The first GPU error no scope captured while this stage lived (validation, out of memory, internal). */
   #gpuError: string | undefined;
   readonly #onGpuError = (ev: Event) => {
@@ -367,6 +368,7 @@ export class Stage {
       gpuCheck: () => this.#gpuCheck(),
       profile: this.profile,
       argmax: () => this.#argmax(0),
+      spares: this.#int8Log ? undefined : this.#spares, // int8Log reads the graph of the run's own call
     };
     return submitRun(p, slot, input, base, nTokens, { rows: opts.rows ?? "last", chunk, ids: opts.ids });
   }
@@ -493,7 +495,7 @@ export class Stage {
     for (const b of this.#posParams) b.destroy();
     for (const b of this.#slotTok) b.destroy();
     this.#zeroIds.destroy();
-    for (const b of this.#owned) b.destroy();
+    for (const b of [...this.#owned, ...[...this.#spares.values()].map((s) => s.staging)]) b.destroy();
     const seen = new Set<GPUBuffer>();
     for (const t of this.#weights.values()) for (const p of t.parts) seen.add(p.buffer);
     for (const b of seen) b.destroy();

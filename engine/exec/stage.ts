@@ -469,11 +469,12 @@ export class Stage {
   ): Promise<PendingRun> {
     const [act, tok, length, gpuCheck] = [this.#act, this.#slotTok, this.#length, () => this.#gpuCheck()];
     const p = { stage: this, device: this.#gpu.device, act, tok, length, gpuCheck, profile: this.profile };
+    const spares = this.#int8Log ? undefined : this.#spares;
     const more = {
       graph: (s: readonly number[]) => this.#batchGraph(s),
       argmax: (r: number) => this.#argmax(r),
     };
-    return submitBatch({ ...p, ...more }, slots, input, opts.ids);
+    return submitBatch({ ...p, ...more, spares }, slots, input, opts.ids);
   }
 
   /** The argmax on logits row `row` for `ids` runs (engine/exec/_stage_run.ts, cached per row). */

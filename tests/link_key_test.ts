@@ -23,64 +23,13 @@ import {
 import { payloadOf } from "../wire/_io.ts";
 import { sampleHeadHello, sampleHello } from "../wire/_testing.ts";
 import { planModel, synthesize } from "../engine/mod.ts";
+import { type Proc, spawnMod } from "./util/procs.ts";
 
-const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const KEY_A = "link-key-of-the-worker-0123456789";
 const KEY_B = "another-link-key-of-the-head-9876";
-const WAIT_MS = 120_000;
-
-interface Proc {
-  readonly log: string[];
-  /** The first stderr line matching `re` (rejects when the process exits or `WAIT_MS` passes first). */
-  waitFor(re: RegExp): Promise<RegExpMatchArray>;
-  kill(): Promise<void>;
-}
-
-function spawn(args: string[]): Proc {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MOD, ...args],
-    stdout: "null",
-    stderr: "piped",
-    env: { NO_COLOR: "1", XDG_RUNTIME_DIR: Deno.env.get("XDG_RUNTIME_DIR") ?? "/tmp" },
-  }).spawn();
-  const log: string[] = [];
-  let exited = false;
-  const done = (async () => {
-    let buf = "";
-    for await (const chunk of child.stderr.pipeThrough(new TextDecoderStream())) {
-      buf += chunk;
-      const lines = buf.split("\n");
-      buf = lines.pop()!;
-      log.push(...lines);
-    }
-    exited = true;
-  })();
-  return {
-    log,
-    async waitFor(re) {
-      const end = Date.now() + WAIT_MS;
-      for (;;) {
-        for (const line of log) {
-          const m = line.match(re);
-          if (m) return m;
-        }
-        if (exited) throw new Error(`Process exited before ${re}:\n${log.join("\n")}`);
-        if (Date.now() > end) throw new Error(`No line ${re} within ${WAIT_MS} ms:\n${log.join("\n")}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
-    },
-    async kill() {
-      try {
-        child.kill("SIGTERM");
-      } catch { /* already exited */ }
-      await child.status;
-      await done;
-    },
-  };
-}
 
 async function head(model: string, workerPort: number, key: string): Promise<{ p: Proc; url: string }> {
-  const p = spawn([
+  const p = spawnMod([
     "head",
     "--model",
     model,
@@ -125,7 +74,7 @@ Deno.test({
       const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
       const port = (listener.addr as Deno.NetAddr).port;
       listener.close();
-      const w = spawn([
+      const w = spawnMod([
         "worker",
         "--model",
         model,

@@ -8,63 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { planModel, synthesize } from "../engine/mod.ts";
-
-const MOD = new URL("../mod.ts", import.meta.url).pathname;
-const WAIT_MS = 120_000;
-
-interface Proc {
-  waitFor(re: RegExp): Promise<RegExpMatchArray>;
-  kill(signal?: Deno.Signal): Promise<void>;
-}
-
-function spawn(args: string[]): Proc {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MOD, ...args],
-    stdout: "null",
-    stderr: "piped",
-    env: { NO_COLOR: "1", XDG_RUNTIME_DIR: Deno.env.get("XDG_RUNTIME_DIR") ?? "/tmp" },
-  }).spawn();
-  const log: string[] = [];
-  let exited = false;
-  const done = (async () => {
-    let buf = "";
-    for await (const chunk of child.stderr.pipeThrough(new TextDecoderStream())) {
-      buf += chunk;
-      const lines = buf.split("\n");
-      buf = lines.pop()!;
-      log.push(...lines);
-    }
-    exited = true;
-  })();
-  return {
-    async waitFor(re) {
-      const end = Date.now() + WAIT_MS;
-      for (;;) {
-        for (const line of log) {
-          const m = line.match(re);
-          if (m) return m;
-        }
-        if (exited) throw new Error(`Process exited before ${re}:\n${log.join("\n")}`);
-        if (Date.now() > end) throw new Error(`No line ${re} within ${WAIT_MS} ms:\n${log.join("\n")}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
-    },
-    async kill(signal: Deno.Signal = "SIGTERM") {
-      try {
-        child.kill(signal);
-      } catch { /* already exited */ }
-      await child.status;
-      await done;
-    },
-  };
-}
-
-function freePort(): number {
-  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-  const port = (l.addr as Deno.NetAddr).port;
-  l.close();
-  return port;
-}
+import { freePort, type Proc, spawnMod } from "./util/procs.ts";
 
 /** The value of the series `name{labels}` (labels as written in the exposition); undefined when absent. */
 function series(text: string, name: string, labels: string): number | undefined {
@@ -101,7 +45,7 @@ Deno.test({
         out: model,
       });
       const port = freePort();
-      const w = spawn([
+      const w = spawnMod([
         "worker",
         "--model",
         model,
@@ -116,7 +60,7 @@ Deno.test({
       ]);
       procs.push(w);
       await w.waitFor(/Listening on/);
-      const h = spawn([
+      const h = spawnMod([
         "head",
         "--model",
         model,

@@ -3,13 +3,16 @@
  * chains of 2 and 3 stages (a head and worker processes of `mod.ts`, all on this machine's one GPU, layers
  * split evenly), over HTTP like a client: single-stream ms/token and time to first token, then the aggregate
  * tok/s of `--slots` parallel streams. With `--drafts 0,3` each split is also run with `--draft 3` (prompt
- * lookup drafts per decode frame). `--pipelines 2,0` (the default) runs each split with the head's `--pipeline 2`
+ * lookup drafts per decode frame); `--draft-cache N` gives drafted heads `--draft-cache N` and, after the
+ * single stream, sends the same request again ("single_repeat": its drafts come from the cache of the first
+ * one's prompt and output; a random-weight model never repeats itself, so prompt lookup alone proposes
+ * nothing). `--pipelines 2,0` (the default) runs each split with the head's `--pipeline 2`
  * (the pipelined multi-slot driver: two slot groups in flight, each a batched RUN_BATCH frame) and
  * `--pipeline 0` (the driver before it: generating requests take turns, one slot per frame), side by side;
  * `pipeline` in each line says which (null for the unsplit head).
  *
  * Usage: `deno run -A bench/split.ts [--model F.gguf] [--stages 1,2,3] [--n 128] [--prompt 64] [--slots 8]
- * [--ctx 1024] [--drafts 0] [--pipelines 2,0] [--quick]`
+ * [--ctx 1024] [--drafts 0] [--draft-cache 0] [--pipelines 2,0] [--quick]`
  * - no `--model`: the 35B-A3B-shaped IQ4_XS model of bench/decode.ts (`--synth-out`, default
  *   `/tmp/bench-35b-a3b-iq4_xs.gguf`, synthesized once and reused);
  * - `--quick` (lavapipe, CI-sized): the tiny synthetic qwen35moe in a temporary folder, `--n 16 --prompt 16
@@ -45,6 +48,7 @@ const { values: args } = parseArgs({
     slots: { type: "string", default: "8" },
     ctx: { type: "string" },
     drafts: { type: "string", default: "0" },
+    "draft-cache": { type: "string", default: "0" },
     pipelines: { type: "string", default: "2,0" },
     quick: { type: "boolean", default: false },
   },
@@ -65,6 +69,7 @@ const nSlots = int("slots", args.slots!, 1);
 const nCtx = int("ctx", args.ctx ?? (quick ? "128" : "1024"), 2);
 const stageCounts = args.stages!.split(",").map((s) => int("stages", s, 1));
 const drafts = args.drafts!.split(",").map((s) => int("drafts", s, 0));
+const draftCache = int("draft-cache", args["draft-cache"]!, 0);
 const pipelines = args.pipelines!.split(",").map((s) => int("pipelines", s, 0));
 if (nPrompt + nNew + 1 > nCtx) {
   throw new RangeError(`--prompt ${nPrompt} plus --n ${nNew} does not fit --ctx ${nCtx}: raise --ctx`);
@@ -220,6 +225,7 @@ async function startChain(n: number, draft: number, pipeline: number, procs: Pro
     String(nSlots),
     ...split,
     ...(draft > 0 ? ["--draft", String(draft)] : []),
+    ...(draft > 0 && draftCache > 0 ? ["--draft-cache", String(draftCache)] : []),
     ...(n > 1 ? ["--pipeline", String(pipeline)] : []),
   ]);
   procs.push(head);
@@ -394,8 +400,8 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
     const profBefore = await profiles(stageProcs);
     const solo = await stream(url, prompt(1));
     const decoded = solo.tokens - solo.firstBatch;
-    const mid = await scrape(url);
-    const profMid = await profiles(stageProcs);
+    let mid = await scrape(url);
+    let profMid = await profiles(stageProcs);
     emit("single", {
       ...config,
       ...stageTimes(before, mid),
@@ -406,6 +412,24 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
       msPerToken: decoded > 0 ? solo.decodeMs / decoded : null,
       tokPerSecond: decoded > 0 ? (decoded * 1000) / solo.decodeMs : null,
     });
+    if (draft > 0 && draftCache > 0) {
+      // The same request again: its drafts come from the cache of the first one's output (module doc).
+      const again = await stream(url, prompt(1));
+      const left = again.tokens - again.firstBatch;
+      const end = await scrape(url);
+      emit("single_repeat", {
+        ...config,
+        ...stageTimes(mid, end),
+        phasesMs: null,
+        streams: 1,
+        tokens: again.tokens,
+        ttftMs: again.ttftMs,
+        msPerToken: left > 0 ? again.decodeMs / left : null,
+        tokPerSecond: left > 0 ? (left * 1000) / again.decodeMs : null,
+      });
+      mid = end;
+      profMid = await profiles(stageProcs);
+    }
 
     const t0 = performance.now();
     const rs = await Promise.all(Array.from({ length: nSlots }, (_, i) => stream(url, prompt(10 + i))));

@@ -61,6 +61,9 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
                     0: the generating requests take turns, one slot per frame)
   --draft K         split serving: guess up to K ids per decode frame by prompt lookup (0..7, default 0:
                     off); the last stage checks them, output is the same with drafts on or off
+  --draft-cache N   split serving with --draft: also draft from the n-grams of earlier requests' prompts and
+                    outputs (N: most 3-id n-grams kept, about 100 bytes each; default 0: off). Helps repeated
+                    or quoted text; makes one request's speed depend on others' (a timing side channel)
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
                     split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
@@ -151,9 +154,18 @@ async function splitOptions(
     "link-key"?: string;
     "tls-ca"?: string;
     draft?: string;
+    "draft-cache"?: string;
     pipeline?: string;
   },
-): Promise<{ layers: [number, number]; next: ChainLink; groups?: number } | undefined> {
+): Promise<{ layers: [number, number]; next: ChainLink; groups?: number; draftCache?: number } | undefined> {
+  if (v["draft-cache"] !== undefined && v.draft === undefined) {
+    throw new RangeError(
+      `--draft-cache ${
+        v["draft-cache"]
+      } feeds the drafts of a split chain: give it with --draft, --layers and --next`,
+    );
+  }
+  const draftCache = v["draft-cache"] === undefined ? undefined : int("draft-cache", v["draft-cache"], 0);
   if (v.draft !== undefined && v.next === undefined) {
     throw new RangeError(
       `--draft ${v.draft} drafts frames of a split chain: give it with --layers and --next`,
@@ -188,6 +200,7 @@ async function splitOptions(
       draft: v.draft === undefined ? 0 : draftFlag(v.draft),
     }),
     ...(groups !== undefined ? { groups } : {}),
+    ...(draftCache ? { draftCache } : {}),
   };
 }
 
@@ -239,6 +252,7 @@ export const command: Command = {
         "tls-ca": { type: "string" },
         draft: { type: "string" },
         pipeline: { type: "string" },
+        "draft-cache": { type: "string" },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },

@@ -15,6 +15,11 @@ const CASES: readonly [string[], number, RegExp][] = [
   [["head", "--ctx", "abc"], 1, /^error: --ctx abc must be an integer >= 2$/],
   [["head", "--frobnicate"], 1, /^error: Unknown option '--frobnicate'$/],
   [
+    ["head", "--model", F, "--draft-cache", "1000"],
+    1,
+    /^error: --draft-cache 1000 feeds the drafts of a split chain: give it with --draft, --layers and --next$/,
+  ],
+  [
     ["head", "--model", "/nonexistent.gguf", "--port", "0"],
     1,
     /GGUF file \/nonexistent\.gguf does not exist: check the path/,

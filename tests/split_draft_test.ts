@@ -9,7 +9,8 @@
  */
 import assert from "node:assert/strict";
 import { openGguf, samplingParams, SplitDecoder, Stage } from "../engine/mod.ts";
-import { lookupDrafts } from "../engine/exec/split.ts";
+import { lookupDrafts, MAX_DRAFT } from "../engine/exec/split.ts";
+import { DraftCache } from "../engine/exec/draft_cache.ts";
 import { listenWorker, serveWorker, type WorkerServer } from "../wire/mod.ts";
 import { ChainLink } from "../wire/chain.ts";
 import { stageBackend } from "../wire/stage_backend.ts";
@@ -26,6 +27,29 @@ Deno.test("lookupDrafts: the ids after the latest earlier match of the longest s
   assert.deepEqual(lookupDrafts([1, 2, 3], 4), []);
   assert.deepEqual(lookupDrafts([7], 2), []);
   assert.deepEqual(lookupDrafts([1, 1, 1], 0), []);
+  assert.deepEqual(lookupDrafts([4, 1, 2, 3, 9, 2, 3], 4, 3), []); // no 3-gram match at minN 3
+});
+
+Deno.test("DraftCache: continuations of earlier sequences' 3-grams, bounded, own history first", () => {
+  const cache = new DraftCache(8);
+  assert.throws(() => new DraftCache(0), /positive integer/);
+  cache.add([1, 2, 3, 4, 5, 6, 7]);
+  assert.deepEqual(cache.lookup([9, 1, 2, 3], 3), [4, 5, 6]);
+  assert.deepEqual(cache.lookup([9, 2, 3, 4], 9), [5, 6, 7]);
+  assert.deepEqual(cache.lookup([1, 2, 4], 2), []);
+  cache.add([1, 2, 3, 8, 8]); // the latest continuation wins
+  assert.deepEqual(cache.lookup([1, 2, 3], 2), [8, 8]);
+  assert.ok(cache.size <= 8);
+  cache.add(Array.from({ length: 40 }, (_, i) => 100 + i));
+  assert.equal(cache.size, 8, "the oldest n-grams went");
+  assert.deepEqual(cache.lookup([1, 2, 3], 2), []);
+  assert.deepEqual(cache.lookup([135, 136, 137], 5), [138, 139]);
+  // The drafter: own 3-gram match, then the cache, then own shorter matches.
+  const d = cache.drafter();
+  assert.deepEqual(d([5, 6, 7, 1, 5, 6, 7], 2), [1, 5]);
+  assert.deepEqual(d([0, 135, 136, 137], 1), [138]);
+  assert.deepEqual(d([4, 9, 5, 4], 1), [9]);
+  assert.equal(cache.hits > 0 && cache.lookups >= cache.hits, true);
 });
 
 /** The repetitive prompt: a phrase of 9 ids three times and its start, so lookup drafts from the start. */
@@ -143,6 +167,36 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
               );
               assert.ok(s.accepted < s.proposed, `some drafts were rejected (${JSON.stringify(s)})`);
             }
+            await next.close();
+          }
+          if (c.name === "greedy" && what === "2 stages") {
+            // The cross-request cache: the same request twice on two slots. The first finds no match (random
+            // models do not repeat themselves); the second drafts the first's output and keeps it.
+            const next = link(port, MAX_DRAFT);
+            next.attach({
+              arch,
+              layers: { first: 0, end: head.layers[1], total: L },
+              nEmbd: head.hp.nEmbd,
+              nSlots: 2,
+              nCtx: CTX,
+              int8Activations: false,
+              kvF16: false,
+              fingerprint: head.fingerprint,
+            });
+            const cache = new DraftCache(1000);
+            const dec = new SplitDecoder(head, next, { draft: MAX_DRAFT, draftCache: cache });
+            const plain = PROMPT.slice(9);
+            const solo = (await whole.generate(0, plain, { nNew: 20 })).tokens;
+            const [first] = await dec.generate([{ slot: 0, prompt: plain, opts: { nNew: 20 } }]);
+            const proposedFirst = dec.draftStats.proposed;
+            const [again] = await dec.generate([{ slot: 1, prompt: plain, opts: { nNew: 20 } }]);
+            const s = dec.draftStats;
+            console.log(
+              `${arch} draft cache: first ${proposedFirst} drafts; both ${s.accepted}/${s.proposed}`,
+            );
+            assert.deepEqual(first!.tokens, solo, `${arch} draft cache, first request`);
+            assert.deepEqual(again!.tokens, solo, `${arch} draft cache, repeated request`);
+            assert.ok(s.accepted >= 14, `the repeat's drafts came from the cache (${JSON.stringify(s)})`);
             await next.close();
           }
         }

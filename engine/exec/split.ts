@@ -28,6 +28,7 @@
  */
 import type { BatchItem, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
 import { isGreedy, SAMPLE_HIST } from "../sampling.ts";
+import type { DraftCache } from "./draft_cache.ts";
 import { generateMany, MAX_GROUPS, type PipeParts } from "./_split_pipe.ts";
 import {
   type FeedExtra,
@@ -66,15 +67,15 @@ const DRAFT_NGRAM = 3;
 
 /**
  * Prompt-lookup drafts: the `k` ids that followed the latest earlier occurrence of the longest suffix (3 ids
- * down to 1) of `seq`; empty when no suffix occurred before.
+ * down to `minN`, default 1) of `seq`; empty when no such suffix occurred before.
  * @example
  * ```ts
  * lookupDrafts([5, 6, 7, 8, 5, 6], 3); // [7, 8, 5]
  * ```
  */
-export function lookupDrafts(seq: readonly number[], k: number): number[] {
+export function lookupDrafts(seq: readonly number[], k: number, minN = 1): number[] {
   if (k < 1) return [];
-  for (let n = Math.min(DRAFT_NGRAM, seq.length - 1); n >= 1; n--) {
+  for (let n = Math.min(DRAFT_NGRAM, seq.length - 1); n >= Math.max(1, minN); n--) {
     const tail = seq.length - n;
     for (let at = tail - 1; at >= 0; at--) {
       let j = 0;
@@ -119,6 +120,7 @@ export class SplitDecoder implements SlotDecoder {
   #draft: number;
   readonly #drafter: (seq: readonly number[], k: number) => number[];
   readonly #onDrafts: ((stats: SplitDecoder["draftStats"]) => void) | undefined;
+  readonly #cache: DraftCache | undefined;
   /**
    * Draft counts since the decoder was made: frames that carried drafts, draft ids sent, and those that
    * matched the produced id (each saved one frame).
@@ -137,7 +139,9 @@ export class SplitDecoder implements SlotDecoder {
    *   from the link replaces it from then on. `drafter`: guesses up to `k` ids to follow `seq` (the slot's
    *   whole sequence; default {@linkcode lookupDrafts}); wrong guesses cost time, never output.
    *   `onDrafts`: called with {@linkcode draftStats} after each frame that carried drafts (the engine's
-   *   Worker posts them to the main thread for `/metrics`)
+   *   Worker posts them to the main thread for `/metrics`). `draftCache`: remembers every finished sequence
+   *   (prompt and output) and drafts from them where the slot's own history has no 3-id match (a drafter
+   *   given beside it replaces the cache's)
    * @throws {RangeError} on a draft count outside 0..MAX_DRAFT
    */
   constructor(
@@ -148,13 +152,15 @@ export class SplitDecoder implements SlotDecoder {
       readonly drafter?: (seq: readonly number[], k: number) => number[];
       readonly onDrafts?: (stats: { frames: number; proposed: number; accepted: number }) => void;
       readonly groups?: number;
+      readonly draftCache?: DraftCache;
     } = {},
   ) {
     this.#groups = opts.groups ?? 2;
     if (!Number.isInteger(this.#groups) || this.#groups < 0 || this.#groups > MAX_GROUPS) {
       throw new RangeError(`Pipeline groups must be an integer in 0..${MAX_GROUPS}, got ${opts.groups}`);
     }
-    this.#drafter = opts.drafter ?? lookupDrafts;
+    this.#cache = opts.draftCache;
+    this.#drafter = opts.drafter ?? opts.draftCache?.drafter() ?? lookupDrafts;
     this.#onDrafts = opts.onDrafts;
     this.#stage = stage;
     this.#next = next;
@@ -261,9 +267,11 @@ export class SplitDecoder implements SlotDecoder {
    */
   generate(items: readonly BatchItem[], opts: { pause?: () => boolean } = {}): Promise<GenerateResult[]> {
     return this.#queue(async () => {
-      if (items.length > 1 && this.#groups > 0) return await generateMany(this.#pipe(), items, opts.pause);
-      const out: GenerateResult[] = [];
-      for (const it of items) out.push(await this.#generateOne(it, opts.pause));
+      const before = items.map((it) => this.#held[it.slot]!.slice(0, it.opts.base ?? 0));
+      let out: GenerateResult[] = [];
+      if (items.length > 1 && this.#groups > 0) out = await generateMany(this.#pipe(), items, opts.pause);
+      else for (const it of items) out.push(await this.#generateOne(it, opts.pause));
+      items.forEach((it, i) => this.#cache?.add([...before[i]!, ...it.prompt, ...out[i]!.tokens]));
       return out;
     });
   }

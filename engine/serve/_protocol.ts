@@ -42,7 +42,12 @@ export type ToWorker =
     /** StageOptions.kvF16. */
     readonly kvF16: boolean;
     /** Split head: the first layer range runs here, the rest through `next` calls (absent: whole model). */
-    readonly split?: { readonly layers: readonly [number, number]; readonly groups?: number };
+    readonly split?: {
+      readonly layers: readonly [number, number];
+      readonly groups?: number;
+      /** n-grams of the cross-request draft cache; absent: none. */
+      readonly draftCache?: number;
+    };
   }
   | {
     readonly type: "next-reply";

@@ -106,6 +106,8 @@ export interface EngineOptions {
     readonly next: ChainClient;
     /** Pipeline groups of a multi-slot generate (SplitDecoder's `groups`; default 2, 0: one slot at a time). */
     readonly groups?: number;
+    /** n-grams of the cross-request draft cache (engine/exec/draft_cache.ts); absent or 0: none. */
+    readonly draftCache?: number;
   };
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
@@ -286,6 +288,7 @@ export class EngineService implements Engine {
       split: opts.split && {
         layers: opts.split.layers,
         ...(opts.split.groups !== undefined ? { groups: opts.split.groups } : {}),
+        ...(opts.split.draftCache ? { draftCache: opts.split.draftCache } : {}),
       },
     });
   }

@@ -16,6 +16,7 @@ import { SlotRunner } from "./_runner.ts";
 import { decodeError, encodeError, type FromWorker, type NextCall, type ToWorker } from "./_protocol.ts";
 import type { SlotDecoder } from "../exec/slot_decoder.ts";
 import { type NextResult, type NextStage, SplitDecoder, StaleChainError } from "../exec/split.ts";
+import { DraftCache } from "../exec/draft_cache.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -99,6 +100,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       }
       decoder = new SplitDecoder(stage, nextStage, {
         ...(m.split.groups !== undefined ? { groups: m.split.groups } : {}),
+        ...(m.split.draftCache ? { draftCache: new DraftCache(m.split.draftCache) } : {}),
         onDrafts: (d) =>
           post({ type: "drafts", frames: d.frames, proposed: d.proposed, accepted: d.accepted }),
       });

@@ -76,12 +76,22 @@ type Storage =
   | { readonly pool: StatePool }
   | { readonly perSlot: readonly GPUBuffer[] };
 
+/** Most bytes of dropped snapshots' buffers a SlotStates keeps for reuse. */
+const SPARE_MAX_BYTES = 256 * 2 ** 20;
+
 /** GPU state buffers for `nSlots` slots, plus snapshots of single slots. */
 export class SlotStates {
   readonly #device: GPUDevice;
   readonly #specs: ReadonlyMap<string, StateSpec>;
   readonly #storage: ReadonlyMap<string, Storage>;
   readonly #snapshots = new Map<number, Snapshot>();
+  /**
+   * Buffers of dropped snapshots kept for the next snapshot of the same state (a drafted frame snapshots its
+   * slot every frame: new GPU buffers each time cost more than the copies), one per state, at most
+   * SPARE_MAX_BYTES in all.
+   */
+  readonly #spare = new Map<string, GPUBuffer>();
+  #spareBytes = 0;
   #nextSnapshot = 1;
   /** Number of slots. */
   readonly nSlots: number;
@@ -190,9 +200,10 @@ export class SlotStates {
         ranges.push({ ...r, atBytes: at });
         at += r.sizeBytes;
       }
-      const buffer = this.#device.createBuffer({
+      const buffer = this.#takeSpare(k, at) ?? this.#device.createBuffer({
         label: `snapshot.${k}`,
-        size: Math.max(4, at),
+        // Room to grow: the next snapshot of a slot a few tokens longer reuses this buffer once dropped.
+        size: Math.min(Math.max(4, spec.sizeBytes), Math.max(4, 2 ** Math.ceil(Math.log2(Math.max(4, at))))),
         usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
       });
       const src = this.#region(slot, this.#storage.get(k)!);
@@ -226,16 +237,34 @@ export class SlotStates {
     }
   }
 
-  /** Frees a snapshot's GPU memory. */
+  /** Frees a snapshot's GPU memory (up to SPARE_MAX_BYTES of it is kept for the next snapshots). */
   drop(id: number): void {
     const snap = this.#get(id);
-    for (const { buffer } of snap.buffers.values()) buffer.destroy();
+    for (const [k, { buffer }] of snap.buffers) {
+      const old = this.#spare.get(k);
+      if (old === undefined && this.#spareBytes + buffer.size <= SPARE_MAX_BYTES) {
+        this.#spare.set(k, buffer);
+        this.#spareBytes += buffer.size;
+      } else buffer.destroy();
+    }
     this.#snapshots.delete(id);
+  }
+
+  /** The spare buffer of state `k` when it holds `bytes`; it leaves the spares. */
+  #takeSpare(k: string, bytes: number): GPUBuffer | undefined {
+    const b = this.#spare.get(k);
+    if (b === undefined || b.size < bytes) return undefined;
+    this.#spare.delete(k);
+    this.#spareBytes -= b.size;
+    return b;
   }
 
   /** Destroys every buffer, snapshots included. */
   destroy(): void {
     for (const id of [...this.#snapshots.keys()]) this.drop(id);
+    for (const b of this.#spare.values()) b.destroy();
+    this.#spare.clear();
+    this.#spareBytes = 0;
     for (const st of this.#storage.values()) {
       if ("pool" in st) st.pool.buffer.destroy();
       else for (const b of st.perSlot) b.destroy();

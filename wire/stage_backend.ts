@@ -7,8 +7,9 @@
  *
  * Drafted runs (docs/WIRE.md "Drafts and rollback"): before a run with drafts the stage snapshots the slot
  * (its anchor) and keeps the run's rows; a later run of the slot at a position inside those rows restores the
- * anchor and re-runs the kept rows up to it first. A last stage computes a drafted run's rows as one-token
- * steps (`chunk: 1`), so each row's logits are the bits of the undrafted run's.
+ * anchor and re-runs the kept rows up to it first. A last stage computes a drafted run's rows (at most
+ * MAX_BATCH_SLOTS) as one chunk, whose attention runs its rows as the columns of a batched step, so each
+ * row's logits are the bits of the undrafted run's (longer runs: the id rows as one-token steps).
  *
  * Requests are applied one at a time in arrival order (the stage's activation buffers are shared by all
  * slots), but a last stage's argmax frame (greedy, no sampler) holds that turn only while it submits: its ids
@@ -22,6 +23,7 @@ import {
   ARGMAX_RING,
   argmaxCpu,
   isGreedy,
+  MAX_BATCH_SLOTS,
   type PendingRun,
   type SamplingParams,
   type Stage,
@@ -190,7 +192,12 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         ids,
       });
     }
-    // The rows that produce ids run as one-token steps: each row's logits are then the undrafted run's bits.
+    // A frame of at most MAX_BATCH_SLOTS rows runs as one chunk, whose attention runs its rows as columns:
+    // each row's logits are the bits of the undrafted one-token run (tests/chunk_exact_test.ts); the ids are
+    // then drawn from the logits read back. Longer frames run the rows that produce ids as one-token steps.
+    if (nRows <= MAX_BATCH_SLOTS) {
+      return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, { rows: "all" });
+    }
     const lead = nRows - nOut;
     if (lead > 0) {
       await stage.run(req.slot, { hidden: hidden.subarray(0, lead * nEmbd), nTokens: lead }, req.basePos, {

@@ -9,8 +9,10 @@ import type { Binding } from "../../wgsl/kernel.ts";
 import {
   BATCH_TABLE_WORDS,
   type BuildContext,
+  CHUNK_TABLE_OFFSET,
   GraphBuilder,
   type LayerWeights,
+  MATVEC_MAX_COLS,
   part0,
   sub,
 } from "../graph/builder.ts";
@@ -66,6 +68,13 @@ export const ATTN_DECODE_KPT = 1;
 
 /** Shortest decode split in positions (one tile): short contexts use few splits and combine few partials. */
 export const ATTN_SPLIT_MIN = ATTN_DECODE_TILE;
+
+/** True when layer l's K and V caches are pooled (one slot stride): a short chunk can run as columns. */
+function chunkColumns(cx: BuildContext, l: number): boolean {
+  const kPool = cx.states.pool(l, "k_cache");
+  const vPool = cx.states.pool(l, "v_cache");
+  return kPool !== undefined && vPool !== undefined && kPool.strideBytes === vPool.strideBytes;
+}
 
 /** Decode splits for a cache of `nCtx` positions: no more than its shortest splits can fill. */
 export function attnSplits(nCtx: number): number {
@@ -145,6 +154,35 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
       qf: sub(A.qf!, 0, nCol * nQf),
       o: sub(A.o!, 0, nCol * nQ),
     }, nCol);
+  } else if (n >= 2 && n <= MATVEC_MAX_COLS && chunkColumns(cx, l)) {
+    // A chunk of a few tokens (drafts checked in one frame, a prompt's tail): its tokens as the columns of a
+    // batched step on one slot (the chunk table, CHUNK_TABLE_OFFSET), so every token gets the bits of a
+    // one-token step. RoPE writes all the chunk's K/V first; column c then attends positions up to its own.
+    const nQ = hp.nHead * hp.headDim;
+    const kPool = cx.states.pool(l, "k_cache")!;
+    const vPool = cx.states.pool(l, "v_cache")!;
+    const table: Binding = { buffer: cx.pos, offset: CHUNK_TABLE_OFFSET, size: 4 * BATCH_TABLE_WORDS * n };
+    const cols = { n, slots: cx.states.nSlots, kvCol: kPool.strideBytes / 4 };
+    await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, 1, {
+      params: table,
+      qf: sub(A.qf!, 0, n * nQf),
+      k: sub(A.k!, 0, n * nKv),
+      v: sub(A.v!, 0, n * nKv),
+      qOut: sub(A.q!, 0, n * nQ),
+      kCache: kPool.buffer,
+      vCache: vPool.buffer,
+    }, cols);
+    const dc = await decodeSplits(g, `L${l}.attn_decode`, cx, {
+      pos: table,
+      q: sub(A.q!, 0, n * nQ),
+      kCache: kPool.buffer,
+      vCache: vPool.buffer,
+    }, cols);
+    await combineSplits(g, `L${l}.attn_combine`, cx, dc, {
+      params: table,
+      qf: sub(A.qf!, 0, n * nQf),
+      o: sub(A.o!, 0, n * nQ),
+    }, n);
   } else {
     const kCache = cx.states.binding(cx.slot, l, "k_cache");
     const vCache = cx.states.binding(cx.slot, l, "v_cache");

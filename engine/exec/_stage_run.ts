@@ -5,7 +5,7 @@
  * submission, so a later submission that reuses the activation buffers runs after this frame's copy out.
  * @module
  */
-import { encodeOps, type Op } from "../graph/builder.ts";
+import { encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
 import type { Hparams } from "../models/mod.ts";
 import type { SlotStates } from "../state.ts";
 import type { RunProfile } from "./_profile.ts";
@@ -117,7 +117,7 @@ export async function submitRun(
     const lastChunk = at + n === nTokens;
     const outRows = rows === "all" ? "all" : lastChunk && rows === "last" ? "last" : "none";
     prof.lap("run.other");
-    device.queue.writeBuffer(p.pos, 0, Uint32Array.of(base + at, n));
+    writeChunkPos(device.queue, p.pos, slot, base + at, n);
     if ("tokens" in input) {
       device.queue.writeBuffer(p.act.tokens!, 0, Uint32Array.from(input.tokens.slice(at, at + n)));
     } else {

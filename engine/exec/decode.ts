@@ -22,7 +22,7 @@ import type { Hparams } from "../models/_arch.ts";
 import type { SlotStates } from "../state.ts";
 import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing } from "../gpu/readback.ts";
-import { BATCH_TABLE_WORDS, encodeOps, type Op } from "../graph/builder.ts";
+import { BATCH_TABLE_WORDS, encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
 import { isGreedy, SAMPLE_HIST, sampleParamWords } from "../sampling.ts";
@@ -199,7 +199,7 @@ export class DecodeDriver implements SlotDecoder {
       const cb = enc.finish();
       blockUntilIdle(device);
       if (at > 0) onDone?.(at);
-      device.queue.writeBuffer(this.#b.posParams[slot]!, 0, Uint32Array.of(base + at, n));
+      writeChunkPos(device.queue, this.#b.posParams[slot]!, slot, base + at, n);
       device.queue.writeBuffer(this.#b.tokens, 0, Uint32Array.from(tokens.slice(at, at + n)));
       device.queue.submit([cb]);
       this.#b.setLength(slot, base + at + n);
@@ -621,7 +621,7 @@ export class DecodeDriver implements SlotDecoder {
     const n = prompt.length - lastAt;
     const ops = await this.#b.graph(slot, n, "last");
     if (sel.sampler) this.#samplerStart(sel.sampler, it.opts, prompt);
-    device.queue.writeBuffer(this.#b.posParams[slot]!, 0, Uint32Array.of(at, n));
+    writeChunkPos(device.queue, this.#b.posParams[slot]!, slot, at, n);
     device.queue.writeBuffer(this.#b.tokens, 0, Uint32Array.from(prompt.slice(lastAt)));
     const enc = device.createCommandEncoder();
     if (at === 0) stage.states.reset(enc, slot);

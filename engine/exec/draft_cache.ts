@@ -11,7 +11,29 @@
  * with `--draft-cache N`.
  * @module
  */
-import { lookupDrafts } from "./split.ts";
+/** Longest n-gram {@linkcode lookupDrafts} matches. */
+const DRAFT_NGRAM = 3;
+
+/**
+ * Prompt-lookup drafts: the `k` ids that followed the latest earlier occurrence of the longest suffix (3 ids
+ * down to `minN`, default 1) of `seq`; empty when no such suffix occurred before.
+ * @example
+ * ```ts
+ * lookupDrafts([5, 6, 7, 8, 5, 6], 3); // [7, 8, 5]
+ * ```
+ */
+export function lookupDrafts(seq: readonly number[], k: number, minN = 1): number[] {
+  if (k < 1) return [];
+  for (let n = Math.min(DRAFT_NGRAM, seq.length - 1); n >= Math.max(1, minN); n--) {
+    const tail = seq.length - n;
+    for (let at = tail - 1; at >= 0; at--) {
+      let j = 0;
+      while (j < n && seq[at + j] === seq[tail + j]) j++;
+      if (j === n) return seq.slice(at + n, at + n + k);
+    }
+  }
+  return [];
+}
 
 /** Length of the n-grams the cache keys on. */
 const CACHE_NGRAM = 3;

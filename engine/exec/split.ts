@@ -28,7 +28,7 @@
  */
 import type { BatchItem, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
 import { isGreedy, SAMPLE_HIST } from "../sampling.ts";
-import type { DraftCache } from "./draft_cache.ts";
+import { type DraftCache, lookupDrafts } from "./draft_cache.ts";
 import { generateMany, MAX_GROUPS, type PipeParts } from "./_split_pipe.ts";
 import {
   type FeedExtra,
@@ -38,6 +38,7 @@ import {
   StaleChainError,
 } from "./_split_api.ts";
 
+export { lookupDrafts } from "./draft_cache.ts";
 export {
   type ChainClient,
   type ChainStageStatus,
@@ -61,30 +62,6 @@ const FORWARD_ROWS = 256;
  * chunked DeltaNet form, which sum in another order).
  */
 export const MAX_DRAFT = 7;
-
-/** Longest n-gram {@linkcode lookupDrafts} matches. */
-const DRAFT_NGRAM = 3;
-
-/**
- * Prompt-lookup drafts: the `k` ids that followed the latest earlier occurrence of the longest suffix (3 ids
- * down to `minN`, default 1) of `seq`; empty when no such suffix occurred before.
- * @example
- * ```ts
- * lookupDrafts([5, 6, 7, 8, 5, 6], 3); // [7, 8, 5]
- * ```
- */
-export function lookupDrafts(seq: readonly number[], k: number, minN = 1): number[] {
-  if (k < 1) return [];
-  for (let n = Math.min(DRAFT_NGRAM, seq.length - 1); n >= Math.max(1, minN); n--) {
-    const tail = seq.length - n;
-    for (let at = tail - 1; at >= 0; at--) {
-      let j = 0;
-      while (j < n && seq[at + j] === seq[tail + j]) j++;
-      if (j === n) return seq.slice(at + n, at + n + k);
-    }
-  }
-  return [];
-}
 
 /** A drafted run's rollback point on the head: its snapshot, position and fed tokens. */
 interface Anchor {

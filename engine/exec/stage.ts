@@ -36,6 +36,7 @@ import {
   type LayerWeights,
   NORM_PROLOGUE_MAX_ROWS,
   type Op,
+  POS_PARAMS_BYTES,
 } from "../graph/builder.ts";
 import {
   activationWords,
@@ -212,7 +213,7 @@ export class Stage {
     );
     this.#posParams = Array.from(
       { length: init.nSlots },
-      (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: 16, usage: STORAGE }),
+      (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: POS_PARAMS_BYTES, usage: STORAGE }),
     );
     this.#zeroIds = gpu.device.createBuffer({
       label: "zero_ids",

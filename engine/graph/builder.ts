@@ -118,6 +118,26 @@ export interface BuildContext {
 /** Words per column of a batched step's column table (256 bytes: a column's entry is a bindable sub-range). */
 export const BATCH_TABLE_WORDS = 64;
 
+/**
+ * Byte offset of a slot's chunk table in its position params buffer: words 0-1 hold the chunk's [pos, n]; a
+ * chunk of 2..{@linkcode MATVEC_MAX_COLS} tokens also gets a column table here (column c: [pos + c, 1, slot]
+ * at word c·{@linkcode BATCH_TABLE_WORDS}), so that its attention runs as the columns of a batched step
+ * (one token each, attn_decode), the same bits as that many one-token steps.
+ */
+export const CHUNK_TABLE_OFFSET = 256;
+
+/** Bytes of a slot's position params buffer (see {@linkcode CHUNK_TABLE_OFFSET}). */
+export const POS_PARAMS_BYTES = CHUNK_TABLE_OFFSET + 4 * BATCH_TABLE_WORDS * MATVEC_MAX_COLS;
+
+/** Writes a chunk's position params to `buf` (a slot's, {@linkcode POS_PARAMS_BYTES}): [pos, n], and its column table. */
+export function writeChunkPos(queue: GPUQueue, buf: GPUBuffer, slot: number, pos: number, n: number): void {
+  queue.writeBuffer(buf, 0, Uint32Array.of(pos, n));
+  if (n < 2 || n > MATVEC_MAX_COLS) return;
+  const table = new Uint32Array(BATCH_TABLE_WORDS * n);
+  for (let c = 0; c < n; c++) table.set([pos + c, 1, slot], BATCH_TABLE_WORDS * c);
+  queue.writeBuffer(buf, CHUNK_TABLE_OFFSET, table);
+}
+
 /** The per-slot buffers of a batched decode graph (see {@linkcode BuildContext.batch}). */
 export interface BatchSlots {
   readonly slots: readonly number[];

@@ -417,10 +417,11 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
       const again = await stream(url, prompt(1));
       const left = again.tokens - again.firstBatch;
       const end = await scrape(url);
+      const profEnd = await profiles(stageProcs);
       emit("single_repeat", {
         ...config,
         ...stageTimes(mid, end),
-        phasesMs: null,
+        phasesMs: phaseTimes(profMid, profEnd),
         streams: 1,
         tokens: again.tokens,
         ttftMs: again.ttftMs,
@@ -428,7 +429,7 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
         tokPerSecond: left > 0 ? (left * 1000) / again.decodeMs : null,
       });
       mid = end;
-      profMid = await profiles(stageProcs);
+      profMid = profEnd;
     }
 
     const t0 = performance.now();

@@ -4,7 +4,7 @@
  * split evenly), over HTTP like a client: single-stream ms/token and time to first token, then the aggregate
  * tok/s of `--slots` parallel streams. With `--drafts 0,3` each split is also run with `--draft 3` (prompt
  * lookup drafts per decode frame); `--draft-cache N` gives drafted heads `--draft-cache N` and, after the
- * single stream, sends the same request again ("single_repeat": its drafts come from the cache of the first
+ * single stream, sends the same request twice more (the second is "single_repeat": its drafts come from the cache of the first
  * one's prompt and output; a random-weight model never repeats itself, so prompt lookup alone proposes
  * nothing). `--pipelines 2,0` (the default) runs each split with the head's `--pipeline 2`
  * (the pipelined multi-slot driver: two slot groups in flight, each a batched RUN_BATCH frame) and
@@ -413,7 +413,11 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
       tokPerSecond: decoded > 0 ? (decoded * 1000) / solo.decodeMs : null,
     });
     if (draft > 0 && draftCache > 0) {
-      // The same request again: its drafts come from the cache of the first one's output (module doc).
+      // The same request again: its drafts come from the cache of the first one's output (module doc). Once
+      // unmeasured: it builds the drafted frame's graphs on the slot (the prefix cache keeps the prompt there).
+      await stream(url, prompt(1));
+      mid = await scrape(url);
+      profMid = await profiles(stageProcs);
       const again = await stream(url, prompt(1));
       const left = again.tokens - again.firstBatch;
       const end = await scrape(url);

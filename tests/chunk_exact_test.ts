@@ -7,7 +7,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { openGguf, Stage } from "../engine/mod.ts";
+import { argmaxCpu, openGguf, Stage } from "../engine/mod.ts";
 import { testGpu } from "./util/gpu.ts";
 import { fixturePath } from "./util/fixtures.ts";
 
@@ -57,6 +57,16 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           let first = -1;
           for (let i = 0; i < chunk.length && first < 0; i++) if (chunk[i] !== steps[i]) first = i;
           assert.equal(first, -1, `${what}: first differing word ${first}`);
+          if (!layers) {
+            // The ids of the chunk's rows, drawn on the GPU in its pass (an argmax per row), are the logits'.
+            stage.restore(snap, 0);
+            const pending = await stage.submit(0, { tokens }, PREFIX.length, { rows: "all", ids: true });
+            const got = (await pending.output).ids!;
+            const V = stage.hp.nVocab;
+            const logits = new Float32Array(chunk.buffer);
+            const want = tokens.map((_, r) => argmaxCpu(logits.subarray(r * V, (r + 1) * V)));
+            assert.deepEqual([...got], want, `${what}: ids`);
+          }
         }
         // The chunk must differ from a run that ignores the prefix (the comparison can fail).
         stage.reset(0);

@@ -9,7 +9,8 @@
  * (its anchor) and keeps the run's rows; a later run of the slot at a position inside those rows restores the
  * anchor and re-runs the kept rows up to it first. A last stage computes a drafted run's rows (at most
  * MAX_BATCH_SLOTS) as one chunk, whose attention runs its rows as the columns of a batched step, so each
- * row's logits are the bits of the undrafted run's (longer runs: the id rows as one-token steps).
+ * row's logits are the bits of the undrafted run's (longer runs: the id rows as one-token steps); greedy ids
+ * without top-k pairs come from an argmax per row in the chunk's pass.
  *
  * Requests are applied one at a time in arrival order (the stage's activation buffers are shared by all
  * slots), but a last stage's argmax frame (greedy, no sampler) holds that turn only while it submits: its ids
@@ -196,7 +197,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     // each row's logits are the bits of the undrafted one-token run (tests/chunk_exact_test.ts); the ids are
     // then drawn from the logits read back. Longer frames run the rows that produce ids as one-token steps.
     if (nRows <= MAX_BATCH_SLOTS) {
-      return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, { rows: "all" });
+      return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, { rows: "all", ids });
     }
     const lead = nRows - nOut;
     if (lead > 0) {
@@ -247,7 +248,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         pendingPos: req.basePos + nRows - nOut + 1,
       };
     } else if (out.ids) {
-      ids = out.ids;
+      ids = out.ids.subarray(out.ids.length - nOut);
     } else {
       const ta = performance.now();
       ids = new Uint32Array(nOut);

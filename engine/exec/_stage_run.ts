@@ -5,7 +5,7 @@
  * submission, so a later submission that reuses the activation buffers runs after this frame's copy out.
  * @module
  */
-import { encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
+import { encodeOps, MATVEC_MAX_COLS, type Op, writeChunkPos } from "../graph/builder.ts";
 import type { Hparams } from "../models/mod.ts";
 import type { SlotStates } from "../state.ts";
 import type { RunProfile } from "./_profile.ts";
@@ -31,8 +31,8 @@ export interface RunParts {
   readonly profile: RunProfile;
   /** Per run shape: a command buffer and staging encoded ahead (absent: every run encodes its own). */
   readonly spares?: Map<string, { cmd: GPUCommandBuffer; staging: GPUBuffer }>;
-  /** The argmax on logits row 0 writing ring word `params[0]` (a last stage's `ids` runs). */
-  readonly argmax?: () => Promise<RowArgmax>;
+  /** The argmax on logits row `row` writing ring word `params[0]` (a last stage's `ids` runs). */
+  readonly argmax?: (row: number) => Promise<RowArgmax>;
 }
 
 /** Most ids one `ids` run returns (its argmax ring's words). */
@@ -68,7 +68,7 @@ export async function submitRun(
   const { device, hp, profile: prof } = p;
   const rows = opts.rows;
   const nIds = rows === "all" ? nTokens : rows === "last" ? 1 : 0;
-  const argmax = opts.ids && rows !== "none" ? await argmaxOf(p, rows, opts.chunk, nIds) : undefined;
+  const argmax = opts.ids && rows !== "none" ? await argmaxOf(p, rows, opts.chunk, nIds, nTokens) : undefined;
   const width = p.last ? hp.nVocab : hp.nEmbd;
   const out = new Float32Array(argmax ? 0 : width * nIds);
   prof.start();
@@ -99,10 +99,13 @@ export async function submitRun(
   ) => {
     const enc = device.createCommandEncoder();
     const pass = enc.beginComputePass();
-    encodeOps(pass, argmax && outRows !== "none" ? [...ops, ...argmax.ops] : ops);
+    encodeOps(pass, argmax && outRows !== "none" ? [...ops, ...argmax.flatMap((a) => a.ops)] : ops);
     pass.end();
-    if (argmax && to && at + n === nTokens) {
-      enc.copyBufferToBuffer(argmax.ring, 0, to, 0, 4 * nIds);
+    if (argmax && to && at + n === nTokens && argmax.length > 1) {
+      // One chunk, an argmax per row: each row's id is word 0 of its ring.
+      argmax.forEach((a, r) => enc.copyBufferToBuffer(a.ring, 0, to, 4 * r, 4));
+    } else if (argmax && to && at + n === nTokens) {
+      enc.copyBufferToBuffer(argmax[0]!.ring, 0, to, 0, 4 * nIds);
     } else if (!argmax && outRows !== "none" && to) {
       const src = p.last ? p.act.logits! : p.act.h!;
       const srcOff = !p.last && outRows === "last" ? (n - 1) * width * 4 : 0;
@@ -127,7 +130,13 @@ export async function submitRun(
     const ops = spare ? [] : await p.graph(n, outRows);
     prof.lap("run.graph");
     if (argmax && outRows !== "none") {
-      device.queue.writeBuffer(argmax.params, 0, Uint32Array.of(rows === "all" ? at : 0));
+      for (const a of argmax) {
+        device.queue.writeBuffer(
+          a.params,
+          0,
+          Uint32Array.of(argmax.length > 1 ? 0 : rows === "all" ? at : 0),
+        );
+      }
     }
     const cmd = spare?.cmd ?? encode(ops, at, n, outRows, staging);
     prof.lap("run.encode");
@@ -192,10 +201,26 @@ export async function rowArgmax(
   return { ops: sel.stepOps, params: sel.argmaxParams, ring: sel.idRing };
 }
 
-/** The argmax of an `ids` run, checked: a last stage, rows `last` or one-token `all` chunks, few enough ids. */
-async function argmaxOf(p: RunParts, rows: "all" | "last", chunk: number, nIds: number): Promise<RowArgmax> {
+/**
+ * The argmaxes of an `ids` run, checked: a last stage, rows `last`, one-token `all` chunks (row 0's argmax
+ * into successive ring words), or `all` rows of one chunk of at most MATVEC_MAX_COLS (an argmax per row).
+ */
+async function argmaxOf(
+  p: RunParts,
+  rows: "all" | "last",
+  chunk: number,
+  nIds: number,
+  nTokens: number,
+): Promise<RowArgmax[]> {
   if (!p.last || !p.argmax) throw new RangeError("Only a last stage's run returns ids");
-  if (rows === "all" && chunk !== 1) throw new RangeError("Every row's ids take one-token chunks (chunk: 1)");
+  if (rows === "all" && chunk !== 1) {
+    if (nTokens > chunk || nTokens > MATVEC_MAX_COLS) {
+      throw new RangeError(
+        `Every row's ids take one-token chunks (chunk: 1) or one chunk of at most ${MATVEC_MAX_COLS} rows`,
+      );
+    }
+    return await Promise.all(Array.from({ length: nTokens }, (_, r) => p.argmax!(r)));
+  }
   if (nIds > ARGMAX_RING) throw new RangeError(`One run returns at most ${ARGMAX_RING} ids, got ${nIds}`);
-  return await p.argmax();
+  return [await p.argmax(0)];
 }

@@ -368,7 +368,7 @@ export class Stage {
       graph: (n: number, rows: "all" | "last" | "none") => this.#graph(slot, n, rows),
       gpuCheck: () => this.#gpuCheck(),
       profile: this.profile,
-      argmax: () => this.#argmax(0),
+      argmax: (r: number) => this.#argmax(r),
       spares: this.#int8Log ? undefined : this.#spares, // int8Log reads the graph of the run's own call
     };
     return submitRun(p, slot, input, base, nTokens, { rows: opts.rows ?? "last", chunk, ids: opts.ids });

@@ -697,6 +697,14 @@ export function serveHttp1(opts: Http1Options, handler: Http1Handler): Http1Serv
         });
         continue;
       }
+      // Without TCP_NODELAY a small write after an unacknowledged one (a stream's first frame after its
+      // head, each next frame) waits for the client's delayed ACK: 40 ms on Linux loopback, measured on every
+      // streamed request of a kept-alive connection (bench/serve.ts: HTTP TTFT 43 ms above direct's).
+      try {
+        (conn as Deno.TcpConn).setNoDelay(true);
+      } catch {
+        // not a TCP socket option here: streamed frames may then wait for the client's ACKs
+      }
       void serveConn(conn);
     }
   })();

@@ -272,3 +272,46 @@ Deno.test("http1: shutdown lets the in-flight response finish and refuses new co
   await down;
   await assert.rejects(() => Deno.connect({ hostname: "127.0.0.1", port }));
 });
+
+Deno.test("http1: a stream's small frames go out as written on a kept-alive connection (no 40 ms ACK wait)", async () => {
+  // Three frames 5 ms apart; without TCP_NODELAY each frame after the head waits for the client's delayed
+  // ACK (40 ms on Linux loopback) from the second request of a connection on.
+  const sse = () => {
+    const e = new TextEncoder();
+    return new Response(
+      new ReadableStream<Uint8Array>({
+        async start(c) {
+          for (const x of ["a", "b", "c"]) {
+            c.enqueue(e.encode(`data: ${x}\n\n`));
+            await new Promise((r) => setTimeout(r, 5));
+          }
+          c.close();
+        },
+      }),
+      { headers: { "content-type": "text/event-stream" } },
+    );
+  };
+  const server = serveHttp1({ hostname: "127.0.0.1", port: 0, log: () => {} }, () => sse());
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.addr.port });
+  try {
+    const spans: number[] = [];
+    const buf = new Uint8Array(4096);
+    for (let k = 0; k < 4; k++) {
+      const t0 = performance.now();
+      await conn.write(enc.encode("GET /s HTTP/1.1\r\nHost: x\r\n\r\n"));
+      let got = "";
+      while (!got.endsWith("0\r\n\r\n")) {
+        const n = await conn.read(buf);
+        assert.ok(n !== null, `the connection closed mid-response: ${got}`);
+        got += dec.decode(buf.subarray(0, n));
+      }
+      assert.match(got, /data: c/);
+      if (k > 0) spans.push(performance.now() - t0);
+    }
+    // About 10 ms each as written; at least 40 when frames wait for ACKs. The fastest of three bounds noise.
+    assert.ok(Math.min(...spans) < 30, `request to last frame took ${spans.map((s) => s.toFixed(1))} ms`);
+  } finally {
+    conn.close();
+    await server.shutdown();
+  }
+});

@@ -19,6 +19,22 @@
  *   steady gap, and its time to first token against its solo one (issue #20's fairness goals). Needs
  *   `--ctx` ≥ N + 17.
  *
+ * - `--modes`: any of `http`, `direct` and `direct-nosnap` (direct with EngineOptions `snapshotBack: 0`: no
+ *   prompt-boundary snapshot, so a short prompt prefills in one chunk instead of a piece and a rest; its
+ *   TTFT against `direct`'s is the snapshot split's cost).
+ *
+ * Rates: `tokPerSecond` counts every id over the whole wall time (time to first id included);
+ * `decodeTokPerSecond` sums each stream's ids after its first batch over the time from its first id to its
+ * last, the way the engine's own figure is measured, so the two compare like with like. The engine lines
+ * (`Stage.generate` on one slot, `Stage.generateBatch` at each level ≥ 2, same prompt length and ids per
+ * stream) give `decodeTokPerSecond` and `ttftMs` (a warm slot: prefill plus the first id's readback; the
+ * one-slot line's `tokPerSecond` is its decode rate, as before, and `wallTokPerSecond` the whole call's), and
+ * for one slot also `ttftSplitMs` (the prompt as the service runs it: a piece up to 8 tokens before its end,
+ * a snapshot, then the rest) and `ttftColdSlotMs` (a slot whose graphs of that prompt width are not built
+ * yet). A `ratio` line per level then sets each mode's decode rate against the engine's and its median TTFT
+ * against the engine's warm `ttftMs` (issue #20: one stream >= 0.95x, 8 streams >= 0.9x, TTFT <= prefill +
+ * 15 ms).
+ *
  * Each level uses fresh prompts (no prefix reuse between levels). Without `--model` the head and the direct
  * engine each serve their embedded tiny model. Prints one JSON line per measurement; never asserts.
  * @module
@@ -59,7 +75,9 @@ const batch = optional(args.batch);
 const base = `http://127.0.0.1:${args.port}`;
 const maxLevel = Math.max(...levels);
 for (const m of modes) {
-  if (m !== "http" && m !== "direct") throw new RangeError(`--modes takes http and/or direct, got ${m}`);
+  if (m !== "http" && m !== "direct" && m !== "direct-nosnap") {
+    throw new RangeError(`--modes takes http, direct and/or direct-nosnap, got ${m}`);
+  }
 }
 if (late > 0 && late + 17 > nCtx) {
   throw new RangeError(
@@ -78,7 +96,11 @@ const GREEDY: SamplingParams = {
   seed: 0,
 };
 
+/** Each summary line by mode and level, for the ratio lines at the end. */
+const results = new Map<string, Record<string, unknown>>();
+
 function emit(what: string, result: Record<string, unknown>): void {
+  if (typeof result.streams === "number") results.set(`${what}/${result.streams}`, result);
   console.log(JSON.stringify({ bench: "serve", what, ...result }));
 }
 
@@ -92,6 +114,9 @@ interface Timed {
   ttftMs: number;
   tokens: number;
   ms: number;
+  /** Ids in the first batch, and when the last batch came (ms since the request started). */
+  firstIds: number;
+  lastMs: number;
   /** Gaps between consecutive id batches after the first (ms). */
   gaps: number[];
 }
@@ -106,17 +131,28 @@ function summary(level: number, wallMs: number, rs: Timed[]): Record<string, unk
   const tokens = rs.reduce((a, r) => a + r.tokens, 0);
   const ttft = rs.map((r) => r.ttftMs).sort((a, b) => a - b);
   const gaps = rs.flatMap((r) => r.gaps);
+  const decode = decodeRate(rs);
   return {
     streams: level,
     promptTokens: nPrompt,
     newTokensPerStream: nNew,
     tokPerSecond: tokens / (wallMs / 1000),
     tokPerSecondPerStream: tokens / (wallMs / 1000) / level,
+    decodeTokPerSecond: decode,
+    decodeTokPerSecondPerStream: decode / level,
     ttftMsMedian: median(ttft),
     ttftMsMax: ttft.at(-1),
     gapMsMedian: median(gaps),
     gapMsMax: Math.max(0, ...gaps),
   };
+}
+
+/** Σ over streams of the ids after the first batch per second between the first batch and the last. */
+function decodeRate(rs: readonly Timed[]): number {
+  return rs.reduce(
+    (a, r) => a + (r.lastMs > r.ttftMs ? (r.tokens - r.firstIds) / ((r.lastMs - r.ttftMs) / 1000) : 0),
+    0,
+  );
 }
 
 // ---- over HTTP ----
@@ -138,6 +174,7 @@ async function stream(ids: number[], maxTokens = nNew): Promise<Timed> {
   if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
   let ttft = -1;
   let tokens = 0;
+  let firstIds = 0;
   let buf = "";
   let last = 0;
   const gaps: number[] = [];
@@ -157,11 +194,12 @@ async function stream(ids: number[], maxTokens = nNew): Promise<Timed> {
     tokens += got;
     // A readback's ids go out as frames written back to back: reads less than 1 ms apart are one batch.
     const now = performance.now() - t0;
-    if (ttft < 0) ttft = now;
+    if (ttft < 0) [ttft, firstIds] = [now, got];
     else if (now - last >= 1) gaps.push(now - last);
+    else if (last === ttft) firstIds += got;
     last = now;
   }
-  return { ttftMs: ttft, tokens, ms: performance.now() - t0, gaps };
+  return { ttftMs: ttft, tokens, ms: performance.now() - t0, gaps, firstIds, lastMs: last };
 }
 
 async function waitReady(log: () => string): Promise<void> {
@@ -227,20 +265,21 @@ async function direct(e: EngineService, ids: number[], maxTokens = nNew): Promis
   const t0 = performance.now();
   let ttft = -1;
   let last = 0;
+  let firstIds = 0;
   const gaps: number[] = [];
   const r = await e.generate({
     prompt: ids,
     maxTokens,
     sampling: GREEDY,
     stopIds: [],
-    onTokens: () => {
+    onTokens: (got) => {
       const now = performance.now() - t0;
-      if (ttft < 0) ttft = now;
+      if (ttft < 0) [ttft, firstIds] = [now, got.length];
       else gaps.push(now - last);
       last = now;
     },
   });
-  return { ttftMs: ttft, tokens: r.tokens.length, ms: performance.now() - t0, gaps };
+  return { ttftMs: ttft, tokens: r.tokens.length, ms: performance.now() - t0, gaps, firstIds, lastMs: last };
 }
 
 /**
@@ -303,7 +342,7 @@ async function lateArrival(e: EngineService, level: number, soloTtftMs: number):
   });
 }
 
-async function overDirect(): Promise<void> {
+async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
   const e = startEngine({
     model: args.model,
     nCtx,
@@ -312,6 +351,7 @@ async function overDirect(): Promise<void> {
     batchMin,
     prefillTurn,
     batch,
+    ...(what === "direct-nosnap" ? { snapshotBack: 0 } : {}),
     onLog: () => {},
   });
   try {
@@ -325,9 +365,9 @@ async function overDirect(): Promise<void> {
       const rs = await Promise.all(
         Array.from({ length: level }, (_, i) => direct(e, prompt(level * 100 + 1 + i))),
       );
-      emit("direct", summary(level, performance.now() - t0, rs));
+      emit(what, summary(level, performance.now() - t0, rs));
     }
-    if (late > 0) {
+    if (late > 0 && what === "direct") {
       // The second of two solo runs (the first builds the prefill graphs of the long prompt's chunk sizes).
       await direct(e, prompt(6998, late), 2);
       const solo = await direct(e, prompt(6999, late), 16);
@@ -340,26 +380,123 @@ async function overDirect(): Promise<void> {
 
 let log = "";
 if (modes.has("http")) log = await overHttp();
-if (modes.has("direct")) await overDirect();
+if (modes.has("direct")) await overDirect("direct");
+if (modes.has("direct-nosnap")) await overDirect("direct-nosnap");
 
-// Engine level, same model and lengths, no HTTP and no scheduler: one stream through Stage.generate.
+// ---- the engine itself: same model, lengths and ids per stream, no scheduler, no HTTP ----
+
+/** `Stage.generate` on `slot` with the stamps of its id batches. */
+async function engineOne(stage: Stage, slot: number, ids: number[], n: number, base = 0): Promise<Timed> {
+  const t0 = performance.now();
+  let ttft = -1;
+  let last = 0;
+  let firstIds = 0;
+  const g = await stage.generate(slot, ids, {
+    nNew: n,
+    base,
+    onTokens: (got) => {
+      last = performance.now() - t0;
+      if (ttft < 0) [ttft, firstIds] = [last, got.length];
+    },
+  });
+  return {
+    ttftMs: ttft,
+    tokens: g.tokens.length,
+    ms: performance.now() - t0,
+    gaps: [],
+    firstIds,
+    lastMs: last,
+  };
+}
+
+/** `Stage.generateBatch` of one fresh prompt per slot 0..level-1 with each stream's stamps. */
+async function engineBatch(stage: Stage, level: number, seed: number, n: number): Promise<Timed[]> {
+  const t0 = performance.now();
+  const ts = Array.from({ length: level }, () => ({ ttft: -1, last: 0, firstIds: 0 }));
+  const rs = await stage.generateBatch(
+    ts.map((t, slot) => ({
+      slot,
+      prompt: prompt(seed + slot),
+      opts: {
+        nNew: n,
+        onTokens: (got: readonly number[]) => {
+          t.last = performance.now() - t0;
+          if (t.ttft < 0) [t.ttft, t.firstIds] = [t.last, got.length];
+        },
+      },
+    })),
+    { batch: 8 },
+  );
+  return rs.map((r, i) => ({
+    ttftMs: ts[i]!.ttft,
+    tokens: r.tokens.length,
+    ms: performance.now() - t0,
+    gaps: [],
+    firstIds: ts[i]!.firstIds,
+    lastMs: ts[i]!.last,
+  }));
+}
+
+/**
+ * The prompt as the service runs it with its default prompt-boundary snapshot 8 tokens before the end: a
+ * piece, the snapshot, the rest and its first id; returns the time to that id.
+ */
+async function engineSplitTtft(stage: Stage, slot: number, ids: number[]): Promise<number> {
+  const at = ids.length - 8;
+  const t0 = performance.now();
+  await stage.decoder.prefill(slot, ids.slice(0, at), 0);
+  const snap = stage.snapshot(slot);
+  const r = await engineOne(stage, slot, ids.slice(at), 2, at);
+  stage.decoder.drop(snap);
+  return r.ttftMs + (performance.now() - t0 - r.ms);
+}
+
 const path = args.model ?? /\(([^)]+\.gguf)\)/.exec(log)?.[1] ?? /(\/\S+\.gguf)/.exec(log)?.[1];
 if (path && await Deno.stat(path).then(() => true, () => false)) {
   const gpu = await acquireGpu();
   using file = await openGguf(path);
-  const stage = await Stage.load(gpu, file, { nCtx, nSlots: 1 });
+  const stage = await Stage.load(gpu, file, { nCtx, nSlots: maxLevel });
   const p = prompt(997);
-  await stage.generate(0, p, { nNew: 16 });
-  let tFirst = 0;
-  const g = await stage.generate(0, p, {
-    nNew,
-    onTokens: () => {
-      if (tFirst === 0) tFirst = performance.now();
-    },
+  await engineOne(stage, 0, p, 16);
+  const one = await engineOne(stage, 0, p, nNew);
+  const split: Record<string, number> = {};
+  if (nPrompt > 8) {
+    await engineSplitTtft(stage, 0, prompt(995)); // builds slot 0's graphs of the piece's width
+    split.ttftSplitMs = await engineSplitTtft(stage, 0, prompt(994));
+  }
+  // A slot not used yet: its graphs of this prompt width and its decode step are built on the way.
+  if (maxLevel > 1) split.ttftColdSlotMs = (await engineOne(stage, maxLevel - 1, prompt(996), 2)).ttftMs;
+  const s1 = summary(1, one.ms, [one]);
+  emit("engine", {
+    ...s1,
+    tokPerSecond: s1.decodeTokPerSecond,
+    tokPerSecondPerStream: s1.decodeTokPerSecond,
+    wallTokPerSecond: s1.tokPerSecond,
+    ...split,
+    adapter: gpu.summary,
   });
-  const tokPerSecond = (g.tokens.length - 1) / ((performance.now() - tFirst) / 1000);
-  emit("engine", { streams: 1, newTokens: g.tokens.length, tokPerSecond, adapter: gpu.summary });
+  for (const level of levels.filter((l) => l >= 2 && stage.canBatch)) {
+    await engineBatch(stage, level, 9000 + level * 100 + 50, 4); // builds this slot set's batched graph
+    const t0 = performance.now();
+    const rs = await engineBatch(stage, level, 9000 + level * 100, nNew);
+    emit("engine", summary(level, performance.now() - t0, rs));
+  }
   stage.destroy();
+  for (const level of levels) {
+    const eng = results.get(`engine/${level}`);
+    for (const m of ["http", "direct", "direct-nosnap"]) {
+      const r = results.get(`${m}/${level}`);
+      if (!eng || !r) continue;
+      const num = (x: unknown) => x as number;
+      emit("ratio", {
+        streams: level,
+        mode: m,
+        decodeVsEngine: num(r.decodeTokPerSecond) / num(eng.decodeTokPerSecond),
+        tokVsEngine: num(r.tokPerSecond) / num(eng.wallTokPerSecond ?? eng.tokPerSecond),
+        ttftMsOverEngine: num(r.ttftMsMedian) - num(eng.ttftMsMedian),
+      });
+    }
+  }
 } else {
   emit("engine", { skipped: "no model file: give --model (the served default is a temporary file)" });
 }

@@ -595,6 +595,11 @@ export class DecodeDriver implements SlotDecoder {
           q.ended = true;
           q.reason = "cancelled";
         }
+        // A rewind restores the latest snapshot at or before the last fed step: the older ones are dropped
+        // now, so their buffers take the next batches' copies (not one new set of buffers per batch).
+        const fed = q.tokens.length - 1;
+        const keep = q.snaps.findLastIndex((x) => x.at <= fed);
+        for (const x of q.snaps.splice(0, Math.max(0, keep))) stage.states.drop(x.id);
         if (pause && (q.ended || q.ran >= q.steps)) stopping = true;
       }
       cur = next;

@@ -5,8 +5,14 @@
  * Each dispatch takes another random expert set (64 sets), so the experts come from memory as in a real step,
  * not from L2. Each line gives the GB/s of the 9 experts' matrices read.
  *
- * Usage: `deno run -A bench/moe.ts [--quick]` (`--quick`: 16 experts, for lavapipe). One JSON line per
- * measurement, never asserts. No npm imports.
+ * `--tokens T` (T > 1) instead times the experts of a batched decode step of T slots (T·8 routed columns, each
+ * slot's 8 picks distinct, plus T shared columns; 64 id sets): the default constants beside the bit-neutral
+ * variants (ROWS, BLOCKS, UNROLL at the default TEAM: `sameBits`) and other TEAMs (which change the sums'
+ * bits, so the solo step would have to take them too). `gbPerSecond` counts every column's matrices,
+ * `distinctGbPerSecond` each distinct expert of the step once (what DRAM must deliver at least).
+ *
+ * Usage: `deno run -A bench/moe.ts [--quick] [--tokens 8]` (`--quick`: 16 experts and few repetitions, for
+ * lavapipe). One JSON line per measurement, never asserts. No npm imports.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -18,11 +24,13 @@ import { rowBytes } from "../engine/quant/types.ts";
 import {
   checkMoeMatvec,
   MOE_MATVEC,
+  MOE_MATVEC_BINDINGS,
   type MoeMatvecBindings,
   moeMatvecConstants,
   moeMatvecGrid,
   moeMatvecParams,
   type MoeMatvecShape,
+  type MoeMatvecTuning,
 } from "../wgsl/moe_matvec.ts";
 import {
   checkMoeMatvecQ8,
@@ -34,8 +42,14 @@ import {
   q8ColumnWords,
 } from "../wgsl/moe_matvec_q8.ts";
 
-const { values: args } = parseArgs({ options: { quick: { type: "boolean", default: false } } });
+const { values: args } = parseArgs({
+  options: { quick: { type: "boolean", default: false }, tokens: { type: "string", default: "1" } },
+});
 const QUICK = args.quick ?? false;
+const TOKENS = Number(args.tokens);
+if (!Number.isInteger(TOKENS) || TOKENS < 1 || TOKENS > 8) {
+  throw new RangeError(`--tokens ${args.tokens}: give a slot count from 1 to 8`);
+}
 const N_EXPERT = QUICK ? 16 : 256;
 const USED = 8;
 const EMBD = 2048;
@@ -119,7 +133,13 @@ const shapes: Record<string, { shape: MoeMatvecShape; weights: GPUBuffer; bytes:
   },
 };
 
-console.log(JSON.stringify({ bench: "moe", event: "start", adapter: gpu.summary, experts: N_EXPERT }));
+console.log(
+  JSON.stringify({ bench: "moe", event: "start", adapter: gpu.summary, experts: N_EXPERT, tokens: TOKENS }),
+);
+if (TOKENS > 1) {
+  await batchedSweep(TOKENS);
+  Deno.exit(0);
+}
 for (const [name, s] of Object.entries(shapes)) {
   const params = device.createBuffer({ size: 64, usage: STORAGE });
   device.queue.writeBuffer(params, 0, moeMatvecParams(s.shape));
@@ -212,6 +232,103 @@ for (const [name, s] of Object.entries(shapes)) {
           gbPerSecond: s.bytes / sec / 1e9,
         }));
       }
+    }
+  }
+}
+
+/**
+ * The expert passes of a batched decode step of `tokens` slots: moe_matvec with the default constants, with
+ * ROWS × BLOCKS × UNROLL at the default TEAM (the same bits), and with the other TEAMs (other bits).
+ */
+async function batchedSweep(tokens: number): Promise<void> {
+  const cols = USED * tokens + tokens;
+  const idStride = Math.ceil((4 * USED * tokens) / 256) * 256;
+  const ids = device.createBuffer({ size: idStride * SETS, usage: STORAGE });
+  // Each slot picks USED distinct experts; the step's distinct experts (routed, and the shared one) bound what
+  // DRAM must deliver.
+  let distinct = 0;
+  for (let s = 0; s < SETS; s++) {
+    const picks: number[] = [];
+    for (let t = 0; t < tokens; t++) {
+      const set = new Set<number>();
+      while (set.size < USED) set.add(Math.floor(Math.random() * N_EXPERT));
+      picks.push(...set);
+    }
+    distinct += (new Set(picks).size + 1) / SETS;
+    device.queue.writeBuffer(ids, idStride * s, Uint32Array.from(picks));
+  }
+  const xb = randomBuffer(device, 4 * Math.max(EMBD * tokens, FF * cols), { f32: true });
+  const yb = device.createBuffer({ size: 4 * Math.max(EMBD, FF) * cols, usage: STORAGE });
+  const passes = {
+    gate_up: { ...shapes.gate_up!, matBytes: 2 * FF * guRow },
+    down: { ...shapes.down!, matBytes: EMBD * rowBytes("IQ4_XS", FF) },
+  };
+  const reps = QUICK ? 1 : REPS / 4;
+  for (const [name, p] of Object.entries(passes)) {
+    const shape: MoeMatvecShape = {
+      ...p.shape,
+      nCols: USED * tokens,
+      xDiv: p.shape.gateUp ? USED : 1,
+      sharedCols: tokens,
+    };
+    const params = device.createBuffer({ size: 64, usage: STORAGE });
+    device.queue.writeBuffer(params, 0, moeMatvecParams(shape));
+    const def = moeMatvecConstants(shape);
+    const tunings: MoeMatvecTuning[] = [{ team: def.TEAM, rows: def.ROWS }];
+    const teams = QUICK ? [def.TEAM] : [8, 16, 32, 64, 128].filter((t) => t <= shape.k / 8);
+    for (const team of teams) {
+      for (const rows of QUICK ? [def.ROWS] : [1, 2, 4]) {
+        const blocks = team === def.TEAM ? (QUICK ? [1, 4] : [1, 2, 4, 8]) : [1];
+        for (const b of blocks) {
+          for (const unroll of team === def.TEAM ? [2, 4] : [2]) {
+            if (team === def.TEAM && rows === def.ROWS && b === 1 && unroll === 2) continue;
+            tunings.push({ team, rows, blocks: b, unroll });
+          }
+        }
+      }
+    }
+    for (const tuning of tunings) {
+      const c = moeMatvecConstants(shape, undefined, tuning);
+      const pipeline = await cache.get(MOE_MATVEC, c);
+      const groups = Array.from({ length: SETS }, (_, set) => {
+        const b: MoeMatvecBindings = {
+          params,
+          ids: { buffer: ids, offset: idStride * set, size: 4 * USED * tokens },
+          weights: p.weights,
+          x: xb,
+          y: yb,
+          logits: xb,
+          routeWeights: scratch,
+        };
+        checkMoeMatvec(shape, c, b);
+        return bindGroup(device, pipeline, MOE_MATVEC_BINDINGS.map((n) => b[n]));
+      });
+      const grid = moeMatvecGrid(shape, c);
+      const sec = await timer.perRep(
+        (pass, i) => {
+          pass.setPipeline(pipeline);
+          pass.setBindGroup(0, groups[i % SETS]!);
+          pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
+        },
+        reps,
+        QUICK ? { warmMs: 0, timed: 1 } : {},
+      );
+      console.log(JSON.stringify({
+        bench: "moe",
+        kernel: "moe_matvec",
+        pass: name,
+        tokens,
+        team: c.TEAM,
+        rows: c.ROWS,
+        blocks: c.BLOCKS,
+        unroll: c.UNROLL,
+        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && c.BLOCKS === 1 && c.UNROLL === 2,
+        sameBits: c.TEAM === def.TEAM,
+        workgroups: grid[0] * grid[1],
+        us: sec * 1e6,
+        gbPerSecond: (cols * p.matBytes) / sec / 1e9,
+        distinctGbPerSecond: (distinct * p.matBytes) / sec / 1e9,
+      }));
     }
   }
 }

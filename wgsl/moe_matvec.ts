@@ -17,6 +17,8 @@ export const MOE_MATVEC: KernelSpec = {
     TYPE: "u32",
     TEAM: "u32",
     ROWS: "u32",
+    BLOCKS: "u32",
+    UNROLL: "u32",
     GATE_UP: "bool",
     ROUTE: "bool",
     N_EXPERT: "u32",
@@ -30,6 +32,10 @@ export type MoeMatvecConstants = {
   readonly TYPE: number;
   readonly TEAM: number;
   readonly ROWS: number;
+  /** Row blocks of (256 / TEAM)·ROWS rows per workgroup, walked one after the other (1: one block). */
+  readonly BLOCKS: number;
+  /** Units per loop step of an invocation, their loads in flight together: 2 or 4. */
+  readonly UNROLL: number;
   readonly GATE_UP: boolean;
   /** The routing runs in the prologue (gate·up of routed columns): ids and route weights are outputs. */
   readonly ROUTE: boolean;
@@ -78,10 +84,16 @@ export interface MoeMatvecShape {
   readonly sharedCols?: number;
 }
 
-/** TEAM and ROWS of a moe_matvec variant (see {@linkcode moeMatvecConstants}). */
+/**
+ * TEAM and ROWS of a moe_matvec variant (see {@linkcode moeMatvecConstants}), and optionally BLOCKS and
+ * UNROLL (default 1 and 2). Only TEAM changes a row's sum order: ROWS, BLOCKS and UNROLL change speed, not
+ * bits (wgsl/moe_matvec_test.ts), so a batched step may take other ones than its solo step.
+ */
 export interface MoeMatvecTuning {
   readonly team: number;
   readonly rows: number;
+  readonly blocks?: number;
+  readonly unroll?: number;
 }
 
 /**
@@ -106,6 +118,8 @@ export function moeMatvecConstants(
     TYPE: TYPE_ID[shape.type],
     TEAM: tuning?.team ?? (prefill ? Math.max(1, team / 2) : team),
     ROWS: tuning?.rows ?? (route || prefill ? 4 : 2),
+    BLOCKS: tuning?.blocks ?? 1,
+    UNROLL: tuning?.unroll ?? 2,
     GATE_UP: shape.gateUp,
     ROUTE: route !== undefined,
     N_EXPERT: route?.nExpert ?? 4,
@@ -132,9 +146,13 @@ export function moeMatvecParams(shape: MoeMatvecShape): Uint32Array<ArrayBuffer>
   ]);
 }
 
-/** Dispatch grid: row blocks × columns (routed and shared). */
+/** Dispatch grid: groups of BLOCKS row blocks × columns (routed and shared). */
 export function moeMatvecGrid(shape: MoeMatvecShape, c: MoeMatvecConstants): [number, number, number] {
-  return [Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)), shape.nCols + (shape.sharedCols ?? 0), 1];
+  return [
+    Math.ceil(Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)) / c.BLOCKS),
+    shape.nCols + (shape.sharedCols ?? 0),
+    1,
+  ];
 }
 
 /**
@@ -163,6 +181,8 @@ export function checkMoeMatvec(
     `Kernel ${kernel}: TEAM=${c.TEAM} must be a power of two ≤ 256`,
   );
   checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
+  checkInt(`Kernel ${kernel}: BLOCKS`, c.BLOCKS, 1, 64);
+  checkShape(c.UNROLL === 2 || c.UNROLL === 4, `Kernel ${kernel}: UNROLL=${c.UNROLL} must be 2 or 4`);
   checkInt(`Kernel ${kernel}: nCols`, shape.nCols, 1, MAX_WORKGROUPS_PER_DIM);
   checkInt(`Kernel ${kernel}: xDiv`, shape.xDiv, 1, shape.nCols);
   checkShape(

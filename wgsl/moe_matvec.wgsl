@@ -22,12 +22,16 @@
 //   4 y       array<f32> ne=[N, n_cols]
 //   5 logits  array<f32> ne=[N_EXPERT, tokens]  router logits (ROUTE; otherwise any buffer)
 //   6 route_weights array<f32> ne=[n_routed] read_write (ROUTE; otherwise any unaliased buffer)
-// Grid (ceil(N / WG_ROWS), n_cols): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col.
+// Grid (ceil(ceil(N / WG_ROWS) / BLOCKS), n_cols): workgroup (w, col) owns BLOCKS row blocks of WG_ROWS =
+// (256 / TEAM)·ROWS rows of column col (blocks w·BLOCKS .. w·BLOCKS + BLOCKS − 1, one after the other: the
+// table, routing and column set-up are paid once per BLOCKS blocks). Every row's sum has the same order for
+// any BLOCKS and UNROLL (given TEAM), so they change speed, not bits.
 // A team of TEAM invocations owns ROWS rows; a row is K/8 units of 8 weights (lib/quant.wgsl) and invocation
 // t of a team takes units t, t + TEAM, ... of all its rows (as matvec.wgsl: a warp reads consecutive weight
 // words and neighbouring x quads, each x quad serves every row and matrix from registers). Partials are
 // added in workgroup memory in two levels of 8 (or fewer).
-// Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..4): u32; GATE_UP, ROUTE: bool;
+// Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..4), BLOCKS (>= 1), UNROLL (units per
+//   loop step: 2 or 4; their loads are in flight together): u32; GATE_UP, ROUTE: bool;
 //   N_EXPERT, N_EXPERT_USED: u32 and W_SCALE: f32 (the routing's, lib/route.wgsl; placeholders without ROUTE).
 // Workgroup memory: 8·256·ROWS bytes + 2048 (IQ4 table): 10 KiB at ROWS 4.
 // Limits: K % 32 == 0, byte offsets multiples of 4.
@@ -126,53 +130,71 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   let xb = xc * k;
   let team = lid / TEAM;
   let t = lid % TEAM;
-  let row0 = wid.x * WG_ROWS + team * ROWS;
-
-  // Rows past N read row N-1 (in bounds) and are never stored.
-  let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
-  let rbg = params[4] + e * params[3] + rows;
-  let rbu = params[5] + e * params[3] + rows;
-  var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
   let n_units = k / 8u;
-  // Two units per step: their loads are independent, so twice the bytes are in flight per invocation.
-  var u = t;
-  for (; u + TEAM < n_units; u += 2u * TEAM) {
-    acc = unit_acc(u, xb, rbg, rbu, acc);
-    acc = unit_acc(u + TEAM, xb, rbg, rbu, acc);
-  }
-  for (; u < n_units; u += TEAM) {
-    acc = unit_acc(u, xb, rbg, rbu, acc);
-  }
-  for (var r = 0u; r < ROWS; r++) {
-    partial[(team * ROWS + r) * TEAM + t] = acc.g[r];
-    partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = acc.u[r];
-  }
-  // The column test above returned whole workgroups only (col is the workgroup's y), so this barrier is
-  // reached by all invocations of every workgroup that got here.
-  workgroupBarrier();
-  for (var i = lid; i < 2u * WG_ROWS * GROUPS; i += WG) {
-    let base = i * GROUP_LEN;
-    var s = 0.0;
-    for (var q = 0u; q < GROUP_LEN; q++) {
-      s += partial[base + ((q + i) % GROUP_LEN)];
-    }
-    partial[base] = s;
-  }
-  workgroupBarrier();
-  for (var o = lid; o < WG_ROWS; o += WG) {
-    let row = wid.x * WG_ROWS + o;
-    var s0 = 0.0;
-    var s1 = 0.0;
-    for (var g = 0u; g < GROUPS; g++) {
-      s0 += partial[o * TEAM + g * GROUP_LEN];
-      s1 += partial[(WG_ROWS + o) * TEAM + g * GROUP_LEN];
-    }
-    if (row < n) {
-      var v = s0;
-      if (GATE_UP) {
-        v = silu(s0) * s1;
+  let eb = e * params[3];
+  // The blocks' loop bound is a constant, so every invocation reaches each barrier; a block past N clamps its
+  // rows to N-1 (in bounds) and stores nothing.
+  for (var blk = 0u; blk < BLOCKS; blk++) {
+    let r0 = (wid.x * BLOCKS + blk) * WG_ROWS;
+    let row0 = r0 + team * ROWS;
+    // Rows past N read row N-1 (in bounds) and are never stored.
+    let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
+    let rbg = params[4] + eb + rows;
+    let rbu = params[5] + eb + rows;
+    var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+    // UNROLL units per step: their loads are independent, so UNROLL times the bytes are in flight per
+    // invocation. The units still add into acc one by one in ascending order.
+    var u = t;
+    if (UNROLL >= 4u) {
+      for (; u + 3u * TEAM < n_units; u += 4u * TEAM) {
+        acc = unit_acc(u, xb, rbg, rbu, acc);
+        acc = unit_acc(u + TEAM, xb, rbg, rbu, acc);
+        acc = unit_acc(u + 2u * TEAM, xb, rbg, rbu, acc);
+        acc = unit_acc(u + 3u * TEAM, xb, rbg, rbu, acc);
       }
-      y[col * n + row] = v;
+    }
+    for (; u + TEAM < n_units; u += 2u * TEAM) {
+      acc = unit_acc(u, xb, rbg, rbu, acc);
+      acc = unit_acc(u + TEAM, xb, rbg, rbu, acc);
+    }
+    for (; u < n_units; u += TEAM) {
+      acc = unit_acc(u, xb, rbg, rbu, acc);
+    }
+    if (BLOCKS > 1u) {
+      // The previous block's last reads of partial are done before it is overwritten.
+      workgroupBarrier();
+    }
+    for (var r = 0u; r < ROWS; r++) {
+      partial[(team * ROWS + r) * TEAM + t] = acc.g[r];
+      partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = acc.u[r];
+    }
+    // The column test above returned whole workgroups only (col is the workgroup's y), so this barrier is
+    // reached by all invocations of every workgroup that got here.
+    workgroupBarrier();
+    for (var i = lid; i < 2u * WG_ROWS * GROUPS; i += WG) {
+      let base = i * GROUP_LEN;
+      var s = 0.0;
+      for (var q = 0u; q < GROUP_LEN; q++) {
+        s += partial[base + ((q + i) % GROUP_LEN)];
+      }
+      partial[base] = s;
+    }
+    workgroupBarrier();
+    for (var o = lid; o < WG_ROWS; o += WG) {
+      let row = r0 + o;
+      var s0 = 0.0;
+      var s1 = 0.0;
+      for (var g = 0u; g < GROUPS; g++) {
+        s0 += partial[o * TEAM + g * GROUP_LEN];
+        s1 += partial[(WG_ROWS + o) * TEAM + g * GROUP_LEN];
+      }
+      if (row < n) {
+        var v = s0;
+        if (GATE_UP) {
+          v = silu(s0) * s1;
+        }
+        y[col * n + row] = v;
+      }
     }
   }
 }

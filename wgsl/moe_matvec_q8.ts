@@ -125,6 +125,8 @@ export function checkMoeMatvecQ8(
       TYPE: c.TYPE,
       TEAM: c.TEAM,
       ROWS: c.ROWS,
+      BLOCKS: 1,
+      UNROLL: 2,
       GATE_UP: c.GATE_UP,
       ROUTE: false,
       N_EXPERT: 4,

@@ -29,10 +29,16 @@ interface Case {
   x: Float32Array;
 }
 
-function makeCase(rng: Rng, type: GgmlTypeName, gateUp: boolean, withShared: boolean): Case {
+function makeCase(
+  rng: Rng,
+  type: GgmlTypeName,
+  gateUp: boolean,
+  withShared: boolean,
+  dims?: { k: number; n: number },
+): Case {
   const be = Math.max(32, typeInfo(type).blockElems);
-  const k = be * rng.int(1, 3);
-  const n = rng.int(1, 40);
+  const k = dims?.k ?? be * rng.int(1, 3);
+  const n = dims?.n ?? rng.int(1, 40);
   const nExpert = rng.int(2, 9);
   const used = rng.int(1, 4);
   const tokens = rng.int(1, 4);
@@ -230,4 +236,78 @@ Deno.test("moe_matvec constants: prefill halves TEAM and takes ROWS 4; decode an
   const route = { nExpert: 256, nExpertUsed: 8, wScale: 1 };
   assert.equal(moeMatvecConstants(shape, route, undefined, true).TEAM, 64);
   assert.equal(moeMatvecConstants({ ...shape, k: 32 }, undefined, undefined, true).TEAM, 1);
+});
+
+Deno.test("moe_matvec ROWS, BLOCKS and UNROLL: every column equals the default's bit for bit", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  // Long rows (units past 4·TEAM and a tail, so UNROLL 4's loop and both remainders run) and N not a
+  // multiple of the workgroup's rows, so the last group of blocks clamps; IQ4_XS (its table) and Q8_0 (short
+  // blocks: K = 32·9 gives invocations 5 units and 4, a step of 4 and a single).
+  const cases: Case[] = [];
+  for (const type of ["IQ4_XS", "Q8_0"] as GgmlTypeName[]) {
+    for (const gateUp of [true, false]) {
+      const k = type === "Q8_0" ? 32 * 9 : 256 * (gateUp ? 3 : 1);
+      cases.push(makeCase(rng, type, gateUp, gateUp, { k, n: rng.int(40, 70) }));
+    }
+  }
+  // [BLOCKS, UNROLL, ROWS]: the first is the default (ROWS 0: the default's); TEAM stays the default's.
+  const variants = [[1, 2, 0], [3, 2, 1], [8, 4, 3]] as const;
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const outs: GPUBuffer[] = [];
+  for (const c of cases) {
+    const cols = c.shape.nCols + (c.shape.sharedCols ?? 0);
+    const ins = {
+      params: upload(device, moeMatvecParams(c.shape)),
+      ids: upload(device, c.ids),
+      weights: upload(device, c.w),
+      x: upload(device, c.x),
+      logits: upload(device, c.x),
+    };
+    for (const [blocks, unroll, rows] of variants) {
+      const def = moeMatvecConstants(c.shape);
+      const consts = moeMatvecConstants(c.shape, undefined, {
+        team: def.TEAM,
+        rows: rows || def.ROWS,
+        blocks,
+        unroll,
+      });
+      const y = poisoned(device, c.shape.n * cols);
+      outs.push(y);
+      await encode(pass, device, cache, c.shape, consts, {
+        ...ins,
+        y: { buffer: y, size: 4 * c.shape.n * cols },
+        routeWeights: poisoned(device, 1),
+      });
+    }
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const got = await readAll(device, outs);
+  const per = variants.length;
+  cases.forEach((c, i) => {
+    const what = `moe_matvec ${c.shape.type} ${c.shape.gateUp ? "gate·up" : "down"} k=${c.shape.k} ` +
+      `n=${c.shape.n} ids=${[...c.ids]} shared=${c.shape.sharedCols} (seed ${rng.seed})`;
+    const { ref, tol } = moeReference(c);
+    // The default variant against the float64 reference, its guard band poisoned; the others equal it word
+    // for word, guard band included.
+    const base = got[i * per]!;
+    const g = new Float32Array(base, 0, ref.length);
+    const bad = [...g].findIndex((v, j) => !(Math.abs(v - ref[j]!) <= tol[j]!));
+    assert.equal(bad, -1, `${what}: y[${bad}] = ${g[bad]}, want ${ref[bad]} ± ${tol[bad]}`);
+    assertPoisoned(new Uint32Array(base, 4 * ref.length, GUARD_WORDS), POISON_F32, `${what}: y guard`);
+    const bits = new Uint32Array(base);
+    for (let v = 1; v < variants.length; v++) {
+      const other = new Uint32Array(got[i * per + v]!);
+      const diff = bits.findIndex((b, j) => b !== other[j]);
+      assert.equal(
+        diff,
+        -1,
+        `${what} BLOCKS ${variants[v]![0]} UNROLL ${variants[v]![1]} ROWS ${variants[v]![2]}: word ${diff} ` +
+          `is ${other[diff]?.toString(16)}, the default gave ${bits[diff]?.toString(16)}`,
+      );
+    }
+  });
 });

@@ -21,12 +21,23 @@ export interface StageOptions {
    */
   readonly normPrologueMaxRows?: number;
   /**
-   * TEAM/ROWS of the expert mat-vecs (gate·up and down), overriding `moeMatvecConstants`' defaults: a
-   * benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-* measures them in a whole step).
+   * TEAM/ROWS (and optionally BLOCKS/UNROLL) of the expert mat-vecs (gate·up and down), overriding
+   * `moeMatvecConstants`' defaults: a benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-*
+   * measures them in a whole step). Only TEAM changes the sums' bits.
    */
   readonly moeTuning?: {
-    readonly gateUp?: { readonly team: number; readonly rows: number };
-    readonly down?: { readonly team: number; readonly rows: number };
+    readonly gateUp?: {
+      readonly team: number;
+      readonly rows: number;
+      readonly blocks?: number;
+      readonly unroll?: number;
+    };
+    readonly down?: {
+      readonly team: number;
+      readonly rows: number;
+      readonly blocks?: number;
+      readonly unroll?: number;
+    };
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob

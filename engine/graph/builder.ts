@@ -25,6 +25,7 @@ import { MATVEC } from "../../wgsl/matvec.ts";
 import { q8xBytes } from "../../wgsl/matvec_q8.ts";
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../../wgsl/rms_norm.ts";
 import type { GdnStepConstants } from "../../wgsl/gdn_step.ts";
+import type { MoeMatvecTuning } from "../../wgsl/moe_matvec.ts";
 
 /** One recorded dispatch: everything `pass.dispatchWorkgroups` needs. */
 export interface Op {
@@ -61,8 +62,8 @@ export const NORM_PROLOGUE_MAX_ROWS = 16384;
 export interface GraphOptions {
   readonly normPrologueMaxRows: number;
   readonly moeTuning?: {
-    readonly gateUp?: { readonly team: number; readonly rows: number };
-    readonly down?: { readonly team: number; readonly rows: number };
+    readonly gateUp?: MoeMatvecTuning;
+    readonly down?: MoeMatvecTuning;
   };
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
   readonly fuseDecodeRoute: boolean;

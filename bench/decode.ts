@@ -3,7 +3,7 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--per-column]`: `--slots`
+ * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--per-column]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
@@ -75,8 +75,8 @@ const statePoolMax = args["state-pool-max-bytes"] === undefined
   : Number(args["state-pool-max-bytes"]);
 const tuning = (v: string | undefined) => {
   if (!v) return undefined;
-  const [team, rows, blocks, unroll] = v.split(",").map(Number);
-  return { team: team!, rows: rows!, blocks, unroll };
+  const [team, rows, blocks, unroll, wg] = v.split(",").map(Number);
+  return { team: team!, rows: rows!, blocks, unroll, wg };
 };
 const moeTuning = { gateUp: tuning(args["moe-gate-up"]), down: tuning(args["moe-down"]) };
 using file = await openGguf(path);

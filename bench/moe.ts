@@ -6,9 +6,9 @@
  * not from L2. Each line gives the GB/s of the 9 experts' matrices read.
  *
  * `--tokens T` (T > 1) instead times the experts of a batched decode step of T slots (T·8 routed columns, each
- * slot's 8 picks distinct, plus T shared columns; 64 id sets): the default constants beside the bit-neutral
- * variants (ROWS, BLOCKS, UNROLL at the default TEAM: `sameBits`) and other TEAMs (which change the sums'
- * bits, so the solo step would have to take them too). `gbPerSecond` counts every column's matrices,
+ * slot's 8 picks distinct, plus T shared columns; 64 id sets): the default constants beside the variants at
+ * the default TEAM (ROWS, BLOCKS, UNROLL, WG: `sameBits` where the sums keep the default's bits, so a batched
+ * step may take them alone) and other TEAMs (other bits: the solo step would have to take them too). `gbPerSecond` counts every column's matrices,
  * `distinctGbPerSecond` each distinct expert of the step once (what DRAM must deliver at least).
  *
  * Usage: `deno run -A bench/moe.ts [--quick] [--tokens 8]` (`--quick`: 16 experts and few repetitions, for
@@ -29,6 +29,7 @@ import {
   moeMatvecConstants,
   moeMatvecGrid,
   moeMatvecParams,
+  moeMatvecSameBits,
   type MoeMatvecShape,
   type MoeMatvecTuning,
 } from "../wgsl/moe_matvec.ts";
@@ -274,17 +275,27 @@ async function batchedSweep(tokens: number): Promise<void> {
     const params = device.createBuffer({ size: 64, usage: STORAGE });
     device.queue.writeBuffer(params, 0, moeMatvecParams(shape));
     const def = moeMatvecConstants(shape);
+    // The default first; at its TEAM every ROWS × BLOCKS × UNROLL × WG (quick: three), then the other TEAMs.
     const tunings: MoeMatvecTuning[] = [{ team: def.TEAM, rows: def.ROWS }];
-    const teams = QUICK ? [def.TEAM] : [8, 16, 32, 64, 128].filter((t) => t <= shape.k / 8);
-    for (const team of teams) {
-      for (const rows of QUICK ? [def.ROWS] : [1, 2, 4]) {
-        const blocks = team === def.TEAM ? (QUICK ? [1, 4] : [1, 2, 4, 8]) : [1];
-        for (const b of blocks) {
-          for (const unroll of team === def.TEAM ? [2, 4] : [2]) {
-            if (team === def.TEAM && rows === def.ROWS && b === 1 && unroll === 2) continue;
-            tunings.push({ team, rows, blocks: b, unroll });
+    const isDef = (t: MoeMatvecTuning) =>
+      t.team === def.TEAM && t.rows === def.ROWS && (t.blocks ?? 1) === 1 && (t.unroll ?? 2) === 2 &&
+      (t.wg ?? 256) === 256;
+    if (QUICK) {
+      tunings.push({ team: def.TEAM, rows: def.ROWS, blocks: 4, unroll: 4 });
+      tunings.push({ team: def.TEAM, rows: def.ROWS, wg: 64 });
+    } else {
+      for (const wg of [256, 128, 64]) {
+        for (const rows of [1, 2, 4]) {
+          for (const blocks of [1, 2, 4, 8]) {
+            for (const unroll of [2, 4]) {
+              const t = { team: def.TEAM, rows, blocks, unroll, wg };
+              if (def.TEAM <= wg && !isDef(t)) tunings.push(t);
+            }
           }
         }
+      }
+      for (const team of [8, 16, 32, 64, 128].filter((t) => t <= shape.k / 8 && t !== def.TEAM)) {
+        for (const rows of [1, 2, 4]) tunings.push({ team, rows });
       }
     }
     for (const tuning of tunings) {
@@ -322,8 +333,9 @@ async function batchedSweep(tokens: number): Promise<void> {
         rows: c.ROWS,
         blocks: c.BLOCKS,
         unroll: c.UNROLL,
-        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && c.BLOCKS === 1 && c.UNROLL === 2,
-        sameBits: c.TEAM === def.TEAM,
+        wg: c.WG,
+        isDefault: isDef(tuning),
+        sameBits: moeMatvecSameBits(c, def),
         workgroups: grid[0] * grid[1],
         us: sec * 1e6,
         gbPerSecond: (cols * p.matBytes) / sec / 1e9,

@@ -15,6 +15,7 @@ export const MOE_MATVEC: KernelSpec = {
   lib: [...QUANT_LIBS, "rows", "route"],
   constants: {
     TYPE: "u32",
+    WG: "u32",
     TEAM: "u32",
     ROWS: "u32",
     BLOCKS: "u32",
@@ -30,9 +31,11 @@ export const MOE_MATVEC: KernelSpec = {
 /** Constants of one variant. */
 export type MoeMatvecConstants = {
   readonly TYPE: number;
+  /** Workgroup size: a power of two, 32..256, at least TEAM. */
+  readonly WG: number;
   readonly TEAM: number;
   readonly ROWS: number;
-  /** Row blocks of (256 / TEAM)·ROWS rows per workgroup, walked one after the other (1: one block). */
+  /** Row blocks of (WG / TEAM)·ROWS rows per workgroup, walked one after the other (1: one block). */
   readonly BLOCKS: number;
   /** Units per loop step of an invocation, their loads in flight together: 2 or 4. */
   readonly UNROLL: number;
@@ -94,6 +97,8 @@ export interface MoeMatvecTuning {
   readonly rows: number;
   readonly blocks?: number;
   readonly unroll?: number;
+  /** Workgroup size (default 256); the bits stay while {@linkcode moeMatvecSameBits} holds. */
+  readonly wg?: number;
 }
 
 /**
@@ -116,6 +121,7 @@ export function moeMatvecConstants(
   prefill &&= !route;
   return {
     TYPE: TYPE_ID[shape.type],
+    WG: tuning?.wg ?? 256,
     TEAM: tuning?.team ?? (prefill ? Math.max(1, team / 2) : team),
     ROWS: tuning?.rows ?? (route || prefill ? 4 : 2),
     BLOCKS: tuning?.blocks ?? 1,
@@ -126,6 +132,24 @@ export function moeMatvecConstants(
     N_EXPERT_USED: route?.nExpertUsed ?? 1,
     W_SCALE: route?.wScale ?? 1,
   };
+}
+
+/** Rows of one row block: (WG / TEAM)·ROWS. */
+export function moeMatvecBlockRows(c: Pick<MoeMatvecConstants, "WG" | "TEAM" | "ROWS">): number {
+  return (c.WG / c.TEAM) * c.ROWS;
+}
+
+/**
+ * Whether variant `c` sums every row in the order of `ref` (so gives its bits): the same TEAM, and a row
+ * block whose reduction rotation is a function of the row ((WG_ROWS·GROUPS) % GROUP_LEN == 0, true of every
+ * WG 256 variant).
+ */
+export function moeMatvecSameBits(
+  c: Pick<MoeMatvecConstants, "WG" | "TEAM" | "ROWS">,
+  ref: Pick<MoeMatvecConstants, "TEAM">,
+): boolean {
+  const groups = c.TEAM >= 8 ? c.TEAM / 8 : 1;
+  return c.TEAM === ref.TEAM && (moeMatvecBlockRows(c) * groups) % (c.TEAM / groups) === 0;
 }
 
 /** The params words of `shape`. */
@@ -149,7 +173,7 @@ export function moeMatvecParams(shape: MoeMatvecShape): Uint32Array<ArrayBuffer>
 /** Dispatch grid: groups of BLOCKS row blocks × columns (routed and shared). */
 export function moeMatvecGrid(shape: MoeMatvecShape, c: MoeMatvecConstants): [number, number, number] {
   return [
-    Math.ceil(Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)) / c.BLOCKS),
+    Math.ceil(Math.ceil(shape.n / moeMatvecBlockRows(c)) / c.BLOCKS),
     shape.nCols + (shape.sharedCols ?? 0),
     1,
   ];
@@ -177,8 +201,12 @@ export function checkMoeMatvec(
     `Kernel ${kernel}: GATE_UP=${c.GATE_UP} but the shape says ${shape.gateUp}`,
   );
   checkShape(
-    isPow2(c.TEAM) && c.TEAM <= 256,
-    `Kernel ${kernel}: TEAM=${c.TEAM} must be a power of two ≤ 256`,
+    isPow2(c.WG) && c.WG >= 32 && c.WG <= 256,
+    `Kernel ${kernel}: WG=${c.WG} must be a power of two from 32 to 256`,
+  );
+  checkShape(
+    isPow2(c.TEAM) && c.TEAM <= c.WG,
+    `Kernel ${kernel}: TEAM=${c.TEAM} must be a power of two ≤ WG (${c.WG})`,
   );
   checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
   checkInt(`Kernel ${kernel}: BLOCKS`, c.BLOCKS, 1, 64);
@@ -190,7 +218,7 @@ export function checkMoeMatvec(
     `Kernel ${kernel}: nCols ${shape.nCols} not a multiple of xDiv`,
   );
   checkShape(
-    Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)) <= MAX_WORKGROUPS_PER_DIM,
+    Math.ceil(shape.n / moeMatvecBlockRows(c)) <= MAX_WORKGROUPS_PER_DIM,
     `Kernel ${kernel}: N=${shape.n} needs too many workgroups: split it`,
   );
   const shared = shape.sharedCols ?? 0;

@@ -22,18 +22,20 @@
 //   4 y       array<f32> ne=[N, n_cols]
 //   5 logits  array<f32> ne=[N_EXPERT, tokens]  router logits (ROUTE; otherwise any buffer)
 //   6 route_weights array<f32> ne=[n_routed] read_write (ROUTE; otherwise any unaliased buffer)
-// Grid (ceil(ceil(N / WG_ROWS) / BLOCKS), n_cols): workgroup (w, col) owns BLOCKS row blocks of WG_ROWS =
-// (256 / TEAM)·ROWS rows of column col (blocks w·BLOCKS .. w·BLOCKS + BLOCKS − 1, one after the other: the
-// table, routing and column set-up are paid once per BLOCKS blocks). Every row's sum has the same order for
-// any BLOCKS and UNROLL (given TEAM), so they change speed, not bits.
+// Grid (ceil(ceil(N / WG_ROWS) / BLOCKS), n_cols): workgroup (w, col) of WG invocations owns BLOCKS row
+// blocks of WG_ROWS = (WG / TEAM)·ROWS rows of column col (blocks w·BLOCKS .. w·BLOCKS + BLOCKS − 1, one after
+// the other: the table, routing and column set-up are paid once per BLOCKS blocks). Every row's sum has the
+// same order for any BLOCKS and UNROLL (given TEAM), so they change speed, not bits; so do ROWS and WG while
+// (WG_ROWS·GROUPS) % GROUP_LEN == 0 (the reduction's rotation below is then a function of the row).
 // A team of TEAM invocations owns ROWS rows; a row is K/8 units of 8 weights (lib/quant.wgsl) and invocation
 // t of a team takes units t, t + TEAM, ... of all its rows (as matvec.wgsl: a warp reads consecutive weight
 // words and neighbouring x quads, each x quad serves every row and matrix from registers). Partials are
 // added in workgroup memory in two levels of 8 (or fewer).
-// Constants: TYPE (ggml id), TEAM (power of two <= 256), ROWS (1..4), BLOCKS (>= 1), UNROLL (units per
-//   loop step: 2 or 4; their loads are in flight together): u32; GATE_UP, ROUTE: bool;
+// Constants: TYPE (ggml id), WG (workgroup size: power of two, 32..256), TEAM (power of two <= WG), ROWS
+//   (1..4), BLOCKS (>= 1), UNROLL (units per loop step: 2 or 4; their loads are in flight together): u32;
+//   GATE_UP, ROUTE: bool;
 //   N_EXPERT, N_EXPERT_USED: u32 and W_SCALE: f32 (the routing's, lib/route.wgsl; placeholders without ROUTE).
-// Workgroup memory: 8·256·ROWS bytes + 2048 (IQ4 table): 10 KiB at ROWS 4.
+// Workgroup memory: 8·WG·ROWS bytes + 2048 (IQ4 table): 10 KiB at WG 256, ROWS 4.
 // Limits: K % 32 == 0, byte offsets multiples of 4.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
@@ -48,7 +50,6 @@ fn route_logit(t: u32, e: u32) -> f32 {
   return logits[t * N_EXPERT + e];
 }
 
-const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const MATS: u32 = select(1u, 2u, GATE_UP);
 
@@ -90,12 +91,14 @@ fn unit_acc(u: u32, xb: u32, rbg: vec4<u32>, rbu: vec4<u32>, a: Acc) -> Acc {
   return r;
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-  // The IQ4 codebook table first: every invocation reaches this barrier (the column test below is not uniform
-  // in WGSL's analysis, since it reads storage).
+  // The IQ4 codebook table first (256 entries): every invocation reaches this barrier (the column test below
+  // is not uniform in WGSL's analysis, since it reads storage).
   if (QUANT_NEEDS_INIT) {
-    quant_init(lid);
+    for (var i = lid; i < 256u; i += WG) {
+      quant_init(i);
+    }
     workgroupBarrier();
   }
   let k = params[0];

@@ -123,6 +123,7 @@ export function checkMoeMatvecQ8(
     shape,
     {
       TYPE: c.TYPE,
+      WG: 256,
       TEAM: c.TEAM,
       ROWS: c.ROWS,
       BLOCKS: 1,

@@ -9,6 +9,7 @@ import {
   moeMatvecConstants,
   moeMatvecGrid,
   moeMatvecParams,
+  moeMatvecSameBits,
   type MoeMatvecShape,
 } from "./moe_matvec.ts";
 import { randomWeights } from "./_quant_testing.ts";
@@ -238,7 +239,7 @@ Deno.test("moe_matvec constants: prefill halves TEAM and takes ROWS 4; decode an
   assert.equal(moeMatvecConstants({ ...shape, k: 32 }, undefined, undefined, true).TEAM, 1);
 });
 
-Deno.test("moe_matvec ROWS, BLOCKS and UNROLL: every column equals the default's bit for bit", async () => {
+Deno.test("moe_matvec ROWS, BLOCKS, UNROLL and WG: every column equals the default's bit for bit", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
@@ -252,8 +253,8 @@ Deno.test("moe_matvec ROWS, BLOCKS and UNROLL: every column equals the default's
       cases.push(makeCase(rng, type, gateUp, gateUp, { k, n: rng.int(40, 70) }));
     }
   }
-  // [BLOCKS, UNROLL, ROWS]: the first is the default (ROWS 0: the default's); TEAM stays the default's.
-  const variants = [[1, 2, 0], [3, 2, 1], [8, 4, 3]] as const;
+  // [BLOCKS, UNROLL, ROWS, WG]: the first is the default (ROWS 0: the default's); TEAM stays the default's.
+  const variants = [[1, 2, 0, 256], [3, 2, 1, 64], [8, 4, 3, 128]] as const;
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   const outs: GPUBuffer[] = [];
@@ -266,14 +267,16 @@ Deno.test("moe_matvec ROWS, BLOCKS and UNROLL: every column equals the default's
       x: upload(device, c.x),
       logits: upload(device, c.x),
     };
-    for (const [blocks, unroll, rows] of variants) {
+    for (const [blocks, unroll, rows, wg] of variants) {
       const def = moeMatvecConstants(c.shape);
       const consts = moeMatvecConstants(c.shape, undefined, {
         team: def.TEAM,
         rows: rows || def.ROWS,
         blocks,
         unroll,
+        wg,
       });
+      assert.ok(moeMatvecSameBits(consts, def), `variant ${[blocks, unroll, rows, wg]} of ${c.shape.k}`);
       const y = poisoned(device, c.shape.n * cols);
       outs.push(y);
       await encode(pass, device, cache, c.shape, consts, {
@@ -305,7 +308,7 @@ Deno.test("moe_matvec ROWS, BLOCKS and UNROLL: every column equals the default's
       assert.equal(
         diff,
         -1,
-        `${what} BLOCKS ${variants[v]![0]} UNROLL ${variants[v]![1]} ROWS ${variants[v]![2]}: word ${diff} ` +
+        `${what} [BLOCKS, UNROLL, ROWS, WG] ${variants[v]}: word ${diff} ` +
           `is ${other[diff]?.toString(16)}, the default gave ${bits[diff]?.toString(16)}`,
       );
     }

@@ -4,6 +4,7 @@
  * @module
  */
 import type { UploadProgress } from "../gpu/weights.ts";
+import type { MoeMatvecTuning } from "../../wgsl/moe_matvec.ts";
 
 /** Options of `Stage.load`. */
 export interface StageOptions {
@@ -21,24 +22,11 @@ export interface StageOptions {
    */
   readonly normPrologueMaxRows?: number;
   /**
-   * TEAM/ROWS (and optionally BLOCKS/UNROLL) of the expert mat-vecs (gate·up and down), overriding
+   * TEAM/ROWS (and optionally BLOCKS/UNROLL/WG) of the expert mat-vecs (gate·up and down), overriding
    * `moeMatvecConstants`' defaults: a benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-*
-   * measures them in a whole step). Only TEAM changes the sums' bits.
+   * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).
    */
-  readonly moeTuning?: {
-    readonly gateUp?: {
-      readonly team: number;
-      readonly rows: number;
-      readonly blocks?: number;
-      readonly unroll?: number;
-    };
-    readonly down?: {
-      readonly team: number;
-      readonly rows: number;
-      readonly blocks?: number;
-      readonly unroll?: number;
-    };
-  };
+  readonly moeTuning?: { readonly gateUp?: MoeMatvecTuning; readonly down?: MoeMatvecTuning };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
    * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other

@@ -15,7 +15,7 @@ export type GdnStepConstants = {
   readonly D_K: number;
   /** Value head dim d_v (`ssm.inner_size / n_v`), a multiple of 16, at most 128. */
   readonly D_V: number;
-  /** Conv taps (`ssm.conv_kernel`). */
+  /** Conv taps (`ssm.conv_kernel`), 1 to 4 (`gdn_step` keeps taps and window in vec4s). */
   readonly K_CONV: number;
   /** RMS eps; also the floor of the q/k L2 norms (spec §8.4). */
   readonly EPS: number;
@@ -151,6 +151,12 @@ export function checkGdnConstants(c: GdnStepConstants): void {
     if (!Number.isInteger(v) || v < 1) {
       throw new RangeError(`gdn_step: ${name} must be a positive integer, got ${v}`);
     }
+  }
+  if (c.K_CONV > 4) {
+    throw new RangeError(
+      `gdn_step: K_CONV=${c.K_CONV} exceeds 4 (the kernel keeps each channel's taps and window in one vec4): ` +
+        `this model's ssm.conv_kernel is not supported`,
+    );
   }
   if (c.N_V % c.N_K !== 0) {
     throw new RangeError(`gdn_step: N_V=${c.N_V} is not a multiple of N_K=${c.N_K}`);

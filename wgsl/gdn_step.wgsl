@@ -34,7 +34,7 @@
 //   N_V for a decode whose a follows b in one buffer bound twice; 0 when BA_GROUPED).
 //   P_COL, BA_COL, RING_COL, STATE_COL: u32 (column strides above, in words; all 0 for one column).
 // Limits: STATE_COL % 4 == 0; N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % (16·SPLIT) == 0, D_V <= 128 (workgroup storage, ~21 KiB at
-// D_K = D_V = 128, stays under lavapipe's 32 KiB); K_CONV >= 1.
+// D_K = D_V = 128, stays under lavapipe's 32 KiB); 1 <= K_CONV <= 4 (taps and window are vec4s).
 //
 // Grid (N_V, SPLIT, columns): workgroup (h, s, c) owns, in column c, columns s·D_V/SPLIT.. of v-head h's state for all n tokens (a
 // column's recurrence needs no other column; only the gated norm spans the head, hence gdn_chunk_norm after
@@ -45,6 +45,10 @@
 // jg = lid / 16) holds S_h columns j = j0 + jg + 16·c (c < D_V/(16·SPLIT), j0 the workgroup's first), rows i
 // in the vec4s il + 16·m (m < D_K/64),
 // in registers for the whole token loop; dots over i are summed across the 16 lanes in workgroup memory.
+// Registers are named (state column groups s0..s7 of S4 vec4s, channels ch0..ch2, k̂ and q̂ as S4), never
+// function-scope arrays indexed by loop counters, which the H200 keeps in local memory (2-3x slower, docs/PERF.md);
+// the parts the constants leave unused sit behind constant `if`s and compile away (limits: NJ = D_V/(16·SPLIT)
+// <= 8, M4 = D_K/64 <= 4, NCH = ceil((2·D_K + D_V)/256) <= 3). Each sum keeps the order of the loops it replaced.
 // The next token's inputs are loaded while the current one is processed (global latency off the chain).
 // Recurrence per token: one pass reads u = S_oldᵀk̂ and w = S_oldᵀq, then δ = β(v − decay·u),
 // o = decay·w + δ·(k̂·q), S = decay·S_old + k̂δᵀ: algebraically spec §8.5's order (decay, read, delta, write,
@@ -105,6 +109,169 @@ fn wg_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
   return t;
 }
 
+// The M4 <= 4 vec4s of one lane in one state column (rows 4·(il + 16·m)..), or of k̂ or q̂ at those rows.
+struct S4 {
+  m0: vec4<f32>,
+  m1: vec4<f32>,
+  m2: vec4<f32>,
+  m3: vec4<f32>,
+}
+
+// One local conv channel of an invocation: its global channel, taps and window (component k = tap k, k < K_CONV;
+// tap K_CONV-1 is the current token), and the next token's input.
+struct Ch {
+  ch: u32,
+  tp: vec4<f32>,
+  w: vec4<f32>,
+  xn: f32,
+}
+
+fn st_load(row: u32) -> S4 {
+  var s: S4;
+  s.m0 = state[row];
+  if (M4 > 1u) {
+    s.m1 = state[row + LANES];
+  }
+  if (M4 > 2u) {
+    s.m2 = state[row + 2u * LANES];
+  }
+  if (M4 > 3u) {
+    s.m3 = state[row + 3u * LANES];
+  }
+  return s;
+}
+
+fn st_store(row: u32, s: S4) {
+  state[row] = s.m0;
+  if (M4 > 1u) {
+    state[row + LANES] = s.m1;
+  }
+  if (M4 > 2u) {
+    state[row + 2u * LANES] = s.m2;
+  }
+  if (M4 > 3u) {
+    state[row + 3u * LANES] = s.m3;
+  }
+}
+
+// This lane's partials of u = S_oldᵀk̂ and w = S_oldᵀq in one column, summed over m in order.
+fn st_uw(s: S4, k4: S4, q4: S4) -> vec2<f32> {
+  var uw = vec2<f32>(0.0);
+  uw += vec2<f32>(dot(s.m0, k4.m0), dot(s.m0, q4.m0));
+  if (M4 > 1u) {
+    uw += vec2<f32>(dot(s.m1, k4.m1), dot(s.m1, q4.m1));
+  }
+  if (M4 > 2u) {
+    uw += vec2<f32>(dot(s.m2, k4.m2), dot(s.m2, q4.m2));
+  }
+  if (M4 > 3u) {
+    uw += vec2<f32>(dot(s.m3, k4.m3), dot(s.m3, q4.m3));
+  }
+  return uw;
+}
+
+// S = decay·S_old + k̂δᵀ in one column (δ = d).
+fn st_next(s: S4, k4: S4, decay: f32, d: f32) -> S4 {
+  var r = s;
+  r.m0 = decay * s.m0 + k4.m0 * d;
+  if (M4 > 1u) {
+    r.m1 = decay * s.m1 + k4.m1 * d;
+  }
+  if (M4 > 2u) {
+    r.m2 = decay * s.m2 + k4.m2 * d;
+  }
+  if (M4 > 3u) {
+    r.m3 = decay * s.m3 + k4.m3 * d;
+  }
+  return r;
+}
+
+fn ks4(i: u32) -> vec4<f32> {
+  return vec4<f32>(ks[i], ks[i + 1u], ks[i + 2u], ks[i + 3u]);
+}
+
+fn qs4(i: u32) -> vec4<f32> {
+  return vec4<f32>(qs[i], qs[i + 1u], qs[i + 2u], qs[i + 3u]);
+}
+
+// Local channel lc's global channel, taps and window before token 0 (tap k < K-1 of token 0 is position
+// pos0 - (K-1) + k, in ring slot (pos0 + k + 1) mod K), and token 0's input.
+fn ch_load(lc: u32, g: u32, h: u32, xb: u32, rb: u32, pos0: u32) -> Ch {
+  var c: Ch;
+  let ch = gdn_channel(lc, g, h);
+  c.ch = ch;
+  let tw = ch * K_CONV;
+  let rs = rb + ch;
+  c.tp.x = conv_w[tw];
+  if (K_CONV > 1u) {
+    c.tp.y = conv_w[tw + 1u];
+    c.w.x = conv_ring[rs + ((pos0 + 1u) % K_CONV) * C_CH];
+  }
+  if (K_CONV > 2u) {
+    c.tp.z = conv_w[tw + 2u];
+    c.w.y = conv_ring[rs + ((pos0 + 2u) % K_CONV) * C_CH];
+  }
+  if (K_CONV > 3u) {
+    c.tp.w = conv_w[tw + 3u];
+    c.w.z = conv_ring[rs + ((pos0 + 3u) % K_CONV) * C_CH];
+  }
+  c.xn = x_qkv[xb + ch];
+  return c;
+}
+
+// §8.3 conv + SiLU of local channel lc on the current token's input xc, then the window slides by one token;
+// publishes the output to qs, ks or vs, writes xc to the ring slot at ring (a word index) when `ring_on`, and
+// returns sq with its square added to the q (x) or k (y) sum.
+fn ch_step(c: ptr<function, Ch>, lc: u32, xc: f32, sq: vec2<f32>, ring: u32, ring_on: bool) -> vec2<f32> {
+  var w = (*c).w;
+  let tp = (*c).tp;
+  if (K_CONV == 1u) {
+    w.x = xc;
+  } else if (K_CONV == 2u) {
+    w.y = xc;
+  } else if (K_CONV == 3u) {
+    w.z = xc;
+  } else {
+    w.w = xc;
+  }
+  var acc = 0.0;
+  acc += tp.x * w.x;
+  if (K_CONV > 1u) {
+    acc += tp.y * w.y;
+  }
+  if (K_CONV > 2u) {
+    acc += tp.z * w.z;
+  }
+  if (K_CONV > 3u) {
+    acc += tp.w * w.w;
+  }
+  var slid = w;
+  if (K_CONV > 1u) {
+    slid.x = w.y;
+  }
+  if (K_CONV > 2u) {
+    slid.y = w.z;
+  }
+  if (K_CONV > 3u) {
+    slid.z = w.w;
+  }
+  (*c).w = slid;
+  let yv = acc / (1.0 + exp(-acc));
+  var s = sq;
+  if (lc < D_K) {
+    qs[lc] = yv;
+    s.x += yv * yv;
+  } else if (lc < 2u * D_K) {
+    ks[lc - D_K] = yv;
+    s.y += yv * yv;
+  } else {
+    vs[lc - 2u * D_K] = yv;
+  }
+  if (ring_on) {
+    conv_ring[ring + (*c).ch] = xc;
+  }
+  return s;
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -137,31 +304,53 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 
   // Loads that do not depend on each other, issued together: state, conv taps and window, token 0's inputs.
-  var st: array<vec4<f32>, NJ * M4>;
-  for (var c = 0u; c < NJ; c++) {
-    let row = sb + (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
-    for (var m = 0u; m < M4; m++) {
-      st[c * M4 + m] = state[row + LANES * m];
-    }
+  // Column group c (state column j0 + jg + JG·c) starts at row0 + c·rstep.
+  let row0 = sb + (h * D_V + j0 + jg) * (D_K / 4u) + il;
+  let rstep = JG * (D_K / 4u);
+  var s0 = st_load(row0);
+  var s1: S4;
+  var s2: S4;
+  var s3: S4;
+  var s4: S4;
+  var s5: S4;
+  var s6: S4;
+  var s7: S4;
+  if (NJ > 1u) {
+    s1 = st_load(row0 + rstep);
   }
-  var chs: array<u32, NCH>;
-  var taps: array<f32, NCH * K_CONV>;
-  var win: array<f32, NCH * K_CONV>; // win[i·K + k]: input at tap k of the current token's window
-  var xn: array<f32, NCH>;
-  for (var i = 0u; i < NCH; i++) {
-    let lc = lid + WG * i;
-    if (lc < LOC_CH) {
-      let ch = gdn_channel(lc, g, h);
-      chs[i] = ch;
-      for (var k = 0u; k < K_CONV; k++) {
-        taps[i * K_CONV + k] = conv_w[ch * K_CONV + k];
-      }
-      // tap k < K-1 of token 0 is position pos0 - (K-1) + k, in ring slot (pos0 + k + 1) mod K
-      for (var k = 0u; k + 1u < K_CONV; k++) {
-        win[i * K_CONV + k] = conv_ring[rb + ((pos0 + k + 1u) % K_CONV) * C_CH + ch];
-      }
-      xn[i] = x_qkv[xb + ch];
-    }
+  if (NJ > 2u) {
+    s2 = st_load(row0 + 2u * rstep);
+  }
+  if (NJ > 3u) {
+    s3 = st_load(row0 + 3u * rstep);
+  }
+  if (NJ > 4u) {
+    s4 = st_load(row0 + 4u * rstep);
+  }
+  if (NJ > 5u) {
+    s5 = st_load(row0 + 5u * rstep);
+  }
+  if (NJ > 6u) {
+    s6 = st_load(row0 + 6u * rstep);
+  }
+  if (NJ > 7u) {
+    s7 = st_load(row0 + 7u * rstep);
+  }
+  // local channels lid + WG·i (i < NCH), each with its flag
+  let on0 = lid < LOC_CH;
+  let on1 = NCH > 1u && lid + WG < LOC_CH;
+  let on2 = NCH > 2u && lid + 2u * WG < LOC_CH;
+  var ch0: Ch;
+  var ch1: Ch;
+  var ch2: Ch;
+  if (on0) {
+    ch0 = ch_load(lid, g, h, xb, rb, pos0);
+  }
+  if (on1) {
+    ch1 = ch_load(lid + WG, g, h, xb, rb, pos0);
+  }
+  if (on2) {
+    ch2 = ch_load(lid + 2u * WG, g, h, xb, rb, pos0);
   }
   let dtb = dt_bias[h];
   let sa = ssm_a[h];
@@ -173,48 +362,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
   for (var t = 0u; t < n; t++) {
     let p = pos0 + t;
-    let xc = xn;
+    let xc0 = ch0.xn;
+    let xc1 = ch1.xn;
+    let xc2 = ch2.xn;
     let bv = bn;
     let av = an;
     let zc = zn;
     if (t + 1u < n) {
-      for (var i = 0u; i < NCH; i++) {
-        if (lid + WG * i < LOC_CH) {
-          xn[i] = x_qkv[xb + (t + 1u) * C_CH + chs[i]];
-        }
+      let xt = xb + (t + 1u) * C_CH;
+      if (on0) {
+        ch0.xn = x_qkv[xt + ch0.ch];
+      }
+      if (on1) {
+        ch1.xn = x_qkv[xt + ch1.ch];
+      }
+      if (on2) {
+        ch2.xn = x_qkv[xt + ch2.ch];
       }
       bn = b[bab + gdn_ba_index(t + 1u, h)];
       an = a[bab + gdn_ba_index(t + 1u, h) + a_off];
       zn = z[yb + (t + 1u) * Y_W + h * D_V + jo];
     }
 
-    // §8.3 conv + SiLU; the window then slides by one token
+    // §8.3 conv + SiLU; the window then slides by one token. The ring slot of p is written when n == 1 (read by
+    // no one in this step), by one workgroup per channel.
     var sq = vec2<f32>(0.0);
-    for (var i = 0u; i < NCH; i++) {
-      let lc = lid + WG * i;
-      if (lc < LOC_CH) {
-        win[i * K_CONV + K_CONV - 1u] = xc[i];
-        var acc = 0.0;
-        for (var k = 0u; k < K_CONV; k++) {
-          acc += taps[i * K_CONV + k] * win[i * K_CONV + k];
-        }
-        for (var k = 0u; k + 1u < K_CONV; k++) {
-          win[i * K_CONV + k] = win[i * K_CONV + k + 1u];
-        }
-        let yv = acc / (1.0 + exp(-acc));
-        if (lc < D_K) {
-          qs[lc] = yv;
-          sq.x += yv * yv;
-        } else if (lc < 2u * D_K) {
-          ks[lc - D_K] = yv;
-          sq.y += yv * yv;
-        } else {
-          vs[lc - 2u * D_K] = yv;
-        }
-        if (n == 1u && (lc >= 2u * D_K || qk_writer) && j0 == 0u) {
-          conv_ring[rb + (p % K_CONV) * C_CH + chs[i]] = xc[i];
-        }
-      }
+    let ring = rb + (p % K_CONV) * C_CH;
+    let ring_on = n == 1u && j0 == 0u;
+    if (on0) {
+      sq = ch_step(&ch0, lid, xc0, sq, ring, ring_on && (lid >= 2u * D_K || qk_writer));
+    }
+    if (on1) {
+      let lc = lid + WG;
+      sq = ch_step(&ch1, lc, xc1, sq, ring, ring_on && (lc >= 2u * D_K || qk_writer));
+    }
+    if (on2) {
+      let lc = lid + 2u * WG;
+      sq = ch_step(&ch2, lc, xc2, sq, ring, ring_on && (lc >= 2u * D_K || qk_writer));
     }
     // §8.4: q̂ = q/max(‖q‖, ε)/√D_K, k̂ = k/max(‖k‖, ε); folded into the lane's register copies below.
     let ss = wg_sum(sq, lid);
@@ -224,25 +408,56 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let beta = 1.0 / (1.0 + exp(-bv));
     let decay = exp(sa * gdn_softplus(av + dtb));
 
-    var k4: array<vec4<f32>, M4>;
-    var q4: array<vec4<f32>, M4>;
+    var k4: S4;
+    var q4: S4;
     var kq = 0.0;
-    for (var m = 0u; m < M4; m++) {
-      let i = 4u * (il + LANES * m);
-      k4[m] = vec4<f32>(ks[i], ks[i + 1u], ks[i + 2u], ks[i + 3u]) * rk;
-      q4[m] = vec4<f32>(qs[i], qs[i + 1u], qs[i + 2u], qs[i + 3u]) * rq;
-      kq += dot(k4[m], q4[m]);
+    k4.m0 = ks4(4u * il) * rk;
+    q4.m0 = qs4(4u * il) * rq;
+    kq += dot(k4.m0, q4.m0);
+    if (M4 > 1u) {
+      let i = 4u * (il + LANES);
+      k4.m1 = ks4(i) * rk;
+      q4.m1 = qs4(i) * rq;
+      kq += dot(k4.m1, q4.m1);
+    }
+    if (M4 > 2u) {
+      let i = 4u * (il + 2u * LANES);
+      k4.m2 = ks4(i) * rk;
+      q4.m2 = qs4(i) * rq;
+      kq += dot(k4.m2, q4.m2);
+    }
+    if (M4 > 3u) {
+      let i = 4u * (il + 3u * LANES);
+      k4.m3 = ks4(i) * rk;
+      q4.m3 = qs4(i) * rq;
+      kq += dot(k4.m3, q4.m3);
     }
     if (jg == 0u) {
       red_kq[il] = kq;
     }
-    // lane partials of u = S_oldᵀk̂ and w = S_oldᵀq
-    for (var c = 0u; c < NJ; c++) {
-      var uw = vec2<f32>(0.0);
-      for (var m = 0u; m < M4; m++) {
-        uw += vec2<f32>(dot(st[c * M4 + m], k4[m]), dot(st[c * M4 + m], q4[m]));
-      }
-      red[il * RED_W + jg + JG * c] = uw;
+    // lane partials of u = S_oldᵀk̂ and w = S_oldᵀq, column group c at red[il·RED_W + jg + JG·c]
+    let rr = il * RED_W + jg;
+    red[rr] = st_uw(s0, k4, q4);
+    if (NJ > 1u) {
+      red[rr + JG] = st_uw(s1, k4, q4);
+    }
+    if (NJ > 2u) {
+      red[rr + 2u * JG] = st_uw(s2, k4, q4);
+    }
+    if (NJ > 3u) {
+      red[rr + 3u * JG] = st_uw(s3, k4, q4);
+    }
+    if (NJ > 4u) {
+      red[rr + 4u * JG] = st_uw(s4, k4, q4);
+    }
+    if (NJ > 5u) {
+      red[rr + 5u * JG] = st_uw(s5, k4, q4);
+    }
+    if (NJ > 6u) {
+      red[rr + 6u * JG] = st_uw(s6, k4, q4);
+    }
+    if (NJ > 7u) {
+      red[rr + 7u * JG] = st_uw(s7, k4, q4);
     }
     workgroupBarrier();
     var o = 0.0;
@@ -271,18 +486,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         y[yb + t * Y_W + h * D_V + j0 + lid] = o;
       }
     }
-    for (var c = 0u; c < NJ; c++) {
-      let d = delta[jg + JG * c];
-      for (var m = 0u; m < M4; m++) {
-        st[c * M4 + m] = decay * st[c * M4 + m] + k4[m] * d;
-      }
+    s0 = st_next(s0, k4, decay, delta[jg]);
+    if (NJ > 1u) {
+      s1 = st_next(s1, k4, decay, delta[jg + JG]);
+    }
+    if (NJ > 2u) {
+      s2 = st_next(s2, k4, decay, delta[jg + 2u * JG]);
+    }
+    if (NJ > 3u) {
+      s3 = st_next(s3, k4, decay, delta[jg + 3u * JG]);
+    }
+    if (NJ > 4u) {
+      s4 = st_next(s4, k4, decay, delta[jg + 4u * JG]);
+    }
+    if (NJ > 5u) {
+      s5 = st_next(s5, k4, decay, delta[jg + 5u * JG]);
+    }
+    if (NJ > 6u) {
+      s6 = st_next(s6, k4, decay, delta[jg + 6u * JG]);
+    }
+    if (NJ > 7u) {
+      s7 = st_next(s7, k4, decay, delta[jg + 7u * JG]);
     }
   }
 
-  for (var c = 0u; c < NJ; c++) {
-    let row = sb + (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
-    for (var m = 0u; m < M4; m++) {
-      state[row + LANES * m] = st[c * M4 + m];
-    }
+  st_store(row0, s0);
+  if (NJ > 1u) {
+    st_store(row0 + rstep, s1);
+  }
+  if (NJ > 2u) {
+    st_store(row0 + 2u * rstep, s2);
+  }
+  if (NJ > 3u) {
+    st_store(row0 + 3u * rstep, s3);
+  }
+  if (NJ > 4u) {
+    st_store(row0 + 4u * rstep, s4);
+  }
+  if (NJ > 5u) {
+    st_store(row0 + 5u * rstep, s5);
+  }
+  if (NJ > 6u) {
+    st_store(row0 + 6u * rstep, s6);
+  }
+  if (NJ > 7u) {
+    st_store(row0 + 7u * rstep, s7);
   }
 }

@@ -286,6 +286,8 @@ Deno.test("gdn_step: shape checks throw before encoding", async () => {
   assert.throws(() => checkGdnStep({ ...c, N_V: 5 }, { bindings, maxTokens: 1 }), /N_V=5 is not a multiple/);
   assert.throws(() => checkGdnStep({ ...c, SPLIT: 3 }, { bindings, maxTokens: 1 }), /SPLIT=3 must be/);
   assert.throws(() => checkGdnStep({ ...c, SPLIT: 0 }, { bindings, maxTokens: 1 }), /SPLIT=0 must be/);
+  // taps and window are vec4s
+  assert.throws(() => checkGdnConstants({ ...c, K_CONV: 5 }), /K_CONV=5 exceeds 4/);
   assert.throws(() => packGdnParams(0, 0), /token count must be a positive integer/);
   assert.deepEqual([...packGdnParams(7, 3)], [7, 3]);
   bufs.forEach((b) => b.destroy());

@@ -1,0 +1,291 @@
+// gdn_step v1 (bench/gdn_step.ts only): the decode kernel before its named-register rewrite (state, conv taps
+// and window, q/k in function-scope arrays indexed by loop counters), kept to time the engine's against it; its
+// header as it was.
+// gdn_step: n tokens of one gated DeltaNet layer (spec qwen3next.md §8.2-§8.5, §8.7), one sequence, in order:
+//   per v-head h and token t:  ô_h,t = RMSNorm(o_h,t, ssm_norm) ⊙ silu(z_h,t)  with o from the recurrence §8.5
+// Decode is n = 1; prefill is the same code over n tokens, so a prefill of n equals n decode steps bit for bit.
+// Columns (grid z): a batched decode step runs one token of each of several sequences in one dispatch; column c
+// runs exactly the code of a dispatch of its own, on its own slices of every binding (so its bits are a solo
+// step's). Its params are words c·P_COL.. of params: [pos0, n, slot] (P_COL = 0: one column, [pos0, n], slot 0);
+// its x_qkv, z and y start at token c (columns lie as the tokens of a chunk: n must be 1 when there are several),
+// its b and a at word c·BA_COL, its conv ring at word slot·RING_COL and its state at word slot·STATE_COL of
+// the pooled state buffers (all slots of the layer, 256-byte strides).
+//
+// Bindings (f32 unless noted; ne innermost first; t = token of this dispatch, 0 <= t < n):
+//   0 params    u32 ne=[2]: [pos0 (position of token 0), n (token count, >= 1)]
+//   1 x_qkv     ne=[C, n]  pre-conv in-projection output, C = 2·N_K·D_K + N_V·D_V, canonical order q|k|v
+//   2 z         ne=[N_V·D_V, n]  gate input of the gated norm
+//   3 b         ne=[N_V, n] (β logits); BA_GROUPED: ne=[2·N_V, n], the raw qwen3next ssm_ba output U
+//   4 a         ne=[N_V, n] (α logits); BA_GROUPED: the same U as b (bind the buffer twice)
+//   5 conv_w    ne=[K_CONV, C]  ssm_conv1d: W[ch][k] = conv_w[k + K_CONV·ch], tap K_CONV-1 = current token
+//   6 dt_bias   ne=[N_V]   ssm_dt.bias
+//   7 ssm_a     ne=[N_V]   ssm_a (= -exp(A_log), negative)
+//   8 norm_w    ne=[D_V]   ssm_norm.weight, shared by all heads
+//   9 conv_ring ne=[C, K_CONV] read_write: slot s = pos mod K_CONV holds the pre-conv x_qkv of that position.
+//                 Reads: slots of pos0-K_CONV+1 .. pos0-1 (zero for a fresh sequence: the engine clears it).
+//                 Writes: only when n == 1, slot pos0 mod K_CONV (read by no one in this step); for n > 1 run
+//                 gdn_conv_ring after this dispatch. Each q/k channel has one writer workgroup (see below).
+//  10 state     ne=[D_K, D_V, N_V] read_write, transposed: state[(h·D_V + j)·D_K + i] = S_h[i][j] (spec §8.5)
+//  11 y         ne=[N_V·D_V, n]  ô, v-heads in file order (input of ssm_out)
+//
+// Constants: N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32 (RMS eps, also the L2-norm floor);
+//   KAPPA_TILED: bool (true: κ(h) = h mod N_K, qwen35moe; false: κ(h) = floor(h / (N_V/N_K)), qwen3next, §9);
+//   BA_GROUPED: bool (true: b[h] = U[2r·floor(h/r) + h mod r], a[h] = U[2r·floor(h/r) + r + h mod r], §8.1).
+//   SPLIT: u32 (workgroups per v-head, each owning D_V / SPLIT state columns; > 1 writes o before the gated norm
+//   to y, and gdn_chunk_norm must run after this dispatch);
+//   A_OFF: u32 (not BA_GROUPED: a[h] of token t at word t·N_V + h + A_OFF of its binding; 0 for a buffer of its own,
+//   N_V for a decode whose a follows b in one buffer bound twice; 0 when BA_GROUPED).
+//   P_COL, BA_COL, RING_COL, STATE_COL: u32 (column strides above, in words; all 0 for one column).
+// Limits: STATE_COL % 4 == 0; N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % (16·SPLIT) == 0, D_V <= 128 (workgroup storage, ~21 KiB at
+// D_K = D_V = 128, stays under lavapipe's 32 KiB); K_CONV >= 1.
+//
+// Grid (N_V, SPLIT, columns): workgroup (h, s, c) owns, in column c, columns s·D_V/SPLIT.. of v-head h's state for all n tokens (a
+// column's recurrence needs no other column; only the gated norm spans the head, hence gdn_chunk_norm after
+// a split step). With SPLIT = 1 the norm runs here. It computes the conv + SiLU of its key head's 2·D_K q/k
+// channels (repeated by the r workgroups sharing κ(h); the one with h mod r == 0, or h < N_K when tiled, and
+// s == 0, writes their ring slot) and of its D_V v channels; local channel lc = lid + 256·i is owned by one
+// invocation for all tokens, which keeps its taps and conv window in registers. Invocation (il = lid % 16,
+// jg = lid / 16) holds S_h columns j = j0 + jg + 16·c (c < D_V/(16·SPLIT), j0 the workgroup's first), rows i
+// in the vec4s il + 16·m (m < D_K/64),
+// in registers for the whole token loop; dots over i are summed across the 16 lanes in workgroup memory.
+// The next token's inputs are loaded while the current one is processed (global latency off the chain).
+// Recurrence per token: one pass reads u = S_oldᵀk̂ and w = S_oldᵀq, then δ = β(v − decay·u),
+// o = decay·w + δ·(k̂·q), S = decay·S_old + k̂δᵀ: algebraically spec §8.5's order (decay, read, delta, write,
+// read after the write), as in llama.cpp's fused kernel; it saves one reduction round per token.
+
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+@group(0) @binding(1) var<storage, read> x_qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> z: array<f32>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> a: array<f32>;
+@group(0) @binding(5) var<storage, read> conv_w: array<f32>;
+@group(0) @binding(6) var<storage, read> dt_bias: array<f32>;
+@group(0) @binding(7) var<storage, read> ssm_a: array<f32>;
+@group(0) @binding(8) var<storage, read> norm_w: array<f32>;
+@group(0) @binding(9) var<storage, read_write> conv_ring: array<f32>;
+@group(0) @binding(10) var<storage, read_write> state: array<vec4<f32>>;
+@group(0) @binding(11) var<storage, read_write> y: array<f32>;
+
+const WG: u32 = 256u;
+const LANES: u32 = 16u;
+const JG: u32 = WG / LANES;
+const COLS: u32 = D_V / SPLIT; // state columns (v channels) of one workgroup
+const NJ: u32 = COLS / JG;
+const M4: u32 = D_K / (4u * LANES);
+const R: u32 = N_V / N_K;
+const C_CH: u32 = 2u * N_K * D_K + N_V * D_V;
+const Y_W: u32 = N_V * D_V;
+const LOC_CH: u32 = 2u * D_K + D_V;
+const RED_W: u32 = COLS + 1u; // padded row of the lane partials: spreads the lanes over memory banks
+const NCH: u32 = (LOC_CH + WG - 1u) / WG; // local channels per invocation
+
+var<workgroup> qs: array<f32, D_K>;
+var<workgroup> ks: array<f32, D_K>;
+var<workgroup> vs: array<f32, D_V>;
+var<workgroup> delta: array<f32, D_V>;
+var<workgroup> red: array<vec2<f32>, LANES * RED_W>;
+var<workgroup> red_kq: array<f32, LANES>;
+var<workgroup> sum_a: array<vec2<f32>, WG>;
+var<workgroup> sum_b: array<vec2<f32>, 16>;
+
+// Sum of v over the workgroup, returned to every invocation. Two barriers; safe to call back to back: sum_a
+// is rewritten only after all its readers passed the second barrier, sum_b only after the next first one.
+fn wg_sum(v: vec2<f32>, lid: u32) -> vec2<f32> {
+  sum_a[lid] = v;
+  workgroupBarrier();
+  if (lid < 16u) {
+    var s = vec2<f32>(0.0);
+    for (var i = 0u; i < 16u; i++) {
+      s += sum_a[i * 16u + lid];
+    }
+    sum_b[lid] = s;
+  }
+  workgroupBarrier();
+  var t = vec2<f32>(0.0);
+  for (var i = 0u; i < 16u; i++) {
+    t += sum_b[i];
+  }
+  return t;
+}
+
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let h = wid.x;
+  let j0 = wid.y * COLS; // first column of this workgroup
+  let col = wid.z;
+  let pos0 = params[col * P_COL];
+  let n = params[col * P_COL + 1u];
+  var slot = 0u;
+  if (P_COL > 0u) {
+    slot = params[col * P_COL + 2u];
+  }
+  // Column c's slices: inputs and y from token c, b and a from column c, conv ring and state from the slot's.
+  let xb = col * C_CH;
+  let yb = col * Y_W;
+  let bab = col * BA_COL;
+  let rb = slot * RING_COL;
+  let sb = slot * (STATE_COL / 4u);
+  var g = h / R;
+  var qk_writer = h % R == 0u;
+  if (KAPPA_TILED) {
+    g = h % N_K;
+    qk_writer = h < N_K;
+  }
+  let il = lid % LANES;
+  let jg = lid / LANES;
+  var a_off = A_OFF;
+  if (BA_GROUPED) {
+    a_off = R;
+  }
+
+  // Loads that do not depend on each other, issued together: state, conv taps and window, token 0's inputs.
+  var st: array<vec4<f32>, NJ * M4>;
+  for (var c = 0u; c < NJ; c++) {
+    let row = sb + (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
+    for (var m = 0u; m < M4; m++) {
+      st[c * M4 + m] = state[row + LANES * m];
+    }
+  }
+  var chs: array<u32, NCH>;
+  var taps: array<f32, NCH * K_CONV>;
+  var win: array<f32, NCH * K_CONV>; // win[i·K + k]: input at tap k of the current token's window
+  var xn: array<f32, NCH>;
+  for (var i = 0u; i < NCH; i++) {
+    let lc = lid + WG * i;
+    if (lc < LOC_CH) {
+      let ch = gdn_channel(lc, g, h);
+      chs[i] = ch;
+      for (var k = 0u; k < K_CONV; k++) {
+        taps[i * K_CONV + k] = conv_w[ch * K_CONV + k];
+      }
+      // tap k < K-1 of token 0 is position pos0 - (K-1) + k, in ring slot (pos0 + k + 1) mod K
+      for (var k = 0u; k + 1u < K_CONV; k++) {
+        win[i * K_CONV + k] = conv_ring[rb + ((pos0 + k + 1u) % K_CONV) * C_CH + ch];
+      }
+      xn[i] = x_qkv[xb + ch];
+    }
+  }
+  let dtb = dt_bias[h];
+  let sa = ssm_a[h];
+  let jo = min(lid, D_V - 1u); // invocations past D_V load a valid element and never use it
+  let nw = norm_w[jo];
+  var bn = b[bab + gdn_ba_index(0u, h)];
+  var an = a[bab + gdn_ba_index(0u, h) + a_off];
+  var zn = z[yb + h * D_V + jo];
+
+  for (var t = 0u; t < n; t++) {
+    let p = pos0 + t;
+    let xc = xn;
+    let bv = bn;
+    let av = an;
+    let zc = zn;
+    if (t + 1u < n) {
+      for (var i = 0u; i < NCH; i++) {
+        if (lid + WG * i < LOC_CH) {
+          xn[i] = x_qkv[xb + (t + 1u) * C_CH + chs[i]];
+        }
+      }
+      bn = b[bab + gdn_ba_index(t + 1u, h)];
+      an = a[bab + gdn_ba_index(t + 1u, h) + a_off];
+      zn = z[yb + (t + 1u) * Y_W + h * D_V + jo];
+    }
+
+    // §8.3 conv + SiLU; the window then slides by one token
+    var sq = vec2<f32>(0.0);
+    for (var i = 0u; i < NCH; i++) {
+      let lc = lid + WG * i;
+      if (lc < LOC_CH) {
+        win[i * K_CONV + K_CONV - 1u] = xc[i];
+        var acc = 0.0;
+        for (var k = 0u; k < K_CONV; k++) {
+          acc += taps[i * K_CONV + k] * win[i * K_CONV + k];
+        }
+        for (var k = 0u; k + 1u < K_CONV; k++) {
+          win[i * K_CONV + k] = win[i * K_CONV + k + 1u];
+        }
+        let yv = acc / (1.0 + exp(-acc));
+        if (lc < D_K) {
+          qs[lc] = yv;
+          sq.x += yv * yv;
+        } else if (lc < 2u * D_K) {
+          ks[lc - D_K] = yv;
+          sq.y += yv * yv;
+        } else {
+          vs[lc - 2u * D_K] = yv;
+        }
+        if (n == 1u && (lc >= 2u * D_K || qk_writer) && j0 == 0u) {
+          conv_ring[rb + (p % K_CONV) * C_CH + chs[i]] = xc[i];
+        }
+      }
+    }
+    // §8.4: q̂ = q/max(‖q‖, ε)/√D_K, k̂ = k/max(‖k‖, ε); folded into the lane's register copies below.
+    let ss = wg_sum(sq, lid);
+    let rq = 1.0 / (max(sqrt(ss.x), EPS) * sqrt(f32(D_K)));
+    let rk = 1.0 / max(sqrt(ss.y), EPS);
+    // §8.2 gates
+    let beta = 1.0 / (1.0 + exp(-bv));
+    let decay = exp(sa * gdn_softplus(av + dtb));
+
+    var k4: array<vec4<f32>, M4>;
+    var q4: array<vec4<f32>, M4>;
+    var kq = 0.0;
+    for (var m = 0u; m < M4; m++) {
+      let i = 4u * (il + LANES * m);
+      k4[m] = vec4<f32>(ks[i], ks[i + 1u], ks[i + 2u], ks[i + 3u]) * rk;
+      q4[m] = vec4<f32>(qs[i], qs[i + 1u], qs[i + 2u], qs[i + 3u]) * rq;
+      kq += dot(k4[m], q4[m]);
+    }
+    if (jg == 0u) {
+      red_kq[il] = kq;
+    }
+    // lane partials of u = S_oldᵀk̂ and w = S_oldᵀq
+    for (var c = 0u; c < NJ; c++) {
+      var uw = vec2<f32>(0.0);
+      for (var m = 0u; m < M4; m++) {
+        uw += vec2<f32>(dot(st[c * M4 + m], k4[m]), dot(st[c * M4 + m], q4[m]));
+      }
+      red[il * RED_W + jg + JG * c] = uw;
+    }
+    workgroupBarrier();
+    var o = 0.0;
+    if (lid < COLS) {
+      var uw = vec2<f32>(0.0);
+      var kq_all = 0.0;
+      for (var l = 0u; l < LANES; l++) {
+        uw += red[l * RED_W + lid];
+        kq_all += red_kq[l];
+      }
+      let d = beta * (vs[j0 + lid] - decay * uw.x);
+      delta[lid] = d;
+      o = decay * uw.y + d * kq_all;
+    }
+    if (SPLIT == 1u) {
+      // §8.7 gated RMSNorm; the barriers inside also publish delta
+      let so = wg_sum(vec2<f32>(o * o, 0.0), lid);
+      if (lid < D_V) {
+        let inv_rms = 1.0 / sqrt(so.x / f32(D_V) + EPS);
+        y[yb + t * Y_W + h * D_V + lid] = o * inv_rms * nw * (zc / (1.0 + exp(-zc)));
+      }
+    } else {
+      // o as it is (gdn_chunk_norm applies §8.7 after this dispatch); the barrier publishes delta
+      workgroupBarrier();
+      if (lid < COLS) {
+        y[yb + t * Y_W + h * D_V + j0 + lid] = o;
+      }
+    }
+    for (var c = 0u; c < NJ; c++) {
+      let d = delta[jg + JG * c];
+      for (var m = 0u; m < M4; m++) {
+        st[c * M4 + m] = decay * st[c * M4 + m] + k4[m] * d;
+      }
+    }
+  }
+
+  for (var c = 0u; c < NJ; c++) {
+    let row = sb + (h * D_V + j0 + jg + JG * c) * (D_K / 4u) + il;
+    for (var m = 0u; m < M4; m++) {
+      state[row + LANES * m] = st[c * M4 + m];
+    }
+  }
+}

@@ -6,7 +6,8 @@
  * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]
  * [--split 1,2,4,8]` (`--split`: `gdn_step` with those SPLIT values, plus `gdn_chunk_norm` above 1).
  * `--scan [--scan-n 512,2048] [--quick]`: instead, `gdn_chunk_prep` beside its version before phase 4's named
- * registers (`bench/_gdn_chunk_prep_v1.wgsl`), then the scan `gdn_chunk` alone in every shape BJ × CJ beside
+ * registers (`bench/_gdn_chunk_prep_v1.wgsl`) and the one before phases 1 and 5's (conv window, substitution
+ * column: `bench/_gdn_chunk_prep_v2.wgsl`), then the scan `gdn_chunk` alone in every shape BJ × CJ beside
  * the kernel before its rewrite (`bench/_gdn_chunk_v1.wgsl`, "v1"), µs per dispatch (the scans on the same prep
  * output), each line with its max |difference| from v1's output after one dispatch from the same state
  * (`--quick`: n = 64, one repetition, for a check on lavapipe).
@@ -142,6 +143,13 @@ const GDN_CHUNK_PREP_V1: KernelSpec = {
   url: new URL("./_gdn_chunk_prep_v1.wgsl", import.meta.url),
 };
 
+/** The prep before phases 1 and 5 left their loop-indexed private arrays, its header as it was. */
+const GDN_CHUNK_PREP_V2: KernelSpec = {
+  ...GDN_CHUNK_PREP,
+  name: "gdn_chunk_prep_v2",
+  url: new URL("./_gdn_chunk_prep_v2.wgsl", import.meta.url),
+};
+
 const pipes = await prepareGdnChunk(cache, c);
 const state0 = buf(d.state);
 {
@@ -237,13 +245,17 @@ async function compareScans(): Promise<void> {
     const bindings: GdnStepBindings = { ...base, params: buf(2) };
     device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
     const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
-    // prep, v1 then the engine's (whose output the scans read), each with its difference from v1's scratch
+    // prep, v1, v2 then the engine's (whose output the scans read), each with its difference from v1's scratch
     const nb = gdnChunkScratchBytes(c, n);
     let prepRef: Float32Array | undefined;
     let prepV1Us = 0;
-    for (
-      const [variant, pipe] of [["v1", await cache.get(GDN_CHUNK_PREP_V1, c)], ["engine", pipes[0]]] as const
-    ) {
+    let prepV2Us = 0;
+    const preps = [
+      ["v1", await cache.get(GDN_CHUNK_PREP_V1, c)],
+      ["v2", await cache.get(GDN_CHUNK_PREP_V2, c)],
+      ["engine", pipes[0]],
+    ] as const;
+    for (const [variant, pipe] of preps) {
       const group = bindGroup(device, pipe, ds[0]!.bindings);
       const one = (p: GPUComputePassEncoder) => {
         p.setPipeline(pipe);
@@ -254,6 +266,7 @@ async function compareScans(): Promise<void> {
       const got = await readAfter(one, [[scratch.wsQkw, nb.wsQkw], [scratch.wsUp, nb.wsUp]]);
       prepRef ??= got;
       if (variant === "v1") prepV1Us = t;
+      if (variant === "v2") prepV2Us = t;
       line({
         what: "gdn_chunk_prep",
         variant,
@@ -261,6 +274,7 @@ async function compareScans(): Promise<void> {
         us: us(t),
         usPerToken: us(t / n),
         speedupVsV1: Math.round(prepV1Us / t * 100) / 100,
+        speedupVsV2: variant === "v1" ? null : Math.round(prepV2Us / t * 100) / 100,
         maxDiffScratch: maxDiff(got, prepRef),
       });
     }

@@ -18,7 +18,10 @@ import {
 /** Tokens per block of the chunked form (spec §8.6 chunk size); the kernels hard-wire it. */
 export const GDN_CHUNK_TOKENS = 64;
 
-/** Constants of the chunked prefill: the same as `gdn_step`'s, same limits (each kernel takes its subset). */
+/**
+ * Constants of the chunked prefill: the same as `gdn_step`'s, same limits, and K_CONV <= 4 (each kernel takes its
+ * subset).
+ */
 export type GdnChunkConstants = GdnStepConstants;
 
 /** Kernel spec of `gdn_chunk_prep` (constants: all of {@linkcode GdnChunkConstants}). */
@@ -153,12 +156,15 @@ export function checkGdnChunk(
   c: GdnChunkConstants,
   opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number },
 ): void {
+  if (c.K_CONV > 4) {
+    throw new RangeError(
+      `gdn_chunk: K_CONV=${c.K_CONV} exceeds 4 (gdn_chunk_prep keeps each channel's taps and window in one ` +
+        `vec4): this model's ssm.conv_kernel is not supported`,
+    );
+  }
   checkGdnStep(c, opts);
   if (opts.maxTokens > 65535) {
     throw new RangeError(`gdn_chunk: maxTokens=${opts.maxTokens} exceeds 65535 (norm grid): split the chunk`);
-  }
-  if (c.K_CONV > GDN_CHUNK_TOKENS) {
-    throw new RangeError(`gdn_chunk: K_CONV=${c.K_CONV} exceeds the block of ${GDN_CHUNK_TOKENS} tokens`);
   }
   const need = gdnChunkScratchBytes(c, opts.maxTokens);
   for (const name of ["wsQkw", "wsUp"] as const) {

@@ -351,6 +351,10 @@ Deno.test("gdn_chunk: scratch sizes, dispatches and shape checks", async () => {
     () => checkGdnChunk({ ...c, D_V: 40 }, { bindings, scratch, maxTokens: n }),
     /D_V=40 must be a multiple of 16/,
   );
+  assert.throws(
+    () => checkGdnChunk({ ...c, K_CONV: 5 }, { bindings, scratch, maxTokens: n }),
+    /K_CONV=5 exceeds 4/,
+  );
   assert.throws(() => gdnChunkScratchBytes(c, 0), /maxTokens must be a positive integer/);
   bufs.forEach((b) => b.destroy());
 });

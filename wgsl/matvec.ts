@@ -1,5 +1,5 @@
 /**
- * Twin of `matvec.wgsl`: `y[b][n] = Σ_k W[n][k]·x[b][k]` for 1..8 columns, reading packed weights of any
+ * Twin of `matvec.wgsl`: `y[b][n] = Σ_k W[n][k]·x[b][k]` for 1..16 columns (9..16 with XR = 2 only), reading packed weights of any
  * supported type straight from their GGUF block bytes, accumulating in f32.
  *
  * Weight layout decision: raw GGUF blocks, no repacking at upload, so there is no `repackWeights` and the
@@ -43,15 +43,17 @@ export interface MatvecConstants {
   readonly TYPE: number;
   /** Invocations per row team (power of two, 1..256). */
   readonly TEAM: number;
-  /** Rows per team (1..8). */
+  /** Rows per team (1..8; 1..4 with XR = 2). */
   readonly ROWS: number;
-  /** Input columns (1..8). */
+  /** Input columns (1..8; 1..16 with XR = 2). */
   readonly BATCH: number;
   /** Units per loop step (1 or 2; with SR 1, 2, 4 or 8): more keeps more loads in flight. */
   readonly UNROLL: number;
   /**
    * Batched path (BATCH > 1 or ROWS > 4) only: 0 loads each unit's x quads of all columns once and holds them
-   * for all rows; 1 reloads them per row (fewer registers, more L1 reads). Same bits either way.
+   * for all rows in arrays; 1 reloads them per row (fewer registers, more L1 reads); 2 the named path (no
+   * arrays: sums in named vec4s per row and group of 4 columns, each group's x loaded once per unit for all
+   * ROWS ≤ 4 rows; up to 16 columns, reduced in passes). Same bits in every case.
    */
   readonly XR: number;
   /**
@@ -73,8 +75,15 @@ export interface MatvecConstants {
 /** Size of the uniform params block in bytes. */
 export const MATVEC_PARAMS_BYTES = 32;
 
-/** Largest batch: accumulators are ROWS·BATCH registers per invocation. */
-export const MATVEC_MAX_BATCH = 8;
+/**
+ * Largest batch: accumulators are ROWS·BATCH registers per invocation. 9..16 columns take XR = 2 (the other
+ * batched paths hold BATCH·ROWS partials in workgroup memory at once). The engine's decode steps stay at
+ * MATVEC_MAX_COLS (engine/graph/builder.ts) columns per dispatch, independently of this limit.
+ */
+export const MATVEC_MAX_BATCH = 16;
+
+/** Largest batch of the XR = 0 and 1 batched paths. */
+export const MATVEC_MAX_BATCH_ARRAYS = 8;
 
 /** One matvec problem: W ne=[k, n] of `type`, x ne=[k, batch], y ne=[n, batch], as slices of bindings. */
 export interface MatvecShape {
@@ -84,7 +93,7 @@ export interface MatvecShape {
   readonly k: number;
   /** Rows N. */
   readonly n: number;
-  /** Columns (1..8). */
+  /** Columns (1..16; above 8 with XR = 2). */
   readonly batch: number;
   /** Byte offset of row 0 in the weight binding (multiple of 4; default 0). */
   readonly wOffsetBytes?: number;
@@ -130,7 +139,8 @@ export interface MatvecOp {
  * "rows in vec4 components"): TEAM = the largest power of two ≤ K/8 (units per row) and ≤ 32, or 64 from
  * K = 4096; batch 1 uses ROWS = 4 with UNROLL 1 from N = 8192 (rows share x quads), else ROWS = 1 from
  * K = 2048 (more workgroups) and ROWS = 4 below (short rows need more rows per workgroup); batches use
- * ROWS = 1 with XR = 1 (x reloaded per row) and UNROLL = 1; UNROLL = 2 elsewhere.
+ * ROWS = 1 with XR = 1 (x reloaded per row) and UNROLL = 1, above 8 columns (which only XR = 2 takes) ROWS = 1
+ * with XR = 2; UNROLL = 2 elsewhere.
  */
 export function matvecConstants(
   shape: MatvecShape,
@@ -140,7 +150,7 @@ export function matvecConstants(
     unroll?: number;
     /** The strength-reduced batch-1 loop (SR = 1; see {@linkcode MatvecConstants.SR}); default off. */
     sr?: boolean;
-    /** x reloaded per row in the batched path ({@linkcode MatvecConstants.XR}); default 0. */
+    /** The batched path's x handling ({@linkcode MatvecConstants.XR}): 0, 1 or 2 (named). */
     xr?: number;
     norm?: { eps: number };
     acc?: boolean;
@@ -174,7 +184,7 @@ export function matvecConstants(
     ROWS: rows,
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? (tall || batched ? 1 : 2),
-    XR: opts.xr ?? (batched ? 1 : 0),
+    XR: opts.xr ?? (shape.batch > MATVEC_MAX_BATCH_ARRAYS ? 2 : batched ? 1 : 0),
     SR: opts.sr ? 1 : 0,
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,
@@ -214,6 +224,20 @@ export function checkMatvecSr(c: MatvecConstants): void {
     [1, 2, 4, 8].includes(c.UNROLL),
     `Kernel matvec: UNROLL=${c.UNROLL} with SR=1 must be 1, 2, 4 or 8`,
   );
+}
+
+/**
+ * Columns whose partials workgroup memory holds at once: BATCH, or with XR = 2 the columns of one reduction
+ * pass (NB_P in matvec.wgsl: whole groups of 4 columns within 30 KiB).
+ */
+export function matvecPassColumns(c: MatvecConstants): number {
+  if (c.XR !== 2) return c.BATCH;
+  return Math.min(4 * Math.ceil(c.BATCH / 4), Math.max(4, 4 * Math.floor(Math.floor(30 / c.ROWS) / 4)));
+}
+
+/** Workgroup memory of a variant in bytes (partials, the IQ4 table's 2 KiB, the norm's 1 KiB). */
+export function matvecWorkgroupBytes(c: MatvecConstants): number {
+  return 4 * 256 * c.ROWS * matvecPassColumns(c) + 2048 + (c.NORM ? 1024 : 0);
 }
 
 /** Rows one workgroup owns. */
@@ -256,14 +280,21 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkShape(isPow2(c.TEAM) && c.TEAM <= 256, `Kernel matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`);
   checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
+  checkInt("Kernel matvec: XR", c.XR, 0, 2);
+  checkShape(
+    c.XR === 2 || c.BATCH <= MATVEC_MAX_BATCH_ARRAYS,
+    `Kernel matvec: BATCH=${c.BATCH} above ${MATVEC_MAX_BATCH_ARRAYS} needs XR=2, not XR=${c.XR}`,
+  );
+  checkShape(c.XR !== 2 || c.ROWS <= 4, `Kernel matvec: XR=2 takes ROWS 1..4, not ROWS=${c.ROWS}`);
   checkMatvecSr(c);
   checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
   checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
   checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(
-    4 * 256 * c.ROWS * c.BATCH + 2048 + (c.NORM ? 1024 : 0) <= 32768,
-    `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS`,
+    matvecWorkgroupBytes(c) <= 32768,
+    `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS ` +
+      `or use XR=2`,
   );
   checkShape(shape.batch === c.BATCH, `Kernel matvec: shape batch ${shape.batch} but BATCH=${c.BATCH}`);
   checkInt("Kernel matvec: n", shape.n, 1, 2 ** 31);

@@ -28,12 +28,20 @@
 // all their loads before any math. The sum order is the SR = 0 order (units t, t + TEAM, ... added one by
 // one into one scalar) and each unit's value is the same expression, so SR = 1 equals SR = 0 bit for bit
 // (given the same TEAM).
-// Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8),
-//   const BATCH: u32 (1..8), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2, 4 or 8),
-//   const XR: u32 (batched path: 1 reloads the x quads per row instead of holding all columns' for the rows),
-//   const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1), const EPS: f32 (the norm's
-//   epsilon).
-// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·BATCH + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB.
+// XR = 2 (batched, named; ROWS ≤ 4, BATCH ≤ 16): no function-scope arrays (the H200 keeps loop-indexed ones in
+// local memory, docs/PERF.md). Row bases sit in a vec4<u32>, sums in named vec4s a<r><g> (row r, columns
+// 4g..4g+3; NbAcc). Per unit each row's scales and quads are decoded once, then column group after column
+// group (written out, `if (BATCH > 4u)` ...) the group's x quads are loaded once and applied to every row. Each
+// (row, column) still adds its units one by one in the order t, t + TEAM, ... through rows_dot, and the
+// reduction is the same two levels, so every column equals its solo step bit for bit (same TEAM). The partials
+// of NB_P columns (whole groups within 30 KiB) are reduced per pass, reusing the workgroup memory.
+// Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8; XR 2:
+//   1..4), const BATCH: u32 (1..8; XR 2: 1..16), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2,
+//   4 or 8), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1 reloads them
+//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1),
+//   const EPS: f32 (the norm's epsilon).
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB
+// (PART_COLS: BATCH, or NB_P with XR 2).
 
 struct Params {
   k: u32,
@@ -67,13 +75,22 @@ fn x_quad(xb: u32, e: u32) -> vec4<f32> {
 
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
-const OUTS: u32 = WG_ROWS * BATCH;
 // First reduction level: each of OUTS · GROUPS sums adds TEAM / GROUPS partials; the second adds GROUPS.
 const GROUPS: u32 = select(1u, TEAM / 8u, TEAM >= 8u);
 const GROUP_LEN: u32 = TEAM / GROUPS;
 
-// partial[(b · WG_ROWS + local row) · TEAM + t]; after level 1, group sums at partial[o · TEAM + g · GROUP_LEN].
-var<workgroup> partial: array<f32, WG * ROWS * BATCH>;
+// XR = 2: columns per reduction pass, whole groups of 4 within 30 KiB of partials (the IQ4 table takes 2 KiB of
+// the 32): ROWS 1 up to 16 (one pass at 16 columns), ROWS 2 12, ROWS 3 8, ROWS 4 4; and the passes.
+const NB_P: u32 = min(4u * ((BATCH + 3u) / 4u), max(4u, 4u * ((30u / ROWS) / 4u)));
+const NB_PASSES: u32 = (BATCH + NB_P - 1u) / NB_P;
+// Column groups of 4 per pass.
+const NB_GPP: u32 = NB_P / 4u;
+// Columns whose partials workgroup memory holds at once.
+const PART_COLS: u32 = select(BATCH, NB_P, XR == 2u);
+
+// partial[(b · WG_ROWS + local row) · TEAM + t] (b the column within the reduction pass); after level 1, group
+// sums at partial[o · TEAM + g · GROUP_LEN].
+var<workgroup> partial: array<f32, WG * ROWS * PART_COLS>;
 
 fn weight_word(i: u32) -> u32 {
   return weights[i];
@@ -130,6 +147,249 @@ fn unit_rows(u: u32, rb: vec4<u32>) -> vec4<f32> {
   let xl = x_quad(params.x_off, pos.x);
   let xh = x_quad(params.x_off, pos.y);
   return rows_units(rb, c, j, xl, xh, dot(xl, vec4<f32>(1.0)), dot(xh, vec4<f32>(1.0)));
+}
+
+// XR = 2: one row's decoded unit (quant_scales, quant_q's two quads), named.
+struct NbRow {
+  s: vec4<f32>,
+  ql: vec4<f32>,
+  qh: vec4<f32>,
+}
+
+fn nb_row(rb: u32, c: u32, j: u32) -> NbRow {
+  let q = quant_q(rb, c, j);
+  return NbRow(quant_scales(rb, c), q[0], q[1]);
+}
+
+// XR = 2: one unit's x quads of a group of 4 columns (l0 = column 4g's lo quad, ...) and their element sums in
+// the components of sl, sh. Columns ≥ BATCH are zeros and are not loaded.
+struct NbX {
+  l0: vec4<f32>,
+  l1: vec4<f32>,
+  l2: vec4<f32>,
+  l3: vec4<f32>,
+  h0: vec4<f32>,
+  h1: vec4<f32>,
+  h2: vec4<f32>,
+  h3: vec4<f32>,
+  sl: vec4<f32>,
+  sh: vec4<f32>,
+}
+
+// XR = 2: the x quads of unit position `pos` of columns 4g..4g+3 (g is a constant at every call).
+fn nb_x(g: u32, pos: vec2<u32>) -> NbX {
+  var v: NbX;
+  let b = 4u * g;
+  let xb = params.x_off + b * params.x_stride;
+  v.l0 = x_quad(xb, pos.x);
+  v.h0 = x_quad(xb, pos.y);
+  if (b + 1u < BATCH) {
+    v.l1 = x_quad(xb + params.x_stride, pos.x);
+    v.h1 = x_quad(xb + params.x_stride, pos.y);
+  }
+  if (b + 2u < BATCH) {
+    v.l2 = x_quad(xb + 2u * params.x_stride, pos.x);
+    v.h2 = x_quad(xb + 2u * params.x_stride, pos.y);
+  }
+  if (b + 3u < BATCH) {
+    v.l3 = x_quad(xb + 3u * params.x_stride, pos.x);
+    v.h3 = x_quad(xb + 3u * params.x_stride, pos.y);
+  }
+  let one = vec4<f32>(1.0);
+  v.sl = vec4<f32>(dot(v.l0, one), dot(v.l1, one), dot(v.l2, one), dot(v.l3, one));
+  v.sh = vec4<f32>(dot(v.h0, one), dot(v.h1, one), dot(v.h2, one), dot(v.h3, one));
+  return v;
+}
+
+// XR = 2: `a` plus a decoded row unit times the 4 columns of group g (component k: column 4g + k; those past
+// BATCH stay as they are), each added on its own through rows_dot: the arithmetic of the solo step. Add per
+// component: `a += vec4(v0, v1, v2, v3)` with v built from vec4(v0, 0, 0, 0) gave column 0 other bits than
+// the solo step on lavapipe (ROWS ≥ 2, two or more units per invocation).
+fn nb_add(a: vec4<f32>, d: NbRow, x4: NbX, g: u32) -> vec4<f32> {
+  var v = a;
+  v.x += rows_dot(d.s, d.ql, d.qh, x4.l0, x4.h0, x4.sl.x, x4.sh.x);
+  if (4u * g + 1u < BATCH) {
+    v.y += rows_dot(d.s, d.ql, d.qh, x4.l1, x4.h1, x4.sl.y, x4.sh.y);
+  }
+  if (4u * g + 2u < BATCH) {
+    v.z += rows_dot(d.s, d.ql, d.qh, x4.l2, x4.h2, x4.sl.z, x4.sh.z);
+  }
+  if (4u * g + 3u < BATCH) {
+    v.w += rows_dot(d.s, d.ql, d.qh, x4.l3, x4.h3, x4.sl.w, x4.sh.w);
+  }
+  return v;
+}
+
+// XR = 2: the invocation's sums, named: a<r><g> holds row r (of the team's ROWS) times columns 4g..4g+3.
+struct NbAcc {
+  a00: vec4<f32>,
+  a01: vec4<f32>,
+  a02: vec4<f32>,
+  a03: vec4<f32>,
+  a10: vec4<f32>,
+  a11: vec4<f32>,
+  a12: vec4<f32>,
+  a13: vec4<f32>,
+  a20: vec4<f32>,
+  a21: vec4<f32>,
+  a22: vec4<f32>,
+  a23: vec4<f32>,
+  a30: vec4<f32>,
+  a31: vec4<f32>,
+  a32: vec4<f32>,
+  a33: vec4<f32>,
+}
+
+// XR = 2: adds unit u of the team's ROWS (≤ 4) rows at bytes rb.x, rb.y, ... times every column to `acc`. Each
+// row's unit is decoded once; then column group after column group, the group's x quads are loaded once and
+// applied to every row from registers. Nothing lives in an array (docs/PERF.md: the H200 keeps loop-indexed
+// arrays in local memory).
+fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
+  let c = u / 4u;
+  let j = u % 4u;
+  let pos = quant_pos(c, j);
+  let d0 = nb_row(rb.x, c, j);
+  var d1 = d0;
+  var d2 = d0;
+  var d3 = d0;
+  if (ROWS >= 2u) {
+    d1 = nb_row(rb.y, c, j);
+  }
+  if (ROWS >= 3u) {
+    d2 = nb_row(rb.z, c, j);
+  }
+  if (ROWS >= 4u) {
+    d3 = nb_row(rb.w, c, j);
+  }
+  {
+    let x4 = nb_x(0u, pos);
+    (*acc).a00 = nb_add((*acc).a00, d0, x4, 0u);
+    if (ROWS >= 2u) {
+      (*acc).a10 = nb_add((*acc).a10, d1, x4, 0u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a20 = nb_add((*acc).a20, d2, x4, 0u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a30 = nb_add((*acc).a30, d3, x4, 0u);
+    }
+  }
+  if (BATCH > 4u) {
+    let x4 = nb_x(1u, pos);
+    (*acc).a01 = nb_add((*acc).a01, d0, x4, 1u);
+    if (ROWS >= 2u) {
+      (*acc).a11 = nb_add((*acc).a11, d1, x4, 1u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a21 = nb_add((*acc).a21, d2, x4, 1u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a31 = nb_add((*acc).a31, d3, x4, 1u);
+    }
+  }
+  if (BATCH > 8u) {
+    let x4 = nb_x(2u, pos);
+    (*acc).a02 = nb_add((*acc).a02, d0, x4, 2u);
+    if (ROWS >= 2u) {
+      (*acc).a12 = nb_add((*acc).a12, d1, x4, 2u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a22 = nb_add((*acc).a22, d2, x4, 2u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a32 = nb_add((*acc).a32, d3, x4, 2u);
+    }
+  }
+  if (BATCH > 12u) {
+    let x4 = nb_x(3u, pos);
+    (*acc).a03 = nb_add((*acc).a03, d0, x4, 3u);
+    if (ROWS >= 2u) {
+      (*acc).a13 = nb_add((*acc).a13, d1, x4, 3u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a23 = nb_add((*acc).a23, d2, x4, 3u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a33 = nb_add((*acc).a33, d3, x4, 3u);
+    }
+  }
+}
+
+// XR = 2: writes row r's sums of column group g (a vec4: columns 4g..4g+3, those < BATCH) into the partials of
+// reduction pass p, if the group belongs to it.
+fn nb_put(p: u32, g: u32, r: u32, team: u32, t: u32, a: vec4<f32>) {
+  if (g / NB_GPP != p || 4u * g >= BATCH || r >= ROWS) {
+    return;
+  }
+  let b = 4u * (g % NB_GPP);
+  let at = (b * WG_ROWS + team * ROWS + r) * TEAM + t;
+  partial[at] = a.x;
+  if (4u * g + 1u < BATCH) {
+    partial[at + WG_ROWS * TEAM] = a.y;
+  }
+  if (4u * g + 2u < BATCH) {
+    partial[at + 2u * WG_ROWS * TEAM] = a.z;
+  }
+  if (4u * g + 3u < BATCH) {
+    partial[at + 3u * WG_ROWS * TEAM] = a.w;
+  }
+}
+
+// XR = 2: all of the invocation's sums of reduction pass p into the partials.
+fn nb_put_pass(p: u32, team: u32, t: u32, acc: NbAcc) {
+  nb_put(p, 0u, 0u, team, t, acc.a00);
+  nb_put(p, 0u, 1u, team, t, acc.a10);
+  nb_put(p, 0u, 2u, team, t, acc.a20);
+  nb_put(p, 0u, 3u, team, t, acc.a30);
+  nb_put(p, 1u, 0u, team, t, acc.a01);
+  nb_put(p, 1u, 1u, team, t, acc.a11);
+  nb_put(p, 1u, 2u, team, t, acc.a21);
+  nb_put(p, 1u, 3u, team, t, acc.a31);
+  nb_put(p, 2u, 0u, team, t, acc.a02);
+  nb_put(p, 2u, 1u, team, t, acc.a12);
+  nb_put(p, 2u, 2u, team, t, acc.a22);
+  nb_put(p, 2u, 3u, team, t, acc.a32);
+  nb_put(p, 3u, 0u, team, t, acc.a03);
+  nb_put(p, 3u, 1u, team, t, acc.a13);
+  nb_put(p, 3u, 2u, team, t, acc.a23);
+  nb_put(p, 3u, 3u, team, t, acc.a33);
+}
+
+// The two-level reduction of the partials of `cols` columns (columns col0.. of y) and the stores; starts with
+// the barrier after the partials' writes. The rotation of level 1 starts at (local row · GROUPS + g) mod
+// GROUP_LEN whatever the column or the pass (WG_ROWS · GROUPS is a multiple of GROUP_LEN), so each row's sum
+// takes the same order in every path and batch.
+fn reduce_store(wg: u32, lid: u32, cols: u32, col0: u32) {
+  workgroupBarrier();
+  let outs = WG_ROWS * cols;
+  // Level 1: sum runs of GROUP_LEN partials in place (the walk starts at a rotating offset so that the
+  // invocations spread over the banks).
+  for (var i = lid; i < outs * GROUPS; i += WG) {
+    let base = i * GROUP_LEN;
+    var s = 0.0;
+    for (var e = 0u; e < GROUP_LEN; e++) {
+      s += partial[base + ((e + i) % GROUP_LEN)];
+    }
+    partial[base] = s;
+  }
+  workgroupBarrier();
+  for (var o = lid; o < outs; o += WG) {
+    let b = col0 + o / WG_ROWS;
+    let rl = o % WG_ROWS;
+    let row = wg * WG_ROWS + rl;
+    var s = 0.0;
+    for (var g = 0u; g < GROUPS; g++) {
+      s += partial[o * TEAM + g * GROUP_LEN];
+    }
+    if (row < params.n && b < BATCH) {
+      let at = params.y_off + b * params.y_stride + row;
+      if (ACC == 1u) {
+        y[at] = y[at] + s;
+      } else {
+        y[at] = s;
+      }
+    }
+  }
 }
 
 // SR = 1: where an invocation's units sit in their blocks, the same for all of its units.
@@ -302,6 +562,32 @@ fn main(
   // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
   // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
   // Units are added in the order t, t + TEAM, ... in every path.
+  if (XR == 2u) {
+    // Named accumulators, x of a column group loaded once per unit for the team's rows (nb_unit); the
+    // partials are reduced in NB_PASSES passes of NB_P columns, reusing workgroup memory.
+    let last = params.n - 1u;
+    let rb4 = params.w_off + min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * params.row_bytes;
+    var acc: NbAcc;
+    var u = t;
+    if (UNROLL == 2u) {
+      for (; u + TEAM < n_units; u += 2u * TEAM) {
+        nb_unit(u, rb4, &acc);
+        nb_unit(u + TEAM, rb4, &acc);
+      }
+    }
+    for (; u < n_units; u += TEAM) {
+      nb_unit(u, rb4, &acc);
+    }
+    for (var p = 0u; p < NB_PASSES; p++) {
+      if (p > 0u) {
+        // The previous pass's stores read the partials.
+        workgroupBarrier();
+      }
+      nb_put_pass(p, team, t, acc);
+      reduce_store(wg, lid, NB_P, p * NB_P);
+    }
+    return;
+  }
   if (BATCH == 1u && ROWS <= 4u) {
     // Batch 1, ROWS ≤ 4: array-free (row bases and sums in vec4 components; small arrays cost registers or
     // local memory on some drivers, docs/PERF.md), each x quad loaded once for the team's rows. SR = 1
@@ -353,33 +639,5 @@ fn main(
       }
     }
   }
-  workgroupBarrier();
-  // Level 1: sum runs of GROUP_LEN partials in place (the walk starts at a rotating offset so that the
-  // invocations spread over the banks).
-  for (var i = lid; i < OUTS * GROUPS; i += WG) {
-    let base = i * GROUP_LEN;
-    var s = 0.0;
-    for (var e = 0u; e < GROUP_LEN; e++) {
-      s += partial[base + ((e + i) % GROUP_LEN)];
-    }
-    partial[base] = s;
-  }
-  workgroupBarrier();
-  for (var o = lid; o < OUTS; o += WG) {
-    let b = o / WG_ROWS;
-    let rl = o % WG_ROWS;
-    let row = wg * WG_ROWS + rl;
-    var s = 0.0;
-    for (var g = 0u; g < GROUPS; g++) {
-      s += partial[o * TEAM + g * GROUP_LEN];
-    }
-    if (row < params.n) {
-      let at = params.y_off + b * params.y_stride + row;
-      if (ACC == 1u) {
-        y[at] = y[at] + s;
-      } else {
-        y[at] = s;
-      }
-    }
-  }
+  reduce_store(wg, lid, BATCH, 0u);
 }

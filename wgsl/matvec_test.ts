@@ -8,11 +8,13 @@ import { QUANT_TYPES } from "./_quant.ts";
 import {
   checkMatvec,
   encodeMatvec,
+  MATVEC_MAX_BATCH,
   MATVEC_PARAMS_BYTES,
   type MatvecConstants,
   matvecConstants,
   matvecParams,
   type MatvecShape,
+  matvecWorkgroupBytes,
   prepareMatvec,
 } from "./matvec.ts";
 import assert from "node:assert/strict";
@@ -416,4 +418,166 @@ Deno.test("matvecConstants: TEAM follows K and N only (a batched step sums each 
   // Short matrices get a wider team (H200 sweep), tall ones keep 32.
   assert.equal(matvecConstants({ type: "F32", k: 2048, n: 257, batch: 1 }).TEAM, 128);
   assert.equal(matvecConstants({ type: "IQ4_XS", k: 2048, n: 131072, batch: 1 }).TEAM, 32);
+});
+
+Deno.test("matvec XR=2 (named sums, up to 16 columns) matches the reference and each column's solo run bit for bit", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  // Types with and without a min; ROWS 1-4 (one pass at 16 columns with ROWS 1; 12 + 4 with ROWS 2; 4 passes of
+  // one group with ROWS 4); TEAM 4 (K = 32, level 1 of the reduction over whole teams) to 128; 1 to 4 units per
+  // invocation (K = 2304: 3 for some, 2 for others); batches that leave the last group partial (5, 13, 6);
+  // UNROLL 1 and 2; N not a multiple of the rows per workgroup; the last case a slice (weight offset, padded x
+  // and y strides, offsets).
+  const base = [
+    { type: "IQ4_XS", k: 4096, n: 37, batch: 16, rows: 1, unroll: 1 },
+    { type: "Q6_K", k: 2048, n: 21, batch: 16, rows: 2, unroll: 2 },
+    { type: "Q4_K", k: 2304, n: 13, batch: 13, rows: 4, unroll: 1 },
+    { type: "Q8_0", k: 2048, n: 24, batch: 16, rows: 4, unroll: 2 },
+    { type: "IQ4_XS", k: 2048, n: 40, batch: 8, rows: 2, unroll: 1 },
+    { type: "F16", k: 32, n: 11, batch: 6, rows: 1, unroll: 2 },
+    { type: "F32", k: 96, n: 9, batch: 5, rows: 3, unroll: 1, slice: true },
+  ] as const;
+  const cases = base.map((c) => {
+    const sl = "slice" in c;
+    const shape: MatvecShape = {
+      type: c.type,
+      k: c.k,
+      n: c.n,
+      batch: c.batch,
+      wOffsetBytes: sl ? 4 * rng.int(1, 40) : 0,
+      xOffset: sl ? 8 : 0,
+      xStride: sl ? c.k + 4 : c.k,
+      yOffset: sl ? 3 : 0,
+      yStride: sl ? c.n + 2 : c.n,
+    };
+    return { c, shape, constants: matvecConstants(shape, { rows: c.rows, unroll: c.unroll, xr: 2 }) };
+  });
+  const slots = cases.reduce((s, c) => s + 1 + c.c.batch, 0);
+  const params = device.createBuffer({
+    size: 256 * slots,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  const created: GPUBuffer[] = [params];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  let slot = 0;
+  const pending: { what: string; y: GPUBuffer; solo: GPUBuffer; ref: Float64Array; mag: Float64Array }[] = [];
+  for (const { c, shape: s, constants } of cases) {
+    const bytes = randomWeights(rng, s.type, s.k, s.n);
+    const wOff = s.wOffsetBytes!;
+    const wAll = new Uint8Array(wOff + bytes.length + 4);
+    wAll.set(bytes, wOff);
+    const xDense = rng.normals(s.k * s.batch);
+    const xAll = new Float32Array(s.xOffset! + s.xStride! * s.batch).fill(Number.NaN); // gaps must not be read
+    for (let b = 0; b < s.batch; b++) {
+      xAll.set(xDense.subarray(b * s.k, (b + 1) * s.k), s.xOffset! + b * s.xStride!);
+    }
+    const yWords = s.yOffset! + s.yStride! * s.batch;
+    const wBuf = upload(device, wAll, "weights");
+    const xBuf = upload(device, xAll, "x");
+    // The batched dispatch, then one batch-1 dispatch per column at its default constants (its TEAM follows K
+    // and N only), into a second buffer of the same layout.
+    const y = poisoned(device, yWords);
+    const solo = poisoned(device, yWords);
+    created.push(wBuf, xBuf, y, solo);
+    const runs: [MatvecShape, MatvecConstants, GPUBuffer][] = [[s, constants, y]];
+    for (let b = 0; b < s.batch; b++) {
+      const one: MatvecShape = {
+        ...s,
+        batch: 1,
+        xOffset: s.xOffset! + b * s.xStride!,
+        yOffset: s.yOffset! + b * s.yStride!,
+      };
+      runs.push([one, matvecConstants(one), solo]);
+    }
+    for (const [shape, k, out] of runs) {
+      device.queue.writeBuffer(params, 256 * slot, matvecParams(shape));
+      encodeMatvec(
+        pass,
+        await prepareMatvec(cache, {
+          device,
+          shape,
+          constants: k,
+          bindings: {
+            params: { buffer: params, offset: 256 * slot, size: MATVEC_PARAMS_BYTES },
+            weights: wBuf,
+            x: xBuf,
+            y: { buffer: out, offset: 0, size: 4 * yWords },
+          },
+        }),
+      );
+      slot++;
+    }
+    assert.equal(constants.TEAM, matvecConstants({ ...s, batch: 1 }).TEAM);
+    pending.push({
+      what: `matvec XR=2 ${JSON.stringify(c)} ${JSON.stringify(constants)}`,
+      y,
+      solo,
+      ...refProduct(s.type, bytes, { k: s.k, n: s.n, cols: s.batch, x: xDense }),
+    });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const outs = await readAll(device, pending.flatMap((p) => [p.y, p.solo]));
+  created.forEach((b) => b.destroy());
+  checkEach(pending, (p, i) => {
+    const s = cases[i]!.shape;
+    const yOff = s.yOffset!;
+    const yStride = s.yStride!;
+    const got = new Float32Array(s.n * s.batch);
+    const words = new Uint32Array(outs[2 * i]!);
+    const soloWords = new Uint32Array(outs[2 * i + 1]!);
+    const all = new Float32Array(outs[2 * i]!);
+    for (let b = 0; b < s.batch; b++) {
+      got.set(all.subarray(yOff + b * yStride, yOff + b * yStride + s.n), b * s.n);
+      // Between and after the columns (through the guard band) everything stays poisoned.
+      const end = b + 1 < s.batch ? yOff + (b + 1) * yStride : words.length;
+      assertPoisoned(
+        words.subarray(yOff + b * yStride + s.n, end),
+        POISON_F32,
+        `${p.what} gap ${b} (seed ${rng.seed})`,
+      );
+      for (let r = 0; r < s.n; r++) {
+        const at = yOff + b * yStride + r;
+        assert.ok(
+          words[at] === soloWords[at],
+          `${p.what}: column ${b} row ${r} is ${all[at]} batched but ${
+            new Float32Array(outs[2 * i + 1]!)[at]
+          } ` +
+            `solo (seed ${rng.seed})`,
+        );
+      }
+    }
+    assertPoisoned(words.subarray(0, yOff), POISON_F32, `${p.what} head (seed ${rng.seed})`);
+    assertDotClose(got, p.ref, p.mag, { what: p.what, seed: rng.seed });
+  });
+});
+
+Deno.test("matvecConstants and checkMatvec: XR=2 takes 1..16 columns and ROWS 1..4, the arrays paths 1..8", () => {
+  const dummy = { size: 1 << 24 } as unknown as GPUBuffer;
+  Object.setPrototypeOf(dummy, GPUBuffer.prototype);
+  const b = { params: dummy, weights: dummy, x: dummy, y: dummy };
+  const shape: MatvecShape = { type: "IQ4_XS", k: 2048, n: 64, batch: 16 };
+  assert.equal(MATVEC_MAX_BATCH, 16);
+  // Above 8 columns the default is the named path; up to 8 it stays XR 1 (the H200 sets the default).
+  assert.equal(matvecConstants(shape).XR, 2);
+  assert.equal(matvecConstants({ ...shape, batch: 8 }).XR, 1);
+  checkMatvec(shape, matvecConstants(shape, { rows: 4 }), b);
+  assert.throws(() => checkMatvec(shape, matvecConstants(shape, { xr: 1 }), b), /needs XR=2/);
+  assert.throws(() => checkMatvec(shape, matvecConstants(shape, { rows: 8 }), b), /XR=2 takes ROWS 1..4/);
+  assert.throws(
+    () => checkMatvec({ ...shape, batch: 17 }, matvecConstants({ ...shape, batch: 17 }), b),
+    /BATCH/,
+  );
+  // Passes keep the partials within 32 KiB (with the IQ4 table) for every ROWS and batch.
+  for (let rows = 1; rows <= 4; rows++) {
+    for (let batch = 1; batch <= 16; batch++) {
+      const c = matvecConstants({ ...shape, batch }, { rows, xr: 2 });
+      assert.ok(
+        matvecWorkgroupBytes(c) <= 32768,
+        `ROWS ${rows} BATCH ${batch}: ${matvecWorkgroupBytes(c)} B`,
+      );
+    }
+  }
 });

@@ -12,7 +12,14 @@ fn rows_unit(rb: u32, c: u32, j: u32, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sx
 // A decoded unit (scales s and quads q of quant_scales / quant_q) times the x quads xl, xh: the arithmetic of
 // rows_unit, for kernels that decode a unit once and apply it to several columns (batched decode).
 fn rows_unit_dot(s: vec4<f32>, q: array<vec4<f32>, 2>, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> f32 {
-  var v = s.x * dot(q[0], xl) + s.y * dot(q[1], xh);
+  return rows_dot(s, q[0], q[1], xl, xh, sxl, sxh);
+}
+
+// rows_unit_dot with the unit's two quads as named vec4s (ql = q[0], qh = q[1]): THE expression every row
+// value goes through. Keep its shape (scale vec4, s.x·dot + s.y·dot, then the min terms): which products a
+// driver contracts into FMAs follows the shape of the code, and every path must round alike.
+fn rows_dot(s: vec4<f32>, ql: vec4<f32>, qh: vec4<f32>, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> f32 {
+  var v = s.x * dot(ql, xl) + s.y * dot(qh, xh);
   if (QUANT_HAS_MIN) {
     v -= s.z * sxl + s.w * sxh;
   }

@@ -189,6 +189,26 @@ export class SlotStates {
    */
   snapshot(encoder: GPUCommandEncoder, slot: number, nPos: number): number {
     this.#slotChecked(slot);
+    const id = this.#nextSnapshot++;
+    this.#snapshots.set(id, this.#record(encoder, slot, nPos));
+    return id;
+  }
+
+  /**
+   * Records a copy of `slot`'s state for a sequence `nPos` tokens long into snapshot `id`, replacing what it
+   * held, in its own buffers where they hold the copy (a loop that snapshots every few steps and needs only
+   * the latest few recycles them instead of creating buffers each time). Its earlier contents must no longer
+   * be needed by work recorded after this, and no work not yet submitted may use it: a buffer too small for
+   * the new copy is destroyed.
+   */
+  retake(encoder: GPUCommandEncoder, id: number, slot: number, nPos: number): void {
+    const old = this.#get(id);
+    this.#slotChecked(slot);
+    this.#snapshots.set(id, this.#record(encoder, slot, nPos, old));
+  }
+
+  /** The copies of a snapshot of `slot` at `nPos`, into `old`'s buffers where they are large enough. */
+  #record(encoder: GPUCommandEncoder, slot: number, nPos: number, old?: Snapshot): Snapshot {
     const out = new Map<string, { buffer: GPUBuffer; ranges: Range[] }>();
     let total = 0;
     for (const [k, spec] of this.#specs) {
@@ -200,12 +220,18 @@ export class SlotStates {
         ranges.push({ ...r, atBytes: at });
         at += r.sizeBytes;
       }
-      const buffer = this.#takeSpare(k, at) ?? this.#device.createBuffer({
-        label: `snapshot.${k}`,
-        // Room to grow: the next snapshot of a slot a few tokens longer reuses this buffer once dropped.
-        size: Math.min(Math.max(4, spec.sizeBytes), Math.max(4, 2 ** Math.ceil(Math.log2(Math.max(4, at))))),
-        usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-      });
+      const mine = old?.buffers.get(k)?.buffer;
+      if (mine !== undefined && mine.size < at) mine.destroy();
+      const buffer = (mine !== undefined && mine.size >= at ? mine : undefined) ?? this.#takeSpare(k, at) ??
+        this.#device.createBuffer({
+          label: `snapshot.${k}`,
+          // Room to grow: the next snapshot of a slot a few tokens longer reuses this buffer once dropped.
+          size: Math.min(
+            Math.max(4, spec.sizeBytes),
+            Math.max(4, 2 ** Math.ceil(Math.log2(Math.max(4, at)))),
+          ),
+          usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+        });
       const src = this.#region(slot, this.#storage.get(k)!);
       for (const r of ranges) {
         encoder.copyBufferToBuffer(src.buffer, src.offset + r.offsetBytes, buffer, r.atBytes, r.sizeBytes);
@@ -213,9 +239,7 @@ export class SlotStates {
       out.set(k, { buffer, ranges });
       total += at;
     }
-    const id = this.#nextSnapshot++;
-    this.#snapshots.set(id, { slot, nPos, buffers: out, sizeBytes: total });
-    return id;
+    return { slot, nPos, buffers: out, sizeBytes: total };
   }
 
   /** Sequence length a snapshot was taken at. */

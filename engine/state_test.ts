@@ -113,3 +113,40 @@ for (const pooled of [true, false]) {
     st.destroy();
   });
 }
+
+Deno.test("SlotStates.retake: a snapshot recorded again (another slot, a longer sequence) restores the new copy", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const st = new SlotStates(device, { nSlots: 3, specs });
+  const kv = [0, 1].map(() => new Uint32Array(KV_BYTES / 4).map(() => rng.u32()));
+  const ssm = [0, 1].map(() => new Uint32Array(SSM_BYTES / 4).map(() => rng.u32()));
+  for (const s of [0, 1]) {
+    const k = st.binding(s, 3, "k_cache");
+    const m = st.binding(s, 0, "ssm");
+    device.queue.writeBuffer(k.buffer, k.offset, kv[s]!);
+    device.queue.writeBuffer(m.buffer, m.offset, ssm[s]!);
+  }
+  let enc = device.createCommandEncoder();
+  const snap = st.snapshot(enc, 0, 2);
+  device.queue.submit([enc.finish()]);
+  // Slot 1 at 7 positions: its live KV ranges outgrow the first copy's buffer (2 positions), the ssm fits.
+  enc = device.createCommandEncoder();
+  st.retake(enc, snap, 1, 7);
+  st.restore(enc, snap, 2);
+  device.queue.submit([enc.finish()]);
+  const k2 = st.binding(2, 3, "k_cache");
+  const m2 = st.binding(2, 0, "ssm");
+  const [kvBytes, ssmBytes] = await readAll(device, [k2.buffer, m2.buffer]);
+  const expectKv = new Uint32Array(KV_BYTES / 4);
+  for (const h of [0, 1]) {
+    const at = h * MAX_POS * POS_WORDS;
+    expectKv.set(kv[1]!.subarray(at, at + 7 * POS_WORDS), at);
+  }
+  assert.deepEqual(words(kvBytes!, k2), expectKv, `seed ${rng.seed}`);
+  assert.deepEqual(words(ssmBytes!, m2), ssm[1], `seed ${rng.seed}`);
+  assert.equal(st.snapshotLength(snap), 7);
+  assert.equal(st.snapshotBytes, 2 * 7 * POS_WORDS * 4 + SSM_BYTES);
+  st.drop(snap);
+  assert.throws(() => st.retake(device.createCommandEncoder(), snap, 0, 1), /does not exist/);
+  st.destroy();
+});

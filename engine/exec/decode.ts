@@ -116,6 +116,8 @@ interface Seq {
   ran: number;
   /** Snapshots at batch starts: step index and snapshot id. */
   readonly snaps: { at: number; id: number }[];
+  /** Snapshots no rewind needs any more, recycled by the next batches' (SlotStates.retake). */
+  readonly spare: number[];
   /** The selector of its latest batch and the id buffer it writes. */
   sel: Selector;
   tok: GPUBuffer;
@@ -326,6 +328,7 @@ export class DecodeDriver implements SlotDecoder {
         sched: 0,
         ran: 0,
         snaps: [],
+        spare: [],
         sel,
         tok,
       });
@@ -359,7 +362,7 @@ export class DecodeDriver implements SlotDecoder {
       failed = false;
       return out;
     } finally {
-      for (const q of seqs) for (const x of q.snaps) stage.states.drop(x.id);
+      for (const q of seqs) for (const id of [...q.snaps.map((x) => x.id), ...q.spare]) stage.states.drop(id);
       // A call that failed may leave ring slots in flight: the next call gets fresh ones.
       if (failed) this.destroy();
     }
@@ -430,6 +433,7 @@ export class DecodeDriver implements SlotDecoder {
       sched: 0,
       ran: 0,
       snaps: [],
+      spare: [],
       sel,
       tok,
     };
@@ -515,7 +519,9 @@ export class DecodeDriver implements SlotDecoder {
           q.tok = toks[b]!;
         }
         if (q.stops.size > 0 || q.o.signal) {
-          q.snaps.push({ at: q.sched, id: stage.states.snapshot(enc0, q.slot, q.start + q.sched) });
+          const [nPos, id] = [q.start + q.sched, q.spare.pop()];
+          if (id !== undefined) stage.states.retake(enc0, id, q.slot, nPos);
+          q.snaps.push({ at: q.sched, id: id ?? stage.states.snapshot(enc0, q.slot, nPos) });
         }
       }
       cbs.push(enc0.finish());
@@ -595,11 +601,11 @@ export class DecodeDriver implements SlotDecoder {
           q.ended = true;
           q.reason = "cancelled";
         }
-        // A rewind restores the latest snapshot at or before the last fed step: the older ones are dropped
-        // now, so their buffers take the next batches' copies (not one new set of buffers per batch).
+        // A rewind restores the latest snapshot at or before the last fed step: the older ones take the next
+        // batches' copies in their buffers (not one new set of GPU buffers per batch).
         const fed = q.tokens.length - 1;
         const keep = q.snaps.findLastIndex((x) => x.at <= fed);
-        for (const x of q.snaps.splice(0, Math.max(0, keep))) stage.states.drop(x.id);
+        for (const x of q.snaps.splice(0, Math.max(0, keep))) q.spare.push(x.id);
         if (pause && (q.ended || q.ran >= q.steps)) stopping = true;
       }
       cur = next;

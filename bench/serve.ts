@@ -30,7 +30,8 @@
  * stream) give `decodeTokPerSecond` and `ttftMs` (a warm slot: prefill plus the first id's readback; the
  * one-slot line's `tokPerSecond` is its decode rate, as before, and `wallTokPerSecond` the whole call's), and
  * for one slot also `ttftSplitMs` (the prompt as the service runs it: a piece up to 8 tokens before its end,
- * a snapshot, then the rest) and `ttftColdSlotMs` (a slot whose graphs of that prompt width are not built
+ * a snapshot, then the rest; `ttftSplit9Ms` and `ttftSplit16Ms` with a rest of 9 and 16 tokens, wider than
+ * the mat-vec's 8 columns) and `ttftColdSlotMs` (a slot whose graphs of that prompt width are not built
  * yet). A `ratio` line per level then sets each mode's decode rate against the engine's and its median TTFT
  * against the engine's warm `ttftMs` (issue #20: one stream >= 0.95x, 8 streams >= 0.9x, TTFT <= prefill +
  * 15 ms).
@@ -438,11 +439,11 @@ async function engineBatch(stage: Stage, level: number, seed: number, n: number)
 }
 
 /**
- * The prompt as the service runs it with its default prompt-boundary snapshot 8 tokens before the end: a
- * piece, the snapshot, the rest and its first id; returns the time to that id.
+ * The prompt as the service runs it with a prompt-boundary snapshot `back` tokens before the end (its default
+ * is 8): a piece, the snapshot, the rest and its first id; returns the time to that id.
  */
-async function engineSplitTtft(stage: Stage, slot: number, ids: number[]): Promise<number> {
-  const at = ids.length - 8;
+async function engineSplitTtft(stage: Stage, slot: number, ids: number[], back: number): Promise<number> {
+  const at = ids.length - back;
   const t0 = performance.now();
   await stage.decoder.prefill(slot, ids.slice(0, at), 0);
   const snap = stage.snapshot(slot);
@@ -460,9 +461,15 @@ if (path && await Deno.stat(path).then(() => true, () => false)) {
   await engineOne(stage, 0, p, 16);
   const one = await engineOne(stage, 0, p, nNew);
   const split: Record<string, number> = {};
-  if (nPrompt > 8) {
-    await engineSplitTtft(stage, 0, prompt(995)); // builds slot 0's graphs of the piece's width
-    split.ttftSplitMs = await engineSplitTtft(stage, 0, prompt(994));
+  // 8: the service's default; 9 and 16: a rest wider than the mat-vec's 8 columns (the tiled matmul path).
+  for (const back of [8, 9, 16].filter((b) => b < nPrompt)) {
+    await engineSplitTtft(stage, 0, prompt(995), back); // builds slot 0's graphs of the piece's width
+    split[back === 8 ? "ttftSplitMs" : `ttftSplit${back}Ms`] = await engineSplitTtft(
+      stage,
+      0,
+      prompt(994),
+      back,
+    );
   }
   // A slot not used yet: its graphs of this prompt width and its decode step are built on the way.
   if (maxLevel > 1) split.ttftColdSlotMs = (await engineOne(stage, maxLevel - 1, prompt(996), 2)).ttftMs;

@@ -8,8 +8,9 @@
  * `--tokens T` (T > 1) instead times the experts of a batched decode step of T slots (T·8 routed columns, each
  * slot's 8 picks distinct, plus T shared columns; 64 id sets): the default constants beside the variants at
  * the default TEAM (ROWS, BLOCKS, UNROLL, WG: `sameBits` where the sums keep the default's bits, so a batched
- * step may take them alone) and other TEAMs (other bits: the solo step would have to take them too). `gbPerSecond` counts every column's matrices,
- * `distinctGbPerSecond` each distinct expert of the step once (what DRAM must deliver at least).
+ * step may take them alone) and other TEAMs (other bits: the solo step would have to take them too).
+ * `gbPerSecond` counts every column's matrices, `distinctGbPerSecond` each distinct expert of the step once
+ * (what DRAM must deliver at least); lines with `"ids": "one"` put every routed column on one expert.
  *
  * Usage: `deno run -A bench/moe.ts [--quick] [--tokens 8]` (`--quick`: 16 experts and few repetitions, for
  * lavapipe). One JSON line per measurement, never asserts. No npm imports.
@@ -258,6 +259,7 @@ async function batchedSweep(tokens: number): Promise<void> {
     distinct += (new Set(picks).size + 1) / SETS;
     device.queue.writeBuffer(ids, idStride * s, Uint32Array.from(picks));
   }
+  const idsOne = device.createBuffer({ size: 4 * USED * tokens, usage: STORAGE });
   const xb = randomBuffer(device, 4 * Math.max(EMBD * tokens, FF * cols), { f32: true });
   const yb = device.createBuffer({ size: 4 * Math.max(EMBD, FF) * cols, usage: STORAGE });
   const passes = {
@@ -279,11 +281,17 @@ async function batchedSweep(tokens: number): Promise<void> {
     const tunings: MoeMatvecTuning[] = [{ team: def.TEAM, rows: def.ROWS }];
     const isDef = (t: MoeMatvecTuning) =>
       t.team === def.TEAM && t.rows === def.ROWS && (t.blocks ?? 1) === 1 && (t.unroll ?? 2) === 2 &&
-      (t.wg ?? 256) === 256;
+      (t.wg ?? 256) === 256 && !t.sharedOnce;
     if (QUICK) {
       tunings.push({ team: def.TEAM, rows: def.ROWS, blocks: 4, unroll: 4 });
       tunings.push({ team: def.TEAM, rows: def.ROWS, wg: 64 });
+      tunings.push({ team: def.TEAM, rows: def.ROWS, sharedOnce: true });
     } else {
+      // The shared columns in one workgroup column, each unit decoded once (other bits, sameBits false).
+      for (const rows of [1, 2, 4]) {
+        tunings.push({ team: def.TEAM, rows, sharedOnce: true });
+        tunings.push({ team: def.TEAM, rows, blocks: 4, unroll: 4, sharedOnce: true });
+      }
       for (const wg of [256, 128, 64]) {
         for (const rows of [1, 2, 4]) {
           for (const blocks of [1, 2, 4, 8]) {
@@ -298,13 +306,27 @@ async function batchedSweep(tokens: number): Promise<void> {
         for (const rows of [1, 2, 4]) tunings.push({ team, rows });
       }
     }
-    for (const tuning of tunings) {
+    // The default and BLOCKS 4 UNROLL 4 also run with every routed column on one expert ("ids": "one"): the
+    // weights then come from L2, so the gap to the random sets shows how much of the pass is waiting on DRAM
+    // (what grouping the columns by expert could save) and how much is per-workgroup work.
+    const runs = tunings.flatMap((t) =>
+      isDef(t) ||
+        (t.team === def.TEAM && t.rows === def.ROWS && t.blocks === 4 && t.unroll === 4 &&
+          (t.wg ?? 256) === 256 && !t.sharedOnce)
+        ? [{ t, one: false }, { t, one: true }]
+        : [{ t, one: false }]
+    );
+    for (const { t: tuning, one } of runs) {
       const c = moeMatvecConstants(shape, undefined, tuning);
       const pipeline = await cache.get(MOE_MATVEC, c);
-      const groups = Array.from({ length: SETS }, (_, set) => {
+      const groups = Array.from({ length: one ? 1 : SETS }, (_, set) => {
         const b: MoeMatvecBindings = {
           params,
-          ids: { buffer: ids, offset: idStride * set, size: 4 * USED * tokens },
+          ids: one ? { buffer: idsOne, size: 4 * USED * tokens } : {
+            buffer: ids,
+            offset: idStride * set,
+            size: 4 * USED * tokens,
+          },
           weights: p.weights,
           x: xb,
           y: yb,
@@ -318,28 +340,31 @@ async function batchedSweep(tokens: number): Promise<void> {
       const sec = await timer.perRep(
         (pass, i) => {
           pass.setPipeline(pipeline);
-          pass.setBindGroup(0, groups[i % SETS]!);
+          pass.setBindGroup(0, groups[i % groups.length]!);
           pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
         },
         reps,
         QUICK ? { warmMs: 0, timed: 1 } : {},
       );
+      const nDistinct = one ? 2 : distinct;
       console.log(JSON.stringify({
         bench: "moe",
         kernel: "moe_matvec",
         pass: name,
         tokens,
+        ids: one ? "one" : "random",
         team: c.TEAM,
         rows: c.ROWS,
         blocks: c.BLOCKS,
         unroll: c.UNROLL,
         wg: c.WG,
-        isDefault: isDef(tuning),
+        sharedOnce: c.SHARED_T > 0,
+        isDefault: isDef(tuning) && !one,
         sameBits: moeMatvecSameBits(c, def),
         workgroups: grid[0] * grid[1],
         us: sec * 1e6,
         gbPerSecond: (cols * p.matBytes) / sec / 1e9,
-        distinctGbPerSecond: (distinct * p.matBytes) / sec / 1e9,
+        distinctGbPerSecond: (nDistinct * p.matBytes) / sec / 1e9,
       }));
     }
   }

@@ -20,6 +20,7 @@ export const MOE_MATVEC: KernelSpec = {
     ROWS: "u32",
     BLOCKS: "u32",
     UNROLL: "u32",
+    SHARED_T: "u32",
     GATE_UP: "bool",
     ROUTE: "bool",
     N_EXPERT: "u32",
@@ -39,6 +40,11 @@ export type MoeMatvecConstants = {
   readonly BLOCKS: number;
   /** Units per loop step of an invocation, their loads in flight together: 2 or 4. */
   readonly UNROLL: number;
+  /**
+   * 0, or the shared columns (at most 8), all run by one workgroup column that decodes each weight unit once
+   * for every token (the same sum order, not the same bits: see {@linkcode moeMatvecSameBits}).
+   */
+  readonly SHARED_T: number;
   readonly GATE_UP: boolean;
   /** The routing runs in the prologue (gate·up of routed columns): ids and route weights are outputs. */
   readonly ROUTE: boolean;
@@ -99,6 +105,11 @@ export interface MoeMatvecTuning {
   readonly unroll?: number;
   /** Workgroup size (default 256); the bits stay while {@linkcode moeMatvecSameBits} holds. */
   readonly wg?: number;
+  /**
+   * Run the shared columns (when there are 1 to 8) in one workgroup column, each unit decoded once (other
+   * bits: see {@linkcode moeMatvecSameBits}).
+   */
+  readonly sharedOnce?: boolean;
 }
 
 /**
@@ -126,6 +137,7 @@ export function moeMatvecConstants(
     ROWS: tuning?.rows ?? (route || prefill ? 4 : 2),
     BLOCKS: tuning?.blocks ?? 1,
     UNROLL: tuning?.unroll ?? 2,
+    SHARED_T: tuning?.sharedOnce && (shape.sharedCols ?? 0) <= 8 ? (shape.sharedCols ?? 0) : 0,
     GATE_UP: shape.gateUp,
     ROUTE: route !== undefined,
     N_EXPERT: route?.nExpert ?? 4,
@@ -140,16 +152,18 @@ export function moeMatvecBlockRows(c: Pick<MoeMatvecConstants, "WG" | "TEAM" | "
 }
 
 /**
- * Whether variant `c` sums every row in the order of `ref` (so gives its bits): the same TEAM, and a row
- * block whose reduction rotation is a function of the row ((WG_ROWS·GROUPS) % GROUP_LEN == 0, true of every
- * WG 256 variant).
+ * Whether variant `c` gives the bits of `ref` (a SHARED_T 0 variant): the same TEAM, a row block whose
+ * reduction rotation is a function of the row ((WG_ROWS·GROUPS) % GROUP_LEN == 0, true of every WG 256
+ * variant), and SHARED_T 0 (the decode-once code sums in the same order, but drivers fuse other products into
+ * FMAs: it differs in the last bits on lavapipe).
  */
 export function moeMatvecSameBits(
-  c: Pick<MoeMatvecConstants, "WG" | "TEAM" | "ROWS">,
+  c: Pick<MoeMatvecConstants, "WG" | "TEAM" | "ROWS" | "SHARED_T">,
   ref: Pick<MoeMatvecConstants, "TEAM">,
 ): boolean {
   const groups = c.TEAM >= 8 ? c.TEAM / 8 : 1;
-  return c.TEAM === ref.TEAM && (moeMatvecBlockRows(c) * groups) % (c.TEAM / groups) === 0;
+  return c.TEAM === ref.TEAM && (moeMatvecBlockRows(c) * groups) % (c.TEAM / groups) === 0 &&
+    c.SHARED_T === 0;
 }
 
 /** The params words of `shape`. */
@@ -170,11 +184,11 @@ export function moeMatvecParams(shape: MoeMatvecShape): Uint32Array<ArrayBuffer>
   ]);
 }
 
-/** Dispatch grid: groups of BLOCKS row blocks × columns (routed and shared). */
+/** Dispatch grid: groups of BLOCKS row blocks × columns (routed, then shared: one for all with SHARED_T). */
 export function moeMatvecGrid(shape: MoeMatvecShape, c: MoeMatvecConstants): [number, number, number] {
   return [
     Math.ceil(Math.ceil(shape.n / moeMatvecBlockRows(c)) / c.BLOCKS),
-    shape.nCols + (shape.sharedCols ?? 0),
+    shape.nCols + (c.SHARED_T > 0 ? 1 : (shape.sharedCols ?? 0)),
     1,
   ];
 }
@@ -211,6 +225,12 @@ export function checkMoeMatvec(
   checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
   checkInt(`Kernel ${kernel}: BLOCKS`, c.BLOCKS, 1, 64);
   checkShape(c.UNROLL === 2 || c.UNROLL === 4, `Kernel ${kernel}: UNROLL=${c.UNROLL} must be 2 or 4`);
+  checkShape(
+    c.SHARED_T === 0 || (c.SHARED_T === shape.sharedCols && c.SHARED_T <= 8),
+    `Kernel ${kernel}: SHARED_T=${c.SHARED_T} must be 0 or the shared columns (${
+      shape.sharedCols ?? 0
+    }, ≤ 8)`,
+  );
   checkInt(`Kernel ${kernel}: nCols`, shape.nCols, 1, MAX_WORKGROUPS_PER_DIM);
   checkInt(`Kernel ${kernel}: xDiv`, shape.xDiv, 1, shape.nCols);
   checkShape(

@@ -31,9 +31,13 @@
 // t of a team takes units t, t + TEAM, ... of all its rows (as matvec.wgsl: a warp reads consecutive weight
 // words and neighbouring x quads, each x quad serves every row and matrix from registers). Partials are
 // added in workgroup memory in two levels of 8 (or fewer).
+// SHARED_T > 0 (= the shared columns, at most 8): workgroup column n_routed runs every shared column (grid
+// n_routed + 1 columns), decoding each weight unit once for all the tokens' x. Each column's sums keep the
+// routed path's order, but not its bits: which products a driver fuses into FMAs follows the code's shape,
+// and lavapipe rounds this path differently (an explicit fma() did not pin it there either).
 // Constants: TYPE (ggml id), WG (workgroup size: power of two, 32..256), TEAM (power of two <= WG), ROWS
-//   (1..4), BLOCKS (>= 1), UNROLL (units per loop step: 2 or 4; their loads are in flight together): u32;
-//   GATE_UP, ROUTE: bool;
+//   (1..4), BLOCKS (>= 1), UNROLL (units per loop step: 2 or 4; their loads are in flight together), SHARED_T
+//   (0..8): u32; GATE_UP, ROUTE: bool;
 //   N_EXPERT, N_EXPERT_USED: u32 and W_SCALE: f32 (the routing's, lib/route.wgsl; placeholders without ROUTE).
 // Workgroup memory: 8·WG·ROWS bytes + 2048 (IQ4 table): 10 KiB at WG 256, ROWS 4.
 // Limits: K % 32 == 0, byte offsets multiples of 4.
@@ -91,6 +95,158 @@ fn unit_acc(u: u32, xb: u32, rbg: vec4<u32>, rbu: vec4<u32>, a: Acc) -> Acc {
   return r;
 }
 
+// SHARED_T: one unit of one row decoded once (quant_scales, quant_q) for every token's x.
+struct Dec {
+  s: vec4<f32>,
+  q: array<vec4<f32>, 2>,
+}
+
+// The unit of up to 4 rows (the first ROWS of rb's components).
+struct Dec4 {
+  r0: Dec,
+  r1: Dec,
+  r2: Dec,
+  r3: Dec,
+}
+
+fn dec_row(rb: u32, c: u32, j: u32) -> Dec {
+  return Dec(quant_scales(rb, c), quant_q(rb, c, j));
+}
+
+fn dec_rows(rb: vec4<u32>, c: u32, j: u32) -> Dec4 {
+  var d: Dec4;
+  d.r0 = dec_row(rb.x, c, j);
+  if (ROWS >= 2u) {
+    d.r1 = dec_row(rb.y, c, j);
+  }
+  if (ROWS >= 3u) {
+    d.r2 = dec_row(rb.z, c, j);
+  }
+  if (ROWS >= 4u) {
+    d.r3 = dec_row(rb.w, c, j);
+  }
+  return d;
+}
+
+// rows_units on decoded units: rows_unit is rows_unit_dot of the same decode, so every value has its bits.
+fn dot_rows(d: Dec4, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> vec4<f32> {
+  var v = vec4<f32>(rows_unit_dot(d.r0.s, d.r0.q, xl, xh, sxl, sxh), 0.0, 0.0, 0.0);
+  if (ROWS >= 2u) {
+    v.y = rows_unit_dot(d.r1.s, d.r1.q, xl, xh, sxl, sxh);
+  }
+  if (ROWS >= 3u) {
+    v.z = rows_unit_dot(d.r2.s, d.r2.q, xl, xh, sxl, sxh);
+  }
+  if (ROWS >= 4u) {
+    v.w = rows_unit_dot(d.r3.s, d.r3.q, xl, xh, sxl, sxh);
+  }
+  return v;
+}
+
+// unit_acc of one token (x column at xb) on the decoded units dg (gate or only matrix) and du (up).
+fn tok_acc(a: Acc, xb: u32, pos: vec2<u32>, dg: Dec4, du: Dec4) -> Acc {
+  let xl = x[(xb + pos.x) >> 2u];
+  let xh = x[(xb + pos.y) >> 2u];
+  let sxl = dot(xl, vec4<f32>(1.0));
+  let sxh = dot(xh, vec4<f32>(1.0));
+  var r = a;
+  r.g += dot_rows(dg, xl, xh, sxl, sxh);
+  if (GATE_UP) {
+    r.u += dot_rows(du, xl, xh, sxl, sxh);
+  }
+  return r;
+}
+
+// The sums of the SHARED_T shared columns (tokens), named: no array indexed by a loop counter.
+struct AccT {
+  a0: Acc,
+  a1: Acc,
+  a2: Acc,
+  a3: Acc,
+  a4: Acc,
+  a5: Acc,
+  a6: Acc,
+  a7: Acc,
+}
+
+// unit_acc for every shared column at once: the unit is decoded once and applied to each token's x (token i's
+// column at xb0 + i·k).
+fn shared_unit_acc(u: u32, xb0: u32, k: u32, rbg: vec4<u32>, rbu: vec4<u32>, a: AccT) -> AccT {
+  let c = u / 4u;
+  let j = u % 4u;
+  let pos = quant_pos(c, j);
+  let dg = dec_rows(rbg, c, j);
+  var du = dg;
+  if (GATE_UP) {
+    du = dec_rows(rbu, c, j);
+  }
+  var r = a;
+  r.a0 = tok_acc(a.a0, xb0, pos, dg, du);
+  if (SHARED_T > 1u) {
+    r.a1 = tok_acc(a.a1, xb0 + k, pos, dg, du);
+  }
+  if (SHARED_T > 2u) {
+    r.a2 = tok_acc(a.a2, xb0 + 2u * k, pos, dg, du);
+  }
+  if (SHARED_T > 3u) {
+    r.a3 = tok_acc(a.a3, xb0 + 3u * k, pos, dg, du);
+  }
+  if (SHARED_T > 4u) {
+    r.a4 = tok_acc(a.a4, xb0 + 4u * k, pos, dg, du);
+  }
+  if (SHARED_T > 5u) {
+    r.a5 = tok_acc(a.a5, xb0 + 5u * k, pos, dg, du);
+  }
+  if (SHARED_T > 6u) {
+    r.a6 = tok_acc(a.a6, xb0 + 6u * k, pos, dg, du);
+  }
+  if (SHARED_T > 7u) {
+    r.a7 = tok_acc(a.a7, xb0 + 7u * k, pos, dg, du);
+  }
+  return r;
+}
+
+// Adds the workgroup's partials of acc and stores rows r0 .. r0 + WG_ROWS − 1 (those below n) of column col.
+// Every invocation calls it (barriers): the callers' branches depend on the workgroup id and params only.
+fn reduce_store(acc: Acc, col: u32, r0: u32, n: u32, lid: u32) {
+  let team = lid / TEAM;
+  let t = lid % TEAM;
+  if (BLOCKS > 1u || SHARED_T > 1u) {
+    // The previous block's or column's last reads of partial are done before it is overwritten.
+    workgroupBarrier();
+  }
+  for (var r = 0u; r < ROWS; r++) {
+    partial[(team * ROWS + r) * TEAM + t] = acc.g[r];
+    partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = acc.u[r];
+  }
+  workgroupBarrier();
+  for (var i = lid; i < 2u * WG_ROWS * GROUPS; i += WG) {
+    let base = i * GROUP_LEN;
+    var s = 0.0;
+    for (var q = 0u; q < GROUP_LEN; q++) {
+      s += partial[base + ((q + i) % GROUP_LEN)];
+    }
+    partial[base] = s;
+  }
+  workgroupBarrier();
+  for (var o = lid; o < WG_ROWS; o += WG) {
+    let row = r0 + o;
+    var s0 = 0.0;
+    var s1 = 0.0;
+    for (var g = 0u; g < GROUPS; g++) {
+      s0 += partial[o * TEAM + g * GROUP_LEN];
+      s1 += partial[(WG_ROWS + o) * TEAM + g * GROUP_LEN];
+    }
+    if (row < n) {
+      var v = s0;
+      if (GATE_UP) {
+        v = silu(s0) * s1;
+      }
+      y[col * n + row] = v;
+    }
+  }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
   // The IQ4 codebook table first (256 entries): every invocation reaches this barrier (the column test below
@@ -144,6 +300,43 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
     let rbg = params[4] + eb + rows;
     let rbu = params[5] + eb + rows;
+    if (SHARED_T > 0u && col == n_routed) {
+      // Every shared column in this workgroup: each unit decoded once for all tokens, added in the order of
+      // the routed path below (units t, t + TEAM, ... one by one), then each column reduced as there.
+      let z = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
+      var at = AccT(z, z, z, z, z, z, z, z);
+      var u = t;
+      for (; u + TEAM < n_units; u += 2u * TEAM) {
+        at = shared_unit_acc(u, xb, k, rbg, rbu, at);
+        at = shared_unit_acc(u + TEAM, xb, k, rbg, rbu, at);
+      }
+      for (; u < n_units; u += TEAM) {
+        at = shared_unit_acc(u, xb, k, rbg, rbu, at);
+      }
+      reduce_store(at.a0, col, r0, n, lid);
+      if (SHARED_T > 1u) {
+        reduce_store(at.a1, col + 1u, r0, n, lid);
+      }
+      if (SHARED_T > 2u) {
+        reduce_store(at.a2, col + 2u, r0, n, lid);
+      }
+      if (SHARED_T > 3u) {
+        reduce_store(at.a3, col + 3u, r0, n, lid);
+      }
+      if (SHARED_T > 4u) {
+        reduce_store(at.a4, col + 4u, r0, n, lid);
+      }
+      if (SHARED_T > 5u) {
+        reduce_store(at.a5, col + 5u, r0, n, lid);
+      }
+      if (SHARED_T > 6u) {
+        reduce_store(at.a6, col + 6u, r0, n, lid);
+      }
+      if (SHARED_T > 7u) {
+        reduce_store(at.a7, col + 7u, r0, n, lid);
+      }
+      continue;
+    }
     var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0));
     // UNROLL units per step: their loads are independent, so UNROLL times the bytes are in flight per
     // invocation. The units still add into acc one by one in ascending order.
@@ -163,41 +356,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     for (; u < n_units; u += TEAM) {
       acc = unit_acc(u, xb, rbg, rbu, acc);
     }
-    if (BLOCKS > 1u) {
-      // The previous block's last reads of partial are done before it is overwritten.
-      workgroupBarrier();
-    }
-    for (var r = 0u; r < ROWS; r++) {
-      partial[(team * ROWS + r) * TEAM + t] = acc.g[r];
-      partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = acc.u[r];
-    }
-    // The column test above returned whole workgroups only (col is the workgroup's y), so this barrier is
-    // reached by all invocations of every workgroup that got here.
-    workgroupBarrier();
-    for (var i = lid; i < 2u * WG_ROWS * GROUPS; i += WG) {
-      let base = i * GROUP_LEN;
-      var s = 0.0;
-      for (var q = 0u; q < GROUP_LEN; q++) {
-        s += partial[base + ((q + i) % GROUP_LEN)];
-      }
-      partial[base] = s;
-    }
-    workgroupBarrier();
-    for (var o = lid; o < WG_ROWS; o += WG) {
-      let row = r0 + o;
-      var s0 = 0.0;
-      var s1 = 0.0;
-      for (var g = 0u; g < GROUPS; g++) {
-        s0 += partial[o * TEAM + g * GROUP_LEN];
-        s1 += partial[(WG_ROWS + o) * TEAM + g * GROUP_LEN];
-      }
-      if (row < n) {
-        var v = s0;
-        if (GATE_UP) {
-          v = silu(s0) * s1;
-        }
-        y[col * n + row] = v;
-      }
-    }
+    // The column test above returned whole workgroups only (col is the workgroup's y), so every invocation
+    // of a workgroup that got here reaches reduce_store's barriers.
+    reduce_store(acc, col, r0, n, lid);
   }
 }

@@ -128,6 +128,7 @@ export function checkMoeMatvecQ8(
       ROWS: c.ROWS,
       BLOCKS: 1,
       UNROLL: 2,
+      SHARED_T: 0,
       GATE_UP: c.GATE_UP,
       ROUTE: false,
       N_EXPERT: 4,

@@ -10,7 +10,10 @@
  * dispatch is timed on its own; with `--sweep` TEAM/ROWS variants; `--q8`: only those cases, matvec_q8 over
  * TEAM 8-64, ROWS 1/2/4, both team reductions and PF 0/1, and table copies / row groups per workgroup; `--tables`: IQ4_XS on the tall shapes only, over table
  * copies × row groups; `--type T`: only the cases of weight type T, e.g. `--q8 --type Q6_K` for the LM head's
- * int8 mat-vec). No npm imports: it runs on the lent GPU machine with nothing but Deno.
+ * int8 mat-vec; `--batch-sweep`: only batched decode shapes at 8 and 16 columns, the old default (XR 1, ROWS 1,
+ * UNROLL 1; 16 columns as two 8-column dispatches, as the engine runs them) beside the named path XR 2 at
+ * ROWS 1, 2, 4 and UNROLL 1, 2, each line with `vsOld`, the old time over its own). No npm imports: it runs on
+ * the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -125,21 +128,20 @@ for (const type of Q8 ? [] : ["Q4_K", "Q5_K", "IQ4_NL", "Q4_0", "F16"] as GgmlTy
   CASES.push({ ...SHAPES[0]!, name: SHAPES[0]!.name, type, batch: 1 });
 }
 for (const batch of Q8 ? [] : [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!, type: "IQ4_XS", batch });
-// `--batch-sweep`: only batched decode shapes (4 and 8 columns), over ROWS and UNROLL at the default TEAM (TEAM
-// fixes each row's summation order: a batched step must keep its slots' solo bits).
+// `--batch-sweep`: only the dense mat-vecs of a batched decode step (8 and 16 columns), the old default beside
+// XR 2 over ROWS and UNROLL at the default TEAM (TEAM fixes each row's summation order: a batched step must keep
+// its slots' solo bits). attn_q (full-attention layers: q and its gate) has attn_qkv's shape.
 const BATCH_SWEEP = args["batch-sweep"] ?? false;
 if (BATCH_SWEEP) {
-  CASES.splice(
-    0,
-    CASES.length,
-    ...[4, 8].flatMap((batch) =>
-      QUICK ? [{ ...SHAPES[0]!, type: "IQ4_XS" as GgmlTypeName, batch }] : [
-        { ...SHAPES[2]!, type: "IQ4_XS" as GgmlTypeName, batch },
-        { ...SHAPES[4]!, type: "IQ4_XS" as GgmlTypeName, batch },
-        { ...SHAPES[5]!, type: "Q6_K" as GgmlTypeName, batch },
-      ]
-    ),
-  );
+  const dense: Omit<Case, "batch">[] = QUICK ? [{ ...SHAPES[0]!, type: "IQ4_XS" }] : [
+    { name: "attn_qkv", k: 2048, n: 8192, type: "IQ4_XS" },
+    { name: "attn_gate", k: 2048, n: 4096, type: "IQ4_XS" },
+    { name: "ssm_out", k: 4096, n: 2048, type: "IQ4_XS" },
+    { name: "attn_q", k: 2048, n: 8192, type: "IQ4_XS" },
+    { name: "shexp_gate_up", k: 2048, n: 1024, type: "IQ4_XS" },
+    { name: "output", k: 2048, n: 248320, type: "Q6_K" },
+  ];
+  CASES.splice(0, CASES.length, ...[8, 16].flatMap((batch) => dense.map((s) => ({ ...s, batch }))));
 }
 if (args.type !== undefined) CASES.splice(0, CASES.length, ...CASES.filter((c) => c.type === args.type));
 
@@ -165,15 +167,21 @@ const weights = device.createBuffer({
 }
 const maxK = Math.max(...CASES.map((c) => c.k));
 const maxNB = Math.max(...CASES.map((c) => c.n * c.batch));
+const maxBatch = Math.max(8, ...CASES.map((c) => c.batch));
 const xBuf = device.createBuffer({
-  size: 4 * maxK * 8,
+  size: 4 * maxK * maxBatch,
   usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
 });
-device.queue.writeBuffer(xBuf, 0, new Float32Array(maxK * 8).map(() => Math.random() - 0.5));
+device.queue.writeBuffer(xBuf, 0, new Float32Array(maxK * maxBatch).map(() => Math.random() - 0.5));
 const yBuf = device.createBuffer({ size: 4 * maxNB, usage: GPUBufferUsage.STORAGE });
 const sink = device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
 const MAX_COPIES = 64;
 const params = device.createBuffer({
+  size: 256 * MAX_COPIES,
+  usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+});
+// `--batch-sweep`: the second 8-column half of the old default at 16 columns.
+const params2 = device.createBuffer({
   size: 256 * MAX_COPIES,
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
@@ -207,13 +215,13 @@ interface Job {
 }
 
 /**
- * Seconds per rep of each job (job 0 is the ceiling). Plain runs time the jobs one after another. `--q8` builds
- * every pipeline first, then takes ROUNDS rounds over all jobs, every other one in reverse, and keeps each job's
- * best: the H200's SM clock drifts within a run (docs/PERF.md), and one job after another let the later
- * variants of a sweep run at a lower clock than the earlier ones.
+ * Seconds per rep of each job (job 0 is the ceiling). Plain runs time the jobs one after another. `--q8` and
+ * `--batch-sweep` build every pipeline first, then take ROUNDS rounds over all jobs, every other one in
+ * reverse, and keep each job's best: the H200's SM clock drifts within a run (docs/PERF.md), and one job after
+ * another let the later variants of a sweep run at a lower clock than the earlier ones.
  */
 async function timeJobs(jobs: Job[], reps: number): Promise<number[]> {
-  if (!Q8) {
+  if (!Q8 && !BATCH_SWEEP) {
     const out: number[] = [];
     for (const j of jobs) out.push(await time(j.encode, reps));
     return out;
@@ -270,6 +278,8 @@ for (const c of CASES) {
       }),
     );
   }
+  // `--batch-sweep`: seconds of the old default (job 1), for each line's vsOld.
+  let oldSecs: number | undefined;
   /** A job timing `kernel` on this case's bytes, its line relative to the case's ceiling. */
   const kernelJob = (kernel: string, encode: Job["encode"], fields: Record<string, unknown>): Job => ({
     encode,
@@ -288,6 +298,7 @@ for (const c of CASES) {
         gbps,
         ceilingGbps: ceiling,
         ofCeiling: gbps / ceiling,
+        ...(oldSecs === undefined ? {} : { vsOld: oldSecs / t }),
       });
     },
   });
@@ -305,7 +316,7 @@ for (const c of CASES) {
         gbps: tBytes / t / 1e9,
       }),
   }];
-  const variants: (MatvecConstants | undefined)[] = [undefined];
+  const variants: (MatvecConstants | undefined)[] = BATCH_SWEEP ? [] : [undefined];
   if (args.sweep && !Q8 && c.batch === 1) {
     // TEAM, ROWS, UNROLL: ROWS ≤ 4 is the array-free batch-1 path (rows share each x quad), 8 the general one.
     const sweep = [
@@ -334,16 +345,54 @@ for (const c of CASES) {
       for (const unroll of [1, 2, 4, 8]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
     }
   }
-  if (BATCH_SWEEP && c.batch > 1) {
-    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch };
-    for (const rows of [1, 2, 4, 8]) {
-      for (const unroll of [1, 2]) {
-        for (const xr of [0, 1]) {
-          // Workgroup memory: 4·256·ROWS·BATCH partials plus the IQ4 table, within the kernel's 32 KiB.
-          if (4 * 256 * rows * c.batch + 2048 > 32768) continue;
-          variants.push(matvecConstants(shape, { rows, unroll, xr }));
-        }
+  if (BATCH_SWEEP) {
+    // The old default, pinned (XR 1, ROWS 1, UNROLL 1: the default at 2..8 columns before XR 2), 8 columns per
+    // dispatch as the engine runs it: 16 columns are two dispatches (x and y at the second half's offsets).
+    const halves = Math.ceil(c.batch / 8);
+    const oldOps: MatvecOp[][] = [];
+    let oldConstants: MatvecConstants | undefined;
+    for (let i = 0; i < copies; i++) {
+      const per: MatvecOp[] = [];
+      for (let h = 0; h < halves; h++) {
+        const shape: MatvecShape = {
+          type: c.type,
+          k: c.k,
+          n: c.n,
+          batch: Math.min(8, c.batch - 8 * h),
+          wOffsetBytes: i * slot,
+          xOffset: 8 * h * c.k,
+          yOffset: 8 * h * c.n,
+        };
+        oldConstants = matvecConstants(shape, { rows: 1, unroll: 1, xr: 1 });
+        const buf = h === 0 ? params : params2;
+        device.queue.writeBuffer(buf, 256 * i, matvecParams(shape));
+        per.push(
+          await prepareMatvec(cache, {
+            device,
+            shape,
+            constants: oldConstants,
+            bindings: {
+              params: { buffer: buf, offset: 256 * i, size: MATVEC_PARAMS_BYTES },
+              weights,
+              x: xBuf,
+              y: yBuf,
+            },
+          }),
+        );
       }
+      oldOps.push(per);
+    }
+    jobs.push(
+      kernelJob("matvec", (p, i) => oldOps[i % copies]!.forEach((op) => encodeMatvec(p, op)), {
+        batch: c.batch,
+        variant: "old",
+        dispatches: halves,
+        constants: oldConstants,
+      }),
+    );
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch };
+    for (const rows of [1, 2, 4]) {
+      for (const unroll of [1, 2]) variants.push(matvecConstants(shape, { rows, unroll, xr: 2 }));
     }
   }
   for (const v of variants) {
@@ -368,7 +417,11 @@ for (const c of CASES) {
       );
     }
     jobs.push(
-      kernelJob("matvec", (p, i) => encodeMatvec(p, ops[i % copies]!), { batch: c.batch, constants }),
+      kernelJob("matvec", (p, i) => encodeMatvec(p, ops[i % copies]!), {
+        batch: c.batch,
+        ...(BATCH_SWEEP ? { variant: `xr2 rows ${constants!.ROWS} unroll ${constants!.UNROLL}` } : {}),
+        constants,
+      }),
     );
   }
   if (c.batch === 1 && MATVEC_Q8_TYPES.includes(c.type)) {
@@ -517,10 +570,11 @@ for (const c of CASES) {
   }
   const secs = await timeJobs(jobs, reps);
   const ceiling = tBytes / secs[0]! / 1e9;
+  if (BATCH_SWEEP) oldSecs = secs[1];
   jobs.forEach((j, i) => j.emit(secs[i]!, ceiling));
 }
 // Prefill matmul: attn_qkv-shaped weights times M tokens (not bandwidth-bound: GFLOP/s = 2·K·N·M / time).
-if (!Q8) {
+if (!Q8 && !BATCH_SWEEP) {
   const m = QUICK ? 64 : 512;
   const k = 2048;
   const n = QUICK ? 1024 : 8192;

@@ -560,9 +560,8 @@ Deno.test("matvecConstants and checkMatvec: XR=2 takes 1..16 columns and ROWS 1.
   const b = { params: dummy, weights: dummy, x: dummy, y: dummy };
   const shape: MatvecShape = { type: "IQ4_XS", k: 2048, n: 64, batch: 16 };
   assert.equal(MATVEC_MAX_BATCH, 16);
-  // Above 8 columns the default is the named path; up to 8 it stays XR 1 (the H200 sets the default).
+  // Above 8 columns the default is the named path (the only one that takes them).
   assert.equal(matvecConstants(shape).XR, 2);
-  assert.equal(matvecConstants({ ...shape, batch: 8 }).XR, 1);
   checkMatvec(shape, matvecConstants(shape, { rows: 4 }), b);
   assert.throws(() => checkMatvec(shape, matvecConstants(shape, { xr: 1 }), b), /needs XR=2/);
   assert.throws(() => checkMatvec(shape, matvecConstants(shape, { rows: 8 }), b), /XR=2 takes ROWS 1..4/);

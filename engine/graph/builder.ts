@@ -166,6 +166,9 @@ export interface PendingNorm {
   readonly y: GPUBuffer;
 }
 
+/** Params buffers by content, per owner (the `owned` list of a stage: they live and die with it). */
+const PARAMS_BY_OWNER = new WeakMap<GPUBuffer[], Map<string, GPUBuffer>>();
+
 /** Builds the dispatch list of one chunk of `n` tokens; blocks push onto it. */
 export class GraphBuilder {
   readonly device: GPUDevice;
@@ -239,8 +242,17 @@ export class GraphBuilder {
     return this.checked(label, spec, c, (p) => bindGroup(this.device, p, bindings), grid);
   }
 
-  /** A small constant params buffer (storage and uniform: mat-vec params bind as uniform, others as storage). */
+  /**
+   * A small constant params buffer (storage and uniform: mat-vec params bind as uniform, others as storage).
+   * No kernel writes its params, so one buffer per content serves every graph of the owner (the layers of a
+   * model repeat shapes, and a slot's graphs repeat another slot's): a graph builds a fraction of them.
+   */
   storage(words: Uint32Array): GPUBuffer {
+    let byContent = PARAMS_BY_OWNER.get(this.#owned);
+    if (!byContent) PARAMS_BY_OWNER.set(this.#owned, byContent = new Map());
+    const key = words.join(",");
+    const hit = byContent.get(key);
+    if (hit) return hit;
     const buf = this.device.createBuffer({
       size: Math.max(16, words.byteLength),
       usage: GPUBufferUsage.STORAGE | GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
@@ -249,6 +261,7 @@ export class GraphBuilder {
     new Uint32Array(buf.getMappedRange()).set(words);
     buf.unmap();
     this.#owned.push(buf);
+    byContent.set(key, buf);
     return buf;
   }
 

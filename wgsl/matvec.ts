@@ -139,8 +139,7 @@ export interface MatvecOp {
  * "rows in vec4 components"): TEAM = the largest power of two ≤ K/8 (units per row) and ≤ 32, or 64 from
  * K = 4096; batch 1 uses ROWS = 4 with UNROLL 1 from N = 8192 (rows share x quads), else ROWS = 1 from
  * K = 2048 (more workgroups) and ROWS = 4 below (short rows need more rows per workgroup); batches use
- * ROWS = 1 with XR = 1 (x reloaded per row) and UNROLL = 1, above 8 columns (which only XR = 2 takes) ROWS = 1
- * with XR = 2; UNROLL = 2 elsewhere.
+ * the named path XR = 2 with UNROLL = 1 and ROWS = 4 from N = 4096 below 65,536, else 2; UNROLL = 2 elsewhere.
  */
 export function matvecConstants(
   shape: MatvecShape,
@@ -168,8 +167,14 @@ export function matvecConstants(
   // at 8 columns attn_qkv 0.059 against 0.140 ms (ROWS 2, XR 0), ssm_out 0.032 against 0.074, the Q6_K LM head
   // 1.82 against 4.74; at 4 columns 0.039 / 0.020 / 1.00 against 0.055 / 0.033 / 2.10 (docs/PERF.md): holding
   // every column's x for the rows costs more (registers) than reading it again from L1.
+  // From the sixteenth session: the named batched path (XR 2) for every batch, ROWS 4 on matrices of 4,096 to
+  // 65,535 rows and 2 elsewhere (H200, bench/matvec.ts --batch-sweep at 8 columns, ms against XR 1 ROWS 1:
+  // attn_qkv [2048, 8192] 0.0245 / 0.0592, attn_gate [2048, 4096] 0.0171 / 0.0323, ssm_out [4096, 2048] ROWS 2
+  // 0.0185 / 0.0318, shexp gate·up 0.0090 / 0.0155, the Q6_K LM head ROWS 2 0.926 / 1.845; docs/PERF.md).
   const batched = shape.batch > 1;
-  const rows = opts.rows ?? (opts.sr ? 1 : !batched ? (tall || shape.k < 2048 ? 4 : 1) : 1);
+  const xr = opts.xr ?? (batched ? 2 : 0);
+  const batchRows = xr === 2 ? (shape.n >= 4096 && shape.n < 65536 ? 4 : 2) : 1;
+  const rows = opts.rows ?? (opts.sr ? 1 : !batched ? (tall || shape.k < 2048 ? 4 : 1) : batchRows);
   // Short matrices (a router, a k/v projection): a wider team, up to 128, until one row per team gives 256
   // workgroups, so that a few dozen workgroups do not leave the SMs idle (H200, batch 1: router [2048, 257]
   // F32 8.7 µs at TEAM 32, 4.9 at 128, 5.3-6.4 at 256; attn_v [2048, 512] Q5_K 11.8, 6.1, 6.1; docs/PERF.md).
@@ -184,7 +189,7 @@ export function matvecConstants(
     ROWS: rows,
     BATCH: shape.batch,
     UNROLL: opts.unroll ?? (tall || batched ? 1 : 2),
-    XR: opts.xr ?? (shape.batch > MATVEC_MAX_BATCH_ARRAYS ? 2 : batched ? 1 : 0),
+    XR: xr,
     SR: opts.sr ? 1 : 0,
     NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,

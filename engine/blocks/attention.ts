@@ -55,13 +55,17 @@ import {
 
 /**
  * Most splits of the decode attention (the capacity of the partials buffers, 16 KiB per split for 35B-A3B):
- * at a 32k context 128 splits of 256 positions (4 tiles) give 256 workgroups. On the H200 (docs/PERF.md,
+ * at a 32k context 128 splits of 256 positions (8 tiles) give 256 workgroups. On the H200 (docs/PERF.md,
  * 2026-12-04) 128 splits of tiles of 64 ran 0.116 ms per layer at 32k against 0.147 for 256 of 32.
  */
 export const ATTN_SPLITS = 128;
 
-/** Positions per tile of the decode attention (three barriers per tile; bench/attention.ts sweeps it). */
-export const ATTN_DECODE_TILE = 64;
+/**
+ * Positions per tile of the decode attention (three barriers per tile; bench/attention.ts sweeps it). H200,
+ * sixteenth session, `--decode-only --depths 32768 --sweep`: 128 splits of tiles of 32 (WG 256, KPT 1) 0.0999
+ * ms per layer against 0.1122 for tiles of 64 (16: 0.0994; 256 splits of any tile 0.177 or more).
+ */
+export const ATTN_DECODE_TILE = 32;
 
 /** Keys per invocation in attn_decode's q·k phase (2 halves its workgroup-memory reads; swept by the bench). */
 export const ATTN_DECODE_KPT = 1;

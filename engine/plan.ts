@@ -44,7 +44,7 @@ import {
 } from "./exec/activations.ts";
 import { type LoadPlan, loadPlan } from "./exec/load_plan.ts";
 import { Stage } from "./exec/stage.ts";
-import { encodeOps } from "./graph/builder.ts";
+import { encodeOps, POS_PARAMS_BYTES } from "./graph/builder.ts";
 import { PACK_ALIGN_BYTES } from "./gpu/weights.ts";
 import { formatBytes } from "./inspect.ts";
 
@@ -287,9 +287,11 @@ class RangeCosts {
     this.#act = [false, true].map((deltaNet) =>
       [false, true].map((last) => {
         const words = activationWords(hp, { maxChunk: o.maxChunk, deltaNet, last });
-        // As the stage allocates them: each activation buffer at least 16 bytes; per slot a position and a
-        // token buffer of 16 bytes; the zero-id buffer of the widest chunk or batched step.
-        return Object.values(words).reduce((s, w) => s + Math.max(16, 4 * w), 0) + 32 * o.nSlots +
+        // As the stage allocates them: each activation buffer at least 16 bytes; per slot a position params
+        // buffer (POS_PARAMS_BYTES: the chunk's [pos, n] and its chunk table) and a token buffer of 16 bytes;
+        // the zero-id buffer of the widest chunk or batched step.
+        return Object.values(words).reduce((s, w) => s + Math.max(16, 4 * w), 0) +
+          (POS_PARAMS_BYTES + 16) * o.nSlots +
           4 * Math.max(o.maxChunk, MAX_BATCH_SLOTS);
       })
     );

@@ -21,6 +21,7 @@ export {
   PipelineCache,
   variantKey,
 } from "../wgsl/kernel.ts";
+export type { MoeMatvecTuning } from "../wgsl/moe_matvec.ts";
 export { assert, GgufError, type GgufErrorCode, GpuError, NumericsError } from "./errors.ts";
 export {
   GGML_TYPES,

@@ -99,9 +99,13 @@ export interface MoeMatvecShape {
  * bits (wgsl/moe_matvec_test.ts), so a batched step may take other ones than its solo step.
  */
 export interface MoeMatvecTuning {
+  /** Invocations per row (a power of two): fixes each row's summation order. */
   readonly team: number;
+  /** Rows per team (1..4). */
   readonly rows: number;
+  /** Row blocks a workgroup walks in turn (default 1). */
   readonly blocks?: number;
+  /** Units whose loads are issued together per loop step (2 or 4; default 2). */
   readonly unroll?: number;
   /** Workgroup size (default 256); the bits stay while {@linkcode moeMatvecSameBits} holds. */
   readonly wg?: number;

@@ -25,6 +25,7 @@ import {
   type GdnStepConstants,
   gdnStepGrid,
 } from "../wgsl/gdn_step.ts";
+import { buildInfo } from "../version.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -41,10 +42,7 @@ const reps = args.quick ? 2 : Number(args.reps);
 const gpu = await acquireGpu();
 const device = gpu.device;
 const cache = new PipelineCache(device);
-const commit = new TextDecoder().decode(
-  (await new Deno.Command("git", { args: ["rev-parse", "--short", "HEAD"], stdout: "piped" }).output()
-    .catch(() => ({ stdout: new Uint8Array() }))).stdout,
-).trim();
+const commit = buildInfo().commit;
 
 function line(o: Record<string, unknown>): void {
   console.log(JSON.stringify({ bench: "gdn_step", commit, adapter: gpu.summary, ...o }));

@@ -95,6 +95,21 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
       links.push(l);
       return l;
     };
+    /** A link from `head` (layers 0:a) to the chain at `port`, attached as the head's stage. */
+    const headLink = (head: Stage, port: number, draft: number) => {
+      const next = link(port, draft);
+      next.attach({
+        arch,
+        layers: { first: 0, end: head.layers[1], total: L },
+        nEmbd: head.hp.nEmbd,
+        nSlots: 2,
+        nCtx: CTX,
+        int8Activations: false,
+        kvF16: false,
+        fingerprint: head.fingerprint,
+      });
+      return next;
+    };
     try {
       // 2 stages: 0:2 | 2:L. 3 stages: 0:1 | 1:3 → 3:L.
       const p2 = await serve(await load([2, L]));
@@ -123,17 +138,7 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
             ? [[0], [4], [5, oracle]] as const
             : [[0], [5, oracle]] as const;
           for (const [draft, drafter] of variants) {
-            const next = link(port, draft);
-            next.attach({
-              arch,
-              layers: { first: 0, end: head.layers[1], total: L },
-              nEmbd: head.hp.nEmbd,
-              nSlots: 2,
-              nCtx: CTX,
-              int8Activations: false,
-              kvF16: false,
-              fingerprint: head.fingerprint,
-            });
+            const next = headLink(head, port, draft);
             const dec = new SplitDecoder(head, next, { draft, ...(drafter ? { drafter } : {}) });
             const opts = c.sampling ? { sampling: c.sampling } : {};
             // Two calls: 11 ids, then the rest continuing the same stream (as the scheduler's turns do).
@@ -172,17 +177,7 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           if (c.name === "greedy" && what === "2 stages") {
             // The cross-request cache: the same request twice on two slots. The first finds no match (random
             // models do not repeat themselves); the second drafts the first's output and keeps it.
-            const next = link(port, MAX_DRAFT);
-            next.attach({
-              arch,
-              layers: { first: 0, end: head.layers[1], total: L },
-              nEmbd: head.hp.nEmbd,
-              nSlots: 2,
-              nCtx: CTX,
-              int8Activations: false,
-              kvF16: false,
-              fingerprint: head.fingerprint,
-            });
+            const next = headLink(head, port, MAX_DRAFT);
             const cache = new DraftCache(1000);
             const dec = new SplitDecoder(head, next, { draft: MAX_DRAFT, draftCache: cache });
             const plain = PROMPT.slice(9);

@@ -73,11 +73,13 @@ export const ATTN_DECODE_KPT = 1;
 /** Shortest decode split in positions (one tile): short contexts use few splits and combine few partials. */
 export const ATTN_SPLIT_MIN = ATTN_DECODE_TILE;
 
-/** True when layer l's K and V caches are pooled (one slot stride): a short chunk can run as columns. */
-function chunkColumns(cx: BuildContext, l: number): boolean {
-  const kPool = cx.states.pool(l, "k_cache");
-  const vPool = cx.states.pool(l, "v_cache");
-  return kPool !== undefined && vPool !== undefined && kPool.strideBytes === vPool.strideBytes;
+/** Layer l's K and V cache pools (every slot at one stride), or undefined when the caches are per slot. */
+function kvPools(cx: BuildContext, l: number) {
+  const k = cx.states.pool(l, "k_cache");
+  const v = cx.states.pool(l, "v_cache");
+  if (k === undefined || v === undefined) return undefined;
+  assert(k.strideBytes === v.strideBytes, "K and V caches share one slot stride");
+  return { k, v };
 }
 
 /** Decode splits for a cache of `nCtx` positions: no more than its shortest splits can fill. */
@@ -106,42 +108,43 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   }
   if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
   else await matvec(g, `L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n);
-  if (cx.batch) {
+  // A batched step's columns, or a chunk of a few tokens (drafts checked in one frame, a prompt's tail) as the
+  // columns of a batched step on one slot (the chunk table, CHUNK_TABLE_OFFSET), so every token gets the bits
+  // of a one-token step: RoPE writes every column's K/V first; column c then attends positions up to its own.
+  const pools = kvPools(cx, l);
+  if (cx.batch || (n >= 2 && n <= MATVEC_MAX_COLS && pools)) {
     const nQ = hp.nHead * hp.headDim;
-    const nCol = cx.batch.slots.length;
-    // RoPE with the KV write, then attn_decode: one dispatch each over every column where the layer's caches
-    // are pooled (each column writes and reads its slot's rows), else per slot.
-    const kPool = cx.states.pool(l, "k_cache");
-    const vPool = cx.states.pool(l, "v_cache");
-    const pooled = kPool !== undefined && vPool !== undefined;
+    const nCol = cx.batch ? cx.batch.slots.length : n;
+    const table: Binding = cx.batch?.table ??
+      { buffer: cx.pos, offset: CHUNK_TABLE_OFFSET, size: 4 * BATCH_TABLE_WORDS * n };
     let dc: AttnDecodeConstants | undefined;
-    if (pooled) {
-      assert(kPool.strideBytes === vPool.strideBytes, "K and V caches share one slot stride");
-      const cols = { n: nCol, slots: cx.states.nSlots, kvCol: kPool.strideBytes / 4 };
+    if (pools) {
+      // RoPE with the KV write, then attn_decode: one dispatch each over every column (each column writes and
+      // reads its slot's rows of the pooled caches, into its own region of the partials).
+      const cols = { n: nCol, slots: cx.states.nSlots, kvCol: pools.k.strideBytes / 4 };
       await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, 1, {
-        params: cx.batch.table,
+        params: table,
         qf: sub(A.qf!, 0, nCol * nQf),
         k: sub(A.k!, 0, nCol * nKv),
         v: sub(A.v!, 0, nCol * nKv),
         qOut: sub(A.q!, 0, nCol * nQ),
-        kCache: kPool.buffer,
-        vCache: vPool.buffer,
+        kCache: pools.k.buffer,
+        vCache: pools.v.buffer,
       }, cols);
-      // attn_decode likewise: every column on its slot's caches, into its own region of the partials.
       dc = await decodeSplits(g, `L${l}.attn_decode`, cx, {
-        pos: cx.batch.table,
+        pos: table,
         q: sub(A.q!, 0, nCol * nQ),
-        kCache: kPool.buffer,
-        vCache: vPool.buffer,
+        kCache: pools.k.buffer,
+        vCache: pools.v.buffer,
       }, cols);
     }
-    // Caches per slot: RoPE and attn_decode per slot on its column of q and its caches, into the column's
-    // region of the partials. Then one combine over every column.
-    for (const [b, slot] of (pooled ? [] : cx.batch.slots).entries()) {
+    // Caches per slot (a batched step only): RoPE and attn_decode per slot on its column of q and its caches,
+    // into the column's region of the partials. Then one combine over every column.
+    for (const [b, slot] of (pools ? [] : cx.batch!.slots).entries()) {
       const kCache = cx.states.binding(slot, l, "k_cache");
       const vCache = cx.states.binding(slot, l, "v_cache");
       const qB = sub(A.q!, b * nQ, nQ);
-      const pos = cx.batch.pos[b]!;
+      const pos = cx.batch!.pos[b]!;
       await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
         params: pos,
         qf: sub(A.qf!, b * nQf, nQf),
@@ -154,39 +157,10 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
       dc = await decodeSplits(g, `L${l}.attn_decode.${b}`, cx, { pos, q: qB, kCache, vCache }, b);
     }
     await combineSplits(g, `L${l}.attn_combine`, cx, dc!, {
-      params: cx.batch.table,
+      params: table,
       qf: sub(A.qf!, 0, nCol * nQf),
       o: sub(A.o!, 0, nCol * nQ),
     }, nCol);
-  } else if (n >= 2 && n <= MATVEC_MAX_COLS && chunkColumns(cx, l)) {
-    // A chunk of a few tokens (drafts checked in one frame, a prompt's tail): its tokens as the columns of a
-    // batched step on one slot (the chunk table, CHUNK_TABLE_OFFSET), so every token gets the bits of a
-    // one-token step. RoPE writes all the chunk's K/V first; column c then attends positions up to its own.
-    const nQ = hp.nHead * hp.headDim;
-    const kPool = cx.states.pool(l, "k_cache")!;
-    const vPool = cx.states.pool(l, "v_cache")!;
-    const table: Binding = { buffer: cx.pos, offset: CHUNK_TABLE_OFFSET, size: 4 * BATCH_TABLE_WORDS * n };
-    const cols = { n, slots: cx.states.nSlots, kvCol: kPool.strideBytes / 4 };
-    await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, 1, {
-      params: table,
-      qf: sub(A.qf!, 0, n * nQf),
-      k: sub(A.k!, 0, n * nKv),
-      v: sub(A.v!, 0, n * nKv),
-      qOut: sub(A.q!, 0, n * nQ),
-      kCache: kPool.buffer,
-      vCache: vPool.buffer,
-    }, cols);
-    const dc = await decodeSplits(g, `L${l}.attn_decode`, cx, {
-      pos: table,
-      q: sub(A.q!, 0, n * nQ),
-      kCache: kPool.buffer,
-      vCache: vPool.buffer,
-    }, cols);
-    await combineSplits(g, `L${l}.attn_combine`, cx, dc, {
-      params: table,
-      qf: sub(A.qf!, 0, n * nQf),
-      o: sub(A.o!, 0, n * nQ),
-    }, n);
   } else {
     const kCache = cx.states.binding(cx.slot, l, "k_cache");
     const vCache = cx.states.binding(cx.slot, l, "v_cache");

@@ -244,11 +244,12 @@ export class SplitDecoder implements SlotDecoder {
    */
   generate(items: readonly BatchItem[], opts: { pause?: () => boolean } = {}): Promise<GenerateResult[]> {
     return this.#queue(async () => {
-      const before = items.map((it) => this.#held[it.slot]!.slice(0, it.opts.base ?? 0));
+      const cache = this.#cache;
+      const before = cache && items.map((it) => this.#held[it.slot]!.slice(0, it.opts.base ?? 0));
       let out: GenerateResult[] = [];
       if (items.length > 1 && this.#groups > 0) out = await generateMany(this.#pipe(), items, opts.pause);
       else for (const it of items) out.push(await this.#generateOne(it, opts.pause));
-      items.forEach((it, i) => this.#cache?.add([...before[i]!, ...it.prompt, ...out[i]!.tokens]));
+      if (cache) items.forEach((it, i) => cache.add([...before![i]!, ...it.prompt, ...out[i]!.tokens]));
       return out;
     });
   }

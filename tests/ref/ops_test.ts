@@ -102,8 +102,21 @@ Deno.test("deltaNetStep: the key head mapping kHeadOf is honoured", () => {
   const grouped = deltaNetStep(s0, { dK: 4, dV: 4, nK: 2, nV: 4, kHeadOf: (h) => Math.floor(h / 2), ...x });
   const tiled = deltaNetStep(s0, { dK: 4, dV: 4, nK: 2, nV: 4, kHeadOf: (h) => h % 2, ...x });
   // v-head 0 reads k-head 0 in both; v-head 1 reads k-head 0 (grouped) or 1 (tiled)
-  for (let j = 0; j < 4; j++) assert.equal(grouped.o[j], tiled.o[j]);
-  assert.ok(Math.abs(grouped.o[4]! - tiled.o[4]!) > 1e-6, `seed ${rng.seed}: heads 1 should differ`);
+  // o is [token][v-head][dV]: heads 0 and 3 read the same k-head in both mappings, heads 1 and 2 do not. One element
+  // can agree by chance (a small beta or v), so the test compares each head over all tokens.
+  const headDiff = (h: number) => {
+    let d = 0;
+    for (let t = 0; t < 3; t++) {
+      for (let j = 0; j < 4; j++) {
+        d = Math.max(d, Math.abs(grouped.o[(t * 4 + h) * 4 + j]! - tiled.o[(t * 4 + h) * 4 + j]!));
+      }
+    }
+    return d;
+  };
+  assert.equal(headDiff(0), 0, `seed ${rng.seed}: head 0`);
+  assert.equal(headDiff(3), 0, `seed ${rng.seed}: head 3`);
+  assert.ok(headDiff(1) > 1e-6, `seed ${rng.seed}: head 1 should differ`);
+  assert.ok(headDiff(2) > 1e-6, `seed ${rng.seed}: head 2 should differ`);
 });
 
 Deno.test("ropeNeox rotates the pairs (j, j + nRot/2) and passes dims >= nRot through", () => {

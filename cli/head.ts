@@ -59,11 +59,15 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --tls-ca F        connect to --next over TLS, trusting this CA (PEM)
   --pipeline N      split serving: slot groups in flight at once, each a batched frame (0..8, default 2;
                     0: the generating requests take turns, one slot per frame)
-  --draft K         split serving: guess up to K ids per decode frame by prompt lookup (0..7, default 0:
-                    off); the last stage checks them, output is the same with drafts on or off
-  --draft-cache N   split serving with --draft: also draft from the n-grams of earlier requests' prompts and
-                    outputs (N: most 3-id n-grams kept, about 100 bytes each; default 0: off). Helps repeated
-                    or quoted text; makes one request's speed depend on others' (a timing side channel)
+  --draft K         guess up to K ids per decode frame by prompt lookup (0..7, default 0: off); output is
+                    the same with drafts on or off. Split serving: every frame carries them, the last stage
+                    checks them. Unsplit: a lone generating request leaves the pipelined steps for frames of
+                    its last id and the guesses where the guesses are long (--draft-min), while they hold
+  --draft-min M     unsplit serving with --draft: fewest guesses that make a frame, and accepted ones that
+                    keep frames going (1..K, default 4 or K)
+  --draft-cache N   with --draft: also draft from the n-grams of earlier requests' prompts and outputs (N:
+                    most 3-id n-grams kept, about 100 bytes each; default 0: off). Helps repeated or quoted
+                    text; makes one request's speed depend on others' (a timing side channel)
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
                     split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
@@ -146,6 +150,32 @@ function draftFlag(value: string): number {
   return n;
 }
 
+/**
+ * `--draft K` (with `--draft-min M`, `--draft-cache N`) without `--next`: the unsplit engine's drafted frames
+ * (EngineOptions.draft); undefined when off or when a split chain drafts (splitOptions reads the flags then).
+ */
+function unsplitDraft(
+  v: { draft?: string; "draft-min"?: string; "draft-cache"?: string; next?: string },
+): { k: number; min?: number; cache?: number } | undefined {
+  if (v["draft-cache"] !== undefined && v.draft === undefined) {
+    throw new RangeError(`--draft-cache ${v["draft-cache"]} feeds the drafts: give it with --draft`);
+  }
+  if (v["draft-min"] !== undefined && (v.draft === undefined || v.next !== undefined)) {
+    throw new RangeError(
+      `--draft-min ${
+        v["draft-min"]
+      } sets when the unsplit engine drafts: give it with --draft, without --next`,
+    );
+  }
+  if (v.draft === undefined || v.next !== undefined) return undefined;
+  const k = draftFlag(v.draft);
+  if (k === 0) return undefined;
+  const min = v["draft-min"] === undefined ? undefined : int("draft-min", v["draft-min"], 1);
+  if (min !== undefined && min > k) throw new RangeError(`--draft-min ${min} must be at most --draft ${k}`);
+  const cache = v["draft-cache"] === undefined ? 0 : int("draft-cache", v["draft-cache"], 0);
+  return { k, ...(min !== undefined ? { min } : {}), ...(cache > 0 ? { cache } : {}) };
+}
+
 /** `--layers 0:a --next HOST:PORT` (both or neither): the head's range and its chain link. */
 async function splitOptions(
   v: {
@@ -158,19 +188,7 @@ async function splitOptions(
     pipeline?: string;
   },
 ): Promise<{ layers: [number, number]; next: ChainLink; groups?: number; draftCache?: number } | undefined> {
-  if (v["draft-cache"] !== undefined && v.draft === undefined) {
-    throw new RangeError(
-      `--draft-cache ${
-        v["draft-cache"]
-      } feeds the drafts of a split chain: give it with --draft, --layers and --next`,
-    );
-  }
   const draftCache = v["draft-cache"] === undefined ? undefined : int("draft-cache", v["draft-cache"], 0);
-  if (v.draft !== undefined && v.next === undefined) {
-    throw new RangeError(
-      `--draft ${v.draft} drafts frames of a split chain: give it with --layers and --next`,
-    );
-  }
   if (v.pipeline !== undefined && v.next === undefined) {
     throw new RangeError(
       `--pipeline ${v.pipeline} groups the frames of a split chain: give it with --layers and --next`,
@@ -251,6 +269,7 @@ export const command: Command = {
         "link-key": { type: "string" },
         "tls-ca": { type: "string" },
         draft: { type: "string" },
+        "draft-min": { type: "string" },
         pipeline: { type: "string" },
         "draft-cache": { type: "string" },
         debug: { type: "boolean", default: false },
@@ -301,9 +320,11 @@ export const command: Command = {
       }
       console.error(`Chat template: ${template.origin} (${template.kind})`);
 
+      const draft = unsplitDraft(values);
       const split = await splitOptions(values);
       const engine = startEngine({
         split,
+        ...(draft ? { draft } : {}),
         model: path,
         nCtx,
         nSlots,

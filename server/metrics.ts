@@ -209,13 +209,18 @@ export class Metrics {
     if (status.stages) renderStages(status.stages, metric);
     if (status.drafts) {
       const d = status.drafts;
-      metric("llm_draft_frames_total", "counter", "Decode frames of a split head that carried drafts.", [
-        `llm_draft_frames_total ${d.frames}`,
-      ]);
-      metric("llm_draft_tokens_proposed_total", "counter", "Draft ids a split head sent.", [
+      metric(
+        "llm_draft_frames_total",
+        "counter",
+        "Decode frames that carried drafts (a split head's, or the unsplit engine's --draft frames).",
+        [
+          `llm_draft_frames_total ${d.frames}`,
+        ],
+      );
+      metric("llm_draft_tokens_proposed_total", "counter", "Draft ids fed in drafted frames.", [
         `llm_draft_tokens_proposed_total ${d.proposed}`,
       ]);
-      metric("llm_draft_tokens_accepted_total", "counter", "Draft ids the chain's output matched (kept).", [
+      metric("llm_draft_tokens_accepted_total", "counter", "Draft ids the output matched (kept).", [
         `llm_draft_tokens_accepted_total ${d.accepted}`,
       ]);
     }

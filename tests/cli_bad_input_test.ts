@@ -17,7 +17,17 @@ const CASES: readonly [string[], number, RegExp][] = [
   [
     ["head", "--model", F, "--draft-cache", "1000"],
     1,
-    /^error: --draft-cache 1000 feeds the drafts of a split chain: give it with --draft, --layers and --next$/,
+    /^error: --draft-cache 1000 feeds the drafts: give it with --draft$/,
+  ],
+  [
+    ["head", "--model", F, "--draft", "3", "--draft-min", "5"],
+    1,
+    /^error: --draft-min 5 must be at most --draft 3$/,
+  ],
+  [
+    ["head", "--model", F, "--draft", "8"],
+    1,
+    /^error: --draft 8 must be at most 7 \(rows per frame: 1 \+ drafts <= 8\)$/,
   ],
   [
     ["head", "--model", "/nonexistent.gguf", "--port", "0"],

@@ -41,6 +41,8 @@ export type ToWorker =
     readonly int8Activations: boolean;
     /** StageOptions.kvF16. */
     readonly kvF16: boolean;
+    /** Drafted frames of the unsplit engine (EngineOptions.draft); absent: none. */
+    readonly draft?: { readonly k: number; readonly cache?: number; readonly min?: number };
     /** Split head: the first layer range runs here, the rest through `next` calls (absent: whole model). */
     readonly split?: {
       readonly layers: readonly [number, number];
@@ -74,7 +76,10 @@ export type FromWorker =
   | { readonly type: "ready"; readonly nVocab: number }
   | { readonly type: "stage"; readonly info: StageInfo }
   | { readonly type: "next"; readonly call: number; readonly request: NextCall }
-  /** A split head's draft counts since start (SplitDecoder.draftStats), after each frame that carried drafts. */
+  /**
+   * Draft counts since start (SplitDecoder.draftStats, or the unsplit engine's DraftingDecoder.draftStats), after
+   * each frame that carried drafts.
+   */
   | { readonly type: "drafts"; readonly frames: number; readonly proposed: number; readonly accepted: number }
   | { readonly type: "failed"; readonly error: WireErrorValue }
   | { readonly type: "tokens"; readonly id: number; readonly ids: readonly number[] }

@@ -142,8 +142,8 @@ export interface EngineStatus {
     readonly error?: string;
   }[];
   /**
-   * Drafts per frame of a split head since start (`--draft`): frames that carried drafts, draft ids sent
-   * (proposed) and those the chain's output matched (accepted), when the engine drafts.
+   * Drafted frames since start (`--draft`: a split head's frames, or the unsplit engine's): frames that
+   * carried drafts, draft ids fed (proposed) and those the output matched (accepted), when the engine drafts.
    */
   readonly drafts?: { readonly frames: number; readonly proposed: number; readonly accepted: number };
 }

@@ -109,6 +109,19 @@ export interface EngineOptions {
     /** n-grams of the cross-request draft cache (engine/exec/draft_cache.ts); absent or 0: none. */
     readonly draftCache?: number;
   };
+  /**
+   * Drafted decoding in the unsplit engine (engine/exec/drafting.ts): a lone generating request runs frames of
+   * its last id and up to `k` guessed ids where the guesses are long, with the same output as without. A split
+   * head drafts through its chain instead (`split.next`'s draft and `split.draftCache`): refused with `split`.
+   */
+  readonly draft?: {
+    /** Most guesses per frame (1..7). */
+    readonly k: number;
+    /** n-grams of the cross-request draft cache (engine/exec/draft_cache.ts); absent or 0: none. */
+    readonly cache?: number;
+    /** Fewest guesses that make a frame (1..k; default 4 or k): the pipelined steps run otherwise. */
+    readonly min?: number;
+  };
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -253,6 +266,7 @@ export class EngineService implements Engine {
     if (!Number.isInteger(batchMin) || !(batchMin === 0 || (batchMin >= 2 && batchMin <= 8))) {
       throw new RangeError(`Engine option batchMin must be 0 (never) or an integer in 2..8, got ${batchMin}`);
     }
+    if (opts.draft) draftCheck(opts.draft, opts.split !== undefined);
     this.#chain = opts.split?.next;
     this.#nCtx = opts.nCtx;
     this.#nSlots = opts.nSlots;
@@ -285,6 +299,7 @@ export class EngineService implements Engine {
       maxChunk,
       int8Activations: opts.int8Activations ?? false,
       kvF16: opts.kvF16 ?? false,
+      ...(opts.draft ? { draft: opts.draft } : {}),
       split: opts.split && {
         layers: opts.split.layers,
         ...(opts.split.groups !== undefined ? { groups: opts.split.groups } : {}),
@@ -766,4 +781,26 @@ function result(
     queueMs: o.queueMs,
     ...(o.meanBatch !== undefined ? { meanBatch: o.meanBatch } : {}),
   };
+}
+
+/**
+ * Checks EngineOptions.draft (7 = MAX_DRAFT, not imported: the main thread does not load the engine's modules).
+ * @throws {RangeError} on a bad value, or with a split head
+ */
+function draftCheck(d: NonNullable<EngineOptions["draft"]>, split: boolean): void {
+  if (split) {
+    throw new RangeError(
+      "Engine option draft drafts the unsplit engine: a split head drafts through its chain (split.next)",
+    );
+  }
+  if (!Number.isInteger(d.k) || d.k < 1 || d.k > 7) {
+    throw new RangeError(`Engine option draft.k must be an integer in 1..7, got ${d.k}`);
+  }
+  const min = d.min ?? Math.min(4, d.k);
+  if (!Number.isInteger(min) || min < 1 || min > d.k) {
+    throw new RangeError(`Engine option draft.min must be an integer in 1..${d.k}, got ${d.min}`);
+  }
+  if (d.cache !== undefined && (!Number.isInteger(d.cache) || d.cache < 0)) {
+    throw new RangeError(`Engine option draft.cache must be an integer >= 0, got ${d.cache}`);
+  }
 }

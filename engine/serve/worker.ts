@@ -17,6 +17,7 @@ import { decodeError, encodeError, type FromWorker, type NextCall, type ToWorker
 import type { SlotDecoder } from "../exec/slot_decoder.ts";
 import { type NextResult, type NextStage, SplitDecoder, StaleChainError } from "../exec/split.ts";
 import { DraftCache } from "../exec/draft_cache.ts";
+import { DraftingDecoder } from "../exec/drafting.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -119,6 +120,14 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       });
     } else if (!stage.first || !stage.last) {
       throw new RangeError(`${path}: the service needs the whole model`);
+    } else if (m.draft) {
+      decoder = new DraftingDecoder(decoder, stage, {
+        draft: m.draft.k,
+        ...(m.draft.min !== undefined ? { minDraft: m.draft.min } : {}),
+        ...(m.draft.cache ? { draftCache: new DraftCache(m.draft.cache) } : {}),
+        onDrafts: (d) =>
+          post({ type: "drafts", frames: d.frames, proposed: d.proposed, accepted: d.accepted }),
+      });
     }
     await warmUp(stage, decoder, m);
     runner = new SlotRunner(decoder, {

@@ -86,10 +86,10 @@ Deno.test("engine --draft: a repeated request drafts from the cache, the same id
 Deno.test("engine --draft: k outside 1..7 and min above k are refused", () => {
   assert.throws(
     () => startEngine({ model: MODEL, nCtx: N_CTX, nSlots: 1, queueSize: 0, draft: { k: 8 } }),
-    /draft\.k must be an integer in 1\.\.7, got 8/,
+    /draft: k must be an integer in 1\.\.7, got 8/,
   );
   assert.throws(
     () => startEngine({ model: MODEL, nCtx: N_CTX, nSlots: 1, queueSize: 0, draft: { k: 3, min: 4 } }),
-    /draft\.min must be an integer in 1\.\.3, got 4/,
+    /draft: min must be an integer in 1\.\.3, got 4/,
   );
 });

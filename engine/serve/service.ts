@@ -110,18 +110,11 @@ export interface EngineOptions {
     readonly draftCache?: number;
   };
   /**
-   * Drafted decoding in the unsplit engine (engine/exec/drafting.ts): a lone generating request runs frames of
-   * its last id and up to `k` guessed ids where the guesses are long, with the same output as without. A split
-   * head drafts through its chain instead (`split.next`'s draft and `split.draftCache`): refused with `split`.
+   * Drafted frames in the unsplit engine (engine/exec/drafting.ts; the same output): `k` most guesses per frame
+   * (1..7), `cache` n-grams of the draft cache (absent or 0: none), `min` fewest guesses per frame (1..k;
+   * default 4 or k). Refused with `split`: a split head drafts through its chain (`split.next`).
    */
-  readonly draft?: {
-    /** Most guesses per frame (1..7). */
-    readonly k: number;
-    /** n-grams of the cross-request draft cache (engine/exec/draft_cache.ts); absent or 0: none. */
-    readonly cache?: number;
-    /** Fewest guesses that make a frame (1..k; default 4 or k): the pipelined steps run otherwise. */
-    readonly min?: number;
-  };
+  readonly draft?: { readonly k: number; readonly cache?: number; readonly min?: number };
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -783,24 +776,18 @@ function result(
   };
 }
 
-/**
- * Checks EngineOptions.draft (7 = MAX_DRAFT, not imported: the main thread does not load the engine's modules).
- * @throws {RangeError} on a bad value, or with a split head
- */
+/** Checks EngineOptions.draft (7 = MAX_DRAFT: the main thread does not load the engine's modules). */
 function draftCheck(d: NonNullable<EngineOptions["draft"]>, split: boolean): void {
-  if (split) {
-    throw new RangeError(
-      "Engine option draft drafts the unsplit engine: a split head drafts through its chain (split.next)",
-    );
-  }
-  if (!Number.isInteger(d.k) || d.k < 1 || d.k > 7) {
-    throw new RangeError(`Engine option draft.k must be an integer in 1..7, got ${d.k}`);
-  }
   const min = d.min ?? Math.min(4, d.k);
-  if (!Number.isInteger(min) || min < 1 || min > d.k) {
-    throw new RangeError(`Engine option draft.min must be an integer in 1..${d.k}, got ${d.min}`);
-  }
-  if (d.cache !== undefined && (!Number.isInteger(d.cache) || d.cache < 0)) {
-    throw new RangeError(`Engine option draft.cache must be an integer >= 0, got ${d.cache}`);
-  }
+  const int = (v: number, lo: number, hi: number) => Number.isInteger(v) && v >= lo && v <= hi;
+  const bad = split
+    ? "a split head drafts through its chain (split.next)"
+    : !int(d.k, 1, 7)
+    ? `k must be an integer in 1..7, got ${d.k}`
+    : !int(min, 1, d.k)
+    ? `min must be an integer in 1..${d.k}, got ${d.min}`
+    : !int(d.cache ?? 0, 0, Infinity)
+    ? `cache must be an integer >= 0, got ${d.cache}`
+    : undefined;
+  if (bad) throw new RangeError(`Engine option draft: ${bad}`);
 }

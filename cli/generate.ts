@@ -10,6 +10,7 @@ import {
   ChatTemplate,
   checkSampling,
   DEFAULT_MAX_CHUNK,
+  DraftingDecoder,
   KEYS,
   openGguf,
   planModel,
@@ -45,6 +46,10 @@ const USAGE =
   --int8        x rounded to int8 before quantized mat-vecs (integer dot products in decode steps, the
                 rounded x in prefill): faster decode, llama.cpp's quantized arithmetic
                 (StageOptions.int8Activations)
+  --draft K     guess up to K ids (1..7) by prompt lookup (a 3-id match) and check them in frames of 1 + K
+                rows where the guesses are long (engine/exec/drafting.ts); the same ids. Not with --json
+                (its top-k pairs run undrafted)
+  --draft-min M with --draft: fewest guesses that make a frame (1..K, default 4 or K)
 A prompt that prefills for more than a second prints its progress on stderr, at most one line a second
 (LLM_PROGRESS_MS sets both, in ms; default 1000).`;
 
@@ -143,6 +148,8 @@ export const command: Command = {
         seed: { type: "string" },
         int8: { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
+        draft: { type: "string" },
+        "draft-min": { type: "string" },
         debug: { type: "boolean", default: false },
         help: { type: "boolean", default: false },
       },
@@ -158,6 +165,14 @@ export const command: Command = {
     }
     const nNew = int("n", values.n, 0);
     const top = int("top", values.top, 0);
+    const draft = values.draft === undefined ? 0 : int("draft", values.draft, 0);
+    const draftMin = values["draft-min"] === undefined ? undefined : int("draft-min", values["draft-min"], 1);
+    if (draft > 7) {
+      throw new RangeError(`--draft ${draft} must be at most 7 (rows per frame: 1 + drafts <= 8)`);
+    }
+    if (draftMin !== undefined && (draft === 0 || draftMin > draft)) {
+      throw new RangeError(`--draft-min ${draftMin} must be at most --draft (${draft})`);
+    }
     if (nNew === 0 && !values.echo) {
       throw new RangeError("--n 0 generates nothing: add --echo to score the prompt");
     }
@@ -274,7 +289,16 @@ export const command: Command = {
       let first: { atMs: number; n: number } | undefined;
       let lastMs = t0;
       const progress = prefillProgress(everyMs);
-      const g = await stage.generate(0, ids, {
+      // With --draft: the drafting decoder around the stage's decode driver (the same ids, in frames).
+      const dec = draft > 0 && !values.json
+        ? new DraftingDecoder(stage.decoder, stage, {
+          draft,
+          ...(draftMin !== undefined ? { minDraft: draftMin } : {}),
+        })
+        : undefined;
+      const gen = async (opts: Parameters<Stage["generate"]>[2]) =>
+        dec ? (await dec.generate([{ slot: 0, prompt: ids, opts }]))[0]! : await stage.generate(0, ids, opts);
+      const g = await gen({
         onPrefill: (done, total) => {
           const line = progress(done, total);
           if (line !== undefined) console.error(line);
@@ -302,6 +326,10 @@ export const command: Command = {
       if (tok) out.text = text;
       if (!values.json) console.error(`\n[${out.reason}: ${g.tokens.length} tokens]`);
       console.error(speedLine(ids.length, g.tokens.length, { t0, first, lastMs }));
+      if (dec) {
+        const d = dec.draftStats;
+        console.error(`drafts: ${d.frames} frames, ${d.accepted}/${d.proposed} guesses kept`);
+      }
     }
     if (values.json) console.log(JSON.stringify(out));
     else if (!tok) console.log(out.tokens.join(" "));

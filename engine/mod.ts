@@ -81,6 +81,13 @@ export {
   type StageInfo,
   StaleChainError,
 } from "./exec/split.ts";
+export {
+  DEFAULT_MIN_DRAFT,
+  DraftingDecoder,
+  type DraftingOptions,
+  type DraftingStage,
+} from "./exec/drafting.ts";
+export { DraftCache, lookupDrafts } from "./exec/draft_cache.ts";
 export { encodeOps, type Op } from "./graph/builder.ts";
 export { legacyRowOrder } from "./models/qwen3next.ts";
 export { SlotStates, type StateBinding, type StatePool, type StateSpec } from "./state.ts";

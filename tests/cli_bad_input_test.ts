@@ -46,6 +46,16 @@ const CASES: readonly [string[], number, RegExp][] = [
     /^error: temperature 9999 is outside \[0, 100\]$/,
   ],
   [["generate", "--model", F], 2, /give exactly one of --prompt and --tokens/],
+  [
+    ["generate", "--model", F, "--tokens", "1", "--draft", "8"],
+    1,
+    /^error: --draft 8 must be at most 7 \(rows per frame: 1 \+ drafts <= 8\)$/,
+  ],
+  [
+    ["generate", "--model", F, "--tokens", "1", "--draft", "2", "--draft-min", "3"],
+    1,
+    /^error: --draft-min 3 must be at most --draft \(2\)$/,
+  ],
   [["inspect"], 2, /^error: give exactly one GGUF path$/],
   [["inspect", "--slots", "100000", F], 1, /^error: --slots 100000 must be an integer in 1\.\.256$/],
   [["inspect", "--ctx", "0", F], 1, /^error: --ctx 0 must be an integer in 1\.\.16777216$/],

@@ -49,11 +49,13 @@ export class DraftCache {
   readonly #max: number;
   /** n-gram key → continuation, in least-recently-written-first order (Map keeps insertion order). */
   readonly #next = new Map<string, Next>();
-  /** Lookups that found a continuation, and all lookups. */
+  /** Lookups that found a continuation. */
   hits = 0;
+  /** All lookups. */
   lookups = 0;
 
   /**
+   * An empty cache of at most `maxEntries` n-grams.
    * @param maxEntries most n-grams kept (the oldest written go first); each costs about 100 bytes plus the
    *   sequences still referenced
    * @throws {RangeError} unless `maxEntries` is a positive integer

@@ -44,18 +44,26 @@ const MATCH_IDS = 3;
 
 /** What the drafting decoder needs of a whole-model stage (a `Stage`). */
 export interface DraftingStage {
+  /** Positions per slot. */
   readonly nCtx: number;
+  /** The model's vocabulary size (an id at or above it: no usable logit). */
   readonly hp: { readonly nVocab: number };
+  /** Its slot states (a frame's snapshot is dropped there). */
   readonly states: { drop(id: number): void };
+  /** Tokens held by `slot`. */
   length(slot: number): number;
+  /** A frame's chunk (`rows: "all"`, with `ids` on the argmax path) or a rollback's re-run (`rows: "none"`). */
   run(
     slot: number,
     input: { readonly tokens: readonly number[] },
     base: number,
     opts: { rows: "all" | "none"; ids?: boolean },
   ): Promise<StageOutput>;
+  /** One id per logits row, drawn as the undrafted steps would (Stage.sampleRows). */
   sampleRows(logits: Float32Array<ArrayBuffer>, opts: RowSampleOptions): Promise<Uint32Array>;
+  /** Saves `slot`'s state (before a frame). */
   snapshot(slot: number): number;
+  /** Restores a frame's snapshot into `slot` (its tail was rejected). */
   restore(id: number, slot: number): void;
 }
 

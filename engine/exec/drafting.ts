@@ -46,6 +46,8 @@ const MATCH_IDS = 3;
 export interface DraftingStage {
   /** Positions per slot. */
   readonly nCtx: number;
+  /** Most tokens per chunk: a frame's rows must be one chunk (its `ids` take an argmax per row of one chunk). */
+  readonly maxChunk: number;
   /** The model's vocabulary size (an id at or above it: no usable logit). */
   readonly hp: { readonly nVocab: number };
   /** Its slot states (a frame's snapshot is dropped there). */
@@ -305,7 +307,7 @@ export class DraftingDecoder implements SlotDecoder {
       const pos = stage.length(slot);
       // Ids still to make: the request's, within the context (each id but the last is fed at pos, pos+1, ...).
       const limit = Math.min(o.nNew - tokens.length, stage.nCtx - pos);
-      const room = Math.min(this.#draft, limit - 1);
+      const room = Math.min(this.#draft, limit - 1, stage.maxChunk - 1);
       if (room < this.#min || seq.length < cool.until) return { ids: made, frames };
       if (pause?.()) return { ids: made, frames, paused: true };
       const drafts = this.#drafter(seq, room).slice(0, room);

@@ -295,8 +295,8 @@ export const command: Command = {
     const batchMin = int("batch-min", values["batch-min"], 0);
     const maxChunk = int("chunk", values.chunk, 1);
     if (maxChunk > 4096) throw new RangeError(`--chunk must be 1..4096, got ${maxChunk}`);
-    if (batchMin === 1 || batchMin > 8) {
-      throw new RangeError(`--batch-min must be 0 or 2..8, got ${batchMin}`);
+    if (batchMin === 1 || batchMin > 16) {
+      throw new RangeError(`--batch-min must be 0 or 2..16, got ${batchMin}`);
     }
     if (values["api-key"] === "") {
       throw new RangeError("--api-key is empty: give a key or leave the flag out");

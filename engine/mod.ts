@@ -68,6 +68,7 @@ export type {
   SlotDecoder,
 } from "./exec/slot_decoder.ts";
 export { MAX_BATCH_SLOTS, MAX_SLOTS } from "./exec/activations.ts";
+export { MATVEC_MAX_COLS } from "./graph/builder.ts";
 export {
   type ChainClient,
   type ChainStageStatus,

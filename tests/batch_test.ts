@@ -10,6 +10,7 @@ import {
   type BatchItem,
   type GenerateOptions,
   type GenerateResult,
+  MAX_BATCH_SLOTS,
   Stage,
 } from "../engine/mod.ts";
 import { samplingParams } from "../engine/sampling.ts";
@@ -128,6 +129,70 @@ for (
   });
 }
 
+// The widest batched steps: 16 slots (every column of the named mat-vec path, MAX_BATCH_SLOTS) and an odd 11,
+// on slots in a scrambled order (column b is not slot b), greedy and sampled columns mixed, sequences of
+// different lengths so the step narrows as they end (16 → 12 → 8 columns, 11 → 8 → 5 or so). Each slot's
+// ids and top-k logits equal its solo run's; then one batched step of every slot's next row (runBatch) gives
+// each slot's full logits row, bit for bit, as its solo continuation does.
+// The 11-slot step runs int8 activations (each column quantized on its own, in buffers of 16 columns).
+const WIDE = [["tiny-qwen35moe", MAX_BATCH_SLOTS, false], ["tiny-qwen3next", 11, true]] as const;
+for (const [name, width, int8] of WIDE) {
+  const variant = int8 ? " (int8 activations)" : "";
+  Deno.test(`${name}: ${width} slots decoded together equal their solo runs bit for bit${variant}`, async () => {
+    const rng = new Rng();
+    const gpu = await testGpu();
+    using file = await openGguf(fixturePath(`${name}.q8_0.gguf`));
+    const stage = await Stage.load(gpu, file, {
+      nCtx: 32,
+      nSlots: MAX_BATCH_SLOTS,
+      maxChunk: 8,
+      int8Activations: int8,
+    });
+    try {
+      assert.equal(MAX_BATCH_SLOTS, 16);
+      const slots = rng.permutation(MAX_BATCH_SLOTS).slice(0, width);
+      const prompts = slots.map(() => Array.from({ length: rng.int(2, 10) }, () => rng.int(0, 1021)));
+      const opts = slots.map((_, b): GenerateOptions => ({
+        nNew: 4 + 2 * (b % 3),
+        top: 2,
+        sampling: b % 4 === 3
+          ? samplingParams({ temperature: 1.2, topK: 0, topP: 1, minP: 0, seed: rng.int(0, 1 << 30) })
+          : undefined,
+      }));
+      const solo: GenerateResult[] = [];
+      const soloNext: Float32Array[] = [];
+      for (const [b, s] of slots.entries()) {
+        const r = await stage.generate(s, prompts[b]!, { ...opts[b]!, batch: 4 });
+        solo.push(r);
+        soloNext.push((await stage.run(s, { tokens: [r.tokens.at(-1)!] }, stage.length(s))).data);
+      }
+      const got = await stage.generateBatch(
+        slots.map((s, b) => ({ slot: s, prompt: prompts[b]!, opts: opts[b]! })),
+        { batch: 4 },
+      );
+      for (const [b, s] of slots.entries()) {
+        const what = `column ${b} slot ${s} (seed ${rng.seed})`;
+        assert.deepEqual(got[b]!.tokens, solo[b]!.tokens, `${what} ids`);
+        assert.deepEqual(got[b]!.top, solo[b]!.top, `${what} top-k logits`);
+        assert.equal(stage.length(s), prompts[b]!.length + solo[b]!.tokens.length - 1, `${what} length`);
+      }
+      // Every slot's next row in one batched step of all `width` columns: each row is its solo run's logits.
+      const next = await stage.runBatch(slots, { tokens: got.map((r) => r.tokens.at(-1)!) });
+      const V = stage.hp.nVocab;
+      assert.equal(next.data.length, width * V);
+      for (const [b, s] of slots.entries()) {
+        assert.deepEqual(
+          next.data.subarray(b * V, (b + 1) * V),
+          soloNext[b],
+          `slot ${s} next logits (seed ${rng.seed})`,
+        );
+      }
+    } finally {
+      stage.destroy();
+    }
+  });
+}
+
 Deno.test("generateBatch: a slot that fills its context ends with reason context while the others go on", async () => {
   const rng = new Rng();
   const gpu = await testGpu();
@@ -163,8 +228,8 @@ Deno.test("generateBatch rejects repeated slots, too many items and bad options 
     await assert.rejects(stage.generateBatch([it(0), it(0)]), /Slots 0,0 repeat/);
     await assert.rejects(stage.generateBatch([it(0), it(2)]), /Slot 2 does not exist/);
     await assert.rejects(
-      stage.generateBatch(Array.from({ length: 9 }, (_, i) => it(i))),
-      /1\.\.8 slots, got 9/,
+      stage.generateBatch(Array.from({ length: MAX_BATCH_SLOTS + 1 }, (_, i) => it(i))),
+      /1\.\.16 slots, got 17/,
     );
     await assert.rejects(stage.generateBatch([it(0), it(1)], { batch: 0 }), /Batch must be in 1\.\.64/);
   } finally {

@@ -24,7 +24,8 @@ Deno.test("checkStageFits names the buffer, the limit and the largest --ctx / --
   const hp = stage.hp;
   stage.destroy();
   const MiB = 2 ** 20;
-  const limits = { maxStorageBufferBindingSize: 4 * MiB, maxBufferSize: 1024 * MiB };
+  // 16 MiB: above the batched step's decode partials (partO: 16 columns of 128 splits), below the cache.
+  const limits = { maxStorageBufferBindingSize: 16 * MiB, maxBufferSize: 1024 * MiB };
   const perPos = kvBytesPerPosition(hp) / 2;
   const fits = Math.floor(limits.maxStorageBufferBindingSize / perPos);
   const layers = [0, hp.nLayer] as const;
@@ -35,7 +36,7 @@ Deno.test("checkStageFits names the buffer, the limit and the largest --ctx / --
     new RegExp(
       `--ctx ${
         fits + 1
-      } needs a K \\(and a V\\) cache of .* binds at most 4\\.0 MiB .*use --ctx ${fits} or less`,
+      } needs a K \\(and a V\\) cache of .* binds at most 16\\.0 MiB .*use --ctx ${fits} or less`,
     ),
   );
   // A DeltaNet-only range has no KV cache: any context fits.
@@ -50,20 +51,21 @@ Deno.test("checkStageFits names the buffer, the limit and the largest --ctx / --
   };
   let suggested = 0;
   assert.throws(
-    () => checkStageFits(hp, { layers, nCtx: 64, nSlots: 1, maxChunk: 1024 }, chunkLimits),
+    () => checkStageFits(hp, { layers, nCtx: 64, nSlots: 1, maxChunk: 4096 }, chunkLimits),
     (e: unknown) => {
       const m = e instanceof RangeError &&
-        /^--chunk 1024 needs an activation buffer "\w+" of .* use --chunk (\d+) or less$/
+        /^--chunk 4096 needs an activation buffer "\w+" of .* use --chunk (\d+) or less$/
           .exec(e.message);
       suggested = m ? Number(m[1]) : 0;
       return suggested > 0;
     },
   );
   checkStageFits(hp, { layers, nCtx: 64, nSlots: 1, maxChunk: suggested }, chunkLimits);
-  // Below a buffer that does not grow with the chunk (the same words at chunk 8 and 16), the message blames
-  // the model, not the chunk.
+  // Below a buffer that does not grow with the chunk (the same words at chunk 16 and 32: up to 16 rows, a
+  // batched step's, every buffer holds as many), the message blames the model, not the chunk.
   const at16 = activationWords(hp, { maxChunk: 16, deltaNet: true, last: true });
-  const fixed = Math.max(...Object.entries(at8).filter(([k, w]) => at16[k] === w).map(([, w]) => w));
+  const at32 = activationWords(hp, { maxChunk: 32, deltaNet: true, last: true });
+  const fixed = Math.max(...Object.entries(at16).filter(([k, w]) => at32[k] === w).map(([, w]) => w));
   assert.throws(
     () =>
       checkStageFits(hp, { layers, nCtx: 64, nSlots: 1, maxChunk: 8 }, {

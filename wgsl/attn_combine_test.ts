@@ -134,6 +134,8 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
     [{ H_Q: 16, D_H: 256, N_SPLIT: 64, TILE: 32, PER_MIN: 32, WG: 256, CD: 16 }, [40, 0, rng.int(0, 2047)]],
     // Partials not a multiple of 64 words per column (padding between columns), D_H not a multiple of CD.
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), [6, rng.int(0, 7)]],
+    // A batched step's widest: 16 columns (MAX_BATCH_SLOTS).
+    [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), Array.from({ length: 16 }, () => rng.int(0, 7))],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();

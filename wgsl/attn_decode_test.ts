@@ -191,6 +191,8 @@ Deno.test("attn_decode columns: one dispatch over columns at other slots and pos
   const cases: [Dims, boolean, number, number, number[], number[]][] = [
     [REAL, false, 1, 4, [2, 0, 3], [rng.int(100, 299), 0, 37]],
     [ODD, true, 2, 3, [1, 2], [rng.int(0, 299), 150]],
+    // A batched step's widest: 16 columns (MAX_BATCH_SLOTS) on 16 of 17 pooled slots in a scrambled order.
+    [ODD, false, 1, 17, rng.permutation(17).slice(0, 16), Array.from({ length: 16 }, () => rng.int(0, 299))],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();

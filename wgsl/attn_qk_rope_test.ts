@@ -264,6 +264,8 @@ Deno.test("attn_qk_rope columns: one dispatch over columns at other slots and po
   const cases = [
     { c: constants(16, 2, 40), nSlots: 4, slots: [3, 0, 2] },
     { c: { ...constants(4, 1, 70, true), WG: 32 }, nSlots: 3, slots: [1, 2] },
+    // A batched step's widest: 16 columns (MAX_BATCH_SLOTS) on 16 of 17 pooled slots in a scrambled order.
+    { c: { ...constants(4, 1, 70), WG: 32 }, nSlots: 17, slots: rng.permutation(17).slice(0, 16) },
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();

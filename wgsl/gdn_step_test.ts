@@ -456,6 +456,8 @@ Deno.test("gdn_step columns: one dispatch over columns at other slots and positi
     columnCase(rng, split(TINY_NEXT, 8), 5, [4, 1]),
     columnCase(rng, split(ODD_B, 3), 3, [1, 2, 0]),
     columnCase(rng, ODD_A, 2, [1]),
+    // A batched step's widest: 16 columns (MAX_BATCH_SLOTS) on 16 of 17 pooled slots in a scrambled order.
+    columnCase(rng, split(ODD_B, 3), 17, rng.permutation(17).slice(0, 16)),
   ];
   const { device } = await testGpu();
   const cache = new PipelineCache(device);

@@ -77,8 +77,8 @@ export const MATVEC_PARAMS_BYTES = 32;
 
 /**
  * Largest batch: accumulators are ROWS·BATCH registers per invocation. 9..16 columns take XR = 2 (the other
- * batched paths hold BATCH·ROWS partials in workgroup memory at once). The engine's decode steps stay at
- * MATVEC_MAX_COLS (engine/graph/builder.ts) columns per dispatch, independently of this limit.
+ * batched paths hold BATCH·ROWS partials in workgroup memory at once). The engine's batched decode steps take
+ * up to this many slots (BATCH_MAX_COLS in engine/graph/builder.ts), one dispatch for all of them.
  */
 export const MATVEC_MAX_BATCH = 16;
 

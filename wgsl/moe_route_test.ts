@@ -36,6 +36,7 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
   const cases: Case[] = [
     { nExpert: 8, nUsed: 2, nTokens: 1, wg: 64, ties: false }, // debug
     { nExpert: 256, nUsed: 8, nTokens: 3, wg: 256, ties: false }, // qwen35moe
+    { nExpert: 256, nUsed: 8, nTokens: 16, wg: 256, ties: false }, // a batched step's widest (MAX_BATCH_SLOTS)
     { nExpert: 512, nUsed: 10, nTokens: 2, wg: 256, ties: false }, // qwen3next
     { nExpert: 256, nUsed: 8, nTokens: 4, wg: 128, ties: true },
     { nExpert: 100, nUsed: 7, nTokens: 2, wg: 64, ties: true, scale: 2.5 }, // not a multiple of WG

@@ -8,7 +8,7 @@
  * Drafted runs (docs/WIRE.md "Drafts and rollback"): before a run with drafts the stage snapshots the slot
  * (its anchor) and keeps the run's rows; a later run of the slot at a position inside those rows restores the
  * anchor and re-runs the kept rows up to it first. A last stage computes a drafted run's rows (at most
- * MAX_BATCH_SLOTS) as one chunk, whose attention runs its rows as the columns of a batched step, so each
+ * MATVEC_MAX_COLS) as one chunk, whose attention runs its rows as the columns of a batched step, so each
  * row's logits are the bits of the undrafted run's (longer runs: the id rows as one-token steps); greedy ids
  * without top-k pairs come from an argmax per row in the chunk's pass.
  *
@@ -24,7 +24,7 @@ import {
   ARGMAX_RING,
   argmaxCpu,
   isGreedy,
-  MAX_BATCH_SLOTS,
+  MATVEC_MAX_COLS,
   type PendingRun,
   type SamplingParams,
   type Stage,
@@ -193,10 +193,10 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
         ids,
       });
     }
-    // A frame of at most MAX_BATCH_SLOTS rows runs as one chunk, whose attention runs its rows as columns:
+    // A frame of at most MATVEC_MAX_COLS rows runs as one chunk, whose attention runs its rows as columns:
     // each row's logits are the bits of the undrafted one-token run (tests/chunk_exact_test.ts); the ids are
     // then drawn from the logits read back. Longer frames run the rows that produce ids as one-token steps.
-    if (nRows <= MAX_BATCH_SLOTS) {
+    if (nRows <= MATVEC_MAX_COLS) {
       return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, { rows: "all", ids });
     }
     const lead = nRows - nOut;

@@ -8,9 +8,10 @@ import type { Binding } from "../../wgsl/kernel.ts";
 import type { GpuTensor } from "../gpu/weights.ts";
 import type { GgmlTypeName } from "../quant/types.ts";
 import { assert } from "../errors.ts";
-import { GraphBuilder, MATVEC_MAX_COLS, part0, typeName } from "../graph/builder.ts";
+import { GraphBuilder, part0, typeName } from "../graph/builder.ts";
 import {
   MATVEC,
+  MATVEC_MAX_BATCH,
   matvecConstants,
   matvecGrid,
   matvecParams,
@@ -55,7 +56,7 @@ export async function matvec(
   opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; f32?: boolean } = {},
 ) {
   if (
-    g.opts.int8Activations && !opts.f32 && cols <= MATVEC_MAX_COLS && MATVEC_Q8_TYPES.includes(typeName(w))
+    g.opts.int8Activations && !opts.f32 && cols <= g.maxCols && MATVEC_Q8_TYPES.includes(typeName(w))
   ) {
     return await matvecQ8(g, label, w, x, y, cols, opts);
   }
@@ -78,7 +79,7 @@ export async function matvec(
   const k = w.ne[0]!;
   let roundedFrom: GPUBuffer | undefined;
   if (
-    g.opts.int8Activations && !opts.f32 && cols > MATVEC_MAX_COLS && MATVEC_Q8_TYPES.includes(typeName(w))
+    g.opts.int8Activations && !opts.f32 && cols > g.maxCols && MATVEC_Q8_TYPES.includes(typeName(w))
   ) {
     // The rounded x of the matmul pushed last when it read the same x and nothing was pushed since
     // (attn_qkv, attn_gate, ssm_beta, ssm_alpha of a chunk), else rounded here. The values d·q do not
@@ -95,7 +96,7 @@ export async function matvec(
     const lo = Math.max(rowStart, p.firstRow);
     const hi = Math.min(rowStart + nRows, p.firstRow + p.nRows);
     if (lo >= hi) continue;
-    if (cols > MATVEC_MAX_COLS) {
+    if (cols > g.maxCols) {
       assert(opts.yStride === undefined, `${label}: a padded column stride is for mat-vecs only`);
       if (opts.acc || norm) {
         throw new Error(`${label}: NORM and ACC are decode-only (matvec), not for ${cols} columns`);
@@ -132,8 +133,8 @@ export async function matvec(
       }
       continue;
     }
-    for (let c0 = 0; c0 < cols; c0 += 8) {
-      const batch = Math.min(8, cols - c0);
+    for (let c0 = 0; c0 < cols; c0 += MATVEC_MAX_BATCH) {
+      const batch = Math.min(MATVEC_MAX_BATCH, cols - c0);
       const shape: MatvecShape = {
         type: typeName(w),
         k,
@@ -215,7 +216,7 @@ export async function matvecQ8(
   if (!reuse && !shared) {
     shared = g.device.createBuffer({
       label: `int8 x K=${k}`,
-      size: MATVEC_MAX_COLS * stride,
+      size: g.maxCols * stride,
       usage: GPUBufferUsage.STORAGE,
     });
     g.own(shared);

@@ -15,7 +15,6 @@ import {
   type FusedNorm,
   GraphBuilder,
   type LayerWeights,
-  MATVEC_MAX_COLS,
   part0,
   sub,
   typeName,
@@ -105,7 +104,7 @@ export async function moe(
   // int8Activations: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
   // instead of in every gate·up workgroup's prologue), where its workgroup memory holds the token's x.
   const xqBytes = moeRouteWorkgroupBytes({ N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32 });
-  const xq8 = g.opts.int8Activations && n <= MATVEC_MAX_COLS && !fuseRoute &&
+  const xq8 = g.opts.int8Activations && n <= g.maxCols && !fuseRoute &&
       xqBytes <= g.device.limits.maxComputeWorkgroupStorageSize &&
       moeMatvecQ8Fits(gateUpShape(g, exps, K, n, hp.nExpert, false))
     ? {
@@ -249,14 +248,14 @@ export async function experts(
   };
   // int8Activations: the expert passes take int8 x where their weights allow it (moe_matvec_q8 XIN: every
   // workgroup rounds its f32 x column in its prologue), up to the mat-vec chunk width as the dense ones.
-  const int8 = g.opts.int8Activations && n <= MATVEC_MAX_COLS && !e.route;
+  const int8 = g.opts.int8Activations && n <= g.maxCols && !e.route;
   // Prefill chunks under int8Activations: the f32 passes read x and the activations rounded as the int8
   // passes would (#roundX).
   const round = (t: GgmlTypeName) =>
-    g.opts.int8Activations && n > MATVEC_MAX_COLS && !e.route && MATVEC_Q8_TYPES.includes(t);
+    g.opts.int8Activations && n > g.maxCols && !e.route && MATVEC_Q8_TYPES.includes(t);
   // groupedExperts: prefill chunks group the columns by expert once, for both passes.
   const wgMax = g.device.limits.maxComputeWorkgroupStorageSize;
-  const groups = g.opts.groupedExperts && n > MATVEC_MAX_COLS && !e.route &&
+  const groups = g.opts.groupedExperts && n > g.maxCols && !e.route &&
       groupedMatmulFits(typeName(e.gate), wgMax) && groupedMatmulFits(typeName(e.down), wgMax)
     ? await moeGroup(g, `${label}.group`, e.ids, e.used * n, e.nExpert, e.shared)
     : undefined;
@@ -396,9 +395,9 @@ export async function expertsF32(
   y: GPUBuffer,
   route?: { logits: GPUBuffer; weights: GPUBuffer; nExpert: number; nExpertUsed: number; wScale: number },
 ) {
-  // Prefill chunks (wider than the mat-vec's 8 columns) take moe_matvec's prefill constants; batched decode
-  // keeps the solo step's, so that its slots equal their solo runs bit for bit.
-  const prefill = g.n > MATVEC_MAX_COLS;
+  // Prefill chunks (wider than the graph's mat-vec columns, g.maxCols) take moe_matvec's prefill constants;
+  // batched decode keeps the solo step's, so that its slots equal their solo runs bit for bit.
+  const prefill = g.n > g.maxCols;
   if (!shape.gateUp) {
     const c = moeMatvecConstants(shape, undefined, g.opts.moeTuning?.down, prefill);
     await g.push(

@@ -8,13 +8,13 @@
 import type { DeltaNetLayout, Hparams } from "../models/_arch.ts";
 import type { StateSpec } from "../state.ts";
 import { assert } from "../errors.ts";
-import { MATVEC_MAX_COLS, padWords } from "../graph/builder.ts";
+import { BATCH_MAX_COLS, MATVEC_MAX_COLS, padWords } from "../graph/builder.ts";
 import { ATTN_SPLITS } from "../blocks/attention.ts";
 import { GDN_ONE_COLUMN, gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 import { gdnChunkScratchBytes } from "../../wgsl/gdn_chunk.ts";
 
 /** Most slots one batched decode step takes (the mat-vec's column limit: one weight read for all). */
-export const MAX_BATCH_SLOTS: number = MATVEC_MAX_COLS;
+export const MAX_BATCH_SLOTS: number = BATCH_MAX_COLS;
 
 /** Buffer usage of every activation and state buffer. */
 export const STORAGE: number = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;

@@ -546,6 +546,7 @@ export class Stage {
       slots.length,
       this.#owned,
       this.#graphOptions,
+      true,
     );
     const batch = { slots, table, pos, tok: slots.map((s) => this.#slotTok[s]!) };
     const ops = await buildHybrid(g, this.#context(slots[0]!, "all", table, batch), this.#model);

@@ -21,7 +21,7 @@ import type { GgmlTypeName } from "../quant/types.ts";
 import type { SlotStates } from "../state.ts";
 import type { TensorId } from "../names.ts";
 import { assert } from "../errors.ts";
-import { MATVEC } from "../../wgsl/matvec.ts";
+import { MATVEC, MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
 import { q8xBytes } from "../../wgsl/matvec_q8.ts";
 import { RMS_NORM, rmsNormBindGroup, type RmsNormConstants, rmsNormGrid } from "../../wgsl/rms_norm.ts";
 import type { GdnStepConstants } from "../../wgsl/gdn_step.ts";
@@ -48,8 +48,19 @@ export function encodeOps(pass: GPUComputePassEncoder, ops: readonly Op[]): void
   }
 }
 
-/** Widest chunk the mat-vec kernel takes (its batch limit); wider chunks use the tiled matmul. */
+/**
+ * Widest prefill chunk whose tokens run as mat-vec columns (the decode kernels, one token each: the bits of
+ * one-token steps); wider chunks use the tiled matmul, the grouped experts and the chunked DeltaNet.
+ */
 export const MATVEC_MAX_COLS = 8;
+
+/**
+ * Most slots (columns) of a batched decode step: the named mat-vec path's batch limit (`MATVEC_MAX_BATCH`,
+ * matvec XR = 2). Wider than {@linkcode MATVEC_MAX_COLS} on purpose: a batched step always runs its columns
+ * through the decode kernels (so each slot keeps the bits of its solo step), whereas chunks of 9..16 tokens
+ * keep the prefill kernels (tests/forward_test.ts covers those at --chunk 16; docs/ARCHITECTURE.md, #20).
+ */
+export const BATCH_MAX_COLS = MATVEC_MAX_BATCH;
 
 /**
  * Default tallest mat-vec that takes a deferred norm in its prologue: taller ones (an LM head's 248k rows)
@@ -176,6 +187,11 @@ export class GraphBuilder {
   readonly hp: Hparams;
   /** Tokens (columns) of the chunk. */
   readonly n: number;
+  /**
+   * Most columns one mat-vec of this graph takes ({@linkcode MATVEC_MAX_COLS}, or {@linkcode BATCH_MAX_COLS}
+   * in a batched step): wider inputs are a prefill chunk's, for the tiled matmul and the grouped experts.
+   */
+  readonly maxCols: number;
   readonly opts: GraphOptions;
   readonly ops: Op[] = [];
   /** Receives every buffer the graph creates (its owner destroys them). */
@@ -196,7 +212,10 @@ export class GraphBuilder {
   /** int8 x buffers (quantize_q8's output) by K, created on first use. */
   readonly xq = new Map<number, GPUBuffer>();
 
-  /** @param owned receives every buffer the graph creates (its owner destroys them) */
+  /**
+   * @param owned receives every buffer the graph creates (its owner destroys them)
+   * @param batched a batched decode step of `n` slots (up to {@linkcode BATCH_MAX_COLS}), not a chunk
+   */
   constructor(
     device: GPUDevice,
     cache: PipelineCache,
@@ -204,11 +223,17 @@ export class GraphBuilder {
     n: number,
     owned: GPUBuffer[],
     opts: GraphOptions,
+    batched = false,
   ) {
+    assert(
+      !batched || (n >= 2 && n <= BATCH_MAX_COLS),
+      `a batched step has 2..${BATCH_MAX_COLS} columns, not ${n}`,
+    );
     this.device = device;
     this.cache = cache;
     this.hp = hp;
     this.n = n;
+    this.maxCols = batched ? BATCH_MAX_COLS : MATVEC_MAX_COLS;
     this.#owned = owned;
     this.opts = opts;
   }

@@ -254,10 +254,10 @@ export class EngineService implements Engine {
         throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
       }
     }
-    // 8 = Stage's MAX_BATCH_SLOTS (not imported: the main thread does not load the engine's modules).
+    // 16 = Stage's MAX_BATCH_SLOTS (not imported: the main thread does not load the engine's modules).
     const batchMin = opts.batchMin ?? DEFAULT_BATCH_MIN;
-    if (!Number.isInteger(batchMin) || !(batchMin === 0 || (batchMin >= 2 && batchMin <= 8))) {
-      throw new RangeError(`Engine option batchMin must be 0 (never) or an integer in 2..8, got ${batchMin}`);
+    if (!Number.isInteger(batchMin) || !(batchMin === 0 || (batchMin >= 2 && batchMin <= 16))) {
+      throw new RangeError(`Engine option batchMin must be 0 (never) or an integer 2..16, got ${batchMin}`);
     }
     if (opts.draft) draftCheck(opts.draft, opts.split !== undefined);
     this.#chain = opts.split?.next;

@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { openGguf } from "../gguf.ts";
 import { Stage } from "../exec/stage.ts";
+import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 import { type EngineOptions, type EngineService, startEngine } from "./service.ts";
 import { type GenerateResult, QueueFullError, type SamplingParams } from "./api.ts";
 import { testGpu } from "../../tests/util/gpu.ts";
@@ -286,9 +287,10 @@ Deno.test("new requests go first: every request's first id lands before any requ
 Deno.test("engine options out of range are refused before a worker starts, naming the option", () => {
   assert.throws(
     () => engine(2, 0, { batchMin: 1 }),
-    /batchMin must be 0 \(never\) or an integer in 2\.\.8, got 1/,
+    /batchMin must be 0 \(never\) or an integer 2\.\.16, got 1/,
   );
-  assert.throws(() => engine(2, 0, { batchMin: 9 }), /batchMin .* got 9/);
+  // 16: the engine's MAX_BATCH_SLOTS (service.ts spells it: the main thread does not load the engine).
+  assert.throws(() => engine(2, 0, { batchMin: MAX_BATCH_SLOTS + 1 }), /batchMin .* got 17/);
   assert.throws(() => engine(2, 0, { turnTokens: -1 }), /turnTokens must be an integer >= 0, got -1/);
   assert.throws(() => engine(2, 0, { batch: 0 }), /batch must be an integer in 1\.\.64, got 0/);
   assert.throws(() => engine(2, 0, { maxChunk: 0 }), /maxChunk must be an integer in 1\.\.4096, got 0/);

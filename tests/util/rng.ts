@@ -47,6 +47,16 @@ export class Rng {
     return out;
   }
 
+  /** 0..n-1 in a random order (Fisher-Yates). */
+  permutation(n: number): number[] {
+    const out = Array.from({ length: n }, (_, i) => i);
+    for (let i = n - 1; i > 0; i--) {
+      const j = this.int(0, i + 1);
+      [out[i], out[j]] = [out[j]!, out[i]!];
+    }
+    return out;
+  }
+
   /** `n` random bytes. */
   bytes(n: number): Uint8Array<ArrayBuffer> {
     const out = new Uint8Array(n);

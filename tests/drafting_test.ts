@@ -29,7 +29,7 @@ const LONG = Array.from({ length: CTX - 24 }, (_, i) => (i * 37 + 11) % 1000);
  * The scenarios per model and case (each costs a few seconds of lavapipe): every one greedy on qwen35moe, the
  * sampled cases on those where the sampler's state carries over (frames, pause and resume, stop rollback).
  */
-const ALL = ["budget", "budget in a frame", "stop", "context", "paused"];
+const ALL = ["budget", "budget in a frame", "stop", "context", "paused", "rejected"];
 const SCENARIOS: Record<string, Record<string, string[]>> = {
   "tiny-qwen35moe.q8_0.gguf": {
     "greedy": ALL,
@@ -92,16 +92,22 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           what: string,
           prompt: number[],
           opts: Omit<GenerateOptions, "sampling">,
-          o: { minDraft?: number; pauseAfter?: number; frames: boolean },
+          o: { minDraft?: number; pauseAfter?: number; frames: boolean; allWrong?: boolean },
         ) => {
           const label = `${name} ${c.name} ${what}`;
           const full = await fullRun(prompt);
           const [want] = await stage.decoder.generate([{ slot: 1, prompt, opts: { ...opts, ...s } }]);
           const oracle = (seq: readonly number[], k: number) => {
             const at = seq.length - prompt.length;
-            return full.slice(at, at + k).map((id, j) => WRONG.has(at + j) ? (id + 1) % 1024 : id);
+            return full.slice(at, at + k).map((id, j) =>
+              o.allWrong || WRONG.has(at + j) ? (id + 1) % 1024 : id
+            );
           };
-          const dec = new DraftingDecoder(stage.decoder, stage, { draft: 7, drafter: oracle, ...o });
+          const dec = new DraftingDecoder(stage.decoder, stage, {
+            draft: 7,
+            drafter: oracle,
+            ...(o.minDraft ? { minDraft: o.minDraft } : {}),
+          });
           let asked = 0;
           const pause = o.pauseAfter === undefined ? undefined : () => ++asked > o.pauseAfter!;
           const streamed: number[] = [];
@@ -145,7 +151,7 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
               `${label}: the slot's state (an undrafted follow-up)`,
             );
           }
-          return got!;
+          return { got: got!, stats: st };
         };
         const scenarios = SCENARIOS[name]![c.name]!;
         // Pipelined (the first id and a batch of 8), then frames at 9 (accepts 3), 13 (all 7), 21 (3) and 25
@@ -162,7 +168,7 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           const full = await fullRun(PROMPT);
           const at = [15, 16, 17, 18, 19].find((i) => !full.slice(0, i).includes(full[i]!))!;
           assert.ok(at !== undefined, `${name} ${c.name}: a stop id to pick`);
-          const r = await check("stop in a frame", PROMPT, { nNew: 40, stopIds: [full[at]!] }, {
+          const { got: r } = await check("stop in a frame", PROMPT, { nNew: 40, stopIds: [full[at]!] }, {
             minDraft: 2,
             frames: true,
           });
@@ -170,10 +176,23 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
         }
         // The context's end inside frames: a prompt that leaves room for 25 ids.
         if (scenarios.includes("context")) {
-          const ctx = await check("context end", LONG, { nNew: 60 }, { minDraft: 1, frames: true });
+          const { got: ctx } = await check("context end", LONG, { nNew: 60 }, { minDraft: 1, frames: true });
           assert.equal(ctx.reason, "context");
         }
         // The caller's pause between frames, then a resumed call that starts with frames.
+        // Guesses always wrong: one frame keeps none, then no frames for 32 positions (past the budget).
+        if (scenarios.includes("rejected")) {
+          const { stats } = await check("all wrong", PROMPT, { nNew: 40 }, {
+            minDraft: 2,
+            frames: false,
+            allWrong: true,
+          });
+          assert.deepEqual(
+            stats,
+            { frames: 1, proposed: 7, accepted: 0 },
+            `${name}: the backoff after a poor frame`,
+          );
+        }
         if (scenarios.includes("paused")) {
           await check("paused", PROMPT, { nNew: 30 }, { minDraft: 2, pauseAfter: 3, frames: true });
         }

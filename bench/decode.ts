@@ -3,7 +3,7 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 2,4,8] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--per-column]`: `--slots`
+ * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--per-column]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
@@ -335,7 +335,8 @@ for (const B of batchSizes) {
   const rs = await stage.generateBatch(items);
   const tDone = performance.now();
   const ids = rs.reduce((a, r) => a + r.tokens.length - 1, 0);
-  const bops = await stage.batchGraph(slots);
+  // One slot runs its solo decode graph (generateBatch of one item is Stage.generate).
+  const bops = B === 1 ? await stage.graph(0, 1, "last") : await stage.batchGraph(slots);
   emit("decode_batched", {
     slots: B,
     maxStatePoolBytes: statePoolMax ?? null,

@@ -1,10 +1,10 @@
 /**
- * Benchmark: serving throughput for 1, 2, 4 and 8 parallel streams, over HTTP against a `head` process on
+ * Benchmark: serving throughput for 1, 2, 4, 8 and 16 parallel streams, over HTTP against a `head` process on
  * loopback and directly through the engine service in this process (`startEngine`: the Worker and the
  * scheduler without HTTP), beside the engine-level single-stream tok/s of the same model (`Stage.generate`).
  * HTTP minus direct is the HTTP path's cost; direct minus `bench/decode.ts --slots` is the scheduler's.
  *
- * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8] [--prompt 64] [--port 8099]
+ * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8,16] [--prompt 64] [--port 8099]
  * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--late 2048]
  * [--head-flags="--cached-only --config C.json"]`
  * - `--head-flags` (with `=` since its value starts with a dash): extra `deno run` flags for the head process,
@@ -51,7 +51,7 @@ const { values: args } = parseArgs({
   options: {
     model: { type: "string" },
     n: { type: "string", default: "128" },
-    levels: { type: "string", default: "1,2,4,8" },
+    levels: { type: "string", default: "1,2,4,8,16" },
     prompt: { type: "string", default: "64" },
     port: { type: "string", default: "8099" },
     ctx: { type: "string", default: "2048" },

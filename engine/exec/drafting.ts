@@ -233,10 +233,15 @@ export class DraftingDecoder implements SlotDecoder {
     const tokens: number[] = [];
     const step0 = o.samplerStep ?? 0;
     const hist0 = o.samplerHistory ?? it.prompt;
+    // Ids landed in the pipelined call in flight (not yet in `tokens`).
+    let landed = 0;
     const onTokens = (ids: readonly number[]) => {
       seq.push(...ids);
+      landed += ids.length;
       o.onTokens?.(ids);
     };
+    // A pause lets the batch in flight land first: frames need room for minDraft guesses after it.
+    const S = opts.batch ?? o.batch ?? 8;
     let steps = 0;
     let framesNext = o.resume === true;
     for (;;) {
@@ -265,9 +270,10 @@ export class DraftingDecoder implements SlotDecoder {
         },
       };
       let callerPaused = false;
+      landed = 0;
       const pause = () => {
         if (opts.pause?.()) return callerPaused = true;
-        return this.#wants(slot, seq);
+        return o.nNew - tokens.length - landed - S > this.#min && this.#wants(slot, seq);
       };
       const [r] = await this.#inner.generate([item], { ...opts, pause });
       tokens.push(...r!.tokens);

@@ -13,7 +13,7 @@
  * (what DRAM must deliver at least); lines with `"ids": "one"` put every routed column on one expert.
  *
  * Usage: `deno run -A bench/moe.ts [--quick] [--tokens 8]` (`--quick`: 16 experts and few repetitions, for
- * lavapipe). One JSON line per measurement, never asserts. No npm imports.
+ * lavapipe; `--tokens` up to MAX_BATCH_SLOTS, 16, without the `sharedOnce` lines above 8: SHARED_T takes <= 8). One JSON line per measurement, never asserts. No npm imports.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -22,6 +22,7 @@ import { randomBuffer } from "./_buffers.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, PipelineCache } from "../wgsl/kernel.ts";
 import { rowBytes } from "../engine/quant/types.ts";
+import { MAX_BATCH_SLOTS } from "../engine/exec/activations.ts";
 import {
   checkMoeMatvec,
   MOE_MATVEC,
@@ -49,8 +50,8 @@ const { values: args } = parseArgs({
 });
 const QUICK = args.quick ?? false;
 const TOKENS = Number(args.tokens);
-if (!Number.isInteger(TOKENS) || TOKENS < 1 || TOKENS > 8) {
-  throw new RangeError(`--tokens ${args.tokens}: give a slot count from 1 to 8`);
+if (!Number.isInteger(TOKENS) || TOKENS < 1 || TOKENS > MAX_BATCH_SLOTS) {
+  throw new RangeError(`--tokens ${args.tokens}: give a slot count from 1 to ${MAX_BATCH_SLOTS}`);
 }
 const N_EXPERT = QUICK ? 16 : 256;
 const USED = 8;
@@ -309,7 +310,8 @@ async function batchedSweep(tokens: number): Promise<void> {
     // The default and BLOCKS 4 UNROLL 4 also run with every routed column on one expert ("ids": "one"): the
     // weights then come from L2, so the gap to the random sets shows how much of the pass is waiting on DRAM
     // (what grouping the columns by expert could save) and how much is per-workgroup work.
-    const runs = tunings.flatMap((t) =>
+    // SHARED_T takes at most 8 shared columns: above 8 slots a sharedOnce tuning is the default's variant.
+    const runs = tunings.filter((t) => !t.sharedOnce || tokens <= 8).flatMap((t) =>
       isDef(t) ||
         (t.team === def.TEAM && t.rows === def.ROWS && t.blocks === 4 && t.unroll === 4 &&
           (t.wg ?? 256) === 256 && !t.sharedOnce)

@@ -47,7 +47,7 @@ export interface StageOptions {
    */
   readonly groupedExperts?: boolean;
   /**
-   * Mat-vec chunks (at most 8 columns: decode, batched decode, short prefill chunks) of Q8_0, Q4_K, Q5_K, Q6_K
+   * Mat-vec columns (decode, batched decode up to 16, prefill chunks up to 8) of Q8_0, Q4_K, Q5_K, Q6_K
    * and IQ4_XS weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot
    * products, as llama.cpp's quantized mat-vecs do) instead of f32; the router's mat-vecs keep f32. Expert
    * passes of such weights take int8 x too (moe_matvec_q8; moe_route rounds the experts' input, the down pass

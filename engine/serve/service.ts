@@ -6,7 +6,7 @@
  *
  * Scheduling: up to `nSlots` requests are admitted into the worker, each on its own slot, and run with
  * continuous batching (`_runner.ts`): every generating request joins every decode step (one batched GPU step
- * for up to 8), a new request joins the running set at the next readback (its first id streams as soon as its
+ * for up to 16), a new request joins the running set at the next readback (its first id streams as soon as its
  * prompt is prefilled), and a long prompt is prefilled one `prefillTurn` piece at a time between the others'
  * decode turns. A slot keeps its conversation's state after the request, plus a snapshot a few tokens before
  * the end of its prompt, for prefix reuse.
@@ -81,7 +81,7 @@ export interface EngineOptions {
   readonly prefillAlone?: number;
   /**
    * Fewest generating requests that share one batched GPU step (default {@linkcode DEFAULT_BATCH_MIN}: all
-   * of them, always; 0: never batch; at most 8). Fewer take turns of `turnTokens` ids, one request per call:
+   * of them, always; 0: never batch; at most 16). Fewer take turns of `turnTokens` ids, one request per call:
    * a comparison point while a batched step of B slots costs about B solo steps on the H200 (docs/PERF.md).
    */
   readonly batchMin?: number;

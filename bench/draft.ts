@@ -5,7 +5,8 @@
  * - `first`: the request through the drafting decoder with a fresh draft cache (guesses from its own history
  *   only: the cost of drafting where guesses rarely come);
  * - `repeat`: the same request again, drafting from the cache the first run filled (a retried or regenerated
- *   request: nearly every guess right);
+ *   request: nearly every guess right); `repeatUnchained` the same with DraftingOptions.chain false (each
+ *   frame waits for its readback before the next goes in);
  * - `rejected`: a drafter whose guesses are always wrong (every frame rejects all; the backoff bounds the
  *   cost): the slowdown of a stream whose drafts fail.
  * Each line: wall ms of the whole generate (prompt prefill included), `prefillMs` (the same prompt with one
@@ -131,6 +132,26 @@ for (; round < rounds; round++) {
       proposed: s2.proposed - s1.proposed,
       accepted: s2.accepted - s1.accepted,
       same: sameIds(repeat.tokens),
+    });
+    // The same repeat with frames one at a time (no chained frame during a readback's wait).
+    const cache1 = new DraftCache(100_000);
+    const unchained = new DraftingDecoder(stage.decoder, stage, {
+      draft: K,
+      minDraft,
+      draftCache: cache1,
+      chain: false,
+    });
+    await timed(unchained, nNew);
+    const u1 = { ...unchained.draftStats };
+    const repeat1 = await timed(unchained, nNew);
+    const u2 = unchained.draftStats;
+    line("repeatUnchained", repeat1.ms, prefillMs, {
+      round,
+      minDraft,
+      frames: u2.frames - u1.frames,
+      proposed: u2.proposed - u1.proposed,
+      accepted: u2.accepted - u1.accepted,
+      same: sameIds(repeat1.tokens),
     });
     const wrong = new DraftingDecoder(stage.decoder, stage, {
       draft: K,

@@ -29,7 +29,7 @@ const LONG = Array.from({ length: CTX - 24 }, (_, i) => (i * 37 + 11) % 1000);
  * The scenarios per model and case (each costs a few seconds of lavapipe): every one greedy on qwen35moe, the
  * sampled cases on those where the sampler's state carries over (frames, pause and resume, stop rollback).
  */
-const ALL = ["budget", "budget in a frame", "stop", "context", "paused", "rejected"];
+const ALL = ["budget", "budget in a frame", "stop", "context", "paused", "rejected", "bonus"];
 const SCENARIOS: Record<string, Record<string, string[]>> = {
   "tiny-qwen35moe.q8_0.gguf": {
     "greedy": ALL,
@@ -92,7 +92,13 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           what: string,
           prompt: number[],
           opts: Omit<GenerateOptions, "sampling">,
-          o: { minDraft?: number; pauseAfter?: number; frames: boolean; allWrong?: boolean },
+          o: {
+            minDraft?: number;
+            pauseAfter?: number;
+            frames: boolean;
+            allWrong?: boolean;
+            wrong?: Set<number>;
+          },
         ) => {
           const label = `${name} ${c.name} ${what}`;
           const full = await fullRun(prompt);
@@ -100,7 +106,7 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           const oracle = (seq: readonly number[], k: number) => {
             const at = seq.length - prompt.length;
             return full.slice(at, at + k).map((id, j) =>
-              o.allWrong || WRONG.has(at + j) ? (id + 1) % 1024 : id
+              o.allWrong || (o.wrong ?? WRONG).has(at + j) ? (id + 1) % 1024 : id
             );
           };
           const dec = new DraftingDecoder(stage.decoder, stage, {
@@ -154,8 +160,9 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           return { got: got!, stats: st };
         };
         const scenarios = SCENARIOS[name]![c.name]!;
-        // Pipelined (the first id and a batch of 8), then frames at 9 (accepts 3), 13 (all 7), 21 (3) and 25
-        // (none: no frames for a while), then pipelined to the end.
+        // Pipelined (the first id and a batch of 8), then frames at 9 (keeps 3; the frame chained behind it is
+        // dropped), 13 (keeps all 7, so the frame chained at 20 counts: it keeps 3) and 25 (none: no frames for
+        // a while), then pipelined to the end.
         if (scenarios.includes("budget")) {
           await check("budget", PROMPT, { nNew: 40 }, { minDraft: 2, frames: true });
         }
@@ -180,7 +187,8 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           assert.equal(ctx.reason, "context");
         }
         // The caller's pause between frames, then a resumed call that starts with frames.
-        // Guesses always wrong: one frame keeps none, then no frames for 32 positions (past the budget).
+        // Guesses always wrong: one frame keeps none (and the one chained behind it is dropped), then no
+        // frames for 32 positions (past the budget).
         if (scenarios.includes("rejected")) {
           const { stats } = await check("all wrong", PROMPT, { nNew: 40 }, {
             minDraft: 2,
@@ -189,9 +197,18 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           });
           assert.deepEqual(
             stats,
-            { frames: 1, proposed: 7, accepted: 0 },
+            { frames: 2, proposed: 14, accepted: 0 },
             `${name}: the backoff after a poor frame`,
           );
+        }
+        // The frame at 13 keeps all its guesses but the chained frame's first row (the guess of id 20) is
+        // wrong: the chained frame goes back to its snapshot (the slot after the frame at 13).
+        if (scenarios.includes("bonus")) {
+          await check("last id guessed wrong", PROMPT, { nNew: 40 }, {
+            minDraft: 2,
+            frames: true,
+            wrong: new Set([12, 20, 24, 25]),
+          });
         }
         if (scenarios.includes("paused")) {
           await check("paused", PROMPT, { nNew: 30 }, { minDraft: 2, pauseAfter: 3, frames: true });

@@ -20,6 +20,13 @@
  *   then the pipelined loop continues (`resume`: no prefill, the sampler at the same RNG step and window);
  * - after a frame that accepted fewer, the slot drafts no more for a while (BACKOFF_MIN positions, doubling
  *   up to BACKOFF_MAX), so a stream whose guesses keep failing pays one frame per that many ids at most;
+ * - on the argmax path frames are chained: while a frame's ids come back, the next frame is already submitted
+ *   on the assumption that the frame keeps every guess, its first row a guess of the frame's last id (the
+ *   drafter continues past the guesses). The GPU runs it during the readback's wait, so a run of right
+ *   guesses costs about one chunk per 1 + K ids instead of a chunk plus the floor. A chained frame counts
+ *   only when the frame before kept all and its first row was right; else the slot goes back to the chained
+ *   frame's snapshot (the frame kept all) or the frame's own (it kept fewer) and the chained one is dropped.
+ *   Sampled frames are not chained (their ids come from a second readback, `Stage.sampleRows`);
  * - the default drafter wants a 3-id match (the slot's own history, then the draft cache's n-grams): the
  *   split's 1- and 2-id matches guess too often wrong for a frame that costs more than it does there.
  * Calls of several sequences (batched steps) and calls asking for top-k pairs run undrafted.
@@ -61,12 +68,27 @@ export interface DraftingStage {
     base: number,
     opts: { rows: "all" | "none"; ids?: boolean },
   ): Promise<StageOutput>;
+  /** `run()` split in two: resolves once submitted, the output pending (a chained frame goes in meanwhile). */
+  submit(
+    slot: number,
+    input: { readonly tokens: readonly number[] },
+    base: number,
+    opts: { rows: "all"; ids?: boolean },
+  ): Promise<{ readonly output: Promise<StageOutput> }>;
   /** One id per logits row, drawn as the undrafted steps would (Stage.sampleRows). */
   sampleRows(logits: Float32Array<ArrayBuffer>, opts: RowSampleOptions): Promise<Uint32Array>;
   /** Saves `slot`'s state (before a frame). */
   snapshot(slot: number): number;
   /** Restores a frame's snapshot into `slot` (its tail was rejected). */
   restore(id: number, slot: number): void;
+}
+
+/** A submitted frame: its position, fed ids, the slot's snapshot before it, and its pending output. */
+interface Flight {
+  readonly pos: number;
+  readonly fed: readonly number[];
+  readonly anchor: number;
+  readonly output: Promise<StageOutput>;
 }
 
 /** Options of {@linkcode DraftingDecoder}. */
@@ -79,6 +101,8 @@ export interface DraftingOptions {
   readonly drafter?: (seq: readonly number[], k: number) => number[];
   /** Remembers every sequence the decoder ran and drafts from it (the default drafter's second source). */
   readonly draftCache?: DraftCache;
+  /** Chain frames on the argmax path (default true; false: a benchmark's comparison point). */
+  readonly chain?: boolean;
   /** Called with the draft counts after each frame. */
   readonly onDrafts?: (stats: { frames: number; proposed: number; accepted: number }) => void;
 }
@@ -92,6 +116,7 @@ export class DraftingDecoder implements SlotDecoder {
   readonly #drafter: (seq: readonly number[], k: number) => number[];
   readonly #cache: DraftCache | undefined;
   readonly #onDrafts: DraftingOptions["onDrafts"];
+  readonly #chain: boolean;
   /** Tokens each slot holds as far as this wrapper knows (a prefix of them when not: guesses only). */
   readonly #held: number[][];
   /** Tokens each snapshot holds. */
@@ -131,6 +156,7 @@ export class DraftingDecoder implements SlotDecoder {
       return own.length > 0 ? own : cache?.lookup(seq, k) ?? [];
     });
     this.#onDrafts = opts.onDrafts;
+    this.#chain = opts.chain ?? true;
     this.#held = Array.from({ length: inner.nSlots }, () => []);
     this.#cool = Array.from({ length: inner.nSlots }, () => ({ until: 0, wait: 0 }));
   }
@@ -290,8 +316,11 @@ export class DraftingDecoder implements SlotDecoder {
 
   /**
    * Drafted frames of `it` while the drafter proposes `minDraft` ids or more and frames accept that many;
-   * appends the ids made to `tokens` (and `seq`). Returns the ids made, and the finish reason when the
-   * sequence ended, or `paused` when the caller's pause fired.
+   * appends the ids made to `tokens` (and `seq`). On the argmax path the next frame is chained while a frame's
+   * ids come back: it assumes the frame keeps every guess and guesses its last id too (fed as its first row),
+   * so the GPU runs it during the readback's wait; it counts only if both hold, else it is rolled back with
+   * the frame's tail. Returns the ids made and frames run, and the finish reason when the sequence ended, or
+   * `paused` when the caller's pause fired.
    */
   async #frames(
     it: BatchItem,
@@ -307,30 +336,64 @@ export class DraftingDecoder implements SlotDecoder {
     const step0 = o.samplerStep ?? 0;
     const hist0 = o.samplerHistory ?? it.prompt;
     const cool = this.#cool[slot]!;
-    let made = 0;
-    for (let frames = 0;; frames++) {
-      if (o.signal?.aborted) return { ids: made, frames, end: "cancelled" };
-      const pos = stage.length(slot);
+    /** Guesses for a frame at `pos` after `made` ids (none when it cannot carry minDraft). */
+    const guess = (known: readonly number[], pos: number, made: number, first: number): number[] => {
       // Ids still to make: the request's, within the context (each id but the last is fed at pos, pos+1, ...).
-      const limit = Math.min(o.nNew - tokens.length, stage.nCtx - pos);
+      const limit = Math.min(o.nNew - made, stage.nCtx - pos);
       const room = Math.min(this.#draft, limit - 1, stage.maxChunk - 1);
-      if (room < this.#min || seq.length < cool.until) return { ids: made, frames };
-      if (pause?.()) return { ids: made, frames, paused: true };
-      const drafts = this.#drafter(seq, room).slice(0, room);
-      if (drafts.length < this.#min) return { ids: made, frames };
-      const fed = [tokens.at(-1) ?? it.prompt[0]!, ...drafts];
+      if (room < this.#min || known.length < cool.until) return [];
+      const g = this.#drafter(known, room + first).slice(0, room + first);
+      return g.length >= this.#min + first ? g : [];
+    };
+    const live = new Set<number>();
+    const drop = (anchor: number) => {
+      if (live.delete(anchor)) stage.states.drop(anchor);
+    };
+    const submit = async (fed: number[], pos: number): Promise<Flight> => {
       const anchor = stage.snapshot(slot);
-      const got: number[] = [];
-      let end: FinishReason | undefined;
-      try {
-        let ids: ArrayLike<number>;
-        if (sampling) {
-          const out = await stage.run(slot, { tokens: fed }, pos, { rows: "all" });
-          const history = [...hist0, ...tokens].slice(-SAMPLE_HIST);
-          ids = await stage.sampleRows(out.data, { sampling, step: step0 + tokens.length, history });
-        } else ids = (await stage.run(slot, { tokens: fed }, pos, { rows: "all", ids: true })).ids!;
+      live.add(anchor);
+      const run = await stage.submit(slot, { tokens: fed }, pos, {
+        rows: "all",
+        ...(sampling ? {} : { ids: true }),
+      });
+      return { pos, fed, anchor, output: run.output };
+    };
+    let made = 0;
+    let frames = 0;
+    let cur: Flight | undefined;
+    try {
+      for (;;) {
+        if (!cur) {
+          if (o.signal?.aborted) return { ids: made, frames, end: "cancelled" };
+          // The caller's pause after any progress in this call (a call makes some, as the pipelined loop does).
+          if (tokens.length > 0 && pause?.()) return { ids: made, frames, paused: true };
+          const pos = stage.length(slot);
+          const g = guess(seq, pos, tokens.length, 0);
+          if (g.length === 0) return { ids: made, frames };
+          cur = await submit([tokens.at(-1) ?? it.prompt[0]!, ...g], pos);
+        }
+        // The chained frame: after every guess of `cur` and a guess of its last id, which must not end it.
+        let next: Flight | undefined;
+        const drafts = cur.fed.slice(1);
+        if (
+          this.#chain && !sampling && !o.signal?.aborted && !drafts.some((id) => stops.has(id)) && !pause?.()
+        ) {
+          const g = guess([...seq, ...drafts], cur.pos + cur.fed.length, tokens.length + cur.fed.length, 1);
+          if (g.length > 0 && !stops.has(g[0]!)) next = await submit(g, cur.pos + cur.fed.length);
+        }
+        const out = await cur.output;
+        const ids = sampling
+          ? await stage.sampleRows(out.data, {
+            sampling,
+            step: step0 + tokens.length,
+            history: [...hist0, ...tokens].slice(-SAMPLE_HIST),
+          })
+          : out.ids!;
         // Ids up to the first that is not the guess fed after it (that one is still the exact next id).
-        for (let j = 0; j < fed.length; j++) {
+        const got: number[] = [];
+        let end: FinishReason | undefined;
+        const limit = Math.min(o.nNew - tokens.length, stage.nCtx - cur.pos);
+        for (let j = 0; j < cur.fed.length; j++) {
           const id = ids[j]!;
           if (id >= V) {
             throw new NumericsError(
@@ -343,27 +406,45 @@ export class DraftingDecoder implements SlotDecoder {
           else if (got.length === limit) end = tokens.length + got.length < o.nNew ? "context" : "length";
           if (end || (j < drafts.length && id !== drafts[j])) break;
         }
-        // The slot holds the fed rows up to the last kept id (not fed): a longer tail goes back.
-        if (got.length < fed.length) {
-          stage.restore(anchor, slot);
-          await stage.run(slot, { tokens: fed.slice(0, got.length) }, pos, { rows: "none" });
+        const chained = next !== undefined && !end && got.length === cur.fed.length &&
+          next.fed[0] === got.at(-1);
+        if (!chained) {
+          // The slot holds the fed rows up to the last kept id (not fed): the rest goes back. After every row
+          // of `cur`, the chained frame's snapshot holds exactly that.
+          if (next && got.length === cur.fed.length) stage.restore(next.anchor, slot);
+          else if (got.length < cur.fed.length) {
+            stage.restore(cur.anchor, slot);
+            await stage.run(slot, { tokens: cur.fed.slice(0, got.length) }, cur.pos, { rows: "none" });
+          }
+          if (next) {
+            drop(next.anchor);
+            next.output.catch(() => {/* its ids are not needed */});
+            this.#count(next.fed.length - 1, 0);
+          }
         }
-      } finally {
-        stage.states.drop(anchor);
+        drop(cur.anchor);
+        tokens.push(...got);
+        made += got.length;
+        frames++;
+        seq.push(...got);
+        this.#count(drafts.length, got.length - 1);
+        if (got.length - 1 < this.#min) this.#poor(slot, seq.length);
+        else cool.wait = 0;
+        o.onTokens?.(got);
+        if (end) return { ids: made, frames, end };
+        cur = chained ? next : undefined;
       }
-      tokens.push(...got);
-      made += got.length;
-      const accepted = got.length - 1;
-      this.draftStats.frames++;
-      this.draftStats.proposed += drafts.length;
-      this.draftStats.accepted += accepted;
-      this.#onDrafts?.({ ...this.draftStats });
-      seq.push(...got);
-      if (accepted < this.#min) this.#poor(slot, seq.length);
-      else cool.wait = 0;
-      o.onTokens?.(got);
-      if (end) return { ids: made, frames: frames + 1, end };
+    } finally {
+      for (const a of [...live]) drop(a);
     }
+  }
+
+  /** Counts a frame: its guesses and those kept. */
+  #count(proposed: number, accepted: number): void {
+    this.draftStats.frames++;
+    this.draftStats.proposed += proposed;
+    this.draftStats.accepted += accepted;
+    this.#onDrafts?.({ ...this.draftStats });
   }
 
   /** No frames on `slot` for the next wait (doubled from the last) after a poor frame at length `at`. */

@@ -155,17 +155,61 @@ export class PipelineCache {
 /** A buffer binding: a whole buffer, or a byte range of one. */
 export type Binding = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
 
-/** Bind group 0 of `pipeline` with binding i = `bindings[i]`. */
+/**
+ * Bind groups by pipeline and bindings, for {@linkcode withBindGroups}: a stage's graphs of one chunk width on
+ * different slots (or of one slot's step and chunk) bind mostly the same buffers, and creating a bind group is
+ * most of the cost of building a graph (the native side: about 35 µs per dispatch on this project's CI
+ * machine), which a request pays on the first run of each slot and width.
+ */
+export interface BindGroupCache {
+  get(key: string): GPUBindGroup | undefined;
+  set(key: string, group: GPUBindGroup): unknown;
+}
+
+const LAYOUTS = new WeakMap<GPUComputePipeline, { id: number; layout: GPUBindGroupLayout }>();
+const BUFFER_IDS = new WeakMap<GPUBuffer, number>();
+let nextId = 0;
+let activeCache: BindGroupCache | undefined;
+
+/** Runs `f` with {@linkcode bindGroup} reusing the groups of `cache` (and filling it). */
+export function withBindGroups<T>(cache: BindGroupCache, f: () => T): T {
+  const prev = activeCache;
+  activeCache = cache;
+  try {
+    return f();
+  } finally {
+    activeCache = prev;
+  }
+}
+
+/** Bind group 0 of `pipeline` with binding i = `bindings[i]` (from the active cache when one has it). */
 export function bindGroup(
   device: GPUDevice,
   pipeline: GPUComputePipeline,
   bindings: readonly Binding[],
 ): GPUBindGroup {
-  return device.createBindGroup({
-    layout: pipeline.getBindGroupLayout(0),
+  let pl = LAYOUTS.get(pipeline);
+  if (!pl) LAYOUTS.set(pipeline, pl = { id: nextId++, layout: pipeline.getBindGroupLayout(0) });
+  const cache = activeCache;
+  let key = "";
+  if (cache) {
+    key = `${pl.id}`;
+    for (const b of bindings) {
+      const buf = b instanceof GPUBuffer ? b : b.buffer;
+      let id = BUFFER_IDS.get(buf);
+      if (id === undefined) BUFFER_IDS.set(buf, id = nextId++);
+      key += b instanceof GPUBuffer ? `|${id}` : `|${id}:${b.offset ?? 0}:${b.size ?? "-"}`;
+    }
+    const hit = cache.get(key);
+    if (hit) return hit;
+  }
+  const group = device.createBindGroup({
+    layout: pl.layout,
     entries: bindings.map((b, i) => ({
       binding: i,
       resource: b instanceof GPUBuffer ? { buffer: b } : b,
     })),
   });
+  cache?.set(key, group);
+  return group;
 }

@@ -15,7 +15,8 @@ import { checkStageInput } from "./_load.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
 import type { StageInput, StageOutput } from "./options.ts";
 import type { RunProfile } from "./_profile.ts";
-import type { PendingRun, RowArgmax } from "./_stage_run.ts";
+import type { PendingRun, RowArgmax, Spare } from "./_stage_run.ts";
+import type { LruMap } from "../graph/_lru.ts";
 
 /** Bytes per column of a batched graph's column table (each column's entry a bindable sub-range). */
 const TABLE_COLUMN_BYTES = 256;
@@ -43,7 +44,7 @@ export interface BatchRunParts {
   readonly gpuCheck: () => void;
   readonly profile: RunProfile;
   /** Per step shape: a command buffer and staging encoded ahead (absent: every step encodes its own). */
-  readonly spares?: Map<string, { cmd: GPUCommandBuffer; staging: GPUBuffer }>;
+  readonly spares?: LruMap<string, Spare>;
   /** The argmax on logits row `row` writing word 0 of its ring (a last stage's `ids` steps). */
   readonly argmax?: (row: number) => Promise<RowArgmax>;
 }

@@ -13,6 +13,31 @@ import type { PipelineCache } from "../../wgsl/kernel.ts";
 import { buildSelector } from "./_selector.ts";
 import { STORAGE } from "./activations.ts";
 import type { StageInput, StageOutput } from "./options.ts";
+import { LruMap } from "../graph/_lru.ts";
+
+/**
+ * Graphs a stage keeps per kind (chunk graphs by slot, width and rows; batched steps by slot set), least
+ * recently used dropped first: a server meets endless prompt widths, and each graph holds bind groups.
+ */
+export const GRAPHS_KEPT = 128;
+/** Runs encoded ahead a stage keeps (each holds a staging buffer of its output: up to a logits row). */
+export const SPARES_KEPT = 32;
+
+/** A run's command buffer and staging, encoded ahead. */
+export interface Spare {
+  readonly cmd: GPUCommandBuffer;
+  readonly staging: GPUBuffer;
+}
+
+/** A stage's cache of graphs of one kind, by key. */
+export function graphCache<V>(): LruMap<string, V> {
+  return new LruMap<string, V>(GRAPHS_KEPT);
+}
+
+/** A stage's runs encoded ahead, by shape (an evicted one's staging is destroyed). */
+export function spareCache(): LruMap<string, Spare> {
+  return new LruMap<string, Spare>(SPARES_KEPT, (s) => s.staging.destroy());
+}
 
 /** What `submitRun` needs of its stage (its private buffers, handed over by `Stage.submit`). */
 export interface RunParts {
@@ -30,7 +55,7 @@ export interface RunParts {
   readonly gpuCheck: () => void;
   readonly profile: RunProfile;
   /** Per run shape: a command buffer and staging encoded ahead (absent: every run encodes its own). */
-  readonly spares?: Map<string, { cmd: GPUCommandBuffer; staging: GPUBuffer }>;
+  readonly spares?: LruMap<string, Spare>;
   /** The argmax on logits row `row` writing ring word `params[0]` (a last stage's `ids` runs). */
   readonly argmax?: (row: number) => Promise<RowArgmax>;
 }

@@ -60,6 +60,7 @@ import type { BatchItem, GenerateOptions, GenerateResult } from "./slot_decoder.
 import { type RowSampleOptions, RowSampler } from "./_row_sampler.ts";
 import type { Int8Logged, RunOptions, StageInput, StageOptions, StageOutput } from "./options.ts";
 import { type PendingRun, type RowArgmax, rowArgmax, submitRun } from "./_stage_run.ts";
+import { graphCache, spareCache } from "./_stage_run.ts";
 import { RunProfile } from "./_profile.ts";
 
 export type { Int8Logged, PendingRun, RowSampleOptions, RunOptions, StageInput, StageOptions, StageOutput };
@@ -117,10 +118,10 @@ export class Stage {
   readonly #act: Record<string, GPUBuffer>;
   readonly #posParams: readonly GPUBuffer[];
   readonly #zeroIds: GPUBuffer;
-  readonly #graphs = new Map<string, Op[]>();
+  readonly #graphs = graphCache<Op[]>();
   /** int8Log: the log buffer, each graph's entries, and the graph of the last run() chunk. */
   readonly #int8Log: { buffer: GPUBuffer; entries: Map<string, Int8LogEntry[]>; last?: string } | undefined;
-  readonly #batchGraphs = new Map<string, { ops: Op[]; table: GPUBuffer }>();
+  readonly #batchGraphs = graphCache<{ ops: Op[]; table: GPUBuffer }>();
   /** Per slot: the id its batched steps embed (written by its selector). */
   readonly #slotTok: readonly GPUBuffer[];
   /** Small buffers the cached graphs and decoders own (params, rings, scratch): destroyed with the stage. */
@@ -131,7 +132,7 @@ export class Stage {
   readonly #unusedMask: Uint32Array<ArrayBuffer> | undefined;
   #rowSampler: RowSampler | undefined;
   readonly #argmaxes = new Map<number, Promise<RowArgmax>>();
-  readonly #spares = new Map<string, { cmd: GPUCommandBuffer; staging: GPUBuffer }>();
+  readonly #spares = spareCache();
   /** The first GPU error no scope captured while this stage lived (validation, out of memory, internal). */
   #gpuError: string | undefined;
   readonly #onGpuError = (ev: Event) => {

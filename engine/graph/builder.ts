@@ -14,7 +14,9 @@ import {
   type ConstValues,
   type KernelSpec,
   type PipelineCache,
+  withBindGroups,
 } from "../../wgsl/kernel.ts";
+import { LruMap } from "./_lru.ts";
 import type { GpuTensor } from "../gpu/weights.ts";
 import type { DeltaNetLayout, Hparams } from "../models/_arch.ts";
 import type { GgmlTypeName } from "../quant/types.ts";
@@ -177,8 +179,33 @@ export interface PendingNorm {
   readonly y: GPUBuffer;
 }
 
-/** Params buffers by content, per owner (the `owned` list of a stage: they live and die with it). */
-const PARAMS_BY_OWNER = new WeakMap<GPUBuffer[], Map<string, GPUBuffer>>();
+/**
+ * What the graphs of one owner (the `owned` list of a stage: these live and die with it) share: params buffers
+ * by content, scratch buffers by purpose, int8 x buffers by K and the unused-binding buffer. The graphs of a
+ * stage run one after another on one queue (WebGPU orders their dispatches), so scratch is never live in two
+ * graphs at once; a stage then holds one set of scratch whatever the number of chunk widths and slots it has
+ * built graphs for (one per graph grew GPU memory with every new prompt width: 4.5 MiB of split-K partials per
+ * 256..504-token graph on the tiny model).
+ */
+interface OwnerShared {
+  readonly params: Map<string, GPUBuffer>;
+  readonly grown: Map<string, GPUBuffer>;
+  readonly xq: Map<number, GPUBuffer>;
+  readonly groups: LruMap<string, GPUBindGroup>;
+  unused?: GPUBuffer;
+}
+const SHARED_BY_OWNER = new WeakMap<GPUBuffer[], OwnerShared>();
+/** Bind groups an owner keeps for its graphs to share (a 40-layer graph has about a thousand). */
+const BIND_GROUPS_KEPT = 16384;
+
+function sharedOf(owned: GPUBuffer[]): OwnerShared {
+  let s = SHARED_BY_OWNER.get(owned);
+  if (!s) {
+    const groups = new LruMap<string, GPUBindGroup>(BIND_GROUPS_KEPT);
+    SHARED_BY_OWNER.set(owned, s = { params: new Map(), grown: new Map(), xq: new Map(), groups });
+  }
+  return s;
+}
 
 /** Builds the dispatch list of one chunk of `n` tokens; blocks push onto it. */
 export class GraphBuilder {
@@ -196,9 +223,8 @@ export class GraphBuilder {
   readonly ops: Op[] = [];
   /** Receives every buffer the graph creates (its owner destroys them). */
   readonly #owned: GPUBuffer[];
-  #unused: GPUBuffer | undefined;
-  /** Buffers of this graph by purpose (`grown`). */
-  readonly #grownBufs = new Map<string, GPUBuffer>();
+  /** What this graph shares with the owner's other graphs. */
+  readonly #shared: OwnerShared;
   /** The next free byte of the int8 log. */
   #logAt = 0;
   /** A decode norm not pushed yet (see blocks/norm.ts `norm`). */
@@ -209,8 +235,8 @@ export class GraphBuilder {
   lastQ8:
     | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
     | undefined;
-  /** int8 x buffers (quantize_q8's output) by K, created on first use. */
-  readonly xq = new Map<number, GPUBuffer>();
+  /** int8 x buffers (quantize_q8's output) by K, created on first use (shared by the owner's graphs). */
+  readonly xq: Map<number, GPUBuffer>;
 
   /**
    * @param owned receives every buffer the graph creates (its owner destroys them)
@@ -235,6 +261,8 @@ export class GraphBuilder {
     this.n = n;
     this.maxCols = batched ? BATCH_MAX_COLS : MATVEC_MAX_COLS;
     this.#owned = owned;
+    this.#shared = sharedOf(owned);
+    this.xq = this.#shared.xq;
     this.opts = opts;
   }
 
@@ -251,7 +279,7 @@ export class GraphBuilder {
     this.ops.push({
       label,
       pipeline,
-      bindGroup: bindGroupOf(pipeline),
+      bindGroup: withBindGroups(this.#shared.groups, () => bindGroupOf(pipeline)),
       grid: [grid[0] ?? 1, grid[1] ?? 1, grid[2] ?? 1],
     });
   }
@@ -273,8 +301,7 @@ export class GraphBuilder {
    * model repeat shapes, and a slot's graphs repeat another slot's): a graph builds a fraction of them.
    */
   storage(words: Uint32Array): GPUBuffer {
-    let byContent = PARAMS_BY_OWNER.get(this.#owned);
-    if (!byContent) PARAMS_BY_OWNER.set(this.#owned, byContent = new Map());
+    const byContent = this.#shared.params;
     const key = words.join(",");
     const hit = byContent.get(key);
     if (hit) return hit;
@@ -290,17 +317,21 @@ export class GraphBuilder {
     return buf;
   }
 
-  /** A buffer of the graph for `name`, at least `bytes` long (created or replaced by a bigger one). */
+  /**
+   * Scratch for `name`, at least `bytes` long, shared by the owner's graphs: created, or replaced by one at
+   * least 1.5 times larger (graphs built before keep the smaller one they bound, so a stage holds a few per
+   * name, not one per graph).
+   */
   grown(name: string, bytes: number): GPUBuffer {
-    let buf = this.#grownBufs.get(name);
+    let buf = this.#shared.grown.get(name);
     if (!buf || buf.size < bytes) {
       buf = this.device.createBuffer({
         label: name,
-        size: Math.ceil(bytes / 256) * 256,
+        size: Math.ceil(Math.max(bytes, buf ? 1.5 * buf.size : 0) / 256) * 256,
         usage: GPUBufferUsage.STORAGE,
       });
       this.#owned.push(buf);
-      this.#grownBufs.set(name, buf);
+      this.#shared.grown.set(name, buf);
     }
     return buf;
   }
@@ -316,13 +347,13 @@ export class GraphBuilder {
     return { buffer: this.grown("matmul split partials", bytes), offset: 0, size: bytes };
   }
 
-  /** A 16-byte buffer for writable bindings a variant does not use (one per graph). */
+  /** A 16-byte buffer for writable bindings a variant does not use (one per owner). */
   scratch(): GPUBuffer {
-    if (!this.#unused) {
-      this.#unused = this.device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
-      this.#owned.push(this.#unused);
+    if (!this.#shared.unused) {
+      this.#shared.unused = this.device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
+      this.#owned.push(this.#shared.unused);
     }
-    return this.#unused;
+    return this.#shared.unused;
   }
 
   /**

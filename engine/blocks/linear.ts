@@ -212,8 +212,9 @@ export async function matvecQ8(
   });
   // Each column's int8 x in a region of its own of the graph's buffer for K (or of the int8 log).
   const stride = Math.ceil(q8xBytes(k) / 256) * 256;
+  // The stage's graphs share it: a chunk's graph may have made it for fewer columns than a batched step's.
   let shared = g.xq.get(k);
-  if (!reuse && !shared) {
+  if (!reuse && (!shared || shared.size < g.maxCols * stride)) {
     shared = g.device.createBuffer({
       label: `int8 x K=${k}`,
       size: g.maxCols * stride,

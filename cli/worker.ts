@@ -6,7 +6,15 @@
  */
 import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
-import { acquireGpu, DEFAULT_MAX_CHUNK, KEYS, openGguf, printProfileOnSignal, Stage } from "../engine/mod.ts";
+import {
+  acquireGpu,
+  buildWidthClasses,
+  DEFAULT_MAX_CHUNK,
+  KEYS,
+  openGguf,
+  printProfileOnSignal,
+  Stage,
+} from "../engine/mod.ts";
 import { listenWorker, parseAddress, readTlsFlags, serveWorker, WireError } from "../wire/mod.ts";
 import { ChainLink } from "../wire/chain.ts";
 import { stageBackend } from "../wire/stage_backend.ts";
@@ -163,5 +171,6 @@ async function warmUp(stage: Stage): Promise<void> {
     at += n;
   }
   stage.reset(0);
+  await buildWidthClasses(stage, 0);
   console.error(`GPU pipelines built in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 }

@@ -69,6 +69,7 @@ export type {
 } from "./exec/slot_decoder.ts";
 export { MAX_BATCH_SLOTS, MAX_SLOTS } from "./exec/activations.ts";
 export { MATVEC_MAX_COLS } from "./graph/builder.ts";
+export { buildWidthClasses, prefillWidthClasses } from "./exec/_widths.ts";
 export {
   type ChainClient,
   type ChainStageStatus,

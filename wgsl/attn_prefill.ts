@@ -100,10 +100,17 @@ export const ATTN_PREFILL_TARGET_WORKGROUPS = 1024;
 /** Most key splits (the combine reads every split's (m, l) per row; SPLIT_MIN keeps shallow ones unused). */
 export const ATTN_PREFILL_MAX_SPLITS = 32;
 
-/** Key splits for a chunk of `nTokens` in query blocks of `bq` (see {@linkcode ATTN_PREFILL_TARGET_WORKGROUPS}). */
+/**
+ * Key splits for a chunk of `nTokens` in query blocks of `bq` (see {@linkcode ATTN_PREFILL_TARGET_WORKGROUPS}),
+ * rounded up to a power of two: NS is a constant of the kernel and of its combine, so every distinct value is
+ * two pipelines to compile, on the first chunk of that width (a prompt's tail: on the H200 inside a request's
+ * time to first token). Powers of two leave 6 variants where the exact quotient made one per few widths
+ * (31 between 129 and 4,096 tokens); chunks of a power-of-two width keep their split.
+ */
 export function attnPrefillSplits(hKv: number, bq: number, nTokens: number): number {
   const wgs = Math.ceil(nTokens / bq) * hKv;
-  return Math.min(ATTN_PREFILL_MAX_SPLITS, Math.ceil(ATTN_PREFILL_TARGET_WORKGROUPS / wgs));
+  const ns = Math.ceil(ATTN_PREFILL_TARGET_WORKGROUPS / wgs);
+  return Math.min(ATTN_PREFILL_MAX_SPLITS, 2 ** Math.ceil(Math.log2(ns)));
 }
 
 /** Workgroup memory of one variant in bytes (must fit the device's maxComputeWorkgroupStorageSize). */

@@ -18,6 +18,7 @@ import type { SlotDecoder } from "../exec/slot_decoder.ts";
 import { type NextResult, type NextStage, SplitDecoder, StaleChainError } from "../exec/split.ts";
 import { DraftCache } from "../exec/draft_cache.ts";
 import { DraftingDecoder } from "../exec/drafting.ts";
+import { buildWidthClasses } from "../exec/_widths.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -204,6 +205,9 @@ async function warmUp(
     }
   }
   for (const slot of used) stage.reset(slot);
+  // The kernel variants of every prefill width class (a prompt piece or tail of an unusual width would
+  // otherwise compile its pipelines inside a request's time to first token, or the other streams' gap).
+  await buildWidthClasses(stage, 0);
   // Each slot's own graphs (dispatch lists are per slot and chunk width; a 40-layer model's takes tens of ms
   // to build) of a fresh request's last prompt chunk after the prompt-boundary snapshot and of its decode
   // step, so that no slot's first request builds them between its prefill and its first id.

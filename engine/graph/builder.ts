@@ -319,15 +319,18 @@ export class GraphBuilder {
 
   /**
    * Scratch for `name`, at least `bytes` long, shared by the owner's graphs: created, or replaced by one at
-   * least 1.5 times larger (graphs built before keep the smaller one they bound, so a stage holds a few per
+   * least 1.5 times larger, up to the binding limit (graphs built before keep the smaller one they bound, so a stage holds a few per
    * name, not one per graph).
    */
   grown(name: string, bytes: number): GPUBuffer {
     let buf = this.#shared.grown.get(name);
     if (!buf || buf.size < bytes) {
+      // The growth never takes a size that fits the binding limit past it.
+      const { maxStorageBufferBindingSize: bind, maxBufferSize } = this.device.limits;
+      const cap = Math.max(bytes, Math.floor(Math.min(bind, maxBufferSize) / 256) * 256);
       buf = this.device.createBuffer({
         label: name,
-        size: Math.ceil(Math.max(bytes, buf ? 1.5 * buf.size : 0) / 256) * 256,
+        size: Math.min(cap, Math.ceil(Math.max(bytes, buf ? 1.5 * buf.size : 0) / 256) * 256),
         usage: GPUBufferUsage.STORAGE,
       });
       this.#owned.push(buf);

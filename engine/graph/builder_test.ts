@@ -38,3 +38,30 @@ Deno.test("GraphBuilder.maxCols: a chunk's mat-vecs take up to 8 columns, a batc
   assert.throws(() => builder(17, true), /a batched step has 2\.\.16 columns, not 17/);
   assert.throws(() => builder(1, true), /not 1/);
 });
+
+Deno.test("GraphBuilder: scratch is shared by an owner's graphs, grows 1.5x at a time, never past the binding limit", () => {
+  const made: number[] = [];
+  const limits = { maxStorageBufferBindingSize: 100_000, maxBufferSize: 1 << 30 };
+  const device = {
+    limits,
+    createBuffer: (d: GPUBufferDescriptor) => (made.push(d.size), { size: d.size }) as unknown as GPUBuffer,
+  } as unknown as GPUDevice;
+  const opts = { normPrologueMaxRows: 1 } as GraphOptions;
+  const owned: GPUBuffer[] = [];
+  const g = (n: number) => new GraphBuilder(device, {} as PipelineCache, {} as Hparams, n, owned, opts);
+  const a = g(3).grown("partials", 1000);
+  assert.equal(g(5).grown("partials", 900), a, "another graph of the owner reuses it");
+  assert.equal(g(7).grown("other", 16).size, 256, "by name");
+  const b = g(9).grown("partials", 1100);
+  assert.equal(b.size, 1536, "1.5x the old size, in 256-byte steps");
+  const c = g(11).grown("partials", 90_000);
+  assert.equal(c.size, 90_112);
+  // 1.5x would pass the 100,000-byte binding limit: the largest 256-byte multiple within it, or the need.
+  assert.equal(g(13).grown("partials", 91_000).size, 99_840);
+  assert.equal(g(15).grown("partials", 99_999).size, 99_999);
+  assert.equal(
+    new GraphBuilder(device, {} as PipelineCache, {} as Hparams, 1, [], opts).grown("partials", 10).size,
+    256,
+  );
+  assert.deepEqual(made, [1024, 256, 1536, 90_112, 99_840, 99_999, 256]);
+});

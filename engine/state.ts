@@ -165,6 +165,12 @@ export class SlotStates {
     return this.#region(this.#slotChecked(slot), this.#storageOf(layer, name));
   }
 
+  /** Every region of `slot`'s state, one per (layer, name), in the same order for every slot. */
+  regions(slot: number): StateBinding[] {
+    this.#slotChecked(slot);
+    return [...this.#storage.values()].map((st) => this.#region(slot, st));
+  }
+
   /**
    * All slots of state `name` of `layer` in one buffer, or `undefined` where that pool would exceed the
    * binding limit and each slot has a buffer of its own (then a batched step dispatches per slot).

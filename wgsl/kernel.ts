@@ -164,6 +164,8 @@ export type Binding = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: n
 export interface BindGroupCache {
   get(key: string): GPUBindGroup | undefined;
   set(key: string, group: GPUBindGroup): unknown;
+  /** The bindings of the latest group {@linkcode bindGroup} returned under this cache (set by it). */
+  last?: readonly Binding[];
 }
 
 const LAYOUTS = new WeakMap<GPUComputePipeline, { id: number; layout: GPUBindGroupLayout }>();
@@ -193,6 +195,7 @@ export function bindGroup(
   const cache = activeCache;
   let key = "";
   if (cache) {
+    cache.last = bindings;
     key = `${pl.id}`;
     for (const b of bindings) {
       const buf = b instanceof GPUBuffer ? b : b.buffer;

@@ -60,7 +60,7 @@ import type { BatchItem, GenerateOptions, GenerateResult } from "./slot_decoder.
 import { type RowSampleOptions, RowSampler } from "./_row_sampler.ts";
 import type { Int8Logged, RunOptions, StageInput, StageOptions, StageOutput } from "./options.ts";
 import { type PendingRun, type RowArgmax, rowArgmax, submitRun } from "./_stage_run.ts";
-import { graphCache, spareCache } from "./_stage_run.ts";
+import { graphCache, SlotGraphs, spareCache } from "./_slot_graphs.ts";
 import { RunProfile } from "./_profile.ts";
 
 export type { Int8Logged, PendingRun, RowSampleOptions, RunOptions, StageInput, StageOptions, StageOutput };
@@ -118,7 +118,7 @@ export class Stage {
   readonly #act: Record<string, GPUBuffer>;
   readonly #posParams: readonly GPUBuffer[];
   readonly #zeroIds: GPUBuffer;
-  readonly #graphs = graphCache<Op[]>();
+  readonly #graphs: SlotGraphs;
   /** int8Log: the log buffer, each graph's entries, and the graph of the last run() chunk. */
   readonly #int8Log: { buffer: GPUBuffer; entries: Map<string, Int8LogEntry[]>; last?: string } | undefined;
   readonly #batchGraphs = graphCache<{ ops: Op[]; table: GPUBuffer }>();
@@ -216,6 +216,7 @@ export class Stage {
       { length: init.nSlots },
       (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: POS_PARAMS_BYTES, usage: STORAGE }),
     );
+    this.#graphs = new SlotGraphs(gpu.device, this.#posParams, this.states, this.#owned);
     this.#zeroIds = gpu.device.createBuffer({
       label: "zero_ids",
       size: 4 * Math.max(this.maxChunk, MAX_BATCH_SLOTS),
@@ -559,7 +560,7 @@ export class Stage {
   async #graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<Op[]> {
     const key = `${slot}/${n}/${rows}`;
     if (this.#int8Log) this.#int8Log.last = key;
-    const hit = this.#graphs.get(key);
+    const hit = this.#graphs.get(slot, n, rows, !this.#int8Log);
     if (hit) return hit;
     const entries: Int8LogEntry[] = [];
     this.#int8Log?.entries.set(key, entries);
@@ -568,7 +569,7 @@ export class Stage {
       int8Log: this.#int8Log ? { buffer: this.#int8Log.buffer, entries } : undefined,
     });
     const ops = await buildHybrid(g, this.#context(slot, rows, this.#posParams[slot]!), this.#model);
-    this.#graphs.set(key, ops);
+    this.#graphs.set(slot, n, rows, ops);
     return ops;
   }
 

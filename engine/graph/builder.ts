@@ -10,6 +10,7 @@
  */
 import {
   bindGroup,
+  type BindGroupCache,
   type Binding,
   type ConstValues,
   type KernelSpec,
@@ -39,6 +40,8 @@ export interface Op {
   readonly bindGroup: GPUBindGroup;
   /** Workgroups in x, y, z. */
   readonly grid: readonly [number, number, number];
+  /** The bind group's bindings in binding order (graphs built by a GraphBuilder: a slot's clone maps them). */
+  readonly bindings?: readonly Binding[];
 }
 
 /** Records `ops` in order into `pass` (dispatches in one pass see each other's writes in order). */
@@ -191,17 +194,22 @@ interface OwnerShared {
   readonly params: Map<string, GPUBuffer>;
   readonly grown: Map<string, GPUBuffer>;
   readonly xq: Map<number, GPUBuffer>;
-  readonly groups: LruMap<string, GPUBindGroup>;
+  readonly groups: LruMap<string, GPUBindGroup> & BindGroupCache;
   unused?: GPUBuffer;
 }
 const SHARED_BY_OWNER = new WeakMap<GPUBuffer[], OwnerShared>();
 /** Bind groups an owner keeps for its graphs to share (a 40-layer graph has about a thousand). */
 const BIND_GROUPS_KEPT = 16384;
 
+/** The bind groups `owned`'s graphs share (a graph cloned for another slot takes its groups there too). */
+export function ownerBindGroups(owned: GPUBuffer[]): BindGroupCache {
+  return sharedOf(owned).groups;
+}
+
 function sharedOf(owned: GPUBuffer[]): OwnerShared {
   let s = SHARED_BY_OWNER.get(owned);
   if (!s) {
-    const groups = new LruMap<string, GPUBindGroup>(BIND_GROUPS_KEPT);
+    const groups: OwnerShared["groups"] = new LruMap<string, GPUBindGroup>(BIND_GROUPS_KEPT);
     SHARED_BY_OWNER.set(owned, s = { params: new Map(), grown: new Map(), xq: new Map(), groups });
   }
   return s;
@@ -276,11 +284,14 @@ export class GraphBuilder {
   ): Promise<void> {
     if (this.pending && spec !== MATVEC) await this.flushNorm();
     const pipeline = await this.cache.get(spec, c);
+    const groups = this.#shared.groups;
+    groups.last = undefined;
     this.ops.push({
       label,
       pipeline,
-      bindGroup: withBindGroups(this.#shared.groups, () => bindGroupOf(pipeline)),
+      bindGroup: withBindGroups(groups, () => bindGroupOf(pipeline)),
       grid: [grid[0] ?? 1, grid[1] ?? 1, grid[2] ?? 1],
+      bindings: groups.last,
     });
   }
 

@@ -1,0 +1,93 @@
+/**
+ * A stage's chunk graphs by (slot, width, rows), least recently used dropped first, where a slot's first graph
+ * of a width another slot has built is that graph with the other slot's own buffers swapped for its own
+ * (its position params, and the regions of its KV caches and recurrent states): no blocks rebuilt, and bind
+ * groups only for the dispatches that bind per-slot state (the rest come from the stage's bind group cache).
+ * A graph's dispatches are the same for every slot by construction (the builder reads the slot only through
+ * those buffers); `tests/slot_graphs_test.ts` checks a clone against a fresh build of the same slot.
+ * @module
+ */
+import { bindGroup, type BindGroupCache, type Binding, withBindGroups } from "../../wgsl/kernel.ts";
+import { type Op, ownerBindGroups } from "../graph/builder.ts";
+import { LruMap } from "../graph/_lru.ts";
+import type { SlotStates } from "../state.ts";
+import { GRAPHS_KEPT } from "./_stage_run.ts";
+
+export { graphCache, spareCache } from "./_stage_run.ts";
+
+type Rows = "all" | "last" | "none";
+
+/** What a clone swaps: each slot's position params buffer and state regions. */
+export interface SlotBuffers {
+  readonly device: GPUDevice;
+  readonly posParams: readonly GPUBuffer[];
+  readonly states: SlotStates;
+  /** The stage's shared bind groups. */
+  readonly groups: BindGroupCache;
+}
+
+/** See the module doc. */
+export class SlotGraphs {
+  readonly #graphs = new LruMap<string, Op[]>(GRAPHS_KEPT);
+  /** The latest slot built fresh per width and rows, and its graph (kept apart from the LRU's drops). */
+  readonly #donors = new Map<string, { slot: number; ops: Op[] }>();
+  readonly #b: SlotBuffers;
+
+  /** @param owned the stage's owned buffers (their bind group cache serves the clones) */
+  constructor(device: GPUDevice, posParams: readonly GPUBuffer[], states: SlotStates, owned: GPUBuffer[]) {
+    this.#b = { device, posParams, states, groups: ownerBindGroups(owned) };
+  }
+
+  /** `slot`'s graph of `n` tokens and `rows`: cached, else cloned from another slot's (`clone`), else none. */
+  get(slot: number, n: number, rows: Rows, clone: boolean): Op[] | undefined {
+    const hit = this.#graphs.get(`${slot}/${n}/${rows}`);
+    if (hit || !clone) return hit;
+    const d = this.#donors.get(`${n}/${rows}`);
+    const ops = d && d.slot !== slot ? cloneForSlot(d.ops, d.slot, slot, this.#b) : undefined;
+    if (ops) this.#graphs.set(`${slot}/${n}/${rows}`, ops);
+    return ops;
+  }
+
+  /** Keeps `slot`'s freshly built graph (and offers it to other slots). */
+  set(slot: number, n: number, rows: Rows, ops: Op[]): void {
+    this.#graphs.set(`${slot}/${n}/${rows}`, ops);
+    if (ops.every((op) => op.bindings)) this.#donors.set(`${n}/${rows}`, { slot, ops });
+  }
+}
+
+/**
+ * `ops` (built for slot `from`) with `from`'s buffers swapped for slot `to`'s; undefined where an op's
+ * bindings are unknown. A binding inside one of `from`'s state regions moves by the same offset into `to`'s
+ * region; bindings of whole pools, activations, weights and params stay.
+ */
+export function cloneForSlot(ops: readonly Op[], from: number, to: number, b: SlotBuffers): Op[] | undefined {
+  const src = b.states.regions(from);
+  const dst = b.states.regions(to);
+  const byBuffer = new Map<GPUBuffer, number[]>();
+  src.forEach((r, i) => byBuffer.set(r.buffer, [...(byBuffer.get(r.buffer) ?? []), i]));
+  const [posFrom, posTo] = [b.posParams[from]!, b.posParams[to]!];
+  const swap = (x: Binding): Binding => {
+    const buffer = x instanceof GPUBuffer ? x : x.buffer;
+    if (buffer === posFrom) return x instanceof GPUBuffer ? posTo : { ...x, buffer: posTo };
+    const offset = x instanceof GPUBuffer ? 0 : x.offset ?? 0;
+    const size = x instanceof GPUBuffer ? buffer.size : x.size ?? buffer.size - offset;
+    for (const i of byBuffer.get(buffer) ?? []) {
+      const [r, t] = [src[i]!, dst[i]!];
+      if (offset >= r.offset && offset + size <= r.offset + r.size) {
+        return { buffer: t.buffer, offset: t.offset + offset - r.offset, size };
+      }
+    }
+    return x;
+  };
+  const out: Op[] = [];
+  for (const op of ops) {
+    if (!op.bindings) return undefined;
+    const bindings = op.bindings.map(swap);
+    const same = bindings.every((x, i) => x === op.bindings![i]);
+    const group = same
+      ? op.bindGroup
+      : withBindGroups(b.groups, () => bindGroup(b.device, op.pipeline, bindings));
+    out.push({ ...op, bindGroup: group, bindings });
+  }
+  return out;
+}

@@ -1,0 +1,63 @@
+/**
+ * A slot's first graph of a width another slot has built is a clone of that graph with the other slot's
+ * buffers swapped (engine/exec/_slot_graphs.ts). Here the clone must compute exactly what a fresh build for
+ * that slot computes, and leave the donor slot's state alone: logits of a prompt on slot 2 through a clone
+ * equal slot 2's through a fresh build (another stage), bit for bit, and slot 0 (the donor, holding another
+ * prompt) continues as it would alone. Widths that take the tiled matmul (12) and the column path (5), with
+ * states pooled and per slot, both architectures.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { openGguf } from "../engine/gguf.ts";
+import { Stage } from "../engine/exec/stage.ts";
+import { GraphBuilder } from "../engine/graph/builder.ts";
+import { testGpu } from "./util/gpu.ts";
+import { fixturePath } from "./util/fixtures.ts";
+import { Rng } from "./util/rng.ts";
+
+for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
+  Deno.test(`${name}: a slot's graph cloned from another slot's equals a fresh build, bit for bit`, async () => {
+    const rng = new Rng();
+    const gpu = await testGpu();
+    using file = await openGguf(fixturePath(`${name}.q8_0.gguf`));
+    let built = 0;
+    const checked = GraphBuilder.prototype.checked;
+    GraphBuilder.prototype.checked = function (...a: Parameters<typeof checked>) {
+      built++;
+      return checked.apply(this, a);
+    };
+    try {
+      for (const perSlot of [false, true]) {
+        const opts = { nCtx: 64, nSlots: 4, maxChunk: 16, ...(perSlot ? { maxStatePoolBytes: 4 } : {}) };
+        const a = await Stage.load(gpu, file, opts);
+        const b = await Stage.load(gpu, file, opts);
+        try {
+          // Width 12 (tiled matmul, chunked DeltaNet): donor slot 0, clone on slot 2; width 5 (columns):
+          // donor slot 1, clone on slot 3. In `b` slots 2 and 3 build their own graphs first.
+          for (const [n, donor, slot] of [[12, 0, 2], [5, 1, 3]] as const) {
+            const what = `${perSlot ? "states per slot" : "pooled states"}, width ${n}, seed ${rng.seed}`;
+            const q = Array.from({ length: n }, () => rng.int(0, 1000));
+            const p = Array.from({ length: n }, () => rng.int(0, 1000));
+            const next = rng.int(0, 1000);
+            await a.run(donor, { tokens: q }, 0, { rows: "last" });
+            built = 0;
+            const cloned = (await a.run(slot, { tokens: p }, 0, { rows: "last" })).data.slice();
+            assert.equal(built, 0, `${what}: slot ${slot}'s graph is a clone (no block rebuilt)`);
+            const donorNext = (await a.run(donor, { tokens: [next] }, n, { rows: "last" })).data.slice();
+            const fresh = (await b.run(slot, { tokens: p }, 0, { rows: "last" })).data.slice();
+            assert.ok(built > 0, `${what}: b built slot ${slot}'s graph itself`);
+            await b.run(donor, { tokens: q }, 0, { rows: "last" });
+            const alone = (await b.run(donor, { tokens: [next] }, n, { rows: "last" })).data.slice();
+            assert.deepEqual(cloned, fresh, `${what}: slot ${slot}'s logits through the clone`);
+            assert.deepEqual(donorNext, alone, `${what}: slot ${donor} (the donor) after slot ${slot} ran`);
+          }
+        } finally {
+          a.destroy();
+          b.destroy();
+        }
+      }
+    } finally {
+      GraphBuilder.prototype.checked = checked;
+    }
+  });
+}

@@ -29,8 +29,8 @@ export interface SlotBuffers {
 /** See the module doc. */
 export class SlotGraphs {
   readonly #graphs = new LruMap<string, Op[]>(GRAPHS_KEPT);
-  /** The latest slot built fresh per width and rows, and its graph (kept apart from the LRU's drops). */
-  readonly #donors = new Map<string, { slot: number; ops: Op[] }>();
+  /** The latest slot built fresh per width and rows, and its graph (as many widths as graphs are kept). */
+  readonly #donors = new LruMap<string, { slot: number; ops: Op[] }>(GRAPHS_KEPT);
   readonly #b: SlotBuffers;
 
   /** @param owned the stage's owned buffers (their bind group cache serves the clones) */

@@ -4,7 +4,7 @@
  * that slot computes, and leave the donor slot's state alone: logits of a prompt on slot 2 through a clone
  * equal slot 2's through a fresh build (another stage), bit for bit, and slot 0 (the donor, holding another
  * prompt) continues as it would alone. Widths that take the tiled matmul (12) and the column path (5), with
- * states pooled and per slot, both architectures.
+ * states pooled (both architectures) and per slot (qwen35moe).
  * @module
  */
 import assert from "node:assert/strict";
@@ -27,7 +27,9 @@ for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
       return checked.apply(this, a);
     };
     try {
-      for (const perSlot of [false, true]) {
+      // States per slot swap whole buffers, pools regions: both on one architecture (SlotStates is the same
+      // for both), pools on the other (CI time).
+      for (const perSlot of name === "tiny-qwen35moe" ? [false, true] : [false]) {
         const opts = { nCtx: 64, nSlots: 4, maxChunk: 16, ...(perSlot ? { maxStatePoolBytes: 4 } : {}) };
         const a = await Stage.load(gpu, file, opts);
         const b = await Stage.load(gpu, file, opts);

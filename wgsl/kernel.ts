@@ -113,6 +113,22 @@ export function buildSource(spec: KernelSpec, values: ConstValues, opts: { f16?:
 
 /** Compiles and caches compute pipelines per variant key on one device. */
 export class PipelineCache {
+  static readonly #shared = new WeakMap<GPUDevice, Map<boolean, PipelineCache>>();
+
+  /**
+   * The cache every stage on `device` shares (per `f16` setting): a process that loads several stages on one
+   * device (a local split chain, tests) compiles each variant once. A compile is tens of ms on a native
+   * driver and 0.1-0.5 s on lavapipe, most of a stage's start.
+   */
+  static shared(device: GPUDevice, opts: { f16?: boolean } = {}): PipelineCache {
+    const f16 = opts.f16 ?? false;
+    let byF16 = PipelineCache.#shared.get(device);
+    if (!byF16) PipelineCache.#shared.set(device, byF16 = new Map());
+    let cache = byF16.get(f16);
+    if (!cache) byF16.set(f16, cache = new PipelineCache(device, { f16 }));
+    return cache;
+  }
+
   readonly #device: GPUDevice;
   readonly #f16: boolean;
   readonly #pipelines = new Map<string, GPUComputePipeline>();

@@ -158,7 +158,7 @@ export class Stage {
   }) {
     const { gpu, hp } = init;
     this.#gpu = gpu;
-    this.#cache = new PipelineCache(gpu.device, { f16: gpu.f16 });
+    this.#cache = PipelineCache.shared(gpu.device, { f16: gpu.f16 });
     this.#model = init.model;
     this.hp = hp;
     this.fingerprint = init.fingerprint;

@@ -181,41 +181,48 @@ async function synthModel(dir: string, arch: "qwen35moe" | "qwen3next", seed: nu
 }
 
 for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
-  Deno.test(`split ${arch}: 2 and 3 stages answer exactly as the unsplit head (greedy, text and usage)`, async () => {
+  Deno.test(`split ${arch}: ${arch === "qwen35moe" ? "2 and " : ""}3 stages answer exactly as the unsplit head (greedy, text and usage)`, async () => {
     const dir = await Deno.makeTempDir({ prefix: "split_test_" });
     const procs: Proc[] = [];
     try {
       const model = await synthModel(dir, arch, seed);
       const [p24, p13, p34] = [freePort(), freePort(), freePort()];
-      const w24 = worker(model, "2:4", p24);
+      // The link, the chain and the drafts are the same code for both architectures (forward_test splits
+      // every layer boundary of both): qwen3next runs the 3-stage chain only, qwen35moe every variant.
+      const full = arch === "qwen35moe";
+      const w24 = full ? worker(model, "2:4", p24) : undefined;
       const w34 = worker(model, "3:4", p34);
-      procs.push(w24, w34);
+      procs.push(...w24 ? [w24] : [], w34);
       await w34.waitFor(/Listening on/);
       const w13 = worker(model, "1:3", p13, p34);
       procs.push(w13);
-      const [u, h2, h3, h2d] = await Promise.all([
+      const [u, h3, h2, h2d] = await Promise.all([
         head(model),
-        w24.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24 })),
         w13.waitFor(/Listening on/).then(() => head(model, { layers: "0:1", next: p13 })),
-        w24.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24, draft: 3 })),
+        w24?.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24 })),
+        w24?.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24, draft: 3 })),
       ]);
-      procs.push(u.p, h2.p, h3.p, h2d.p);
+      procs.push(...[u, h3, h2, h2d].flatMap((h) => h ? [h.p] : []));
+      const heads = [
+        { what: "3 stages", url: h3.url },
+        ...h2 && h2d
+          ? [{ what: "2 stages", url: h2.url }, { what: "2 stages with --draft 3", url: h2d.url }]
+          : [],
+      ];
       for (const prompt of PROMPTS) {
         const want = await answer(u.url, prompt);
-        assert.deepEqual(await answer(h2.url, prompt), want, `2 stages, prompt ${prompt}`);
-        assert.deepEqual(await answer(h3.url, prompt), want, `3 stages, prompt ${prompt}`);
-        assert.deepEqual(await answer(h2d.url, prompt), want, `2 stages with --draft 3, prompt ${prompt}`);
         const wantSampled = await sampled(u.url, prompt);
-        assert.deepEqual(await sampled(h2.url, prompt), wantSampled, `2 stages sampled, prompt ${prompt}`);
-        assert.deepEqual(await sampled(h3.url, prompt), wantSampled, `3 stages sampled, prompt ${prompt}`);
-        assert.deepEqual(await sampled(h2d.url, prompt), wantSampled, `--draft 3 sampled, prompt ${prompt}`);
+        for (const { what, url } of heads) {
+          assert.deepEqual(await answer(url, prompt), want, `${what}, prompt ${prompt}`);
+          assert.deepEqual(await sampled(url, prompt), wantSampled, `${what} sampled, prompt ${prompt}`);
+        }
       }
       const health = await (await fetch(`${h3.url}/health`)).json();
       assert.deepEqual(
         health.stages.map((s: { layers: unknown; state: string }) => [s.layers, s.state]),
         [[{ first: 1, end: 3, total: 4 }, "up"], [{ first: 3, end: 4, total: 4 }, "up"]],
       );
-      if (arch !== "qwen35moe") return;
+      if (!w24 || !h2) return; // qwen35moe only (above)
 
       // Refusals at hello, straight at the worker (the head's link runs the same checks and says the same).
       // The build as the worker read it (a commit landing meanwhile must not fail the test).

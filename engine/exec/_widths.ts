@@ -24,14 +24,19 @@ export function prefillWidthClasses(maxChunk: number, columns: number = MATVEC_M
 
 /**
  * Builds `stage`'s graph of each of {@linkcode prefillWidthClasses} on `slot` (CPU work and pipeline compiles,
- * no GPU run: a stage's graphs share their bind groups and scratch, so these cost little memory). Returns the
- * widths built.
+ * no GPU run: a stage's graphs share their bind groups and scratch, so these cost little memory), up to the
+ * widest chunk its context holds (a chunk wider than the context never runs, and its graph would grow the
+ * shared scratch for nothing). Returns the widths built.
  */
 export async function buildWidthClasses(
-  stage: { readonly maxChunk: number; graph(slot: number, n: number, rows: "last"): Promise<unknown> },
+  stage: {
+    readonly maxChunk: number;
+    readonly nCtx: number;
+    graph(slot: number, n: number, rows: "last"): Promise<unknown>;
+  },
   slot: number,
 ): Promise<number[]> {
-  const widths = prefillWidthClasses(stage.maxChunk);
+  const widths = prefillWidthClasses(Math.min(stage.maxChunk, stage.nCtx));
   for (const n of widths) await stage.graph(slot, n, "last");
   return widths;
 }

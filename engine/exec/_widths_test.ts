@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { prefillWidthClasses } from "./_widths.ts";
+import { buildWidthClasses, prefillWidthClasses } from "./_widths.ts";
 import { attnPrefillSplits } from "../../wgsl/attn_prefill.ts";
 import { matmulConstants } from "../../wgsl/matmul.ts";
 import { groupedMatmulConstants } from "../../wgsl/moe_matmul.ts";
@@ -57,4 +57,17 @@ Deno.test("prefillWidthClasses: every matmul tile and attention split class of 9
       }
     }
   }
+});
+
+Deno.test("buildWidthClasses builds no graph wider than the context holds", async () => {
+  const built: number[] = [];
+  const stage = {
+    maxChunk: 2048,
+    nCtx: 96,
+    graph: (_slot: number, n: number) => Promise.resolve(built.push(n)),
+  };
+  assert.deepEqual(await buildWidthClasses(stage, 0), [9, 16, 17, 32, 33, 64, 65, 96]);
+  assert.deepEqual(built, [9, 16, 17, 32, 33, 64, 65, 96]);
+  const wide = { ...stage, nCtx: 4096 };
+  assert.equal((await buildWidthClasses(wide, 0)).at(-1), 2048);
 });

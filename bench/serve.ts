@@ -5,7 +5,7 @@
  * HTTP minus direct is the HTTP path's cost; direct minus `bench/decode.ts --slots` is the scheduler's.
  *
  * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8,16] [--prompt 64] [--port 8099]
- * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--late 2048]
+ * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--piece-steps N] [--late 2048]
  * [--head-flags="--cached-only --config C.json"]`
  * - `--head-flags` (with `=` since its value starts with a dash): extra `deno run` flags for the head process,
  *   e.g. on a machine without network.
@@ -13,7 +13,8 @@
  *   batch; 0: turns, for comparison).
  * - `--prefill-turn N`, `--batch N` (direct mode only; the head has no flags for them): EngineOptions
  *   `prefillTurn` (prompt tokens per prefill round between decode turns; default one chunk) and `batch`
- *   (decode steps per readback, the length of a decode turn; default 8), to tune the fairness trade-off.
+ *   (decode steps per readback, the length of a decode turn; default 8), and `--piece-steps N`: `pieceSteps`
+ *   (decode steps per readback between a long prompt's pieces; default 2), to tune the fairness trade-off.
  * - `--late N`: in direct mode, at each level L ≥ 2, a request with an N-token prompt arrives once L − 1
  *   streams are generating: the streams' longest gap between id batches while it prefills against their
  *   steady gap, and its time to first token against its solo one (issue #20's fairness goals). Needs
@@ -59,6 +60,7 @@ const { values: args } = parseArgs({
     "batch-min": { type: "string" },
     "prefill-turn": { type: "string" },
     batch: { type: "string" },
+    "piece-steps": { type: "string" },
     late: { type: "string", default: "0" },
     "head-flags": { type: "string", default: "" },
   },
@@ -73,6 +75,7 @@ const late = Number(args.late);
 const optional = (v: string | undefined) => v === undefined ? undefined : Number(v);
 const prefillTurn = optional(args["prefill-turn"]);
 const batch = optional(args.batch);
+const pieceSteps = optional(args["piece-steps"]);
 const base = `http://127.0.0.1:${args.port}`;
 const maxLevel = Math.max(...levels);
 for (const m of modes) {
@@ -352,6 +355,7 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
     batchMin,
     prefillTurn,
     batch,
+    pieceSteps,
     ...(what === "direct-nosnap" ? { snapshotBack: 0 } : {}),
     onLog: () => {},
   });

@@ -25,6 +25,8 @@ export type ToWorker =
     readonly nSlots: number;
     /** Decode steps per readback (ids stream back in batches of this many). */
     readonly batch: number;
+    /** Decode steps per readback in a turn that other work waits for (EngineOptions.pieceSteps). */
+    readonly pieceSteps: number;
     /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
     readonly turnTokens: number;
     /** Prompt-boundary snapshots this many tokens before a prompt's end (0: none). */

@@ -63,6 +63,13 @@ export interface SlotRunnerOptions {
   /** Decode steps per readback (1..64). */
   readonly batch: number;
   /**
+   * Decode steps per readback in a turn that ends at its first readback because work waits outside it (a
+   * prompt's next piece, a newcomer): the streams' gap while a long prompt is prefilled is one piece plus
+   * these steps, and the prompt's time to first token grows by these steps per piece (1..`batch`; absent:
+   * `batch`).
+   */
+  readonly pieceSteps?: number;
+  /**
    * Most ids a request makes per call while other generating requests wait for a place in the step (more
    * than one step holds; 0: no limit).
    */
@@ -116,6 +123,7 @@ interface Active {
 export class SlotRunner {
   readonly #stage: SlotDecoder;
   readonly #batch: number;
+  readonly #pieceSteps: number;
   readonly #turnTokens: number;
   readonly #snapshotBack: number;
   readonly #prefillTurn: number;
@@ -140,6 +148,7 @@ export class SlotRunner {
   constructor(stage: SlotDecoder, opts: SlotRunnerOptions) {
     this.#stage = stage;
     this.#batch = opts.batch;
+    this.#pieceSteps = Math.min(opts.pieceSteps ?? opts.batch, opts.batch);
     this.#turnTokens = opts.turnTokens > 0 ? opts.turnTokens : Infinity;
     this.#snapshotBack = opts.snapshotBack;
     this.#prefillTurn = opts.prefillTurn > 0 ? opts.prefillTurn : Infinity;
@@ -328,7 +337,9 @@ export class SlotRunner {
     // piece due, or waiting for prefill budget: pieces and turns alternate), or a waiting request cancelled.
     // Generating requests waiting for a place in the step do not end it: turnTokens bounds it for them.
     const pause = () => this.#jobs.some((b) => !b.running && (b.made.length === 0 || b.job.signal.aborted));
-    const rs = await stage.generate(items, { batch: this.#batch, pause });
+    // Work waiting already: the call ends at its first readback, which comes after pieceSteps steps.
+    const batch = pause() ? this.#pieceSteps : this.#batch;
+    const rs = await stage.generate(items, { batch, pause });
     for (const [i, a] of group.entries()) {
       const r = rs[i]!;
       const { job } = a;

@@ -58,6 +58,7 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
     const log: string[] = [];
     const runner = new SlotRunner(logged(stage.decoder, log), {
       batch: 4,
+      pieceSteps: 2,
       turnTokens: 64,
       snapshotBack: 0,
       prefillTurn: 8,
@@ -107,6 +108,11 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
     // That call prefills the prompt's rest before its steps: a decode turn separates it from the last piece
     // (the streams never wait for a piece and the rest back to back).
     assert.ok(!log[join - 1]!.startsWith("P"), what);
+    // The turns between the pieces run pieceSteps (2) steps per readback, not batch (4): the streams' batches
+    // from the first piece to the long prompt's first id hold 2 ids each.
+    const piece0 = log.findIndex((x, i) => i > from && x.startsWith("P"));
+    const during = log.slice(piece0, first).filter((x) => /^s\d:/.test(x));
+    assert.ok(during.length >= 3 * 6 && during.every((x) => x.endsWith(":2")), what);
     // Between two pieces each stream gets one decode batch (one piece, one turn): no stream waits longer.
     for (let i = from, seen = new Set<string>(); i < first; i++) {
       const x = log[i]!;

@@ -37,6 +37,14 @@ import {
   type ToWorker,
 } from "./_protocol.ts";
 import type { ChainClient, ChainStageStatus, NextResult } from "../exec/split.ts";
+import { resolveOptions } from "./_options.ts";
+export {
+  DEFAULT_BATCH_MIN,
+  DEFAULT_MAX_CHUNK,
+  DEFAULT_PIECE_STEPS,
+  DEFAULT_PREFILL_ALONE,
+  DEFAULT_PREFILL_TURN,
+} from "./_options.ts";
 
 export type { Engine, EngineStatus, FinishReason, GenerateRequest, GenerateResult } from "./api.ts";
 export { QueueFullError };
@@ -53,6 +61,12 @@ export interface EngineOptions {
   readonly queueSize: number;
   /** Decode steps per readback: ids stream back in batches of this many, and a cancel lands within one (default 8). */
   readonly batch?: number;
+  /**
+   * Decode steps per readback in the turns between a long prompt's pieces, and when a newcomer waits
+   * (default {@linkcode DEFAULT_PIECE_STEPS}, 1..`batch`): the streams' gap per piece and the prompt's wait per
+   * piece both grow with it.
+   */
+  readonly pieceSteps?: number;
   /**
    * Most ids a request makes per decode call while other generating requests wait for a place in the step
    * (default 64; 0: no limit): only when more requests generate than one step holds (more than 8, fewer than
@@ -119,21 +133,6 @@ export interface EngineOptions {
   readonly onLog?: (line: string) => void;
 }
 
-/** Ids per turn when requests take turns: about 5% overhead per turn at a few ms per id (H200). */
-const DEFAULT_TURN_TOKENS = 64;
-/** Tokens before a prompt's end of the per-slot snapshot: covers a chat template's generation cue. */
-const DEFAULT_SNAPSHOT_BACK = 8;
-/**
- * Prefill chunk: wide chunks read each weight once for more tokens (H200, 35B-A3B: 2,612 tok/s at 2,048
- * against 1,067 at 256, docs/PERF.md); the activations grow with it (about 0.7 GB at 2,048 for 35B-A3B).
- */
-export const DEFAULT_MAX_CHUNK = 2048;
-/** Prompt tokens per piece while other requests stream: their pause per piece stays short. */
-export const DEFAULT_PREFILL_TURN = 256;
-/** Prompt tokens per prefill round while nothing generates: a few seconds of prefill on the H200 at most. */
-export const DEFAULT_PREFILL_ALONE = 8192;
-/** Generating requests from which they share one decode step: 2, every generating request joins every step. */
-export const DEFAULT_BATCH_MIN = 2;
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;
 /** Weight of the newest completion in the average time between completions. */
@@ -222,44 +221,7 @@ export class EngineService implements Engine {
 
   /** Starts the worker; prefer {@linkcode startEngine}. */
   constructor(opts: EngineOptions) {
-    for (
-      const [name, v, min] of [["nCtx", opts.nCtx, 2], ["nSlots", opts.nSlots, 1], [
-        "queueSize",
-        opts.queueSize,
-        0,
-      ]] as const
-    ) {
-      if (!Number.isInteger(v) || v < min) {
-        throw new RangeError(`Engine option ${name} must be an integer >= ${min}, got ${v}`);
-      }
-    }
-    const batch = opts.batch ?? 8;
-    if (!Number.isInteger(batch) || batch < 1 || batch > 64) {
-      throw new RangeError(`Engine option batch must be an integer in 1..64, got ${batch}`);
-    }
-    const turnTokens = opts.turnTokens ?? DEFAULT_TURN_TOKENS;
-    const snapshotBack = opts.snapshotBack ?? DEFAULT_SNAPSHOT_BACK;
-    const maxChunk = opts.maxChunk ?? DEFAULT_MAX_CHUNK;
-    if (!Number.isInteger(maxChunk) || maxChunk < 1 || maxChunk > 4096) {
-      throw new RangeError(`Engine option maxChunk must be an integer in 1..4096, got ${maxChunk}`);
-    }
-    const prefillTurn = opts.prefillTurn ?? Math.min(maxChunk, DEFAULT_PREFILL_TURN);
-    const prefillAlone = opts.prefillAlone ?? DEFAULT_PREFILL_ALONE;
-    const ints = [["turnTokens", turnTokens], ["snapshotBack", snapshotBack], [
-      "prefillTurn",
-      prefillTurn,
-    ], ["prefillAlone", prefillAlone]] as const;
-    for (const [name, v] of ints) {
-      if (!Number.isInteger(v) || v < 0) {
-        throw new RangeError(`Engine option ${name} must be an integer >= 0, got ${v}`);
-      }
-    }
-    // 16 = Stage's MAX_BATCH_SLOTS (not imported: the main thread does not load the engine's modules).
-    const batchMin = opts.batchMin ?? DEFAULT_BATCH_MIN;
-    if (!Number.isInteger(batchMin) || !(batchMin === 0 || (batchMin >= 2 && batchMin <= 16))) {
-      throw new RangeError(`Engine option batchMin must be 0 (never) or an integer 2..16, got ${batchMin}`);
-    }
-    if (opts.draft) draftCheck(opts.draft, opts.split !== undefined);
+    const o = resolveOptions(opts);
     this.#chain = opts.split?.next;
     this.#nCtx = opts.nCtx;
     this.#nSlots = opts.nSlots;
@@ -283,13 +245,7 @@ export class EngineService implements Engine {
       model: opts.model,
       nCtx: opts.nCtx,
       nSlots: opts.nSlots,
-      batch,
-      turnTokens,
-      snapshotBack,
-      prefillTurn,
-      prefillAlone,
-      batchMin,
-      maxChunk,
+      ...o,
       int8Activations: opts.int8Activations ?? false,
       kvF16: opts.kvF16 ?? false,
       ...(opts.draft ? { draft: opts.draft } : {}),
@@ -774,20 +730,4 @@ function result(
     queueMs: o.queueMs,
     ...(o.meanBatch !== undefined ? { meanBatch: o.meanBatch } : {}),
   };
-}
-
-/** Checks EngineOptions.draft (7 = MAX_DRAFT: the main thread does not load the engine's modules). */
-function draftCheck(d: NonNullable<EngineOptions["draft"]>, split: boolean): void {
-  const min = d.min ?? Math.min(4, d.k);
-  const int = (v: number, lo: number, hi: number) => Number.isInteger(v) && v >= lo && v <= hi;
-  const bad = split
-    ? "a split head drafts through its chain (split.next)"
-    : !int(d.k, 1, 7)
-    ? `k must be an integer in 1..7, got ${d.k}`
-    : !int(min, 1, d.k)
-    ? `min must be an integer in 1..${d.k}, got ${d.min}`
-    : !int(d.cache ?? 0, 0, Infinity)
-    ? `cache must be an integer >= 0, got ${d.cache}`
-    : undefined;
-  if (bad) throw new RangeError(`Engine option draft: ${bad}`);
 }

@@ -294,6 +294,11 @@ Deno.test("engine options out of range are refused before a worker starts, namin
   assert.throws(() => engine(2, 0, { turnTokens: -1 }), /turnTokens must be an integer >= 0, got -1/);
   assert.throws(() => engine(2, 0, { batch: 0 }), /batch must be an integer in 1\.\.64, got 0/);
   assert.throws(() => engine(2, 0, { maxChunk: 0 }), /maxChunk must be an integer in 1\.\.4096, got 0/);
+  assert.throws(
+    () => engine(2, 0, { batch: 4, pieceSteps: 5 }),
+    /pieceSteps must be an integer in 1\.\.4, got 5/,
+  );
+  assert.throws(() => engine(2, 0, { nCtx: 1 }), /nCtx must be an integer >= 2, got 1/);
 });
 
 Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt that does not fit is a RangeError", async () => {

@@ -133,6 +133,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
     await warmUp(stage, decoder, m);
     runner = new SlotRunner(decoder, {
       batch: m.batch,
+      pieceSteps: m.pieceSteps,
       turnTokens: m.turnTokens,
       snapshotBack: m.snapshotBack,
       prefillTurn: m.prefillTurn,

@@ -27,7 +27,7 @@ import type { Engine } from "../engine/mod.ts";
 import { parseAddress, readTlsFlags } from "../wire/mod.ts";
 import { ChainLink, STAGE_LIMITS } from "../wire/chain.ts";
 import { buildInfo } from "../version.ts";
-import { parseLayers } from "./worker.ts";
+import { parseLayers, parseLinkTimeout } from "./worker.ts";
 import { progressMs } from "./generate.ts";
 import { PrefillLog } from "../server/prefill_log.ts";
 
@@ -57,6 +57,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)
   --tls-ca F        connect to --next over TLS, trusting this CA (PEM)
+  --link-timeout S  seconds the chain may take to answer a frame before the link is dropped as stalled and
+                    the requests on it end with an error (default 30; raise it on a slow or loaded box)
   --pipeline N      split serving: slot groups in flight at once, each a batched frame (0..8, default 2;
                     0: the generating requests take turns, one slot per frame)
   --draft K         guess up to K ids per decode frame by prompt lookup (0..7, default 0: off); output is
@@ -183,6 +185,7 @@ async function splitOptions(
     next?: string;
     "link-key"?: string;
     "tls-ca"?: string;
+    "link-timeout"?: string;
     draft?: string;
     "draft-cache"?: string;
     pipeline?: string;
@@ -193,6 +196,10 @@ async function splitOptions(
     throw new RangeError(
       `--pipeline ${v.pipeline} groups the frames of a split chain: give it with --layers and --next`,
     );
+  }
+  const timeoutMs = parseLinkTimeout(v["link-timeout"]);
+  if (timeoutMs !== undefined && v.next === undefined) {
+    throw new RangeError(`--link-timeout bounds the wait for the chain: give it with --layers and --next`);
   }
   const groups = v.pipeline === undefined ? undefined : int("pipeline", v.pipeline, 0);
   if (groups !== undefined && groups > 8) throw new RangeError(`--pipeline ${v.pipeline} must be at most 8`);
@@ -215,6 +222,7 @@ async function splitOptions(
       build: buildInfo(),
       linkKey,
       tls: tls.connect,
+      timeoutMs,
       draft: v.draft === undefined ? 0 : draftFlag(v.draft),
     }),
     ...(groups !== undefined ? { groups } : {}),
@@ -268,6 +276,7 @@ export const command: Command = {
         next: { type: "string" },
         "link-key": { type: "string" },
         "tls-ca": { type: "string" },
+        "link-timeout": { type: "string" },
         draft: { type: "string" },
         "draft-min": { type: "string" },
         pipeline: { type: "string" },

@@ -16,6 +16,7 @@ import {
   Stage,
 } from "../engine/mod.ts";
 import { listenWorker, parseAddress, readTlsFlags, serveWorker, WireError } from "../wire/mod.ts";
+import { DEFAULT_TIMEOUT_MS } from "../wire/link.ts";
 import { ChainLink } from "../wire/chain.ts";
 import { stageBackend } from "../wire/stage_backend.ts";
 import { buildInfo } from "../version.ts";
@@ -30,9 +31,21 @@ const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --li
   --link-key K      shared key of the chain (or LLM_LINK_KEY); both sides of each hop need the same
   --tls-cert F --tls-key F   listen with TLS (PEM files)
   --tls-ca F        trust this CA when connecting to --next over TLS
+  --link-timeout S  seconds the next stage may take to answer a frame before the link is dropped as stalled
+                    (default ${DEFAULT_TIMEOUT_MS / 1000}; raise it on a slow or heavily loaded box)
   --chunk N         rows per prefill chunk (default ${DEFAULT_MAX_CHUNK}, as the head)
   --kv-f16          KV cache in f16 (every stage must agree)
   --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)`;
+
+/** Parses `--link-timeout S` (seconds, 0.1..3600) into ms; undefined when absent. @throws {RangeError} */
+export function parseLinkTimeout(s: string | undefined): number | undefined {
+  if (s === undefined) return undefined;
+  const n = Number(s);
+  if (!Number.isFinite(n) || n < 0.1 || n > 3600) {
+    throw new RangeError(`--link-timeout ${s} must be seconds in 0.1..3600 (a stalled stage's reply wait)`);
+  }
+  return Math.round(n * 1000);
+}
 
 /** Parses `a:b`. @throws {RangeError} naming the flag */
 export function parseLayers(s: string): [number, number] {
@@ -67,6 +80,7 @@ export const command: Command = {
         "tls-cert": { type: "string" },
         "tls-key": { type: "string" },
         "tls-ca": { type: "string" },
+        "link-timeout": { type: "string" },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
@@ -85,6 +99,12 @@ export const command: Command = {
     const nSlots = int("slots", values.slots, 1);
     const nCtx = int("ctx", values.ctx, 2);
     const maxChunk = int("chunk", values.chunk, 1);
+    const timeoutMs = parseLinkTimeout(values["link-timeout"]);
+    if (timeoutMs !== undefined && !nextAddr) {
+      throw new RangeError(
+        "--link-timeout bounds the wait for --next: give it with --next (a middle worker)",
+      );
+    }
     const linkKey = values["link-key"] ?? Deno.env.get("LLM_LINK_KEY");
     if (linkKey === "") throw new RangeError("--link-key is empty: give a key or leave the flag out");
     const tls = await readTlsFlags({
@@ -113,7 +133,7 @@ export const command: Command = {
       );
       await warmUp(stage);
       printProfileOnSignal(`worker ${layers[0]}:${layers[1]}`, stage.profile);
-      const next = nextAddr && new ChainLink(nextAddr, { build, linkKey, tls: tls.connect });
+      const next = nextAddr && new ChainLink(nextAddr, { build, linkKey, tls: tls.connect, timeoutMs });
       const backend = stageBackend(stage, { build, arch, next });
       if (next) {
         // The head checks the whole chain at its connect: reach the next stage first (it may still be loading).

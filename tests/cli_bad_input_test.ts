@@ -30,6 +30,21 @@ const CASES: readonly [string[], number, RegExp][] = [
     /^error: --draft 8 must be at most 7 \(rows per frame: 1 \+ drafts <= 8\)$/,
   ],
   [
+    ["head", "--model", F, "--link-timeout", "0"],
+    1,
+    /^error: --link-timeout 0 must be seconds in 0\.1\.\.3600 \(a stalled stage's reply wait\)$/,
+  ],
+  [
+    ["head", "--model", F, "--link-timeout", "5"],
+    1,
+    /^error: --link-timeout bounds the wait for the chain: give it with --layers and --next$/,
+  ],
+  [
+    ["worker", "--model", F, "--layers", "2:4", "--listen", "127.0.0.1:9", "--link-timeout", "5"],
+    1,
+    /^error: --link-timeout bounds the wait for --next: give it with --next \(a middle worker\)$/,
+  ],
+  [
     ["head", "--model", "/nonexistent.gguf", "--port", "0"],
     1,
     /GGUF file \/nonexistent\.gguf does not exist: check the path/,

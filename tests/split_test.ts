@@ -10,86 +10,12 @@ import assert from "node:assert/strict";
 import { connectLink, type HelloInfo, type LinkAddress, WireError } from "../wire/mod.ts";
 import { helloOf } from "../wire/chain.ts";
 import { fingerprintFile, planModel, synthesize } from "../engine/mod.ts";
+import { freePort, type Proc, spawnMod } from "./util/procs.ts";
 
-const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const CTX = 256;
 
-interface Proc {
-  readonly child: Deno.ChildProcess;
-  readonly log: string[];
-  /** Resolves with the first stderr line matching `re` (rejects when the process exits first). */
-  waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
-  kill(signal?: Deno.Signal): Promise<void>;
-}
-
-function spawn(args: string[]): Proc {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MOD, ...args],
-    stdout: "null",
-    stderr: "piped",
-    env: { NO_COLOR: "1" },
-  }).spawn();
-  const log: string[] = [];
-  const waiters: { re: RegExp; resolve: (m: RegExpMatchArray) => void }[] = [];
-  let exited = false;
-  const done = (async () => {
-    let buf = "";
-    for await (const chunk of child.stderr.pipeThrough(new TextDecoderStream())) {
-      buf += chunk;
-      for (let i = buf.indexOf("\n"); i >= 0; i = buf.indexOf("\n")) {
-        const line = buf.slice(0, i);
-        buf = buf.slice(i + 1);
-        log.push(line);
-        for (const w of [...waiters]) {
-          const m = line.match(w.re);
-          if (m) {
-            waiters.splice(waiters.indexOf(w), 1);
-            w.resolve(m);
-          }
-        }
-      }
-    }
-    exited = true;
-  })();
-  return {
-    child,
-    log,
-    waitFor(re, timeoutMs = 60_000) {
-      for (const line of log) {
-        const m = line.match(re);
-        if (m) return Promise.resolve(m);
-      }
-      return new Promise((resolve, reject) => {
-        const timer = setTimeout(
-          () => reject(new Error(`No line ${re} within ${timeoutMs} ms:\n${log.join("\n")}`)),
-          timeoutMs,
-        );
-        const w = { re, resolve: (m: RegExpMatchArray) => (clearTimeout(timer), resolve(m)) };
-        waiters.push(w);
-        void done.then(() => {
-          if (exited && waiters.includes(w)) {
-            clearTimeout(timer);
-            reject(new Error(`Process exited before ${re}:\n${log.join("\n")}`));
-          }
-        });
-      });
-    },
-    async kill(signal: Deno.Signal = "SIGTERM") {
-      try {
-        child.kill(signal);
-      } catch { /* already exited */ }
-      await child.status;
-      await done;
-    },
-  };
-}
-
-function freePort(): number {
-  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-  const port = (l.addr as Deno.NetAddr).port;
-  l.close();
-  return port;
-}
+/** A `mod.ts` child: its stderr lines waited for within 60 s. */
+const spawn = (args: string[]): Proc => spawnMod(args, 60_000);
 
 function worker(model: string, layers: string, port: number, next?: number, extra: string[] = []): Proc {
   return spawn([
@@ -111,7 +37,7 @@ function worker(model: string, layers: string, port: number, next?: number, extr
 
 async function head(
   model: string,
-  split?: { layers: string; next: number; draft?: number },
+  split?: { layers: string; next: number; draft?: number; linkTimeout?: number },
 ): Promise<{ p: Proc; url: string }> {
   const p = spawn([
     "head",
@@ -125,6 +51,7 @@ async function head(
     String(CTX),
     ...(split ? ["--layers", split.layers, "--next", `127.0.0.1:${split.next}`] : []),
     ...(split?.draft ? ["--draft", String(split.draft)] : []),
+    ...(split?.linkTimeout ? ["--link-timeout", String(split.linkTimeout)] : []),
   ]);
   const m = await p.waitFor(/Listening on (http:\/\/\S+)/);
   await p.waitFor(/ready: /);
@@ -132,6 +59,8 @@ async function head(
 }
 
 const PROMPTS = ["Hello", "Tell me a story about a fox"];
+/** The stall drill's --link-timeout: seconds, far above a tiny model's frame even on a loaded CI machine. */
+const STALL_S = 12;
 
 async function ask(url: string, content: string, opts: { stream?: boolean; maxTokens?: number } = {}) {
   return await fetch(`${url}/v1/messages`, {
@@ -198,7 +127,10 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
       procs.push(w13);
       const [u, h3, h2, h2d] = await Promise.all([
         head(model),
-        w13.waitFor(/Listening on/).then(() => head(model, { layers: "0:1", next: p13 })),
+        // A stalled stage is dropped after --link-timeout (the drill below).
+        w13.waitFor(/Listening on/).then(() =>
+          head(model, { layers: "0:1", next: p13, linkTimeout: STALL_S })
+        ),
         w24?.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24 })),
         w24?.waitFor(/Listening on/).then(() => head(model, { layers: "0:2", next: p24, draft: 3 })),
       ]);
@@ -222,7 +154,38 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
         health.stages.map((s: { layers: unknown; state: string }) => [s.layers, s.state]),
         [[{ first: 1, end: 3, total: 4 }, "up"], [{ first: 3, end: 4, total: 4 }, "up"]],
       );
-      if (!w24 || !h2) return; // qwen35moe only (above)
+      if (!w24 || !h2) {
+        // qwen3next: a stalled middle worker (SIGSTOP: its socket stays open, nothing answers) is treated as a
+        // dead one once --link-timeout passes: the request gets an error naming the stall, the head stays up;
+        // after SIGCONT the head reconnects and the chain serves the same answer again.
+        const want = await answer(u.url, PROMPTS[0]!);
+        w13.signal("SIGSTOP");
+        try {
+          const r = await ask(h3.url, PROMPTS[0]!);
+          const body = await r.json();
+          assert.ok(r.status === 502 || r.status === 503, `${r.status} ${JSON.stringify(body)}`);
+          // The reply wait of --link-timeout closed the link (the head's log), then a reconnect met the stalled
+          // peer's handshake: the error says the chain is down because a stage stalled.
+          assert.match(body.error.message, /split chain is down: .*stalled/);
+          await h3.p.waitFor(
+            new RegExp(`did not answer .* within ${STALL_S * 1000} ms: the stage stalled`),
+          );
+          assert.equal((await fetch(`${h3.url}/health`)).status, 200);
+        } finally {
+          w13.signal("SIGCONT");
+        }
+        let back: unknown;
+        for (let i = 0; i < 80; i++) {
+          if (i > 0) await new Promise((r) => setTimeout(r, 250));
+          const r = await ask(h3.url, PROMPTS[0]!);
+          const body = await r.json();
+          if (r.status !== 200) continue;
+          back = { content: body.content, usage: body.usage, stop: body.stop_reason };
+          break;
+        }
+        assert.deepEqual(back, want);
+        return;
+      }
 
       // Refusals at hello, straight at the worker (the head's link runs the same checks and says the same).
       // The build as the worker read it (a commit landing meanwhile must not fail the test).

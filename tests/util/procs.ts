@@ -12,6 +12,8 @@ export interface Proc {
   waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
   /** Signals the child (SIGTERM by default) and waits for it and its stderr. */
   kill(signal?: Deno.Signal): Promise<void>;
+  /** Sends `signal` (SIGSTOP, SIGCONT, ...) without waiting. */
+  signal(signal: Deno.Signal): void;
   /** The stderr lines so far. */
   readonly log: readonly string[];
 }
@@ -49,6 +51,9 @@ export function spawnMod(args: string[], waitMs = 120_000): Proc {
         if (Date.now() > end) throw new Error(`No line ${re} within ${timeoutMs} ms:\n${log.join("\n")}`);
         await new Promise((r) => setTimeout(r, 50));
       }
+    },
+    signal(signal) {
+      child.kill(signal);
     },
     async kill(signal: Deno.Signal = "SIGTERM") {
       try {

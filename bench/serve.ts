@@ -46,7 +46,7 @@ import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
 import { Stage } from "../engine/exec/stage.ts";
 import { type EngineService, startEngine } from "../engine/serve/service.ts";
-import type { SamplingParams } from "../engine/sampling.ts";
+import { GREEDY_SAMPLING } from "../engine/sampling.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -88,17 +88,7 @@ if (late > 0 && late + 17 > nCtx) {
     `--late ${late} needs --ctx of at least ${late + 17} (prompt, ids, margin), got ${nCtx}`,
   );
 }
-const GREEDY: SamplingParams = {
-  temperature: 0,
-  topK: 0,
-  topP: 1,
-  minP: 0,
-  repeatPenalty: 1,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-  penaltyLastN: 64,
-  seed: 0,
-};
+const GREEDY = GREEDY_SAMPLING;
 
 /** Each summary line by mode and level, for the ratio lines at the end. */
 const results = new Map<string, Record<string, unknown>>();

@@ -103,6 +103,7 @@ export {
 export { type ReadbackCopy, ReadbackRing } from "./gpu/readback.ts";
 export {
   checkSampling,
+  GREEDY_SAMPLING,
   isGreedy,
   resolveTemperature,
   SAMPLING_DEFAULTS,

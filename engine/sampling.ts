@@ -126,6 +126,22 @@ export function samplingParams(
   return p;
 }
 
+/**
+ * Plain greedy decoding: temperature 0, no filters, no penalties, seed 0 (the argmax; every field given, so
+ * it does not depend on SAMPLING_DEFAULTS).
+ */
+export const GREEDY_SAMPLING: SamplingParams = Object.freeze({
+  temperature: 0,
+  topK: 0,
+  topP: 1,
+  minP: 0,
+  repeatPenalty: 1,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  penaltyLastN: 64,
+  seed: 0,
+});
+
 /** A fresh random seed in [0, 2^53). */
 export function randomSeed(): number {
   const w = crypto.getRandomValues(new Uint32Array(2));

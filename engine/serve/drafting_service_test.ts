@@ -5,6 +5,7 @@
  * and `status().drafts` (what `/metrics` reports) counts its frames.
  * @module
  */
+import { GREEDY_SAMPLING } from "../sampling.ts";
 import assert from "node:assert/strict";
 import { openGguf } from "../gguf.ts";
 import { Stage } from "../exec/stage.ts";
@@ -17,17 +18,7 @@ const MODEL = fixturePath("tiny-qwen35moe.q8_0.gguf");
 const N_CTX = 96;
 const PROMPT = [17, 301, 5, 88, 640, 12, 999, 45, 230, 7, 64, 3, 500, 41, 8, 77];
 const PROMPT_B = [900, 14, 3, 77, 250, 6, 61, 402];
-const GREEDY: SamplingParams = {
-  temperature: 0,
-  topK: 0,
-  topP: 1,
-  minP: 0,
-  repeatPenalty: 1,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-  penaltyLastN: 64,
-  seed: 0,
-};
+const GREEDY = GREEDY_SAMPLING;
 const SAMPLED: SamplingParams = { ...GREEDY, temperature: 0.9, topK: 8, repeatPenalty: 1.2, seed: 11 };
 
 Deno.test("engine --draft: a repeated request drafts from the cache, the same ids, counted in status", async () => {

@@ -4,29 +4,20 @@
  * Reference outputs come from a Stage in the test process (cold: the slot reset, the whole prompt prefilled).
  * @module
  */
+import { GREEDY_SAMPLING } from "../sampling.ts";
 import assert from "node:assert/strict";
 import { openGguf } from "../gguf.ts";
 import { Stage } from "../exec/stage.ts";
 import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 import { type EngineOptions, type EngineService, startEngine } from "./service.ts";
-import { type GenerateResult, QueueFullError, type SamplingParams } from "./api.ts";
+import { type GenerateResult, QueueFullError } from "./api.ts";
 import { testGpu } from "../../tests/util/gpu.ts";
 import { fixturePath } from "../../tests/util/fixtures.ts";
 import { Rng } from "../../tests/util/rng.ts";
 
 const MODEL = fixturePath("tiny-qwen35moe.q8_0.gguf");
 const N_CTX = 96;
-const GREEDY: SamplingParams = {
-  temperature: 0,
-  topK: 0,
-  topP: 1,
-  minP: 0,
-  repeatPenalty: 1,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-  penaltyLastN: 64,
-  seed: 0,
-};
+const GREEDY = GREEDY_SAMPLING;
 
 /** Cold greedy reference: Stage.generate in this process, same context size as the engine. */
 const reference = await (async () => {

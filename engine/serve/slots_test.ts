@@ -5,22 +5,13 @@
  * worker builds its GPU pipelines at load (a warm-up run logged before the load line).
  * @module
  */
+import { GREEDY_SAMPLING } from "../sampling.ts";
 import assert from "node:assert/strict";
 import { startEngine } from "./service.ts";
-import type { EngineStatus, SamplingParams } from "./api.ts";
+import type { EngineStatus } from "./api.ts";
 import { fixturePath } from "../../tests/util/fixtures.ts";
 
-const GREEDY: SamplingParams = {
-  temperature: 0,
-  topK: 0,
-  topP: 1,
-  minP: 0,
-  repeatPenalty: 1,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-  penaltyLastN: 64,
-  seed: 0,
-};
+const GREEDY = GREEDY_SAMPLING;
 
 type SlotView = NonNullable<EngineStatus["slots"]>[number];
 

@@ -142,6 +142,11 @@ export class PipelineCache {
     this.#f16 = opts.f16 ?? false;
   }
 
+  /** Variants compiled so far. */
+  get size(): number {
+    return this.#pipelines.size;
+  }
+
   /** The pipeline of one variant, compiled on first use; WGSL errors throw with the variant key. */
   async get(spec: KernelSpec, values: ConstValues): Promise<GPUComputePipeline> {
     const key = variantKey(spec, values);

@@ -23,20 +23,25 @@ export function prefillWidthClasses(maxChunk: number, columns: number = MATVEC_M
 }
 
 /**
- * Builds `stage`'s graph of each of {@linkcode prefillWidthClasses} on `slot` (CPU work and pipeline compiles,
- * no GPU run: a stage's graphs share their bind groups and scratch, so these cost little memory), up to the
+ * Builds `stage`'s graph of each of {@linkcode prefillWidthClasses} on `slot` and of every width 2..8 (the
+ * column path's variants, one per width: prompt rests after the snapshot point, drafted frames, a split
+ * chain's batched frames; built with every row returned, which compiles what fewer rows need too), up to the
  * widest chunk its context holds (a chunk wider than the context never runs, and its graph would grow the
- * shared scratch for nothing). Returns the widths built.
+ * shared scratch for nothing). CPU work and pipeline compiles, no GPU run: a stage's graphs share their bind
+ * groups and scratch, so these cost little memory. Returns the widths built.
  */
 export async function buildWidthClasses(
   stage: {
     readonly maxChunk: number;
     readonly nCtx: number;
-    graph(slot: number, n: number, rows: "last"): Promise<unknown>;
+    graph(slot: number, n: number, rows: "last" | "all"): Promise<unknown>;
   },
   slot: number,
 ): Promise<number[]> {
-  const widths = prefillWidthClasses(Math.min(stage.maxChunk, stage.nCtx));
+  const cap = Math.min(stage.maxChunk, stage.nCtx);
+  const columns = Array.from({ length: Math.min(MATVEC_MAX_COLS, cap) - 1 }, (_, i) => i + 2);
+  for (const n of columns) await stage.graph(slot, n, "all");
+  const widths = prefillWidthClasses(cap);
   for (const n of widths) await stage.graph(slot, n, "last");
-  return widths;
+  return [...columns, ...widths];
 }

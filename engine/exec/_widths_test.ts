@@ -1,5 +1,11 @@
 import assert from "node:assert/strict";
 import { buildWidthClasses, prefillWidthClasses } from "./_widths.ts";
+import { Stage } from "./stage.ts";
+import { openGguf } from "../gguf.ts";
+import { PipelineCache } from "../../wgsl/kernel.ts";
+import { testGpu } from "../../tests/util/gpu.ts";
+import { fixturePath } from "../../tests/util/fixtures.ts";
+import { Rng } from "../../tests/util/rng.ts";
 import { attnPrefillSplits } from "../../wgsl/attn_prefill.ts";
 import { matmulConstants } from "../../wgsl/matmul.ts";
 import { groupedMatmulConstants } from "../../wgsl/moe_matmul.ts";
@@ -59,15 +65,35 @@ Deno.test("prefillWidthClasses: every matmul tile and attention split class of 9
   }
 });
 
-Deno.test("buildWidthClasses builds no graph wider than the context holds", async () => {
-  const built: number[] = [];
-  const stage = {
-    maxChunk: 2048,
-    nCtx: 96,
-    graph: (_slot: number, n: number) => Promise.resolve(built.push(n)),
-  };
-  assert.deepEqual(await buildWidthClasses(stage, 0), [9, 16, 17, 32, 33, 64, 65, 96]);
-  assert.deepEqual(built, [9, 16, 17, 32, 33, 64, 65, 96]);
-  const wide = { ...stage, nCtx: 4096 };
-  assert.equal((await buildWidthClasses(wide, 0)).at(-1), 2048);
+Deno.test("buildWidthClasses: the column widths with every row, then the classes up to what the context holds", async () => {
+  const built: string[] = [];
+  const graph = (_slot: number, n: number, rows: string) => Promise.resolve(built.push(`${n}${rows}`));
+  const stage = { maxChunk: 2048, nCtx: 96, graph };
+  const want = [2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 32, 33, 64, 65, 96];
+  assert.deepEqual(await buildWidthClasses(stage, 0), want);
+  assert.deepEqual(built, want.map((n) => `${n}${n <= 8 ? "all" : "last"}`));
+  assert.equal((await buildWidthClasses({ ...stage, nCtx: 4096 }, 0)).at(-1), 2048);
+  assert.deepEqual(await buildWidthClasses({ ...stage, nCtx: 5 }, 0), [2, 3, 4, 5]);
+});
+
+Deno.test("after buildWidthClasses no chunk width up to the context compiles a pipeline (a split's last stage)", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 2, layers: [2, 4] });
+  try {
+    await buildWidthClasses(stage, 0);
+    const cache = PipelineCache.shared(gpu.device, { f16: gpu.f16 });
+    const compiled = cache.size;
+    const widths = [2, 3, 5, 6, 7, 8, ...Array.from({ length: 4 }, () => rng.int(9, 65))];
+    for (const n of widths) {
+      for (const rows of ["last", "all"] as const) {
+        if (rows === "all" && n > 8) continue;
+        await stage.graph(1, n, rows);
+        assert.equal(cache.size, compiled, `width ${n} rows ${rows} compiled a pipeline (seed ${rng.seed})`);
+      }
+    }
+  } finally {
+    stage.destroy();
+  }
 });

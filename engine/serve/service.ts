@@ -37,7 +37,8 @@ import {
   type ToWorker,
 } from "./_protocol.ts";
 import type { ChainClient, ChainStageStatus, NextResult } from "../exec/split.ts";
-import { resolveOptions } from "./_options.ts";
+import { type EngineOptions, resolveOptions } from "./_options.ts";
+export type { EngineOptions } from "./_options.ts";
 export {
   DEFAULT_BATCH_MIN,
   DEFAULT_MAX_CHUNK,
@@ -48,90 +49,6 @@ export {
 
 export type { Engine, EngineStatus, FinishReason, GenerateRequest, GenerateResult } from "./api.ts";
 export { QueueFullError };
-
-/** Options of {@linkcode startEngine}. */
-export interface EngineOptions {
-  /** GGUF path (first part of a split set); absent: a tiny synthetic qwen35moe written to a temp folder. */
-  readonly model?: string;
-  /** Positions per slot. */
-  readonly nCtx: number;
-  /** Slots: requests admitted at once, and cached conversations. */
-  readonly nSlots: number;
-  /** Requests that may wait for a slot; one more is refused with {@linkcode QueueFullError}. */
-  readonly queueSize: number;
-  /** Decode steps per readback: ids stream back in batches of this many, and a cancel lands within one (default 8). */
-  readonly batch?: number;
-  /**
-   * Decode steps per readback in the turns between a long prompt's pieces, and when a newcomer waits
-   * (default {@linkcode DEFAULT_PIECE_STEPS}, 1..`batch`): the streams' gap per piece and the prompt's wait per
-   * piece both grow with it.
-   */
-  readonly pieceSteps?: number;
-  /**
-   * Most ids a request makes per decode call while other generating requests wait for a place in the step
-   * (default 64; 0: no limit): only when more requests generate than one step holds (more than 8, fewer than
-   * `batchMin`, or a model that cannot batch). Each such call after a request's first costs a readback.
-   */
-  readonly turnTokens?: number;
-  /**
-   * Each slot keeps a snapshot of its state this many tokens before the end of its last prompt (default 8;
-   * 0: none), so a next turn whose template re-renders the previous reply (thinking dropped), or a regenerate,
-   * reuses everything before the generation cue. Costs one snapshot per slot in GPU memory and, per prompt
-   * longer than that, one more prefill readback.
-   */
-  readonly snapshotBack?: number;
-  /**
-   * Most prompt tokens prefilled per piece while other requests generate (default
-   * {@linkcode DEFAULT_PREFILL_TURN} or `maxChunk` if less; 0: a whole prompt at once). A long prompt is prefilled piece by piece, each followed by one decode
-   * turn (a readback's `batch` steps) of the requests generating meanwhile, so their streams pause for one
-   * piece at a time. Each piece costs one readback.
-   */
-  readonly prefillTurn?: number;
-  /**
-   * Most prompt tokens prefilled per round while no request generates (default
-   * {@linkcode DEFAULT_PREFILL_ALONE}; 0: a whole prompt at once; never below `prefillTurn`): a lone long
-   * prompt goes in a few wide rounds, and a request arriving meanwhile waits at most one round.
-   */
-  readonly prefillAlone?: number;
-  /**
-   * Fewest generating requests that share one batched GPU step (default {@linkcode DEFAULT_BATCH_MIN}: all
-   * of them, always; 0: never batch; at most 16). Fewer take turns of `turnTokens` ids, one request per call:
-   * a comparison point while a batched step of B slots costs about B solo steps on the H200 (docs/PERF.md).
-   */
-  readonly batchMin?: number;
-  /**
-   * Tokens per prefill chunk (default {@linkcode DEFAULT_MAX_CHUNK}, 1..4096): wider chunks read each weight
-   * once for more tokens; activation memory grows with it (the logits rows: vocabulary × chunk × 4 bytes).
-   */
-  readonly maxChunk?: number;
-  /**
-   * Round x to int8 before quantized mat-vecs (StageOptions.int8Activations; default false): faster decode.
-   * Prefill chunks round x alike, so prefix reuse and snapshots differ from a cold run only by f32 order.
-   */
-  readonly int8Activations?: boolean;
-  /** KV cache in f16 (StageOptions.kvF16; default false): half the memory per position. */
-  readonly kvF16?: boolean;
-  /**
-   * Split serving: the head runs `layers` (0:a) of the model and the chain `next` (wire/chain.ts, given by
-   * cli/head.ts) runs the rest; both or neither. Requests while the chain is down get {@linkcode QueueFullError}.
-   */
-  readonly split?: {
-    readonly layers: readonly [number, number];
-    readonly next: ChainClient;
-    /** Pipeline groups of a multi-slot generate (SplitDecoder's `groups`; default 2, 0: one slot at a time). */
-    readonly groups?: number;
-    /** n-grams of the cross-request draft cache (engine/exec/draft_cache.ts); absent or 0: none. */
-    readonly draftCache?: number;
-  };
-  /**
-   * Drafted frames in the unsplit engine (engine/exec/drafting.ts; the same output): `k` most guesses per frame
-   * (1..7), `cache` n-grams of the draft cache (absent or 0: none), `min` fewest guesses per frame (1..k;
-   * default 4 or k). Refused with `split`: a split head drafts through its chain (`split.next`).
-   */
-  readonly draft?: { readonly k: number; readonly cache?: number; readonly min?: number };
-  /** Log lines (model chosen, GPU, load summary); default `console.error`. */
-  readonly onLog?: (line: string) => void;
-}
 
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
 const DEFAULT_SERVICE_MS = 1000;

@@ -113,13 +113,21 @@ export const DEFAULT_PIECE_STEPS = 2;
 
 /** The options the worker runs with (EngineOptions' scheduling fields, defaults filled in). */
 export interface ResolvedOptions {
+  /** Decode steps per readback (ids stream back in batches of this many). */
   readonly batch: number;
+  /** Decode steps per readback in a turn that other work waits for. */
   readonly pieceSteps: number;
+  /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
   readonly turnTokens: number;
+  /** Prompt-boundary snapshots this many tokens before a prompt's end (0: none). */
   readonly snapshotBack: number;
+  /** Most prompt tokens prefilled per turn (0: a whole prompt). */
   readonly prefillTurn: number;
+  /** Most prompt tokens prefilled per round while no request generates (0: a whole prompt). */
   readonly prefillAlone: number;
+  /** Fewest generating requests batched into one GPU step (0: never). */
   readonly batchMin: number;
+  /** Tokens per prefill chunk. */
   readonly maxChunk: number;
 }
 

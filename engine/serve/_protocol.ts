@@ -4,6 +4,7 @@
  * @module
  */
 import type { SamplingParams } from "../sampling.ts";
+import type { ResolvedOptions } from "./_options.ts";
 import type { Generated } from "../exec/slot_decoder.ts";
 import type { NextBatchRun, NextResult, NextRun, StageInfo } from "../exec/split.ts";
 
@@ -17,28 +18,12 @@ export type NextCall =
 
 /** Main thread → worker. */
 export type ToWorker =
-  | {
+  | ResolvedOptions & {
     readonly type: "init";
     /** GGUF path; absent: synthesize the tiny default model. */
     readonly model?: string;
     readonly nCtx: number;
     readonly nSlots: number;
-    /** Decode steps per readback (ids stream back in batches of this many). */
-    readonly batch: number;
-    /** Decode steps per readback in a turn that other work waits for (EngineOptions.pieceSteps). */
-    readonly pieceSteps: number;
-    /** Most ids a request makes per turn before the next active request runs (0: the whole request). */
-    readonly turnTokens: number;
-    /** Prompt-boundary snapshots this many tokens before a prompt's end (0: none). */
-    readonly snapshotBack: number;
-    /** Most prompt tokens prefilled per turn (0: a whole prompt). */
-    readonly prefillTurn: number;
-    /** Most prompt tokens prefilled per round while no request generates (0: a whole prompt). */
-    readonly prefillAlone: number;
-    /** Fewest generating requests batched into one GPU step (0: never). */
-    readonly batchMin: number;
-    /** Tokens per prefill chunk. */
-    readonly maxChunk: number;
     /** StageOptions.int8Activations. */
     readonly int8Activations: boolean;
     /** StageOptions.kvF16. */

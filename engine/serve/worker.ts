@@ -19,6 +19,8 @@ import { type NextResult, type NextStage, SplitDecoder, StaleChainError } from "
 import { DraftCache } from "../exec/draft_cache.ts";
 import { DraftingDecoder } from "../exec/drafting.ts";
 import { buildWidthClasses } from "../exec/_widths.ts";
+import { MATVEC_MAX_COLS } from "../graph/builder.ts";
+import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -203,6 +205,15 @@ async function warmUp(
         { slot: 1, prompt: rest, opts: { nNew: 2, sampling: sampled } },
       ], { batch: m.batch });
       used.push(1);
+      // Steps of more slots than a chunk has columns compile their own mat-vec variants, one set per slot
+      // count (4 pipelines each on the tiny model): the 9th..16th user would otherwise wait for them.
+      for (let k = MATVEC_MAX_COLS + 1; k <= Math.min(m.nSlots, MAX_BATCH_SLOTS); k++) {
+        const slots = Array.from({ length: k }, (_, i) => i);
+        await decoder.generate(slots.map((slot) => ({ slot, prompt: [ids[0]!], opts: { nNew: 2 } })), {
+          batch: m.batch,
+        });
+        used.push(...slots.slice(used.length));
+      }
     }
   }
   for (const slot of used) stage.reset(slot);

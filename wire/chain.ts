@@ -113,6 +113,8 @@ export class ChainLink implements ChainClient {
   #connecting: Promise<Link> | undefined;
   #retryAtMs = 0;
   #backoffMs = BACKOFF_MIN_MS;
+  /** The link whose reply timeout already set a backoff (once per dropped link). */
+  #stalled: Link | undefined;
   #lastError: string | undefined;
   #closed = false;
   readonly #times = new ChainTimes();
@@ -165,6 +167,16 @@ export class ChainLink implements ChainClient {
     const self = this.#self;
     if (!self) throw new Error("Internal error: ChainLink used before attach()");
     const now = performance.now();
+    // A link dropped because the stage stopped answering: the stage counts as down, as after a refused connect,
+    // so the next attempt waits one backoff step instead of meeting the stalled peer's handshake timeout
+    // inside the request that just timed out.
+    const dropped = this.#link?.closedWith;
+    if (dropped?.code === "timeout" && this.#stalled !== this.#link) {
+      this.#stalled = this.#link;
+      this.#lastError = dropped.message;
+      this.#retryAtMs = now + this.#backoffMs;
+      this.#backoffMs = Math.min(BACKOFF_MAX_MS, this.#backoffMs * 2);
+    }
     if (now < this.#retryAtMs) {
       throw new WireError(
         "closed",

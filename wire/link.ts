@@ -391,6 +391,12 @@ export class Link {
     return this.#isClosed;
   }
 
+  /** Why the link closed: the fault (a `timeout`, the peer closing, a bad frame); undefined while open or when
+   * this side closed it. */
+  get closedWith(): WireError | undefined {
+    return this.#closedWith;
+  }
+
   /** Requests waiting for their reply. */
   get inFlight(): number {
     return this.#pending.size;

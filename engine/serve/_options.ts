@@ -1,6 +1,7 @@
 /**
- * The engine service's scheduling options, checked and with their defaults filled in, as the worker's `init`
- * message carries them (the main thread does not load the engine's modules: limits are restated here).
+ * The engine service's options ({@linkcode EngineOptions}), their defaults, and their checks: the scheduling
+ * fields resolved as the worker's `init` message carries them (the main thread does not load the engine's
+ * modules: limits such as MAX_BATCH_SLOTS are restated here).
  * @module
  */
 import type { ChainClient } from "../exec/split.ts";
@@ -38,9 +39,10 @@ export interface EngineOptions {
   readonly snapshotBack?: number;
   /**
    * Most prompt tokens prefilled per piece while other requests generate (default
-   * {@linkcode DEFAULT_PREFILL_TURN} or `maxChunk` if less; 0: a whole prompt at once). A long prompt is prefilled piece by piece, each followed by one decode
-   * turn (a readback's `batch` steps) of the requests generating meanwhile, so their streams pause for one
-   * piece at a time. Each piece costs one readback.
+   * {@linkcode DEFAULT_PREFILL_TURN} or `maxChunk` if less; 0: a whole prompt at once). A long prompt is
+   * prefilled piece by piece, each followed by one decode turn (a readback's `pieceSteps` steps) of the
+   * requests generating meanwhile, so their streams pause for one piece at a time. Each piece costs one
+   * readback.
    */
   readonly prefillTurn?: number;
   /**

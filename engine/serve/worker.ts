@@ -168,7 +168,9 @@ const WARM_UP_REST = 4;
  * Builds the GPU pipelines a first request would otherwise wait for (compiling them is most of a cold first
  * request: 5 s against 0.8 s after on lavapipe with the tiny model, 20 s under load). It runs what a chat
  * request runs: a prompt piece, a snapshot, the prompt's rest and two greedy ids on slot 0 (argmax), then,
- * when the stage batches, a batched step of slots 0 and 1 with one of them sampled (the sampler). A split
+ * when the stage batches, a batched step of slots 0 and 1 with one of them sampled (the sampler) and one of
+ * each slot count from 9 to nSlots (steps wider than a chunk's 8 columns have mat-vec variants of their own;
+ * narrower ones share the chunk widths' that buildWidthClasses builds). A split
  * head runs its own layers only (the chain may not be up yet). The slots are emptied after: the runner
  * starts from nothing. Then every slot's graphs of a prompt's rest after the snapshot point and of a decode
  * step are built (no GPU work). Skipped for contexts too small to hold it.
@@ -187,7 +189,7 @@ async function warmUp(
   });
   const ids = Array.from({ length: n }, (_, i) => i % stage.hp.nVocab);
   const [piece, rest] = [ids.slice(0, WARM_UP_PIECE), ids.slice(WARM_UP_PIECE)];
-  const used = [0];
+  let used = 1; // slots 0..used-1 ran
   if (m.split) {
     await stage.run(0, { tokens: piece }, 0, { rows: "all" });
     await stage.run(0, { tokens: rest }, WARM_UP_PIECE, { rows: "all" });
@@ -204,7 +206,7 @@ async function warmUp(
         { slot: 0, prompt: rest, opts: { nNew: 2 } },
         { slot: 1, prompt: rest, opts: { nNew: 2, sampling: sampled } },
       ], { batch: m.batch });
-      used.push(1);
+      used = 2;
       // Steps of more slots than a chunk has columns compile their own mat-vec variants, one set per slot
       // count (4 pipelines each on the tiny model): the 9th..16th user would otherwise wait for them.
       for (let k = MATVEC_MAX_COLS + 1; k <= Math.min(m.nSlots, MAX_BATCH_SLOTS); k++) {
@@ -212,11 +214,11 @@ async function warmUp(
         await decoder.generate(slots.map((slot) => ({ slot, prompt: [ids[0]!], opts: { nNew: 2 } })), {
           batch: m.batch,
         });
-        used.push(...slots.slice(used.length));
+        used = k;
       }
     }
   }
-  for (const slot of used) stage.reset(slot);
+  for (let slot = 0; slot < used; slot++) stage.reset(slot);
   // The kernel variants of every prefill width class (a prompt piece or tail of an unusual width would
   // otherwise compile its pipelines inside a request's time to first token, or the other streams' gap).
   await buildWidthClasses(stage, 0);

@@ -17,6 +17,7 @@ import type { StageInput, StageOutput } from "./options.ts";
 import type { RunProfile } from "./_profile.ts";
 import type { PendingRun, RowArgmax, Spare } from "./_stage_run.ts";
 import type { LruMap } from "../graph/_lru.ts";
+import type { StagingPool } from "../gpu/readback.ts";
 
 /** Bytes per column of a batched graph's column table (each column's entry a bindable sub-range). */
 const TABLE_COLUMN_BYTES = 256;
@@ -43,6 +44,8 @@ export interface BatchRunParts {
   ) => Promise<{ ops: readonly Op[]; table: GPUBuffer } | { ops: readonly Op[]; pos: readonly GPUBuffer[] }>;
   readonly gpuCheck: () => void;
   readonly profile: RunProfile;
+  /** Staging buffers, reused so that readbacks are read early (engine/gpu/readback.ts). */
+  readonly stagings: StagingPool;
   /** Per step shape: a command buffer and staging encoded ahead (absent: every step encodes its own). */
   readonly spares?: LruMap<string, Spare>;
   /** The argmax on logits row `row` writing word 0 of its ring (a last stage's `ids` steps). */
@@ -110,11 +113,7 @@ export async function submitBatch(
   // A batched step's logits columns start 256-byte aligned; hidden columns are contiguous.
   const width = stage.last ? stage.hp.nVocab : nEmbd;
   const stride = stage.last ? padWords(width) : width;
-  const newStaging = () =>
-    device.createBuffer({
-      size: argmax ? Math.max(16, 4 * n) : n * stride * 4,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
+  const newStaging = () => p.stagings.take(argmax ? Math.max(16, 4 * n) : n * stride * 4);
   const encode = (to: GPUBuffer) => {
     const enc = device.createCommandEncoder();
     const pass = enc.beginComputePass();
@@ -129,17 +128,18 @@ export async function submitBatch(
   const spare = p.spares?.get(key);
   if (spare) p.spares!.delete(key);
   const staging = spare?.staging ?? newStaging();
-  let mapped: Promise<undefined>;
+  let read: Promise<ArrayBuffer>;
   try {
     const cmd = spare?.cmd ?? encode(staging);
     prof.lap("batch.encode");
     device.queue.submit([cmd]);
     prof.lap("batch.submit");
     for (const slot of slots) p.length[slot]!++;
-    mapped = staging.mapAsync(GPUMapMode.READ);
+    // The bytes once the GPU is done (the call blocks until then); the staging goes back to the pool.
+    read = p.stagings.read(staging);
     prof.lap("batch.mapAsyncCall");
   } catch (e) {
-    staging.destroy();
+    p.stagings.give(staging);
     throw e;
   }
   if (p.spares) {
@@ -148,7 +148,8 @@ export async function submitBatch(
         const t0 = performance.now();
         const st = newStaging();
         const next = { cmd: encode(st), staging: st };
-        p.spares!.get(key)?.staging.destroy();
+        const old = p.spares!.get(key);
+        if (old) p.stagings.give(old.staging);
         p.spares!.set(key, next);
         prof.add("batch.preEncode", performance.now() - t0);
       } catch {
@@ -158,27 +159,20 @@ export async function submitBatch(
   }
   const t = performance.now();
   const output = (async (): Promise<StageOutput> => {
-    try {
-      await mapped;
-      prof.add("batch.mapWait", performance.now() - t);
-      const t1 = performance.now();
-      p.gpuCheck();
-      const kind = stage.last ? "logits" as const : "hidden" as const;
-      if (argmax) {
-        const ids = new Uint32Array(staging.getMappedRange(0, 4 * n).slice(0));
-        staging.unmap();
-        prof.add("batch.copyOut", performance.now() - t1);
-        return { kind, data: new Float32Array(0), rows: n, ids };
-      }
-      const all = new Float32Array(staging.getMappedRange());
-      const out = new Float32Array(n * width);
-      for (let b = 0; b < n; b++) out.set(all.subarray(b * stride, b * stride + width), b * width);
-      staging.unmap();
+    const bytes = await read;
+    prof.add("batch.mapWait", performance.now() - t);
+    const t1 = performance.now();
+    p.gpuCheck();
+    const kind = stage.last ? "logits" as const : "hidden" as const;
+    if (argmax) {
       prof.add("batch.copyOut", performance.now() - t1);
-      return { kind, data: out, rows: n };
-    } finally {
-      staging.destroy();
+      return { kind, data: new Float32Array(0), rows: n, ids: new Uint32Array(bytes, 0, n) };
     }
+    const all = new Float32Array(bytes);
+    const out = new Float32Array(n * width);
+    for (let b = 0; b < n; b++) out.set(all.subarray(b * stride, b * stride + width), b * width);
+    prof.add("batch.copyOut", performance.now() - t1);
+    return { kind, data: out, rows: n };
   })();
   output.catch(() => {/* the caller awaits it */});
   return { output };

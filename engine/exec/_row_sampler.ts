@@ -7,6 +7,7 @@
  * from the same logits.
  * @module
  */
+import type { StagingPool } from "../gpu/readback.ts";
 import type { PipelineCache } from "../../wgsl/kernel.ts";
 import { encodeOps, padWords } from "../graph/builder.ts";
 import { SAMPLE_HIST, sampleParamWords, type SamplingParams } from "../sampling.ts";
@@ -34,6 +35,7 @@ export class RowSampler {
   readonly #owned: GPUBuffer[];
   readonly #nVocab: number;
   readonly #mask: Uint32Array<ArrayBuffer> | undefined;
+  readonly #stagings: StagingPool;
   /** Logits rows, each at a 256-byte aligned offset (the selectors bind one row each). */
   #rows: GPUBuffer | undefined;
   readonly #sels: Selector[] = [];
@@ -41,7 +43,8 @@ export class RowSampler {
 
   /**
    * A sampler on `device` for `nVocab`-wide rows; its buffers go to `owned` (freed with the stage).
-   * @param o `mask`: the UNUSED-token mask words the stage's decode driver samples with
+   * @param o `mask`: the UNUSED-token mask words the stage's decode driver samples with; `stagings`: the
+   * stage's staging buffers (the ids are read early: engine/gpu/readback.ts)
    */
   constructor(
     device: GPUDevice,
@@ -50,6 +53,7 @@ export class RowSampler {
       owned: GPUBuffer[];
       nVocab: number;
       mask: Uint32Array<ArrayBuffer> | undefined;
+      stagings: StagingPool;
     },
   ) {
     this.#device = device;
@@ -57,6 +61,7 @@ export class RowSampler {
     this.#owned = o.owned;
     this.#nVocab = o.nVocab;
     this.#mask = o.mask;
+    this.#stagings = o.stagings;
   }
 
   /**
@@ -78,10 +83,7 @@ export class RowSampler {
       0,
       packSampleState(SAMPLE_HIST, { step: o.step, history: o.history.slice(-SAMPLE_HIST) }),
     );
-    const read = device.createBuffer({
-      size: 4 * n,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
+    const read = this.#stagings.take(4 * n);
     const enc = device.createCommandEncoder();
     for (let j = 0; j < n; j++) {
       const sel = this.#sels[j]!;
@@ -97,11 +99,7 @@ export class RowSampler {
       enc.copyBufferToBuffer(sel.idRing, 0, read, 4 * j, 4);
     }
     device.queue.submit([enc.finish()]);
-    await read.mapAsync(GPUMapMode.READ);
-    const ids = new Uint32Array(read.getMappedRange().slice(0));
-    read.unmap();
-    read.destroy();
-    return ids;
+    return new Uint32Array(await this.#stagings.read(read));
   }
 
   /** The rows buffer and one selector per row, for `n` rows (grown on demand, kept). */

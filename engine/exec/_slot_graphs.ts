@@ -13,7 +13,7 @@ import { LruMap } from "../graph/_lru.ts";
 import type { SlotStates } from "../state.ts";
 import { GRAPHS_KEPT } from "./_stage_run.ts";
 
-export { graphCache, spareCache } from "./_stage_run.ts";
+export { graphCache, spareCache, type Spares } from "./_stage_run.ts";
 
 type Rows = "all" | "last" | "none";
 

@@ -1,8 +1,9 @@
 /**
  * `Stage.run` and `Stage.submit`: a run of one slot's rows in chunks, its work submitted at once and its
- * readback (one `mapAsync`) left pending, so a caller can submit the next frame's work while this frame's
- * readback waits out Deno's 10 ms poll (docs/PLATFORM.md "The 10 ms readback floor"). GPU work is ordered by
- * submission, so a later submission that reuses the activation buffers runs after this frame's copy out.
+ * readback (one `mapAsync`, read early where the runtime allows: engine/gpu/readback.ts) left pending, so a
+ * caller can submit the next frame's work while this frame's readback lands (docs/PLATFORM.md "The 10 ms
+ * readback floor"). GPU work is ordered by submission, so a later submission that reuses the activation
+ * buffers runs after this frame's copy out.
  * @module
  */
 import { encodeOps, MATVEC_MAX_COLS, type Op, writeChunkPos } from "../graph/builder.ts";
@@ -14,6 +15,7 @@ import { buildSelector } from "./_selector.ts";
 import { STORAGE } from "./activations.ts";
 import type { StageInput, StageOutput } from "./options.ts";
 import { LruMap } from "../graph/_lru.ts";
+import type { StagingPool } from "../gpu/readback.ts";
 
 /**
  * Graphs a stage keeps per kind (chunk graphs by slot, width and rows; batched steps by slot set), least
@@ -34,9 +36,14 @@ export function graphCache<V>(): LruMap<string, V> {
   return new LruMap<string, V>(GRAPHS_KEPT);
 }
 
-/** A stage's runs encoded ahead, by shape (an evicted one's staging is destroyed). */
-export function spareCache(): LruMap<string, Spare> {
-  return new LruMap<string, Spare>(SPARES_KEPT, (s) => s.staging.destroy());
+/** A stage's runs encoded ahead by shape, and the staging pool their stagings come from and go back to. */
+export type Spares = LruMap<string, Spare> & { readonly stagings: StagingPool };
+
+/** A stage's runs encoded ahead, by shape (an evicted one's staging goes back to `pool`). */
+export function spareCache(pool: StagingPool): Spares {
+  return Object.assign(new LruMap<string, Spare>(SPARES_KEPT, (s) => pool.give(s.staging)), {
+    stagings: pool,
+  });
 }
 
 /** What `submitRun` needs of its stage (its private buffers, handed over by `Stage.submit`). */
@@ -54,6 +61,8 @@ export interface RunParts {
   readonly graph: (n: number, rows: "all" | "last" | "none") => Promise<readonly Op[]>;
   readonly gpuCheck: () => void;
   readonly profile: RunProfile;
+  /** Staging buffers, reused so that readbacks are read early (engine/gpu/readback.ts). */
+  readonly stagings: StagingPool;
   /** Per run shape: a command buffer and staging encoded ahead (absent: every run encodes its own). */
   readonly spares?: LruMap<string, Spare>;
   /** The argmax on logits row `row` writing ring word `params[0]` (a last stage's `ids` runs). */
@@ -104,8 +113,7 @@ export async function submitRun(
     p.length[slot] = 0;
   }
   const stagingSize = argmax ? Math.max(16, 4 * nIds) : out.byteLength;
-  const newStaging = () =>
-    device.createBuffer({ size: stagingSize, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const newStaging = () => p.stagings.take(stagingSize);
   const step = p.last && rows === "all" ? Math.min(opts.chunk, p.logitsRows) : opts.chunk;
   // A one-chunk decode frame's command buffer (and staging) is encoded ahead, while the previous readback of
   // the same shape waits (its inputs live in buffers written before the submit): the encode leaves the path.
@@ -177,7 +185,8 @@ export async function submitRun(
         const ops = await p.graph(nTokens, outRows);
         const st = newStaging();
         const next = { cmd: encode(ops, 0, nTokens, outRows, st), staging: st };
-        p.spares!.get(spareKey)?.staging.destroy();
+        const old = p.spares!.get(spareKey);
+        if (old) p.stagings.give(old.staging);
         p.spares!.set(spareKey, next);
         prof.add("run.preEncode", performance.now() - t0);
       } catch {
@@ -187,23 +196,19 @@ export async function submitRun(
   }
   const kind = p.last ? "logits" as const : "hidden" as const;
   if (!staging) return { output: Promise.resolve({ kind, data: out, rows: 0 }) };
-  const mapped = staging.mapAsync(GPUMapMode.READ);
+  // The bytes once the GPU is done (the call blocks until then); the staging goes back to the pool.
+  const read = p.stagings.read(staging);
   prof.lap("run.mapAsyncCall");
   const t = performance.now();
   const output = (async () => {
-    try {
-      await mapped;
-      prof.add("run.mapWait", performance.now() - t);
-      const t1 = performance.now();
-      p.gpuCheck();
-      const ids = argmax && new Uint32Array(staging.getMappedRange(0, 4 * nIds).slice(0));
-      if (!argmax) out.set(new Float32Array(staging.getMappedRange()));
-      staging.unmap();
-      prof.add("run.copyOut", performance.now() - t1);
-      return { kind, data: out, rows: nIds, ...(ids ? { ids } : {}) };
-    } finally {
-      staging.destroy();
-    }
+    const bytes = await read;
+    prof.add("run.mapWait", performance.now() - t);
+    const t1 = performance.now();
+    p.gpuCheck();
+    const ids = argmax && new Uint32Array(bytes, 0, nIds);
+    if (!argmax) out.set(new Float32Array(bytes, 0, out.length));
+    prof.add("run.copyOut", performance.now() - t1);
+    return { kind, data: out, rows: nIds, ...(ids ? { ids } : {}) };
   })();
   output.catch(() => {/* the caller awaits it */});
   return { output };

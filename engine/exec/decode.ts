@@ -21,7 +21,7 @@ import type { PipelineCache } from "../../wgsl/kernel.ts";
 import type { Hparams } from "../models/_arch.ts";
 import type { SlotStates } from "../state.ts";
 import { assert, NumericsError } from "../errors.ts";
-import { ReadbackRing } from "../gpu/readback.ts";
+import { ReadbackRing, type StagingPool } from "../gpu/readback.ts";
 import { BATCH_TABLE_WORDS, encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
@@ -67,6 +67,8 @@ export interface DecodeBuffers {
   readonly slotTok: readonly GPUBuffer[];
   /** Sampler mask words (UNUSED token types and padding rows), when the file has token types. */
   readonly unusedMask: Uint32Array<ArrayBuffer> | undefined;
+  /** The stage's staging buffers (a prompt's first readback, read early: engine/gpu/readback.ts). */
+  readonly stagings: StagingPool;
   /** The solo graph of `n` tokens on `slot`. */
   graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<readonly Op[]>;
   /** The batched decode step of `slots` and its column table (column b's [pos, 1] at word 64·b). */
@@ -381,7 +383,7 @@ export class DecodeDriver implements SlotDecoder {
     this.destroy();
     const { device } = this.#b;
     const fresh = {
-      ring: new ReadbackRing(device, { slots: 2, slotBytes: Math.max(ringBytes, r?.ring.slotBytes ?? 0) }),
+      ring: new ReadbackRing(device, { slots: 4, slotBytes: Math.max(ringBytes, r?.ring.slotBytes ?? 0) }),
       batchParams: [0, 1].map(() =>
         device.createBuffer({
           size: Math.max(paramBytes, r?.batchParams[0]?.size ?? 0),
@@ -503,6 +505,7 @@ export class DecodeDriver implements SlotDecoder {
         ops = all;
         pos = set.map((_, b) => ({ buffer: g.table, offset: 4 * BATCH_TABLE_WORDS * b }));
       }
+      await ring.whenFree(); // a mapped slot frees once unmapped, about 10 ms after its ids (mapRead)
       const cbs: GPUCommandBuffer[] = [];
       const enc0 = device.createCommandEncoder();
       for (const [b, q] of set.entries()) {
@@ -644,10 +647,7 @@ export class DecodeDriver implements SlotDecoder {
     }
     const V = stage.hp.nVocab;
     // The logits row, then the sampler's id at byte 4V.
-    const read = device.createBuffer({
-      size: 4 * V + 4,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
+    const read = this.#b.stagings.take(4 * V + 4);
     enc.copyBufferToBuffer(this.#b.logits!, 0, read, 0, 4 * V);
     if (sel.sampler) enc.copyBufferToBuffer(sel.idRing, 0, read, 4 * V, 4);
     const cb = enc.finish();
@@ -657,17 +657,10 @@ export class DecodeDriver implements SlotDecoder {
     }
     device.queue.submit([cb]);
     this.#b.setLength(slot, at + n);
-    const mapped = read.mapAsync(GPUMapMode.READ).then(() => {
-      const bytes = read.getMappedRange();
-      const logits = new Float32Array(bytes.slice(0, 4 * V));
-      const id = new Uint32Array(bytes, 4 * V, 1)[0]!;
-      read.unmap();
-      read.destroy();
-      return { logits, id };
-    }, (e) => {
-      read.destroy();
-      throw e;
-    });
+    const mapped = this.#b.stagings.read(read).then((bytes) => ({
+      logits: new Float32Array(bytes, 0, V),
+      id: new Uint32Array(bytes, 4 * V, 1)[0]!,
+    }));
     return { read: mapped };
   }
 

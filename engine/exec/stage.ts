@@ -60,7 +60,8 @@ import type { BatchItem, GenerateOptions, GenerateResult } from "./slot_decoder.
 import { type RowSampleOptions, RowSampler } from "./_row_sampler.ts";
 import type { Int8Logged, RunOptions, StageInput, StageOptions, StageOutput } from "./options.ts";
 import { type PendingRun, type RowArgmax, rowArgmax, submitRun } from "./_stage_run.ts";
-import { graphCache, SlotGraphs, spareCache } from "./_slot_graphs.ts";
+import { graphCache, SlotGraphs, spareCache, type Spares } from "./_slot_graphs.ts";
+import { StagingPool } from "../gpu/readback.ts";
 import { RunProfile } from "./_profile.ts";
 
 export type { Int8Logged, PendingRun, RowSampleOptions, RunOptions, StageInput, StageOptions, StageOutput };
@@ -132,7 +133,7 @@ export class Stage {
   readonly #unusedMask: Uint32Array<ArrayBuffer> | undefined;
   #rowSampler: RowSampler | undefined;
   readonly #argmaxes = new Map<number, Promise<RowArgmax>>();
-  readonly #spares = spareCache();
+  readonly #spares: Spares;
   /** The first GPU error no scope captured while this stage lived (validation, out of memory, internal). */
   #gpuError: string | undefined;
   readonly #onGpuError = (ev: Event) => {
@@ -171,13 +172,10 @@ export class Stage {
     this.normPrologueMaxRows = init.graph.normPrologueMaxRows;
     this.int8Activations = init.graph.int8Activations;
     this.kvF16 = init.graph.kvF16;
+    const logUsage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
     this.#int8Log = init.int8Log
       ? {
-        buffer: gpu.device.createBuffer({
-          label: "int8 log",
-          size: INT8_LOG_BYTES,
-          usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
-        }),
+        buffer: gpu.device.createBuffer({ label: "int8 log", size: INT8_LOG_BYTES, usage: logUsage }),
         entries: new Map(),
       }
       : undefined;
@@ -217,11 +215,9 @@ export class Stage {
       (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: POS_PARAMS_BYTES, usage: STORAGE }),
     );
     this.#graphs = new SlotGraphs(gpu.device, this.#posParams, this.states, this.#owned);
-    this.#zeroIds = gpu.device.createBuffer({
-      label: "zero_ids",
-      size: 4 * Math.max(this.maxChunk, MAX_BATCH_SLOTS),
-      usage: STORAGE,
-    });
+    const zeroIdsBytes = 4 * Math.max(this.maxChunk, MAX_BATCH_SLOTS);
+    this.#zeroIds = gpu.device.createBuffer({ label: "zero_ids", size: zeroIdsBytes, usage: STORAGE });
+    this.#spares = spareCache(new StagingPool(gpu.device));
     this.#slotTok = Array.from(
       { length: init.nSlots },
       (_, s) => gpu.device.createBuffer({ label: `slot${s}.tok`, size: 16, usage: STORAGE }),
@@ -240,6 +236,7 @@ export class Stage {
       posParams: this.#posParams,
       slotTok: this.#slotTok,
       unusedMask: this.#unusedMask,
+      stagings: this.#spares.stagings,
       graph: (slot, n, rows) => this.#graph(slot, n, rows),
       batchGraph: (slots) => this.#batchGraph(slots),
       setLength: (slot, n) => this.#length[slot] = n,
@@ -372,6 +369,7 @@ export class Stage {
       profile: this.profile,
       argmax: (r: number) => this.#argmax(r),
       spares: this.#int8Log ? undefined : this.#spares, // int8Log reads the graph of the run's own call
+      stagings: this.#spares.stagings,
     };
     return submitRun(p, slot, input, base, nTokens, { rows: opts.rows ?? "last", chunk, ids: opts.ids });
   }
@@ -414,6 +412,7 @@ export class Stage {
       owned: this.#owned,
       nVocab: this.hp.nVocab,
       mask: this.#unusedMask,
+      stagings: this.#spares.stagings,
     });
     return this.#rowSampler.sample(logits, opts);
   }
@@ -477,7 +476,7 @@ export class Stage {
       graph: (s: readonly number[]) => this.#batchGraph(s),
       argmax: (r: number) => this.#argmax(r),
     };
-    return submitBatch({ ...p, ...more, spares }, slots, input, opts.ids);
+    return submitBatch({ ...p, ...more, spares, stagings: this.#spares.stagings }, slots, input, opts.ids);
   }
 
   /** The argmax on logits row `row` for `ids` runs (engine/exec/_stage_run.ts, cached per row). */
@@ -500,6 +499,7 @@ export class Stage {
     for (const b of this.#slotTok) b.destroy();
     this.#zeroIds.destroy();
     for (const b of [...this.#owned, ...[...this.#spares.values()].map((s) => s.staging)]) b.destroy();
+    this.#spares.stagings.destroy();
     const seen = new Set<GPUBuffer>();
     for (const t of this.#weights.values()) for (const p of t.parts) seen.add(p.buffer);
     for (const b of seen) b.destroy();

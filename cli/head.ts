@@ -12,6 +12,7 @@ import {
   ChatTemplate,
   DEFAULT_BATCH_MIN,
   DEFAULT_MAX_CHUNK,
+  DEFAULT_PIECE_STEPS,
   KEYS,
   openGguf,
   planModel,
@@ -53,6 +54,9 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --chunk N         prompt tokens per prefill chunk (default ${DEFAULT_MAX_CHUNK}; memory grows with it)
   --batch-min N     fewest generating requests decoded together in one GPU step (default ${DEFAULT_BATCH_MIN}:
                     every one joins every step; fewer take turns of 64 ids; 0: never batch)
+  --piece-steps N   decode steps per readback between a long prompt's pieces and while a newcomer waits
+                    (1..8, default ${DEFAULT_PIECE_STEPS}): more lengthens the streams' gap and the prompt's
+                    wait per piece; fewer costs the streams one readback per N steps
   --layers 0:a      split serving: run only layers 0:a here, the rest on the chain at --next
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)
@@ -269,6 +273,7 @@ export const command: Command = {
         "body-timeout": { type: "string", default: String(HTTP1_DEFAULTS.bodyTimeoutMs / 1000) },
         grace: { type: "string", default: "30" },
         "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
+        "piece-steps": { type: "string", default: String(DEFAULT_PIECE_STEPS) },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
@@ -307,6 +312,10 @@ export const command: Command = {
     if (batchMin === 1 || batchMin > 16) {
       throw new RangeError(`--batch-min must be 0 or 2..16, got ${batchMin}`);
     }
+    const pieceSteps = int("piece-steps", values["piece-steps"], 1);
+    if (pieceSteps > 8) {
+      throw new RangeError(`--piece-steps ${pieceSteps} must be at most 8 (the decode steps per readback)`);
+    }
     if (values["api-key"] === "") {
       throw new RangeError("--api-key is empty: give a key or leave the flag out");
     }
@@ -339,6 +348,7 @@ export const command: Command = {
         nSlots,
         queueSize,
         batchMin,
+        pieceSteps,
         maxChunk,
         int8Activations: values.int8,
         kvF16: values["kv-f16"],

@@ -14,6 +14,12 @@ const CASES: readonly [string[], number, RegExp][] = [
   [["head", "--slots", "0"], 1, /^error: --slots 0 must be an integer >= 1$/],
   [["head", "--ctx", "abc"], 1, /^error: --ctx abc must be an integer >= 2$/],
   [["head", "--frobnicate"], 1, /^error: Unknown option '--frobnicate'$/],
+  [["head", "--piece-steps", "0"], 1, /^error: --piece-steps 0 must be an integer >= 1$/],
+  [
+    ["head", "--piece-steps", "9"],
+    1,
+    /^error: --piece-steps 9 must be at most 8 \(the decode steps per readback\)$/,
+  ],
   [
     ["head", "--model", F, "--draft-cache", "1000"],
     1,

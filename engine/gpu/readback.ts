@@ -106,13 +106,13 @@ export class StagingPool {
   /**
    * @param opts.maxBytes largest buffer kept (default 16 MiB)
    * @param opts.perSize buffers kept per size (default 16)
-   * @param opts.totalBytes bytes kept in all (default 128 MiB)
+   * @param opts.totalBytes bytes kept in all (default 64 MiB; within plan.ts's headroom)
    */
   constructor(device: GPUDevice, opts: { maxBytes?: number; perSize?: number; totalBytes?: number } = {}) {
     this.#device = device;
     this.#maxBytes = opts.maxBytes ?? 16 << 20;
     this.#perSize = opts.perSize ?? 16;
-    this.#totalBytes = opts.totalBytes ?? 128 << 20;
+    this.#totalBytes = opts.totalBytes ?? 64 << 20;
   }
 
   /** Bytes of the buffers the pool keeps now. */

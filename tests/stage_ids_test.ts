@@ -2,12 +2,14 @@
  * A last stage's `ids` runs (engine/exec/_stage_run.ts, _batch_run.ts): the argmax drawn on the GPU in the
  * run's pass equals the CPU argmax of the same run's logits (a snapshot restored between the two), for a
  * prompt's last row, for every row of a one-token-chunk run (a drafted frame), and for each column of a
- * batched step; and the refusals (a head's ids, wide chunks).
+ * batched step; and the refusals (a head's ids, wide chunks). Decode frames are read early (their stagings
+ * pooled: engine/gpu/readback.ts).
  * @module
  */
 import assert from "node:assert/strict";
 import { argmaxCpu, openGguf, Stage } from "../engine/mod.ts";
 import { testGpu } from "./util/gpu.ts";
+import { EARLY_READS, readStats } from "../engine/gpu/readback.ts";
 import { fixturePath } from "./util/fixtures.ts";
 import { Rng } from "./util/rng.ts";
 
@@ -81,6 +83,18 @@ Deno.test("Stage ids: the GPU argmax of a run and a batched step equals the CPU 
       () => last.submit(0, { hidden: h, nTokens: 9 }, last.length(0), { rows: "all", ids: true }),
       /chunk: 1\) or one chunk of at most 8 rows/,
     );
+    // Decode frames read early (engine/gpu/readback.ts): each stage's staging pool hands a frame a buffer
+    // mapped before, read as soon as mapAsync's call returns; the ids still equal the CPU argmax.
+    const before = readStats.early;
+    for (let k = 0; k < 6; k++) {
+      const f = await both(1, await hidden(1, 1), { rows: "last" });
+      assert.deepEqual(f.got, f.want, `decode frame ${k}`);
+      await new Promise((r) => setTimeout(r, 30)); // the frame's stagings unmapped (about 10 ms) and pooled
+    }
+    // Three reads per frame (the head's rows, the logits, the ids); a staging's first read waits.
+    if (EARLY_READS) {
+      assert.ok(readStats.early - before >= 12, `${readStats.early - before} of 18 reads early`);
+    }
   } finally {
     head.destroy();
     last.destroy();

@@ -6,7 +6,8 @@
  * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--per-column]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
- * StageOptions.normPrologueMaxRows, `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
+ * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (17: batched
+ * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
  * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
  * `--state-pool-max-bytes N` StageOptions.maxStatePoolBytes (1: every slot state a buffer of its own, so the
  * batched step runs gdn_step, attn_qk_rope and attn_decode per slot as before the pools).
@@ -38,6 +39,7 @@ const { values: args } = parseArgs({
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
     "norm-max-rows": { type: "string" },
+    "combine-norm-min-rows": { type: "string" },
     matvec: { type: "string" },
     "fuse-route": { type: "boolean", default: false },
     "per-column": { type: "boolean", default: false },
@@ -92,6 +94,9 @@ const stage = await Stage.load(gpu, file, {
   groupedExperts: !args["per-column"],
   int8Activations: args.int8,
   normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
+  combineNormMinRows: args["combine-norm-min-rows"] === undefined
+    ? undefined
+    : Number(args["combine-norm-min-rows"]),
   maxStatePoolBytes: statePoolMax,
 });
 emit("load", {

@@ -134,10 +134,11 @@ for (
 // different lengths so the step narrows as they end (16 → 12 → 8 columns, 11 → 8 → 5 or so). Each slot's
 // ids and top-k logits equal its solo run's; then one batched step of every slot's next row (runBatch) gives
 // each slot's full logits row, bit for bit, as its solo continuation does.
-// The 11-slot step runs int8 activations (each column quantized on its own, in buffers of 16 columns).
+// The 11-slot step runs int8 activations (each column quantized on its own, in buffers of 16 columns), and
+// with StageOptions.combineNormMinRows 17 its residual adds write no norm: each norm is a dispatch of its own.
 const WIDE = [["tiny-qwen35moe", MAX_BATCH_SLOTS, false], ["tiny-qwen3next", 11, true]] as const;
 for (const [name, width, int8] of WIDE) {
-  const variant = int8 ? " (int8 activations)" : "";
+  const variant = int8 ? " (int8 activations, norms on their own)" : "";
   Deno.test(`${name}: ${width} slots decoded together equal their solo runs bit for bit${variant}`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
@@ -147,9 +148,12 @@ for (const [name, width, int8] of WIDE) {
       nSlots: MAX_BATCH_SLOTS,
       maxChunk: 8,
       int8Activations: int8,
+      combineNormMinRows: int8 ? 17 : undefined,
     });
     try {
       assert.equal(MAX_BATCH_SLOTS, 16);
+      const fusedNorms = (await stage.batchGraph([0, 1])).filter((op) => op.label.includes("+norm")).length;
+      assert.equal(fusedNorms > 0, !int8, `residual adds that write a norm: ${fusedNorms}`);
       const slots = rng.permutation(MAX_BATCH_SLOTS).slice(0, width);
       const prompts = slots.map(() => Array.from({ length: rng.int(2, 10) }, () => rng.int(0, 1021)));
       const opts = slots.map((_, b): GenerateOptions => ({

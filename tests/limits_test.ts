@@ -143,3 +143,17 @@ Deno.test("a GPU error nobody captured voids the stage: run and generate fail wi
     stage.destroy();
   }
 });
+
+Deno.test("Stage.load refuses norm fusion limits out of range before touching the GPU", async () => {
+  using f = await openGguf(MODEL);
+  const gpu = await testGpu();
+  for (
+    const [opts, msg] of [
+      [{ combineNormMinRows: 1 }, /combineNormMinRows must be an integer ≥ 2, got 1/],
+      [{ combineNormMinRows: 2.5 }, /combineNormMinRows must be an integer ≥ 2, got 2\.5/],
+      [{ normPrologueMaxRows: -1 }, /normPrologueMaxRows must be an integer ≥ 0 \(0: never fuse\), got -1/],
+    ] as const
+  ) {
+    await assert.rejects(Stage.load(gpu, f, { nCtx: 16, nSlots: 1, maxChunk: 8, ...opts }), msg);
+  }
+});

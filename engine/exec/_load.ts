@@ -8,12 +8,18 @@
 import type { Hparams } from "../models/_arch.ts";
 import { GpuError } from "../errors.ts";
 import { checkStageFits, stateSpecs } from "./activations.ts";
-import type { Int8Logged, StageInput, StageOptions } from "./options.ts";
-import type { Int8LogEntry } from "../graph/builder.ts";
+import { COMBINE_NORM_MIN_ROWS, type Int8Logged, type StageInput, type StageOptions } from "./options.ts";
+import { type Int8LogEntry, NORM_PROLOGUE_MAX_ROWS } from "../graph/builder.ts";
 import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 
+/** The norm fusion limits of a stage's graphs, defaults applied (StageOptions). */
+export interface NormFusion {
+  readonly normPrologueMaxRows: number;
+  readonly combineNormMinRows: number;
+}
+
 /**
- * The load's layer range, chunk and norm-prologue limit, checked; warns (through `opts.onLog`) when the context
+ * The load's layer range, chunk and norm fusion limits, checked; warns (through `opts.onLog`) when the context
  * exceeds the model's training context.
  * @throws {RangeError} on an option out of range or a buffer the device cannot bind (see checkStageFits)
  */
@@ -22,7 +28,7 @@ export function checkLoadOptions(
   path: string,
   opts: StageOptions,
   limits: Pick<GPUSupportedLimits, "maxStorageBufferBindingSize" | "maxBufferSize">,
-): { layers: readonly [number, number]; maxChunk: number; npr: number | undefined } {
+): { layers: readonly [number, number]; maxChunk: number; norms: NormFusion } {
   const [a, b] = opts.layers ?? [0, hp.nLayer];
   if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
     throw new RangeError(
@@ -40,6 +46,10 @@ export function checkLoadOptions(
   if (npr !== undefined && !(Number.isInteger(npr) && npr >= 0)) {
     throw new RangeError(`normPrologueMaxRows must be an integer ≥ 0 (0: never fuse), got ${npr}`);
   }
+  const cnr = opts.combineNormMinRows;
+  if (cnr !== undefined && !(Number.isInteger(cnr) && cnr >= 2)) {
+    throw new RangeError(`combineNormMinRows must be an integer ≥ 2, got ${cnr}`);
+  }
   const kvF16 = opts.kvF16 ?? false;
   checkStageFits(hp, { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 }, limits);
   if (opts.nCtx > hp.nCtxTrain) {
@@ -48,7 +58,11 @@ export function checkLoadOptions(
         `output past position ${hp.nCtxTrain} is outside what the model was trained on`,
     );
   }
-  return { layers: [a, b], maxChunk, npr };
+  const norms = {
+    normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
+    combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
+  };
+  return { layers: [a, b], maxChunk, norms };
 }
 
 /**

@@ -6,6 +6,9 @@
 import type { UploadProgress } from "../gpu/weights.ts";
 import type { MoeMatvecTuning } from "../../wgsl/moe_matvec.ts";
 
+/** Default {@linkcode StageOptions.combineNormMinRows}: residual adds of 2 or more rows write the next norm. */
+export const COMBINE_NORM_MIN_ROWS = 2;
+
 /** Options of `Stage.load`. */
 export interface StageOptions {
   /** Layer range `[a, b)` of the decoder layers (default: all). */
@@ -21,6 +24,14 @@ export interface StageOptions {
    * a dispatch of its own (default 16384, see docs/PERF.md; 0: never fuse).
    */
   readonly normPrologueMaxRows?: number;
+  /**
+   * Fewest rows whose residual adds (the mixer's and the MoE combine) also write the next norm (residual_add
+   * NORM: one workgroup per row); fewer rows get the add over many workgroups and the norm as a dispatch of
+   * its own, the same bits (default {@linkcode COMBINE_NORM_MIN_ROWS}: every chunk and batched step fuses). A
+   * benchmark knob: a batched step of 8 rows spends 31 µs per layer in the fused combine on the H200
+   * (docs/PERF.md), bench/decode.ts `--combine-norm-min-rows 17` measures the split form.
+   */
+  readonly combineNormMinRows?: number;
   /**
    * TEAM/ROWS (and optionally BLOCKS/UNROLL/WG) of the expert mat-vecs (gate·up and down), overriding
    * `moeMatvecConstants`' defaults: a benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-*

@@ -34,7 +34,6 @@ import {
   type GraphOptions,
   type Int8LogEntry,
   type LayerWeights,
-  NORM_PROLOGUE_MAX_ROWS,
   type Op,
   POS_PARAMS_BYTES,
 } from "../graph/builder.ts";
@@ -256,11 +255,11 @@ export class Stage {
     const hp = arch.readHparams(file.metadata);
     const check = arch.checkTensors(file, hp);
     const model = GRAPHS[arch.name];
-    const { layers, maxChunk, npr } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
+    const { layers, maxChunk, norms } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
     return await load.underLoadScopes(
       gpu.device,
       { hp, layers, nCtx: opts.nCtx, nSlots: opts.nSlots, kvF16: opts.kvF16 ?? false },
-      () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, npr }),
+      () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, norms }),
     );
   }
 
@@ -274,10 +273,10 @@ export class Stage {
       model: HybridModel;
       layers: readonly [number, number];
       maxChunk: number;
-      npr: number | undefined;
+      norms: load.NormFusion;
     },
   ): Promise<Stage> {
-    const { hp, check, model, maxChunk, npr } = p;
+    const { hp, check, model, maxChunk, norms } = p;
     const [a, b] = p.layers;
     const plan = loadPlan(file, hp, check, [a, b], model);
     // The fingerprint hashes the bytes as they upload (no second read of this range); a valid cache skips it.
@@ -303,7 +302,7 @@ export class Stage {
       nCtx: opts.nCtx,
       maxChunk,
       graph: {
-        normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
+        ...norms,
         moeTuning: opts.moeTuning,
         matvecTuning: opts.matvecTuning,
         fuseDecodeRoute: opts.fuseDecodeRoute ?? false,

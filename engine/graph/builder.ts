@@ -77,6 +77,8 @@ export const NORM_PROLOGUE_MAX_ROWS = 16384;
 /** Build options the stage passes to every graph (see `StageOptions` for what each does). */
 export interface GraphOptions {
   readonly normPrologueMaxRows: number;
+  /** StageOptions.combineNormMinRows (≥ 2). */
+  readonly combineNormMinRows: number;
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;

@@ -69,16 +69,22 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
   // and no residual add has a dispatch of its own. Prefill: each norm but the stage's first rides on the
   // residual add before it (residual_add NORM).
   const decode = n === 1;
+  // Rows whose residual adds also write the next norm (StageOptions.combineNormMinRows); fewer rows (and
+  // decode) get each norm on its own: deferred into a mat-vec's prologue at decode, a dispatch otherwise.
+  const fuseNorms = !decode && n >= g.opts.combineNormMinRows;
   const head = cx.outNorm !== undefined && cx.lmHead !== undefined && cx.rows !== "none";
   // The fused output norm writes every row in place; the LM head reads from row 0, so fuse it only when
   // that is the row it wants.
-  const fuseOutNorm = head && !decode && cx.rows === "all";
+  const fuseOutNorm = head && fuseNorms && cx.rows === "all";
   for (const [i, lw] of cx.layers.entries()) {
     const l = cx.firstLayer + i;
-    if (i === 0 || decode) await norm(g, `L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
+    if (i === 0 || !fuseNorms) await norm(g, `L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
     if (lw.attention) await attention(g, cx, l, lw);
     else await deltaNet(g, cx, l, lw, model.deltaNetInputs);
     if (decode) {
+      await norm(g, `L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
+    } else if (!fuseNorms) {
+      await residual(g, `L${l}.residual_mixer`, A.t!, A.h!);
       await norm(g, `L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
     } else {
       await residual(g, `L${l}.residual_mixer+post_attention_norm`, A.t!, A.h!, {
@@ -87,7 +93,7 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
       });
     }
     const next = cx.layers[i + 1];
-    const nextNorm = decode
+    const nextNorm = !fuseNorms
       ? undefined
       : next
       ? { w: next.t("attn_norm"), y: A.a! }

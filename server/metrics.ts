@@ -206,6 +206,14 @@ export class Metrics {
       "Tokens generated in GPU steps shared by several requests (batched decode).",
       [`llm_batched_tokens_total ${status.counters.batchedTokens}`],
     );
+    if (status.pipelines !== undefined) {
+      metric(
+        "llm_gpu_pipelines",
+        "gauge",
+        "GPU pipelines compiled (after the warm-up it should not grow: a rise means a request waited for one).",
+        [`llm_gpu_pipelines ${status.pipelines}`],
+      );
+    }
     if (status.stages) renderStages(status.stages, metric);
     if (status.drafts) {
       const d = status.drafts;

@@ -96,5 +96,8 @@ Deno.test("metrics: a split head's per-stage compute, wire, runs, up and draft s
   assert.ok(!text.includes(`llm_stage_wire_seconds_total{${l0}}`), "the head's own range has no wire series");
   // Without stages (an unsplit engine) no stage series at all.
   const plain = new Metrics().render({ ...status, stages: undefined, drafts: undefined });
-  assert.doesNotMatch(plain, /llm_stage_|llm_draft_/);
+  assert.doesNotMatch(plain, /llm_stage_|llm_draft_|llm_gpu_pipelines/);
+  // An engine that reports its compiled pipelines gets the gauge.
+  const piped = new Metrics().render({ ...status, pipelines: 79 });
+  assert.ok(piped.split("\n").includes("llm_gpu_pipelines 79"), piped);
 });

@@ -60,7 +60,8 @@ export type FromWorker =
   | { readonly type: "log"; readonly line: string }
   | { readonly type: "meta"; readonly path: string; readonly model: string; readonly arch: string }
   | { readonly type: "progress"; readonly loadedBytes: number; readonly totalBytes: number }
-  | { readonly type: "ready"; readonly nVocab: number }
+  /** `pipelines`: GPU pipelines compiled once the warm-up ran (and in `done`: when the request finished). */
+  | { readonly type: "ready"; readonly nVocab: number; readonly pipelines: number }
   | { readonly type: "stage"; readonly info: StageInfo }
   | { readonly type: "next"; readonly call: number; readonly request: NextCall }
   /**
@@ -76,6 +77,7 @@ export type FromWorker =
     readonly type: "done";
     readonly id: number;
     readonly result: JobResult;
+    readonly pipelines: number;
   }
   | { readonly type: "error"; readonly id: number; readonly error: WireErrorValue }
   | { readonly type: "closed" };

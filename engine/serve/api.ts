@@ -89,6 +89,11 @@ export interface EngineStatus {
   /** Layers of the model, when reported. */
   readonly nLayer?: number;
   /**
+   * GPU pipelines the engine has compiled, when reported (after the warm-up, then as requests finish): the
+   * warm-up compiles every shape a request can meet, so it should not grow while serving.
+   */
+  readonly pipelines?: number;
+  /**
    * Each slot's state, when the engine reports it; without it the dashboard shows the head's own view of
    * each request (tokens streamed so far) and the busy/queued counts.
    */

@@ -108,6 +108,7 @@ export class EngineService implements Engine {
   #onPath: (path: string) => void = () => {};
   #onPathFailed: (e: Error) => void = () => {};
   #nVocab = 0;
+  #pipelines: number | undefined;
   #nextId = 1;
   readonly #inflight = new Map<number, Pending>();
   readonly #queue: Pending[] = [];
@@ -195,6 +196,7 @@ export class EngineService implements Engine {
       slots: this.#slotView(),
       ...(this.#chain ? { stages: this.#stageView(this.#chain) } : {}),
       ...(this.#drafts ? { drafts: { ...this.#drafts } } : {}),
+      ...(this.#pipelines !== undefined ? { pipelines: this.#pipelines } : {}),
     };
   }
 
@@ -445,6 +447,7 @@ export class EngineService implements Engine {
         break;
       case "ready":
         this.#nVocab = m.nVocab;
+        this.#pipelines = m.pipelines;
         this.#state = "ready";
         this.#loadedBytes = this.#totalBytes;
         break;
@@ -471,6 +474,7 @@ export class EngineService implements Engine {
         break;
       }
       case "done":
+        this.#pipelines = m.pipelines;
         this.#done(m.id, m.result);
         break;
       case "error": {

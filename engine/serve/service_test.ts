@@ -106,6 +106,10 @@ Deno.test("10 concurrent requests on 10 slots each give their solo greedy output
   const rng = new Rng();
   const e = engine(10, 0);
   try {
+    // The warm-up compiled every pipeline these requests need (batched steps of 2..10 slots, prompt widths).
+    while (e.status().state === "loading") await new Promise((r) => setTimeout(r, 50));
+    const warm = e.status().pipelines;
+    assert.ok(warm !== undefined && warm > 0, `pipelines after the warm-up: ${warm}`);
     const prompts = Array.from({ length: 10 }, () => randomPrompt(rng, rng.int(1, 20)));
     const n = 16;
     const solo: number[][] = [];
@@ -140,6 +144,7 @@ Deno.test("10 concurrent requests on 10 slots each give their solo greedy output
     // ids made alone after the others ended) come from batched steps.
     assert.ok(c.batchedTokens >= 10 * 6, `batched tokens ${c.batchedTokens}`);
     assert.equal(e.status().busySlots, 0);
+    assert.equal(e.status().pipelines, warm, "no pipeline compiled while serving");
   } finally {
     await e.close();
   }

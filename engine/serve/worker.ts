@@ -21,6 +21,7 @@ import { DraftingDecoder } from "../exec/drafting.ts";
 import { buildWidthClasses } from "../exec/_widths.ts";
 import { MATVEC_MAX_COLS } from "../graph/builder.ts";
 import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
+import { PipelineCache } from "../../wgsl/kernel.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -34,6 +35,8 @@ type Job = Extract<ToWorker, { type: "generate" }>;
 
 let runner: SlotRunner | undefined;
 let stage: Stage | undefined;
+/** GPU pipelines the stage's device has compiled (its PipelineCache). */
+let pipelines = () => 0;
 let file: GgufFile | undefined;
 let tempDir: string | undefined;
 const jobs: Job[] = [];
@@ -82,6 +85,8 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
     post({ type: "meta", path, model, arch });
     const gpu = await acquireGpu();
     post({ type: "log", line: `GPU: ${gpu.summary}` });
+    const cache = PipelineCache.shared(gpu.device, { f16: gpu.f16 });
+    pipelines = () => cache.size;
     stage = await Stage.load(gpu, file, {
       nCtx: m.nCtx,
       nSlots: m.nSlots,
@@ -149,7 +154,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
           (stage.states.totalBytes / 2 ** 20).toFixed(1)
         } MiB of state; x ${stage.int8Activations ? "int8" : "f32"} in the decode mat-vecs)`,
     });
-    post({ type: "ready", nVocab: stage.hp.nVocab });
+    post({ type: "ready", nVocab: stage.hp.nVocab, pipelines: pipelines() });
     pump();
   } catch (e) {
     post({ type: "failed", error: encodeError(e) });
@@ -249,7 +254,7 @@ function pump(): void {
       onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
       onSlot: (slot, heldTokens) => post({ type: "slot", id, slot, heldTokens }),
     }).then(
-      (result) => post({ type: "done", id, result }),
+      (result) => post({ type: "done", id, result, pipelines: pipelines() }),
       (e) => post({ type: "error", id, error: encodeError(e) }),
     ).finally(() => aborts.delete(id));
   }

@@ -14,6 +14,10 @@
  * - Early reads are on only for the Deno versions they were checked on (`EARLY_READ_VERSIONS`, tests
  *   engine/gpu/readback_test.ts); another version waits for the promise, as does `LLM_EARLY_READ=0`. A read
  *   whose `getMappedRange` throws (the map not done) also falls back to the promise.
+ *
+ * The early bytes resolve one event-loop task later (`nextTask`, ~0.5 ms): Deno dispatches a GPU error of the
+ * submitted work as a task of its own, and a caller checks for errors once the bytes land (the 10 ms wait
+ * used to cover that; engine/gpu/readback_test.ts checks the order).
  * @module
  */
 
@@ -44,6 +48,22 @@ export const readStats: { early: number; awaited: number; fellBack: number } = {
   fellBack: 0,
 };
 
+/**
+ * Resolves in a later task of the event loop (a message through a fresh channel: about 0.5 ms on lavapipe,
+ * where `setTimeout(0)` takes 2.5 ms), after every task queued before it, such as Deno's GPU error events.
+ */
+function nextTask(): Promise<void> {
+  const { port1, port2 } = new MessageChannel();
+  return new Promise<void>((resolve) => {
+    port1.onmessage = () => {
+      port1.close();
+      port2.close();
+      resolve();
+    };
+    port2.postMessage(0);
+  });
+}
+
 /** A started read of a staging buffer: its bytes, and when the buffer is unmapped (or broken). */
 export interface MapRead {
   /** A copy of bytes [0, size) of the buffer: at once on the early path, else once the map resolves. */
@@ -67,6 +87,8 @@ export function mapRead(buf: GPUBuffer, size: number): MapRead {
     }
     if (copy) {
       readStats.early++;
+      // The bytes after one macrotask: Deno dispatches a GPU error of the work just submitted (an
+      // "uncapturederror" event) as a task of its own, which the caller's error check must see first.
       // The buffer may be destroyed meanwhile (its owner gone): then there is nothing to unmap.
       const released = mapped.then(() => {
         try {
@@ -76,7 +98,7 @@ export function mapRead(buf: GPUBuffer, size: number): MapRead {
           return false;
         }
       }, () => false);
-      return { bytes: Promise.resolve(copy), released };
+      return { bytes: nextTask().then(() => copy), released };
     }
   } else readStats.awaited++;
   const bytes = mapped.then(() => {

@@ -1,5 +1,12 @@
 import assert from "node:assert/strict";
-import { EARLY_READ_VERSIONS, EARLY_READS, ReadbackRing, readStats, StagingPool } from "./readback.ts";
+import {
+  EARLY_READ_VERSIONS,
+  EARLY_READS,
+  mapRead,
+  ReadbackRing,
+  readStats,
+  StagingPool,
+} from "./readback.ts";
 import { testGpu, upload } from "../../tests/util/gpu.ts";
 
 Deno.test("ReadbackRing: several slots in flight, packed copies, slots reused", async () => {
@@ -137,4 +144,34 @@ Deno.test("ReadbackRing: a mapped slot frees once unmapped; whenFree waits for i
   assert.equal(ring.free, 1);
   ring.destroy();
   src.destroy();
+});
+
+Deno.test("mapRead: a GPU error of the submitted work is dispatched before early bytes land", async () => {
+  const { device } = await testGpu();
+  let errors = 0;
+  const onError = (ev: Event) => {
+    ev.preventDefault();
+    errors++;
+  };
+  device.addEventListener("uncapturederror", onError);
+  const staging = device.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  try {
+    await mapRead(staging, 16).bytes; // its first read waits for the promise; the next ones are early
+    for (let k = 0; k < 3; k++) {
+      const before = { errors, early: readStats.early };
+      const b = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+      const enc = device.createCommandEncoder();
+      enc.copyBufferToBuffer(b, 0, b, 0, 16); // invalid: a copy within one buffer
+      device.queue.submit([enc.finish()]);
+      const r = mapRead(staging, 16);
+      await r.bytes;
+      if (EARLY_READS) assert.equal(readStats.early, before.early + 1, "an early read");
+      assert.ok(errors > before.errors, `round ${k}: the submission's error was seen before its bytes`);
+      await r.released;
+      b.destroy();
+    }
+  } finally {
+    device.removeEventListener("uncapturederror", onError);
+    staging.destroy();
+  }
 });

@@ -87,8 +87,6 @@ export function mapRead(buf: GPUBuffer, size: number): MapRead {
     }
     if (copy) {
       readStats.early++;
-      // The bytes after one macrotask: Deno dispatches a GPU error of the work just submitted (an
-      // "uncapturederror" event) as a task of its own, which the caller's error check must see first.
       // The buffer may be destroyed meanwhile (its owner gone): then there is nothing to unmap.
       const released = mapped.then(() => {
         try {
@@ -98,6 +96,8 @@ export function mapRead(buf: GPUBuffer, size: number): MapRead {
           return false;
         }
       }, () => false);
+      // The bytes after one macrotask: Deno dispatches a GPU error of the work just submitted (an
+      // "uncapturederror" event) as a task of its own, which the caller's error check must see first.
       return { bytes: nextTask().then(() => copy), released };
     }
   } else readStats.awaited++;

@@ -214,6 +214,19 @@ export class Metrics {
         [`llm_gpu_pipelines ${status.pipelines}`],
       );
     }
+    if (status.readbacks) {
+      const r = status.readbacks;
+      metric(
+        "llm_gpu_readbacks_total",
+        "counter",
+        "GPU readbacks by path: early (as soon as the GPU is done), awaited (Deno's 10 ms poll), fellback (early refused).",
+        [
+          `llm_gpu_readbacks_total{path="early"} ${r.early}`,
+          `llm_gpu_readbacks_total{path="awaited"} ${r.awaited}`,
+          `llm_gpu_readbacks_total{path="fellback"} ${r.fellBack}`,
+        ],
+      );
+    }
     if (status.stages) renderStages(status.stages, metric);
     if (status.drafts) {
       const d = status.drafts;

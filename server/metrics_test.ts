@@ -98,6 +98,18 @@ Deno.test("metrics: a split head's per-stage compute, wire, runs, up and draft s
   const plain = new Metrics().render({ ...status, stages: undefined, drafts: undefined });
   assert.doesNotMatch(plain, /llm_stage_|llm_draft_|llm_gpu_pipelines/);
   // An engine that reports its compiled pipelines gets the gauge.
-  const piped = new Metrics().render({ ...status, pipelines: 79 });
-  assert.ok(piped.split("\n").includes("llm_gpu_pipelines 79"), piped);
+  const piped = new Metrics().render({
+    ...status,
+    pipelines: 79,
+    readbacks: { early: 40, awaited: 3, fellBack: 0 },
+  });
+  for (
+    const line of [
+      "llm_gpu_pipelines 79",
+      'llm_gpu_readbacks_total{path="early"} 40',
+      'llm_gpu_readbacks_total{path="awaited"} 3',
+      'llm_gpu_readbacks_total{path="fellback"} 0',
+    ]
+  ) assert.ok(piped.split("\n").includes(line), `${line} missing in\n${piped}`);
+  assert.doesNotMatch(plain, /llm_gpu_readbacks/);
 });

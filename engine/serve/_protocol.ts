@@ -78,6 +78,8 @@ export type FromWorker =
     readonly id: number;
     readonly result: JobResult;
     readonly pipelines: number;
+    /** The engine Worker's readbacks so far by path (engine/gpu/readback.ts `readStats`). */
+    readonly readbacks: { readonly early: number; readonly awaited: number; readonly fellBack: number };
   }
   | { readonly type: "error"; readonly id: number; readonly error: WireErrorValue }
   | { readonly type: "closed" };

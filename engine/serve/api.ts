@@ -94,6 +94,12 @@ export interface EngineStatus {
    */
   readonly pipelines?: number;
   /**
+   * The engine's GPU readbacks by path, when reported (as requests finish): `early` read as soon as the GPU was
+   * done, `awaited` through Deno's 10 ms poll (each staging buffer's first read, or early reads off), and
+   * `fellBack` early reads the runtime refused (engine/gpu/readback.ts).
+   */
+  readonly readbacks?: { readonly early: number; readonly awaited: number; readonly fellBack: number };
+  /**
    * Each slot's state, when the engine reports it; without it the dashboard shows the head's own view of
    * each request (tokens streamed so far) and the busy/queued counts.
    */

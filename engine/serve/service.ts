@@ -109,6 +109,7 @@ export class EngineService implements Engine {
   #onPathFailed: (e: Error) => void = () => {};
   #nVocab = 0;
   #pipelines: number | undefined;
+  #readbacks: EngineStatus["readbacks"];
   #nextId = 1;
   readonly #inflight = new Map<number, Pending>();
   readonly #queue: Pending[] = [];
@@ -197,6 +198,7 @@ export class EngineService implements Engine {
       ...(this.#chain ? { stages: this.#stageView(this.#chain) } : {}),
       ...(this.#drafts ? { drafts: { ...this.#drafts } } : {}),
       ...(this.#pipelines !== undefined ? { pipelines: this.#pipelines } : {}),
+      ...(this.#readbacks ? { readbacks: { ...this.#readbacks } } : {}),
     };
   }
 
@@ -475,6 +477,7 @@ export class EngineService implements Engine {
       }
       case "done":
         this.#pipelines = m.pipelines;
+        this.#readbacks = m.readbacks;
         this.#done(m.id, m.result);
         break;
       case "error": {

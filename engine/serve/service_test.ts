@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { openGguf } from "../gguf.ts";
 import { Stage } from "../exec/stage.ts";
 import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
+import { EARLY_READS } from "../gpu/readback.ts";
 import { type EngineOptions, type EngineService, startEngine } from "./service.ts";
 import { type GenerateResult, QueueFullError } from "./api.ts";
 import { testGpu } from "../../tests/util/gpu.ts";
@@ -145,6 +146,10 @@ Deno.test("10 concurrent requests on 10 slots each give their solo greedy output
     assert.ok(c.batchedTokens >= 10 * 6, `batched tokens ${c.batchedTokens}`);
     assert.equal(e.status().busySlots, 0);
     assert.equal(e.status().pipelines, warm, "no pipeline compiled while serving");
+    // The engine's readbacks: its stagings and ring buffers are reused, so most are read early.
+    const rb = e.status().readbacks!;
+    assert.equal(rb.fellBack, 0);
+    if (EARLY_READS) assert.ok(rb.early > rb.awaited, `readbacks ${JSON.stringify(rb)}`);
   } finally {
     await e.close();
   }

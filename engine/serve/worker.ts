@@ -22,6 +22,7 @@ import { buildWidthClasses } from "../exec/_widths.ts";
 import { MATVEC_MAX_COLS } from "../graph/builder.ts";
 import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 import { PipelineCache } from "../../wgsl/kernel.ts";
+import { readStats } from "../gpu/readback.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -254,7 +255,7 @@ function pump(): void {
       onTokens: (ids) => post({ type: "tokens", id, ids: [...ids] }),
       onSlot: (slot, heldTokens) => post({ type: "slot", id, slot, heldTokens }),
     }).then(
-      (result) => post({ type: "done", id, result, pipelines: pipelines() }),
+      (result) => post({ type: "done", id, result, pipelines: pipelines(), readbacks: { ...readStats } }),
       (e) => post({ type: "error", id, error: encodeError(e) }),
     ).finally(() => aborts.delete(id));
   }

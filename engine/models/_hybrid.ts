@@ -71,7 +71,7 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
   const decode = n === 1;
   // Rows whose residual adds also write the next norm (StageOptions.combineNormMinRows); fewer rows (and
   // decode) get each norm on its own: deferred into a mat-vec's prologue at decode, a dispatch otherwise.
-  const fuseNorms = !decode && n >= g.opts.combineNormMinRows;
+  const fuseNorms = n >= g.opts.combineNormMinRows; // never at decode: the option is at least 2
   const head = cx.outNorm !== undefined && cx.lmHead !== undefined && cx.rows !== "none";
   // The fused output norm writes every row in place; the LM head reads from row 0, so fuse it only when
   // that is the row it wants.

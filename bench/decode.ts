@@ -9,6 +9,8 @@
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (17: batched
  * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
  * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
+ * `--batch N` the decode steps per readback of the decode and batched-decode runs (default 8: ids stream
+ * back 8 at a time; with early reads, engine/gpu/readback.ts, a readback costs ~1 ms, so 2-4 may cost nothing),
  * `--state-pool-max-bytes N` StageOptions.maxStatePoolBytes (1: every slot state a buffer of its own, so the
  * batched step runs gdn_step, attn_qk_rope and attn_decode per slot as before the pools).
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
@@ -45,6 +47,7 @@ const { values: args } = parseArgs({
     "per-column": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
     "state-pool-max-bytes": { type: "string" },
+    batch: { type: "string", default: "8" },
   },
 });
 
@@ -71,6 +74,10 @@ const nPrompt = Number(args.prompt);
 const nNew = Number(args.n);
 const nPrefill = Number(args.prefill);
 const maxChunk = Number(args.chunk);
+const readbackBatch = Number(args.batch);
+if (!Number.isInteger(readbackBatch) || readbackBatch < 1) {
+  throw new RangeError(`--batch ${args.batch} must be >= 1`);
+}
 const batchSizes = args.slots ? args.slots.split(",").map(Number) : [];
 const statePoolMax = args["state-pool-max-bytes"] === undefined
   ? undefined
@@ -163,7 +170,7 @@ let tFirst = 0;
 t0 = performance.now();
 const g = await stage.generate(0, prompt, {
   nNew,
-  batch: 8,
+  batch: readbackBatch,
   onTokens: () => {
     if (tFirst === 0) tFirst = performance.now();
   },
@@ -173,6 +180,7 @@ const decodeTokS = (g.tokens.length - 1) / ((tEnd - tFirst) / 1000);
 const rooflineTokS = (ceilingGBs * 1e9) / activeBytes;
 emit("decode", {
   prompt: nPrompt,
+  readbackBatch,
   newTokens: g.tokens.length,
   tokPerSecond: decodeTokS,
   msPerToken: 1000 / decodeTokS,
@@ -337,13 +345,14 @@ for (const B of batchSizes) {
     },
   }));
   await stage.generateBatch(items.map((it) => ({ ...it, opts: { nNew: 9 } })));
-  const rs = await stage.generateBatch(items);
+  const rs = await stage.generateBatch(items, { batch: readbackBatch });
   const tDone = performance.now();
   const ids = rs.reduce((a, r) => a + r.tokens.length - 1, 0);
   // One slot runs its solo decode graph (generateBatch of one item is Stage.generate).
   const bops = B === 1 ? await stage.graph(0, 1, "last") : await stage.batchGraph(slots);
   emit("decode_batched", {
     slots: B,
+    readbackBatch,
     maxStatePoolBytes: statePoolMax ?? null,
     newTokensPerSlot: rs[0]!.tokens.length,
     tokPerSecond: ids / ((tDone - tStart) / 1000),

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The measurements the open issues wait for, as named steps for one call of the device tool on the lent H200
+# (docs/PERF.md records what they print). Prepare once here: `bash ../shared/tools/device-prep.sh` (after
+# `npm install`), then call the device tool with carry [".gl", ".bin", ".denodir", ".devcfg"] and the command
+#
+#   bash tools/h200_plan.sh tests attention decode
+#
+# `H200_PLAN_LOCAL=1 bash tools/h200_plan.sh tests` runs a step here instead (lavapipe; a dry run of the commands).
+# Each step's output goes to $OUT/<step>.log (and to stdout); a step is skipped when fewer seconds are left of
+# the call's budget (H200_BUDGET_S, default 570: the tool stops a command at 600 s) than the step's limit
+# below, so a call ends with its logs instead of being killed. Steps:
+#   tests      early reads, batched frames and stage ids on NVIDIA's Vulkan (the benches do not check outputs)
+#   attention  #24: flash-attention prefill at depths 0, 2k, 8k, 32k (2,048-token chunks)
+#   decode     #20: solo and 8/16-slot decode with prefill of 2,048 (readback batch 8), then the same with
+#              --batch 2 (early reads: does a 2-step readback cost throughput?)
+#   knobs      #20: 8 slots with --int8, then with --combine-norm-min-rows 17
+#   split      #19: unsplit, 2 stages, 8 streams, pipelines 2 and 1; then the same with LLM_EARLY_READ=0
+#   serve      #20: HTTP and direct at 1 and 8 streams with a late 2,048-token prompt; direct with --batch 2
+#   graphs     graph building per kind on the 40-layer model (a cold slot's TTFT share)
+#   draft      drafted single stream: prompt lookup and the draft cache, --min 2,4,6
+# The model is the 35B-A3B-shaped IQ4_XS file the benches synthesize (seed 7; MODEL, written on first use).
+set -uo pipefail
+root=$(pwd)
+out=${OUT:-/tmp/h200_out}
+mkdir -p "$out"
+budget=${H200_BUDGET_S:-570}
+model=${MODEL:-/tmp/bench-35b-a3b-iq4_xs.gguf}
+
+if [ -n "${H200_PLAN_LOCAL:-}" ]; then
+  # A dry run of the plan's commands on this machine (lavapipe): the checkout's Deno and config.
+  D="$root/node_modules/.bin/deno run -A"
+  T="$root/node_modules/.bin/deno test -A"
+else
+  for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null; done
+  ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  export DENO_DIR=$root/.denodir NO_COLOR=1 DENO_NO_UPDATE_CHECK=1
+  xz -dc .bin/deno.xz > /tmp/deno && chmod +x /tmp/deno
+  # The tree runs from a copy whose deno.json is the device's (the head's npm imports only, no lock file).
+  rm -rf /tmp/t && mkdir -p /tmp/t
+  cp -r mod.ts version.ts head.imports.json engine wgsl bench cli server wire tools tests /tmp/t/
+  cp .devcfg/deno.json /tmp/t/deno.json
+  cd /tmp/t || exit 1
+  D="/tmp/deno run --cached-only -A"
+  T="/tmp/deno test --cached-only -A"
+fi
+git_rev=$(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+echo "h200_plan: tree $git_rev, steps: $*, budget ${budget}s"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>/dev/null
+
+# run STEP LIMIT_S COMMAND...: the command under `timeout`, logged, unless the budget has no LIMIT_S left.
+run() {
+  local step=$1 limit=$2
+  shift 2
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt "$limit" ]; then
+    echo "== $step: skipped ($left s left, needs $limit): $*" | tee -a "$out/$step.log"
+    return 0
+  fi
+  echo "== $step ($limit s): $*" | tee -a "$out/$step.log"
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$out/$step.log"
+  echo "== $step: rc ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$out/$step.log"
+}
+
+# The model first, once (about a minute): the benches below all read it.
+ensure_model() {
+  [ -f "$model" ] && return 0
+  run model 240 $D mod.ts synth --arch qwen35moe --preset 35b-a3b --quant iq4_xs --seed 7 --out "$model"
+}
+
+for step in "$@"; do
+  case $step in
+    tests)
+      run tests 150 $T engine/gpu/readback_test.ts tests/stage_ids_test.ts tests/split_batch_test.ts \
+        tests/chunk_exact_test.ts
+      ;;
+    attention)
+      run attention 150 $D bench/attention.ts --kv f32 --prefill-only --depths 0,2048,8192,32768 --chunk 2048
+      ;;
+    decode)
+      ensure_model
+      run decode 200 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 2048 --chunk 2048 \
+        --slots 1,8,16
+      run decode 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
+        --slots 1,8 --batch 2
+      ;;
+    knobs)
+      ensure_model
+      run knobs 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8 \
+        --int8
+      run knobs 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8 \
+        --combine-norm-min-rows 17
+      ;;
+    split)
+      ensure_model
+      run split 240 $D bench/split.ts --model "$model" --stages 1,2 --slots 8 --n 128 --pipelines 2,1
+      LLM_EARLY_READ=0 run split 200 $D bench/split.ts --model "$model" --stages 2 --slots 8 --n 128 --pipelines 2
+      ;;
+    serve)
+      ensure_model
+      run serve 300 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 \
+        --modes http,direct --late 2048 --head-flags="--cached-only"
+      run serve 200 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 --modes direct \
+        --batch 2
+      ;;
+    graphs)
+      ensure_model
+      run graphs 150 $D bench/graph_build.ts --model "$model"
+      ;;
+    draft)
+      ensure_model
+      run draft 240 $D bench/draft.ts --synth-out "$model" --prompt 256 --n 128 --rounds 3 --min 2,4,6
+      ;;
+    *)
+      echo "h200_plan: unknown step $step (tests attention decode knobs split serve graphs draft)" >&2
+      exit 2
+      ;;
+  esac
+done
+echo "h200_plan: done in $SECONDS s"

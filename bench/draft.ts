@@ -77,7 +77,7 @@ const V = stage.hp.nVocab;
 let x = 12345;
 const prompt = Array.from({ length: nPrompt }, () => (x = (x * 1103515245 + 12345) % 2 ** 31) % V);
 const temp = Number(args.temp);
-// Sampled runs draw each frame's rows with Stage.sampleRows from logits read back (the argmax path reads ids).
+// Sampled runs draw each frame's rows with the GPU sampler in the frame's pass (the argmax path: the argmax).
 const sampling = temp > 0
   ? samplingParams({ temperature: temp, topK: 40, topP: 0.95, minP: 0, seed: 1 })
   : undefined;

@@ -26,6 +26,7 @@ import {
   isGreedy,
   MATVEC_MAX_COLS,
   type PendingRun,
+  type RowSampleOptions,
   type SamplingParams,
   type Stage,
   type StageInfo,
@@ -176,6 +177,26 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     return [...h.ids, ...h.pending.subarray(0, keep)];
   };
 
+  /**
+   * Whether a last stage's run draws its ids in the run's own pass (argmax or the GPU sampler, only the ids
+   * read back): no top-k pairs, and for a sampled one-chunk frame, every row an output row (a lead row would
+   * take an RNG step).
+   */
+  const idsInPass = (req: RunRequest, nRows: number): boolean => {
+    const nOut = req.drafts.length + 1;
+    const sampled = req.sampling !== undefined && !plainGreedy(samplingOf(req.sampling));
+    const oneChunk = nOut > 1 && nRows <= MATVEC_MAX_COLS;
+    return req.topK === 0 && nOut <= ARGMAX_RING && !(sampled && oneChunk && nRows > nOut);
+  };
+
+  /** The sampler's start for a sampled run's first output row (absent: greedy). */
+  const sampleOf = (req: RunRequest): RowSampleOptions | undefined => {
+    const s = req.sampling;
+    const params = s && samplingOf(s);
+    if (!s || !params || plainGreedy(params)) return undefined;
+    return { sampling: params, step: s.step, history: historyOf(req) };
+  };
+
   /** A last stage's run submitted (rollback, lead rows, the rows that produce ids), its output pending. */
   const submitLast = async (req: RunRequest, nRows: number): Promise<PendingRun> => {
     if (req.want === "last" || req.want === "all") {
@@ -184,20 +205,23 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     await rollBack(req, nRows);
     const hidden = req.rows as Float32Array<ArrayBuffer>;
     const nOut = req.drafts.length + 1;
-    // Argmax ids without top-k pairs: drawn on the GPU in the run's pass, only the ids read back.
-    const ids = req.topK === 0 && nOut <= ARGMAX_RING &&
-      (!req.sampling || plainGreedy(samplingOf(req.sampling)));
+    // Ids without top-k pairs: drawn on the GPU in the run's pass (the argmax, or the sampler at the rows' RNG
+    // steps), only the ids read back.
+    const ids = req.want !== "none" && idsInPass(req, nRows);
+    const sample = ids ? sampleOf(req) : undefined;
     if (nOut === 1 || req.want === "none") {
       return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, {
         rows: req.want === "none" ? "none" : "last",
         ids,
+        sample,
       });
     }
     // A frame of at most MATVEC_MAX_COLS rows runs as one chunk, whose attention runs its rows as columns:
     // each row's logits are the bits of the undrafted one-token run (tests/chunk_exact_test.ts); the ids are
-    // then drawn from the logits read back. Longer frames run the rows that produce ids as one-token steps.
+    // drawn from them. Longer frames run the rows that produce ids as one-token steps.
     if (nRows <= MATVEC_MAX_COLS) {
-      return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, { rows: "all", ids });
+      const rows = "all";
+      return await stage.submit(req.slot, { hidden, nTokens: nRows }, req.basePos, { rows, ids, sample });
     }
     const lead = nRows - nOut;
     if (lead > 0) {
@@ -209,7 +233,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       req.slot,
       { hidden: hidden.subarray(lead * nEmbd), nTokens: nOut },
       req.basePos + lead,
-      { rows: "all", chunk: 1, ids },
+      { rows: "all", chunk: 1, ids, sample },
     );
   };
 
@@ -228,10 +252,12 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     let ids: Uint32Array;
     const s = req.sampling;
     const params = s && samplingOf(s);
-    if (
-      s && params && !(isGreedy(params) && params.repeatPenalty === 1 && params.presencePenalty === 0 &&
-        params.frequencyPenalty === 0)
-    ) {
+    const pendingPos = req.basePos + nRows - nOut + 1;
+    if (out.ids && s && params && !plainGreedy(params)) {
+      // Drawn in the run's pass: the sampler's draws, kept for the next run's penalty history.
+      ids = out.ids.subarray(out.ids.length - nOut);
+      hists[req.slot] = { ids: historyOf(req).slice(-256), pending: ids.slice(), pendingPos };
+    } else if (s && params && !plainGreedy(params)) {
       const history = historyOf(req);
       const ts = performance.now();
       try {
@@ -242,11 +268,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
           cause: e,
         });
       }
-      hists[req.slot] = {
-        ids: history.slice(-256),
-        pending: ids.slice(),
-        pendingPos: req.basePos + nRows - nOut + 1,
-      };
+      hists[req.slot] = { ids: history.slice(-256), pending: ids.slice(), pendingPos };
     } else if (out.ids) {
       ids = out.ids.subarray(out.ids.length - nOut);
     } else {
@@ -327,7 +349,13 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     const slots = req.entries.map((e) => e.slot);
     const hidden = req.rows as Float32Array<ArrayBuffer>;
     if (slots.length >= 2 && stage.canBatch) {
-      const pending = await stage.submitBatch(slots, { hidden, nTokens: slots.length }, { ids });
+      // With ids, each sampled entry's draw runs in the step's pass too (its own settings, step and history).
+      const sample = ids
+        ? req.entries.map((e) =>
+          sampleOf({ slot: e.slot, basePos: e.basePos, sampling: e.sampling } as RunRequest)
+        )
+        : undefined;
+      const pending = await stage.submitBatch(slots, { hidden, nTokens: slots.length }, { ids, sample });
       return { output: pending.output };
     }
     const width = stage.last ? stage.hp.nVocab : nEmbd;
@@ -353,8 +381,16 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       const row = logits.subarray(b * V, (b + 1) * V);
       const s = e.sampling;
       const params = s && samplingOf(s);
-      if (s && params && !plainGreedy(params)) {
-        const one = { slot: e.slot, basePos: e.basePos, sampling: s } as RunRequest;
+      const one = { slot: e.slot, basePos: e.basePos, sampling: s } as RunRequest;
+      if (out.ids && s && params && !plainGreedy(params)) {
+        // Drawn in the step's pass: kept for the next run's penalty history.
+        ids[b] = out.ids[b]!;
+        hists[e.slot] = {
+          ids: historyOf(one).slice(-256),
+          pending: ids.slice(b, b + 1),
+          pendingPos: e.basePos + 1,
+        };
+      } else if (s && params && !plainGreedy(params)) {
         const history = historyOf(one);
         try {
           ids[b] = (await stage.sampleRows(row, { sampling: params, step: s.step, history }))[0]!;
@@ -397,14 +433,15 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     run(req: RunRequest): Promise<RunResult> {
       const nRows = req.rows.length / stage.hp.nEmbd;
       if (next) return serialQuiet(() => runMiddle(req, nRows, performance.now(), next));
-      if (req.sampling && !plainGreedy(samplingOf(req.sampling))) {
-        // The GPU sampler's draw (one staging buffer, a history per slot) stays in turn.
+      if (req.sampling && !plainGreedy(samplingOf(req.sampling)) && !idsInPass(req, nRows)) {
+        // The GPU sampler's draw on logits read back (one staging buffer, a history per slot) stays in turn.
         return serialQuiet(async () => {
           const t0 = performance.now();
           return await finishLast(req, nRows, await (await submitLast(req, nRows)).output, t0);
         });
       }
-      // Argmax ids: the next frame's work goes in while this one's readback waits (docs/PLATFORM.md).
+      // Ids drawn in the pass: the next frame's work goes in while this one's readback waits
+      // (docs/PLATFORM.md).
       return (async () => {
         const { pending, t0 } = await serial(async () => {
           await quiesce([req.slot]);
@@ -419,7 +456,8 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     async runBatch(req: RunBatchRequest): Promise<RunResult> {
       if (!next) {
         const slots = req.entries.map((e) => e.slot);
-        if (req.entries.some((e) => e.sampling && !plainGreedy(samplingOf(e.sampling)))) {
+        const inPass = req.topK === 0 && slots.length >= 2 && stage.canBatch;
+        if (!inPass && req.entries.some((e) => e.sampling && !plainGreedy(samplingOf(e.sampling)))) {
           return await serialQuiet(async () => {
             const t0 = performance.now();
             return await batchIds(req, await (await batchRows(req)).output, t0);

@@ -15,7 +15,8 @@ import { checkStageInput } from "./_load.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
 import type { StageInput, StageOutput } from "./options.ts";
 import type { RunProfile } from "./_profile.ts";
-import type { PendingRun, RowArgmax, Spare } from "./_stage_run.ts";
+import { type PendingRun, type RowArgmax, type Spare, startSampler } from "./_stage_run.ts";
+import type { RowSampleOptions } from "./options.ts";
 import type { LruMap } from "../graph/_lru.ts";
 import type { StagingPool } from "../gpu/readback.ts";
 
@@ -48,8 +49,8 @@ export interface BatchRunParts {
   readonly stagings: StagingPool;
   /** Per step shape: a command buffer and staging encoded ahead (absent: every step encodes its own). */
   readonly spares?: LruMap<string, Spare>;
-  /** The argmax on logits row `row` writing word 0 of its ring (a last stage's `ids` steps). */
-  readonly argmax?: (row: number) => Promise<RowArgmax>;
+  /** The argmax (`sampled`: the sampler) on logits row `row` writing word 0 of its ring (`ids` steps). */
+  readonly argmax?: (row: number, sampled?: boolean) => Promise<RowArgmax>;
 }
 
 /** Throws unless `slots` are 2..MAX_BATCH_SLOTS distinct slots of the `nSlots` (a batched step's). */
@@ -68,7 +69,9 @@ export function batchSlotsCheck(slots: readonly number[], nSlots: number): void 
  * Submits one row per slot of `slots` (2..MAX_BATCH_SLOTS distinct slots), each continuing its sequence at its
  * length: `tokens[b]` (first stage) or hidden row `b` of `hidden` (`nTokens` = slots.length) for slot
  * `slots[b]`, and starts the readback; its output (pending) is row `b` per slot in that order: ne=[nVocab, n]
- * logits (last stage) or ne=[nEmbd, n]; with `ids` (a last stage) each column's argmax id instead (`ids`).
+ * logits (last stage) or ne=[nEmbd, n]; with `ids` (a last stage) each column's argmax id instead (`ids`), or
+ * where `sample[b]` is given, column b's draw by the GPU sampler with those settings, RNG step and history
+ * (each column a sequence of its own: the draw `Stage.sampleRows` makes from the same logits row).
  * @throws {RangeError} on repeated or missing slots, a stage that cannot batch, or input as Stage.run refuses
  */
 export async function submitBatch(
@@ -76,6 +79,7 @@ export async function submitBatch(
   slots: readonly number[],
   input: StageInput,
   ids = false,
+  sample?: readonly (RowSampleOptions | undefined)[],
 ): Promise<PendingRun> {
   const { stage, device, act, profile: prof } = p;
   const n = slots.length;
@@ -95,9 +99,13 @@ export async function submitBatch(
     checkStageInput(stage, { slot, held, input: one, base: held, nTokens: 1 });
   }
   if (ids && (!stage.last || !p.argmax)) throw new RangeError("Only a last stage's step returns ids");
+  if (sample && (!ids || sample.length !== n)) {
+    throw new RangeError(`A sampled step returns ids and takes one entry per slot: ${n} slots`);
+  }
   prof.start();
   const g = await p.graph(slots);
-  const argmax = ids ? await Promise.all(slots.map((_, b) => p.argmax!(b))) : undefined;
+  const sampled = (b: number) => sample?.[b] !== undefined;
+  const argmax = ids ? await Promise.all(slots.map((_, b) => p.argmax!(b, sampled(b)))) : undefined;
   prof.lap("batch.graph");
   for (const [b, slot] of slots.entries()) {
     const at = "table" in g
@@ -107,8 +115,12 @@ export async function submitBatch(
     if ("tokens" in input) device.queue.writeBuffer(p.tok[slot]!, 0, Uint32Array.of(input.tokens[b]!));
   }
   if (!("tokens" in input)) device.queue.writeBuffer(act.h!, 0, input.hidden, 0, n * nEmbd);
-  // Each column's id to word 0 of its argmax's ring (row 0's argmax also serves solo runs' other words).
-  for (const a of argmax ?? []) device.queue.writeBuffer(a.params, 0, Uint32Array.of(0));
+  // Each column's id to word 0 of its argmax's ring (row 0's argmax also serves solo runs' other words); a
+  // sampled column's sampler starts its sequence's stream.
+  for (const [b, a] of (argmax ?? []).entries()) {
+    if (sampled(b)) startSampler(device.queue, a, sample![b]!);
+    else device.queue.writeBuffer(a.params, 0, Uint32Array.of(0));
+  }
   prof.lap("batch.writeBuffer");
   // A batched step's logits columns start 256-byte aligned; hidden columns are contiguous.
   const width = stage.last ? stage.hp.nVocab : nEmbd;
@@ -124,7 +136,9 @@ export async function submitBatch(
     return enc.finish();
   };
   // The step's command buffer and staging encoded ahead for these slots (as engine/exec/_stage_run.ts does).
-  const key = `batch/${slots.join(",")}/${argmax ? "ids" : ""}`;
+  const key = `batch/${slots.join(",")}/${
+    argmax ? `ids${slots.map((_, b) => sampled(b) ? "s" : "").join(",")}` : ""
+  }`;
   const spare = p.spares?.get(key);
   if (spare) p.spares!.delete(key);
   const staging = spare?.staging ?? newStaging();

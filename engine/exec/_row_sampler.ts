@@ -10,23 +10,16 @@
 import type { StagingPool } from "../gpu/readback.ts";
 import type { PipelineCache } from "../../wgsl/kernel.ts";
 import { encodeOps, padWords } from "../graph/builder.ts";
-import { SAMPLE_HIST, sampleParamWords, type SamplingParams } from "../sampling.ts";
+import { SAMPLE_HIST, sampleParamWords } from "../sampling.ts";
 import { packSampleState } from "../../wgsl/sample.ts";
 import { STORAGE } from "./activations.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
+import type { RowSampleOptions } from "./options.ts";
+
+export type { RowSampleOptions };
 
 /** Rows the first rows buffer holds (a RUN's ids: 1 + up to 7 drafts). */
 const MIN_ROWS = 8;
-
-/** What {@linkcode RowSampler.sample} draws with. */
-export interface RowSampleOptions {
-  /** The request's settings (not plain greedy: the sampler runs). */
-  readonly sampling: SamplingParams;
-  /** RNG step of the first row's draw. */
-  readonly step: number;
-  /** Ids the penalties look back on, oldest first (the last 256 count). */
-  readonly history: readonly number[];
-}
 
 /** One id per logits row from the GPU sampler; see the module doc. */
 export class RowSampler {

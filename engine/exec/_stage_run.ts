@@ -16,6 +16,9 @@ import { STORAGE } from "./activations.ts";
 import type { StageInput, StageOutput } from "./options.ts";
 import { LruMap } from "../graph/_lru.ts";
 import type { StagingPool } from "../gpu/readback.ts";
+import type { RowSampleOptions } from "./options.ts";
+import { SAMPLE_HIST, sampleParamWords } from "../sampling.ts";
+import { packSampleState } from "../../wgsl/sample.ts";
 
 /**
  * Graphs a stage keeps per kind (chunk graphs by slot, width and rows; batched steps by slot set), least
@@ -65,18 +68,40 @@ export interface RunParts {
   readonly stagings: StagingPool;
   /** Per run shape: a command buffer and staging encoded ahead (absent: every run encodes its own). */
   readonly spares?: LruMap<string, Spare>;
-  /** The argmax on logits row `row` writing ring word `params[0]` (a last stage's `ids` runs). */
-  readonly argmax?: (row: number) => Promise<RowArgmax>;
+  /**
+   * The argmax (or with `sampled` the GPU sampler) on logits row `row` writing ring word `params[0]` (a last
+   * stage's `ids` runs).
+   */
+  readonly argmax?: (row: number, sampled?: boolean) => Promise<RowArgmax>;
 }
 
 /** Most ids one `ids` run returns (its argmax ring's words). */
 export const ARGMAX_RING = 256;
 
-/** An argmax on one logits row: its dispatches, its params (word 0: the ring word) and its id ring. */
+/**
+ * An argmax (or the sampler) on one logits row: its dispatches, its params (word 0: the ring word; a
+ * sampler's settings after it) and its id ring.
+ */
 export interface RowArgmax {
   readonly ops: readonly Op[];
   readonly params: GPUBuffer;
   readonly ring: GPUBuffer;
+  /** A sampled row's: the sampler's state (RNG step, penalty history) and whether it masks UNUSED ids. */
+  readonly sampler?: { readonly state: GPUBuffer; readonly maskUnused: boolean };
+}
+
+/**
+ * Writes a sampled row's settings (ring word `ringSlot`) and its stream's start (`o.step`, `o.history`):
+ * the first row of a run (later rows continue its state, as consecutive decode steps do).
+ */
+export function startSampler(queue: GPUQueue, a: RowArgmax, o: RowSampleOptions, ringSlot = 0): void {
+  const { state, maskUnused } = a.sampler!;
+  queue.writeBuffer(a.params, 0, sampleParamWords(o.sampling, { ringSlot, maskUnused }));
+  queue.writeBuffer(
+    state,
+    0,
+    packSampleState(SAMPLE_HIST, { step: o.step, history: o.history.slice(-SAMPLE_HIST) }),
+  );
 }
 
 /** A submitted run: its output once the readback lands (wrapped so `await submit()` does not wait for it). */
@@ -89,7 +114,8 @@ export interface PendingRun {
  * Submits every chunk of the run (checked by the caller: slot, input, base, chunk) and starts its readback;
  * `mapAsync` is called here (it blocks until the GPU is idle), its promise is the pending output. With `ids`
  * (a last stage, rows `last`, or `all` in one-token chunks) each output row's argmax runs in the row's pass and
- * only the ids come back.
+ * only the ids come back; with `sample` too, the sampler instead, row after row as one sequence's steps (one
+ * chunk of several rows: each row's sampler in a pass of its own, its state copied from the row before).
  */
 export async function submitRun(
   p: RunParts,
@@ -97,12 +123,16 @@ export async function submitRun(
   input: StageInput,
   base: number,
   nTokens: number,
-  opts: { rows: "all" | "last" | "none"; chunk: number; ids?: boolean },
+  opts: { rows: "all" | "last" | "none"; chunk: number; ids?: boolean; sample?: RowSampleOptions },
 ): Promise<PendingRun> {
   const { device, hp, profile: prof } = p;
   const rows = opts.rows;
   const nIds = rows === "all" ? nTokens : rows === "last" ? 1 : 0;
-  const argmax = opts.ids && rows !== "none" ? await argmaxOf(p, rows, opts.chunk, nIds, nTokens) : undefined;
+  if (opts.sample && !opts.ids) throw new RangeError("A sampled run returns ids: give ids with sample");
+  const sample = rows === "none" ? undefined : opts.sample;
+  const argmax = opts.ids && rows !== "none"
+    ? await argmaxOf(p, rows, opts.chunk, nIds, nTokens, sample !== undefined)
+    : undefined;
   const width = p.last ? hp.nVocab : hp.nEmbd;
   const out = new Float32Array(argmax ? 0 : width * nIds);
   prof.start();
@@ -118,7 +148,7 @@ export async function submitRun(
   // A one-chunk decode frame's command buffer (and staging) is encoded ahead, while the previous readback of
   // the same shape waits (its inputs live in buffers written before the submit): the encode leaves the path.
   const spareKey = p.spares && base > 0 && rows !== "none" && nTokens <= step
-    ? `${slot}/${nTokens}/${rows}/${argmax ? "ids" : ""}`
+    ? `${slot}/${nTokens}/${rows}/${argmax ? (sample ? "sample" : "ids") : ""}`
     : undefined;
   const spare = spareKey === undefined ? undefined : p.spares!.get(spareKey);
   if (spare) p.spares!.delete(spareKey!);
@@ -132,8 +162,19 @@ export async function submitRun(
   ) => {
     const enc = device.createCommandEncoder();
     const pass = enc.beginComputePass();
-    encodeOps(pass, argmax && outRows !== "none" ? [...ops, ...argmax.flatMap((a) => a.ops)] : ops);
+    const chained = sample !== undefined && argmax !== undefined && argmax.length > 1 && outRows !== "none";
+    const selects = chained ? argmax.slice(0, 1) : argmax && outRows !== "none" ? argmax : [];
+    encodeOps(pass, [...ops, ...selects.flatMap((a) => a.ops)]);
     pass.end();
+    for (let r = 1; chained && r < argmax.length; r++) {
+      // Row r's draw continues row r - 1's stream: its settings, RNG step and history as the kernel left them.
+      const [prev, cur] = [argmax[r - 1]!, argmax[r]!];
+      enc.copyBufferToBuffer(prev.params, 0, cur.params, 0, prev.params.size);
+      enc.copyBufferToBuffer(prev.sampler!.state, 0, cur.sampler!.state, 0, prev.sampler!.state.size);
+      const pr = enc.beginComputePass();
+      encodeOps(pr, cur.ops);
+      pr.end();
+    }
     if (argmax && to && at + n === nTokens && argmax.length > 1) {
       // One chunk, an argmax per row: each row's id is word 0 of its ring.
       argmax.forEach((a, r) => enc.copyBufferToBuffer(a.ring, 0, to, 4 * r, 4));
@@ -148,6 +189,8 @@ export async function submitRun(
     }
     return enc.finish();
   };
+  // A sampled run's stream starts at its first output chunk; later one-token chunks continue its state.
+  let sampling = false;
   for (let at = 0; at < nTokens; at += step) {
     const n = Math.min(step, nTokens - at);
     const lastChunk = at + n === nTokens;
@@ -163,13 +206,11 @@ export async function submitRun(
     const ops = spare ? [] : await p.graph(n, outRows);
     prof.lap("run.graph");
     if (argmax && outRows !== "none") {
-      for (const a of argmax) {
-        device.queue.writeBuffer(
-          a.params,
-          0,
-          Uint32Array.of(argmax.length > 1 ? 0 : rows === "all" ? at : 0),
-        );
-      }
+      const ringSlot = argmax.length > 1 ? 0 : rows === "all" ? at : 0;
+      if (sample && !sampling) startSampler(device.queue, argmax[0]!, sample, ringSlot);
+      else if (sample) device.queue.writeBuffer(argmax[0]!.params, 0, Uint32Array.of(ringSlot));
+      else for (const a of argmax) device.queue.writeBuffer(a.params, 0, Uint32Array.of(ringSlot));
+      sampling = sample !== undefined;
     }
     const cmd = spare?.cmd ?? encode(ops, at, n, outRows, staging);
     prof.lap("run.encode");
@@ -219,16 +260,25 @@ export async function submitRun(
  * in a 16-byte buffer of its own that no graph embeds): `ARGMAX_RING` ring words for row 0, one for the others.
  */
 export async function rowArgmax(
-  sb: { device: GPUDevice; cache: PipelineCache; owned: GPUBuffer[]; logits: GPUBuffer | undefined },
+  sb: {
+    device: GPUDevice;
+    cache: PipelineCache;
+    owned: GPUBuffer[];
+    logits: GPUBuffer | undefined;
+    unusedMask?: Uint32Array<ArrayBuffer>;
+  },
   nVocab: number,
   row: number,
+  sampled = false,
 ): Promise<RowArgmax> {
   const nextToken = sb.device.createBuffer({ label: `argmax${row}.id`, size: 16, usage: STORAGE });
   sb.owned.push(nextToken);
   const S = row === 0 ? ARGMAX_RING : 1;
-  const o = { row, nextToken, S, top: 0, sampling: false };
-  const sel = await buildSelector({ ...sb, unusedMask: undefined }, nVocab, o);
-  return { ops: sel.stepOps, params: sel.argmaxParams, ring: sel.idRing };
+  const o = { row, nextToken, S, top: 0, sampling: sampled };
+  const mask = sampled ? sb.unusedMask : undefined;
+  const sel = await buildSelector({ ...sb, unusedMask: mask }, nVocab, o);
+  const sampler = sel.sampler && { state: sel.sampler.state, maskUnused: mask !== undefined };
+  return { ops: sel.stepOps, params: sel.argmaxParams, ring: sel.idRing, ...(sampler ? { sampler } : {}) };
 }
 
 /**
@@ -241,6 +291,7 @@ async function argmaxOf(
   chunk: number,
   nIds: number,
   nTokens: number,
+  sampled: boolean,
 ): Promise<RowArgmax[]> {
   if (!p.last || !p.argmax) throw new RangeError("Only a last stage's run returns ids");
   if (rows === "all" && chunk !== 1) {
@@ -249,8 +300,8 @@ async function argmaxOf(
         `Every row's ids take one-token chunks (chunk: 1) or one chunk of at most ${MATVEC_MAX_COLS} rows`,
       );
     }
-    return await Promise.all(Array.from({ length: nTokens }, (_, r) => p.argmax!(r)));
+    return await Promise.all(Array.from({ length: nTokens }, (_, r) => p.argmax!(r, sampled)));
   }
   if (nIds > ARGMAX_RING) throw new RangeError(`One run returns at most ${ARGMAX_RING} ids, got ${nIds}`);
-  return [await p.argmax(0)];
+  return [await p.argmax(0, sampled)];
 }

@@ -3,8 +3,8 @@
  * (any {@linkcode SlotDecoder}) and, for a call with one sequence, swaps the pipelined step loop for drafted
  * frames where the drafter has long guesses. A frame feeds the slot's last id plus K guessed ids as one chunk
  * of 1 + K <= 8 rows (its attention runs as the columns of a batched step, so every row's logits and the slot's
- * state are the bits of one-token steps: tests/chunk_exact_test.ts), draws one id per row (the GPU argmax in
- * the pass, or `Stage.sampleRows` at the rows' RNG steps and penalty history: the undrafted draws), and keeps
+ * state are the bits of one-token steps: tests/chunk_exact_test.ts), draws one id per row in the chunk's pass
+ * (the GPU argmax, or the sampler at the rows' RNG steps and penalty history: the undrafted draws), and keeps
  * the ids up to the first that differs from the guess fed after it. A rejected tail is rolled back exactly:
  * the slot is restored from a snapshot taken before the frame and the kept rows re-run (queued, no readback).
  * So output is the same with drafts on or off, and after the call the slot holds what the undrafted run
@@ -26,7 +26,7 @@
  *   guesses costs about one chunk per 1 + K ids instead of a chunk plus the floor. A chained frame counts
  *   only when the frame before kept all and its first row was right; else the slot goes back to the chained
  *   frame's snapshot (the frame kept all) or the frame's own (it kept fewer) and the chained one is dropped.
- *   Sampled frames are not chained (their ids come from a second readback, `Stage.sampleRows`);
+ *   Sampled frames are not chained (a row's draw needs the ids before it in its penalty history);
  * - the default drafter wants a 3-id match (the slot's own history, then the draft cache's n-grams): the
  *   split's 1- and 2-id matches guess too often wrong for a frame that costs more than it does there.
  * Calls of several sequences (batched steps) and calls asking for top-k pairs run undrafted.
@@ -61,22 +61,23 @@ export interface DraftingStage {
   readonly states: { drop(id: number): void };
   /** Tokens held by `slot`. */
   length(slot: number): number;
-  /** A frame's chunk (`rows: "all"`, with `ids` on the argmax path) or a rollback's re-run (`rows: "none"`). */
+  /** A rollback's re-run (`rows: "none"`). */
   run(
     slot: number,
     input: { readonly tokens: readonly number[] },
     base: number,
     opts: { rows: "all" | "none"; ids?: boolean },
   ): Promise<StageOutput>;
-  /** `run()` split in two: resolves once submitted, the output pending (a chained frame goes in meanwhile). */
+  /**
+   * A frame's chunk, its ids drawn in its pass (the argmax, or with `sample` the sampler: the undrafted
+   * steps' draws), resolving once submitted with the output pending (a chained frame goes in meanwhile).
+   */
   submit(
     slot: number,
     input: { readonly tokens: readonly number[] },
     base: number,
-    opts: { rows: "all"; ids?: boolean },
+    opts: { rows: "all"; ids: true; sample?: RowSampleOptions },
   ): Promise<{ readonly output: Promise<StageOutput> }>;
-  /** One id per logits row, drawn as the undrafted steps would (Stage.sampleRows). */
-  sampleRows(logits: Float32Array<ArrayBuffer>, opts: RowSampleOptions): Promise<Uint32Array>;
   /** Saves `slot`'s state (before a frame). */
   snapshot(slot: number): number;
   /** Restores a frame's snapshot into `slot` (its tail was rejected). */
@@ -352,9 +353,17 @@ export class DraftingDecoder implements SlotDecoder {
     const submit = async (fed: number[], pos: number): Promise<Flight> => {
       const anchor = stage.snapshot(slot);
       live.add(anchor);
+      // A sampled frame's rows draw at the RNG steps and history of the ids made so far (frames of a sampled
+      // call are never chained, so these are all the ids before its first row).
+      const sample = sampling && {
+        sampling,
+        step: step0 + tokens.length,
+        history: [...hist0, ...tokens].slice(-SAMPLE_HIST),
+      };
       const run = await stage.submit(slot, { tokens: fed }, pos, {
         rows: "all",
-        ...(sampling ? {} : { ids: true }),
+        ids: true,
+        ...(sample ? { sample } : {}),
       });
       return { pos, fed, anchor, output: run.output };
     };
@@ -381,14 +390,7 @@ export class DraftingDecoder implements SlotDecoder {
           const g = guess([...seq, ...drafts], cur.pos + cur.fed.length, tokens.length + cur.fed.length, 1);
           if (g.length > 0 && !stops.has(g[0]!)) next = await submit(g, cur.pos + cur.fed.length);
         }
-        const out = await cur.output;
-        const ids = sampling
-          ? await stage.sampleRows(out.data, {
-            sampling,
-            step: step0 + tokens.length,
-            history: [...hist0, ...tokens].slice(-SAMPLE_HIST),
-          })
-          : out.ids!;
+        const ids = (await cur.output).ids!;
         // Ids up to the first that is not the guess fed after it (that one is still the exact next id).
         const got: number[] = [];
         let end: FinishReason | undefined;

@@ -5,6 +5,7 @@
  */
 import type { UploadProgress } from "../gpu/weights.ts";
 import type { MoeMatvecTuning } from "../../wgsl/moe_matvec.ts";
+import type { SamplingParams } from "../sampling.ts";
 
 /** Default {@linkcode StageOptions.combineNormMinRows}: residual adds of 2 or more rows write the next norm. */
 export const COMBINE_NORM_MIN_ROWS = 2;
@@ -126,6 +127,21 @@ export interface RunOptions {
   readonly chunk?: number;
   /** A last stage: each returned row's argmax id, drawn on the GPU, instead of its logits. */
   readonly ids?: boolean;
+  /**
+   * With `ids`: each row's id drawn by the GPU sampler in the run's pass instead of the argmax, the rows as
+   * consecutive decode steps of one sequence (`Stage.sampleRows` on the same logits draws the same ids).
+   */
+  readonly sample?: RowSampleOptions;
+}
+
+/** How a sampled run draws its rows' ids (`RunOptions.sample`, `Stage.sampleRows`). */
+export interface RowSampleOptions {
+  /** The request's settings (not plain greedy: the sampler runs). */
+  readonly sampling: SamplingParams;
+  /** RNG step of the first row's draw. */
+  readonly step: number;
+  /** Ids the penalties look back on, oldest first (the last 256 count). */
+  readonly history: readonly number[];
 }
 
 /** One logged rounding: the mat-vec it fed, the column, x's int8 values (element order) and scales. */

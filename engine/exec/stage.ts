@@ -366,11 +366,11 @@ export class Stage {
       graph: (n: number, rows: "all" | "last" | "none") => this.#graph(slot, n, rows),
       gpuCheck: () => this.#gpuCheck(),
       profile: this.profile,
-      argmax: (r: number) => this.#argmax(r),
+      argmax: (r: number, sampled?: boolean) => this.#argmax(r, sampled),
       spares: this.#int8Log ? undefined : this.#spares, // int8Log reads the graph of the run's own call
       stagings: this.#spares.stagings,
     };
-    return submitRun(p, slot, input, base, nTokens, { rows: opts.rows ?? "last", chunk, ids: opts.ids });
+    return submitRun(p, slot, input, base, nTokens, { ...opts, rows: opts.rows ?? "last", chunk });
   }
 
   /**
@@ -406,13 +406,9 @@ export class Stage {
    */
   sampleRows(logits: Float32Array<ArrayBuffer>, opts: RowSampleOptions): Promise<Uint32Array> {
     if (!this.last) throw new RangeError(`Layers ${this.layers.join(":")} have no logits to sample from`);
-    this.#rowSampler ??= new RowSampler(this.#gpu.device, {
-      cache: this.#cache,
-      owned: this.#owned,
-      nVocab: this.hp.nVocab,
-      mask: this.#unusedMask,
-      stagings: this.#spares.stagings,
-    });
+    const [cache, owned, nVocab, mask] = [this.#cache, this.#owned, this.hp.nVocab, this.#unusedMask];
+    const stagings = this.#spares.stagings;
+    this.#rowSampler ??= new RowSampler(this.#gpu.device, { cache, owned, nVocab, mask, stagings });
     return this.#rowSampler.sample(logits, opts);
   }
 
@@ -462,27 +458,30 @@ export class Stage {
     return await (await this.submitBatch(slots, input)).output;
   }
 
-  /** `runBatch` split in two as `submit()` splits `run()`; `ids`: each column's argmax id (a last stage). */
+  /**
+   * `runBatch` split in two as `submit()` splits `run()`; `ids`: each column's argmax id (a last stage), or
+   * its sampler's draw where `sample` gives the column's settings, RNG step and history.
+   */
   submitBatch(
     slots: readonly number[],
     input: StageInput,
-    opts: { ids?: boolean } = {},
+    opts: { ids?: boolean; sample?: readonly (RowSampleOptions | undefined)[] } = {},
   ): Promise<PendingRun> {
     const [act, tok, length, gpuCheck] = [this.#act, this.#slotTok, this.#length, () => this.#gpuCheck()];
     const p = { stage: this, device: this.#gpu.device, act, tok, length, gpuCheck, profile: this.profile };
     const spares = this.#int8Log ? undefined : this.#spares;
-    const more = {
-      graph: (s: readonly number[]) => this.#batchGraph(s),
-      argmax: (r: number) => this.#argmax(r),
-    };
-    return submitBatch({ ...p, ...more, spares, stagings: this.#spares.stagings }, slots, input, opts.ids);
+    const more = { graph: (s: readonly number[]) => this.#batchGraph(s), argmax: this.#argmax.bind(this) };
+    const q = { ...p, ...more, spares, stagings: this.#spares.stagings };
+    return submitBatch(q, slots, input, opts.ids, opts.sample);
   }
 
-  /** The argmax on logits row `row` for `ids` runs (engine/exec/_stage_run.ts, cached per row). */
-  #argmax(row: number): Promise<RowArgmax> {
-    const sb = { device: this.#gpu.device, cache: this.#cache, owned: this.#owned, logits: this.#act.logits };
-    const hit = this.#argmaxes.get(row) ?? rowArgmax(sb, this.hp.nVocab, row);
-    this.#argmaxes.set(row, hit);
+  /** The argmax (or sampler) on logits row `row` for `ids` runs (engine/exec/_stage_run.ts, cached per row). */
+  #argmax(row: number, sampled = false): Promise<RowArgmax> {
+    const [logits, unusedMask] = [this.#act.logits, this.#unusedMask];
+    const sb = { device: this.#gpu.device, cache: this.#cache, owned: this.#owned, logits, unusedMask };
+    const key = sampled ? -1 - row : row;
+    const hit = this.#argmaxes.get(key) ?? rowArgmax(sb, this.hp.nVocab, row, sampled);
+    this.#argmaxes.set(key, hit);
     return hit;
   }
 

@@ -12,9 +12,11 @@
  * `pipeline` in each line says which (null for the unsplit head).
  *
  * Usage: `deno run -A bench/split.ts [--model F.gguf] [--stages 1,2,3] [--n 128] [--prompt 64] [--slots 8]
- * [--ctx 1024] [--drafts 0] [--draft-cache 0] [--pipelines 2,0] [--quick]`
+ * [--ctx 1024] [--drafts 0] [--draft-cache 0] [--pipelines 2,0] [--temp 0] [--quick]`
  * - no `--model`: the 35B-A3B-shaped IQ4_XS model of bench/decode.ts (`--synth-out`, default
  *   `/tmp/bench-35b-a3b-iq4_xs.gguf`, synthesized once and reused);
+ * - `--temp T` (default 0, greedy): requests sample at temperature T (top-k 40, top-p 0.95, a seed per
+ *   prompt), so the last stage draws with the GPU sampler in its pass instead of the argmax;
  * - `--quick` (lavapipe, CI-sized): the tiny synthetic qwen35moe in a temporary folder, `--n 16 --prompt 16
  *   --ctx 128` unless given.
  *
@@ -50,6 +52,7 @@ const { values: args } = parseArgs({
     drafts: { type: "string", default: "0" },
     "draft-cache": { type: "string", default: "0" },
     pipelines: { type: "string", default: "2,0" },
+    temp: { type: "string", default: "0" },
     quick: { type: "boolean", default: false },
   },
 });
@@ -71,6 +74,8 @@ const stageCounts = args.stages!.split(",").map((s) => int("stages", s, 1));
 const drafts = args.drafts!.split(",").map((s) => int("drafts", s, 0));
 const draftCache = int("draft-cache", args["draft-cache"]!, 0);
 const pipelines = args.pipelines!.split(",").map((s) => int("pipelines", s, 0));
+const temp = Number(args.temp);
+if (!(temp >= 0 && temp <= 2)) throw new RangeError(`--temp ${args.temp} must be in 0..2`);
 if (nPrompt + nNew + 1 > nCtx) {
   throw new RangeError(`--prompt ${nPrompt} plus --n ${nNew} does not fit --ctx ${nCtx}: raise --ctx`);
 }
@@ -265,7 +270,8 @@ async function stream(url: string, ids: number[], maxTokens = nNew): Promise<Tim
       prompt: ids,
       n_predict: maxTokens,
       stream: true,
-      temperature: 0,
+      temperature: temp,
+      ...(temp > 0 ? { top_k: 40, top_p: 0.95, seed: ids.length + ids[0]! } : {}),
       return_tokens: true,
     }),
   });

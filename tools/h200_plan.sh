@@ -15,6 +15,7 @@
 #              --batch 2 (early reads: does a 2-step readback cost throughput?)
 #   knobs      #20: 8 slots with --int8, then with --combine-norm-min-rows 17
 #   split      #19: unsplit, 2 stages, 8 streams, pipelines 2 and 1; then the same with LLM_EARLY_READ=0
+#   sampled    #19: the same at temperature 0.8 (the last stage's sampler in the pass)
 #   serve      #20: HTTP and direct at 1 and 8 streams with a late 2,048-token prompt; direct with --batch 2
 #   graphs     graph building per kind on the 40-layer model (a cold slot's TTFT share)
 #   draft      drafted single stream: prompt lookup and the draft cache, --min 2,4,6
@@ -98,6 +99,10 @@ for step in "$@"; do
       run split 240 $D bench/split.ts --model "$model" --stages 1,2 --slots 8 --n 128 --pipelines 2,1
       LLM_EARLY_READ=0 run split 200 $D bench/split.ts --model "$model" --stages 2 --slots 8 --n 128 --pipelines 2
       ;;
+    sampled)
+      ensure_model
+      run sampled 240 $D bench/split.ts --model "$model" --stages 1,2 --slots 8 --n 128 --pipelines 2 --temp 0.8
+      ;;
     serve)
       ensure_model
       run serve 300 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 \
@@ -114,7 +119,7 @@ for step in "$@"; do
       run draft 240 $D bench/draft.ts --synth-out "$model" --prompt 256 --n 128 --rounds 3 --min 2,4,6
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split serve graphs draft)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve graphs draft)" >&2
       exit 2
       ;;
   esac

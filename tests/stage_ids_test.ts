@@ -13,6 +13,8 @@ import { testGpu } from "./util/gpu.ts";
 import { EARLY_READS, readStats } from "../engine/gpu/readback.ts";
 import { fixturePath } from "./util/fixtures.ts";
 import { Rng } from "./util/rng.ts";
+import { stageBackend } from "../wire/stage_backend.ts";
+import type { RunRequest } from "../wire/mod.ts";
 
 /** The CPU argmax of each row of `logits` (ne=[V, rows]). */
 function argmaxRows(logits: Float32Array, V: number): number[] {
@@ -210,6 +212,53 @@ Deno.test("Stage sampled ids: the sampler in a run's pass draws what sampleRows 
       () => last.submitBatch(group, { hidden: h, nTokens: 3 }, { ids: true, sample: [draw()] }),
       /one entry per slot/,
     );
+  } finally {
+    head.destroy();
+    last.destroy();
+  }
+});
+
+Deno.test("Stage sampled ids: a worker's RUN with settings the sampler refuses fails with the reason, then serves", async () => {
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const head = await Stage.load(gpu, file, { nCtx: 32, nSlots: 1, maxChunk: 4, layers: [0, 2] });
+  const last = await Stage.load(gpu, file, { nCtx: 32, nSlots: 1, maxChunk: 4, layers: [2, head.hp.nLayer] });
+  try {
+    const backend = stageBackend(last, {
+      build: { version: "0.0.0-test", commit: "test" },
+      arch: "qwen35moe",
+    });
+    const rows = (await head.run(0, { tokens: [5, 6, 7] }, 0, { rows: "all" })).data;
+    const sampling = {
+      temperature: 0.8,
+      topK: 0,
+      topP: 1,
+      minP: 0,
+      repeatPenalty: 1,
+      presencePenalty: 5, // the wire's range allows it, the sampler's does not (-2..2)
+      frequencyPenalty: 0,
+      penaltyLastN: 64,
+      seed: 3,
+      step: 0,
+    };
+    const req = (presencePenalty: number): RunRequest => ({
+      slot: 0,
+      basePos: 0,
+      nEmbd: head.hp.nEmbd,
+      rows,
+      dtype: "f32",
+      want: "ids",
+      topK: 0,
+      drafts: new Uint32Array(0),
+      sampling: { ...sampling, presencePenalty },
+    });
+    await assert.rejects(
+      () => backend.run(req(5)),
+      /Layers 2:4 cannot sample: presence_penalty 5 is outside/,
+    );
+    const ok = await backend.run(req(0.5));
+    assert.equal(ok.kind, "ids");
+    assert.equal(ok.kind === "ids" && ok.ids.length, 1);
   } finally {
     head.destroy();
     last.destroy();

@@ -23,6 +23,7 @@
 import {
   ARGMAX_RING,
   argmaxCpu,
+  checkSampling,
   isGreedy,
   MATVEC_MAX_COLS,
   type PendingRun,
@@ -194,6 +195,11 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     const s = req.sampling;
     const params = s && samplingOf(s);
     if (!s || !params || plainGreedy(params)) return undefined;
+    try {
+      checkSampling(params);
+    } catch (e) {
+      throw new WireError("backend", `Layers ${range} cannot sample: ${(e as Error).message}`, { cause: e });
+    }
     return { sampling: params, step: s.step, history: historyOf(req) };
   };
 

@@ -9,7 +9,8 @@
 # Each step's output goes to $OUT/<step>.log (and to stdout); a step is skipped when fewer seconds are left of
 # the call's budget (H200_BUDGET_S, default 570: the tool stops a command at 600 s) than the step's limit
 # below, so a call ends with its logs instead of being killed. Steps:
-#   tests      early reads, batched frames and stage ids on NVIDIA's Vulkan (the benches do not check outputs)
+#   tests      early reads, batched frames, stage ids and in-pass sampled draws, split ≡ unsplit (greedy,
+#              sampled, drafts) on NVIDIA's Vulkan (the benches do not check outputs)
 #   attention  #24: flash-attention prefill at depths 0, 2k, 8k, 32k (2,048-token chunks)
 #   decode     #20: solo and 8/16-slot decode with prefill of 2,048 (readback batch 8), then the same with
 #              --batch 2 (early reads: does a 2-step readback cost throughput?)
@@ -74,8 +75,8 @@ ensure_model() {
 for step in "$@"; do
   case $step in
     tests)
-      run tests 150 $T engine/gpu/readback_test.ts tests/stage_ids_test.ts tests/split_batch_test.ts \
-        tests/chunk_exact_test.ts
+      run tests 240 $T engine/gpu/readback_test.ts tests/stage_ids_test.ts tests/split_batch_test.ts \
+        tests/chunk_exact_test.ts tests/split_draft_test.ts
       ;;
     attention)
       run attention 150 $D bench/attention.ts --kv f32 --prefill-only --depths 0,2048,8192,32768 --chunk 2048

@@ -9,7 +9,8 @@
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (17: batched
  * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
  * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
- * `--batch N` the decode steps per readback of the decode and batched-decode runs (default 8: ids stream
+ * `--temp T` samples every decode step at temperature T (top-k 40, top-p 0.95, min-p 0.05, seed 1: the GPU
+ * sampler's cost against the argmax's; default 0, greedy), `--batch N` the decode steps per readback of the decode and batched-decode runs (default 8: ids stream
  * back 8 at a time; with early reads, engine/gpu/readback.ts, a readback costs ~1 ms, so 2-4 may cost nothing),
  * `--state-pool-max-bytes N` StageOptions.maxStatePoolBytes (1: every slot state a buffer of its own, so the
  * batched step runs gdn_step, attn_qk_rope and attn_decode per slot as before the pools).
@@ -28,6 +29,7 @@ import type { Op } from "../engine/graph/builder.ts";
 import { planModel, synthesize } from "../engine/synth.ts";
 import { encodeStreamRead, prepareStreamRead, streamReadParams } from "../wgsl/stream_read.ts";
 import { PassTimer } from "./_pass_timer.ts";
+import { samplingParams } from "../engine/sampling.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -48,6 +50,7 @@ const { values: args } = parseArgs({
     int8: { type: "boolean", default: false },
     "state-pool-max-bytes": { type: "string" },
     batch: { type: "string", default: "8" },
+    temp: { type: "string", default: "0" },
   },
 });
 
@@ -75,6 +78,12 @@ const nNew = Number(args.n);
 const nPrefill = Number(args.prefill);
 const maxChunk = Number(args.chunk);
 const readbackBatch = Number(args.batch);
+const temp = Number(args.temp);
+if (!(temp >= 0 && temp <= 2)) throw new RangeError(`--temp ${args.temp} must be in 0..2`);
+// Sampled decode (`--temp` > 0): the GPU sampler in every step instead of the argmax.
+const sampling = temp > 0
+  ? { sampling: samplingParams({ temperature: temp, topK: 40, topP: 0.95, minP: 0.05, seed: 1 }) }
+  : {};
 if (!Number.isInteger(readbackBatch) || readbackBatch < 1) {
   throw new RangeError(`--batch ${args.batch} must be >= 1`);
 }
@@ -165,12 +174,13 @@ src.destroy();
 const rng = (i: number) => (Math.imul(i + 1, 2654435761) >>> 8) % (hp.nVocab - 300);
 const prompt = Array.from({ length: nPrompt }, (_, i) => rng(i));
 const ops = await stage.graph(0, 1, "last");
-await stage.generate(0, prompt.slice(0, 8), { nNew: 16 });
+await stage.generate(0, prompt.slice(0, 8), { nNew: 16, ...sampling });
 let tFirst = 0;
 t0 = performance.now();
 const g = await stage.generate(0, prompt, {
   nNew,
   batch: readbackBatch,
+  ...sampling,
   onTokens: () => {
     if (tFirst === 0) tFirst = performance.now();
   },
@@ -181,6 +191,7 @@ const rooflineTokS = (ceilingGBs * 1e9) / activeBytes;
 emit("decode", {
   prompt: nPrompt,
   readbackBatch,
+  temperature: temp,
   newTokens: g.tokens.length,
   tokPerSecond: decodeTokS,
   msPerToken: 1000 / decodeTokS,
@@ -339,12 +350,13 @@ for (const B of batchSizes) {
     prompt: Array.from({ length: 64 }, (_, i) => rng(i + 1000 * (s + 1))),
     opts: {
       nNew: Math.min(nNew, 128),
+      ...sampling,
       onTokens: (ids: readonly number[]) => {
         if (ids.length === 1 && ++firsts === B) tStart = performance.now();
       },
     },
   }));
-  await stage.generateBatch(items.map((it) => ({ ...it, opts: { nNew: 9 } })));
+  await stage.generateBatch(items.map((it) => ({ ...it, opts: { nNew: 9, ...sampling } })));
   const rs = await stage.generateBatch(items, { batch: readbackBatch });
   const tDone = performance.now();
   const ids = rs.reduce((a, r) => a + r.tokens.length - 1, 0);
@@ -353,6 +365,7 @@ for (const B of batchSizes) {
   emit("decode_batched", {
     slots: B,
     readbackBatch,
+    temperature: temp,
     maxStatePoolBytes: statePoolMax ?? null,
     newTokensPerSlot: rs[0]!.tokens.length,
     tokPerSecond: ids / ((tDone - tStart) / 1000),

@@ -14,7 +14,7 @@
 #   attention  #24: flash-attention prefill at depths 0, 2k, 8k, 32k (2,048-token chunks)
 #   decode     #20: solo and 8/16-slot decode with prefill of 2,048 (readback batch 8), then the same with
 #              --batch 2 (early reads: does a 2-step readback cost throughput?)
-#   knobs      #20: 8 slots with --int8, then with --combine-norm-min-rows 17
+#   knobs      #20: 8 slots with --int8, then with --combine-norm-min-rows 17, then sampled (--temp 0.8)
 #   split      #19: unsplit, 2 stages, 8 streams, pipelines 2 and 1; then the same with LLM_EARLY_READ=0
 #   sampled    #19: the same at temperature 0.8 (the last stage's sampler in the pass)
 #   serve      #20: HTTP and direct at 1 and 8 streams with a late 2,048-token prompt; direct with --batch 2
@@ -94,6 +94,8 @@ for step in "$@"; do
         --int8
       run knobs 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8 \
         --combine-norm-min-rows 17
+      run knobs 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8 \
+        --temp 0.8
       ;;
     split)
       ensure_model

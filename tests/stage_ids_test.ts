@@ -21,25 +21,35 @@ function argmaxRows(logits: Float32Array, V: number): number[] {
   return Array.from({ length: logits.length / V }, (_, r) => argmaxCpu(logits.subarray(r * V, (r + 1) * V)));
 }
 
-Deno.test("Stage ids: the GPU argmax of a run and a batched step equals the CPU argmax of its logits", async () => {
-  const rng = new Rng();
+/** The head's hidden rows of `n` random ids continuing `slot`'s sequence. */
+async function headRows(head: Stage, rng: Rng, slot: number, n: number): Promise<Float32Array<ArrayBuffer>> {
+  const tokens = Array.from({ length: n }, () => rng.int(0, 1021));
+  return (await head.run(slot, { tokens }, head.length(slot), { rows: "all" })).data;
+}
+
+/** Runs `body` over a head (layers 0:2) and a last stage (2:L) of the tiny qwen35moe, both destroyed after. */
+async function withStages(
+  o: { nCtx: number; nSlots: number },
+  body: (head: Stage, last: Stage) => Promise<void>,
+): Promise<void> {
   const gpu = await testGpu();
   using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
-  const load = (layers: [number, number]) =>
-    Stage.load(gpu, file, { nCtx: 64, nSlots: 3, maxChunk: 4, layers });
+  const load = (layers: [number, number]) => Stage.load(gpu, file, { ...o, maxChunk: 4, layers });
   const head = await load([0, 2]);
   const last = await load([2, head.hp.nLayer]);
   try {
+    await body(head, last);
+  } finally {
+    head.destroy();
+    last.destroy();
+  }
+}
+
+Deno.test("Stage ids: the GPU argmax of a run and a batched step equals the CPU argmax of its logits", async () => {
+  const rng = new Rng();
+  await withStages({ nCtx: 64, nSlots: 3 }, async (head, last) => {
     const V = last.hp.nVocab;
-    const hidden = async (slot: number, n: number) =>
-      (await head.run(
-        slot,
-        { tokens: Array.from({ length: n }, () => rng.int(0, 1021)) },
-        head.length(slot),
-        {
-          rows: "all",
-        },
-      )).data;
+    const hidden = (slot: number, n: number) => headRows(head, rng, slot, n);
     // Logits, then ids of the same rows from the same state.
     const both = async (
       slot: number,
@@ -98,21 +108,12 @@ Deno.test("Stage ids: the GPU argmax of a run and a batched step equals the CPU 
     if (EARLY_READS) {
       assert.ok(readStats.early - before >= 12, `${readStats.early - before} of 18 reads early`);
     }
-  } finally {
-    head.destroy();
-    last.destroy();
-  }
+  });
 });
 
 Deno.test("Stage sampled ids: the sampler in a run's pass draws what sampleRows draws from its logits", async () => {
   const rng = new Rng();
-  const gpu = await testGpu();
-  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
-  const load = (layers: [number, number]) =>
-    Stage.load(gpu, file, { nCtx: 64, nSlots: 3, maxChunk: 4, layers });
-  const head = await load([0, 2]);
-  const last = await load([2, head.hp.nLayer]);
-  try {
+  await withStages({ nCtx: 64, nSlots: 3 }, async (head, last) => {
     const V = last.hp.nVocab;
     const nEmbd = head.hp.nEmbd;
     // Settings whose draw depends on the seed, the RNG step and the penalty history.
@@ -133,15 +134,7 @@ Deno.test("Stage sampled ids: the sampler in a run's pass draws what sampleRows 
       step: rng.int(0, 50),
       history: Array.from({ length: rng.int(0, 12) }, () => rng.int(0, V - 1)),
     });
-    const hidden = async (slot: number, n: number) =>
-      (await head.run(
-        slot,
-        { tokens: Array.from({ length: n }, () => rng.int(0, 1021)) },
-        head.length(slot),
-        {
-          rows: "all",
-        },
-      )).data;
+    const hidden = (slot: number, n: number) => headRows(head, rng, slot, n);
     const reads = () => readStats.early + readStats.awaited + readStats.fellBack;
     // sampleRows on the logits, then the in-pass draw of the same rows from the same state.
     const both = async (
@@ -212,18 +205,11 @@ Deno.test("Stage sampled ids: the sampler in a run's pass draws what sampleRows 
       () => last.submitBatch(group, { hidden: h, nTokens: 3 }, { ids: true, sample: [draw()] }),
       /one entry per slot/,
     );
-  } finally {
-    head.destroy();
-    last.destroy();
-  }
+  });
 });
 
 Deno.test("Stage sampled ids: a worker's RUN with settings the sampler refuses fails with the reason, then serves", async () => {
-  const gpu = await testGpu();
-  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
-  const head = await Stage.load(gpu, file, { nCtx: 32, nSlots: 1, maxChunk: 4, layers: [0, 2] });
-  const last = await Stage.load(gpu, file, { nCtx: 32, nSlots: 1, maxChunk: 4, layers: [2, head.hp.nLayer] });
-  try {
+  await withStages({ nCtx: 32, nSlots: 1 }, async (head, last) => {
     const backend = stageBackend(last, {
       build: { version: "0.0.0-test", commit: "test" },
       arch: "qwen35moe",
@@ -259,8 +245,5 @@ Deno.test("Stage sampled ids: a worker's RUN with settings the sampler refuses f
     const ok = await backend.run(req(0.5));
     assert.equal(ok.kind, "ids");
     assert.equal(ok.kind === "ids" && ok.ids.length, 1);
-  } finally {
-    head.destroy();
-    last.destroy();
-  }
+  });
 });

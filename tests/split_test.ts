@@ -14,8 +14,12 @@ import { freePort, type Proc, spawnMod } from "./util/procs.ts";
 
 const CTX = 256;
 
-/** A `mod.ts` child: its stderr lines waited for within 60 s. */
-const spawn = (args: string[]): Proc => spawnMod(args, 60_000);
+/**
+ * A `mod.ts` child: its stderr lines waited for within 180 s. Up to seven processes build their pipelines at
+ * once here; on a 2-core CI machine with other test files running beside them, a head's warm-up once took
+ * over 60 s before its `ready:` line.
+ */
+const spawn = (args: string[]): Proc => spawnMod(args, 180_000);
 
 function worker(model: string, layers: string, port: number, next?: number, extra: string[] = []): Proc {
   return spawn([

@@ -6,7 +6,9 @@
  *
  * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8,16] [--prompt 64] [--port 8099]
  * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--piece-steps N] [--late 2048]
- * [--head-flags="--cached-only --config C.json"]`
+ * [--head-flags="--cached-only --config C.json"] [--temp 0]`
+ * - `--temp T` (default 0, greedy): every stream samples at temperature T (top-k 40, top-p 0.95, min-p 0.05,
+ *   seed 1) over HTTP, directly and in the engine lines, so the GPU sampler runs in every step.
  * - `--head-flags` (with `=` since its value starts with a dash): extra `deno run` flags for the head process,
  *   e.g. on a machine without network.
  * - `--batch-min`: the head's `--batch-min` and the direct engine's `batchMin` (default: theirs, 2: always
@@ -46,7 +48,7 @@ import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
 import { Stage } from "../engine/exec/stage.ts";
 import { type EngineService, startEngine } from "../engine/serve/service.ts";
-import { GREEDY_SAMPLING } from "../engine/sampling.ts";
+import { GREEDY_SAMPLING, samplingParams } from "../engine/sampling.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -63,6 +65,7 @@ const { values: args } = parseArgs({
     "piece-steps": { type: "string" },
     late: { type: "string", default: "0" },
     "head-flags": { type: "string", default: "" },
+    temp: { type: "string", default: "0" },
   },
 });
 const nNew = Number(args.n);
@@ -88,7 +91,12 @@ if (late > 0 && late + 17 > nCtx) {
     `--late ${late} needs --ctx of at least ${late + 17} (prompt, ids, margin), got ${nCtx}`,
   );
 }
-const GREEDY = GREEDY_SAMPLING;
+const temp = Number(args.temp);
+if (!(temp >= 0 && temp <= 2)) throw new RangeError(`--temp ${args.temp} must be in 0..2`);
+/** Every stream's settings: greedy, or with `--temp` the GPU sampler at that temperature. */
+const SAMPLING = temp > 0
+  ? samplingParams({ temperature: temp, topK: 40, topP: 0.95, minP: 0.05, seed: 1 })
+  : GREEDY_SAMPLING;
 
 /** Each summary line by mode and level, for the ratio lines at the end. */
 const results = new Map<string, Record<string, unknown>>();
@@ -161,7 +169,8 @@ async function stream(ids: number[], maxTokens = nNew): Promise<Timed> {
       prompt: ids,
       n_predict: maxTokens,
       stream: true,
-      temperature: 0,
+      temperature: temp,
+      ...(temp > 0 ? { top_k: 40, top_p: 0.95, min_p: 0.05, seed: 1 } : {}),
       return_tokens: true,
     }),
   });
@@ -264,7 +273,7 @@ async function direct(e: EngineService, ids: number[], maxTokens = nNew): Promis
   const r = await e.generate({
     prompt: ids,
     maxTokens,
-    sampling: GREEDY,
+    sampling: SAMPLING,
     stopIds: [],
     onTokens: (got) => {
       const now = performance.now() - t0;
@@ -292,7 +301,7 @@ async function lateArrival(e: EngineService, level: number, soloTtftMs: number):
     e.generate({
       prompt: prompt(seed),
       maxTokens: nNew,
-      sampling: GREEDY,
+      sampling: SAMPLING,
       stopIds: [],
       onTokens: () => {
         stamps[i]!.push(performance.now());
@@ -389,6 +398,7 @@ async function engineOne(stage: Stage, slot: number, ids: number[], n: number, b
   const g = await stage.generate(slot, ids, {
     nNew: n,
     base,
+    sampling: SAMPLING,
     onTokens: (got) => {
       last = performance.now() - t0;
       if (ttft < 0) [ttft, firstIds] = [last, got.length];
@@ -414,6 +424,7 @@ async function engineBatch(stage: Stage, level: number, seed: number, n: number)
       prompt: prompt(seed + slot),
       opts: {
         nNew: n,
+        sampling: SAMPLING,
         onTokens: (got: readonly number[]) => {
           t.last = performance.now() - t0;
           if (t.ttft < 0) [t.ttft, t.firstIds] = [t.last, got.length];

@@ -18,6 +18,7 @@
 #   split      #19: unsplit, 2 stages, 8 streams, pipelines 2 and 1; then the same with LLM_EARLY_READ=0
 #   sampled    #19: the same at temperature 0.8 (the last stage's sampler in the pass)
 #   serve      #20: HTTP and direct at 1 and 8 streams with a late 2,048-token prompt; direct with --batch 2
+#   servesampled  the serve step's 1 and 8 streams sampled (--temp 0.8): the decode step's samplers' cost
 #   graphs     graph building per kind on the 40-layer model (a cold slot's TTFT share)
 #   draft      drafted single stream: prompt lookup and the draft cache, --min 2,4,6
 # The model is the 35B-A3B-shaped IQ4_XS file the benches synthesize (seed 7; MODEL, written on first use).
@@ -113,6 +114,11 @@ for step in "$@"; do
       run serve 200 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 --modes direct \
         --batch 2
       ;;
+    servesampled)
+      ensure_model
+      run servesampled 300 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 \
+        --modes http,direct --temp 0.8 --head-flags="--cached-only"
+      ;;
     graphs)
       ensure_model
       run graphs 150 $D bench/graph_build.ts --model "$model"
@@ -122,7 +128,7 @@ for step in "$@"; do
       run draft 240 $D bench/draft.ts --synth-out "$model" --prompt 256 --n 128 --rounds 3 --min 2,4,6
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve graphs draft)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft)" >&2
       exit 2
       ;;
   esac

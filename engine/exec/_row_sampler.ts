@@ -1,5 +1,6 @@
 /**
- * The GPU sampler over logits rows the caller already has (a split's last stage: the rows of one RUN), drawing
+ * The GPU sampler over logits rows the caller already has (a split's last stage when a RUN's logits come back
+ * anyway, for top-k pairs; other sampled runs draw in their own pass: `RunOptions.sample`), drawing
  * one id per row as consecutive decode steps of one sequence: row j at RNG step `step + j`, each drawn id
  * appended to the penalty history before row j + 1, exactly as the decode driver's steps do. It is the decode
  * driver's selector ({@linkcode buildSelector}: the same `sample` kernel, constants and UNUSED-token mask), one

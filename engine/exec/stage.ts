@@ -401,7 +401,8 @@ export class Stage {
    * Draws one id per row of `logits` (ne=[nVocab, n], f32: a `run()` output of a last stage, e.g. with
    * `chunk: 1`) with the GPU sampler, as decode steps `opts.step, +1, ...` of one sequence whose penalty
    * history is `opts.history` (each drawn id appended before the next row): the ids `generate()` draws from the
-   * same logits (a split's last stage, engine/exec/_row_sampler.ts). An id ≥ nVocab: no usable logit.
+   * same logits (engine/exec/_row_sampler.ts; `RunOptions.sample` draws in the run's own pass instead). An id
+   * ≥ nVocab: no usable logit.
    * @throws {RangeError} when the stage is not a last stage, or as checkSampling
    */
   sampleRows(logits: Float32Array<ArrayBuffer>, opts: RowSampleOptions): Promise<Uint32Array> {

@@ -168,7 +168,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
   };
 
   /** The penalty history a sampled run on `slot` starts from (docs/WIRE.md: HISTORY, or the kept one). */
-  const historyOf = (req: RunRequest): number[] => {
+  const historyOf = (req: SlotAt): number[] => {
     const s = req.sampling!;
     const h = hists[req.slot];
     if (s.history) return Array.from(s.history);
@@ -185,22 +185,33 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
    */
   const idsInPass = (req: RunRequest, nRows: number): boolean => {
     const nOut = req.drafts.length + 1;
-    const sampled = req.sampling !== undefined && !plainGreedy(samplingOf(req.sampling));
+    const sampled = sampledOf(req.sampling) !== undefined;
     const oneChunk = nOut > 1 && nRows <= MATVEC_MAX_COLS;
     return req.topK === 0 && nOut <= ARGMAX_RING && !(sampled && oneChunk && nRows > nOut);
   };
 
   /** The sampler's start for a sampled run's first output row (absent: greedy). */
-  const sampleOf = (req: RunRequest): RowSampleOptions | undefined => {
-    const s = req.sampling;
-    const params = s && samplingOf(s);
-    if (!s || !params || plainGreedy(params)) return undefined;
+  const sampleOf = (req: SlotAt): RowSampleOptions | undefined => {
+    const params = sampledOf(req.sampling);
+    if (!params) return undefined;
     try {
       checkSampling(params);
     } catch (e) {
       throw new WireError("backend", `Layers ${range} cannot sample: ${(e as Error).message}`, { cause: e });
     }
-    return { sampling: params, step: s.step, history: historyOf(req) };
+    return { sampling: params, step: req.sampling!.step, history: historyOf(req) };
+  };
+
+  /** The sampler's draws on logits rows read back (a frame whose logits come back for its top-k pairs). */
+  const sampleReadRows = async (
+    logits: Float32Array<ArrayBuffer>,
+    o: RowSampleOptions,
+  ): Promise<Uint32Array> => {
+    try {
+      return await stage.sampleRows(logits, o);
+    } catch (e) {
+      throw new WireError("backend", `Layers ${range} cannot sample: ${(e as Error).message}`, { cause: e });
+    }
   };
 
   /** A last stage's run submitted (rollback, lead rows, the rows that produce ids), its output pending. */
@@ -256,32 +267,28 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     const rows = out.data.length / V;
     const logits = out.data.subarray((rows - nOut) * V);
     let ids: Uint32Array;
-    const s = req.sampling;
-    const params = s && samplingOf(s);
-    const pendingPos = req.basePos + nRows - nOut + 1;
-    if (out.ids && s && params && !plainGreedy(params)) {
-      // Drawn in the run's pass: the sampler's draws, kept for the next run's penalty history.
+    const params = sampledOf(req.sampling);
+    const history = params ? historyOf(req) : [];
+    if (out.ids) {
+      // Drawn in the run's pass: the argmax or the sampler.
       ids = out.ids.subarray(out.ids.length - nOut);
-      hists[req.slot] = { ids: historyOf(req).slice(-256), pending: ids.slice(), pendingPos };
-    } else if (s && params && !plainGreedy(params)) {
-      const history = historyOf(req);
+    } else if (params) {
       const ts = performance.now();
-      try {
-        ids = await stage.sampleRows(logits, { sampling: params, step: s.step, history });
-        prof.add("worker.sample", performance.now() - ts);
-      } catch (e) {
-        throw new WireError("backend", `Layers ${range} cannot sample: ${(e as Error).message}`, {
-          cause: e,
-        });
-      }
-      hists[req.slot] = { ids: history.slice(-256), pending: ids.slice(), pendingPos };
-    } else if (out.ids) {
-      ids = out.ids.subarray(out.ids.length - nOut);
+      ids = await sampleReadRows(logits, { sampling: params, step: req.sampling!.step, history });
+      prof.add("worker.sample", performance.now() - ts);
     } else {
       const ta = performance.now();
       ids = new Uint32Array(nOut);
       for (let j = 0; j < nOut; j++) ids[j] = argmaxCpu(logits.subarray(j * V, (j + 1) * V));
       prof.add("worker.argmax", performance.now() - ta);
+    }
+    // A sampled run's draws join the next run's penalty history.
+    if (params) {
+      hists[req.slot] = {
+        ids: history.slice(-256),
+        pending: ids.slice(),
+        pendingPos: req.basePos + nRows - nOut + 1,
+      };
     }
     const bad = ids.findIndex((id) => id >= V);
     if (bad >= 0) {
@@ -356,11 +363,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     const hidden = req.rows as Float32Array<ArrayBuffer>;
     if (slots.length >= 2 && stage.canBatch) {
       // With ids, each sampled entry's draw runs in the step's pass too (its own settings, step and history).
-      const sample = ids
-        ? req.entries.map((e) =>
-          sampleOf({ slot: e.slot, basePos: e.basePos, sampling: e.sampling } as RunRequest)
-        )
-        : undefined;
+      const sample = ids ? req.entries.map((e) => sampleOf(e)) : undefined;
       const pending = await stage.submitBatch(slots, { hidden, nTokens: slots.length }, { ids, sample });
       return { output: pending.output };
     }
@@ -385,33 +388,20 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     const topLogits = new Float32Array(n * req.topK);
     for (const [b, e] of req.entries.entries()) {
       const row = logits.subarray(b * V, (b + 1) * V);
-      const s = e.sampling;
-      const params = s && samplingOf(s);
-      const one = { slot: e.slot, basePos: e.basePos, sampling: s } as RunRequest;
-      if (out.ids && s && params && !plainGreedy(params)) {
-        // Drawn in the step's pass: kept for the next run's penalty history.
-        ids[b] = out.ids[b]!;
-        hists[e.slot] = {
-          ids: historyOf(one).slice(-256),
-          pending: ids.slice(b, b + 1),
-          pendingPos: e.basePos + 1,
-        };
-      } else if (s && params && !plainGreedy(params)) {
-        const history = historyOf(one);
-        try {
-          ids[b] = (await stage.sampleRows(row, { sampling: params, step: s.step, history }))[0]!;
-        } catch (err) {
-          throw new WireError("backend", `Layers ${range} cannot sample: ${(err as Error).message}`, {
-            cause: err,
-          });
-        }
-        hists[e.slot] = { ids: history.slice(-256), pending: ids.slice(b, b + 1), pendingPos: e.basePos + 1 };
-      } else if (out.ids) {
-        ids[b] = out.ids[b]!;
+      const params = sampledOf(e.sampling);
+      const history = params ? historyOf(e) : [];
+      if (out.ids) {
+        ids[b] = out.ids[b]!; // drawn in the step's pass: the argmax or the sampler
+      } else if (params) {
+        ids[b] = (await sampleReadRows(row, { sampling: params, step: e.sampling!.step, history }))[0]!;
       } else {
         const ta = performance.now();
         ids[b] = argmaxCpu(row);
         prof.add("worker.argmax", performance.now() - ta);
+      }
+      // A sampled entry's draw joins its slot's next penalty history.
+      if (params) {
+        hists[e.slot] = { ids: history.slice(-256), pending: ids.slice(b, b + 1), pendingPos: e.basePos + 1 };
       }
       if (ids[b]! >= V) {
         throw new WireError(
@@ -439,7 +429,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
     run(req: RunRequest): Promise<RunResult> {
       const nRows = req.rows.length / stage.hp.nEmbd;
       if (next) return serialQuiet(() => runMiddle(req, nRows, performance.now(), next));
-      if (req.sampling && !plainGreedy(samplingOf(req.sampling)) && !idsInPass(req, nRows)) {
+      if (sampledOf(req.sampling) && !idsInPass(req, nRows)) {
         // The GPU sampler's draw on logits read back (one staging buffer, a history per slot) stays in turn.
         return serialQuiet(async () => {
           const t0 = performance.now();
@@ -463,7 +453,7 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
       if (!next) {
         const slots = req.entries.map((e) => e.slot);
         const inPass = req.topK === 0 && slots.length >= 2 && stage.canBatch;
-        if (!inPass && req.entries.some((e) => e.sampling && !plainGreedy(samplingOf(e.sampling)))) {
+        if (!inPass && req.entries.some((e) => sampledOf(e.sampling))) {
           return await serialQuiet(async () => {
             const t0 = performance.now();
             return await batchIds(req, await (await batchRows(req)).output, t0);
@@ -566,9 +556,18 @@ export function stageBackend(stage: Stage, opts: StageBackendOptions): StageBack
   };
 }
 
-/** Plain greedy (no penalties): the argmax, as the decode driver decides; anything else the sampler. */
-function plainGreedy(p: SamplingParams): boolean {
-  return isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0;
+/** Where a row's sampling block puts it: the slot and the position of its first row. */
+type SlotAt = Pick<RunRequest, "slot" | "basePos" | "sampling">;
+
+/**
+ * The engine's settings of a sampling block when the sampler draws (absent, or plain greedy without
+ * penalties, take the argmax, as the decode driver decides).
+ */
+function sampledOf(s: WireSampling | undefined): SamplingParams | undefined {
+  if (!s) return undefined;
+  const p = samplingOf(s);
+  const plain = isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0;
+  return plain ? undefined : p;
 }
 
 /** The engine's sampling settings of a RUN's sampling block. */

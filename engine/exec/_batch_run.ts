@@ -136,9 +136,8 @@ export async function submitBatch(
     return enc.finish();
   };
   // The step's command buffer and staging encoded ahead for these slots (as engine/exec/_stage_run.ts does).
-  const key = `batch/${slots.join(",")}/${
-    argmax ? `ids${slots.map((_, b) => sampled(b) ? "s" : "").join(",")}` : ""
-  }`;
+  const selects = argmax ? slots.map((_, b) => sampled(b) ? "s" : "a").join("") : "";
+  const key = `batch/${slots.join(",")}/${selects}`;
   const spare = p.spares?.get(key);
   if (spare) p.spares!.delete(key);
   const staging = spare?.staging ?? newStaging();

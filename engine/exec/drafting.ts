@@ -360,11 +360,7 @@ export class DraftingDecoder implements SlotDecoder {
         step: step0 + tokens.length,
         history: [...hist0, ...tokens].slice(-SAMPLE_HIST),
       };
-      const run = await stage.submit(slot, { tokens: fed }, pos, {
-        rows: "all",
-        ids: true,
-        ...(sample ? { sample } : {}),
-      });
+      const run = await stage.submit(slot, { tokens: fed }, pos, { rows: "all", ids: true, sample });
       return { pos, fed, anchor, output: run.output };
     };
     let made = 0;

@@ -6,8 +6,8 @@
  * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--per-column]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
- * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (17: batched
- * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
+ * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
+ * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
  * StageOptions.int8Activations, `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
  * `--temp T` samples every decode step at temperature T (top-k 40, top-p 0.95, min-p 0.05, seed 1: the GPU
  * sampler's cost against the argmax's; default 0, greedy), `--batch N` the decode steps per readback of the decode and batched-decode runs (default 8: ids stream

@@ -21,6 +21,11 @@
 #   servesampled  the serve step's 1 and 8 streams sampled (--temp 0.8): the decode step's samplers' cost
 #   graphs     graph building per kind on the 40-layer model (a cold slot's TTFT share)
 #   draft      drafted single stream: prompt lookup and the draft cache, --min 2,4,6
+#   combine    #20: 8 and 16 slots with the default combineNormMinRows (17: batched steps norm on their own)
+#              and with 2 (their residual adds write the next norm, one workgroup per row)
+#   smallchunk #20/#24: prefill in chunks of 64 and 256 tokens, experts grouped (default) and per column
+#   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
+#              draft cache
 # The model is the 35B-A3B-shaped IQ4_XS file the benches synthesize (seed 7; MODEL, written on first use).
 set -uo pipefail
 root=$(pwd)
@@ -127,8 +132,27 @@ for step in "$@"; do
       ensure_model
       run draft 240 $D bench/draft.ts --synth-out "$model" --prompt 256 --n 128 --rounds 3 --min 2,4,6
       ;;
+    combine)
+      ensure_model
+      run combine 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16
+      run combine 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
+        --combine-norm-min-rows 2
+      ;;
+    smallchunk)
+      ensure_model
+      for chunk in 64 256; do
+        run smallchunk 90 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk $chunk
+        run smallchunk 90 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk $chunk \
+          --per-column
+      done
+      ;;
+    split3)
+      ensure_model
+      run split3 330 $D bench/split.ts --model "$model" --stages 1,2,3 --slots 8 --n 128 --pipelines 1 --drafts 0,7 \
+        --draft-cache 1000000
+      ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3)" >&2
       exit 2
       ;;
   esac

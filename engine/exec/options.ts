@@ -7,8 +7,11 @@ import type { UploadProgress } from "../gpu/weights.ts";
 import type { MoeMatvecTuning } from "../../wgsl/moe_matvec.ts";
 import type { SamplingParams } from "../sampling.ts";
 
-/** Default {@linkcode StageOptions.combineNormMinRows}: residual adds of 2 or more rows write the next norm. */
-export const COMBINE_NORM_MIN_ROWS = 2;
+/**
+ * Default {@linkcode StageOptions.combineNormMinRows}: residual adds of 17 or more rows (prefill chunks) write
+ * the next norm; batched decode steps (at most 16 slots) add over many workgroups and norm on their own.
+ */
+export const COMBINE_NORM_MIN_ROWS = 17;
 
 /** Options of `Stage.load`. */
 export interface StageOptions {
@@ -28,9 +31,9 @@ export interface StageOptions {
   /**
    * Fewest rows whose residual adds (the mixer's and the MoE combine) also write the next norm (residual_add
    * NORM: one workgroup per row); fewer rows get the add over many workgroups and the norm as a dispatch of
-   * its own, the same bits (default {@linkcode COMBINE_NORM_MIN_ROWS}: every chunk and batched step fuses). A
-   * benchmark knob: a batched step of 8 rows spends 31 µs per layer in the fused combine on the H200
-   * (docs/PERF.md), bench/decode.ts `--combine-norm-min-rows 17` measures the split form.
+   * its own, the same bits (default {@linkcode COMBINE_NORM_MIN_ROWS}: chunks of 17 or more rows fuse, batched
+   * decode steps do not). On the H200 an 8-slot step ran at 620 tok/s split against 587 fused (docs/PERF.md,
+   * 2026-12-05); bench/decode.ts `--combine-norm-min-rows 2` measures the fused form.
    */
   readonly combineNormMinRows?: number;
   /**

@@ -63,7 +63,8 @@ function gap12(v: ArrayLike<number>): number {
 // as a real LM head) instead of in the next mat-vec's prologue; 65536: every mat-vec here takes its norm in
 // the prologue (the in-projections too, which the default 1024 leaves to a dispatch of their own);
 // fuseDecodeRoute: decode ranks the experts in the gate·up prologue (the default is a moe_route dispatch);
-// groupedExperts: prefill chunks over 8 tokens run the experts as grouped matmuls (moe_group + moe_matmul).
+// groupedExperts: prefill chunks over 8 tokens run the experts as grouped matmuls (moe_group + moe_matmul),
+// with groupedMinTokensPerExpert 0 (the default 8 groups the tiny models' 8 experts, 2 used, from 32 tokens).
 const MODELS: {
   arch: ArchName;
   quant: QuantPreset;
@@ -102,6 +103,7 @@ for (const m of MODELS) {
       normPrologueMaxRows: m.normPrologueMaxRows,
       fuseDecodeRoute: m.fuseDecodeRoute,
       groupedExperts: m.groupedExperts,
+      groupedMinTokensPerExpert: m.groupedExperts ? 0 : undefined,
       kvF16: m.kvF16,
     });
     // groupedExperts: the same stage without it, to show that the grouped path ran (other bits).
@@ -190,7 +192,8 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
   const rng = new Rng();
   const gpu = await testGpu();
   // normPrologueMaxRows 0: x is rounded by quantize_q8 dispatches instead of matvec_q8_fused prologues;
-  // groupedExperts: the 12-token chunk's experts read their rounded x through the grouped matmul.
+  // groupedExperts (with groupedMinTokensPerExpert 0): the 12-token chunk's experts read their rounded x
+  // through the grouped matmul.
   const models = [
     ["qwen35moe", "iq4_xs", "current", undefined, false],
     ["qwen3next", "q8_0", "legacy", 0, true],
@@ -206,6 +209,7 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
       int8Log: true,
       normPrologueMaxRows,
       groupedExperts,
+      groupedMinTokensPerExpert: groupedExperts ? 0 : undefined,
     });
     const logged = new Map<string, Int8Logged>();
     const asked = new Set<string>();

@@ -144,7 +144,7 @@ Deno.test("a GPU error nobody captured voids the stage: run and generate fail wi
   }
 });
 
-Deno.test("Stage.load refuses norm fusion limits out of range before touching the GPU", async () => {
+Deno.test("Stage.load refuses norm fusion and expert grouping limits out of range before touching the GPU", async () => {
   using f = await openGguf(MODEL);
   const gpu = await testGpu();
   for (
@@ -152,6 +152,8 @@ Deno.test("Stage.load refuses norm fusion limits out of range before touching th
       [{ combineNormMinRows: 1 }, /combineNormMinRows must be an integer ≥ 2, got 1/],
       [{ combineNormMinRows: 2.5 }, /combineNormMinRows must be an integer ≥ 2, got 2\.5/],
       [{ normPrologueMaxRows: -1 }, /normPrologueMaxRows must be an integer ≥ 0 \(0: never fuse\), got -1/],
+      [{ groupedMinTokensPerExpert: -1 }, /groupedMinTokensPerExpert must be a number ≥ 0, got -1/],
+      [{ groupedMinTokensPerExpert: NaN }, /groupedMinTokensPerExpert must be a number ≥ 0, got NaN/],
     ] as const
   ) {
     await assert.rejects(Stage.load(gpu, f, { nCtx: 16, nSlots: 1, maxChunk: 8, ...opts }), msg);

@@ -253,9 +253,11 @@ export async function experts(
   // passes would (#roundX).
   const round = (t: GgmlTypeName) =>
     g.opts.int8Activations && n > g.maxCols && !e.route && MATVEC_Q8_TYPES.includes(t);
-  // groupedExperts: prefill chunks group the columns by expert once, for both passes.
+  // groupedExperts: prefill chunks whose experts get groupedMinTokensPerExpert routed tokens or more on
+  // average group the columns by expert once, for both passes; thinner chunks run per column.
   const wgMax = g.device.limits.maxComputeWorkgroupStorageSize;
-  const groups = g.opts.groupedExperts && n > g.maxCols && !e.route &&
+  const thick = n * e.used >= g.opts.groupedMinTokensPerExpert * e.nExpert;
+  const groups = g.opts.groupedExperts && n > g.maxCols && thick && !e.route &&
       groupedMatmulFits(typeName(e.gate), wgMax) && groupedMatmulFits(typeName(e.down), wgMax)
     ? await moeGroup(g, `${label}.group`, e.ids, e.used * n, e.nExpert, e.shared)
     : undefined;

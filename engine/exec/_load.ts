@@ -8,18 +8,25 @@
 import type { Hparams } from "../models/_arch.ts";
 import { GpuError } from "../errors.ts";
 import { checkStageFits, stateSpecs } from "./activations.ts";
-import { COMBINE_NORM_MIN_ROWS, type Int8Logged, type StageInput, type StageOptions } from "./options.ts";
+import {
+  COMBINE_NORM_MIN_ROWS,
+  GROUPED_MIN_TOKENS_PER_EXPERT,
+  type Int8Logged,
+  type StageInput,
+  type StageOptions,
+} from "./options.ts";
 import { type Int8LogEntry, NORM_PROLOGUE_MAX_ROWS } from "../graph/builder.ts";
 import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 
-/** The norm fusion limits of a stage's graphs, defaults applied (StageOptions). */
-export interface NormFusion {
+/** The norm fusion and expert grouping limits of a stage's graphs, defaults applied (StageOptions). */
+export interface GraphLimits {
   readonly normPrologueMaxRows: number;
   readonly combineNormMinRows: number;
+  readonly groupedMinTokensPerExpert: number;
 }
 
 /**
- * The load's layer range, chunk and norm fusion limits, checked; warns (through `opts.onLog`) when the context
+ * The load's layer range, chunk and graph limits, checked; warns (through `opts.onLog`) when the context
  * exceeds the model's training context.
  * @throws {RangeError} on an option out of range or a buffer the device cannot bind (see checkStageFits)
  */
@@ -28,7 +35,7 @@ export function checkLoadOptions(
   path: string,
   opts: StageOptions,
   limits: Pick<GPUSupportedLimits, "maxStorageBufferBindingSize" | "maxBufferSize">,
-): { layers: readonly [number, number]; maxChunk: number; norms: NormFusion } {
+): { layers: readonly [number, number]; maxChunk: number; graphLimits: GraphLimits } {
   const [a, b] = opts.layers ?? [0, hp.nLayer];
   if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
     throw new RangeError(
@@ -50,6 +57,10 @@ export function checkLoadOptions(
   if (cnr !== undefined && !(Number.isInteger(cnr) && cnr >= 2)) {
     throw new RangeError(`combineNormMinRows must be an integer ≥ 2, got ${cnr}`);
   }
+  const gmt = opts.groupedMinTokensPerExpert;
+  if (gmt !== undefined && !(Number.isFinite(gmt) && gmt >= 0)) {
+    throw new RangeError(`groupedMinTokensPerExpert must be a number ≥ 0, got ${gmt}`);
+  }
   const kvF16 = opts.kvF16 ?? false;
   checkStageFits(hp, { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 }, limits);
   if (opts.nCtx > hp.nCtxTrain) {
@@ -58,11 +69,12 @@ export function checkLoadOptions(
         `output past position ${hp.nCtxTrain} is outside what the model was trained on`,
     );
   }
-  const norms = {
+  const graphLimits = {
     normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
+    groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
   };
-  return { layers: [a, b], maxChunk, norms };
+  return { layers: [a, b], maxChunk, graphLimits };
 }
 
 /**

@@ -13,6 +13,13 @@ import type { SamplingParams } from "../sampling.ts";
  */
 export const COMBINE_NORM_MIN_ROWS = 17;
 
+/**
+ * Default {@linkcode StageOptions.groupedMinTokensPerExpert}: 8, 256-token chunks on the 35B-A3B (8 of 256
+ * experts). On the H200 a 64-token chunk (2 per expert) prefilled at 943 tok/s per column against 516
+ * grouped, a 256-token chunk at 1,290 grouped against 1,176 (docs/PERF.md, 2026-12-05).
+ */
+export const GROUPED_MIN_TOKENS_PER_EXPERT = 8;
+
 /** Options of `Stage.load`. */
 export interface StageOptions {
   /** Layer range `[a, b)` of the decoder layers (default: all). */
@@ -55,12 +62,19 @@ export interface StageOptions {
    */
   readonly fuseDecodeRoute?: boolean;
   /**
-   * Prefill chunks wider than 8 tokens run the routed experts (and the packed shared one) as one grouped
+   * Prefill chunks wider than 8 tokens whose experts get {@linkcode StageOptions.groupedMinTokensPerExpert}
+   * routed tokens or more on average run the routed experts (and the packed shared one) as one grouped
    * matmul per pass: moe_group lists each expert's columns, and moe_matmul reads each expert's weights
-   * once per tile of its tokens instead of once per column (moe_matvec). Default on: the whole prefill
-   * is faster so (docs/PERF.md); the results differ from moe_matvec's by f32 summation order only.
+   * once per tile of its tokens instead of once per column (moe_matvec). Default on: long prefills are
+   * faster so (docs/PERF.md); the results differ from moe_matvec's by f32 summation order only.
    */
   readonly groupedExperts?: boolean;
+  /**
+   * Fewest routed tokens per expert on average (chunk tokens × experts used / experts) at which a prefill
+   * chunk groups its experts (with {@linkcode StageOptions.groupedExperts}); thinner chunks run them per
+   * column. Default {@linkcode GROUPED_MIN_TOKENS_PER_EXPERT}.
+   */
+  readonly groupedMinTokensPerExpert?: number;
   /**
    * Mat-vec columns (decode, batched decode up to 16, prefill chunks up to 8) of Q8_0, Q4_K, Q5_K, Q6_K
    * and IQ4_XS weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot

@@ -255,11 +255,11 @@ export class Stage {
     const hp = arch.readHparams(file.metadata);
     const check = arch.checkTensors(file, hp);
     const model = GRAPHS[arch.name];
-    const { layers, maxChunk, norms } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
+    const { layers, maxChunk, graphLimits } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
     return await load.underLoadScopes(
       gpu.device,
       { hp, layers, nCtx: opts.nCtx, nSlots: opts.nSlots, kvF16: opts.kvF16 ?? false },
-      () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, norms }),
+      () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, graphLimits }),
     );
   }
 
@@ -273,10 +273,10 @@ export class Stage {
       model: HybridModel;
       layers: readonly [number, number];
       maxChunk: number;
-      norms: load.NormFusion;
+      graphLimits: load.GraphLimits;
     },
   ): Promise<Stage> {
-    const { hp, check, model, maxChunk, norms } = p;
+    const { hp, check, model, maxChunk, graphLimits } = p;
     const [a, b] = p.layers;
     const plan = loadPlan(file, hp, check, [a, b], model);
     // The fingerprint hashes the bytes as they upload (no second read of this range); a valid cache skips it.
@@ -302,7 +302,7 @@ export class Stage {
       nCtx: opts.nCtx,
       maxChunk,
       graph: {
-        ...norms,
+        ...graphLimits,
         moeTuning: opts.moeTuning,
         matvecTuning: opts.matvecTuning,
         fuseDecodeRoute: opts.fuseDecodeRoute ?? false,

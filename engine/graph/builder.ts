@@ -86,6 +86,8 @@ export interface GraphOptions {
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
   readonly fuseDecodeRoute: boolean;
   readonly groupedExperts: boolean;
+  /** StageOptions.groupedMinTokensPerExpert. */
+  readonly groupedMinTokensPerExpert: number;
   readonly int8Activations: boolean;
   /** StageOptions.kvF16: the KV caches hold f16 pairs (attention kernels' KV_F16). */
   readonly kvF16: boolean;

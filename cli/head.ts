@@ -64,7 +64,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --link-timeout S  seconds the chain may take to answer a frame before the link is dropped as stalled and
                     the requests on it end with an error (default 30; raise it on a slow or loaded box)
   --pipeline N      split serving: slot groups in flight at once, each a batched frame (0..8, default 2;
-                    0: the generating requests take turns, one slot per frame)
+                    0: the generating requests take turns, one slot per frame; 1 where the stages share
+                    one GPU, which then runs one group at a time anyway)
   --draft K         guess up to K ids per decode frame by prompt lookup (0..7, default 0: off); output is
                     the same with drafts on or off. Split serving: every frame carries them, the last stage
                     checks them. Unsplit: a lone generating request leaves the pipelined steps for frames of

@@ -5,6 +5,11 @@
 #
 #   bash tools/h200_plan.sh tests attention decode
 #
+# Every step ran on 2026-12-05 (docs/PERF.md); what a next call should measure first: `serve split3` (the
+# per-column prefill of thin chunks in the TTFT and the 8-stream aggregates), then `combine smallchunk`
+# after changes to the batched step or the expert kernels. A warm machine keeps /tmp, so the model is written
+# once per machine (~25 s); one call of `attention decode knobs` took 199 s, `split sampled tests serve` 328 s.
+#
 # `H200_PLAN_LOCAL=1 bash tools/h200_plan.sh tests` runs a step here instead (lavapipe; a dry run of the commands).
 # Each step's output goes to $OUT/<step>.log (and to stdout); a step is skipped when fewer seconds are left of
 # the call's budget (H200_BUDGET_S, default 570: the tool stops a command at 600 s) than the step's limit

@@ -19,7 +19,8 @@ import { Rng } from "./util/rng.ts";
 import { fixturePath } from "./util/fixtures.ts";
 
 // int8: StageOptions.int8Activations, where a batched step quantizes each slot's column on its own (after the
-// norm's own dispatch) and a solo step quantizes with the norm in the prologue: the same bits either way.
+// norm's own dispatch) and a solo step quantizes with the norm in the prologue: the same bits either way;
+// "experts": StageOptions.int8Experts, int8 x for the expert passes alone.
 // perSlot: every state pool over StageOptions.maxStatePoolBytes, so each slot's states are buffers of their own
 // and the batched step runs gdn_step and attn_qk_rope per slot (the fallback for pools over the binding limit).
 for (
@@ -28,9 +29,11 @@ for (
     ["tiny-qwen3next", false, false],
     ["tiny-qwen3next", true, false],
     ["tiny-qwen35moe", false, true],
+    ["tiny-qwen35moe", "experts", false],
   ] as const
 ) {
-  const variant = `${int8 ? " int8 activations" : ""}${perSlot ? " states per slot" : ""}`;
+  const int8Name = int8 === "experts" ? " int8 x for the experts" : int8 ? " int8 activations" : "";
+  const variant = `${int8Name}${perSlot ? " states per slot" : ""}`;
   Deno.test(`${name}${variant}: four slots decoded together equal their solo runs (greedy, sampled, late stop, cancel)`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
@@ -39,7 +42,8 @@ for (
       nCtx: 96,
       nSlots: 4,
       maxChunk: 8,
-      int8Activations: int8,
+      int8Activations: int8 === true,
+      int8Experts: int8 === "experts",
       maxStatePoolBytes: perSlot ? 4 : undefined,
     });
     // The batched step has one gdn_step, attn_qk_rope and attn_decode per layer, or one per slot (and one

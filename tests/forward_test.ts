@@ -188,24 +188,27 @@ function int8Key(label: string, col: number, n: number, used: number): string {
 // int8 rounding is discontinuous: the f32 engine and the float64 reference, 1e-7 apart before rounding, now
 // and then round an element to neighbouring values, and state and routing carry that on (docs/ARCHITECTURE.md).
 // So the reference checks each of the engine's rounding decisions against its own x and continues with it.
-Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rounding decisions", async () => {
+Deno.test("int8 activations (all, and the experts' alone): GPU ≡ float64 reference fed the GPU's checked rounding decisions", async () => {
   const rng = new Rng();
   const gpu = await testGpu();
   // normPrologueMaxRows 0: x is rounded by quantize_q8 dispatches instead of matvec_q8_fused prologues;
   // groupedExperts (with groupedMinTokensPerExpert 0): the 12-token chunk's experts read their rounded x
-  // through the grouped matmul.
+  // through the grouped matmul; experts: int8Experts alone (the projections keep f32 x, and only the experts'
+  // x is rounded and logged).
   const models = [
-    ["qwen35moe", "iq4_xs", "current", undefined, false],
-    ["qwen3next", "q8_0", "legacy", 0, true],
+    ["qwen35moe", "iq4_xs", "current", undefined, false, false],
+    ["qwen3next", "q8_0", "legacy", 0, true, false],
+    ["qwen35moe", "iq4_xs", "current", undefined, false, true],
   ] as const;
-  for (const [arch, quant, layout, normPrologueMaxRows, groupedExperts] of models) {
+  for (const [arch, quant, layout, normPrologueMaxRows, groupedExperts, experts] of models) {
     const path = await synthTiny(arch, quant, layout, rng.u32());
     using file = await openGguf(path);
     const stage = await Stage.load(gpu, file, {
       nCtx: 64,
       nSlots: 1,
       maxChunk: 16,
-      int8Activations: true,
+      int8Activations: !experts,
+      int8Experts: experts,
       int8Log: true,
       normPrologueMaxRows,
       groupedExperts,
@@ -214,7 +217,8 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
     const logged = new Map<string, Int8Logged>();
     const asked = new Set<string>();
     const ref = await RefModel.load(file, {
-      int8Activations: true,
+      int8Activations: !experts,
+      int8Experts: experts,
       int8Decisions: (at) => {
         const key = `${at.layer}/${at.source}/${at.token}${at.slot === undefined ? "" : `.${at.slot}`}`;
         const e = logged.get(key);
@@ -237,6 +241,7 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
       for (const chunk of chunks) {
         const what =
           `${arch} ${quant} ${layout} normPrologueMaxRows ${normPrologueMaxRows} grouped ${groupedExperts} ` +
+          `experts alone ${experts} ` +
           `tokens ${base}..` +
           `${base + chunk.length} (seed ${rng.seed})`;
         const got = await stage.run(0, { tokens: chunk }, base, { rows: "all" });
@@ -253,6 +258,10 @@ Deno.test("int8 activations: GPU ≡ float64 reference fed the GPU's checked rou
           }
           logged.set(key, e);
         }
+        const sources = new Set([...logged.keys()].map((k) => k.split("/")[1]));
+        if (experts) {
+          assert.deepEqual([...sources].sort(), ["moe_act", "moe_in"], `${what}: int8 x outside the experts`);
+        } else assert.ok(sources.has("in") && sources.has("moe_in"), `${what}: rounded x ${[...sources]}`);
         if (chunk.length > 8) {
           // A prefill chunk rounds a block's input once for all its projections (the rounded x is reused).
           const again = [...times].filter(([k, n]) => k.includes("/in/") && n > 1);

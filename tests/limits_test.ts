@@ -13,6 +13,8 @@ import {
   kvBytesPerPosition,
   MAX_SLOTS,
 } from "../engine/exec/activations.ts";
+import { stageBackend } from "../wire/stage_backend.ts";
+import { buildInfo } from "../version.ts";
 import { testGpu } from "./util/gpu.ts";
 import { fixturePath } from "./util/fixtures.ts";
 
@@ -157,5 +159,27 @@ Deno.test("Stage.load refuses norm fusion and expert grouping limits out of rang
     ] as const
   ) {
     await assert.rejects(Stage.load(gpu, f, { nCtx: 16, nSlots: 1, maxChunk: 8, ...opts }), msg);
+  }
+});
+
+Deno.test("a stage with int8 x for its experts alone refuses to serve a split: the hello cannot say so", async () => {
+  using f = await openGguf(MODEL);
+  const gpu = await testGpu();
+  const stage = await Stage.load(gpu, f, {
+    layers: [2, 4],
+    nCtx: 16,
+    nSlots: 1,
+    maxChunk: 8,
+    int8Experts: true,
+  });
+  try {
+    assert.equal(stage.int8Experts, true);
+    assert.equal(stage.int8Activations, false);
+    assert.throws(
+      () => stageBackend(stage, { build: buildInfo(), arch: "qwen35moe" }),
+      /int8 x for its experts alone \(StageOptions\.int8Experts\) cannot serve a split yet/,
+    );
+  } finally {
+    stage.destroy();
   }
 });

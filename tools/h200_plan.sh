@@ -5,7 +5,8 @@
 #
 #   bash tools/h200_plan.sh tests attention decode
 #
-# Every step ran on 2026-12-05 (docs/PERF.md); what a next call should measure first: `serve split3` (the
+# Every step ran on 2026-12-05 (docs/PERF.md) but `int8experts`; what a next call should measure first:
+# `int8experts serve split3` (int8 x for the experts alone in batched steps; the
 # per-column prefill of thin chunks in the TTFT and the 8-stream aggregates), then `combine smallchunk`
 # after changes to the batched step or the expert kernels. A warm machine keeps /tmp, so the model is written
 # once per machine (~25 s); one call of `attention decode knobs` took 199 s, `split sampled tests serve` 328 s.
@@ -20,6 +21,8 @@
 #   decode     #20: solo and 8/16-slot decode with prefill of 2,048 (readback batch 8), then the same with
 #              --batch 2 (early reads: does a 2-step readback cost throughput?)
 #   knobs      #20: 8 slots with --int8, then with --combine-norm-min-rows 17, then sampled (--temp 0.8)
+#   int8experts  #20: solo, 8 and 16 slots with --int8-experts (int8 x for the expert passes alone) beside the
+#              default f32, in one call
 #   split      #19: unsplit, 2 stages, 8 streams, pipelines 2 and 1; then the same with LLM_EARLY_READ=0
 #   sampled    #19: the same at temperature 0.8 (the last stage's sampler in the pass)
 #   serve      #20: HTTP and direct at 1 and 8 streams with a late 2,048-token prompt; direct with --batch 2
@@ -143,6 +146,12 @@ for step in "$@"; do
       run combine 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
         --combine-norm-min-rows 2
       ;;
+    int8experts)
+      ensure_model
+      run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
+        --int8-experts
+      run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
+      ;;
     smallchunk)
       ensure_model
       for chunk in 64 256; do
@@ -157,7 +166,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts)" >&2
       exit 2
       ;;
   esac

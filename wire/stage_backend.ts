@@ -50,8 +50,17 @@ export interface StageBackendOptions {
   readonly next?: ChainLink;
 }
 
-/** What this stage says in its hello (for `next.attach` and the link). */
+/**
+ * What this stage says in its hello (for `next.attach` and the link).
+ * @throws {RangeError} for a stage loaded with int8Experts alone: the hello has no word for those numerics yet
+ */
 export function stageInfo(stage: Stage, arch: string): StageInfo {
+  if (stage.int8Experts && !stage.int8Activations) {
+    throw new RangeError(
+      "A stage with int8 x for its experts alone (StageOptions.int8Experts) cannot serve a split yet: the " +
+        "hello carries int8Activations only; load it with int8Activations, or without int8Experts",
+    );
+  }
   return {
     arch,
     layers: { first: stage.layers[0], end: stage.layers[1], total: stage.hp.nLayer },

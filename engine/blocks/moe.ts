@@ -77,7 +77,7 @@ export async function moe(
   const A = cx.act;
   const K = hp.nExpertUsed;
   const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
-  // The router keeps f32 x under int8Activations: a deferred norm rides on this mat-vec, and the expert
+  // The router keeps f32 x under int8Experts: a deferred norm rides on this mat-vec, and the expert
   // passes round A.m themselves (moe_matvec_q8 XIN).
   const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
     f32: true,
@@ -101,10 +101,10 @@ export async function moe(
   };
   const fuseRoute = n === 1 && g.opts.fuseDecodeRoute;
   const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
-  // int8Activations: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
+  // int8Experts: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
   // instead of in every gate·up workgroup's prologue), where its workgroup memory holds the token's x.
   const xqBytes = moeRouteWorkgroupBytes({ N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32 });
-  const xq8 = g.opts.int8Activations && n <= g.maxCols && !fuseRoute &&
+  const xq8 = g.opts.int8Experts && n <= g.maxCols && !fuseRoute &&
       xqBytes <= g.device.limits.maxComputeWorkgroupStorageSize &&
       moeMatvecQ8Fits(gateUpShape(g, exps, K, n, hp.nExpert, false))
     ? {
@@ -246,13 +246,13 @@ export async function experts(
     gateUp: true,
     sharedCols: e.shared ? n : 0,
   };
-  // int8Activations: the expert passes take int8 x where their weights allow it (moe_matvec_q8 XIN: every
+  // int8Experts: the expert passes take int8 x where their weights allow it (moe_matvec_q8 XIN: every
   // workgroup rounds its f32 x column in its prologue), up to the mat-vec chunk width as the dense ones.
-  const int8 = g.opts.int8Activations && n <= g.maxCols && !e.route;
-  // Prefill chunks under int8Activations: the f32 passes read x and the activations rounded as the int8
+  const int8 = g.opts.int8Experts && n <= g.maxCols && !e.route;
+  // Prefill chunks under int8Experts: the f32 passes read x and the activations rounded as the int8
   // passes would (#roundX).
   const round = (t: GgmlTypeName) =>
-    g.opts.int8Activations && n > g.maxCols && !e.route && MATVEC_Q8_TYPES.includes(t);
+    g.opts.int8Experts && n > g.maxCols && !e.route && MATVEC_Q8_TYPES.includes(t);
   // groupedExperts: prefill chunks whose experts get groupedMinTokensPerExpert routed tokens or more on
   // average group the columns by expert once, for both passes; thinner chunks run per column.
   const wgMax = g.device.limits.maxComputeWorkgroupStorageSize;

@@ -18,15 +18,18 @@ import {
 import { type Int8LogEntry, NORM_PROLOGUE_MAX_ROWS } from "../graph/builder.ts";
 import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 
-/** The norm fusion and expert grouping limits of a stage's graphs, defaults applied (StageOptions). */
-export interface GraphLimits {
+/** The norm fusion and expert grouping limits and int8 x of a stage's graphs, defaults applied (StageOptions). */
+export interface GraphSettings {
   readonly normPrologueMaxRows: number;
   readonly combineNormMinRows: number;
   readonly groupedMinTokensPerExpert: number;
+  readonly int8Activations: boolean;
+  /** StageOptions.int8Experts, or int8Activations (which rounds the experts' x too). */
+  readonly int8Experts: boolean;
 }
 
 /**
- * The load's layer range, chunk and graph limits, checked; warns (through `opts.onLog`) when the context
+ * The load's layer range, chunk and graph settings, checked; warns (through `opts.onLog`) when the context
  * exceeds the model's training context.
  * @throws {RangeError} on an option out of range or a buffer the device cannot bind (see checkStageFits)
  */
@@ -35,7 +38,7 @@ export function checkLoadOptions(
   path: string,
   opts: StageOptions,
   limits: Pick<GPUSupportedLimits, "maxStorageBufferBindingSize" | "maxBufferSize">,
-): { layers: readonly [number, number]; maxChunk: number; graphLimits: GraphLimits } {
+): { layers: readonly [number, number]; maxChunk: number; graphSettings: GraphSettings } {
   const [a, b] = opts.layers ?? [0, hp.nLayer];
   if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
     throw new RangeError(
@@ -69,12 +72,14 @@ export function checkLoadOptions(
         `output past position ${hp.nCtxTrain} is outside what the model was trained on`,
     );
   }
-  const graphLimits = {
+  const graphSettings = {
     normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
     groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
+    int8Activations: opts.int8Activations ?? false,
+    int8Experts: (opts.int8Activations ?? false) || (opts.int8Experts ?? false),
   };
-  return { layers: [a, b], maxChunk, graphLimits };
+  return { layers: [a, b], maxChunk, graphSettings };
 }
 
 /**

@@ -89,13 +89,22 @@ export interface StageOptions {
    */
   readonly int8Activations?: boolean;
   /**
+   * The expert passes alone take int8 x (moe_matvec_q8; prefill chunks round the experts' x alike), while the
+   * projections, output projections and LM head keep f32 x: the one part of int8Activations that batched
+   * steps gain from. On the H200 the int8 expert passes of an 8-slot step took 3.59 ms against 6.12 in f32,
+   * while int8 dense mat-vecs run a dispatch per column there (docs/PERF.md, 2026-12-05). Rounds like
+   * int8Activations at the experts (`RefModelOptions.int8Experts` mirrors it). Default off; implied by
+   * int8Activations. Not served over the wire yet (the hello carries int8Activations only).
+   */
+  readonly int8Experts?: boolean;
+  /**
    * KV caches in f16 (two per word) instead of f32: half the memory per position, so twice the context in
    * the same memory; K and V round to f16 when written (the attention kernels' KV_F16), so logits move by
    * that rounding (`RefModelOptions.kvF16` in tests/ref/forward.ts mirrors it). Default off.
    */
   readonly kvF16?: boolean;
   /**
-   * Test hook for int8Activations: every quantize_q8 of a graph writes a region of its own in one log buffer
+   * Test hook for int8Activations and int8Experts: every quantize_q8 of a graph writes a region of its own in one log buffer
    * (the mat-vecs after it read from there), and `Stage.int8Log` returns the last `run()`'s
    * rounding decisions, so that a reference can check them and continue with the same ones.
    */

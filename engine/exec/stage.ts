@@ -86,6 +86,8 @@ export class Stage {
   readonly normPrologueMaxRows: number;
   /** See {@linkcode StageOptions.int8Activations}. */
   readonly int8Activations: boolean;
+  /** See {@linkcode StageOptions.int8Experts}: true under int8Activations too. */
+  readonly int8Experts: boolean;
   /** See {@linkcode StageOptions.kvF16}. */
   readonly kvF16: boolean;
   /** Slot state buffers (KV caches, conv rings, recurrent states) and snapshots. */
@@ -170,6 +172,7 @@ export class Stage {
     this.#graphOptions = init.graph;
     this.normPrologueMaxRows = init.graph.normPrologueMaxRows;
     this.int8Activations = init.graph.int8Activations;
+    this.int8Experts = init.graph.int8Experts;
     this.kvF16 = init.graph.kvF16;
     const logUsage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
     this.#int8Log = init.int8Log
@@ -255,11 +258,11 @@ export class Stage {
     const hp = arch.readHparams(file.metadata);
     const check = arch.checkTensors(file, hp);
     const model = GRAPHS[arch.name];
-    const { layers, maxChunk, graphLimits } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
+    const { layers, maxChunk, graphSettings } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
     return await load.underLoadScopes(
       gpu.device,
       { hp, layers, nCtx: opts.nCtx, nSlots: opts.nSlots, kvF16: opts.kvF16 ?? false },
-      () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, graphLimits }),
+      () => Stage.#create(gpu, file, opts, { hp, check, model, layers, maxChunk, graphSettings }),
     );
   }
 
@@ -273,10 +276,10 @@ export class Stage {
       model: HybridModel;
       layers: readonly [number, number];
       maxChunk: number;
-      graphLimits: load.GraphLimits;
+      graphSettings: load.GraphSettings;
     },
   ): Promise<Stage> {
-    const { hp, check, model, maxChunk, graphLimits } = p;
+    const { hp, check, model, maxChunk, graphSettings } = p;
     const [a, b] = p.layers;
     const plan = loadPlan(file, hp, check, [a, b], model);
     // The fingerprint hashes the bytes as they upload (no second read of this range); a valid cache skips it.
@@ -292,7 +295,6 @@ export class Stage {
     const tokenTypes = file.metadata.has(KEYS.tokTypes)
       ? file.metadata.getIntArray(KEYS.tokTypes)
       : undefined;
-    const int8Activations = opts.int8Activations ?? false;
     return new Stage({
       tokenTypes,
       gpu,
@@ -302,15 +304,14 @@ export class Stage {
       nCtx: opts.nCtx,
       maxChunk,
       graph: {
-        ...graphLimits,
+        ...graphSettings,
         moeTuning: opts.moeTuning,
         matvecTuning: opts.matvecTuning,
         fuseDecodeRoute: opts.fuseDecodeRoute ?? false,
         groupedExperts: opts.groupedExperts ?? true,
-        int8Activations,
         kvF16: opts.kvF16 ?? false,
       },
-      int8Log: int8Activations && (opts.int8Log ?? false),
+      int8Log: graphSettings.int8Experts && (opts.int8Log ?? false),
       weights,
       tiedOutput: check.tiedOutput,
       layouts: check.layouts,

@@ -89,6 +89,8 @@ export interface GraphOptions {
   /** StageOptions.groupedMinTokensPerExpert. */
   readonly groupedMinTokensPerExpert: number;
   readonly int8Activations: boolean;
+  /** StageOptions.int8Experts (true under int8Activations too): the expert passes take int8 x. */
+  readonly int8Experts: boolean;
   /** StageOptions.kvF16: the KV caches hold f16 pairs (attention kernels' KV_F16). */
   readonly kvF16: boolean;
   /** StageOptions.int8Log: the log buffer and this graph's entries. */

@@ -101,6 +101,11 @@ export interface RefModelOptions {
    * decides near-ties differently from the f32 engine now and then; `int8Decisions` shares the engine's.
    */
   readonly int8Activations?: boolean;
+  /**
+   * Mirror of `StageOptions.int8Experts`: the experts' gate·up and down pairs round their x as under
+   * int8Activations, the other mat-vecs do not (implied by int8Activations).
+   */
+  readonly int8Experts?: boolean;
   /** Mirror of `StageOptions.kvF16`: K and V rounded to f16 (nearest) when written to the cache. */
   readonly kvF16?: boolean;
   /**
@@ -196,6 +201,7 @@ export class RefModel {
   readonly #core: "recurrent" | "chunked";
   readonly #chunk: number;
   readonly #int8: boolean;
+  readonly #int8Experts: boolean;
   readonly #kvF16: boolean;
   readonly #decisions: RefModelOptions["int8Decisions"];
   /** Weight type per `layer/id` (and `output`), for int8Activations. */
@@ -224,6 +230,7 @@ export class RefModel {
     this.#core = parts.opts.deltaNet ?? "recurrent";
     this.#chunk = parts.opts.chunk ?? 64;
     this.#int8 = parts.opts.int8Activations ?? false;
+    this.#int8Experts = this.#int8 || (parts.opts.int8Experts ?? false);
     this.#kvF16 = parts.opts.kvF16 ?? false;
     this.#decisions = parts.opts.int8Decisions;
     this.#types = parts.types;
@@ -583,11 +590,11 @@ export class RefModel {
 
   /** Spec §10: routed top-k experts plus the sigmoid-gated shared expert. */
   #moe(layer: number, w: LayerWeights, m: Float64Array, token: number): Float64Array {
-    // int8Activations: the gate·up pair and the down pair (routed and shared alike) round their x when their
-    // weights are of a type the engine's moe_matvec_q8 passes read.
+    // int8Activations or int8Experts: the gate·up pair and the down pair (routed and shared alike) round their
+    // x when their weights are of a type the engine's moe_matvec_q8 passes read.
     const q8 = (id: string) => {
       const t = this.#types.get(`${layer}/${id}`);
-      return this.#int8 && t !== undefined && MATVEC_Q8_TYPES.includes(t);
+      return this.#int8Experts && t !== undefined && MATVEC_Q8_TYPES.includes(t);
     };
     const round = (x: Float64Array, at: Int8At, key: string) =>
       this.#decisions ? this.#decided(at, x, key) : roundQ8(x);

@@ -46,6 +46,7 @@ const USAGE =
   --int8        x rounded to int8 before quantized mat-vecs (integer dot products in decode steps, the
                 rounded x in prefill): faster decode, llama.cpp's quantized arithmetic
                 (StageOptions.int8Activations)
+  --int8-experts  x rounded to int8 for the expert mat-vecs alone (StageOptions.int8Experts)
   --draft K     guess up to K ids (1..7) by prompt lookup (a 3-id match) and check them in frames of 1 + K
                 rows where the guesses are long (engine/exec/drafting.ts); the same ids. Not with --json
                 (its top-k pairs run undrafted)
@@ -147,6 +148,7 @@ export const command: Command = {
         "repeat-penalty": { type: "string" },
         seed: { type: "string" },
         int8: { type: "boolean", default: false },
+        "int8-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         draft: { type: "string" },
         "draft-min": { type: "string" },
@@ -225,6 +227,7 @@ export const command: Command = {
       layers,
       maxChunk,
       int8Activations: values.int8,
+      int8Experts: values["int8-experts"],
       kvF16: values["kv-f16"],
     }).catch((e) => {
       // The context was sized from the prompt: say so, as the refusal names --ctx (checked before upload).

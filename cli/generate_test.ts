@@ -53,18 +53,24 @@ Deno.test("generate --tokens --json --echo reproduces llama.cpp's greedy tokens 
   assert.ok(Math.abs(got.prompt_top.at(-1)[0][1] - last[0]![1]) < 1e-2);
 });
 
-Deno.test("generate --int8 reaches the stage: its logits move by the int8 rounding of x, not more", async () => {
+Deno.test("generate --int8 and --int8-experts reach the stage: logits move by the int8 rounding of x, not more", async () => {
   const args = ["--model", fixturePath("tiny-qwen35moe.q8_0.gguf"), "--tokens", "1,2,3,4", "--n", "3"];
   const runs = await Promise.all(
-    [[], ["--int8"]].map((a) => generate([...args, "--top", "1", "--json", ...a])),
+    [[], ["--int8"], ["--int8-experts"]].map((a) => generate([...args, "--top", "1", "--json", ...a])),
   );
   for (const r of runs) assert.equal(r.code, 0, r.stderr);
-  const [f32, int8] = runs.map((r) => JSON.parse(r.stdout) as { top: [number, number][][] });
-  // Step 0's logits come from the 4-token prompt chunk: int8 x with --int8 (a mat-vec chunk).
+  const [f32, int8, experts] = runs.map((r) => JSON.parse(r.stdout) as { top: [number, number][][] });
+  // Step 0's logits come from the 4-token prompt chunk: int8 x with --int8 (a mat-vec chunk), for the
+  // experts alone with --int8-experts: three different values, each near the f32 one.
   const a = f32!.top[0]![0]![1];
   const b = int8!.top[0]![0]![1];
+  const c = experts!.top[0]![0]![1];
   assert.notEqual(a, b, "--int8 gave the f32 run's logit bit for bit");
-  assert.ok(Math.abs(a - b) < 0.05 * Math.max(1, Math.abs(a)), `top logit ${b} with --int8 against ${a}`);
+  assert.notEqual(a, c, "--int8-experts gave the f32 run's logit bit for bit");
+  assert.notEqual(b, c, "--int8-experts gave the --int8 run's logit bit for bit");
+  for (const v of [b, c]) {
+    assert.ok(Math.abs(a - v) < 0.05 * Math.max(1, Math.abs(a)), `top logit ${v} with int8 x against ${a}`);
+  }
 });
 
 Deno.test("generate: bad arguments fail with a message and a non-zero exit", async () => {

@@ -80,6 +80,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
                     quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill rounds x
                     alike, so a prompt's chunking (prefix reuse, snapshots) moves only f32 rounding
+  --int8-experts    x rounded to int8 for the expert mat-vecs alone (the part of --int8 that batched steps
+                    gain from; the projections keep f32 x); every stage of a split must agree
 A prompt that prefills for more than a second logs its progress per slot, at most one line a second
 (LLM_PROGRESS_MS sets both, in ms; default 1000).`;
 
@@ -277,6 +279,7 @@ export const command: Command = {
         "piece-steps": { type: "string", default: String(DEFAULT_PIECE_STEPS) },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
+        "int8-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         layers: { type: "string" },
         next: { type: "string" },
@@ -352,6 +355,7 @@ export const command: Command = {
         pieceSteps,
         maxChunk,
         int8Activations: values.int8,
+        int8Experts: values["int8-experts"],
         kvF16: values["kv-f16"],
       });
       let draining = false;

@@ -30,6 +30,7 @@ const USAGE = `Usage: deno run -A mod.ts probe HOST:PORT --model F.gguf --layers
   --ctx N           the head's context (default 8192): the worker must have at least as much
   --kv-f16          the head runs with --kv-f16 (every stage must agree)
   --int8            the head runs with --int8 (every stage must agree)
+  --int8-experts    the head runs with --int8-experts (every stage must agree)
   --link-key K      the chain's key (or LLM_LINK_KEY), as the head would use it
   --tls-ca F        connect over TLS trusting this CA (PEM), as the head's --tls-ca
   --pings N         round trips to time (default 5)
@@ -87,7 +88,7 @@ function describeStage(h: HelloInfo, name: string): string[] {
     `  width        nEmbd ${h.nEmbd}`,
     `  slots        ${h.nSlots}, context ${h.nCtx} positions per slot`,
     `  state        ${h.stateLayout}; int8 activations ${
-      h.numerics.int8Activations ? "on" : "off"
+      h.numerics.int8Activations ? "on" : h.numerics.int8Experts ? "experts only" : "off"
     }; hidden ` +
     `rows ${h.numerics.hiddenDtype}`,
     `  build        ${h.build.version} (commit ${h.build.commit}), wire protocol ${h.protocol}`,
@@ -109,6 +110,7 @@ export const command: Command = {
         ctx: { type: "string", default: "8192" },
         "kv-f16": { type: "boolean", default: false },
         int8: { type: "boolean", default: false },
+        "int8-experts": { type: "boolean", default: false },
         "link-key": { type: "string" },
         "tls-ca": { type: "string" },
         pings: { type: "string", default: "5" },
@@ -163,6 +165,7 @@ export const command: Command = {
         nSlots,
         nCtx,
         int8Activations: values.int8,
+        int8Experts: values.int8 || values["int8-experts"],
         kvF16: values["kv-f16"],
         fingerprint,
       }, { build: buildInfo(), last: false });
@@ -195,7 +198,9 @@ export const command: Command = {
       const lines = [
         `Accepted: a head with --layers 0:${layers[1]} --slots ${nSlots} --ctx ${nCtx}${
           values["kv-f16"] ? " --kv-f16" : ""
-        }${values.int8 ? " --int8" : ""} can use the chain at ${where}`,
+        }${
+          values.int8 ? " --int8" : values["int8-experts"] ? " --int8-experts" : ""
+        } can use the chain at ${where}`,
         ...describeStage(peer, `worker ${where}`),
         ...peer.downstream.flatMap((h, i) => describeStage(h, `behind it, stage ${i + 2}`)),
         `round trip   min ${ms(rtts[0]!)}, median ${ms(rtts[Math.floor(rtts.length / 2)]!)}, max ${

@@ -35,7 +35,8 @@ const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --li
                     (default ${DEFAULT_TIMEOUT_MS / 1000}; raise it on a slow or heavily loaded box)
   --chunk N         rows per prefill chunk (default ${DEFAULT_MAX_CHUNK}, as the head)
   --kv-f16          KV cache in f16 (every stage must agree)
-  --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)`;
+  --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)
+  --int8-experts    x rounded to int8 for the expert mat-vecs alone (every stage must agree)`;
 
 /** Parses `--link-timeout S` (seconds, 0.1..3600) into ms; undefined when absent. @throws {RangeError} */
 export function parseLinkTimeout(s: string | undefined): number | undefined {
@@ -83,6 +84,7 @@ export const command: Command = {
         "link-timeout": { type: "string" },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
+        "int8-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
       },
@@ -124,6 +126,7 @@ export const command: Command = {
         layers,
         maxChunk,
         int8Activations: values.int8,
+        int8Experts: values["int8-experts"],
         kvF16: values["kv-f16"],
       });
       console.error(

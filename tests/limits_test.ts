@@ -13,7 +13,9 @@ import {
   kvBytesPerPosition,
   MAX_SLOTS,
 } from "../engine/exec/activations.ts";
-import { stageBackend } from "../wire/stage_backend.ts";
+import { stageInfo } from "../wire/stage_backend.ts";
+import { helloOf } from "../wire/chain.ts";
+import { checkChain } from "../wire/hello.ts";
 import { buildInfo } from "../version.ts";
 import { testGpu } from "./util/gpu.ts";
 import { fixturePath } from "./util/fixtures.ts";
@@ -162,24 +164,27 @@ Deno.test("Stage.load refuses norm fusion and expert grouping limits out of rang
   }
 });
 
-Deno.test("a stage with int8 x for its experts alone refuses to serve a split: the hello cannot say so", async () => {
+Deno.test("a stage with int8 x for its experts alone says so in its hello, and a chain refuses to mix it", async () => {
   using f = await openGguf(MODEL);
   const gpu = await testGpu();
-  const stage = await Stage.load(gpu, f, {
-    layers: [2, 4],
-    nCtx: 16,
-    nSlots: 1,
-    maxChunk: 8,
-    int8Experts: true,
-  });
+  const load = (int8Experts: boolean) =>
+    Stage.load(gpu, f, { layers: [2, 4], nCtx: 16, nSlots: 1, maxChunk: 8, int8Experts });
+  const [experts, plain] = [await load(true), await load(false)];
   try {
-    assert.equal(stage.int8Experts, true);
-    assert.equal(stage.int8Activations, false);
-    assert.throws(
-      () => stageBackend(stage, { build: buildInfo(), arch: "qwen35moe" }),
-      /int8 x for its experts alone \(StageOptions\.int8Experts\) cannot serve a split yet/,
-    );
+    assert.equal(experts.int8Experts, true);
+    assert.equal(experts.int8Activations, false);
+    const a = stageInfo(experts, "qwen35moe");
+    const b = stageInfo(plain, "qwen35moe");
+    assert.deepEqual([a.int8Experts, a.int8Activations, b.int8Experts], [true, false, false]);
+    const build = buildInfo();
+    const hello = (info: typeof a, first: number) =>
+      helloOf({ ...info, layers: { ...info.layers, first, end: first + 2 } }, { build, last: first === 2 });
+    const refusal = checkChain(hello(b, 0), hello(a, 2));
+    assert.equal(refusal?.field, "int8Experts");
+    assert.match(refusal!.message, /--int8-experts off but .* has on/);
+    assert.equal(checkChain(hello(a, 0), hello(a, 2)), undefined);
   } finally {
-    stage.destroy();
+    experts.destroy();
+    plain.destroy();
   }
 });

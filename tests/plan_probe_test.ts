@@ -146,6 +146,7 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
         nSlots: 2,
         nCtx,
         int8Activations: false,
+        int8Experts: false,
         kvF16: false,
         fingerprint: fp,
       }, { build: buildInfo(), last: first > 0 });

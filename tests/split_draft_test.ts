@@ -105,6 +105,7 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
         nSlots: 2,
         nCtx: CTX,
         int8Activations: false,
+        int8Experts: false,
         kvF16: false,
         fingerprint: head.fingerprint,
       });

@@ -200,6 +200,7 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
         nSlots: 2,
         nCtx: CTX,
         int8Activations: false,
+        int8Experts: false,
         kvF16: false,
         fingerprint: await fingerprintFile(model),
       }, { build: { version: built[1]!, commit: built[2]! }, last: false });

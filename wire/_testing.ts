@@ -21,7 +21,7 @@ export function sampleHello(over: Partial<HelloInfo> = {}): HelloInfo {
     nSlots: 4,
     nCtx: 256,
     stateLayout: "kv=f32;ssm=f32",
-    numerics: { int8Activations: false, hiddenDtype: "f32" },
+    numerics: { int8Activations: false, int8Experts: false, hiddenDtype: "f32" },
     fingerprint: "ab".repeat(32),
     limits: { maxFrameBytes: 1 << 20, maxRows: 64, maxDraft: 4, maxTopK: 8 },
     downstream: [],

@@ -73,7 +73,7 @@ export function helloOf(
     nSlots: info.nSlots,
     nCtx: info.nCtx,
     stateLayout: stateLayout(info.kvF16),
-    numerics: { int8Activations: info.int8Activations, hiddenDtype: "f32" },
+    numerics: { int8Activations: info.int8Activations, int8Experts: info.int8Experts, hiddenDtype: "f32" },
     fingerprint: info.fingerprint,
     limits: STAGE_LIMITS,
     downstream: opts.downstream ?? [],

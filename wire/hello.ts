@@ -56,7 +56,12 @@ export interface HelloInfo {
   /** KV cache and recurrent-state layout, an opaque descriptor compared for equality (e.g. `kv=f32;ssm=f32`). */
   readonly stateLayout: string;
   /** Options that change numerics: both sides of a chain must agree on them. */
-  readonly numerics: { readonly int8Activations: boolean; readonly hiddenDtype: HiddenDtype };
+  readonly numerics: {
+    readonly int8Activations: boolean;
+    /** int8 x for the expert passes (StageOptions.int8Experts; true with int8Activations). Absent: false. */
+    readonly int8Experts: boolean;
+    readonly hiddenDtype: HiddenDtype;
+  };
   /** Model fingerprint: 64 lowercase hex digits (engine/fingerprint.ts defines it). */
   readonly fingerprint: string;
   /** What this side accepts in frames sent to it. */
@@ -77,6 +82,7 @@ export type HelloField =
   | "nEmbd"
   | "stateLayout"
   | "int8Activations"
+  | "int8Experts"
   | "hiddenDtype"
   | "fingerprint"
   | "range"
@@ -193,6 +199,9 @@ export function parseHelloInfo(json: unknown, where: string, opts: { nested?: bo
     stateLayout: str(o, "stateLayout", where, "stateLayout"),
     numerics: {
       int8Activations: bool(numerics, "int8Activations", where, "numerics.int8Activations"),
+      int8Experts: numerics.int8Experts === undefined
+        ? false
+        : bool(numerics, "int8Experts", where, "numerics.int8Experts"),
       hiddenDtype,
     },
     fingerprint,
@@ -272,6 +281,16 @@ export function checkChain(
       "int8Activations",
       `int8 activations differ: ${p} has --int8 ${on(prev.numerics.int8Activations)} but ${n} has ` +
         `${on(next.numerics.int8Activations)}: give every stage the same --int8 setting`,
+    );
+  }
+  if (prev.numerics.int8Experts !== next.numerics.int8Experts) {
+    const on = (b: boolean) => b ? "on" : "off";
+    return refuse(
+      "int8Experts",
+      `int8 x for the experts differs: ${p} has --int8-experts ${
+        on(prev.numerics.int8Experts)
+      } but ${n} has ` +
+        `${on(next.numerics.int8Experts)}: give every stage the same --int8-experts setting`,
     );
   }
   if (prev.numerics.hiddenDtype !== next.numerics.hiddenDtype) {

@@ -48,13 +48,19 @@ const CASES: readonly [string, Partial<HelloInfo>, HelloField, RegExp][] = [
   ],
   [
     "int8",
-    { numerics: { int8Activations: true, hiddenDtype: "f32" } },
+    { numerics: { int8Activations: true, int8Experts: true, hiddenDtype: "f32" } },
     "int8Activations",
     /--int8 off but worker .* has on/,
   ],
   [
+    "int8 experts",
+    { numerics: { int8Activations: false, int8Experts: true, hiddenDtype: "f32" } },
+    "int8Experts",
+    /int8 x for the experts differs: .* --int8-experts off but worker .* has on: give every stage the same/,
+  ],
+  [
     "hidden dtype",
-    { numerics: { int8Activations: false, hiddenDtype: "f16" } },
+    { numerics: { int8Activations: false, int8Experts: false, hiddenDtype: "f16" } },
     "hiddenDtype",
     /sends f32 but .* expects f16/,
   ],
@@ -129,8 +135,18 @@ Deno.test("hello: parseHelloInfo accepts a JSON round trip and names the first b
   bad({ ...json, nCtx: 1.5 }, /field nCtx/);
   bad({ ...json, limits: { ...json.limits, maxFrameBytes: 10 } }, /limits\.maxFrameBytes/);
   bad(
-    { ...json, numerics: { int8Activations: false, hiddenDtype: "bf16" } },
+    { ...json, numerics: { int8Activations: false, int8Experts: false, hiddenDtype: "bf16" } },
     /hiddenDtype must be "f32" or "f16" but got "bf16"/,
+  );
+  bad(
+    { ...json, numerics: { int8Activations: false, int8Experts: "yes", hiddenDtype: "f32" } },
+    /numerics\.int8Experts must be true or false/,
+  );
+  // A hello without int8Experts (before the field existed) says false.
+  assert.equal(
+    parseHelloInfo({ ...json, numerics: { int8Activations: false, hiddenDtype: "f32" } }, "worker x").numerics
+      .int8Experts,
+    false,
   );
   bad({ ...json, build: undefined }, /field build must be an object but it is missing/);
   bad(

@@ -50,17 +50,8 @@ export interface StageBackendOptions {
   readonly next?: ChainLink;
 }
 
-/**
- * What this stage says in its hello (for `next.attach` and the link).
- * @throws {RangeError} for a stage loaded with int8Experts alone: the hello has no word for those numerics yet
- */
+/** What this stage says in its hello (for `next.attach` and the link). */
 export function stageInfo(stage: Stage, arch: string): StageInfo {
-  if (stage.int8Experts && !stage.int8Activations) {
-    throw new RangeError(
-      "A stage with int8 x for its experts alone (StageOptions.int8Experts) cannot serve a split yet: the " +
-        "hello carries int8Activations only; load it with int8Activations, or without int8Experts",
-    );
-  }
   return {
     arch,
     layers: { first: stage.layers[0], end: stage.layers[1], total: stage.hp.nLayer },
@@ -68,6 +59,7 @@ export function stageInfo(stage: Stage, arch: string): StageInfo {
     nSlots: stage.states.nSlots,
     nCtx: stage.nCtx,
     int8Activations: stage.int8Activations,
+    int8Experts: stage.int8Experts,
     kvF16: stage.kvF16,
     fingerprint: stage.fingerprint,
   };

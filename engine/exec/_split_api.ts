@@ -24,6 +24,8 @@ export interface StageInfo {
   readonly nCtx: number;
   /** StageOptions.int8Activations. */
   readonly int8Activations: boolean;
+  /** StageOptions.int8Experts (true with int8Activations). */
+  readonly int8Experts: boolean;
   /** StageOptions.kvF16 (the KV cache's element type, part of the state layout every stage must share). */
   readonly kvF16: boolean;
   /** Model fingerprint (engine/fingerprint.ts). */

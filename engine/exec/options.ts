@@ -94,7 +94,7 @@ export interface StageOptions {
    * steps gain from. On the H200 the int8 expert passes of an 8-slot step took 3.59 ms against 6.12 in f32,
    * while int8 dense mat-vecs run a dispatch per column there (docs/PERF.md, 2026-12-05). Rounds like
    * int8Activations at the experts (`RefModelOptions.int8Experts` mirrors it). Default off; implied by
-   * int8Activations. Not served over the wire yet (the hello carries int8Activations only).
+   * int8Activations. Every stage of a split must agree (the hello's `numerics.int8Experts`).
    */
   readonly int8Experts?: boolean;
   /**

@@ -67,6 +67,12 @@ export interface EngineOptions {
    * Prefill chunks round x alike, so prefix reuse and snapshots differ from a cold run only by f32 order.
    */
   readonly int8Activations?: boolean;
+  /**
+   * Round x to int8 for the expert passes alone (StageOptions.int8Experts; default false; implied by
+   * int8Activations): the expert passes' speed-up without the int8 projections' per-column dispatches in
+   * batched steps.
+   */
+  readonly int8Experts?: boolean;
   /** KV cache in f16 (StageOptions.kvF16; default false): half the memory per position. */
   readonly kvF16?: boolean;
   /**

@@ -26,6 +26,8 @@ export type ToWorker =
     readonly nSlots: number;
     /** StageOptions.int8Activations. */
     readonly int8Activations: boolean;
+    /** StageOptions.int8Experts. */
+    readonly int8Experts: boolean;
     /** StageOptions.kvF16. */
     readonly kvF16: boolean;
     /** Drafted frames of the unsplit engine (EngineOptions.draft); absent: none. */

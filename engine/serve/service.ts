@@ -166,6 +166,7 @@ export class EngineService implements Engine {
       nSlots: opts.nSlots,
       ...o,
       int8Activations: opts.int8Activations ?? false,
+      int8Experts: opts.int8Experts ?? false,
       kvF16: opts.kvF16 ?? false,
       ...(opts.draft ? { draft: opts.draft } : {}),
       split: opts.split && {

@@ -93,6 +93,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       nSlots: m.nSlots,
       maxChunk: m.maxChunk,
       int8Activations: m.int8Activations,
+      int8Experts: m.int8Experts,
       kvF16: m.kvF16,
       layers: m.split?.layers,
       onLog: (line) => post({ type: "log", line }),
@@ -123,6 +124,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
           nSlots: m.nSlots,
           nCtx: m.nCtx,
           int8Activations: stage.int8Activations,
+          int8Experts: stage.int8Experts,
           kvF16: stage.kvF16,
           fingerprint: stage.fingerprint,
         },
@@ -153,7 +155,13 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       line: `Loaded ${model} (${arch}, ${(stage.weightBytes / 2 ** 20).toFixed(1)} MiB of weights, ` +
         `${m.nSlots} slots of ${m.nCtx} positions, ${
           (stage.states.totalBytes / 2 ** 20).toFixed(1)
-        } MiB of state; x ${stage.int8Activations ? "int8" : "f32"} in the decode mat-vecs)`,
+        } MiB of state; x ${
+          stage.int8Activations
+            ? "int8 in the"
+            : stage.int8Experts
+            ? "int8 in the expert and f32 in the other"
+            : "f32 in the"
+        } decode mat-vecs)`,
     });
     post({ type: "ready", nVocab: stage.hp.nVocab, pipelines: pipelines() });
     pump();

@@ -30,6 +30,10 @@
  * mean ms per call, read from each process's profile (started with `LLM_STAGE_PROFILE=1`, printed on SIGUSR1). RUN frames are decode steps (one
  * per token, or per drafted frame) and prompt pieces. The unsplit head reports none of these (null).
  *
+ * The aggregate line's `tokPerSecond` counts every id over the wall time (the prompts' prefill included);
+ * `decodeTokPerSecond` sums each stream's ids after its first batch over its time from that batch to its last
+ * id (as bench/serve.ts), the decode rate alone.
+ *
  * One JSON line per measurement (commit, adapter, command, parameters, result with units); never asserts.
  * No npm imports: it runs with nothing but Deno (the lent H200 included).
  * @module
@@ -456,6 +460,12 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
       tokens,
       wallMs,
       tokPerSecond: (tokens * 1000) / wallMs,
+      // Each stream's ids after its first batch per second from that batch to its last id, summed (as
+      // bench/serve.ts' decodeTokPerSecond): the decode rate without the prompts' prefill.
+      decodeTokPerSecond: rs.reduce(
+        (a, r) => a + (r.decodeMs > 0 ? ((r.tokens - r.firstBatch) * 1000) / r.decodeMs : 0),
+        0,
+      ),
       ttftMsMedian: ttft[Math.floor(ttft.length / 2)],
       ttftMsMax: ttft.at(-1),
     });

@@ -78,8 +78,9 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
                     split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
-                    quantized mat-vecs do: +8.5% decode tok/s on the H200 (docs/PERF.md). Prefill rounds x
-                    alike, so a prompt's chunking (prefix reuse, snapshots) moves only f32 rounding
+                    quantized mat-vecs do: +10% single-stream decode on the H200, but batched steps of several
+                    streams run their int8 projections a dispatch per stream (8 streams: 396 against 587 tok/s;
+                    docs/PERF.md). Prefill rounds x alike, so a prompt's chunking moves only f32 rounding
   --int8-experts    x rounded to int8 for the expert mat-vecs alone (the part of --int8 that batched steps
                     gain from; the projections keep f32 x); every stage of a split must agree
 A prompt that prefills for more than a second logs its progress per slot, at most one line a second

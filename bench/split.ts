@@ -26,7 +26,8 @@
  * frame (the head's round trip minus the workers' compute: every hop together); `draftAcceptance` the
  * accepted / proposed draft ids in the measurement (null without drafts). `phasesMs` breaks each stage
  * process's frames down by phase (issue #19: graph lookup, writeBuffer, encode, submit, the blocking `mapAsync`
- * call, the wait for its promise, the copy out, the last stage's CPU argmax / top-k / GPU sampler): calls and
+ * call, the wait for its promise, the copy out, the last stage's CPU argmax / top-k / GPU sampler; the head's
+ * pipelined driver adds `pipe.*`: lock, head step, chain round trip, take, step and between steps): calls and
  * mean ms per call, read from each process's profile (started with `LLM_STAGE_PROFILE=1`, printed on SIGUSR1). RUN frames are decode steps (one
  * per token, or per drafted frame) and prompt pieces. The unsplit head reports none of these (null).
  *

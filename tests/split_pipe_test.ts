@@ -127,7 +127,17 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
               opts: { nNew: NNEW, base, onTokens, ...optsOf(i) },
             };
           });
+          const steps = head.profile.phases["pipe.step"]?.count ?? 0;
           const rs = await dec.generate(items);
+          // The pipelined driver's phases land in the head stage's profile: a step and a chain round trip
+          // per group step (none with groups 0, which takes turns through the one-slot path).
+          const stepped = (head.profile.phases["pipe.step"]?.count ?? 0) - steps;
+          assert.equal(stepped > 0, groups > 0, `pipe.step ${stepped}, ${where}`);
+          if (groups > 0) {
+            for (const k of ["pipe.lock", "pipe.head", "pipe.chain", "pipe.take", "pipe.between"]) {
+              assert.ok((head.profile.phases[k]?.count ?? 0) > 0, `${k}, ${where}`);
+            }
+          }
           const got = rs.map((r, i) => i === 3 ? [...r3!.tokens, ...r.tokens] : r.tokens);
           assert.deepEqual(got, want, where);
           assert.deepEqual(streamed.slice(0, 3), want.slice(0, 3), `streamed ids, ${where}`);

@@ -210,6 +210,8 @@ export interface SplitStage {
   snapshot(slot: number): number;
   /** Restores snapshot `id` into `slot`. */
   restore(id: number, slot: number): void;
+  /** Phase times (Stage.profile): the pipelined driver adds its `pipe.*` phases here. */
+  readonly profile?: { add(phase: string, ms: number): void };
 }
 
 /** What a fed run asks of the chain besides its rows. */

@@ -14,6 +14,11 @@
  * Stops, cancels and the scheduler's `pause` are checked after each step of a group; with `pause` given, the
  * call ends once a sequence ended or `pause()` is true, each group after the frame it has in flight, and
  * the others come back `paused` (holding every returned id but the last, which a `resume` call feeds).
+ *
+ * Phases (the head stage's profile, `LLM_STAGE_PROFILE=1`): per batched group step `pipe.lock` (waiting for
+ * the head's GPU), `pipe.head` (the head's batched step to its rows), `pipe.chain` (the RUN_BATCH round trip),
+ * `pipe.take` (stops, budgets and each lane's onTokens), and per step of a group `pipe.step` (all of it) and
+ * `pipe.between` (from a step's end to the group's next step: the pause check and the lanes' filter).
  * @module
  */
 import { isGreedy, SAMPLE_HIST, type SamplingParams } from "../sampling.ts";
@@ -84,7 +89,9 @@ export async function generateMany(
   const run = async (group: Lane[]) => {
     try {
       // Every group makes one step before the call can end (as the decode driver's first batch).
+      let ended = 0;
       for (let first = true;; first = false) {
+        if (!first) p.stage.profile?.add("pipe.between", performance.now() - ended);
         const live = group.filter((l) => !l.ended);
         if (live.length === 0) return;
         if (!first && !stopping && pause?.()) stopping = true;
@@ -92,7 +99,10 @@ export async function generateMany(
           for (const l of live) l.paused = l.ended = true;
           return;
         }
+        const t = performance.now();
         await step(p, live);
+        ended = performance.now();
+        p.stage.profile?.add("pipe.step", ended - t);
         if (pause && group.some((l) => l.ended && !l.paused)) stopping = true;
       }
     } catch (e) {
@@ -168,8 +178,10 @@ async function step(p: PipeParts, live: Lane[]): Promise<void> {
   if (batched.length === 0) return;
   const slots = batched.map((l) => l.it.slot);
   const t0 = performance.now();
+  const prof = stage.profile;
   // The head's lock covers the submission only: another group's step submits while this readback waits.
   const pending = await p.gpu(async (): Promise<{ output: Promise<Float32Array> }> => {
+    prof?.add("pipe.lock", performance.now() - t0);
     for (const s of slots) p.dropAnchor(s);
     const tokens = { tokens: batched.map((l) => l.feed[0]!) };
     if (slots.length >= 2 && stage.canBatch && stage.submitBatch) {
@@ -189,7 +201,9 @@ async function step(p: PipeParts, live: Lane[]): Promise<void> {
     return { output: Promise.resolve(all) };
   });
   const rows = await pending.output;
-  const headUs = Math.round((performance.now() - t0) * 1000);
+  const tRows = performance.now();
+  prof?.add("pipe.head", tRows - t0);
+  const headUs = Math.round((tRows - t0) * 1000);
   for (const l of batched) p.held[l.it.slot] = [...p.held[l.it.slot]!.slice(0, l.pos), l.feed[0]!];
   const nEmbd = rows.length / batched.length;
   const topK = Math.max(...batched.map((l) => l.top));
@@ -229,6 +243,7 @@ async function step(p: PipeParts, live: Lane[]): Promise<void> {
       }));
     }
   } catch (e) {
+    prof?.add("pipe.chain", performance.now() - tRows);
     for (const s of slots) p.epoch[s] = undefined;
     if (!(e instanceof StaleChainError)) throw e;
     // The chain restarted: each slot replays its tokens on the head and the chain, then runs its id alone.
@@ -238,10 +253,13 @@ async function step(p: PipeParts, live: Lane[]): Promise<void> {
     }
     return;
   }
+  const tChain = performance.now();
+  prof?.add("pipe.chain", tChain - tRows);
   for (const [b, l] of batched.entries()) {
     p.epoch[l.it.slot] = results[b]!.epoch;
     take(l, results[b]!);
   }
+  prof?.add("pipe.take", performance.now() - tChain);
 }
 
 /**

@@ -8,7 +8,7 @@
  */
 import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
-import { archOf, KEYS, modelFingerprint, openGguf } from "../engine/mod.ts";
+import { archOf, int8ExpertsOf, KEYS, modelFingerprint, openGguf } from "../engine/mod.ts";
 import {
   connectLink,
   DEFAULT_HANDSHAKE_TIMEOUT_MS,
@@ -165,7 +165,7 @@ export const command: Command = {
         nSlots,
         nCtx,
         int8Activations: values.int8,
-        int8Experts: values.int8 || values["int8-experts"],
+        int8Experts: int8ExpertsOf({ int8Activations: values.int8, int8Experts: values["int8-experts"] }),
         kvF16: values["kv-f16"],
         fingerprint,
       }, { build: buildInfo(), last: false });

@@ -57,6 +57,7 @@ export * from "./fingerprint.ts";
 export * from "./inspect.ts";
 export * from "./plan.ts";
 export * from "./exec/stage.ts";
+export { int8ExpertsOf } from "./exec/options.ts";
 export { type PhaseTotal, printProfileOnSignal, RunProfile } from "./exec/_profile.ts";
 export { ARGMAX_RING } from "./exec/_stage_run.ts";
 export { argmaxCpu, DecodeDriver, topCpu } from "./exec/decode.ts";

@@ -275,8 +275,8 @@ export function checkChain(
         `start every stage with the same KV and state options`,
     );
   }
+  const on = (b: boolean) => b ? "on" : "off";
   if (prev.numerics.int8Activations !== next.numerics.int8Activations) {
-    const on = (b: boolean) => b ? "on" : "off";
     return refuse(
       "int8Activations",
       `int8 activations differ: ${p} has --int8 ${on(prev.numerics.int8Activations)} but ${n} has ` +
@@ -284,7 +284,6 @@ export function checkChain(
     );
   }
   if (prev.numerics.int8Experts !== next.numerics.int8Experts) {
-    const on = (b: boolean) => b ? "on" : "off";
     return refuse(
       "int8Experts",
       `int8 x for the experts differs: ${p} has --int8-experts ${

@@ -11,6 +11,7 @@ import { checkStageFits, stateSpecs } from "./activations.ts";
 import {
   COMBINE_NORM_MIN_ROWS,
   GROUPED_MIN_TOKENS_PER_EXPERT,
+  int8ExpertsOf,
   type Int8Logged,
   type StageInput,
   type StageOptions,
@@ -77,7 +78,7 @@ export function checkLoadOptions(
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
     groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
     int8Activations: opts.int8Activations ?? false,
-    int8Experts: (opts.int8Activations ?? false) || (opts.int8Experts ?? false),
+    int8Experts: int8ExpertsOf(opts),
   };
   return { layers: [a, b], maxChunk, graphSettings };
 }

@@ -20,6 +20,13 @@ export const COMBINE_NORM_MIN_ROWS = 17;
  */
 export const GROUPED_MIN_TOKENS_PER_EXPERT = 8;
 
+/** Whether the expert passes take int8 x: StageOptions.int8Experts, or int8Activations (which rounds them too). */
+export function int8ExpertsOf(
+  o: { readonly int8Activations?: boolean; readonly int8Experts?: boolean },
+): boolean {
+  return (o.int8Activations ?? false) || (o.int8Experts ?? false);
+}
+
 /** Options of `Stage.load`. */
 export interface StageOptions {
   /** Layer range `[a, b)` of the decoder layers (default: all). */

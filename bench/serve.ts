@@ -5,7 +5,7 @@
  * HTTP minus direct is the HTTP path's cost; direct minus `bench/decode.ts --slots` is the scheduler's.
  *
  * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8,16] [--prompt 64] [--port 8099]
- * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--piece-steps N] [--late 2048]
+ * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--piece-steps N] [--piece-gap F] [--late 2048]
  * [--head-flags="--cached-only --config C.json"] [--temp 0]`
  * - `--temp T` (default 0, greedy): every stream samples at temperature T (top-k 40, top-p 0.95, min-p 0.05,
  *   seed 1) over HTTP, directly and in the engine lines, so the GPU sampler runs in every step.
@@ -16,10 +16,13 @@
  * - `--prefill-turn N`, `--batch N` (direct mode only; the head has no flags for them): EngineOptions
  *   `prefillTurn` (prompt tokens per prefill round between decode turns; default one chunk) and `batch`
  *   (decode steps per readback, the length of a decode turn; default 8), and `--piece-steps N`: `pieceSteps`
- *   (decode steps per readback between a long prompt's pieces; default 2), to tune the fairness trade-off.
+ *   (decode steps per readback between a long prompt's pieces; default 2) and `--piece-gap F`: `pieceGap` (a
+ *   round of pieces and its turn in the streams' steady gaps; default 2.5; 0: fixed `prefillTurn` pieces), to
+ *   tune the fairness trade-off.
  * - `--late N`: in direct mode, at each level L ≥ 2, a request with an N-token prompt arrives once L − 1
  *   streams are generating: the streams' longest gap between id batches while it prefills against their
- *   steady gap, and its time to first token against its solo one (issue #20's fairness goals). Needs
+ *   steady gap, and its time to first token against its solo one (issue #20's fairness goals; `firstStreamGapsMs`:
+ *   the first stream's gaps meanwhile, about one per round of pieces). Needs
  *   `--ctx` ≥ N + 17.
  *
  * - `--modes`: any of `http`, `direct` and `direct-nosnap` (direct with EngineOptions `snapshotBack: 0`: no
@@ -63,6 +66,7 @@ const { values: args } = parseArgs({
     "prefill-turn": { type: "string" },
     batch: { type: "string" },
     "piece-steps": { type: "string" },
+    "piece-gap": { type: "string" },
     late: { type: "string", default: "0" },
     "head-flags": { type: "string", default: "" },
     temp: { type: "string", default: "0" },
@@ -79,6 +83,7 @@ const optional = (v: string | undefined) => v === undefined ? undefined : Number
 const prefillTurn = optional(args["prefill-turn"]);
 const batch = optional(args.batch);
 const pieceSteps = optional(args["piece-steps"]);
+const pieceGap = optional(args["piece-gap"]);
 const base = `http://127.0.0.1:${args.port}`;
 const maxLevel = Math.max(...levels);
 for (const m of modes) {
@@ -323,11 +328,15 @@ async function lateArrival(e: EngineService, level: number, soloTtftMs: number):
   }
   const steady: number[] = [];
   const during: number[] = [];
-  for (const s of stamps) {
+  const firstStream: number[] = [];
+  for (const [i, s] of stamps.entries()) {
     for (let k = 1; k < s.length; k++) {
       const gap = s[k]! - s[k - 1]!;
       if (s[k]! <= arrived) steady.push(gap);
-      else if (s[k - 1]! < first) during.push(gap);
+      else if (s[k - 1]! < first) {
+        during.push(gap);
+        if (i === 0) firstStream.push(Math.round(gap));
+      }
     }
   }
   const steadyMs = median(steady);
@@ -337,6 +346,8 @@ async function lateArrival(e: EngineService, level: number, soloTtftMs: number):
     latePromptTokens: late,
     steadyGapMs: steadyMs,
     worstGapDuringPrefillMs: worstMs,
+    // The first stream's gaps from the arrival to the late request's first id: one per round of pieces.
+    firstStreamGapsMs: firstStream,
     gapRatio: steadyMs ? worstMs / steadyMs : undefined,
     lateTtftMs: t.ttftMs,
     soloTtftMs,
@@ -355,6 +366,7 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
     prefillTurn,
     batch,
     pieceSteps,
+    pieceGap,
     ...(what === "direct-nosnap" ? { snapshotBack: 0 } : {}),
     onLog: () => {},
   });

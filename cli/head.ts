@@ -12,6 +12,7 @@ import {
   ChatTemplate,
   DEFAULT_BATCH_MIN,
   DEFAULT_MAX_CHUNK,
+  DEFAULT_PIECE_GAP,
   DEFAULT_PIECE_STEPS,
   KEYS,
   openGguf,
@@ -57,6 +58,9 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --piece-steps N   decode steps per readback between a long prompt's pieces and while a newcomer waits
                     (1..8, default ${DEFAULT_PIECE_STEPS}): more lengthens the streams' gap and the prompt's
                     wait per piece; fewer costs the streams one readback per N steps
+  --piece-gap F     while requests stream, a long prompt's pieces and the decode turn after each take about F
+                    times the streams' steady gap (default ${DEFAULT_PIECE_GAP}; 1..64, or 0: fixed 256-token
+                    pieces): larger gets the prompt its first token sooner and pauses the streams longer
   --layers 0:a      split serving: run only layers 0:a here, the rest on the chain at --next
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)
@@ -278,6 +282,7 @@ export const command: Command = {
         grace: { type: "string", default: "30" },
         "batch-min": { type: "string", default: String(DEFAULT_BATCH_MIN) },
         "piece-steps": { type: "string", default: String(DEFAULT_PIECE_STEPS) },
+        "piece-gap": { type: "string", default: String(DEFAULT_PIECE_GAP) },
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
         "int8-experts": { type: "boolean", default: false },
@@ -321,6 +326,12 @@ export const command: Command = {
     if (pieceSteps > 8) {
       throw new RangeError(`--piece-steps ${pieceSteps} must be at most 8 (the decode steps per readback)`);
     }
+    const pieceGap = num("piece-gap", values["piece-gap"], 0, 64);
+    if (pieceGap > 0 && pieceGap < 1) {
+      throw new RangeError(
+        `--piece-gap ${pieceGap} must be 0 (fixed pieces) or 1..64 (steady gaps per round)`,
+      );
+    }
     if (values["api-key"] === "") {
       throw new RangeError("--api-key is empty: give a key or leave the flag out");
     }
@@ -354,6 +365,7 @@ export const command: Command = {
         queueSize,
         batchMin,
         pieceSteps,
+        pieceGap,
         maxChunk,
         int8Activations: values.int8,
         int8Experts: values["int8-experts"],

@@ -115,6 +115,7 @@ export * from "./text/mod.ts";
 export {
   DEFAULT_BATCH_MIN,
   DEFAULT_MAX_CHUNK,
+  DEFAULT_PIECE_GAP,
   DEFAULT_PIECE_STEPS,
   type Engine,
   type EngineOptions,

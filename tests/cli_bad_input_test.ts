@@ -20,6 +20,12 @@ const CASES: readonly [string[], number, RegExp][] = [
     1,
     /^error: --piece-steps 9 must be at most 8 \(the decode steps per readback\)$/,
   ],
+  [["head", "--piece-gap", "x"], 1, /^error: --piece-gap x must be a number in \[0, 64\]$/],
+  [
+    ["head", "--piece-gap", "0.5"],
+    1,
+    /^error: --piece-gap 0.5 must be 0 \(fixed pieces\) or 1..64 \(steady gaps per round\)$/,
+  ],
   [
     ["head", "--model", F, "--draft-cache", "1000"],
     1,

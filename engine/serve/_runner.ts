@@ -3,11 +3,14 @@
  * {@linkcode SlotDecoder}'s slots with continuous batching, one GPU call at a time (the stage's activation
  * buffers are shared by all slots). The loop alternates two kinds of work:
  * - prompt pieces of the new requests whose prompt has more left than one piece (or a snapshot point ahead),
- *   oldest first, at most `prefillTurn` tokens in all while other requests generate (their streams pause for
- *   it), else at most `prefillAlone` (wide chunks, fewer rounds: nothing waits but newcomers);
+ *   oldest first, at most the round's budget in all while other requests generate (their streams pause for
+ *   it: `prefillTurn` tokens, or with `pieceGap` what the pacer of engine/serve/_pacer.ts allows, about that
+ *   many of their steady gaps per round), else at most `prefillAlone` (wide chunks, fewer rounds: nothing
+ *   waits but newcomers);
  * - one decode call ({@linkcode SlotDecoder.generate}) of every generating request together with the new ones
- *   whose prompt rest fits what the round's pieces left of `prefillTurn` (they join with a fresh prompt, the
- *   driver prefills it and streams their first id before the step loop; the others wait one turn). The call is a turn: it returns at the first readback boundary where work
+ *   whose prompt rest fits what the round's pieces left of its budget (they join with a fresh prompt, the
+ *   driver prefills it and streams their first id before the step loop; the others wait one turn). The call
+ *   is a turn: it returns at the first readback boundary where work
  *   waits outside it (a request arrived, a piece is due, a waiting request was cancelled) or a sequence
  *   ended; the others come back paused and rejoin the next call with `resume` (no prefill, the same ids as an
  *   uninterrupted run).
@@ -36,6 +39,7 @@ import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 import { assert } from "../errors.ts";
 import type { SamplingParams } from "../sampling.ts";
 import type { JobResult } from "./_protocol.ts";
+import { PiecePacer } from "./_pacer.ts";
 
 /** One request as the runner sees it. */
 export interface RunnerJob {
@@ -79,8 +83,19 @@ export interface SlotRunnerOptions {
    * (0: no snapshots; prefix reuse then comes from live slot state only).
    */
   readonly snapshotBack: number;
-  /** Most prompt tokens prefilled per piece between the others' decode turns (0: a whole prompt at once). */
+  /**
+   * Prompt tokens per piece between the others' decode turns (0: a whole prompt at once): the pieces of a
+   * round with `pieceGap`, their grain and smallest size.
+   */
   readonly prefillTurn: number;
+  /**
+   * Pieces sized by time (engine/serve/_pacer.ts): a round of pieces and its decode turn takes about this
+   * many times the streams' steady gap (`batch` steps), in multiples of `prefillTurn` up to `prefillAlone`.
+   * Absent or 0: every round takes `prefillTurn` tokens.
+   */
+  readonly pieceGap?: number;
+  /** The pacer's clock in ms (default `performance.now`; tests give a clock that GPU calls advance). */
+  readonly now?: () => number;
   /**
    * Most prompt tokens prefilled per round while no request generates (0: a whole prompt at once; below
    * `prefillTurn`: `prefillTurn`). Absent: `prefillTurn`.
@@ -129,6 +144,10 @@ export class SlotRunner {
   readonly #prefillTurn: number;
   readonly #prefillAlone: number;
   readonly #batchMin: number;
+  readonly #pacer: PiecePacer;
+  readonly #now: () => number;
+  /** Prompt tokens of the current round's pieces (a rest up to this joins the decode call instead). */
+  #roundBudget: number;
   /** Tokens each slot's state holds exactly (empty: unknown, the next request resets it). */
   readonly #history: number[][];
   /** Each slot's latest prompt-boundary snapshot and the tokens it holds. */
@@ -154,6 +173,15 @@ export class SlotRunner {
     this.#prefillTurn = opts.prefillTurn > 0 ? opts.prefillTurn : Infinity;
     const alone = opts.prefillAlone ?? opts.prefillTurn;
     this.#prefillAlone = Math.max(this.#prefillTurn, alone > 0 ? alone : Infinity);
+    this.#roundBudget = this.#prefillTurn;
+    this.#now = opts.now ?? (() => performance.now());
+    this.#pacer = new PiecePacer({
+      gap: opts.pieceGap ?? 0,
+      minPiece: this.#prefillTurn,
+      maxPiece: this.#prefillAlone,
+      batch: this.#batch,
+      pieceSteps: this.#pieceSteps,
+    });
     assert(
       opts.batchMin === 0 || (opts.batchMin >= 2 && opts.batchMin <= MAX_BATCH_SLOTS),
       "batchMin is 0 or 2..MAX_BATCH_SLOTS",
@@ -203,13 +231,21 @@ export class SlotRunner {
       // Requests submitted in the same task (the worker hands over all that waited) start in one call.
       await Promise.resolve();
       while (this.#sweep()) {
-        // Prompt pieces of the new requests, oldest first, up to prefillTurn tokens in all (short pieces up to
+        // Prompt pieces of the new requests, oldest first, up to the round's budget in all (short pieces up to
         // a snapshot point of several requests share one), then one decode turn of everything generating: a
         // long prompt does not freeze the streams in flight. With no stream in flight, prefillAlone tokens.
-        let budget = this.#generating() ? this.#prefillTurn : this.#prefillAlone;
+        // While others stream, the pacer sizes the round (its pieces and its turn: about pieceGap times their
+        // steady gap) from what the rounds and turns before it took.
+        const generating = this.#generating();
+        this.#roundBudget = generating ? this.#pacer.budget() : this.#prefillTurn;
+        let budget = generating ? this.#roundBudget : this.#prefillAlone;
+        const t0 = this.#now();
+        let pieced = 0;
         for (let n = this.#nextPiece(); n && budget > 0; n = this.#nextPiece()) {
           try {
-            budget -= await this.#prefillPiece(n, budget);
+            const done = await this.#prefillPiece(n, budget);
+            budget -= done;
+            pieced += done;
           } catch (e) {
             this.#fail([n], e);
           }
@@ -217,7 +253,10 @@ export class SlotRunner {
         const { group, rotating } = this.#group(budget);
         if (group.length > 0) {
           try {
-            await this.#turn(group, rotating);
+            const t = await this.#turn(group, rotating);
+            if (generating && pieced + t.prefilled > 0) {
+              this.#pacer.round(pieced + t.prefilled, t.steps, this.#now() - t0);
+            }
           } catch (e) {
             this.#fail(group.filter((a) => this.#jobs.includes(a)), e);
           }
@@ -293,8 +332,9 @@ export class SlotRunner {
    * With `rotating` (others wait for a place in the step) a member makes at most `turnTokens` ids, a new one
    * only its first (time to first token is its own prefill, not the others' turns).
    */
-  async #turn(group: readonly Active[], rotating: boolean): Promise<void> {
+  async #turn(group: readonly Active[], rotating: boolean): Promise<{ steps: number; prefilled: number }> {
     const stage = this.#stage;
+    let prefilled = 0;
     const items: BatchItem[] = group.map((a) => {
       const { job } = a;
       a.running = true;
@@ -302,7 +342,12 @@ export class SlotRunner {
       // Ids this request can make in all: the context holds the prompt and all of them but the last.
       const rest = limitOf(a, stage.nCtx) - a.made.length;
       const nNew = !rotating ? rest : a.made.length === 0 ? 1 : Math.min(this.#turnTokens, rest);
+      // Batches landing one after another in one call are the streams' steady gap: the pacer's step time.
+      let landed: number | undefined;
       const emit = (ids: readonly number[]) => {
+        const now = this.#now();
+        if (landed !== undefined) this.#pacer.steady(ids.length, now - landed);
+        landed = now;
         if (job.signal.aborted) return;
         a.got.push(...ids);
         job.onTokens(ids);
@@ -311,6 +356,7 @@ export class SlotRunner {
       const seq = [...job.prompt, ...a.made];
       const resume = a.made.length > 0;
       const base = resume ? seq.length - 1 : a.held;
+      if (!resume) prefilled += seq.length - base;
       assert(
         base === 0 || stage.length(a.slot) === base,
         `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
@@ -340,6 +386,7 @@ export class SlotRunner {
     // Work waiting already: the call ends at its first readback, which comes after pieceSteps steps.
     const batch = pause() ? this.#pieceSteps : this.#batch;
     const rs = await stage.generate(items, { batch, pause });
+    let steps = 0;
     for (const [i, a] of group.entries()) {
       const r = rs[i]!;
       const { job } = a;
@@ -354,7 +401,9 @@ export class SlotRunner {
       else if (a.made.length >= job.maxTokens) end = "length";
       else if (a.made.length >= limitOf(a, stage.nCtx)) end = "context";
       if (end) a.resolve(this.#finish(a, end));
+      steps = Math.max(steps, r.steps);
     }
+    return { steps, prefilled };
   }
 
   /** Ends `a`: frees its slot and records what the slot holds; returns the result. */
@@ -427,7 +476,7 @@ export class SlotRunner {
     const prompt = a.job.prompt;
     const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
     const snapAhead = at > a.base && a.held < at;
-    return snapAhead || prompt.length - a.held > this.#prefillTurn;
+    return snapAhead || prompt.length - a.held > this.#roundBudget;
   }
 
   /**

@@ -353,3 +353,95 @@ Deno.test("runner: a lone long prompt goes in rounds of prefillAlone tokens, pie
     stage.destroy();
   }
 });
+
+Deno.test("runner: with pieceGap a long prompt beside a stream goes in pieces the pacer sizes; the same tokens", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 2, maxChunk: 8 });
+  try {
+    const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
+    const short = Array.from({ length: 3 }, () => rng.int(0, 1021));
+    const want = (await stage.generate(0, long, { nNew: 4 })).tokens;
+    // A clock the GPU calls advance: a prompt token costs 1 ms, a decode step 10 ms (as each batch lands).
+    let clock = 0;
+    const d = logged(stage.decoder, []);
+    const timed: SlotDecoder = {
+      ...d,
+      get snapshotBytes() {
+        return d.snapshotBytes;
+      },
+      prefill: async (slot, tokens, base) => {
+        await d.prefill(slot, tokens, base);
+        clock += tokens.length;
+      },
+      generate: (items, opts) => {
+        const landed = new Set<number>();
+        return d.generate(
+          items.map((it, i) => ({
+            ...it,
+            opts: {
+              ...it.opts,
+              onTokens: (ids) => {
+                // A fresh prompt's rest is prefilled before its first id; the batch's steps then land.
+                if (!landed.has(i) && !it.opts.resume) clock += it.prompt.length;
+                if (!landed.has(i) || i === 0) clock += 10 * ids.length;
+                landed.add(i);
+                it.opts.onTokens?.(ids);
+              },
+            },
+          })),
+          opts,
+        );
+      },
+    };
+    for (const [gap, pieces] of [[0, 7], [2.5, 1]] as const) {
+      const log: string[] = [];
+      const runner = new SlotRunner(logged(timed, log), {
+        batch: 4,
+        pieceSteps: 2,
+        turnTokens: 64,
+        snapshotBack: 0,
+        prefillTurn: 8,
+        prefillAlone: 64,
+        pieceGap: gap,
+        batchMin: 2,
+        now: () => clock,
+      });
+      let late: Promise<JobResult> | undefined;
+      let batches = 0;
+      const streaming = runner.submit({
+        prompt: short,
+        maxTokens: 40,
+        stopIds: [],
+        sampling: GREEDY,
+        signal: new AbortController().signal,
+        // The long prompt arrives after the stream's third batch: a steady turn of 4 steps ran by then.
+        onTokens: () => {
+          if (++batches === 3) {
+            log.push("arrive");
+            late = runner.submit({
+              prompt: long,
+              maxTokens: 4,
+              stopIds: [],
+              sampling: GREEDY,
+              signal: new AbortController().signal,
+              onTokens: () => {},
+            });
+          }
+        },
+      });
+      await streaming;
+      const got = await late!;
+      assert.deepEqual(got.tokens, want, `pieceGap ${gap} (seed ${rng.seed})`);
+      // Fixed pieces: 8 tokens per round until 4 are left (7 pieces). Paced: steps of 10 ms make the stream's
+      // steady gap 40 ms and a round may take 2.5 × 40 = 100 ms; the first piece (8 tokens, no rate yet) and
+      // its 2 steps took 28 ms: 1 token per ms, so the next round may prefill 80 tokens (64 at most), and the
+      // 52 left join the stream's decode call in one go.
+      const after = log.slice(log.indexOf("arrive"));
+      assert.equal(after.filter((x) => x === `P${got.slot}`).length, pieces, after.join(" "));
+    }
+  } finally {
+    stage.destroy();
+  }
+});

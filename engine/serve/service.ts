@@ -42,6 +42,7 @@ export type { EngineOptions } from "./_options.ts";
 export {
   DEFAULT_BATCH_MIN,
   DEFAULT_MAX_CHUNK,
+  DEFAULT_PIECE_GAP,
   DEFAULT_PIECE_STEPS,
   DEFAULT_PREFILL_ALONE,
   DEFAULT_PREFILL_TURN,

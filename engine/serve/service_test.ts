@@ -157,7 +157,7 @@ Deno.test("10 concurrent requests on 10 slots each give their solo greedy output
 
 Deno.test("prompt pieces of 4 tokens interleave with the others' decode; 3 requests on 3 slots each give their solo output", async () => {
   const rng = new Rng();
-  const e = engine(3, 0, { prefillTurn: 4, prefillAlone: 4, batch: 4 });
+  const e = engine(3, 0, { prefillTurn: 4, prefillAlone: 4, pieceGap: 0, batch: 4 });
   try {
     // Request 0 has the longest prompt (several pieces, prefillAlone 4: pieces even before the others stream);
     // 1 and 2 fit one piece, so both start generating
@@ -212,7 +212,8 @@ Deno.test("batchMin 0: requests take turns of 5 ids (the first turn ends at the 
 Deno.test("a long prompt arriving while 3 stream is prefilled in pieces between their decode batches", async () => {
   const rng = new Rng();
   const batch = 4;
-  const e = engine(4, 0, { prefillTurn: 8, batch });
+  // pieceGap 0: fixed pieces of 8 (the pacer would size them by time; engine/serve/_runner_test.ts).
+  const e = engine(4, 0, { prefillTurn: 8, pieceGap: 0, batch });
   try {
     const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 6)));
     // 80 prompt tokens: pieces of 8 up to the snapshot point 72 (9 pieces), the last 8 with the first id.
@@ -301,6 +302,12 @@ Deno.test("engine options out of range are refused before a worker starts, namin
     /pieceSteps must be an integer in 1\.\.4, got 5/,
   );
   assert.throws(() => engine(2, 0, { nCtx: 1 }), /nCtx must be an integer >= 2, got 1/);
+  for (const g of [0.5, -1, 65, NaN]) {
+    assert.throws(
+      () => engine(2, 0, { pieceGap: g }),
+      new RegExp(`pieceGap must be 0 \\(fixed pieces of prefillTurn\\) or a number in 1\\.\\.64 .*got ${g}`),
+    );
+  }
 });
 
 Deno.test("a full queue refuses with QueueFullError and a Retry-After; a prompt that does not fit is a RangeError", async () => {

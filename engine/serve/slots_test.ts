@@ -24,6 +24,7 @@ Deno.test("status().slots: the generating request, the prefilling one's progress
     nSlots: 3,
     queueSize: 1,
     prefillTurn: 8,
+    pieceGap: 0,
     snapshotBack: 0,
     onLog: (l) => log.push(l),
   });

@@ -147,6 +147,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       turnTokens: m.turnTokens,
       snapshotBack: m.snapshotBack,
       prefillTurn: m.prefillTurn,
+      pieceGap: m.pieceGap,
       prefillAlone: m.prefillAlone,
       batchMin: m.batchMin,
     });

@@ -1,0 +1,95 @@
+/**
+ * The piece pacer's arithmetic (engine/serve/_pacer.ts): fixed pieces until the decode step and a piece are
+ * measured; then pieces whose predicted time fills the round's budget, proportionally from one width, by the
+ * line through two or more; in grains of at most 128 tokens, within the bounds.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { PiecePacer } from "./_pacer.ts";
+
+const OPTS = { gap: 2.5, minPiece: 256, maxPiece: 8192, batch: 8, pieceSteps: 2 };
+
+Deno.test("pacer: fixed pieces until a step and a piece are measured", () => {
+  const p = new PiecePacer(OPTS);
+  assert.equal(p.budget(), 256);
+  p.round(256, 2, 300); // no step time yet: says nothing
+  assert.equal(p.budget(), 256);
+  assert.deepEqual(p.measured, { stepMs: undefined, pieces: [] });
+  p.steady(8, 160);
+  assert.equal(p.budget(), 256);
+  assert.equal(p.measured.stepMs, 20);
+});
+
+Deno.test("pacer: the H200's shape: a proportional second piece, then the line through both", () => {
+  // 7 streams at 21 ms per step: a steady gap of 168 ms, rounds of 2.5 × 168 = 420 ms, 378 ms of pieces
+  // after the 2 steps. Pieces cost 132 ms + 0.26 ms per token (docs/PERF.md: 198 ms at 256, 662 at 2,048).
+  const p = new PiecePacer(OPTS);
+  const piece = (n: number) => 132 + 0.26 * n;
+  p.steady(8, 168);
+  p.round(256, 2, 42 + piece(256));
+  // Proportional from 256 tokens in 198.56 ms: 487 tokens fit 378 ms, 384 in grains of 128.
+  assert.equal(p.budget(), 384);
+  p.round(384, 2, 42 + piece(384));
+  // The line through both is the cost model itself: (378 − 132) / 0.26 = 946 tokens, 896 in grains.
+  assert.equal(p.budget(), 896);
+  assert.ok(piece(896) <= 378 && piece(1024) > 378);
+  // More streams, slower steps: the steady gap and the budget grow.
+  p.steady(8, 8 * 30);
+  assert.equal(p.budget(), Math.floor(((20 - 2) * 30 - 132) / 0.26 / 128) * 128);
+});
+
+Deno.test("pacer: a line without a positive slope and intercept falls back to the latest piece's rate", () => {
+  const p = new PiecePacer(OPTS);
+  p.steady(8, 160); // 360 ms of pieces per round
+  p.round(256, 2, 40 + 200);
+  p.round(512, 2, 40 + 150); // faster than the narrower piece: timer noise, a warm cache
+  // 512 tokens per 150 ms: 1,228.8 tokens in 360 ms → 1,152.
+  assert.equal(p.budget(), 1152);
+  // Proportional cost (no fixed part): the line has a = 0 and predicts as the rate does.
+  const q = new PiecePacer(OPTS);
+  q.steady(8, 160);
+  q.round(256, 2, 40 + 100);
+  q.round(512, 2, 40 + 200);
+  assert.equal(q.budget(), 896); // 921.6 tokens
+});
+
+Deno.test("pacer: pieces stay within minPiece..maxPiece in grains of at most 128; gap 0 keeps them fixed", () => {
+  const slow = new PiecePacer(OPTS);
+  slow.steady(8, 8); // 1 ms steps: an 18 ms budget
+  slow.round(256, 2, 1002);
+  assert.equal(slow.budget(), 256);
+  const fast = new PiecePacer({ ...OPTS, maxPiece: 1024 });
+  fast.steady(8, 800);
+  fast.round(256, 2, 220); // 256 tokens in 20 ms of prefill
+  assert.equal(fast.budget(), 1024);
+  // A round no longer than its steps (noise, a tiny rest) is not a measurement.
+  fast.round(8, 2, 200);
+  assert.deepEqual(fast.measured.pieces, [[256, 20]]);
+  const fixed = new PiecePacer({ ...OPTS, gap: 0 });
+  fixed.steady(8, 800);
+  fixed.round(256, 2, 220);
+  assert.equal(fixed.budget(), 256);
+  // A small smallest piece is its own grain.
+  const small = new PiecePacer({ ...OPTS, minPiece: 8, maxPiece: 64 });
+  small.steady(4, 40); // 10 ms steps, batch 8: (20 − 2) × 10 = 180 ms of pieces
+  small.round(8, 2, 28); // 8 tokens in 8 ms
+  assert.equal(small.budget(), 64); // 180 tokens, capped
+  const smaller = new PiecePacer({ ...OPTS, minPiece: 8, maxPiece: 1000 });
+  smaller.steady(4, 40);
+  smaller.round(8, 2, 20 + 80); // 8 tokens in 80 ms: 18 tokens fit, 16 in grains of 8
+  assert.equal(smaller.budget(), 16);
+  // Whole prompts (no smallest piece) are never paced.
+  const whole = new PiecePacer({ ...OPTS, minPiece: Infinity, maxPiece: Infinity });
+  whole.steady(8, 160);
+  whole.round(4096, 2, 1000);
+  assert.equal(whole.budget(), Infinity);
+});
+
+Deno.test("pacer: bad options are refused", () => {
+  assert.throws(() => new PiecePacer({ ...OPTS, gap: -1 }), /gap must be >= 0, got -1/);
+  assert.throws(() => new PiecePacer({ ...OPTS, gap: NaN }), /gap must be >= 0, got NaN/);
+  assert.throws(
+    () => new PiecePacer({ ...OPTS, minPiece: 512, maxPiece: 256 }),
+    /1 <= min <= max, got 512..256/,
+  );
+});

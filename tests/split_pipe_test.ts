@@ -87,7 +87,8 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
       const stopId = want[3]![3]!;
       want[3] = want[3]!.slice(0, want[3]!.indexOf(stopId) + 1);
       for (const [what, head, port] of [["2 stages", head2, p2], ["3 stages", head3, p3]] as const) {
-        for (const groups of [2, 0]) {
+        // groups 1: every lane in one group, the three lanes with a first frame run alone side by side.
+        for (const groups of [2, 1, 0]) {
           const next = link(port, head);
           const dec = new SplitDecoder(head, next, { groups });
           assert.equal(dec.canBatch, groups > 0);
@@ -134,7 +135,9 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
           const stepped = (head.profile.phases["pipe.step"]?.count ?? 0) - steps;
           assert.equal(stepped > 0, groups > 0, `pipe.step ${stepped}, ${where}`);
           if (groups > 0) {
-            for (const k of ["pipe.lock", "pipe.head", "pipe.chain", "pipe.take", "pipe.between"]) {
+            for (
+              const k of ["pipe.lock", "pipe.head", "pipe.chain", "pipe.take", "pipe.between", "pipe.alone"]
+            ) {
               assert.ok((head.profile.phases[k]?.count ?? 0) > 0, `${k}, ${where}`);
             }
           }

@@ -5,9 +5,9 @@
 #
 #   bash tools/h200_plan.sh tests attention decode
 #
-# Every step ran on 2026-12-05 (docs/PERF.md) but `int8experts`; what a next call should measure first:
-# `int8experts serve split3` (int8 x for the experts alone in batched steps; the
-# per-column prefill of thin chunks in the TTFT and the 8-stream aggregates), then `combine smallchunk`
+# Every step ran on 2026-12-05 (docs/PERF.md) but `int8experts` and `late`; what a next call should measure
+# first: `int8experts late serve split3` (int8 x for the experts alone in batched steps; the paced pieces of a
+# late prompt; the per-column prefill of thin chunks in the TTFT and the 8-stream aggregates), then `combine smallchunk`
 # after changes to the batched step or the expert kernels. A warm machine keeps /tmp, so the model is written
 # once per machine (~25 s); one call of `attention decode knobs` took 199 s, `split sampled tests serve` 328 s.
 #
@@ -32,6 +32,8 @@
 #   combine    #20: 8 and 16 slots with the default combineNormMinRows (17: batched steps norm on their own)
 #              and with 2 (their residual adds write the next norm, one workgroup per row)
 #   smallchunk #20/#24: prefill in chunks of 64 and 256 tokens, experts grouped (default) and per column
+#   late       #20: a 2,048-token prompt arriving while 7 streams generate, its pieces sized by time
+#              (--piece-gap 2.5, the default), fixed 256-token pieces (0), and 3
 #   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
 #              draft cache
 # The model is the 35B-A3B-shaped IQ4_XS file the benches synthesize (seed 7; MODEL, written on first use).
@@ -160,13 +162,20 @@ for step in "$@"; do
           --per-column
       done
       ;;
+    late)
+      ensure_model
+      for gap in 2.5 0 3; do
+        run late 150 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
+          --late 2048 --piece-gap $gap
+      done
+      ;;
     split3)
       ensure_model
       run split3 330 $D bench/split.ts --model "$model" --stages 1,2,3 --slots 8 --n 128 --pipelines 1 --drafts 0,7 \
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late)" >&2
       exit 2
       ;;
   esac

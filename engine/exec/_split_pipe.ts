@@ -10,15 +10,17 @@
  * Exact: each slot's row is the bits of its one-token run on every stage (tests/split_batch_test.ts), and the
  * last stage draws it at the request's RNG step with its penalty history, as the one-slot driver does. A
  * sequence's first frame (its prompt rest, or a slot whose remote state must be replayed after a chain
- * restart) runs alone through the decoder's own frame path; no drafts here (a batched row is one token).
+ * restart) runs alone through the decoder's own frame path, the alone frames of a step side by side (the
+ * head's GPU lock covers each one's head part); no drafts here (a batched row is one token).
  * Stops, cancels and the scheduler's `pause` are checked after each step of a group; with `pause` given, the
  * call ends once a sequence ended or `pause()` is true, each group after the frame it has in flight, and
  * the others come back `paused` (holding every returned id but the last, which a `resume` call feeds).
  *
  * Phases (the head stage's profile, `LLM_STAGE_PROFILE=1`): per batched group step `pipe.lock` (waiting for
  * the head's GPU), `pipe.head` (the head's batched step to its rows), `pipe.chain` (the RUN_BATCH round trip),
- * `pipe.take` (stops, budgets and each lane's onTokens), and per step of a group `pipe.step` (all of it) and
- * `pipe.between` (from a step's end to the group's next step: the pause check and the lanes' filter).
+ * `pipe.take` (stops, budgets and each lane's onTokens), per step with lanes running alone (their first
+ * frame: a prompt rest) `pipe.alone` (those frames, overlapped), and per step of a group `pipe.step` (all of
+ * it) and `pipe.between` (from a step's end to the group's next step: the pause check and the lanes' filter).
  * @module
  */
 import { isGreedy, SAMPLE_HIST, type SamplingParams } from "../sampling.ts";
@@ -169,11 +171,20 @@ async function step(p: PipeParts, live: Lane[]): Promise<void> {
     l.feed.length === 1 && l.pos > 0 && p.epoch[l.it.slot] === epoch && epoch !== undefined &&
     stage.length(l.it.slot) === l.pos
   );
-  for (const l of live) {
-    if (batched.includes(l)) continue;
-    const x = { want: "ids" as const, topK: l.top, ...(l.sampler ? { sampling: samplingOf(l)! } : {}) };
-    const r = await p.feed(l.it.slot, l.feed, l.pos, x);
-    take(l, r);
+  // The lanes running alone go in together: a frame's head part holds the head's GPU, so one lane's head
+  // step runs while the frame before it crosses the chain (a burst of new requests: one round trip each,
+  // overlapped, not one after the other). Each lane takes its id as its frame lands; the first failure is
+  // thrown once every frame has settled.
+  const alone = live.filter((l) => !batched.includes(l));
+  if (alone.length > 0) {
+    const t = performance.now();
+    const settled = await Promise.allSettled(alone.map(async (l) => {
+      const x = { want: "ids" as const, topK: l.top, ...(l.sampler ? { sampling: samplingOf(l)! } : {}) };
+      take(l, await p.feed(l.it.slot, l.feed, l.pos, x));
+    }));
+    stage.profile?.add("pipe.alone", performance.now() - t);
+    const bad = settled.find((r): r is PromiseRejectedResult => r.status === "rejected");
+    if (bad) throw bad.reason;
   }
   if (batched.length === 0) return;
   const slots = batched.map((l) => l.it.slot);

@@ -28,6 +28,7 @@
  */
 import type { BatchItem, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
 import { isGreedy, SAMPLE_HIST } from "../sampling.ts";
+import type { StageOutput } from "./options.ts";
 import { type DraftCache, lookupDrafts } from "./draft_cache.ts";
 import { generateMany, MAX_GROUPS, type PipeParts } from "./_split_pipe.ts";
 import {
@@ -62,6 +63,9 @@ const FORWARD_ROWS = 256;
  * chunked DeltaNet form, which sum in another order).
  */
 export const MAX_DRAFT = 7;
+
+/** Runs a frame's head part under the pipelined driver's GPU lock (or directly). */
+type HeadLock = <T>(f: () => Promise<T>) => Promise<T>;
 
 /** A drafted run's rollback point on the head: its snapshot, position and fed tokens. */
 interface Anchor {
@@ -263,7 +267,9 @@ export class SplitDecoder implements SlotDecoder {
       held: this.#held,
       epoch: this.#epoch,
       gpu: (f) => this.#gpu(f),
-      feed: (slot, tokens, base, x) => this.#gpu(() => this.#feed(slot, tokens, base, x)),
+      // The head's GPU lock covers each frame's head part only: another lane's head step runs while this
+      // frame's rows cross the chain.
+      feed: (slot, tokens, base, x) => this.#feed(slot, tokens, base, x, (f) => this.#gpu(f)),
       dropAnchor: (slot) => this.#dropAnchor(slot),
     };
   }
@@ -371,19 +377,20 @@ export class SplitDecoder implements SlotDecoder {
     tokens: readonly number[],
     base: number,
     x: FeedExtra,
+    lock: HeadLock = (f) => f(),
   ): Promise<NextResult> {
-    if (base > 0 && this.#epoch[slot] === undefined) await this.#replay(slot, base);
+    if (base > 0 && this.#epoch[slot] === undefined) await this.#replay(slot, base, lock);
     try {
-      return await this.#forward(slot, tokens, base, x);
+      return await this.#forward(slot, tokens, base, x, lock);
     } catch (e) {
       if (!(e instanceof StaleChainError)) throw e;
-      await this.#replay(slot, base);
-      return await this.#forward(slot, tokens, base, x);
+      await this.#replay(slot, base, lock);
+      return await this.#forward(slot, tokens, base, x, lock);
     }
   }
 
   /** Rebuilds `slot`'s first `base` tokens on the head and the chain (after the chain restarted). */
-  async #replay(slot: number, base: number): Promise<void> {
+  async #replay(slot: number, base: number, lock: HeadLock): Promise<void> {
     const held = this.#held[slot]!.slice(0, base);
     if (held.length !== base) {
       throw new Error(
@@ -391,34 +398,25 @@ export class SplitDecoder implements SlotDecoder {
       );
     }
     this.#epoch[slot] = undefined;
-    await this.#forward(slot, held, 0, { want: "none", topK: 0 });
+    await this.#forward(slot, held, 0, { want: "none", topK: 0 }, lock);
   }
 
-  async #forward(slot: number, tokens: readonly number[], base: number, x: FeedExtra): Promise<NextResult> {
-    const stage = this.#stage;
-    const anchor = this.#anchor[slot];
+  /**
+   * `tokens` at `base` through the head's layers (under `lock`: the head's GPU work of the pipelined driver
+   * goes one call at a time), then their rows through the chain.
+   */
+  async #forward(
+    slot: number,
+    tokens: readonly number[],
+    base: number,
+    x: FeedExtra,
+    lock: HeadLock = (f) => f(),
+  ): Promise<NextResult> {
     const t0 = performance.now();
-    if (base > 0 && stage.length(slot) > base) {
-      // Inside the latest drafted run: back to its start, then its kept tokens up to base.
-      if (!anchor || base < anchor.base || base > anchor.base + anchor.tokens.length) {
-        throw new Error(
-          `Internal error: slot ${slot} holds ${
-            stage.length(slot)
-          } tokens, a run at ${base} has no drafted run ` +
-            `to roll back`,
-        );
-      }
-      stage.restore(anchor.id, slot);
-      const pre = anchor.tokens.slice(0, base - anchor.base);
-      if (pre.length > 0) await stage.run(slot, { tokens: pre }, anchor.base, { rows: "none" });
-    }
-    this.#dropAnchor(slot);
-    const drafts = x.drafts ?? [];
-    if (drafts.length > 0) this.#anchor[slot] = { id: stage.snapshot(slot), base, tokens: [...tokens] };
-    const h = await stage.run(slot, { tokens }, base, { rows: "all" });
+    const h = await lock(() => this.#headRun(slot, tokens, base, x));
     const headUs = Math.round((performance.now() - t0) * 1000);
-    this.#held[slot] = [...this.#held[slot]!.slice(0, base), ...tokens];
     const nEmbd = h.data.length / tokens.length;
+    const drafts = x.drafts ?? [];
     let result: NextResult | undefined;
     try {
       for (let at = 0; at < tokens.length; at += FORWARD_ROWS) {
@@ -443,6 +441,33 @@ export class SplitDecoder implements SlotDecoder {
       throw e;
     }
     return result!;
+  }
+
+  /** The head's part of a frame: `tokens` at `base` through its layers (rolling a drafted run back first). */
+  async #headRun(slot: number, tokens: readonly number[], base: number, x: FeedExtra): Promise<StageOutput> {
+    const stage = this.#stage;
+    const anchor = this.#anchor[slot];
+    if (base > 0 && stage.length(slot) > base) {
+      // Inside the latest drafted run: back to its start, then its kept tokens up to base.
+      if (!anchor || base < anchor.base || base > anchor.base + anchor.tokens.length) {
+        throw new Error(
+          `Internal error: slot ${slot} holds ${
+            stage.length(slot)
+          } tokens, a run at ${base} has no drafted run ` +
+            `to roll back`,
+        );
+      }
+      stage.restore(anchor.id, slot);
+      const pre = anchor.tokens.slice(0, base - anchor.base);
+      if (pre.length > 0) await stage.run(slot, { tokens: pre }, anchor.base, { rows: "none" });
+    }
+    this.#dropAnchor(slot);
+    if ((x.drafts ?? []).length > 0) {
+      this.#anchor[slot] = { id: stage.snapshot(slot), base, tokens: [...tokens] };
+    }
+    const h = await stage.run(slot, { tokens }, base, { rows: "all" });
+    this.#held[slot] = [...this.#held[slot]!.slice(0, base), ...tokens];
+    return h;
   }
 
   /** Forgets `slot`'s rollback point (its state moved on or was replaced). */

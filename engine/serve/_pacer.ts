@@ -6,19 +6,18 @@
  * 2,048-token one on the H200, and every piece adds a turn to the prompt's time to first token), large ones
  * freeze the streams. The pacer measures both sides as the scheduler runs, the decode step (the time between
  * batches of ids landing in one decode call) and the pieces' time (a round's time less its turn's steps), and
- * sizes the next round's pieces so that a round takes about `gap` times the streams' steady gap:
+ * sizes the next round's pieces by feedback, so that a round takes about `gap` times the streams' steady gap:
  *
  *   piece time  = gap · batch · step − pieceSteps · step
- *   piece       = the most tokens whose predicted time fits, rounded down to the grain (`minPiece`, at most
+ *   next piece  = last piece · piece time / last piece's time, rounded down to the grain (`minPiece`, at most
  *                 128: the matmul's token tile), within minPiece..maxPiece
  *
- * A piece's time is predicted by the line a + b·n through the pieces measured at different widths (least
- * squares over the latest few): on the H200 a narrow piece is mostly fixed cost (a 256-token chunk of the
- * 35B-A3B took 198 ms, a 2,048-token one 662: about 132 ms + 0.26 ms per token), so a rate taken from one
- * narrow piece alone would keep every piece narrow. Until two widths are measured (or when the line has no
- * positive slope and non-negative intercept) the prediction is proportional to the latest piece, which
- * overestimates wider pieces' time whenever a ≥ 0: the first rounds stay within the budget and grow it.
- * Until a step and a piece are measured a round takes `minPiece` tokens (the fixed piece of before).
+ * Proportional scaling never overshoots a piece cost of the form a + b·n with a ≥ 0 (a narrow piece is mostly
+ * fixed cost on the H200: a 256-token chunk of the 35B-A3B took 198 ms, a 2,048-token one 662), so the pieces
+ * grow round by round toward the budget from below; a round that took longer than its budget (the prompt's
+ * attention grows with its depth, another kernel variant at another width) shrinks the next in proportion.
+ * A line fitted through the widths measured would predict further, but on lavapipe it overshot round after
+ * round (docs/PERF.md). Until a step and a piece are measured a round takes `minPiece` tokens.
  * @module
  */
 
@@ -36,8 +35,6 @@ export interface PacerOptions {
   readonly pieceSteps: number;
 }
 
-/** Widths remembered for the line fit. */
-const POINTS = 6;
 /** The finest grain of a piece: the prefill matmul's token tile (docs/PERF.md). */
 const MAX_GRAIN = 128;
 
@@ -47,8 +44,8 @@ export class PiecePacer {
   readonly #grain: number;
   /** Wall ms per decode step, from the latest batch that landed after another in one call. */
   #stepMs: number | undefined;
-  /** Piece tokens → wall ms of its round less the turn's steps (latest per width, oldest first). */
-  readonly #points = new Map<number, number>();
+  /** The latest round's prompt tokens and their time (its time less the turn's steps). */
+  #last: { tokens: number; ms: number } | undefined;
 
   constructor(opts: PacerOptions) {
     if (!(opts.gap >= 0)) throw new RangeError(`The pacer's gap must be >= 0, got ${opts.gap}`);
@@ -61,9 +58,9 @@ export class PiecePacer {
     this.#grain = Math.min(opts.minPiece, MAX_GRAIN);
   }
 
-  /** What it has measured: ms per decode step and ms per piece width (undefined or empty: not yet). */
-  get measured(): { stepMs?: number; pieces: [number, number][] } {
-    return { stepMs: this.#stepMs, pieces: [...this.#points] };
+  /** What it has measured: ms per decode step, the latest round's tokens and ms (undefined: not yet). */
+  get measured(): { stepMs?: number; last?: { tokens: number; ms: number } } {
+    return { stepMs: this.#stepMs, last: this.#last };
   }
 
   /** A batch of `steps` decode steps landed `ms` after the batch before it in the same decode call. */
@@ -79,35 +76,17 @@ export class PiecePacer {
     if (tokens < 1 || this.#stepMs === undefined) return;
     const pieceMs = ms - Math.max(0, steps) * this.#stepMs;
     // A round no longer than its steps says nothing about the prompt's time (timer noise, a tiny rest).
-    if (!(pieceMs > 0.05 * ms)) return;
-    this.#points.delete(tokens);
-    this.#points.set(tokens, pieceMs);
-    if (this.#points.size > POINTS) this.#points.delete(this.#points.keys().next().value!);
+    if (pieceMs > 0.05 * ms) this.#last = { tokens, ms: pieceMs };
   }
 
   /** Prompt tokens for the next round's pieces while requests stream. */
   budget(): number {
     const { gap, minPiece, maxPiece, batch, pieceSteps } = this.#o;
-    if (gap === 0 || !Number.isFinite(minPiece) || this.#stepMs === undefined || this.#points.size === 0) {
+    const last = this.#last;
+    if (gap === 0 || !Number.isFinite(minPiece) || this.#stepMs === undefined || last === undefined) {
       return minPiece;
     }
-    const n = this.#fits((gap * batch - pieceSteps) * this.#stepMs);
+    const n = last.tokens * ((gap * batch - pieceSteps) * this.#stepMs) / last.ms;
     return Math.min(maxPiece, Math.max(minPiece, Math.floor(n / this.#grain) * this.#grain));
-  }
-
-  /** The most tokens a piece of `ms` holds, by the line through the measured widths (see the module doc). */
-  #fits(ms: number): number {
-    const pts = [...this.#points];
-    const [n0, t0] = pts.at(-1)!;
-    const proportional = (n0 / t0) * ms;
-    if (pts.length < 2) return proportional;
-    const k = pts.length;
-    const mx = pts.reduce((s, [n]) => s + n, 0) / k;
-    const my = pts.reduce((s, [, t]) => s + t, 0) / k;
-    const sxx = pts.reduce((s, [n]) => s + (n - mx) ** 2, 0);
-    const sxy = pts.reduce((s, [n, t]) => s + (n - mx) * (t - my), 0);
-    const b = sxy / sxx;
-    const a = my - b * mx;
-    return b > 0 && a >= 0 ? (ms - a) / b : proportional;
   }
 }

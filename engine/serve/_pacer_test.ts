@@ -1,7 +1,7 @@
 /**
  * The piece pacer's arithmetic (engine/serve/_pacer.ts): fixed pieces until the decode step and a piece are
- * measured; then pieces whose predicted time fills the round's budget, proportionally from one width, by the
- * line through two or more; in grains of at most 128 tokens, within the bounds.
+ * measured; then each piece scaled from the last by the round's budget over its time, in grains of at most
+ * 128 tokens, within the bounds.
  * @module
  */
 import assert from "node:assert/strict";
@@ -14,43 +14,40 @@ Deno.test("pacer: fixed pieces until a step and a piece are measured", () => {
   assert.equal(p.budget(), 256);
   p.round(256, 2, 300); // no step time yet: says nothing
   assert.equal(p.budget(), 256);
-  assert.deepEqual(p.measured, { stepMs: undefined, pieces: [] });
+  assert.deepEqual(p.measured, { stepMs: undefined, last: undefined });
   p.steady(8, 160);
   assert.equal(p.budget(), 256);
   assert.equal(p.measured.stepMs, 20);
 });
 
-Deno.test("pacer: the H200's shape: a proportional second piece, then the line through both", () => {
+Deno.test("pacer: pieces grow in proportion toward the round's budget, never past it with a fixed cost", () => {
   // 7 streams at 21 ms per step: a steady gap of 168 ms, rounds of 2.5 × 168 = 420 ms, 378 ms of pieces
-  // after the 2 steps. Pieces cost 132 ms + 0.26 ms per token (docs/PERF.md: 198 ms at 256, 662 at 2,048).
+  // after the 2 steps. Pieces cost 132 ms + 0.26 ms per token (the H200's shape, docs/PERF.md).
   const p = new PiecePacer(OPTS);
   const piece = (n: number) => 132 + 0.26 * n;
   p.steady(8, 168);
-  p.round(256, 2, 42 + piece(256));
-  // Proportional from 256 tokens in 198.56 ms: 487 tokens fit 378 ms, 384 in grains of 128.
-  assert.equal(p.budget(), 384);
-  p.round(384, 2, 42 + piece(384));
-  // The line through both is the cost model itself: (378 − 132) / 0.26 = 946 tokens, 896 in grains.
-  assert.equal(p.budget(), 896);
-  assert.ok(piece(896) <= 378 && piece(1024) > 378);
-  // More streams, slower steps: the steady gap and the budget grow.
+  const sizes: number[] = [];
+  for (let i = 0, n = 256; i < 8; i++, n = p.budget()) {
+    sizes.push(n);
+    p.round(n, 2, 42 + piece(n));
+    assert.ok(piece(n) <= 378, `a ${n}-token piece takes ${piece(n)} ms`);
+  }
+  // 256 in 198.56 ms → 487 tokens fit → 384 (grains of 128); then 512, 640, 768, where 768 · 378 / 331.7 = 875
+  // rounds down to 768 again (946 would fit).
+  assert.deepEqual(sizes, [256, 384, 512, 640, 768, 768, 768, 768]);
+  // More streams, slower steps: the budget's time grows with the steady gap.
   p.steady(8, 8 * 30);
-  assert.equal(p.budget(), Math.floor(((20 - 2) * 30 - 132) / 0.26 / 128) * 128);
+  assert.equal(p.budget(), Math.floor((768 * (18 * 30) / piece(768)) / 128) * 128);
 });
 
-Deno.test("pacer: a line without a positive slope and intercept falls back to the latest piece's rate", () => {
+Deno.test("pacer: a round over its budget shrinks the next piece in proportion", () => {
   const p = new PiecePacer(OPTS);
   p.steady(8, 160); // 360 ms of pieces per round
-  p.round(256, 2, 40 + 200);
-  p.round(512, 2, 40 + 150); // faster than the narrower piece: timer noise, a warm cache
-  // 512 tokens per 150 ms: 1,228.8 tokens in 360 ms → 1,152.
-  assert.equal(p.budget(), 1152);
-  // Proportional cost (no fixed part): the line has a = 0 and predicts as the rate does.
-  const q = new PiecePacer(OPTS);
-  q.steady(8, 160);
-  q.round(256, 2, 40 + 100);
-  q.round(512, 2, 40 + 200);
-  assert.equal(q.budget(), 896); // 921.6 tokens
+  p.round(1024, 2, 40 + 720); // twice the budget (deep in the prompt, attention grew)
+  assert.equal(p.budget(), 512);
+  assert.deepEqual(p.measured.last, { tokens: 1024, ms: 720 });
+  p.round(512, 2, 40 + 900);
+  assert.equal(p.budget(), 256); // 204.8 tokens, never below minPiece
 });
 
 Deno.test("pacer: pieces stay within minPiece..maxPiece in grains of at most 128; gap 0 keeps them fixed", () => {
@@ -64,7 +61,7 @@ Deno.test("pacer: pieces stay within minPiece..maxPiece in grains of at most 128
   assert.equal(fast.budget(), 1024);
   // A round no longer than its steps (noise, a tiny rest) is not a measurement.
   fast.round(8, 2, 200);
-  assert.deepEqual(fast.measured.pieces, [[256, 20]]);
+  assert.deepEqual(fast.measured.last, { tokens: 256, ms: 20 });
   const fixed = new PiecePacer({ ...OPTS, gap: 0 });
   fixed.steady(8, 800);
   fixed.round(256, 2, 220);

@@ -291,7 +291,9 @@ async function direct(e: EngineService, ids: number[], maxTokens = nNew): Promis
 }
 
 /**
- * L − 1 streams generate; a request with a `late`-token prompt arrives once each has had two batches. Reports
+ * L − 1 streams generate; a request with a `late`-token prompt arrives once each has had four batches (the
+ * last stream's join, its prompt rest and first id inside the others' call, is over: the gap spanning the
+ * arrival is then the late prompt's doing, not the streams' start; with two it measured the start). Reports
  * the streams' steady gap (median before the arrival), their longest gap between the arrival and the late
  * request's first id, and its TTFT against `soloTtftMs`.
  */
@@ -310,7 +312,7 @@ async function lateArrival(e: EngineService, level: number, soloTtftMs: number):
       stopIds: [],
       onTokens: () => {
         stamps[i]!.push(performance.now());
-        if (arrived < 0 && stamps.every((s) => s.length >= 2)) {
+        if (arrived < 0 && stamps.every((s) => s.length >= 4)) {
           arrived = performance.now();
           lateDone = direct(e, prompt(7000 + level, late), 16).then((t) => {
             first = arrived + t.ttftMs;
@@ -323,7 +325,7 @@ async function lateArrival(e: EngineService, level: number, soloTtftMs: number):
   await Promise.all(streams);
   const t = await lateDone;
   if (!t) {
-    emit("direct-late", { streams: n, skipped: "the streams ended before two batches each" });
+    emit("direct-late", { streams: n, skipped: "the streams ended before four batches each" });
     return;
   }
   const steady: number[] = [];

@@ -382,9 +382,15 @@ export class SlotRunner {
     // The turn ends at the first readback after work appears outside it: a new request (not seen yet, with a
     // piece due, or waiting for prefill budget: pieces and turns alternate), or a waiting request cancelled.
     // Generating requests waiting for a place in the step do not end it: turnTokens bounds it for them.
-    const pause = () => this.#jobs.some((b) => !b.running && (b.made.length === 0 || b.job.signal.aborted));
+    const waiting = () => this.#jobs.some((b) => !b.running && (b.made.length === 0 || b.job.signal.aborted));
+    // A request joining streams in flight (its prompt rest is prefilled in this call, before the steps) ends
+    // the call at its first readback too: the streams' gap then holds the rest and pieceSteps steps, like a
+    // round of pieces, not the rest and a whole batch (on the H200 the late prompt's last round, its rest
+    // joining with 8 steps of 7 streams, was the streams' worst gap). The next call runs whole batches again.
+    const joining = prefilled > 0 && items.some((it) => it.opts.resume);
+    const pause = joining ? () => true : waiting;
     // Work waiting already: the call ends at its first readback, which comes after pieceSteps steps.
-    const batch = pause() ? this.#pieceSteps : this.#batch;
+    const batch = joining || waiting() ? this.#pieceSteps : this.#batch;
     const rs = await stage.generate(items, { batch, pause });
     let steps = 0;
     for (const [i, a] of group.entries()) {

@@ -445,3 +445,59 @@ Deno.test("runner: with pieceGap a long prompt beside a stream goes in pieces th
     stage.destroy();
   }
 });
+
+Deno.test("runner: a request joining a stream in flight ends that call at its first readback, pieceSteps steps in", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 2, maxChunk: 8 });
+  try {
+    const a = Array.from({ length: 3 }, () => rng.int(0, 1021));
+    const b = Array.from({ length: 5 }, () => rng.int(0, 1021));
+    const wantA = (await stage.generate(0, a, { nNew: 40 })).tokens;
+    const wantB = (await stage.generate(0, b, { nNew: 12 })).tokens;
+    const log: string[] = [];
+    const runner = new SlotRunner(logged(stage.decoder, log), {
+      batch: 4,
+      pieceSteps: 2,
+      turnTokens: 64,
+      snapshotBack: 0,
+      prefillTurn: 8,
+      batchMin: 2,
+    });
+    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void): RunnerJob => ({
+      prompt,
+      maxTokens,
+      stopIds: [],
+      sampling: GREEDY,
+      signal: new AbortController().signal,
+      onTokens: (ids) => {
+        log.push(`${name}:${ids.length}`);
+        more?.();
+      },
+    });
+    let late: Promise<JobResult> | undefined;
+    let batches = 0;
+    const ra = runner.submit(job(a, 40, "a", () => {
+      if (++batches === 3) {
+        log.push("arrive");
+        late = runner.submit(job(b, 12, "b"));
+      }
+    }));
+    const got = await ra;
+    const gotB = await late!;
+    assert.deepEqual(got.tokens, wantA, `a (seed ${rng.seed})`);
+    assert.deepEqual(gotB.tokens, wantB, `b (seed ${rng.seed})`);
+    // b's prompt (5 tokens, one piece's worth) joins a's call: b's first id and 2 steps of both, then the call
+    // ends and the next one runs whole batches of 4 (a stream's gap at a join: the rest and 2 steps).
+    const after = log.slice(log.indexOf("arrive"));
+    const join = after.findIndex((x) => x === `G${gotB.slot}${got.slot}`);
+    assert.ok(join > 0, after.join(" "));
+    const call = after.slice(join + 1, after.findIndex((x, i) => i > join && x.startsWith("G")));
+    assert.deepEqual(call, ["b:1", "b:2", "a:2"], after.join(" "));
+    const next = after.slice(join + 1 + call.length);
+    assert.ok(next[0]!.startsWith("G") && next.includes("a:4"), after.join(" "));
+  } finally {
+    stage.destroy();
+  }
+});

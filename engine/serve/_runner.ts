@@ -9,7 +9,8 @@
  *   waits but newcomers);
  * - one decode call ({@linkcode SlotDecoder.generate}) of every generating request together with the new ones
  *   whose prompt rest fits what the round's pieces left of its budget (they join with a fresh prompt, the
- *   driver prefills it and streams their first id before the step loop; the others wait one turn). The call
+ *   driver prefills it and streams their first id before the step loop, and a call that such a request
+ *   joins runs `pieceSteps` steps and returns at its first readback; the others wait one turn). The call
  *   is a turn: it returns at the first readback boundary where work
  *   waits outside it (a request arrived, a piece is due, a waiting request was cancelled) or a sequence
  *   ended; the others come back paused and rejoin the next call with `resume` (no prefill, the same ids as an

@@ -5,9 +5,10 @@
 #
 #   bash tools/h200_plan.sh tests attention decode
 #
-# Every step ran on 2026-12-05 (docs/PERF.md) but `int8experts` and `late`; what a next call should measure
-# first: `int8experts late serve split3` (int8 x for the experts alone in batched steps; the paced pieces of a
-# late prompt; the per-column prefill of thin chunks in the TTFT and the 8-stream aggregates), then `combine smallchunk`
+# Every step ran on 2026-12-05 (docs/PERF.md) but `int8experts` and `late`; what the next calls should measure
+# first: `late int8experts` (the paced pieces of a late prompt and the join rule; int8 x for the experts alone
+# in batched steps; about 540 s), then `serve split3` (the per-column prefill of thin chunks in the TTFT and
+# the 8-stream aggregates; the split's first frames side by side), then `combine smallchunk`
 # after changes to the batched step or the expert kernels. A warm machine keeps /tmp, so the model is written
 # once per machine (~25 s); one call of `attention decode knobs` took 199 s, `split sampled tests serve` 328 s.
 #
@@ -165,7 +166,7 @@ for step in "$@"; do
     late)
       ensure_model
       for gap in 2.5 0 3; do
-        run late 150 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
+        run late 100 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
           --late 2048 --piece-gap $gap
       done
       ;;

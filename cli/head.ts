@@ -79,6 +79,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --draft-cache N   with --draft: also draft from the n-grams of earlier requests' prompts and outputs (N:
                     most 3-id n-grams kept, about 100 bytes each; default 0: off). Helps repeated or quoted
                     text; makes one request's speed depend on others' (a timing side channel)
+  --no-warm-up      ready sooner: skip the load-time warm-up run, so the first requests of each prompt width
+                    and slot count compile their GPU pipelines inside their time to first token
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
                     split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
@@ -287,6 +289,7 @@ export const command: Command = {
         int8: { type: "boolean", default: false },
         "int8-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
+        "no-warm-up": { type: "boolean", default: false },
         layers: { type: "string" },
         next: { type: "string" },
         "link-key": { type: "string" },
@@ -370,6 +373,7 @@ export const command: Command = {
         int8Activations: values.int8,
         int8Experts: values["int8-experts"],
         kvF16: values["kv-f16"],
+        warmUp: !values["no-warm-up"],
       });
       let draining = false;
       const metrics = new Metrics();

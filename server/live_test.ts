@@ -19,7 +19,14 @@ Deno.test("live: official SDKs against the real engine service on loopback", asy
     tokenizer = Tokenizer.fromGguf(f.metadata);
     template = ChatTemplate.fromGguf(f.metadata);
   }
-  const engine = startEngine({ model: path, nCtx: 128, nSlots: 4, queueSize: 4, onLog: () => {} });
+  const engine = startEngine({
+    model: path,
+    nCtx: 128,
+    nSlots: 4,
+    queueSize: 4,
+    warmUp: false,
+    onLog: () => {},
+  });
   const app = createApp({ engine, tokenizer, template, tempDefault: 0, tempCap: 2, bodyLimitBytes: 1 << 20 });
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, app.fetch);
   const base = `http://127.0.0.1:${server.addr.port}`;

@@ -31,6 +31,7 @@ const KEY_B = "another-link-key-of-the-head-9876";
 async function head(model: string, workerPort: number, key: string): Promise<{ p: Proc; url: string }> {
   const p = spawnMod([
     "head",
+    "--no-warm-up",
     "--model",
     model,
     "--port",

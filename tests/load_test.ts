@@ -44,6 +44,8 @@ async function startHead(path: string): Promise<Head> {
       "-A",
       MOD,
       "head",
+      // No warm-up: this test is about load and hang-ups, not first-request compiles (cli/head_first_run_test.ts).
+      "--no-warm-up",
       "--model",
       path,
       "--port",

@@ -101,6 +101,13 @@ export interface EngineOptions {
    * default 4 or k). Refused with `split`: a split head drafts through its chain (`split.next`).
    */
   readonly draft?: { readonly k: number; readonly cache?: number; readonly min?: number };
+  /**
+   * Run the warm-up at load (default true): a short prefill and decode on the first slots and a graph of
+   * every prefill width class, so no request compiles pipelines inside its time to first token. false
+   * (`head --no-warm-up`, llama.cpp's `--no-warmup`): ready sooner, the first requests of each shape compile
+   * theirs.
+   */
+  readonly warmUp?: boolean;
   /** Log lines (model chosen, GPU, load summary); default `console.error`. */
   readonly onLog?: (line: string) => void;
 }
@@ -154,6 +161,8 @@ export interface ResolvedOptions {
   readonly batchMin: number;
   /** Tokens per prefill chunk. */
   readonly maxChunk: number;
+  /** Whether the worker runs the warm-up at load. */
+  readonly warmUp: boolean;
 }
 
 /**
@@ -189,6 +198,7 @@ export function resolveOptions(opts: EngineOptions): ResolvedOptions {
     prefillAlone: int("prefillAlone", opts.prefillAlone ?? DEFAULT_PREFILL_ALONE, 0),
     batchMin,
     maxChunk,
+    warmUp: opts.warmUp ?? true,
   };
 }
 

@@ -43,6 +43,7 @@ Deno.test("engine --draft: a repeated request drafts from the cache, the same id
     queueSize: 4,
     snapshotBack: 0,
     draft: { k: 7, cache: 10_000 },
+    warmUp: false,
     onLog: () => {},
   });
   try {

@@ -44,8 +44,20 @@ function randomPrompt(rng: Rng, n: number): number[] {
   return Array.from({ length: n }, () => rng.int(0, reference.nVocab));
 }
 
+/**
+ * An engine of the tiny model without the warm-up (EngineOptions.warmUp false: each test compiles only the
+ * pipelines its requests use; the warm-up itself is checked in slots_test.ts and the default-model test).
+ */
 function engine(nSlots: number, queueSize: number, more: Partial<EngineOptions> = {}): EngineService {
-  return startEngine({ model: MODEL, nCtx: N_CTX, nSlots, queueSize, onLog: () => {}, ...more });
+  return startEngine({
+    model: MODEL,
+    nCtx: N_CTX,
+    nSlots,
+    queueSize,
+    warmUp: false,
+    onLog: () => {},
+    ...more,
+  });
 }
 
 /** Resolves when the engine reports ready (polling status, as /health would). */
@@ -69,6 +81,10 @@ Deno.test("the default model: loading at once, synthesized and logged, then read
     assert.ok(s.totalBytes > 0 && s.loadedBytes === s.totalBytes, JSON.stringify(s));
     assert.ok(log.some((l) => /tiny synthetic qwen35moe/.test(l)), log.join("\n"));
     assert.ok(log.some((l) => /x f32 in the decode mat-vecs/.test(l)), log.join("\n"));
+    assert.ok(
+      log.some((l) => /^GPU pipelines built in [\d.]+ s$/.test(l)),
+      "the warm-up ran: " + log.join("\n"),
+    );
     path = await e.modelPath();
     assert.ok(path.endsWith(".gguf") && (await Deno.stat(path)).isFile, path);
     const r = await e.generate({ prompt: [1, 2, 3], maxTokens: 4, sampling: GREEDY, stopIds: [] });
@@ -96,6 +112,9 @@ Deno.test("int8Activations reaches the stage: logged, and a request gives its St
     const got = await e.generate({ prompt, maxTokens: 12, sampling: GREEDY, stopIds: [] });
     assert.deepEqual(got.tokens, want, `prompt ${prompt} (seed ${rng.seed})`);
     assert.ok(log.some((l) => /x int8 in the decode mat-vecs/.test(l)), log.join("\n"));
+    // warmUp false (this file's engines): no warm-up, said so.
+    assert.ok(log.some((l) => /^Warm-up skipped/.test(l)), log.join("\n"));
+    assert.ok(!log.some((l) => /GPU pipelines built/.test(l)), log.join("\n"));
   } finally {
     await e.close();
     stage.destroy();
@@ -105,7 +124,7 @@ Deno.test("int8Activations reaches the stage: logged, and a request gives its St
 // 10 slots: steps wider than a chunk's 8 columns (their variants are built at warm-up from 9 slots on).
 Deno.test("10 concurrent requests on 10 slots each give their solo greedy output, streamed in order", async () => {
   const rng = new Rng();
-  const e = engine(10, 0);
+  const e = engine(10, 0, { warmUp: true });
   try {
     // The warm-up compiled every pipeline these requests need (batched steps of 2..10 slots, prompt widths).
     while (e.status().state === "loading") await new Promise((r) => setTimeout(r, 50));

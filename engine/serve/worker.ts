@@ -140,7 +140,11 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
           post({ type: "drafts", frames: d.frames, proposed: d.proposed, accepted: d.accepted }),
       });
     }
-    await warmUp(stage, decoder, m);
+    if (m.warmUp) await warmUp(stage, decoder, m);
+    else {post({
+        type: "log",
+        line: "Warm-up skipped: the first requests of each shape compile their GPU pipelines",
+      });}
     runner = new SlotRunner(decoder, {
       batch: m.batch,
       pieceSteps: m.pieceSteps,

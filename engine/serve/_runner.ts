@@ -255,9 +255,9 @@ export class SlotRunner {
         if (group.length > 0) {
           try {
             const t = await this.#turn(group, rotating);
-            if (generating && pieced + t.prefilled > 0) {
-              this.#pacer.round(pieced + t.prefilled, t.steps, this.#now() - t0);
-            }
+            // Rounds with pieces only: a round of a joining rest alone is mostly fixed cost and would shrink
+            // the next long prompt's first pieces to the smallest.
+            if (generating && pieced > 0) this.#pacer.round(pieced + t.prefilled, t.steps, this.#now() - t0);
           } catch (e) {
             this.#fail(group.filter((a) => this.#jobs.includes(a)), e);
           }

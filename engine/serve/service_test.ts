@@ -283,13 +283,15 @@ Deno.test("a long prompt arriving while 3 stream is prefilled in pieces between 
 
 Deno.test("new requests go first: every request's first id lands before any request's second batch", async () => {
   const rng = new Rng();
+  // Two prompts longer than the snapshot distance (8): their first turn is a prefill piece up to the
+  // snapshot point, and the turn after it must still come before the others' generating turns.
+  const prompts = [rng.int(9, 16), rng.int(9, 16), rng.int(2, 8)].map((n) => randomPrompt(rng, n));
+  const want: number[][] = [];
+  for (const p of prompts) want.push(await reference.solo(p, 20));
+  // The engine starts after the references, so the three requests arrive together while it loads (the
+  // worker hands them to the scheduler at once), not one by one to an engine already serving.
   const e = engine(3, 0, { batchMin: 0 });
   try {
-    // Two prompts longer than the snapshot distance (8): their first turn is a prefill piece up to the
-    // snapshot point, and the turn after it must still come before the others' generating turns.
-    const prompts = [rng.int(9, 16), rng.int(9, 16), rng.int(2, 8)].map((n) => randomPrompt(rng, n));
-    const want: number[][] = [];
-    for (const p of prompts) want.push(await reference.solo(p, 20));
     const order: number[] = [];
     const got = await Promise.all(
       prompts.map((prompt, i) =>

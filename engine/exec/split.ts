@@ -410,7 +410,7 @@ export class SplitDecoder implements SlotDecoder {
     tokens: readonly number[],
     base: number,
     x: FeedExtra,
-    lock: HeadLock = (f) => f(),
+    lock: HeadLock,
   ): Promise<NextResult> {
     const t0 = performance.now();
     const h = await lock(() => this.#headRun(slot, tokens, base, x));

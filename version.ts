@@ -4,7 +4,8 @@
  *
  * The commit comes from, in order: the value a bundle or compiled binary embeds at build time
  * ({@linkcode embedBuild}, called by the bundle's entry before anything else runs); `git rev-parse` in the
- * folder of this file when it runs from a checkout; else `"unknown"`.
+ * folder of this file when it runs from a checkout; the environment variable `LLM_COMMIT` (a copy of a tree
+ * without its `.git`, such as the device runs of `tools/h200_plan.sh`); else `"unknown"`.
  *
  * @example
  * ```ts
@@ -64,9 +65,23 @@ function commitFromCheckout(): string {
   }
 }
 
+/** `LLM_COMMIT` when it holds 7-40 hex digits, else `"unknown"` (unset, or no permission to read it). */
+function commitFromEnv(): string {
+  try {
+    const v = Deno.env.get("LLM_COMMIT") ?? "";
+    return /^[0-9a-f]{7,40}$/.test(v) ? v : "unknown";
+  } catch (e) {
+    if (e instanceof Deno.errors.NotCapable || e instanceof Deno.errors.PermissionDenied) return "unknown";
+    throw e;
+  }
+}
+
 /** This build's version, commit and wire protocol version. */
 export function buildInfo(): BuildInfo {
-  commit ??= commitFromCheckout();
+  if (commit === undefined) {
+    const fromCheckout = commitFromCheckout();
+    commit = fromCheckout === "unknown" ? commitFromEnv() : fromCheckout;
+  }
   return { version: VERSION, commit, protocol: PROTOCOL_VERSION };
 }
 

@@ -56,3 +56,33 @@ Deno.test("embedBuild: a bundle's commit wins over the checkout's; a malformed o
   }
   match(String(err), /TypeError: Embedded commit "not a commit" is not 7-40 hex digits/);
 });
+
+Deno.test("a tree copied out of its checkout takes its commit from LLM_COMMIT, else says unknown", async () => {
+  // version.ts and the wire module it imports, copied where no .git is (as the device's copy of the tree).
+  const dir = await Deno.makeTempDir();
+  try {
+    const root = new URL("..", import.meta.url).pathname;
+    await new Deno.Command("cp", { args: ["-r", `${root}version.ts`, `${root}wire`, dir] }).output();
+    await Deno.writeTextFile(
+      `${dir}/print.ts`,
+      `import { buildInfo } from "./version.ts";\nconsole.log(buildInfo().commit);\n`,
+    );
+    const run = async (env: Record<string, string>) => {
+      const o = await new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", "--no-config", `${dir}/print.ts`],
+        cwd: dir,
+        env: { NO_COLOR: "1", ...env },
+        clearEnv: true,
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      strictEqual(o.code, 0, new TextDecoder().decode(o.stderr));
+      return new TextDecoder().decode(o.stdout).trim();
+    };
+    strictEqual(await run({ LLM_COMMIT: "0123456789ab" }), "0123456789ab");
+    strictEqual(await run({ LLM_COMMIT: "not hex" }), "unknown");
+    strictEqual(await run({}), "unknown");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

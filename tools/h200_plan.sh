@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The measurements the open issues wait for, as named steps for one call of the device tool on the lent H200
 # (docs/PERF.md records what they print). Prepare once here: `bash ../shared/tools/device-prep.sh` (after
-# `npm install`), then call the device tool with carry [".gl", ".bin", ".denodir", ".devcfg"] and the command
+# `npm install`); before each call `git rev-parse --short=12 HEAD > .devcfg/commit` (the bench lines' commit);
+# then call the device tool with carry [".gl", ".bin", ".denodir", ".devcfg"] and the command
 #
 #   bash tools/h200_plan.sh tests attention decode
 #
@@ -64,7 +65,10 @@ else
   D="/tmp/deno run --cached-only -A"
   T="/tmp/deno test --cached-only -A"
 fi
-git_rev=$(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The device's copy of the tree has no .git: the commit comes from .devcfg/commit, which the caller writes
+# here before the call (`git rev-parse --short=12 HEAD > .devcfg/commit`), so the bench lines name it.
+git_rev=$(cd "$root" && git rev-parse --short=12 HEAD 2>/dev/null || cat "$root/.devcfg/commit" 2>/dev/null || echo unknown)
+export LLM_COMMIT=$git_rev BENCH_COMMIT=$git_rev
 echo "h200_plan: tree $git_rev, steps: $*, budget ${budget}s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>/dev/null
 

@@ -66,6 +66,11 @@ export interface SynthOptions {
   readonly layout?: "current" | "legacy";
   /** Append one MTP block (spec §12): `block_count` + 1 and `nextn_predict_layers` = 1. */
   readonly mtp?: boolean;
+  /**
+   * Routed experts instead of the preset's (tests: `tiny` with 64, where the router's output for the shared
+   * expert's gate starts 256-byte aligned, so the engine fuses the two router mat-vecs as on real models).
+   */
+  readonly nExpert?: number;
 }
 
 /** How a tensor's values are drawn. */
@@ -282,7 +287,7 @@ export function tensorType(quant: QuantPreset, spec: TensorSpec, hp: Hparams): G
 
 /** Metadata of a synthesized model, in the order llama.cpp's converter writes it. */
 function buildKv(opts: SynthOptions): [string, GgufKv][] {
-  const d = DIMS[opts.preset];
+  const d = opts.nExpert === undefined ? DIMS[opts.preset] : { ...DIMS[opts.preset], nExpert: opts.nExpert };
   const a = ARCH_SYNTH[opts.arch];
   const k = (id: ArchKeyId) => archKey(opts.arch, id);
   const blockCount = d.nLayer + (opts.mtp ? 1 : 0);

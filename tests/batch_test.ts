@@ -17,6 +17,7 @@ import { samplingParams } from "../engine/sampling.ts";
 import { testGpu } from "./util/gpu.ts";
 import { Rng } from "./util/rng.ts";
 import { fixturePath } from "./util/fixtures.ts";
+import { planModel, synthesize } from "../engine/synth.ts";
 
 // int8: StageOptions.int8Activations, where a batched step quantizes each slot's column on its own (after the
 // norm's own dispatch) and a solo step quantizes with the norm in the prologue: the same bits either way;
@@ -141,13 +142,32 @@ for (
 // The 11-slot step runs int8 activations (each column quantized on its own, in buffers of 16 columns), and
 // with the default StageOptions.combineNormMinRows (17) its residual adds write no norm: each norm is a
 // dispatch of its own; the 16-slot step takes 2, so its residual adds write the next norm.
-const WIDE = [["tiny-qwen35moe", MAX_BATCH_SLOTS, false], ["tiny-qwen3next", 11, true]] as const;
+// "tiny-qwen35moe, 64 experts" is synthesized with 64 routed experts instead of 8: the router's rows for the
+// shared expert's gate then start 256-byte aligned, so the router and the shared gate run as ONE mat-vec
+// (in a batched step too, each column's logits at a stride of 65 words), as on the real models.
+const WIDE = [
+  ["tiny-qwen35moe", MAX_BATCH_SLOTS, false],
+  ["tiny-qwen3next", 11, true],
+  ["tiny-qwen35moe, 64 experts", 8, false],
+] as const;
 for (const [name, width, int8] of WIDE) {
   const variant = int8 ? " (int8 activations, norms on their own)" : "";
   Deno.test(`${name}: ${width} slots decoded together equal their solo runs bit for bit${variant}`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
-    using file = await openGguf(fixturePath(`${name}.q8_0.gguf`));
+    const e64 = name.endsWith("64 experts");
+    const dir = e64 ? await Deno.makeTempDir({ prefix: "batch_test_" }) : undefined;
+    if (dir) {
+      const plan = planModel({
+        arch: "qwen35moe",
+        preset: "tiny",
+        quant: "q8_0",
+        seed: rng.u32(),
+        nExpert: 64,
+      });
+      await synthesize(plan, { out: `${dir}/e64.gguf` });
+    }
+    using file = await openGguf(dir ? `${dir}/e64.gguf` : fixturePath(`${name}.q8_0.gguf`));
     const stage = await Stage.load(gpu, file, {
       nCtx: 32,
       nSlots: MAX_BATCH_SLOTS,
@@ -159,6 +179,14 @@ for (const [name, width, int8] of WIDE) {
       assert.equal(MAX_BATCH_SLOTS, 16);
       const fusedNorms = (await stage.batchGraph([0, 1])).filter((op) => op.label.includes("+norm")).length;
       assert.equal(fusedNorms > 0, !int8, `residual adds that write a norm: ${fusedNorms}`);
+      const routers = (await stage.batchGraph([0, 1])).filter((op) => op.label.includes("ffn_gate_inp"));
+      assert.deepEqual(
+        routers.map((op) => op.label.replace(/^L\d+\./, "")),
+        Array(stage.hp.nLayer).fill(e64 ? "ffn_gate_inp+shexp" : "ffn_gate_inp").flatMap((r) =>
+          e64 ? [r] : [r, "ffn_gate_inp_shexp"]
+        ),
+        "the router's mat-vecs per layer",
+      );
       const slots = rng.permutation(MAX_BATCH_SLOTS).slice(0, width);
       const prompts = slots.map(() => Array.from({ length: rng.int(2, 10) }, () => rng.int(0, 1021)));
       const opts = slots.map((_, b): GenerateOptions => ({
@@ -198,6 +226,7 @@ for (const [name, width, int8] of WIDE) {
       }
     } finally {
       stage.destroy();
+      if (dir) await Deno.remove(dir, { recursive: true });
     }
   });
 }

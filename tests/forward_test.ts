@@ -29,9 +29,15 @@ const N_GEN = 32;
 
 const dir = await Deno.makeTempDir({ prefix: "forward_test_" });
 
-async function synthTiny(arch: ArchName, quant: QuantPreset, layout: "current" | "legacy", seed: number) {
-  const out = `${dir}/${arch}-${quant}-${layout}.gguf`;
-  await synthesize(planModel({ arch, preset: "tiny", quant, seed, layout }), { out });
+async function synthTiny(
+  arch: ArchName,
+  quant: QuantPreset,
+  layout: "current" | "legacy",
+  seed: number,
+  nExpert?: number,
+) {
+  const out = `${dir}/${arch}-${quant}-${layout}-${nExpert ?? 8}.gguf`;
+  await synthesize(planModel({ arch, preset: "tiny", quant, seed, layout, nExpert }), { out });
   return out;
 }
 
@@ -64,7 +70,9 @@ function gap12(v: ArrayLike<number>): number {
 // the prologue (the in-projections too, which the default 1024 leaves to a dispatch of their own);
 // fuseDecodeRoute: decode ranks the experts in the gate·up prologue (the default is a moe_route dispatch);
 // groupedExperts: prefill chunks over 8 tokens run the experts as grouped matmuls (moe_group + moe_matmul),
-// with groupedMinTokensPerExpert 0 (the default 8 groups the tiny models' 8 experts, 2 used, from 32 tokens).
+// with groupedMinTokensPerExpert 0 (the default 8 groups the tiny models' 8 experts, 2 used, from 32 tokens);
+// nExpert 64: the router's rows for the shared expert's gate start 256-byte aligned, so the router and the
+// shared gate run as one mat-vec (decode, and chunks of mat-vec columns at a stride of 65 words per column).
 const MODELS: {
   arch: ArchName;
   quant: QuantPreset;
@@ -73,6 +81,7 @@ const MODELS: {
   fuseDecodeRoute?: boolean;
   groupedExperts?: boolean;
   kvF16?: boolean;
+  nExpert?: number;
 }[] = [
   { arch: "qwen35moe", quant: "f32", layout: "current" },
   { arch: "qwen35moe", quant: "iq4_xs", layout: "current", normPrologueMaxRows: 0 },
@@ -80,6 +89,7 @@ const MODELS: {
   { arch: "qwen3next", quant: "iq4_xs", layout: "current", fuseDecodeRoute: true },
   { arch: "qwen35moe", quant: "iq4_xs", layout: "current", groupedExperts: true },
   { arch: "qwen3next", quant: "q8_0", layout: "current", kvF16: true },
+  { arch: "qwen35moe", quant: "q8_0", layout: "current", nExpert: 64 },
 ];
 
 for (const m of MODELS) {
@@ -91,10 +101,11 @@ for (const m of MODELS) {
   const route = m.fuseDecodeRoute ? ", decode routing in the gate·up prologue" : "";
   const grouped = m.groupedExperts ? ", experts as grouped matmuls in prefill" : "";
   const kv = m.kvF16 ? ", f16 KV cache (the reference rounds K and V alike)" : "";
-  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}${grouped}${kv}, teacher-forced and greedy`, async () => {
+  const experts = m.nExpert ? `, ${m.nExpert} experts (router and shared gate in one mat-vec)` : "";
+  Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}${grouped}${kv}${experts}, teacher-forced and greedy`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
-    const path = await synthTiny(m.arch, m.quant, m.layout, rng.u32());
+    const path = await synthTiny(m.arch, m.quant, m.layout, rng.u32(), m.nExpert);
     using file = await openGguf(path);
     const stage = await Stage.load(gpu, file, {
       nCtx: 128,

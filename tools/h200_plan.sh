@@ -65,9 +65,14 @@ else
   D="/tmp/deno run --cached-only -A"
   T="/tmp/deno test --cached-only -A"
 fi
-# The device's copy of the tree has no .git: the commit comes from .devcfg/commit, which the caller writes
-# here before the call (`git rev-parse --short=12 HEAD > .devcfg/commit`), so the bench lines name it.
-git_rev=$(cd "$root" && git rev-parse --short=12 HEAD 2>/dev/null || cat "$root/.devcfg/commit" 2>/dev/null || echo unknown)
+# On the device the commit comes from .devcfg/commit, which the caller writes here before the call (`git
+# rev-parse --short=12 HEAD > .devcfg/commit`), so the bench lines name it: the device's copy of the tree may
+# carry a .git of another commit (a call of 2026-12-05 named 7346b40 for a tree at e613f99).
+if [ -z "${H200_PLAN_LOCAL:-}" ] && [ -s "$root/.devcfg/commit" ]; then
+  git_rev=$(cat "$root/.devcfg/commit")
+else
+  git_rev=$(cd "$root" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+fi
 export LLM_COMMIT=$git_rev BENCH_COMMIT=$git_rev
 echo "h200_plan: tree $git_rev, steps: $*, budget ${budget}s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>/dev/null

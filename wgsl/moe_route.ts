@@ -28,6 +28,11 @@ export type MoeRouteConstants = {
   readonly KC: number;
   /** XQ: the byte order of the experts' weight type (`q8Layout`); 0 otherwise. */
   readonly LAYOUT: number;
+  /**
+   * The logits' stride per token (≥ N_EXPERT): N_EXPERT, or more where one mat-vec wrote each token's expert
+   * logits and the shared expert's gate logit after them.
+   */
+  readonly LOGITS_COL: number;
 };
 
 /** Kernel spec of `moe_route.wgsl`. */
@@ -43,11 +48,12 @@ export const MOE_ROUTE: KernelSpec = {
     XQ: "bool",
     KC: "u32",
     LAYOUT: "u32",
+    LOGITS_COL: "u32",
   },
 };
 
 /**
- * Binding order: logits f32 ne=[N_EXPERT, nTokens]; ids u32 ne=[N_EXPERT_USED, nTokens];
+ * Binding order: logits f32 ne=[LOGITS_COL, nTokens]; ids u32 ne=[N_EXPERT_USED, nTokens];
  * weights f32 ne=[N_EXPERT_USED, nTokens]; x f32 ne=[32·KC, nTokens] and xq u32 ne=[9·KC, nTokens] (XQ;
  * otherwise any buffer, and for xq one not bound elsewhere).
  */
@@ -71,6 +77,7 @@ export function checkMoeRoute(c: MoeRouteConstants, nTokens: number): void {
   checkShape(isPow2(c.WG) && c.WG <= 256, `moe_route: WG must be a power of two <= 256, got ${c.WG}`);
   checkShape(Number.isFinite(c.W_SCALE) && c.W_SCALE !== 0, `moe_route: W_SCALE must be finite and non-zero`);
   checkInt("moe_route: nTokens", nTokens, 1, MAX_WORKGROUPS_PER_DIM);
+  checkInt("moe_route: LOGITS_COL", c.LOGITS_COL, c.N_EXPERT, 1 << 20);
   if (c.XQ) {
     checkInt("moe_route: KC (K / 32 with XQ)", c.KC, 1, 1 << 20);
     checkInt("moe_route: LAYOUT", c.LAYOUT, 0, 1);
@@ -98,7 +105,7 @@ export function moeRouteBindGroup(
     moeRouteWorkgroupBytes(c),
     "route without XQ (the expert passes then round x themselves)",
   );
-  checkBinding("moe_route", "logits", b.logits, [c.N_EXPERT, n]);
+  checkBinding("moe_route", "logits", b.logits, [c.LOGITS_COL, n]);
   checkBinding("moe_route", "ids", b.ids, [c.N_EXPERT_USED, n]);
   checkBinding("moe_route", "weights", b.weights, [c.N_EXPERT_USED, n]);
   if (c.XQ) {

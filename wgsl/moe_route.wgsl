@@ -1,7 +1,7 @@
 // MoE routing (spec §10) for each token, a dispatch of its own (lib/route.wgsl says how). moe_matvec runs the
 // same routing in its prologue (ROUTE) when the gate·up pass can take it.
 // Bindings:
-//   logits   f32 ne=[N_EXPERT, nTokens]       router logits (ffn_gate_inp output)
+//   logits   f32 ne=[LOGITS_COL, nTokens]     router logits (ffn_gate_inp output): token t's at t·LOGITS_COL
 //   ids      u32 ne=[N_EXPERT_USED, nTokens]  selected experts, most probable first
 //   weights  f32 ne=[N_EXPERT_USED, nTokens]  their routing weights
 //   x        f32 ne=[32·KC, nTokens]  the experts' input (XQ; otherwise any buffer of ≥ 16 bytes)
@@ -11,7 +11,8 @@
 // Grid (nTokens): workgroup t owns token t.
 // Constants: const N_EXPERT, N_EXPERT_USED, WG: u32 (WG power of two <= 256); const W_SCALE: f32 (1 when
 // the model has no expert_weights_scale); const XQ: bool, const KC, LAYOUT: u32 (XQ: the chunks of x and the
-// byte order of the experts' weight type; 1 and 0 otherwise).
+// byte order of the experts' weight type; 1 and 0 otherwise); const LOGITS_COL: u32 (>= N_EXPERT: the logits'
+// stride per token; N_EXPERT + 1 where the router's mat-vec also wrote the shared expert's gate logit).
 // Limits: N_EXPERT <= 4096; N_EXPERT_USED <= min(N_EXPERT, 256). Workgroup memory: 4·N_EXPERT + 8·N_EXPERT_USED
 // + 128·KC bytes.
 
@@ -22,7 +23,7 @@
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 
 fn route_logit(t: u32, e: u32) -> f32 {
-  return logits[t * N_EXPERT + e];
+  return logits[t * LOGITS_COL + e];
 }
 
 // XQ: token t's x, loaded before the routing (its loads in flight with the logits'; route_token's first

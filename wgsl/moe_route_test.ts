@@ -63,6 +63,9 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
       ? (["Q8_0", "IQ4_XS"] as const)[rng.int(0, 2)]
       : undefined;
     const kc = rng.int(1, 80);
+    // Every third case reads logits with a wider stride per token (a batched router's output, which keeps
+    // the shared expert's gate logit after each token's expert logits).
+    const col = runs.length % 3 === 1 ? k.nExpert + rng.int(1, 70) : k.nExpert;
     const c: MoeRouteConstants = {
       N_EXPERT: k.nExpert,
       N_EXPERT_USED: nUsed,
@@ -71,12 +74,13 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
       XQ: xType !== undefined,
       KC: xType ? kc : 1,
       LAYOUT: xType ? q8Layout(xType) : 0,
+      LOGITS_COL: col,
     };
     const x = rng.normals(32 * kc * k.nTokens, 10 ** rng.int(-2, 3));
     x.fill(0, 0, 32); // an all-zero chunk
     const logits = k.ties
-      ? Float32Array.from({ length: k.nExpert * k.nTokens }, () => rng.int(-3, 4) * 0.75)
-      : rng.normals(k.nExpert * k.nTokens, 3);
+      ? Float32Array.from({ length: col * k.nTokens }, () => rng.int(-3, 4) * 0.75)
+      : rng.normals(col * k.nTokens, 3);
     const b = {
       logits: upload(device, logits),
       ids: poisoned(device, nUsed * k.nTokens, POISON_U32),
@@ -90,7 +94,7 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
     const refIds: number[] = [];
     const refW: number[] = [];
     for (let t = 0; t < k.nTokens; t++) {
-      const r = moeRoute(logits.subarray(t * k.nExpert, (t + 1) * k.nExpert), {
+      const r = moeRoute(logits.subarray(t * col, t * col + k.nExpert), {
         nUsed,
         weightsScale: k.scale,
       });
@@ -104,6 +108,7 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
   const outs = await readAll(device, runs.flatMap((r) => [r.b.ids, r.b.weights, r.b.xq]));
   for (const [i, r] of runs.entries()) {
     const what = `moe_route N_EXPERT=${r.c.N_EXPERT} N_EXPERT_USED=${r.c.N_EXPERT_USED} WG=${r.c.WG} ` +
+      `LOGITS_COL=${r.c.LOGITS_COL} ` +
       `nTokens=${r.k.nTokens} ties=${r.k.ties}`;
     const n = r.refIds.length;
     const ids = new Uint32Array(outs[3 * i]!);
@@ -147,6 +152,7 @@ Deno.test("moe_route shape check throws before encoding", async () => {
     XQ: false,
     KC: 1,
     LAYOUT: 0,
+    LOGITS_COL: 256,
   };
   const pipeline = await new PipelineCache(device).get(MOE_ROUTE, c);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
@@ -181,6 +187,16 @@ Deno.test("moe_route shape check throws before encoding", async () => {
         buffers: { logits: small, ids: small, weights: small, x: small, xq: small },
       }),
     /N_EXPERT_USED must be an integer in \[1, 256\]/,
+  );
+  assert.throws(
+    () =>
+      moeRouteBindGroup(device, {
+        pipeline,
+        constants: { ...c, LOGITS_COL: 255 },
+        nTokens: 1,
+        buffers: { logits: small, ids: small, weights: small, x: small, xq: small },
+      }),
+    /LOGITS_COL must be an integer in \[256, /,
   );
   assert.equal(moeWeightsScale(undefined), 1);
   assert.equal(moeWeightsScale(0), 1);

@@ -8,11 +8,12 @@
 // for bit where the driver compiles the two alike.
 //
 // Bindings (f32; t < n_tokens):
-//   0 params  array<u32> ne=[2]: [n_tokens, _]
+//   0 params  array<u32> ne=[2]: [n_tokens, g_col] (g_col: g's stride per token; 0 means 1)
 //   1 e       ne=[D, N_TERMS, n_tokens]  terms to add
 //   2 weights ne=[N_TERMS, n_tokens]     (WEIGHTED; otherwise bind any buffer of >= 4 bytes)
 //   3 sh      ne=[D, n_tokens]           shared expert output (SHARED; otherwise any buffer)
-//   4 g       ne=[n_tokens]              shared expert gate logit (SHARED; otherwise any buffer)
+//   4 g       ne=[n_tokens] (stride g_col) shared expert gate logit (SHARED; otherwise any buffer): a batched
+//             router's output keeps it after each token's expert logits
 //   5 h       ne=[D, n_tokens] read_write, the residual stream
 //   6 nw      ne=[D]                     norm weight (NORM; otherwise any buffer)
 //   7 y       ne=[D, n_tokens] read_write, the normed rows (NORM; otherwise any buffer not bound elsewhere)
@@ -44,7 +45,7 @@ fn added(t: u32, d: u32) -> f32 {
     acc += w * e[(t * N_TERMS + s) * D + d];
   }
   if (SHARED) {
-    acc += sh[t * D + d] / (1.0 + exp(-g[t]));
+    acc += sh[t * D + d] / (1.0 + exp(-g[t * max(params[1], 1u)]));
   }
   return h[t * D + d] + acc;
 }
@@ -90,7 +91,7 @@ fn main(
     // The same expression as added(), so that h agrees bit for bit with the NORM = false path.
     for (var j = 0u; j < PER; j++) {
       let d = min(lid + j * WG, D - 1u);
-      acc[j] += sh[t * D + d] / (1.0 + exp(-g[t]));
+      acc[j] += sh[t * D + d] / (1.0 + exp(-g[t * max(params[1], 1u)]));
     }
   }
   var s = 0.0;

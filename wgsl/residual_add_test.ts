@@ -19,13 +19,16 @@ Deno.test("residual_add: plain add and the weighted MoE sum with the gated share
   const cache = new PipelineCache(device);
   const plain = { NORM: false, EPS: 0 };
   const norm = { NORM: true, EPS: 1e-6 };
-  const cases: (ResidualAddConstants & { n: number; maxTokens: number })[] = [
+  // gCol: the gate logit's stride per token (params[1]; 0 means 1): a batched router's output.
+  const cases: (ResidualAddConstants & { n: number; maxTokens: number; gCol?: number })[] = [
     { D: 300, N_TERMS: 1, WEIGHTED: false, SHARED: false, ...plain, n: 3, maxTokens: 4 },
     { D: 256, N_TERMS: 8, WEIGHTED: true, SHARED: true, ...plain, n: 1, maxTokens: 1 },
     { D: 2048, N_TERMS: 10, WEIGHTED: true, SHARED: true, ...plain, n: 5, maxTokens: 7 },
+    { D: 300, N_TERMS: 8, WEIGHTED: true, SHARED: true, ...plain, n: 3, maxTokens: 3, gCol: 257 },
     // With the norm: a row length that 256 does not divide, rows past n_tokens, the real MoE shape.
     { D: 300, N_TERMS: 1, WEIGHTED: false, SHARED: false, ...norm, n: 3, maxTokens: 4 },
     { D: 2048, N_TERMS: 8, WEIGHTED: true, SHARED: true, ...norm, n: 2, maxTokens: 2 },
+    { D: 2048, N_TERMS: 8, WEIGHTED: true, SHARED: true, ...norm, n: 4, maxTokens: 4, gCol: 9 },
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -36,7 +39,8 @@ Deno.test("residual_add: plain add and the weighted MoE sum with the gated share
     const e = rng.normals(c.D * c.N_TERMS * c.maxTokens);
     const w = rng.normals(c.N_TERMS * c.maxTokens);
     const sh = rng.normals(c.D * c.maxTokens);
-    const g = rng.normals(c.maxTokens, 3);
+    const gCol = c.gCol ?? 1;
+    const g = rng.normals(c.maxTokens * gCol, 3);
     const h0 = rng.normals(c.D * c.maxTokens);
     const h = poisoned(device, c.D * c.maxTokens);
     device.queue.writeBuffer(h, 0, h0);
@@ -47,7 +51,7 @@ Deno.test("residual_add: plain add and the weighted MoE sum with the gated share
         for (let s = 0; s < c.N_TERMS; s++) {
           acc += (c.WEIGHTED ? w[t * c.N_TERMS + s]! : 1) * e[(t * c.N_TERMS + s) * c.D + d]!;
         }
-        if (c.SHARED) acc += sh[t * c.D + d]! / (1 + Math.exp(-g[t]!));
+        if (c.SHARED) acc += sh[t * c.D + d]! / (1 + Math.exp(-g[t * gCol]!));
         ref[t * c.D + d] = h0[t * c.D + d]! + acc;
       }
     }
@@ -63,7 +67,7 @@ Deno.test("residual_add: plain add and the weighted MoE sum with the gated share
       for (let d = 0; d < c.D; d++) yRef[t * c.D + d] = ref[t * c.D + d]! * scale * nw[d]!;
     }
     const b = {
-      params: upload(device, Uint32Array.of(c.n, 0)),
+      params: upload(device, Uint32Array.of(c.n, c.gCol ?? 0)),
       e: upload(device, e),
       weights: upload(device, w),
       sh: upload(device, sh),

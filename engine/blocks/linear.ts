@@ -322,7 +322,8 @@ export async function matvecQ8(
  * Decode (n = 1) of the longest leading run (≥ 2) of `ws` packed back to back in one buffer, as ONE
  * mat-vec into `out`; returns the output row offset of each fused tensor (empty when nothing was fused).
  * Every fused tensor's output must start 256-byte aligned (a bindable range) unless it is `joined`: read
- * through the previous tensor's range.
+ * through the previous tensor's range. With `yStride`, the graph's columns too (a batched step, or a chunk
+ * of mat-vec columns): column c's fused rows at c·yStride of `out` (yStride ≥ the fused rows).
  */
 export async function fusedMatvec(
   g: GraphBuilder,
@@ -330,9 +331,10 @@ export async function fusedMatvec(
   ws: readonly GpuTensor[],
   x: GPUBuffer,
   out: GPUBuffer,
-  opts: { joined?: GpuTensor; f32?: boolean } = {},
+  opts: { joined?: GpuTensor; f32?: boolean; yStride?: number } = {},
 ): Promise<number[]> {
-  if (g.n !== 1) return [];
+  const cols = g.n;
+  if (cols !== 1 && (opts.yStride === undefined || cols > g.maxCols)) return [];
   const first = ws[0]!;
   const p0 = first.parts[0]!;
   let end = 0;
@@ -346,7 +348,7 @@ export async function fusedMatvec(
     offsets.push(end);
     end += p.nRows;
   }
-  if (offsets.length < 2) return [];
+  if (offsets.length < 2 || (cols > 1 && opts.yStride! < end)) return [];
   const whole: GpuTensor = {
     name: ws.slice(0, offsets.length).map((w) => w.name).join("+"),
     type: first.type,
@@ -360,7 +362,10 @@ export async function fusedMatvec(
       sizeBytes: end * first.rowBytes,
     }],
   };
-  await matvec(g, label, whole, x, out, 1, { f32: opts.f32 });
+  await matvec(g, label, whole, x, out, cols, {
+    f32: opts.f32,
+    yStride: cols > 1 ? opts.yStride : undefined,
+  });
   return offsets;
 }
 

@@ -78,15 +78,23 @@ export async function moe(
   const K = hp.nExpertUsed;
   const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
   // The router keeps f32 x under int8Experts: a deferred norm rides on this mat-vec, and the expert
-  // passes round A.m themselves (moe_matvec_q8 XIN).
+  // passes round A.m themselves (moe_matvec_q8 XIN). Mat-vec columns (a batched step, a short chunk) fuse
+  // too: each column's nExpert logits and then its shared expert's gate logit (one dispatch less per layer;
+  // TEAM follows K and N, 257 rows either way, so every column keeps the bits of a one-token step).
+  const col = hp.nExpert + 1;
   const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
     f32: true,
+    yStride: col,
   });
   if (routerFused.length === 0) {
     await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true });
   }
-  // The shared expert's gate logit: row nExpert of the fused router output, or its own mat-vec.
-  const gam: Binding = routerFused.length === 2 ? sub(A.router!, hp.nExpert, 1) : A.gam!;
+  // The shared expert's gate logit: row nExpert of each column of the fused router output (stride col), or
+  // its own mat-vec's.
+  const fusedGam = routerFused.length === 2;
+  const logitsCol = fusedGam ? col : hp.nExpert;
+  const gam: Binding = fusedGam ? sub(A.router!, hp.nExpert, (n - 1) * col + 1) : A.gam!;
+  const gCol = fusedGam ? col : 1;
   // The routing (softmax, top-k, weights) runs in a moe_route dispatch of its own. With fuseDecodeRoute,
   // decode runs it in the prologue of the routed gate·up pass instead (moe_matvec ROUTE, which writes ids and
   // weights for the down pass and the combine): one dispatch less, but every gate·up workgroup repeats the
@@ -121,6 +129,7 @@ export async function moe(
       XQ: xq8 !== undefined,
       KC: xq8 ? hp.nEmbd / 32 : 1,
       LAYOUT: xq8 ? q8Layout(xq8.type) : 0,
+      LOGITS_COL: logitsCol,
     };
     await g.checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
       moeRouteBindGroup(g.device, {
@@ -183,7 +192,7 @@ export async function moe(
     }, cx);
     sho = A.sho!;
   }
-  if (routerFused.length !== 2) {
+  if (!fusedGam) {
     await matvec(g, `L${l}.ffn_gate_inp_shexp`, routerWs[1]!, A.m!, A.gam!, n, { f32: true });
   }
   const c: ResidualAddConstants = {
@@ -193,7 +202,7 @@ export async function moe(
     SHARED: true,
     ...normConstants(g, norm),
   };
-  const params = g.storage(Uint32Array.of(n, 0));
+  const params = g.storage(Uint32Array.of(n, gCol));
   await g.push(
     norm ? `L${l}.moe_combine+norm` : `L${l}.moe_combine`,
     RESIDUAL_ADD,

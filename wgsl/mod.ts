@@ -40,6 +40,7 @@ export {
 } from "./moe_group.ts";
 export {
   checkGroupedMatmul,
+  checkGroupedPass,
   encodeGroupedMatmul,
   GROUPED_MATMUL_MAX_GROUPS,
   GROUPED_MATMUL_PARAMS_BYTES,
@@ -56,6 +57,16 @@ export {
   MOE_MATMUL,
   prepareGroupedMatmul,
 } from "./moe_matmul.ts";
+export {
+  checkGroupedMatvec,
+  type GroupedMatvecConstants,
+  groupedMatvecConstants,
+  groupedMatvecGrid,
+  groupedMatvecRows,
+  groupedMatvecWorkgroupBytes,
+  MOE_GMV,
+  prepareGroupedMatvec,
+} from "./moe_gmv.ts";
 export {
   checkMatvec,
   encodeMatvec,

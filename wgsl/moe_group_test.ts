@@ -20,6 +20,7 @@ import {
   groupedMatmulWorkgroupBytes,
   prepareGroupedMatmul,
 } from "./moe_matmul.ts";
+import { type GroupedMatvecConstants, groupedMatvecConstants, prepareGroupedMatvec } from "./moe_gmv.ts";
 import {
   checkMoeGroup,
   MOE_GROUP,
@@ -112,7 +113,7 @@ function refGroups(c: Case): { counts: number[]; lists: number[][] } {
   return { counts: lists.map((l) => l.length), lists };
 }
 
-Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, gate·up and down ≡ float64, every type", async () => {
+Deno.test("moe_group + grouped matmul and grouped mat-vec: experts' tokens grouped in column order, gate·up and down ≡ float64, every type", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
@@ -153,7 +154,21 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
       /workgroup memory/,
     );
   }
-  const runs = cases.flatMap((c) => variants(c.shape).map((v) => ({ ...c, v })));
+  // The grouped mat-vec (moe_gmv) over the same lists: every column count per tile at the default team, and
+  // other teams and row counts (TEAM 4 ROWS 4: 256 rows per workgroup; TEAM 64 ROWS 1).
+  const gmvVariants = (s: GroupedMatmulShape, i: number): GroupedMatvecConstants[] => {
+    const d = groupedMatvecConstants(s);
+    const other = [{ ...d, TEAM: 4, ROWS: 4 }, { ...d, TEAM: 64, ROWS: 1 }, {
+      ...d,
+      TEAM: 8,
+      ROWS: 3,
+    }][i % 3]!;
+    return [{ ...d, CT: 1 + (i % 8) }, { ...d, CT: 8 }, { ...other, CT: 1 + ((i + 3) % 8) }];
+  };
+  const runs = [
+    ...cases.flatMap((c) => variants(c.shape).map((v) => ({ ...c, v, gmv: undefined }))),
+    ...cases.flatMap((c, i) => gmvVariants(c.shape, i).map((gmv) => ({ ...c, v: undefined, gmv }))),
+  ];
   const groupPipeline = await cache.get(MOE_GROUP, {});
   const params = device.createBuffer({
     size: 256 * runs.length,
@@ -177,18 +192,16 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
     const cols = c.shape.nRouted + (c.shape.shared ? c.shape.cap : 0);
     const y = poisoned(device, c.shape.n * cols);
     device.queue.writeBuffer(params, 256 * i, groupedMatmulParams(c.shape));
-    const op = await prepareGroupedMatmul(cache, {
-      device,
-      shape: c.shape,
-      constants: c.v,
-      bindings: {
-        params: { buffer: params, offset: 256 * i, size: GROUPED_MATMUL_PARAMS_BYTES },
-        weights: upload(device, c.w),
-        x: upload(device, c.x),
-        y: { buffer: y, offset: 0, size: 4 * c.shape.n * cols },
-        groups: gb.groups,
-      },
-    });
+    const bindings = {
+      params: { buffer: params, offset: 256 * i, size: GROUPED_MATMUL_PARAMS_BYTES },
+      weights: upload(device, c.w),
+      x: upload(device, c.x),
+      y: { buffer: y, offset: 0, size: 4 * c.shape.n * cols },
+      groups: gb.groups,
+    };
+    const op = c.gmv
+      ? await prepareGroupedMatvec(cache, { device, shape: c.shape, constants: c.gmv, bindings })
+      : await prepareGroupedMatmul(cache, { device, shape: c.shape, constants: c.v, bindings });
     encodeGroupedMatmul(pass, op);
     outs.push(groups, y);
   }
@@ -199,7 +212,9 @@ Deno.test("moe_group + grouped matmul: experts' tokens grouped in column order, 
     const gateUp = c.shape.upOffsetBytes !== undefined;
     const what = `grouped ${c.shape.type} ${gateUp ? "gate·up" : "down"} k=${c.shape.k} n=${c.shape.n} ` +
       `experts=${c.group.nExpert} used=${c.used} tokens=${c.group.nTokens} shared=${c.group.shared} ` +
-      `UNITS=${c.v.UNITS} TT=${c.v.TT}`;
+      (c.gmv
+        ? `moe_gmv TEAM=${c.gmv.TEAM} ROWS=${c.gmv.ROWS} CT=${c.gmv.CT}`
+        : `UNITS=${c.v!.UNITS} TT=${c.v!.TT}`);
     const words = new Uint32Array(got[2 * i]!);
     const { counts, lists } = refGroups(c);
     const nGroups = counts.length;

@@ -175,7 +175,6 @@ export function checkGroupedMatmul(
   c: GroupedMatmulConstants,
   b: GroupedMatmulBindings,
 ): void {
-  const rowBytes = checkWeightRows("moe_matmul", shape.type, shape.k, shape.wOffsetBytes);
   checkShape(c.TYPE === TYPE_ID[shape.type], `Kernel moe_matmul: TYPE=${c.TYPE} is not ${shape.type}`);
   checkShape(
     c.GATE_UP === (shape.upOffsetBytes !== undefined),
@@ -186,27 +185,37 @@ export function checkGroupedMatmul(
     GROUPED_MATMUL_TILE_TOKENS.includes(c.TT),
     `Kernel moe_matmul: TT=${c.TT} must be one of ${GROUPED_MATMUL_TILE_TOKENS.join(", ")}`,
   );
-  checkInt("Kernel moe_matmul: n", shape.n, 1, 2 ** 24);
-  checkInt("Kernel moe_matmul: cap", shape.cap, 1, 2 ** 24);
-  checkInt("Kernel moe_matmul: nGroups", shape.nGroups, 1, GROUPED_MATMUL_MAX_GROUPS);
-  checkInt("Kernel moe_matmul: xDiv", shape.xDiv, 1, 2 ** 16);
-  checkShape(
-    shape.xStride >= shape.k && shape.xStride % 4 === 0 && shape.yStride >= shape.n,
-    `Kernel moe_matmul: x stride ${shape.xStride} must be a multiple of 4 ≥ K=${shape.k}, y stride ` +
-      `${shape.yStride} ≥ N`,
-  );
-  checkShape(
-    Number.isInteger(shape.expertBytes) && shape.expertBytes >= shape.n * rowBytes &&
-      (shape.upOffsetBytes ?? 0) % 4 === 0,
-    `Kernel moe_matmul: expertBytes ${shape.expertBytes} must hold N=${shape.n} rows of ${rowBytes} bytes, ` +
-      `and the up offset be a multiple of 4`,
-  );
+  checkGroupedPass("moe_matmul", shape, b);
   const grid = groupedMatmulGrid(shape, c);
   checkShape(
     grid[1] <= MAX_WORKGROUPS_PER_DIM,
     `Kernel moe_matmul: ${
       grid[1]
     } token tiles exceed ${MAX_WORKGROUPS_PER_DIM} workgroups: use a smaller chunk`,
+  );
+}
+
+/**
+ * The checks of a grouped pass's shape and bindings that do not depend on the kernel's constants (moe_matmul
+ * and moe_gmv take the same params, bindings and output).
+ * @throws {RangeError} naming the kernel, the value or binding and what it needs
+ */
+export function checkGroupedPass(kernel: string, shape: GroupedMatmulShape, b: GroupedMatmulBindings): void {
+  const rowBytes = checkWeightRows(kernel, shape.type, shape.k, shape.wOffsetBytes);
+  checkInt(`Kernel ${kernel}: n`, shape.n, 1, 2 ** 24);
+  checkInt(`Kernel ${kernel}: cap`, shape.cap, 1, 2 ** 24);
+  checkInt(`Kernel ${kernel}: nGroups`, shape.nGroups, 1, GROUPED_MATMUL_MAX_GROUPS);
+  checkInt(`Kernel ${kernel}: xDiv`, shape.xDiv, 1, 2 ** 16);
+  checkShape(
+    shape.xStride >= shape.k && shape.xStride % 4 === 0 && shape.yStride >= shape.n,
+    `Kernel ${kernel}: x stride ${shape.xStride} must be a multiple of 4 ≥ K=${shape.k}, y stride ` +
+      `${shape.yStride} ≥ N`,
+  );
+  checkShape(
+    Number.isInteger(shape.expertBytes) && shape.expertBytes >= shape.n * rowBytes &&
+      (shape.upOffsetBytes ?? 0) % 4 === 0,
+    `Kernel ${kernel}: expertBytes ${shape.expertBytes} must hold N=${shape.n} rows of ${rowBytes} bytes, ` +
+      `and the up offset be a multiple of 4`,
   );
   const cols = shape.nRouted + (shape.shared ? shape.cap : 0);
   const xRows = Math.max(
@@ -216,7 +225,7 @@ export function checkGroupedMatmul(
   const need = (what: string, bind: Binding | undefined, bytes: number) =>
     checkShape(
       bind !== undefined && bindingBytes(bind) >= bytes,
-      `Kernel moe_matmul: binding ${what} holds ${bind ? bindingBytes(bind) : 0} bytes but needs ${bytes}`,
+      `Kernel ${kernel}: binding ${what} holds ${bind ? bindingBytes(bind) : 0} bytes but needs ${bytes}`,
     );
   need("params", b.params, GROUPED_MATMUL_PARAMS_BYTES);
   const wEnd = Math.max(shape.wOffsetBytes, shape.upOffsetBytes ?? 0) + shape.nGroups * shape.expertBytes;

@@ -3,7 +3,9 @@
  * tensors, 8 of 256 experts per token plus the shared one), per-column `moe_matvec` (the default) beside the
  * grouped path (`moe_group`, then `moe_matmul` for gate·up and for down: StageOptions.groupedExperts), in
  * the same run, the grouped passes also at every token-tile width (`tileUs`: TT 16 / 32 / 64; the engine's
- * choice is `tt`). Routing is uniform at random over the experts, each token's 8 distinct.
+ * choice is `tt`), and the grouped mat-vecs over the same lists (`moe_gmv`: `gmvUs` with the default
+ * constants, `gmvSweep` over TEAM × ROWS × CT). Routing is uniform at random over the experts, each token's 8
+ * distinct.
  *
  * Usage: `deno run -A bench/moe_prefill.ts [--tokens 256,1024] [--quick]` (`--quick`: 16 experts and 32
  * tokens, for lavapipe; `--probe`: also time variants of the grouped kernel's source with parts switched off
@@ -46,6 +48,11 @@ import {
   type MoeGroupShape,
   moeGroupWords,
 } from "../wgsl/moe_group.ts";
+import {
+  type GroupedMatvecConstants,
+  groupedMatvecConstants,
+  prepareGroupedMatvec,
+} from "../wgsl/moe_gmv.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -147,9 +154,21 @@ for (const T of TOKENS) {
       ops[TT] = await prepareGroupedMatmul(cache, { device, shape, bindings, constants });
     }
     tileOps.push(ops);
+    const d = groupedMatvecConstants(shape);
+    const gmv: { c: GroupedMatvecConstants; op: GroupedMatmulOp }[] = [];
+    for (const TEAM of [16, 32, 64]) {
+      for (const ROWS of [1, 2, 4]) {
+        for (const CT of [4, 8]) {
+          const c = { ...d, TEAM, ROWS, CT };
+          gmv.push({ c, op: await prepareGroupedMatvec(cache, { device, shape, bindings, constants: c }) });
+        }
+      }
+    }
+    gmvOps.push({ d: await prepareGroupedMatvec(cache, { device, shape, bindings }), sweep: gmv });
     return await prepareGroupedMatmul(cache, { device, shape, bindings });
   };
   const tileOps: Record<number, GroupedMatmulOp>[] = [];
+  const gmvOps: { d: GroupedMatmulOp; sweep: { c: GroupedMatvecConstants; op: GroupedMatmulOp }[] }[] = [];
   const probeInputs: { shape: GroupedMatmulShape; bindings: GroupedMatmulBindings }[] = [];
   const gcommon = {
     type: "IQ4_XS" as const,
@@ -212,6 +231,18 @@ for (const T of TOKENS) {
       down: await us((p) => encodeGroupedMatmul(p, tileOps[1]![TT]!)),
     };
   }
+  const gmvUs = {
+    gateUp: await us((p) => encodeGroupedMatmul(p, gmvOps[0]!.d)),
+    down: await us((p) => encodeGroupedMatmul(p, gmvOps[1]!.d)),
+  };
+  const gmvSweep: Record<string, number | string>[] = [];
+  for (const [i, { c }] of gmvOps[0]!.sweep.entries()) {
+    gmvSweep.push({
+      variant: `T${c.TEAM} R${c.ROWS} C${c.CT}`,
+      gateUp: await us((p) => encodeGroupedMatmul(p, gmvOps[0]!.sweep[i]!.op)),
+      down: await us((p) => encodeGroupedMatmul(p, gmvOps[1]!.sweep[i]!.op)),
+    });
+  }
   if (args.probe) await probe(T, probeInputs, us);
   const columnSum = r.perColumnGateUp + r.perColumnDown;
   const groupedSum = r.group + r.groupedGateUp + r.groupedDown;
@@ -225,6 +256,10 @@ for (const T of TOKENS) {
     perColumnUs: columnSum,
     groupedUs: groupedSum,
     speedup: columnSum / groupedSum,
+    gmv: groupedMatvecConstants(probeInputs[0]!.shape),
+    gmvUs,
+    gmvSumUs: r.group + gmvUs.gateUp + gmvUs.down,
+    gmvSweep,
   }));
   for (const b of [idsBuf, x, act, out, scratch, groups, gParams]) b.destroy();
 }

@@ -70,7 +70,9 @@ function gap12(v: ArrayLike<number>): number {
 // the prologue (the in-projections too, which the default 1024 leaves to a dispatch of their own);
 // fuseDecodeRoute: decode ranks the experts in the gate·up prologue (the default is a moe_route dispatch);
 // groupedExperts: prefill chunks over 8 tokens run the experts as grouped matmuls (moe_group + moe_matmul),
-// with groupedMinTokensPerExpert 0 (the default 8 groups the tiny models' 8 experts, 2 used, from 32 tokens);
+// with groupedMinTokensPerExpert 0 and groupedMatvecMaxTokensPerExpert 0 (by default the tiny models' 8
+// experts, 2 used, get at most 16 tokens each in these chunks, so they run as grouped mat-vecs, moe_gmv: the
+// other models cover that);
 // nExpert 64: the router's rows for the shared expert's gate start 256-byte aligned, so the router and the
 // shared gate run as one mat-vec (decode, and chunks of mat-vec columns at a stride of 65 words per column).
 const MODELS: {
@@ -82,8 +84,10 @@ const MODELS: {
   groupedExperts?: boolean;
   kvF16?: boolean;
   nExpert?: number;
+  /** Also show that the grouped mat-vecs ran: a per-column stage gives other bits. */
+  gmv?: boolean;
 }[] = [
-  { arch: "qwen35moe", quant: "f32", layout: "current" },
+  { arch: "qwen35moe", quant: "f32", layout: "current", gmv: true },
   { arch: "qwen35moe", quant: "iq4_xs", layout: "current", normPrologueMaxRows: 0 },
   { arch: "qwen3next", quant: "f32", layout: "legacy", normPrologueMaxRows: 65536 },
   { arch: "qwen3next", quant: "iq4_xs", layout: "current", fuseDecodeRoute: true },
@@ -99,7 +103,11 @@ for (const m of MODELS) {
     ? `, norm prologues up to ${m.normPrologueMaxRows} rows`
     : "";
   const route = m.fuseDecodeRoute ? ", decode routing in the gate·up prologue" : "";
-  const grouped = m.groupedExperts ? ", experts as grouped matmuls in prefill" : "";
+  const grouped = m.groupedExperts
+    ? ", experts as grouped matmuls in prefill"
+    : m.gmv
+    ? ", experts as grouped mat-vecs in prefill (other bits than per column)"
+    : "";
   const kv = m.kvF16 ? ", f16 KV cache (the reference rounds K and V alike)" : "";
   const experts = m.nExpert ? `, ${m.nExpert} experts (router and shared gate in one mat-vec)` : "";
   Deno.test(`GPU forward ≡ float64 reference: ${m.arch} ${m.quant} ${m.layout}${norms}${route}${grouped}${kv}${experts}, teacher-forced and greedy`, async () => {
@@ -115,11 +123,12 @@ for (const m of MODELS) {
       fuseDecodeRoute: m.fuseDecodeRoute,
       groupedExperts: m.groupedExperts,
       groupedMinTokensPerExpert: m.groupedExperts ? 0 : undefined,
+      groupedMatvecMaxTokensPerExpert: m.groupedExperts ? 0 : undefined,
       kvF16: m.kvF16,
     });
     // groupedExperts: the same stage without it, to show that the grouped path ran (other bits).
     // kvF16 too: an f32-KV stage, to show that the option reached the kernels (other bits).
-    const plain = m.groupedExperts || m.kvF16
+    const plain = m.groupedExperts || m.kvF16 || m.gmv
       ? await Stage.load(gpu, file, { nCtx: 128, nSlots: 1, maxChunk: 16, groupedExperts: false })
       : undefined;
     const ref = await RefModel.load(file, { kvF16: m.kvF16 });
@@ -224,6 +233,7 @@ Deno.test("int8 activations (all, and the experts' alone): GPU ≡ float64 refer
       normPrologueMaxRows,
       groupedExperts,
       groupedMinTokensPerExpert: groupedExperts ? 0 : undefined,
+      groupedMatvecMaxTokensPerExpert: groupedExperts ? 0 : undefined,
     });
     const logged = new Map<string, Int8Logged>();
     const asked = new Set<string>();

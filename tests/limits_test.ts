@@ -158,6 +158,10 @@ Deno.test("Stage.load refuses norm fusion and expert grouping limits out of rang
       [{ normPrologueMaxRows: -1 }, /normPrologueMaxRows must be an integer ≥ 0 \(0: never fuse\), got -1/],
       [{ groupedMinTokensPerExpert: -1 }, /groupedMinTokensPerExpert must be a number ≥ 0, got -1/],
       [{ groupedMinTokensPerExpert: NaN }, /groupedMinTokensPerExpert must be a number ≥ 0, got NaN/],
+      [
+        { groupedMatvecMaxTokensPerExpert: -2 },
+        /groupedMatvecMaxTokensPerExpert must be a number ≥ 0, got -2/,
+      ],
     ] as const
   ) {
     await assert.rejects(Stage.load(gpu, f, { nCtx: 16, nSlots: 1, maxChunk: 8, ...opts }), msg);

@@ -31,6 +31,12 @@ import {
   MOE_MATMUL,
 } from "../../wgsl/moe_matmul.ts";
 import {
+  checkGroupedMatvec,
+  groupedMatvecConstants,
+  groupedMatvecGrid,
+  MOE_GMV,
+} from "../../wgsl/moe_gmv.ts";
+import {
   checkMoeGroup,
   MOE_GROUP,
   moeGroupGrid,
@@ -262,12 +268,15 @@ export async function experts(
   // passes would (#roundX).
   const round = (t: GgmlTypeName) =>
     g.opts.int8Experts && n > g.maxCols && !e.route && MATVEC_Q8_TYPES.includes(t);
-  // groupedExperts: prefill chunks whose experts get groupedMinTokensPerExpert routed tokens or more on
-  // average group the columns by expert once, for both passes; thinner chunks run per column.
+  // groupedExperts: prefill chunks group the columns by expert once (moe_group), for both passes, where
+  // their experts get few routed tokens on average (up to groupedMatvecMaxTokensPerExpert: grouped mat-vecs,
+  // moe_gmv) or many (groupedMinTokensPerExpert or more: grouped matmuls, moe_matmul); others run per column.
   const wgMax = g.device.limits.maxComputeWorkgroupStorageSize;
-  const thick = n * e.used >= g.opts.groupedMinTokensPerExpert * e.nExpert;
-  const groups = g.opts.groupedExperts && n > g.maxCols && thick && !e.route &&
-      groupedMatmulFits(typeName(e.gate), wgMax) && groupedMatmulFits(typeName(e.down), wgMax)
+  const mean = (n * e.used) / e.nExpert;
+  const gmv = mean <= g.opts.groupedMatvecMaxTokensPerExpert;
+  const thick = mean >= g.opts.groupedMinTokensPerExpert &&
+    groupedMatmulFits(typeName(e.gate), wgMax) && groupedMatmulFits(typeName(e.down), wgMax);
+  const groups = g.opts.groupedExperts && n > g.maxCols && (gmv || thick) && !e.route
     ? await moeGroup(g, `${label}.group`, e.ids, e.used * n, e.nExpert, e.shared)
     : undefined;
   const grouped = (
@@ -296,7 +305,7 @@ export async function experts(
       : cx.act.m!;
     if (groups) {
       const shape = grouped(e.gate, { upOffsetBytes: u.offsetBytes, xDiv: e.used, sharedX0: 0 });
-      await expertsGrouped(g, `${label}.gate_up`, shape, gp.buffer, x, e.act, groups);
+      await expertsGrouped(g, `${label}.gate_up`, shape, gp.buffer, x, e.act, groups, gmv);
     } else {
       await expertsF32(g, label, gu, e, gp.buffer, x, e.act, e.route);
     }
@@ -323,7 +332,7 @@ export async function experts(
       : e.act;
     if (groups) {
       const shape = grouped(e.down, { xDiv: 1, sharedX0: e.used * n });
-      await expertsGrouped(g, `${label}.down`, shape, dp.buffer, act, e.out, groups);
+      await expertsGrouped(g, `${label}.down`, shape, dp.buffer, act, e.out, groups, gmv);
     } else {
       await expertsF32(g, label, dn, e, dp.buffer, act, e.out);
     }
@@ -350,7 +359,7 @@ export async function moeGroup(
   return groups;
 }
 
-/** One expert pass of a prefill chunk as a grouped matmul over moe_group's lists. */
+/** One expert pass of a prefill chunk over moe_group's lists: grouped mat-vecs (`gmv`) or a grouped matmul. */
 export async function expertsGrouped(
   g: GraphBuilder,
   label: string,
@@ -359,17 +368,19 @@ export async function expertsGrouped(
   x: Binding,
   y: GPUBuffer,
   groups: GPUBuffer,
+  gmv: boolean,
 ) {
-  const c = groupedMatmulConstants(shape);
   const b = { params: g.storage(groupedMatmulParams(shape)), weights, x, y, groups };
+  const bindings = [b.params, b.weights, b.x, b.y, b.groups];
+  if (gmv) {
+    const c = groupedMatvecConstants(shape);
+    checkGroupedMatvec(shape, c, b);
+    await g.push(label, MOE_GMV, c, bindings, groupedMatvecGrid(shape, c));
+    return;
+  }
+  const c = groupedMatmulConstants(shape);
   checkGroupedMatmul(shape, c, b);
-  await g.push(
-    label,
-    MOE_MATMUL,
-    c,
-    [b.params, b.weights, b.x, b.y, b.groups],
-    groupedMatmulGrid(shape, c),
-  );
+  await g.push(label, MOE_MATMUL, c, bindings, groupedMatmulGrid(shape, c));
 }
 
 /** The gate·up pass of packed gate and up expert tensors over n tokens (used experts each). */

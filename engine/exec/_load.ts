@@ -10,6 +10,7 @@ import { GpuError } from "../errors.ts";
 import { checkStageFits, stateSpecs } from "./activations.ts";
 import {
   COMBINE_NORM_MIN_ROWS,
+  GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT,
   GROUPED_MIN_TOKENS_PER_EXPERT,
   int8ExpertsOf,
   type Int8Logged,
@@ -24,6 +25,7 @@ export interface GraphSettings {
   readonly normPrologueMaxRows: number;
   readonly combineNormMinRows: number;
   readonly groupedMinTokensPerExpert: number;
+  readonly groupedMatvecMaxTokensPerExpert: number;
   readonly int8Activations: boolean;
   /** StageOptions.int8Experts, or int8Activations (which rounds the experts' x too). */
   readonly int8Experts: boolean;
@@ -65,6 +67,10 @@ export function checkLoadOptions(
   if (gmt !== undefined && !(Number.isFinite(gmt) && gmt >= 0)) {
     throw new RangeError(`groupedMinTokensPerExpert must be a number ≥ 0, got ${gmt}`);
   }
+  const gmv = opts.groupedMatvecMaxTokensPerExpert;
+  if (gmv !== undefined && !(Number.isFinite(gmv) && gmv >= 0)) {
+    throw new RangeError(`groupedMatvecMaxTokensPerExpert must be a number ≥ 0, got ${gmv}`);
+  }
   const kvF16 = opts.kvF16 ?? false;
   checkStageFits(hp, { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 }, limits);
   if (opts.nCtx > hp.nCtxTrain) {
@@ -77,6 +83,7 @@ export function checkLoadOptions(
     normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
     groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
+    groupedMatvecMaxTokensPerExpert: gmv ?? GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT,
     int8Activations: opts.int8Activations ?? false,
     int8Experts: int8ExpertsOf(opts),
   };

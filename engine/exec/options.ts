@@ -20,6 +20,14 @@ export const COMBINE_NORM_MIN_ROWS = 17;
  */
 export const GROUPED_MIN_TOKENS_PER_EXPERT = 8;
 
+/**
+ * Default {@linkcode StageOptions.groupedMatvecMaxTokensPerExpert}: 16, prefill chunks up to 512 tokens on the
+ * 35B-A3B (16 of 256 experts' tokens each), where the grouped matmul's 16- to 32-token tiles stay mostly empty
+ * (on the H200 a 64-token chunk's grouped experts took 64.3 + 27.6 ms, a 256-token one's 87.1 + 37.8:
+ * docs/PERF.md, 2026-12-05).
+ */
+export const GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT = 16;
+
 /** Whether the expert passes take int8 x: StageOptions.int8Experts, or int8Activations (which rounds them too). */
 export function int8ExpertsOf(
   o: { readonly int8Activations?: boolean; readonly int8Experts?: boolean },
@@ -82,6 +90,14 @@ export interface StageOptions {
    * column. Default {@linkcode GROUPED_MIN_TOKENS_PER_EXPERT}.
    */
   readonly groupedMinTokensPerExpert?: number;
+  /**
+   * Most routed tokens per expert on average at which a prefill chunk wider than 8 tokens runs its experts as
+   * grouped mat-vecs (with {@linkcode StageOptions.groupedExperts}): moe_group lists each expert's columns and
+   * moe_gmv decodes each weight unit once for up to 8 of them, where the grouped matmul's token tiles would
+   * stay mostly empty and the per-column mat-vecs decode every unit once per column. Takes precedence over
+   * groupedMinTokensPerExpert; 0 turns it off. Default {@linkcode GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT}.
+   */
+  readonly groupedMatvecMaxTokensPerExpert?: number;
   /**
    * Mat-vec columns (decode, batched decode up to 16, prefill chunks up to 8) of Q8_0, Q4_K, Q5_K, Q6_K
    * and IQ4_XS weights take x rounded to int8 per 32 elements (quantize_q8, then matvec_q8's integer dot

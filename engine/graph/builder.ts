@@ -88,6 +88,8 @@ export interface GraphOptions {
   readonly groupedExperts: boolean;
   /** StageOptions.groupedMinTokensPerExpert. */
   readonly groupedMinTokensPerExpert: number;
+  /** StageOptions.groupedMatvecMaxTokensPerExpert. */
+  readonly groupedMatvecMaxTokensPerExpert: number;
   readonly int8Activations: boolean;
   /** StageOptions.int8Experts (true under int8Activations too): the expert passes take int8 x. */
   readonly int8Experts: boolean;

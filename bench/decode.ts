@@ -3,12 +3,14 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--int8-experts] [--per-column]`: `--slots`
+ * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--f32-experts] [--per-column]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
  * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
- * StageOptions.int8Activations, `--int8-experts` StageOptions.int8Experts (int8 x for the expert passes alone), `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
+ * StageOptions.int8Activations, `--f32-experts` StageOptions.int8Experts false (f32 x for the expert passes too; the
+ * default is int8 x for the expert passes alone, as the serving commands run; `--int8-experts` names the default),
+ * `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
  * `--temp T` samples every decode step at temperature T (top-k 40, top-p 0.95, min-p 0.05, seed 1: the GPU
  * sampler's cost against the argmax's; default 0, greedy), `--batch N` the decode steps per readback of the decode and batched-decode runs (default 8: ids stream
  * back 8 at a time; with early reads, engine/gpu/readback.ts, a readback costs ~1 ms, so 2-4 may cost nothing),
@@ -49,11 +51,16 @@ const { values: args } = parseArgs({
     "per-column": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
     "int8-experts": { type: "boolean", default: false },
+    "f32-experts": { type: "boolean", default: false },
     "state-pool-max-bytes": { type: "string" },
     batch: { type: "string", default: "8" },
     temp: { type: "string", default: "0" },
   },
 });
+
+if (args["f32-experts"] && (args["int8-experts"] || args.int8)) {
+  throw new RangeError(`--f32-experts contradicts --${args.int8 ? "int8" : "int8-experts"}: give one`);
+}
 
 function emit(what: string, result: Record<string, unknown>): void {
   console.log(JSON.stringify({ bench: "decode", what, adapter: gpu.summary, ...result }));
@@ -110,7 +117,8 @@ const stage = await Stage.load(gpu, file, {
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
   int8Activations: args.int8,
-  int8Experts: args["int8-experts"],
+  // The serving commands' default (cli/experts.ts): int8 x for the experts unless --f32-experts.
+  int8Experts: !args["f32-experts"],
   normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
   combineNormMinRows: args["combine-norm-min-rows"] === undefined
     ? undefined
@@ -125,8 +133,8 @@ emit("load", {
   matvecTuning: tuning(args.matvec),
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
-  int8Activations: args.int8,
-  int8Experts: args["int8-experts"],
+  int8Activations: stage.int8Activations,
+  int8Experts: stage.int8Experts,
   maxStatePoolBytes: statePoolMax ?? null,
 });
 const hp = stage.hp;

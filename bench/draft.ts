@@ -14,7 +14,8 @@
  * guesses, and whether the ids equal the plain run's.
  *
  * Usage: `deno run -A bench/draft.ts [--model F.gguf] [--prompt 256] [--n 128] [--draft 7] [--min 2,4,6]
- * [--rounds 3] [--quick]`: `--min` lists the DraftingOptions.minDraft values measured (each a `repeat`,
+ * [--rounds 3] [--f32-experts] [--quick]`: `--f32-experts` keeps f32 x for the expert passes (default: int8 x
+ * for them alone, as the serving commands run; `int8Experts` in each line); `--min` lists the DraftingOptions.minDraft values measured (each a `repeat`,
  * `first` and `rejected` line per round); `--quick`: the tiny synthetic qwen35moe, a 24-id prompt, 24 ids,
  * one round (a check that it runs, e.g. on lavapipe). With no `--model` (and no `--quick`) it synthesizes the
  * full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when
@@ -42,6 +43,7 @@ const { values: args } = parseArgs({
     min: { type: "string", default: "2,4,6" },
     rounds: { type: "string", default: "3" },
     temp: { type: "string", default: "0" },
+    "f32-experts": { type: "boolean", default: false },
     quick: { type: "boolean", default: false },
   },
 });
@@ -71,7 +73,8 @@ const K = Number(args.draft);
 const mins = args.min.split(",").map(Number).filter((m) => m <= K);
 const rounds = quick ? 1 : Number(args.rounds);
 using file = await openGguf(path);
-const stage = await Stage.load(gpu, file, { nCtx: nPrompt + nNew + 8, nSlots: 1 });
+const int8Experts = !args["f32-experts"];
+const stage = await Stage.load(gpu, file, { nCtx: nPrompt + nNew + 8, nSlots: 1, int8Experts });
 const V = stage.hp.nVocab;
 // A fixed pseudo-random prompt (the same every run): the synthetic models' text is noise either way.
 let x = 12345;
@@ -81,7 +84,7 @@ const temp = Number(args.temp);
 const sampling = temp > 0
   ? samplingParams({ temperature: temp, topK: 40, topP: 0.95, minP: 0, seed: 1 })
   : undefined;
-const params = { path, nPrompt, nNew, draft: K, rounds, temp };
+const params = { path, nPrompt, nNew, draft: K, rounds, temp, int8Experts };
 emit("setup", { ...params, mins, weightBytes: stage.weightBytes });
 
 /** One timed generate on slot 0 of `dec`: wall ms and the ids. */

@@ -3,8 +3,9 @@
  * is not GPU work. A graph is built once per (slot, chunk width, rows) and per batched slot set; a request pays
  * it on the first run of its slot and prompt-tail width (`bench/serve.ts` `ttftColdSlotMs` against `ttftMs`).
  *
- * Usage: `deno run -A bench/graph_build.ts [--model F.gguf] [--slots 8] [--chunk 512] [--widths 24]`
- * (default model: the tiny qwen35moe fixture). After one warm-up graph per kind (its pipelines compiled), it
+ * Usage: `deno run -A bench/graph_build.ts [--model F.gguf] [--slots 8] [--chunk 512] [--widths 24]
+ * [--f32-experts]` (default model: the tiny qwen35moe fixture; `--f32-experts`: the graphs of f32 x for the
+ * expert passes, not the serving commands' default int8 x). After one warm-up graph per kind (its pipelines compiled), it
  * times and counts (`createBindGroup` calls, bytes of buffers created) per graph:
  * - `coldSlot`: width 64 on each slot but the first (the width built before on slot 0);
  * - `newWidth`: `--widths` fresh widths 65.. on slot 0;
@@ -25,6 +26,7 @@ const { values: args } = parseArgs({
     slots: { type: "string", default: "8" },
     chunk: { type: "string", default: "512" },
     widths: { type: "string", default: "24" },
+    "f32-experts": { type: "boolean", default: false },
   },
   strict: true,
 });
@@ -47,7 +49,8 @@ proto.createBuffer = function (this: GPUDevice, d: GPUBufferDescriptor) {
 };
 const path = args.model ?? new URL("../tests/fixtures/tiny-qwen35moe.q8_0.gguf", import.meta.url).pathname;
 using file = await openGguf(path);
-const stage = await Stage.load(gpu, file, { nCtx: 4096, nSlots, maxChunk: Number(args.chunk) });
+const int8Experts = !args["f32-experts"];
+const stage = await Stage.load(gpu, file, { nCtx: 4096, nSlots, maxChunk: Number(args.chunk), int8Experts });
 
 async function timed(what: string, builds: (() => Promise<unknown>)[]): Promise<void> {
   counts.groups = counts.bytes = 0;
@@ -62,6 +65,7 @@ async function timed(what: string, builds: (() => Promise<unknown>)[]): Promise<
     bindGroupsPerGraph: counts.groups / n,
     bufferMiBPerGraph: counts.bytes / n / 2 ** 20,
     layers: stage.hp.nLayer,
+    int8Experts,
     adapter: gpu.summary,
   }));
 }

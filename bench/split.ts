@@ -12,11 +12,13 @@
  * `pipeline` in each line says which (null for the unsplit head).
  *
  * Usage: `deno run -A bench/split.ts [--model F.gguf] [--stages 1,2,3] [--n 128] [--prompt 64] [--slots 8]
- * [--ctx 1024] [--drafts 0] [--draft-cache 0] [--pipelines 2,0] [--temp 0] [--quick]`
+ * [--ctx 1024] [--drafts 0] [--draft-cache 0] [--pipelines 2,0] [--temp 0] [--f32-experts] [--quick]`
  * - no `--model`: the 35B-A3B-shaped IQ4_XS model of bench/decode.ts (`--synth-out`, default
  *   `/tmp/bench-35b-a3b-iq4_xs.gguf`, synthesized once and reused);
  * - `--temp T` (default 0, greedy): requests sample at temperature T (top-k 40, top-p 0.95, a seed per
  *   prompt), so the last stage draws with the GPU sampler in its pass instead of the argmax;
+ * - `--f32-experts`: every process (head and workers) runs with `--f32-experts`, f32 x for the expert passes
+ *   (default: int8 x for the experts alone, the commands' default; `int8Experts` in each line says which);
  * - `--quick` (lavapipe, CI-sized): the tiny synthetic qwen35moe in a temporary folder, `--n 16 --prompt 16
  *   --ctx 128` unless given.
  *
@@ -58,6 +60,7 @@ const { values: args } = parseArgs({
     "draft-cache": { type: "string", default: "0" },
     pipelines: { type: "string", default: "2,0" },
     temp: { type: "string", default: "0" },
+    "f32-experts": { type: "boolean", default: false },
     quick: { type: "boolean", default: false },
   },
 });
@@ -209,7 +212,15 @@ function freePort(): number {
 /** Starts the chain (workers last to first, then the head) and resolves with the head's URL once ready. */
 async function startChain(n: number, draft: number, pipeline: number, procs: Proc[]): Promise<string> {
   const rs = ranges(n);
-  const common = ["--model", model!, "--slots", String(nSlots), "--ctx", String(nCtx)];
+  const common = [
+    "--model",
+    model!,
+    "--slots",
+    String(nSlots),
+    "--ctx",
+    String(nCtx),
+    ...(args["f32-experts"] ? ["--f32-experts"] : []),
+  ];
   const ports = rs.map(() => freePort());
   for (let i = n - 1; i >= 1; i--) {
     const [a, b] = rs[i]!;
@@ -398,6 +409,7 @@ async function measure(n: number, draft: number, pipeline: number): Promise<void
     promptTokens: nPrompt,
     newTokens: nNew,
     ctx: nCtx,
+    int8Experts: !args["f32-experts"],
   };
   try {
     const url = await startChain(n, draft, pipeline, procs);

@@ -22,6 +22,7 @@ import {
   Tokenizer,
   topCpu,
 } from "../engine/mod.ts";
+import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
 
 const USAGE =
   `Usage: deno run -A mod.ts generate [--model FILE.gguf] (--prompt TEXT | --tokens 1,2,3) [options]
@@ -46,7 +47,9 @@ const USAGE =
   --int8        x rounded to int8 before quantized mat-vecs (integer dot products in decode steps, the
                 rounded x in prefill): faster decode, llama.cpp's quantized arithmetic
                 (StageOptions.int8Activations)
-  --int8-experts  x rounded to int8 for the expert mat-vecs alone (StageOptions.int8Experts)
+  --f32-experts f32 x for the expert mat-vecs too, the exact path (default: x rounded to int8 for them
+                alone, as the head serves; StageOptions.int8Experts)
+  --int8-experts  the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines
   --draft K     guess up to K ids (1..7) by prompt lookup (a 3-id match) and check them in frames of 1 + K
                 rows where the guesses are long (engine/exec/drafting.ts); the same ids. Not with --json
                 (its top-k pairs run undrafted)
@@ -149,6 +152,7 @@ export const command: Command = {
         seed: { type: "string" },
         int8: { type: "boolean", default: false },
         "int8-experts": { type: "boolean", default: false },
+        "f32-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         draft: { type: "string" },
         "draft-min": { type: "string" },
@@ -160,6 +164,11 @@ export const command: Command = {
     if (values.help) {
       console.log(USAGE);
       return 0;
+    }
+    const conflict = expertsConflict(values);
+    if (conflict !== undefined) {
+      console.error(`${USAGE}\nerror: ${conflict}`);
+      return 2;
     }
     if ((values.prompt === undefined) === (values.tokens === undefined)) {
       console.error(`${USAGE}\nerror: give exactly one of --prompt and --tokens`);
@@ -227,7 +236,7 @@ export const command: Command = {
       layers,
       maxChunk,
       int8Activations: values.int8,
-      int8Experts: values["int8-experts"],
+      int8Experts: int8ExpertsFlag(values),
       kvF16: values["kv-f16"],
     }).catch((e) => {
       // The context was sized from the prompt: say so, as the refusal names --ctx (checked before upload).

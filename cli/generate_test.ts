@@ -39,6 +39,9 @@ Deno.test("generate --tokens --json --echo reproduces llama.cpp's greedy tokens 
     "--json",
     "--echo",
     "--ignore-eos",
+    // The reference is llama.cpp on an F32 copy of the weights (exact math, no rounding of x): compare it with
+    // the exact path, not the default int8 x for the experts (which moves this top logit by more than 1e-2).
+    "--f32-experts",
   ]);
   assert.equal(r.code, 0, r.stderr);
   const got = JSON.parse(r.stdout);
@@ -53,24 +56,34 @@ Deno.test("generate --tokens --json --echo reproduces llama.cpp's greedy tokens 
   assert.ok(Math.abs(got.prompt_top.at(-1)[0][1] - last[0]![1]) < 1e-2);
 });
 
-Deno.test("generate --int8 and --int8-experts reach the stage: logits move by the int8 rounding of x, not more", async () => {
+Deno.test("generate --int8, --f32-experts and the default int8 experts reach the stage: logits move by the int8 rounding of x, not more", async () => {
   const args = ["--model", fixturePath("tiny-qwen35moe.q8_0.gguf"), "--tokens", "1,2,3,4", "--n", "3"];
   const runs = await Promise.all(
-    [[], ["--int8"], ["--int8-experts"]].map((a) => generate([...args, "--top", "1", "--json", ...a])),
+    [["--f32-experts"], ["--int8"], [], ["--int8-experts"]].map((a) =>
+      generate([...args, "--top", "1", "--json", ...a])
+    ),
   );
   for (const r of runs) assert.equal(r.code, 0, r.stderr);
-  const [f32, int8, experts] = runs.map((r) => JSON.parse(r.stdout) as { top: [number, number][][] });
-  // Step 0's logits come from the 4-token prompt chunk: int8 x with --int8 (a mat-vec chunk), for the
-  // experts alone with --int8-experts: three different values, each near the f32 one.
+  const [f32, int8, experts, flagged] = runs.map((r) =>
+    JSON.parse(r.stdout) as { top: [number, number][][] }
+  );
+  // Step 0's logits come from the 4-token prompt chunk: f32 x everywhere with --f32-experts, int8 x with --int8
+  // (a mat-vec chunk), for the experts alone by default: three different values, each near the f32 one.
   const a = f32!.top[0]![0]![1];
   const b = int8!.top[0]![0]![1];
   const c = experts!.top[0]![0]![1];
-  assert.notEqual(a, b, "--int8 gave the f32 run's logit bit for bit");
-  assert.notEqual(a, c, "--int8-experts gave the f32 run's logit bit for bit");
-  assert.notEqual(b, c, "--int8-experts gave the --int8 run's logit bit for bit");
+  assert.notEqual(a, b, "--int8 gave the --f32-experts run's logit bit for bit");
+  assert.notEqual(
+    a,
+    c,
+    "the default gave the --f32-experts run's logit bit for bit: int8 experts are not on",
+  );
+  assert.notEqual(b, c, "the default gave the --int8 run's logit bit for bit");
   for (const v of [b, c]) {
     assert.ok(Math.abs(a - v) < 0.05 * Math.max(1, Math.abs(a)), `top logit ${v} with int8 x against ${a}`);
   }
+  // --int8-experts names the default: the same bits.
+  assert.deepEqual(flagged, experts);
 });
 
 Deno.test("generate: bad arguments fail with a message and a non-zero exit", async () => {
@@ -83,6 +96,9 @@ Deno.test("generate: bad arguments fail with a message and a non-zero exit", asy
   assert.match(r.stderr, /Token id 99999 is outside the vocabulary 0..1023/);
   r = await generate(["--model", model, "--tokens", "1", "--n", "0"]);
   assert.match(r.stderr, /--n 0 generates nothing: add --echo/);
+  r = await generate(["--model", model, "--tokens", "1", "--int8-experts", "--f32-experts"]);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /error: --int8-experts and --f32-experts contradict each other: give one/);
   r = await generate(["--model", "/nonexistent.gguf", "--tokens", "1"]);
   assert.equal(r.code, 1);
   assert.match(r.stderr, /nonexistent\.gguf/);
@@ -90,7 +106,19 @@ Deno.test("generate: bad arguments fail with a message and a non-zero exit", asy
 
 Deno.test("generate --chunk: one prompt prefilled in chunks of 1, 4 and 64 scores alike (f32 summation order)", async () => {
   const tokens = Array.from({ length: 13 }, (_, i) => (i * 37 + 5) % 1000).join(",");
-  const args = ["--model", fixturePath("tiny-qwen3next.q8_0.gguf"), "--tokens", tokens, "--n", "2", "--json"];
+  // --f32-experts: the exact path, whose chunkings differ by f32 summation order alone. (Under the default int8
+  // x for the experts, at 863f00b, a first chunk of 10 or more of this prompt's tokens moved the top logit by
+  // about 1e-3 relative against chunks of up to 9; at a232858 they agree to 2e-7.)
+  const args = [
+    "--model",
+    fixturePath("tiny-qwen3next.q8_0.gguf"),
+    "--tokens",
+    tokens,
+    "--n",
+    "2",
+    "--json",
+    "--f32-experts",
+  ];
   const runs = await Promise.all(
     ["1", "4", "64"].map((c) => generate([...args, "--top", "3", "--chunk", c])),
   );

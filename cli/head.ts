@@ -32,6 +32,7 @@ import { buildInfo } from "../version.ts";
 import { parseLayers, parseLinkTimeout } from "./worker.ts";
 import { progressMs } from "./generate.ts";
 import { PrefillLog } from "../server/prefill_log.ts";
+import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
 
 const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --model F         GGUF (first part of a split set); default: a tiny synthetic qwen35moe
@@ -87,8 +88,12 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
                     quantized mat-vecs do: +10% single-stream decode on the H200, but batched steps of several
                     streams run their int8 projections a dispatch per stream (8 streams: 396 against 587 tok/s;
                     docs/PERF.md). Prefill rounds x alike, so a prompt's chunking moves only f32 rounding
-  --int8-experts    x rounded to int8 for the expert mat-vecs alone (the part of --int8 that batched steps
-                    gain from; the projections keep f32 x); every stage of a split must agree
+  --f32-experts     f32 x for the expert mat-vecs too: the exact path (the library's default); every stage of
+                    a split must agree. Without it the expert mat-vecs alone take x rounded to int8, as
+                    llama.cpp's q8_1 mat-vecs do (the part of --int8 that batched steps gain from; the
+                    projections keep f32 x): on an H100 228, 772 and 905 tok/s at 1, 8 and 16 streams against
+                    223, 624 and 702 with --f32-experts (docs/PERF.md)
+  --int8-experts    the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines
 A prompt that prefills for more than a second logs its progress per slot, at most one line a second
 (LLM_PROGRESS_MS sets both, in ms; default 1000).`;
 
@@ -288,6 +293,7 @@ export const command: Command = {
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
         "int8-experts": { type: "boolean", default: false },
+        "f32-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         "no-warm-up": { type: "boolean", default: false },
         layers: { type: "string" },
@@ -307,6 +313,11 @@ export const command: Command = {
     if (values.help) {
       console.log(USAGE);
       return 0;
+    }
+    const conflict = expertsConflict(values);
+    if (conflict !== undefined) {
+      console.error(`error: ${conflict}`);
+      return 2;
     }
     const port = int("port", values.port, 0);
     const nSlots = int("slots", values.slots, 1);
@@ -371,7 +382,7 @@ export const command: Command = {
         pieceGap,
         maxChunk,
         int8Activations: values.int8,
-        int8Experts: values["int8-experts"],
+        int8Experts: int8ExpertsFlag(values),
         kvF16: values["kv-f16"],
         warmUp: !values["no-warm-up"],
       });

@@ -21,6 +21,7 @@ import {
 import { helloOf } from "../wire/chain.ts";
 import { buildInfo } from "../version.ts";
 import { parseLayers } from "./worker.ts";
+import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
 
 const USAGE = `Usage: deno run -A mod.ts probe HOST:PORT --model F.gguf --layers 0:a [options]
   HOST:PORT         the worker's --listen address (the head's --next)
@@ -30,7 +31,8 @@ const USAGE = `Usage: deno run -A mod.ts probe HOST:PORT --model F.gguf --layers
   --ctx N           the head's context (default 8192): the worker must have at least as much
   --kv-f16          the head runs with --kv-f16 (every stage must agree)
   --int8            the head runs with --int8 (every stage must agree)
-  --int8-experts    the head runs with --int8-experts (every stage must agree)
+  --f32-experts     the head runs with --f32-experts, f32 x for the experts (every stage must agree)
+  --int8-experts    the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines
   --link-key K      the chain's key (or LLM_LINK_KEY), as the head would use it
   --tls-ca F        connect over TLS trusting this CA (PEM), as the head's --tls-ca
   --pings N         round trips to time (default 5)
@@ -111,6 +113,7 @@ export const command: Command = {
         "kv-f16": { type: "boolean", default: false },
         int8: { type: "boolean", default: false },
         "int8-experts": { type: "boolean", default: false },
+        "f32-experts": { type: "boolean", default: false },
         "link-key": { type: "string" },
         "tls-ca": { type: "string" },
         pings: { type: "string", default: "5" },
@@ -120,6 +123,11 @@ export const command: Command = {
       allowPositionals: true,
       strict: true,
     });
+    const conflict = expertsConflict(values);
+    if (conflict !== undefined) {
+      console.error(`error: ${conflict}`);
+      return 2;
+    }
     const [target, ...extra] = positionals;
     if (target === undefined || extra.length > 0) {
       throw new RangeError("Give exactly one HOST:PORT to probe: the worker's --listen address");
@@ -165,7 +173,7 @@ export const command: Command = {
         nSlots,
         nCtx,
         int8Activations: values.int8,
-        int8Experts: int8ExpertsOf({ int8Activations: values.int8, int8Experts: values["int8-experts"] }),
+        int8Experts: int8ExpertsOf({ int8Activations: values.int8, int8Experts: int8ExpertsFlag(values) }),
         kvF16: values["kv-f16"],
         fingerprint,
       }, { build: buildInfo(), last: false });
@@ -199,7 +207,7 @@ export const command: Command = {
         `Accepted: a head with --layers 0:${layers[1]} --slots ${nSlots} --ctx ${nCtx}${
           values["kv-f16"] ? " --kv-f16" : ""
         }${
-          values.int8 ? " --int8" : values["int8-experts"] ? " --int8-experts" : ""
+          values.int8 ? " --int8" : values["f32-experts"] ? " --f32-experts" : ""
         } can use the chain at ${where}`,
         ...describeStage(peer, `worker ${where}`),
         ...peer.downstream.flatMap((h, i) => describeStage(h, `behind it, stage ${i + 2}`)),

@@ -20,6 +20,7 @@ import { DEFAULT_TIMEOUT_MS } from "../wire/link.ts";
 import { ChainLink } from "../wire/chain.ts";
 import { stageBackend } from "../wire/stage_backend.ts";
 import { buildInfo } from "../version.ts";
+import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
 
 const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --listen HOST:PORT [options]
   --model F         GGUF (first part of a split set): the same file as the head's (fingerprints must match)
@@ -36,7 +37,9 @@ const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --li
   --chunk N         rows per prefill chunk (default ${DEFAULT_MAX_CHUNK}, as the head)
   --kv-f16          KV cache in f16 (every stage must agree)
   --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)
-  --int8-experts    x rounded to int8 for the expert mat-vecs alone (every stage must agree)`;
+  --f32-experts     f32 x for the expert mat-vecs too, the exact path (default: x rounded to int8 for them
+                    alone, as the head's default; every stage must agree)
+  --int8-experts    the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines`;
 
 /** Parses `--link-timeout S` (seconds, 0.1..3600) into ms; undefined when absent. @throws {RangeError} */
 export function parseLinkTimeout(s: string | undefined): number | undefined {
@@ -85,11 +88,17 @@ export const command: Command = {
         chunk: { type: "string", default: String(DEFAULT_MAX_CHUNK) },
         int8: { type: "boolean", default: false },
         "int8-experts": { type: "boolean", default: false },
+        "f32-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         debug: { type: "boolean", default: false },
       },
       strict: true,
     });
+    const conflict = expertsConflict(values);
+    if (conflict !== undefined) {
+      console.error(`error: ${conflict}`);
+      return 2;
+    }
     if (!values.model) throw new RangeError("--model is required: the GGUF this stage serves");
     if (!values.layers) throw new RangeError("--layers a:b is required: this stage's layer range");
     if (!values.listen) {
@@ -126,7 +135,7 @@ export const command: Command = {
         layers,
         maxChunk,
         int8Activations: values.int8,
-        int8Experts: values["int8-experts"],
+        int8Experts: int8ExpertsFlag(values),
         kvF16: values["kv-f16"],
       });
       console.error(

@@ -185,7 +185,10 @@ Deno.test("a stage with int8 x for its experts alone says so in its hello, and a
       helloOf({ ...info, layers: { ...info.layers, first, end: first + 2 } }, { build, last: first === 2 });
     const refusal = checkChain(hello(b, 0), hello(a, 2));
     assert.equal(refusal?.field, "int8Experts");
-    assert.match(refusal!.message, /--int8-experts off but .* has on/);
+    assert.match(
+      refusal!.message,
+      /has it off but .* has it on: start every stage with --f32-experts or none/,
+    );
     assert.equal(checkChain(hello(a, 0), hello(a, 2)), undefined);
   } finally {
     experts.destroy();

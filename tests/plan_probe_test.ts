@@ -1,9 +1,10 @@
 /**
  * `plan` and `probe` end to end on the tiny synthetic qwen35moe: `plan` prints the commands for two boxes on
  * loopback, the worker command it printed is started as a real process, and `probe` with the head command's
- * flags is accepted (exit 0, the worker's fields printed); a mismatched --ctx, the wrong range, a wrong or
- * missing link key, a closed port and a port that is not a stage link each exit 1 with the message the head
- * would log. `plan --measure` prints a speed; a plan that cannot fit exits 1 with its shortfall.
+ * flags is accepted (exit 0, the worker's fields printed); a mismatched --ctx, the wrong range, --f32-experts
+ * against the worker's default int8 experts, a wrong or missing link key, a closed port and a port that is not
+ * a stage link each exit 1 with the message the head would log. `plan --measure` prints a speed; a plan that
+ * cannot fit exits 1 with its shortfall.
  * @module
  */
 import assert from "node:assert/strict";
@@ -128,7 +129,8 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
         `layers       ${a}:4 of 4 (last stage: output norm, LM head)`,
         "width        nEmbd 256",
         "slots        2, context 256 positions per slot",
-        "state        kv=f32;ssm=f32; int8 activations off; hidden rows f32",
+        // int8 x for the experts alone: the worker's (and the probing head's) default.
+        "state        kv=f32;ssm=f32; int8 activations experts only; hidden rows f32",
         `build        ${buildInfo().version} (commit `,
         "wire protocol 2",
         "over 3 ping(s)",
@@ -146,7 +148,7 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
         nSlots: 2,
         nCtx,
         int8Activations: false,
-        int8Experts: false,
+        int8Experts: true,
         kvF16: false,
         fingerprint: fp,
       }, { build: buildInfo(), last: first > 0 });
@@ -180,6 +182,17 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
       range.stderr,
       new RegExp(`Layer ranges do not chain: .* ends at layer ${other} .* starts at layer ${a}`),
     );
+
+    // The worker runs int8 x for the experts by default: a head with --f32-experts is refused, and --int8-experts
+    // (the default) is accepted.
+    const f32 = await llm(["probe", target, ...headFlags, "--f32-experts", "--link-key", KEY]);
+    assert.equal(f32.code, 1, f32.stdout);
+    assert.match(
+      f32.stderr,
+      /^error: worker 127\.0\.0\.1:\d+ refused the connection: int8 x for the experts differs: .* has it off but .* has it on: start every stage with --f32-experts or none/m,
+    );
+    const int8Experts = await llm(["probe", target, ...headFlags, "--int8-experts", "--link-key", KEY]);
+    assert.equal(int8Experts.code, 0, int8Experts.stderr);
 
     // The wrong key, and none.
     const wrong = await llm(["probe", target, ...headFlags, "--link-key", "not-the-key-of-this-chain"]);

@@ -193,6 +193,7 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
       // Refusals at hello, straight at the worker (the head's link runs the same checks and says the same).
       // The build as the worker read it (a commit landing meanwhile must not fail the test).
       const built = await w24.waitFor(/build (\S+) commit (\S+)\)/);
+      // int8Experts true: the worker runs the commands' default (int8 x for the experts), as the heads above do.
       const hello = helloOf({
         arch,
         layers: { first: 0, end: 2, total: 4 },
@@ -200,7 +201,7 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
         nSlots: 2,
         nCtx: CTX,
         int8Activations: false,
-        int8Experts: false,
+        int8Experts: true,
         kvF16: false,
         fingerprint: await fingerprintFile(model),
       }, { build: { version: built[1]!, commit: built[2]! }, last: false });
@@ -218,6 +219,11 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
         /Layer ranges do not chain: .* ends at layer 1 but .* starts at layer 2/,
       );
       await refused(hello, /link key/i, "0123456789abcdef0123456789abcdef");
+      // A head started with --f32-experts (f32 x for the experts) against a worker started without flags.
+      await refused(
+        { ...hello, numerics: { ...hello.numerics, int8Experts: false } },
+        /int8 x for the experts differs: .* has it off but .* has it on: start every stage with --f32-experts/,
+      );
 
       // SIGKILL of the worker mid-stream, two streams generating together (one pipelined generate call):
       // an error event on each, the head stays up, 503 while down, then back.

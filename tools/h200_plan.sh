@@ -6,12 +6,14 @@
 #
 #   bash tools/h200_plan.sh tests attention decode
 #
-# Every step ran on 2026-12-05 (docs/PERF.md) but `int8experts` and `late`; what the next calls should measure
-# first: `late int8experts` (the paced pieces of a late prompt and the join rule; int8 x for the experts alone
-# in batched steps; about 540 s), then `serve split3` (the per-column prefill of thin chunks in the TTFT and
-# the 8-stream aggregates; the split's first frames side by side), then `combine smallchunk`
-# after changes to the batched step or the expert kernels. A warm machine keeps /tmp, so the model is written
-# once per machine (~25 s); one call of `attention decode knobs` took 199 s, `split sampled tests serve` 328 s.
+# Every step ran on 2026-12-05 (docs/PERF.md) but `late`, and `int8experts` ran on an H100; what the next calls
+# should measure first: `late` (the paced pieces of a late prompt and the join rule), then `serve split3` (the
+# per-column prefill of thin chunks in the TTFT and the 8-stream aggregates; the split's first frames side by
+# side), then `combine smallchunk` after changes to the batched step or the expert kernels. The benches and
+# the commands they start take int8 x for the expert passes by default since `int8experts` measured it (1, 8,
+# 16 slots: 228, 772, 905 against 223, 624, 702 tok/s); the steps' earlier numbers are f32 x (--f32-experts).
+# A warm machine keeps /tmp, so the model is written once per machine (~25 s); one call of
+# `attention decode knobs` took 199 s, `split sampled tests serve` 328 s.
 #
 # `H200_PLAN_LOCAL=1 bash tools/h200_plan.sh tests` runs a step here instead (lavapipe; a dry run of the commands).
 # Each step's output goes to $OUT/<step>.log (and to stdout); a step is skipped when fewer seconds are left of
@@ -23,8 +25,8 @@
 #   decode     #20: solo and 8/16-slot decode with prefill of 2,048 (readback batch 8), then the same with
 #              --batch 2 (early reads: does a 2-step readback cost throughput?)
 #   knobs      #20: 8 slots with --int8, then with --combine-norm-min-rows 17, then sampled (--temp 0.8)
-#   int8experts  #20: solo, 8 and 16 slots with --int8-experts (int8 x for the expert passes alone) beside the
-#              default f32, in one call
+#   int8experts  #20: solo, 8 and 16 slots with the default int8 x for the expert passes alone, beside
+#              --f32-experts (f32 x everywhere, the exact path), in one call
 #   split      #19: unsplit, 2 stages, 8 streams, pipelines 2 and 1; then the same with LLM_EARLY_READ=0
 #   sampled    #19: the same at temperature 0.8 (the last stage's sampler in the pass)
 #   serve      #20: HTTP and direct at 1 and 8 streams with a late 2,048-token prompt; direct with --batch 2
@@ -160,9 +162,9 @@ for step in "$@"; do
       ;;
     int8experts)
       ensure_model
-      run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
-        --int8-experts
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
+      run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
+        --f32-experts
       ;;
     smallchunk)
       ensure_model

@@ -284,12 +284,11 @@ export function checkChain(
     );
   }
   if (prev.numerics.int8Experts !== next.numerics.int8Experts) {
+    const [a, b] = [on(prev.numerics.int8Experts), on(next.numerics.int8Experts)];
     return refuse(
       "int8Experts",
-      `int8 x for the experts differs: ${p} has --int8-experts ${
-        on(prev.numerics.int8Experts)
-      } but ${n} has ` +
-        `${on(next.numerics.int8Experts)}: give every stage the same --int8-experts setting`,
+      `int8 x for the experts differs: ${p} has it ${a} but ${n} has it ${b}: start every stage with ` +
+        `--f32-experts or none of them (int8 x for the experts is the commands' default)`,
     );
   }
   if (prev.numerics.hiddenDtype !== next.numerics.hiddenDtype) {

@@ -56,7 +56,7 @@ const CASES: readonly [string, Partial<HelloInfo>, HelloField, RegExp][] = [
     "int8 experts",
     { numerics: { int8Activations: false, int8Experts: true, hiddenDtype: "f32" } },
     "int8Experts",
-    /int8 x for the experts differs: .* --int8-experts off but worker .* has on: give every stage the same/,
+    /int8 x for the experts differs: .* has it off but worker .* has it on: start every stage with --f32-experts or none/,
   ],
   [
     "hidden dtype",

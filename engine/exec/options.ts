@@ -116,8 +116,9 @@ export interface StageOptions {
    * projections, output projections and LM head keep f32 x: the one part of int8Activations that batched
    * steps gain from. On the H200 the int8 expert passes of an 8-slot step took 3.59 ms against 6.12 in f32,
    * while int8 dense mat-vecs run a dispatch per column there (docs/PERF.md, 2026-12-05). Rounds like
-   * int8Activations at the experts (`RefModelOptions.int8Experts` mirrors it). Default off; implied by
-   * int8Activations. Every stage of a split must agree (the hello's `numerics.int8Experts`).
+   * int8Activations at the experts (`RefModelOptions.int8Experts` mirrors it). Default off (exact f32), though
+   * the CLI commands and the benches turn it on unless `--f32-experts`; implied by int8Activations. Every
+   * stage of a split must agree (the hello's `numerics.int8Experts`).
    */
   readonly int8Experts?: boolean;
   /**

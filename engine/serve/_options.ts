@@ -76,9 +76,9 @@ export interface EngineOptions {
    */
   readonly int8Activations?: boolean;
   /**
-   * Round x to int8 for the expert passes alone (StageOptions.int8Experts; default false; implied by
-   * int8Activations): the expert passes' speed-up without the int8 projections' per-column dispatches in
-   * batched steps.
+   * Round x to int8 for the expert passes alone (StageOptions.int8Experts; default false, while `head` turns
+   * it on unless `--f32-experts`; implied by int8Activations): the expert passes' speed-up without the int8
+   * projections' per-column dispatches in batched steps.
    */
   readonly int8Experts?: boolean;
   /** KV cache in f16 (StageOptions.kvF16; default false): half the memory per position. */

@@ -9,15 +9,22 @@
  * sizes the next round's pieces by feedback, so that a round takes about `gap` times the streams' steady gap:
  *
  *   piece time  = gap · batch · step − pieceSteps · step
- *   next piece  = last piece · piece time / last piece's time, rounded down to the grain (`minPiece`, at most
- *                 128: the matmul's token tile), within minPiece..maxPiece
+ *   next piece  = last piece · piece time / last piece's time (proportional), or, once two rounds of
+ *                 different widths are measured, last piece + (piece time − last piece's time) / slope, the
+ *                 slope of the line through those two (the secant; at most twice the last piece); rounded
+ *                 down to the grain (`minPiece`, at most 128: the matmul's token tile), within
+ *                 minPiece..maxPiece
  *
- * Proportional scaling never overshoots a piece cost of the form a + b·n with a ≥ 0 (a narrow piece is mostly
- * fixed cost on the H200: a 256-token chunk of the 35B-A3B took 198 ms, a 2,048-token one 662), so the pieces
- * grow round by round toward the budget from below; a round that took longer than its budget (the prompt's
- * attention grows with its depth, another kernel variant at another width) shrinks the next in proportion.
- * A line fitted through the widths measured would predict further, but on lavapipe it overshot round after
- * round (docs/PERF.md). Until a step and a piece are measured a round takes `minPiece` tokens.
+ * Proportional scaling never overshoots a piece cost of the form a + b·n with a ≥ 0, but with a large fixed
+ * cost a it stops far short of the budget: a 256-token chunk of the 35B-A3B took 198 ms on the H200, a 2,048-
+ * token one 662, and on the H100 (steps of 12.4 ms, 223 ms of pieces per round) proportional growth never
+ * got past 256 (256 · 223 / 197 = 290 rounds down to 256; docs/PERF.md, 2026-12-05). So a round that used at
+ * most 90% of its time while the proportional piece stays put tries one grain more, and from two widths the
+ * secant takes the pieces to the budget (exact for a + b·n). A round that took longer than its budget (the
+ * prompt's attention grows with its depth; on lavapipe piece time grows faster than width, where a line
+ * fitted through every width measured overshot round after round) shrinks the next in proportion, and the
+ * secant of the two latest widths, steeper there than the line from the origin, keeps the next growth below
+ * the proportional one. Until a step and a piece are measured a round takes `minPiece` tokens.
  * @module
  */
 
@@ -46,6 +53,8 @@ export class PiecePacer {
   #stepMs: number | undefined;
   /** The latest round's prompt tokens and their time (its time less the turn's steps). */
   #last: { tokens: number; ms: number } | undefined;
+  /** The latest round before it of another width (the secant's other point). */
+  #prev: { tokens: number; ms: number } | undefined;
 
   constructor(opts: PacerOptions) {
     if (!(opts.gap >= 0)) throw new RangeError(`The pacer's gap must be >= 0, got ${opts.gap}`);
@@ -76,7 +85,9 @@ export class PiecePacer {
     if (tokens < 1 || this.#stepMs === undefined) return;
     const pieceMs = ms - Math.max(0, steps) * this.#stepMs;
     // A round no longer than its steps says nothing about the prompt's time (timer noise, a tiny rest).
-    if (pieceMs > 0.05 * ms) this.#last = { tokens, ms: pieceMs };
+    if (!(pieceMs > 0.05 * ms)) return;
+    if (this.#last && this.#last.tokens !== tokens) this.#prev = this.#last;
+    this.#last = { tokens, ms: pieceMs };
   }
 
   /** Prompt tokens for the next round's pieces while requests stream. */
@@ -86,7 +97,19 @@ export class PiecePacer {
     if (gap === 0 || !Number.isFinite(minPiece) || this.#stepMs === undefined || last === undefined) {
       return minPiece;
     }
-    const n = last.tokens * ((gap * batch - pieceSteps) * this.#stepMs) / last.ms;
-    return Math.min(maxPiece, Math.max(minPiece, Math.floor(n / this.#grain) * this.#grain));
+    const pieceMs = (gap * batch - pieceSteps) * this.#stepMs;
+    const grain = this.#grain;
+    let n = last.tokens * pieceMs / last.ms;
+    const prev = this.#prev;
+    const slope = prev ? (last.ms - prev.ms) / (last.tokens - prev.tokens) : 0;
+    if (slope > 0) {
+      // The secant, where a round fits its budget (an overshoot shrinks in proportion). Where piece time
+      // grows faster than width the secant is below the proportional piece, which would overshoot again.
+      const secant = last.tokens + (pieceMs - last.ms) / slope;
+      if (last.ms <= pieceMs) n = Math.min(secant, 2 * last.tokens);
+    } else if (Math.floor(n / grain) * grain <= last.tokens && last.ms <= 0.9 * pieceMs) {
+      n = last.tokens + grain; // one grain more, to measure a second width
+    }
+    return Math.min(maxPiece, Math.max(minPiece, Math.floor(n / grain) * grain));
   }
 }

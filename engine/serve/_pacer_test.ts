@@ -1,7 +1,7 @@
 /**
  * The piece pacer's arithmetic (engine/serve/_pacer.ts): fixed pieces until the decode step and a piece are
- * measured; then each piece scaled from the last by the round's budget over its time, in grains of at most
- * 128 tokens, within the bounds.
+ * measured; then each piece scaled from the last by the round's budget over its time, or along the secant of
+ * two widths, in grains of at most 128 tokens, within the bounds.
  * @module
  */
 import assert from "node:assert/strict";
@@ -20,7 +20,7 @@ Deno.test("pacer: fixed pieces until a step and a piece are measured", () => {
   assert.equal(p.measured.stepMs, 20);
 });
 
-Deno.test("pacer: pieces grow in proportion toward the round's budget, never past it with a fixed cost", () => {
+Deno.test("pacer: pieces grow toward the round's budget, never past it with a fixed cost", () => {
   // 7 streams at 21 ms per step: a steady gap of 168 ms, rounds of 2.5 × 168 = 420 ms, 378 ms of pieces
   // after the 2 steps. Pieces cost 132 ms + 0.26 ms per token (the H200's shape, docs/PERF.md).
   const p = new PiecePacer(OPTS);
@@ -32,12 +32,49 @@ Deno.test("pacer: pieces grow in proportion toward the round's budget, never pas
     p.round(n, 2, 42 + piece(n));
     assert.ok(piece(n) <= 378, `a ${n}-token piece takes ${piece(n)} ms`);
   }
-  // 256 in 198.56 ms → 487 tokens fit → 384 (grains of 128); then 512, 640, 768, where 768 · 378 / 331.7 = 875
-  // rounds down to 768 again (946 would fit).
-  assert.deepEqual(sizes, [256, 384, 512, 640, 768, 768, 768, 768]);
-  // More streams, slower steps: the budget's time grows with the steady gap.
+  // 256 in 198.56 ms → 487 tokens fit in proportion → 384 (grains of 128); from two widths the secant (slope
+  // 0.26 ms per token) says 946 fit: 768 (at most twice the last), then 896, where it stays. Proportional
+  // scaling alone stopped at 768 (768 · 378 / 331.7 = 875).
+  assert.deepEqual(sizes, [256, 384, 768, 896, 896, 896, 896, 896]);
+  // More streams, slower steps: the budget's time grows with the steady gap (18 · 30 ms = 540 ms of pieces).
   p.steady(8, 8 * 30);
-  assert.equal(p.budget(), Math.floor((768 * (18 * 30) / piece(768)) / 128) * 128);
+  assert.equal(p.budget(), Math.floor(Math.min(896 + (540 - piece(896)) / 0.26, 2 * 896) / 128) * 128);
+});
+
+Deno.test("pacer: a piece stuck at its grain tries one grain more, then keeps what fits", () => {
+  // The H100 of 2026-12-05: 7 streams at 12.4 ms per step (223.2 ms of pieces per round at gap 2.5), pieces
+  // of 130.4 ms + 0.26 ms per token. 256 · 223.2 / 197 = 290 tokens rounds down to 256 again; the round used
+  // 88% of its time, so the next tries 384, which takes 230.2 ms (over); the secant through both then says
+  // 356 tokens fit: 256 from there on, never 384 again.
+  const p = new PiecePacer(OPTS);
+  const piece = (n: number) => 130.4 + 0.26 * n;
+  p.steady(8, 8 * 12.4);
+  const sizes: number[] = [];
+  for (let i = 0, n = 256; i < 6; i++, n = p.budget()) {
+    sizes.push(n);
+    p.round(n, 2, 2 * 12.4 + piece(n));
+  }
+  assert.deepEqual(sizes, [256, 384, 256, 256, 256, 256]);
+  // A round that used more than 90% of its time does not explore.
+  const tight = new PiecePacer(OPTS);
+  tight.steady(8, 8 * 12.4);
+  tight.round(256, 2, 2 * 12.4 + 210);
+  assert.equal(tight.budget(), 256);
+});
+
+Deno.test("pacer: where piece time grows faster than width, the secant keeps the pieces from overshooting again", () => {
+  // lavapipe's shape (docs/PERF.md: 873 / 1,583 / 3,463 ms at 256 / 384 / 512 tokens): n² / 75 ms, 1,500 ms of
+  // pieces per round. 256 (874 ms) → 439 in proportion → 384 (1,966 ms, over) → 293 → 256; from there the
+  // secant (8.5 ms per token) says 329, so 256 stays, where proportional scaling alone would say 384 again.
+  const p = new PiecePacer(OPTS);
+  const piece = (n: number) => n * n / 75;
+  p.steady(8, 8 * 1500 / 18);
+  const sizes: number[] = [];
+  for (let i = 0, n = 256; i < 6; i++, n = p.budget()) {
+    sizes.push(n);
+    p.round(n, 2, 2 * 1500 / 18 + piece(n));
+  }
+  assert.deepEqual(sizes, [256, 384, 256, 256, 256, 256]);
 });
 
 Deno.test("pacer: a round over its budget shrinks the next piece in proportion", () => {

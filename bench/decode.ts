@@ -3,7 +3,7 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--f32-experts] [--per-column]`: `--slots`
+ * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--f32-experts] [--per-column] [--gmv-max N]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
@@ -11,6 +11,8 @@
  * StageOptions.int8Activations, `--f32-experts` StageOptions.int8Experts false (f32 x for the expert passes too; the
  * default is int8 x for the expert passes alone, as the serving commands run; `--int8-experts` names the default),
  * `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
+ * `--gmv-max N` StageOptions.groupedMatvecMaxTokensPerExpert (thin chunks' experts as grouped mat-vecs up to N
+ * routed tokens per expert on average; 0: off, the grouped matmul or per column as before),
  * `--temp T` samples every decode step at temperature T (top-k 40, top-p 0.95, min-p 0.05, seed 1: the GPU
  * sampler's cost against the argmax's; default 0, greedy), `--batch N` the decode steps per readback of the decode and batched-decode runs (default 8: ids stream
  * back 8 at a time; with early reads, engine/gpu/readback.ts, a readback costs ~1 ms, so 2-4 may cost nothing),
@@ -49,6 +51,7 @@ const { values: args } = parseArgs({
     matvec: { type: "string" },
     "fuse-route": { type: "boolean", default: false },
     "per-column": { type: "boolean", default: false },
+    "gmv-max": { type: "string" },
     int8: { type: "boolean", default: false },
     "int8-experts": { type: "boolean", default: false },
     "f32-experts": { type: "boolean", default: false },
@@ -116,6 +119,7 @@ const stage = await Stage.load(gpu, file, {
   matvecTuning: tuning(args.matvec),
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
+  groupedMatvecMaxTokensPerExpert: args["gmv-max"] === undefined ? undefined : Number(args["gmv-max"]),
   int8Activations: args.int8,
   // The serving commands' default (cli/experts.ts): int8 x for the experts unless --f32-experts.
   int8Experts: !args["f32-experts"],
@@ -133,6 +137,7 @@ emit("load", {
   matvecTuning: tuning(args.matvec),
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
+  gmvMax: args["gmv-max"] ?? "default",
   int8Activations: stage.int8Activations,
   int8Experts: stage.int8Experts,
   maxStatePoolBytes: statePoolMax ?? null,

@@ -40,6 +40,9 @@
 #              (--piece-gap 2.5, the default), fixed 256-token pieces (0), and 3
 #   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
 #              draft cache
+#   gmv        #20: thin chunks' experts as grouped mat-vecs (moe_gmv): its float64 test on NVIDIA, the kernels
+#              alone beside moe_matmul and per column (64, 256, 512 tokens, with a TEAM x ROWS x CT sweep), and
+#              prefill of 512 tokens in chunks of 64 and 256, default against --gmv-max 0
 # The model is the 35B-A3B-shaped IQ4_XS file the benches synthesize (seed 7; MODEL, written on first use).
 set -uo pipefail
 root=$(pwd)
@@ -181,13 +184,22 @@ for step in "$@"; do
           --late 2048 --piece-gap $gap
       done
       ;;
+    gmv)
+      ensure_model
+      run gmv 90 $T wgsl/moe_group_test.ts
+      run gmv 120 $D bench/moe_prefill.ts --tokens 64,256,512
+      for chunk in 64 256; do
+        run gmv 60 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk $chunk
+        run gmv 60 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk $chunk --gmv-max 0
+      done
+      ;;
     split3)
       ensure_model
       run split3 330 $D bench/split.ts --model "$model" --stages 1,2,3 --slots 8 --n 128 --pipelines 1 --drafts 0,7 \
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv)" >&2
       exit 2
       ;;
   esac

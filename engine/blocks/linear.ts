@@ -53,7 +53,15 @@ export async function matvec(
   x: GPUBuffer,
   y: GPUBuffer,
   cols: number,
-  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; f32?: boolean } = {},
+  opts: {
+    rowStart?: number;
+    rows?: number;
+    acc?: boolean;
+    yStride?: number;
+    f32?: boolean;
+    /** TEAM of the mat-vec (f32 x), where it must sum like another dispatch ({@linkcode soloTeam}). */
+    team?: number;
+  } = {},
 ) {
   if (
     g.opts.int8Activations && !opts.f32 && cols <= g.maxCols && MATVEC_Q8_TYPES.includes(typeName(w))
@@ -150,6 +158,7 @@ export async function matvec(
         norm: norm ? { eps: g.hp.rmsEps } : undefined,
         acc: opts.acc,
         ...(batch === 1 ? g.opts.matvecTuning : undefined),
+        ...(opts.team === undefined ? undefined : { team: opts.team }),
       });
       const params = g.storage(matvecParams(shape));
       await g.push(label, MATVEC, c, [
@@ -335,19 +344,9 @@ export async function fusedMatvec(
 ): Promise<number[]> {
   const cols = g.n;
   if (cols !== 1 && (opts.yStride === undefined || cols > g.maxCols)) return [];
+  const { offsets, end } = fusedRun(ws, opts.joined);
   const first = ws[0]!;
   const p0 = first.parts[0]!;
-  let end = 0;
-  const offsets: number[] = [];
-  for (const w of ws) {
-    const p = w.parts[0]!;
-    const contiguous = w.parts.length === 1 && p.buffer === p0.buffer && w.type.id === first.type.id &&
-      w.ne[0] === first.ne[0] && p.offsetBytes === p0.offsetBytes + end * first.rowBytes;
-    const aligned = (end * 4) % 256 === 0 || w === opts.joined;
-    if (!contiguous || !aligned) break;
-    offsets.push(end);
-    end += p.nRows;
-  }
   if (offsets.length < 2 || (cols > 1 && opts.yStride! < end)) return [];
   const whole: GpuTensor = {
     name: ws.slice(0, offsets.length).map((w) => w.name).join("+"),
@@ -367,6 +366,49 @@ export async function fusedMatvec(
     yStride: cols > 1 ? opts.yStride : undefined,
   });
   return offsets;
+}
+
+/** The leading run of `ws` that {@linkcode fusedMatvec} fuses: each tensor's first output row, and all its rows. */
+function fusedRun(
+  ws: readonly GpuTensor[],
+  joined: GpuTensor | undefined,
+): { offsets: number[]; end: number } {
+  const first = ws[0]!;
+  const p0 = first.parts[0]!;
+  let end = 0;
+  const offsets: number[] = [];
+  for (const w of ws) {
+    const p = w.parts[0]!;
+    const contiguous = w.parts.length === 1 && p.buffer === p0.buffer && w.type.id === first.type.id &&
+      w.ne[0] === first.ne[0] && p.offsetBytes === p0.offsetBytes + end * first.rowBytes;
+    const aligned = (end * 4) % 256 === 0 || w === joined;
+    if (!contiguous || !aligned) break;
+    offsets.push(end);
+    end += p.nRows;
+  }
+  return { offsets, end };
+}
+
+/**
+ * For mat-vec columns (a batched step, a chunk of up to 8 tokens) that run the tensors of `ws` one by one
+ * where a one-token step fuses a leading run of them ({@linkcode fusedMatvec}): the TEAM of that fused
+ * dispatch, for tensor `i` of the run, so that every column sums each row in the order of its one-token step.
+ * TEAM follows K and the dispatch's rows: on the 35B-A3B a one-token step's in_proj (12,352 rows) takes TEAM 32
+ * and ssm_beta alone (32 rows) TEAM 128, so batched steps summed beta, alpha and attention's k and v in
+ * another order than their solo steps (the tiny test models' K = 256 caps TEAM at 32 either way). Undefined
+ * for one token, prefill chunks, tensors past the run, and runs of fewer than 2.
+ */
+export function soloTeam(
+  g: GraphBuilder,
+  ws: readonly GpuTensor[],
+  i: number,
+  joined?: GpuTensor,
+): number | undefined {
+  if (g.n === 1 || g.n > g.maxCols || g.opts.int8Activations) return undefined;
+  const { offsets, end } = fusedRun(ws, joined);
+  if (offsets.length < 2 || i >= offsets.length) return undefined;
+  const w = ws[0]!;
+  return matvecConstants({ type: typeName(w), k: w.ne[0]!, n: end, batch: 1 }).TEAM;
 }
 
 /** A mixer's output projection: decode adds W·x into h (ACC); prefill writes t for the residual add. */

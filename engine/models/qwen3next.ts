@@ -29,7 +29,7 @@ import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
 import { type BuildContext, GraphBuilder, type LayerWeights, padWords, sub } from "../graph/builder.ts";
 import type { DeltaNetInputs } from "../blocks/deltanet.ts";
-import { fusedMatvec, matvec } from "../blocks/linear.ts";
+import { fusedMatvec, matvec, soloTeam } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** DeltaNet layouts of qwen3next files: the current converter's first, then the legacy one. */
@@ -157,6 +157,8 @@ async function deltaNetInputs(
     ? [lw.t("ssm_in"), lw.t("ssm_ba")]
     : [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_ba")];
   const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: undefined });
+  // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
+  const team = (i: number) => soloTeam(g, ws, i);
   const nQkvz = legacy ? 1 : 2; // tensors holding qkv and z
   let xQkv: Binding = A.xqkv!;
   let z: Binding = A.z!;
@@ -165,11 +167,11 @@ async function deltaNetInputs(
     z = sub(A.inproj!, d.convCh, d.inner);
   } else if (legacy) {
     const w = ws[0]!;
-    await matvec(g, `L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh });
-    await matvec(g, `L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner });
+    await matvec(g, `L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh, team: team(0) });
+    await matvec(g, `L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner, team: team(0) });
   } else {
-    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n);
-    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n);
+    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n, { team: team(0) });
+    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { team: team(1) });
   }
   let ba: Binding = A.ba!;
   if (fused.length > nQkvz) {
@@ -177,7 +179,7 @@ async function deltaNetInputs(
   } else {
     // A batched step binds each slot's column of ba: columns padded to 256-byte offsets.
     const baStride = cx.batch ? padWords(2 * nV) : undefined;
-    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { yStride: baStride });
+    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { yStride: baStride, team: team(nQkvz) });
   }
   return { xQkv, z, b: ba, a: ba, aOff: 0 };
 }

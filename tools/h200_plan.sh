@@ -40,6 +40,8 @@
 #              (--piece-gap 2.5, the default), fixed 256-token pieces (0), and 3
 #   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
 #              draft cache
+#   bits       batched steps ≡ solo steps bit for bit on the 35B-A3B (bench/batch_bits.ts, 4 slots, int8 and
+#              f32 experts): the test models' K = 256 cannot show a TEAM that follows a dispatch's rows
 #   gmv        #20: thin chunks' experts as grouped mat-vecs (moe_gmv): its float64 test on NVIDIA, the kernels
 #              alone beside moe_matmul and per column (64, 256, 512 tokens, with a TEAM x ROWS x CT sweep), and
 #              prefill of 512 tokens in chunks of 64 and 256, default against --gmv-max 0
@@ -184,6 +186,11 @@ for step in "$@"; do
           --late 2048 --piece-gap $gap
       done
       ;;
+    bits)
+      ensure_model
+      run bits 90 $D bench/batch_bits.ts --model "$model"
+      run bits 90 $D bench/batch_bits.ts --model "$model" --f32-experts
+      ;;
     gmv)
       ensure_model
       run gmv 90 $T wgsl/moe_group_test.ts
@@ -199,7 +206,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv bits)" >&2
       exit 2
       ;;
   esac

@@ -40,6 +40,7 @@
 #              (--piece-gap 2.5, the default), fixed 256-token pieces (0), and 3
 #   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
 #              draft cache
+#   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
 #   bits       batched steps ≡ solo steps bit for bit on the 35B-A3B (bench/batch_bits.ts, 4 slots, int8 and
 #              f32 experts): the test models' K = 256 cannot show a TEAM that follows a dispatch's rows
 #   gmv        #20: thin chunks' experts as grouped mat-vecs (moe_gmv): its float64 test on NVIDIA, the kernels
@@ -186,6 +187,12 @@ for step in "$@"; do
           --late 2048 --piece-gap $gap
       done
       ;;
+    gmvq)
+      ensure_model
+      run gmvq 60 $D bench/moe_prefill.ts --tokens 64,256
+      run gmvq 45 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk 256
+      run gmvq 45 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk 256 --gmv-max 0
+      ;;
     bits)
       ensure_model
       run bits 90 $D bench/batch_bits.ts --model "$model"
@@ -206,7 +213,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv bits)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits)" >&2
       exit 2
       ;;
   esac

@@ -144,15 +144,15 @@ const MODELS: readonly Model[] = [
   { arch: "qwen3next", quant: "iq4_xs", layout: "legacy" },
 ];
 /**
- * Option sets. Grouped experts are the default for chunks over 8 tokens: as grouped mat-vecs (moe_gmv) up to 16
- * tokens per expert on average (the tiny models' 8 experts, 2 used: up to 64 tokens), as grouped matmuls from
- * 8 tokens per expert when the mat-vecs are off; so per-column changes the 12- and 64-token chunks, and
- * grouped matmuls (groupedMatvecMaxTokensPerExpert 0, groupedMinTokensPerExpert 0) both.
+ * Option sets. Grouped experts are the default for chunks over 8 tokens: as grouped mat-vecs (moe_gmv) from 4
+ * up to 16 tokens per expert on average (the tiny models' 8 experts, 2 used: 16 to 64 tokens), as grouped
+ * matmuls from 8 tokens per expert when the mat-vecs are off; so per-column changes the 64-token chunk, and
+ * grouped matmuls (groupedMatvecMaxTokensPerExpert 0, groupedMinTokensPerExpert 0) the 12- and 64-token ones.
  */
 const OPTIONS: readonly { name: string; opts: Partial<StageOptions>; widths?: readonly number[] }[] = [
   { name: "default", opts: {} },
   { name: "int8", opts: { int8Activations: true } },
-  { name: "per-column", opts: { groupedExperts: false }, widths: [12, 64] },
+  { name: "per-column", opts: { groupedExperts: false }, widths: [64] },
   { name: "int8+per-column", opts: { int8Activations: true, groupedExperts: false }, widths: [64] },
   {
     name: "grouped-matmul",

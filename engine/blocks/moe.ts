@@ -70,6 +70,9 @@ import {
 } from "../../wgsl/moe_route.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../wgsl/residual_add.ts";
 
+/** Fewest routed tokens per expert on average at which thin prefill chunks run grouped mat-vecs (moe_gmv). */
+const GROUPED_MATVEC_MIN_TOKENS_PER_EXPERT = 4;
+
 /** The MoE block of layer l; `norm`: the next block's norm, written by the combine. */
 export async function moe(
   g: GraphBuilder,
@@ -273,7 +276,10 @@ export async function experts(
   // moe_gmv) or many (groupedMinTokensPerExpert or more: grouped matmuls, moe_matmul); others run per column.
   const wgMax = g.device.limits.maxComputeWorkgroupStorageSize;
   const mean = (n * e.used) / e.nExpert;
-  const gmv = mean <= g.opts.groupedMatvecMaxTokensPerExpert;
+  // Below 4 tokens per expert a grouped mat-vec decodes about as many units as the per-column mat-vecs (its
+  // tiles hold 1-3 columns) and adds the tile search: the per-column path stays (943 tok/s at 64-token chunks
+  // on the H200, docs/PERF.md).
+  const gmv = mean >= GROUPED_MATVEC_MIN_TOKENS_PER_EXPERT && mean <= g.opts.groupedMatvecMaxTokensPerExpert;
   const thick = mean >= g.opts.groupedMinTokensPerExpert &&
     groupedMatmulFits(typeName(e.gate), wgMax) && groupedMatmulFits(typeName(e.down), wgMax);
   const groups = g.opts.groupedExperts && n > g.maxCols && (gmv || thick) && !e.route

@@ -92,7 +92,8 @@ export interface StageOptions {
   readonly groupedMinTokensPerExpert?: number;
   /**
    * Most routed tokens per expert on average at which a prefill chunk wider than 8 tokens runs its experts as
-   * grouped mat-vecs (with {@linkcode StageOptions.groupedExperts}): moe_group lists each expert's columns and
+   * grouped mat-vecs (with {@linkcode StageOptions.groupedExperts}; from 4 on average, thinner chunks keep
+   * per-column mat-vecs): moe_group lists each expert's columns and
    * moe_gmv decodes each weight unit once for up to 8 of them, where the grouped matmul's token tiles would
    * stay mostly empty and the per-column mat-vecs decode every unit once per column. Takes precedence over
    * groupedMinTokensPerExpert; 0 turns it off. Default {@linkcode GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT}.

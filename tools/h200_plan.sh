@@ -189,9 +189,9 @@ for step in "$@"; do
       ;;
     gmvq)
       ensure_model
-      run gmvq 60 $D bench/moe_prefill.ts --tokens 64,256
       run gmvq 45 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk 256
       run gmvq 45 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk 256 --gmv-max 0
+      run gmvq 60 $D bench/moe_prefill.ts --tokens 64,256
       ;;
     bits)
       ensure_model

@@ -40,20 +40,21 @@ export type GroupedMatvecConstants = {
 };
 
 /**
- * The variant of a pass: columns per tile from the routed groups' mean (up to 8: one tile holds a 256-token
- * chunk's 8 tokens per expert on the 35B-A3B), TEAM 32 on rows of 1,024 or more (16 below: the down pass's
- * 512), ROWS 2.
+ * The variant of a pass, from the H100's sweep at 35B-A3B shapes (`bench/moe_prefill.ts`, docs/PERF.md,
+ * 2026-12-05; µs per layer at 64 / 256 tokens): TEAM 16 throughout; gate·up ROWS 2 with 8 columns per tile
+ * from 6 routed tokens per expert on average (446 / 1,312 µs, against 572 / 2,020 at TEAM 32 ROWS 2), 4 below;
+ * down ROWS 4 with 4 columns per tile (367 / 1,016, against 460 / 1,186).
  */
 export function groupedMatvecConstants(shape: GroupedMatmulShape): GroupedMatvecConstants {
   const routedGroups = Math.max(1, shape.nGroups - (shape.shared ? 1 : 0));
   const mean = shape.nRouted / routedGroups;
-  const CT = mean <= 1 ? 1 : mean <= 2 ? 2 : mean <= 4 ? 4 : 8;
+  const gateUp = shape.upOffsetBytes !== undefined;
   return {
     TYPE: TYPE_ID[shape.type],
-    GATE_UP: shape.upOffsetBytes !== undefined,
-    TEAM: shape.k >= 1024 ? 32 : 16,
-    ROWS: 2,
-    CT,
+    GATE_UP: gateUp,
+    TEAM: 16,
+    ROWS: gateUp ? 2 : 4,
+    CT: gateUp && mean >= 6 ? 8 : 4,
   };
 }
 

@@ -40,8 +40,10 @@ import wgsl_lib_common from "./lib/common.wgsl" with { type: "text" };
 import wgsl_lib_f16 from "./lib/f16.wgsl" with { type: "text" };
 import wgsl_lib_f32 from "./lib/f32.wgsl" with { type: "text" };
 import wgsl_lib_gdn from "./lib/gdn.wgsl" with { type: "text" };
+import wgsl_lib_group_tiles from "./lib/group_tiles.wgsl" with { type: "text" };
 import wgsl_lib_iq4_nl from "./lib/iq4_nl.wgsl" with { type: "text" };
 import wgsl_lib_iq4_xs from "./lib/iq4_xs.wgsl" with { type: "text" };
+import wgsl_lib_moe_cols from "./lib/moe_cols.wgsl" with { type: "text" };
 import wgsl_lib_q4_0 from "./lib/q4_0.wgsl" with { type: "text" };
 import wgsl_lib_q4_k from "./lib/q4_k.wgsl" with { type: "text" };
 import wgsl_lib_q5_k from "./lib/q5_k.wgsl" with { type: "text" };
@@ -93,8 +95,10 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "lib/f16.wgsl": wgsl_lib_f16,
   "lib/f32.wgsl": wgsl_lib_f32,
   "lib/gdn.wgsl": wgsl_lib_gdn,
+  "lib/group_tiles.wgsl": wgsl_lib_group_tiles,
   "lib/iq4_nl.wgsl": wgsl_lib_iq4_nl,
   "lib/iq4_xs.wgsl": wgsl_lib_iq4_xs,
+  "lib/moe_cols.wgsl": wgsl_lib_moe_cols,
   "lib/q4_0.wgsl": wgsl_lib_q4_0,
   "lib/q4_k.wgsl": wgsl_lib_q4_k,
   "lib/q5_k.wgsl": wgsl_lib_q5_k,

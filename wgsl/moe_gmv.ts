@@ -21,7 +21,7 @@ import {
 export const MOE_GMV: KernelSpec = {
   name: "moe_gmv",
   url: new URL("./moe_gmv.wgsl", import.meta.url),
-  lib: [...QUANT_LIBS, "rows"],
+  lib: [...QUANT_LIBS, "rows", "moe_cols", "group_tiles"],
   constants: { TYPE: "u32", GATE_UP: "bool", TEAM: "u32", ROWS: "u32", CT: "u32" },
 };
 

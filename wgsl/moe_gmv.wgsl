@@ -45,13 +45,11 @@ struct Params {
 
 const WG: u32 = 256u;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
-const NO_TILE: u32 = 0xffffffffu;
 
-var<workgroup> scan: array<u32, 256>;
-var<workgroup> tile_group: u32;
-var<workgroup> tile_m0: u32;
 // partial[(m · WG_ROWS + local row) · TEAM + t], m = 0 gate (or the only matrix), 1 up.
 var<workgroup> partial: array<f32, 2u * WG_ROWS * TEAM>;
+
+const GROUP_TILE: u32 = CT;
 
 fn weight_word(i: u32) -> u32 {
   return weights[i];
@@ -59,102 +57,6 @@ fn weight_word(i: u32) -> u32 {
 
 fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
-}
-
-// Tiles of CT columns in group e (none past the last group).
-fn group_tiles(e: u32) -> u32 {
-  if (e >= params.n_groups) {
-    return 0u;
-  }
-  return (min(groups[e], params.cap) + CT - 1u) / CT;
-}
-
-// The Y column of entry m of group e's list, and the x row it reads.
-fn token_col(e: u32, m: u32) -> u32 {
-  return groups[params.n_groups + e * params.cap + m];
-}
-
-fn x_row(col: u32) -> u32 {
-  return select(col - params.n_routed + params.shared_x0, col / params.x_div, col < params.n_routed);
-}
-
-// One unit of one row, decoded (quant_scales, quant_q).
-struct Dec {
-  s: vec4<f32>,
-  q: array<vec4<f32>, 2>,
-}
-
-// The unit of up to 4 rows (the first ROWS of rb's components).
-struct Dec4 {
-  r0: Dec,
-  r1: Dec,
-  r2: Dec,
-  r3: Dec,
-}
-
-fn dec_row(rb: u32, c: u32, j: u32) -> Dec {
-  return Dec(quant_scales(rb, c), quant_q(rb, c, j));
-}
-
-fn dec_rows(rb: vec4<u32>, c: u32, j: u32) -> Dec4 {
-  var d: Dec4;
-  d.r0 = dec_row(rb.x, c, j);
-  if (ROWS >= 2u) {
-    d.r1 = dec_row(rb.y, c, j);
-  }
-  if (ROWS >= 3u) {
-    d.r2 = dec_row(rb.z, c, j);
-  }
-  if (ROWS >= 4u) {
-    d.r3 = dec_row(rb.w, c, j);
-  }
-  return d;
-}
-
-fn dot_rows(d: Dec4, xl: vec4<f32>, xh: vec4<f32>, sxl: f32, sxh: f32) -> vec4<f32> {
-  var v = vec4<f32>(rows_unit_dot(d.r0.s, d.r0.q, xl, xh, sxl, sxh), 0.0, 0.0, 0.0);
-  if (ROWS >= 2u) {
-    v.y = rows_unit_dot(d.r1.s, d.r1.q, xl, xh, sxl, sxh);
-  }
-  if (ROWS >= 3u) {
-    v.z = rows_unit_dot(d.r2.s, d.r2.q, xl, xh, sxl, sxh);
-  }
-  if (ROWS >= 4u) {
-    v.w = rows_unit_dot(d.r3.s, d.r3.q, xl, xh, sxl, sxh);
-  }
-  return v;
-}
-
-// The sums of one column's rows: gate (or the only matrix) and up.
-struct Acc {
-  g: vec4<f32>,
-  u: vec4<f32>,
-}
-
-// One column (x row at element xb) times the decoded units dg (gate) and du (up) of position pos.
-fn col_acc(a: Acc, xb: u32, pos: vec2<u32>, dg: Dec4, du: Dec4) -> Acc {
-  let xl = x[(xb + pos.x) >> 2u];
-  let xh = x[(xb + pos.y) >> 2u];
-  let sxl = dot(xl, vec4<f32>(1.0));
-  let sxh = dot(xh, vec4<f32>(1.0));
-  var r = a;
-  r.g += dot_rows(dg, xl, xh, sxl, sxh);
-  if (GATE_UP) {
-    r.u += dot_rows(du, xl, xh, sxl, sxh);
-  }
-  return r;
-}
-
-// The tile's column sums, named: no array indexed by a loop counter (local memory on the H200).
-struct AccT {
-  a0: Acc,
-  a1: Acc,
-  a2: Acc,
-  a3: Acc,
-  a4: Acc,
-  a5: Acc,
-  a6: Acc,
-  a7: Acc,
 }
 
 // Unit u of the invocation's rows, decoded once and added times each of the `live` columns' x (element bases
@@ -169,27 +71,27 @@ fn unit_acc(u: u32, xb0: vec4<u32>, xb1: vec4<u32>, live: u32, rbg: vec4<u32>, r
     du = dec_rows(rbu, c, j);
   }
   var r = a;
-  r.a0 = col_acc(a.a0, xb0.x, pos, dg, du);
+  r.a0 = tok_acc(a.a0, xb0.x, pos, dg, du);
   if (CT > 1u && live > 1u) {
-    r.a1 = col_acc(a.a1, xb0.y, pos, dg, du);
+    r.a1 = tok_acc(a.a1, xb0.y, pos, dg, du);
   }
   if (CT > 2u && live > 2u) {
-    r.a2 = col_acc(a.a2, xb0.z, pos, dg, du);
+    r.a2 = tok_acc(a.a2, xb0.z, pos, dg, du);
   }
   if (CT > 3u && live > 3u) {
-    r.a3 = col_acc(a.a3, xb0.w, pos, dg, du);
+    r.a3 = tok_acc(a.a3, xb0.w, pos, dg, du);
   }
   if (CT > 4u && live > 4u) {
-    r.a4 = col_acc(a.a4, xb1.x, pos, dg, du);
+    r.a4 = tok_acc(a.a4, xb1.x, pos, dg, du);
   }
   if (CT > 5u && live > 5u) {
-    r.a5 = col_acc(a.a5, xb1.y, pos, dg, du);
+    r.a5 = tok_acc(a.a5, xb1.y, pos, dg, du);
   }
   if (CT > 6u && live > 6u) {
-    r.a6 = col_acc(a.a6, xb1.z, pos, dg, du);
+    r.a6 = tok_acc(a.a6, xb1.z, pos, dg, du);
   }
   if (CT > 7u && live > 7u) {
-    r.a7 = col_acc(a.a7, xb1.w, pos, dg, du);
+    r.a7 = tok_acc(a.a7, xb1.w, pos, dg, du);
   }
   return r;
 }
@@ -226,35 +128,8 @@ fn reduce_store(acc: Acc, col: u32, store: bool, r0: u32, lid: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-  // This workgroup's tile: the wid.y-th CT-column tile over the groups in order. Invocation lid sums the tiles
-  // of groups 4·lid .. 4·lid + 3; an inclusive prefix sum over the invocations gives each range's first tile.
-  if (lid == 0u) {
-    tile_group = NO_TILE;
-  }
-  var own = 0u;
-  for (var i = 0u; i < 4u; i++) {
-    own += group_tiles(4u * lid + i);
-  }
-  scan[lid] = own;
-  workgroupBarrier();
-  for (var d = 1u; d < 256u; d <<= 1u) {
-    var v = scan[lid];
-    if (lid >= d) {
-      v += scan[lid - d];
-    }
-    workgroupBarrier();
-    scan[lid] = v;
-    workgroupBarrier();
-  }
-  var first = scan[lid] - own;
-  for (var i = 0u; i < 4u; i++) {
-    let tiles = group_tiles(4u * lid + i);
-    if (wid.y >= first && wid.y < first + tiles) {
-      tile_group = 4u * lid + i;
-      tile_m0 = CT * (wid.y - first);
-    }
-    first += tiles;
-  }
+  // This workgroup's tile: the wid.y-th CT-column tile over the groups in order (lib/group_tiles.wgsl).
+  find_tile(lid, wid.y);
   let e = workgroupUniformLoad(&tile_group);
   if (e == NO_TILE) {
     return;

@@ -18,7 +18,7 @@ import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
 export const MOE_MATMUL: KernelSpec = {
   name: "moe_matmul",
   url: new URL("./moe_matmul.wgsl", import.meta.url),
-  lib: QUANT_LIBS,
+  lib: [...QUANT_LIBS, "group_tiles"],
   constants: { TYPE: "u32", GATE_UP: "bool", UNITS: "u32", TT: "u32" },
 };
 

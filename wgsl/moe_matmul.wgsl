@@ -55,7 +55,6 @@ struct Params {
 
 const KK: u32 = 8u * UNITS; // row positions per step
 const STEPS_PER_CHUNK: u32 = 4u / UNITS;
-const NO_TILE: u32 = 0xffffffffu;
 // Token groups of 4 in a tile; tokens per invocation.
 const TG: u32 = TT / 4u;
 const TPI: u32 = select(TT / 4u, TT / 8u, GATE_UP);
@@ -63,9 +62,8 @@ const TPI: u32 = select(TT / 4u, TT / 8u, GATE_UP);
 // wt[kk · 64 + r / 4][r % 4] = tile row r at step position kk; xt[kk · TG + t / 4][t % 4] = tile token t.
 var<workgroup> wt: array<vec4<f32>, 64u * KK>;
 var<workgroup> xt: array<vec4<f32>, TG * KK>;
-var<workgroup> scan: array<u32, 256>;
-var<workgroup> tile_group: u32;
-var<workgroup> tile_m0: u32;
+
+const GROUP_TILE: u32 = TT;
 
 fn weight_word(i: u32) -> u32 {
   return weights[i];
@@ -73,23 +71,6 @@ fn weight_word(i: u32) -> u32 {
 
 fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
-}
-
-// Tiles of TT tokens in group e (none past the last group).
-fn group_tiles(e: u32) -> u32 {
-  if (e >= params.n_groups) {
-    return 0u;
-  }
-  return (min(groups[e], params.cap) + TT - 1u) / TT;
-}
-
-// The Y column of entry m of group e's list, and the x row it reads.
-fn token_col(e: u32, m: u32) -> u32 {
-  return groups[params.n_groups + e * params.cap + m];
-}
-
-fn x_row(col: u32) -> u32 {
-  return select(col - params.n_routed + params.shared_x0, col / params.x_div, col < params.n_routed);
 }
 
 // Stages unit u of the step (8 weights) of tile row `lid` into wt.
@@ -191,35 +172,8 @@ fn store(e: u32, m: u32, count: u32, r0: u32, v: vec4<f32>, u: vec4<f32>) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-  // This workgroup's tile: the wid.y-th TT-token tile over the groups in order. Invocation lid sums the tiles
-  // of groups 4·lid .. 4·lid + 3; an inclusive prefix sum over the invocations gives each range's first tile.
-  if (lid == 0u) {
-    tile_group = NO_TILE;
-  }
-  var own = 0u;
-  for (var i = 0u; i < 4u; i++) {
-    own += group_tiles(4u * lid + i);
-  }
-  scan[lid] = own;
-  workgroupBarrier();
-  for (var d = 1u; d < 256u; d <<= 1u) {
-    var v = scan[lid];
-    if (lid >= d) {
-      v += scan[lid - d];
-    }
-    workgroupBarrier();
-    scan[lid] = v;
-    workgroupBarrier();
-  }
-  var first = scan[lid] - own;
-  for (var i = 0u; i < 4u; i++) {
-    let tiles = group_tiles(4u * lid + i);
-    if (wid.y >= first && wid.y < first + tiles) {
-      tile_group = 4u * lid + i;
-      tile_m0 = TT * (wid.y - first);
-    }
-    first += tiles;
-  }
+  // This workgroup's tile: the wid.y-th TT-token tile over the groups in order (lib/group_tiles.wgsl).
+  find_tile(lid, wid.y);
   let e = workgroupUniformLoad(&tile_group);
   if (e == NO_TILE) {
     return;

@@ -12,7 +12,7 @@ import { checkWeightRows, QUANT_LIBS } from "./_quant.ts";
 export const MOE_MATVEC: KernelSpec = {
   name: "moe_matvec",
   url: new URL("./moe_matvec.wgsl", import.meta.url),
-  lib: [...QUANT_LIBS, "rows", "route"],
+  lib: [...QUANT_LIBS, "rows", "moe_cols", "route"],
   constants: {
     TYPE: "u32",
     WG: "u32",

@@ -74,6 +74,8 @@ const base: GdnStepConstants = {
   A_OFF: 0,
   SPLIT: 1,
   P_COL: 0,
+  X_COL: 0,
+  Z_COL: 0,
   BA_COL: 0,
   RING_COL: 0,
   STATE_COL: 0,
@@ -168,7 +170,7 @@ for (const split of splits) {
     // words, column c on slot c at position 1000 + 37·c (every ring phase), strides of the pooled buffers.
     const c: GdnStepConstants = cols === 1
       ? { ...base, SPLIT: split }
-      : { ...base, SPLIT: split, P_COL, BA_COL, RING_COL, STATE_COL };
+      : { ...base, SPLIT: split, P_COL, X_COL: d.convCh, Z_COL: d.inner, BA_COL, RING_COL, STATE_COL };
     const table = new Uint32Array(cols === 1 ? 2 : P_COL * cols);
     if (cols === 1) table.set([1000, 1]);
     for (let col = 0; cols > 1 && col < cols; col++) table.set([1000 + 37 * col, 1, col], col * P_COL);

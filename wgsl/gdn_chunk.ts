@@ -87,13 +87,30 @@ export function gdnChunkScan(
   return s;
 }
 
-/** Kernel spec of `gdn_chunk_norm`, the gated RMSNorm in place (constants N_V, D_V, EPS). */
+/** Kernel spec of `gdn_chunk_norm`, the gated RMSNorm in place (constants from {@linkcode gdnNormConstants}). */
 export const GDN_CHUNK_NORM: KernelSpec = {
   name: "gdn_chunk_norm",
   url: new URL("./gdn_chunk_norm.wgsl", import.meta.url),
   lib: ["rms"],
-  constants: { N_V: "u32", D_V: "u32", EPS: "f32" },
+  constants: { N_V: "u32", D_V: "u32", Z_COL: "u32", EPS: "f32" },
 };
+
+/**
+ * Constants of `gdn_chunk_norm` for a layer's `c`: z's tokens (or a batched step's columns) `zCol` words apart,
+ * default N_V·D_V (back to back; a fused in-projection's column stride otherwise).
+ * @throws {RangeError} when zCol is shorter than one token's z
+ */
+export function gdnNormConstants(
+  c: { readonly N_V: number; readonly D_V: number; readonly EPS: number },
+  zCol = c.N_V * c.D_V,
+): { N_V: number; D_V: number; Z_COL: number; EPS: number } {
+  if (!Number.isInteger(zCol) || zCol < c.N_V * c.D_V) {
+    throw new RangeError(
+      `gdn_chunk_norm: Z_COL=${zCol} is shorter than one token's z (N_V·D_V = ${c.N_V * c.D_V})`,
+    );
+  }
+  return { N_V: c.N_V, D_V: c.D_V, Z_COL: zCol, EPS: c.EPS };
+}
 
 /** Binding order of `gdn_chunk_prep` (binding i = entry i); `wsQkw`, `wsUp` are the scratch. */
 export const GDN_CHUNK_PREP_BINDINGS = [
@@ -222,7 +239,7 @@ export function gdnChunkDispatches(
     },
     {
       spec: GDN_CHUNK_NORM,
-      constants: { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS },
+      constants: gdnNormConstants(c),
       bindings: GDN_CHUNK_NORM_BINDINGS.map((k) => all[k]),
       grid: [c.N_V, opts.maxTokens, 1],
     },
@@ -246,7 +263,7 @@ export async function prepareGdnChunk(
   return [
     await cache.get(GDN_CHUNK_PREP, { ...c }),
     await cache.get(GDN_CHUNK, scanConstants(c, gdnChunkScan(c, opts.scan))),
-    await cache.get(GDN_CHUNK_NORM, { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS }),
+    await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c)),
   ];
 }
 

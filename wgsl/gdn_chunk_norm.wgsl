@@ -3,11 +3,11 @@
 //
 // Bindings (f32 unless noted; ne innermost first):
 //   0 params  u32 ne=[2]: [pos0, n]
-//   1 z       ne=[N_V·D_V, n]  gate input
+//   1 z       ne=[N_V·D_V, n]  gate input, token (or column) t at word t·Z_COL
 //   2 norm_w  ne=[D_V]  ssm_norm.weight, shared by all heads
 //   3 y       ne=[N_V·D_V, n] read_write: o in, ô out
 //
-// Constants: N_V, D_V: u32; EPS: f32. The sum of squares goes through lib/rms.wgsl (WG = 64 partials).
+// Constants: N_V, D_V, Z_COL (>= N_V·D_V; N_V·D_V for z's tokens back to back): u32; EPS: f32. The sum of squares goes through lib/rms.wgsl (WG = 64 partials).
 // Grid (N_V, maxTokens, 1): workgroup (h, t) owns head h of token t (returns when t >= n); invocation lid the
 // columns lid, lid + 64, ...
 
@@ -27,6 +27,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return;
   }
   let base = t * N_V * D_V + h * D_V;
+  let zbase = t * Z_COL + h * D_V;
   var o: array<f32, NJ>;
   var partial = 0.0;
   for (var m = 0u; m < NJ; m++) {
@@ -40,7 +41,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var m = 0u; m < NJ; m++) {
     let j = lid + WG * m;
     if (j < D_V) {
-      let zc = z[base + j];
+      let zc = z[zbase + j];
       y[base + j] = o[m] * scale * norm_w[j] * (zc / (1.0 + exp(-zc)));
     }
   }

@@ -36,6 +36,10 @@ export type GdnStepConstants = {
    * one column, whose params are [pos0, n] and whose slot is 0. The strides below are 0 for one column too.
    */
   readonly P_COL: number;
+  /** Words between columns of x_qkv (C: columns back to back; a fused in-projection's column stride). */
+  readonly X_COL: number;
+  /** Words between columns of z (N_V·D_V: back to back; a fused in-projection's column stride). */
+  readonly Z_COL: number;
   /** Words between columns of b and a (the batched in-projection's padded columns). */
   readonly BA_COL: number;
   /** Words between slots in the conv ring binding (a pool of every slot's ring). */
@@ -45,7 +49,7 @@ export type GdnStepConstants = {
 };
 
 /** The column constants of a dispatch of one column (its own params, its slot's own state bindings). */
-export const GDN_ONE_COLUMN = { P_COL: 0, BA_COL: 0, RING_COL: 0, STATE_COL: 0 } as const;
+export const GDN_ONE_COLUMN = { P_COL: 0, X_COL: 0, Z_COL: 0, BA_COL: 0, RING_COL: 0, STATE_COL: 0 } as const;
 
 /** Kernel spec of `gdn_step`. */
 export const GDN_STEP: KernelSpec = {
@@ -64,6 +68,8 @@ export const GDN_STEP: KernelSpec = {
     A_OFF: "u32",
     SPLIT: "u32",
     P_COL: "u32",
+    X_COL: "u32",
+    Z_COL: "u32",
     BA_COL: "u32",
     RING_COL: "u32",
     STATE_COL: "u32",
@@ -184,6 +190,8 @@ export function checkGdnConstants(c: GdnStepConstants): void {
   const ba = (c.BA_GROUPED ? 2 * c.N_V : c.N_V) + c.A_OFF;
   const cols: Array<[string, number, number]> = [
     ["P_COL", c.P_COL, 3],
+    ["X_COL", c.X_COL, d.convCh],
+    ["Z_COL", c.Z_COL, d.inner],
     ["BA_COL", c.BA_COL, ba],
     ["RING_COL", c.RING_COL, d.convRing],
     ["STATE_COL", c.STATE_COL, d.state],
@@ -218,10 +226,10 @@ export function checkGdnStep(
   if (!Number.isInteger(cols) || cols < 1 || cols > 65535 || !Number.isInteger(slots) || slots < 1) {
     throw new RangeError(`gdn_step: cols (${cols}) and slots (${slots}) must be positive integers`);
   }
-  if (cols > 1 && (n !== 1 || c.P_COL === 0 || c.BA_COL === 0)) {
+  if (cols > 1 && (n !== 1 || [c.P_COL, c.X_COL, c.Z_COL, c.BA_COL].includes(0))) {
     throw new RangeError(
-      `gdn_step: ${cols} columns need one token each (got maxTokens ${n}) and P_COL, BA_COL strides ` +
-        `(got ${c.P_COL}, ${c.BA_COL})`,
+      `gdn_step: ${cols} columns need one token each (got maxTokens ${n}) and P_COL, X_COL, Z_COL, BA_COL ` +
+        `strides (got ${c.P_COL}, ${c.X_COL}, ${c.Z_COL}, ${c.BA_COL})`,
     );
   }
   if (slots > 1 && (c.P_COL === 0 || c.RING_COL === 0 || c.STATE_COL === 0)) {
@@ -235,8 +243,8 @@ export function checkGdnStep(
       GDN_PARAMS_WORDS,
       "u32 ne=[2]",
     ],
-    xQkv: [d.convCh * nc, `ne=[${d.convCh}, ${nc}]`],
-    z: [d.inner * nc, `ne=[${d.inner}, ${nc}]`],
+    xQkv: [(cols - 1) * c.X_COL + d.convCh * n, `ne=[${d.convCh}, ${n}] per column`],
+    z: [(cols - 1) * c.Z_COL + d.inner * n, `ne=[${d.inner}, ${n}] per column`],
     b: [(cols - 1) * c.BA_COL + ba * n, `ne=[${ba}, ${n}] per column`],
     a: [(cols - 1) * c.BA_COL + ba * n + c.A_OFF, `ne=[${ba}, ${n}] from word ${c.A_OFF} per column`],
     convW: [c.K_CONV * d.convCh, `ne=[${c.K_CONV}, ${d.convCh}]`],

@@ -4,8 +4,8 @@
 // Columns (grid z): a batched decode step runs one token of each of several sequences in one dispatch; column c
 // runs exactly the code of a dispatch of its own, on its own slices of every binding (so its bits are a solo
 // step's). Its params are words c·P_COL.. of params: [pos0, n, slot] (P_COL = 0: one column, [pos0, n], slot 0);
-// its x_qkv, z and y start at token c (columns lie as the tokens of a chunk: n must be 1 when there are several),
-// its b and a at word c·BA_COL, its conv ring at word slot·RING_COL and its state at word slot·STATE_COL of
+// its x_qkv at word c·X_COL, its z at word c·Z_COL, its y at token c (n must be 1 when there are several
+// columns), its b and a at word c·BA_COL, its conv ring at word slot·RING_COL and its state at word slot·STATE_COL of
 // the pooled state buffers (all slots of the layer, 256-byte strides).
 //
 // Bindings (f32 unless noted; ne innermost first; t = token of this dispatch, 0 <= t < n):
@@ -32,7 +32,8 @@
 //   to y, and gdn_chunk_norm must run after this dispatch);
 //   A_OFF: u32 (not BA_GROUPED: a[h] of token t at word t·N_V + h + A_OFF of its binding; 0 for a buffer of its own,
 //   N_V for a decode whose a follows b in one buffer bound twice; 0 when BA_GROUPED).
-//   P_COL, BA_COL, RING_COL, STATE_COL: u32 (column strides above, in words; all 0 for one column).
+//   P_COL, X_COL, Z_COL, BA_COL, RING_COL, STATE_COL: u32 (column strides above, in words; all 0 for one column;
+//   one stride S for x_qkv, z, b and a reads one in-projection output [qkv | z | b | a] per column, S words apart).
 // Limits: STATE_COL % 4 == 0; N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % (16·SPLIT) == 0, D_V <= 128 (workgroup storage, ~21 KiB at
 // D_K = D_V = 128, stays under lavapipe's 32 KiB); 1 <= K_CONV <= 4 (taps and window are vec4s).
 //
@@ -285,7 +286,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     slot = params[col * P_COL + 2u];
   }
   // Column c's slices: inputs and y from token c, b and a from column c, conv ring and state from the slot's.
-  let xb = col * C_CH;
+  let xb = col * X_COL;
+  let zb = col * Z_COL;
   let yb = col * Y_W;
   let bab = col * BA_COL;
   let rb = slot * RING_COL;
@@ -358,7 +360,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let nw = norm_w[jo];
   var bn = b[bab + gdn_ba_index(0u, h)];
   var an = a[bab + gdn_ba_index(0u, h) + a_off];
-  var zn = z[yb + h * D_V + jo];
+  var zn = z[zb + h * D_V + jo];
 
   for (var t = 0u; t < n; t++) {
     let p = pos0 + t;
@@ -381,7 +383,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
       bn = b[bab + gdn_ba_index(t + 1u, h)];
       an = a[bab + gdn_ba_index(t + 1u, h) + a_off];
-      zn = z[yb + (t + 1u) * Y_W + h * D_V + jo];
+      zn = z[zb + (t + 1u) * Y_W + h * D_V + jo];
     }
 
     // §8.3 conv + SiLU; the window then slides by one token. The ring slot of p is written when n == 1 (read by

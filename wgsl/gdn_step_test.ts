@@ -13,7 +13,7 @@ import {
   gdnStepNeedsNorm,
   packGdnParams,
 } from "./gdn_step.ts";
-import { GDN_CHUNK_NORM, GDN_CHUNK_NORM_BINDINGS } from "./gdn_chunk.ts";
+import { GDN_CHUNK_NORM, GDN_CHUNK_NORM_BINDINGS, gdnNormConstants } from "./gdn_chunk.ts";
 import { encodeGdnConvRing, GDN_CONV_RING } from "./gdn_conv_ring.ts";
 import {
   type Inputs,
@@ -56,7 +56,7 @@ async function record(
   const step = await cache.get(GDN_STEP, c);
   const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
-  const normPipe = await cache.get(GDN_CHUNK_NORM, { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS });
+  const normPipe = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c));
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
   const { ring, state, convW, dtBias, ssmA, normW } = uploadLayer(device, inp, owned);
   const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
@@ -293,16 +293,27 @@ Deno.test("gdn_step: shape checks throw before encoding", async () => {
   bufs.forEach((b) => b.destroy());
 });
 
-/** A batched step's layout: `slots` per column, state pools of `nSlots` slots at 256-byte strides. */
+/**
+ * A batched step's layout: `slots` per column, state pools of `nSlots` slots at 256-byte strides. Inputs
+ * `packed`: each column's [x_qkv | z | b | a] in one buffer at one stride (a fused in-projection's output),
+ * each part 256-byte aligned; else x_qkv, z, b and a in buffers of their own with NaN gaps between columns.
+ */
 interface ColumnCase {
   readonly m: Model;
   readonly nSlots: number;
   readonly slots: readonly number[];
   readonly inps: readonly Inputs[];
+  readonly packed?: boolean;
 }
 
 /** Column inputs of one layer: fresh per column, the layer's weights shared (those of column 0). */
-function columnCase(rng: Rng, m: Model, nSlots: number, slots: readonly number[]): ColumnCase {
+function columnCase(
+  rng: Rng,
+  m: Model,
+  nSlots: number,
+  slots: readonly number[],
+  packed = false,
+): ColumnCase {
   const inps: Inputs[] = [];
   for (const [j] of slots.entries()) {
     const fresh = j === 1;
@@ -310,7 +321,7 @@ function columnCase(rng: Rng, m: Model, nSlots: number, slots: readonly number[]
     const w = inps[0] ?? inp;
     inps.push({ ...inp, convW: w.convW, dtBias: w.dtBias, ssmA: w.ssmA, normW: w.normW });
   }
-  return { m, nSlots, slots, inps };
+  return { m, nSlots, slots, inps, packed };
 }
 
 /**
@@ -332,13 +343,29 @@ async function recordColumns(
   const d = gdnDims(m.c);
   const K = m.c.K_CONV;
   const baW = m.c.BA_GROUPED ? 2 * m.c.N_V : m.c.N_V;
-  const c = { ...m.c, P_COL: 64, BA_COL: pad(baW) + 64, RING_COL: pad(d.convRing), STATE_COL: pad(d.state) };
+  // Packed: [x_qkv | z | b | a] per column, each part starting 256-byte aligned (a binding's offset), and the
+  // stride one word past a multiple of 64 (column strides need no alignment); a reads from word N_V of b's range.
+  const zAt = pad(d.convCh);
+  const baAt = zAt + pad(d.inner);
+  const aOff = m.c.BA_GROUPED ? 0 : m.c.N_V;
+  const S = baAt + pad(2 * baW) + 1;
+  const c = {
+    ...m.c,
+    P_COL: 64,
+    X_COL: cc.packed ? S : pad(d.convCh) + 64,
+    Z_COL: cc.packed ? S : pad(d.inner) + 64,
+    BA_COL: cc.packed ? S : pad(baW) + 64,
+    A_OFF: cc.packed ? aOff : 0,
+    RING_COL: pad(d.convRing),
+    STATE_COL: pad(d.state),
+  };
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
   const table = new Uint32Array(nCol * c.P_COL).fill(0xffffffff);
-  const x = new Float32Array(nCol * d.convCh);
-  const z = new Float32Array(nCol * d.inner);
+  const x = new Float32Array(nCol * c.X_COL).fill(NaN);
+  const z = new Float32Array(nCol * c.Z_COL).fill(NaN);
   const b = new Float32Array(nCol * c.BA_COL).fill(NaN);
   const a = new Float32Array(nCol * c.BA_COL).fill(NaN);
+  const io = new Float32Array(nCol * S).fill(NaN);
   // Pools: every word random bits, then each column's slot gets its ring (the slot of no live position
   // poisoned, as uploadLayer does) and state.
   const rand = (n: number) => new Uint32Array(n).map(() => rng.u32());
@@ -347,10 +374,17 @@ async function recordColumns(
   for (const [j, slot] of slots.entries()) {
     const inp = inps[j]!;
     table.set([inp.pos0, 1, slot], j * c.P_COL);
-    x.set(inp.x, j * d.convCh);
-    z.set(inp.z, j * d.inner);
-    b.set(inp.b, j * c.BA_COL);
-    a.set(inp.a, j * c.BA_COL);
+    if (cc.packed) {
+      io.set(inp.x, j * S);
+      io.set(inp.z, j * S + zAt);
+      io.set(inp.b, j * S + baAt);
+      if (!m.c.BA_GROUPED) io.set(inp.a, j * S + baAt + aOff);
+    } else {
+      x.set(inp.x, j * c.X_COL);
+      z.set(inp.z, j * c.Z_COL);
+      b.set(inp.b, j * c.BA_COL);
+      a.set(inp.a, j * c.BA_COL);
+    }
     const ring = new Float32Array(ring0.buffer, slot * c.RING_COL * 4, d.convRing);
     new Uint32Array(ring.buffer, ring.byteOffset, d.convRing).fill(POISON_F32);
     for (let k = 0; k < K - 1; k++) {
@@ -363,13 +397,18 @@ async function recordColumns(
   const ringBuf = mk(upload(device, ring0, "conv_ring pool"));
   const stateBuf = mk(upload(device, st0, "state pool"));
   const yBuf = mk(poisoned(device, nCol * d.inner, POISON_F32, "y"));
+  const ioBuf = mk(upload(device, io, "packed in-projection columns"));
+  const part = (at: number) => ({ buffer: ioBuf, offset: at * 4, size: (nCol * S - at) * 4 });
   const bBuf = mk(upload(device, b));
-  const bindings: GdnStepBindings = {
-    params: mk(upload(device, table, "column table")),
+  const ins = cc.packed ? { xQkv: part(0), z: part(zAt), b: part(baAt), a: part(baAt) } : {
     xQkv: mk(upload(device, x)),
     z: mk(upload(device, z)),
     b: bBuf,
     a: m.c.BA_GROUPED ? bBuf : mk(upload(device, a)),
+  };
+  const bindings: GdnStepBindings = {
+    params: mk(upload(device, table, "column table")),
+    ...ins,
     convW: mk(upload(device, w.convW)),
     dtBias: mk(upload(device, w.dtBias)),
     ssmA: mk(upload(device, w.ssmA)),
@@ -388,7 +427,7 @@ async function recordColumns(
     slots: nSlots,
   });
   if (gdnStepNeedsNorm(c)) {
-    const normPipe = await cache.get(GDN_CHUNK_NORM, { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS });
+    const normPipe = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c, c.Z_COL));
     const nb = { ...bindings, params: mk(upload(device, Uint32Array.of(0, nCol))) };
     pass.setPipeline(normPipe);
     pass.setBindGroup(0, bindGroup(device, normPipe, GDN_CHUNK_NORM_BINDINGS.map((k) => nb[k])));
@@ -456,6 +495,9 @@ Deno.test("gdn_step columns: one dispatch over columns at other slots and positi
     columnCase(rng, split(TINY_NEXT, 8), 5, [4, 1]),
     columnCase(rng, split(ODD_B, 3), 3, [1, 2, 0]),
     columnCase(rng, ODD_A, 2, [1]),
+    // A fused in-projection's columns: x_qkv, z, b and a of a column in one buffer at one stride.
+    columnCase(rng, split(TINY_35, 2), 4, [3, 1, 2], true),
+    columnCase(rng, split(TINY_NEXT, 8), 3, [2, 0], true),
     // A batched step's widest: 16 columns (MAX_BATCH_SLOTS) on 16 of 17 pooled slots in a scrambled order.
     columnCase(rng, split(ODD_B, 3), 17, rng.permutation(17).slice(0, 16)),
   ];
@@ -478,7 +520,7 @@ Deno.test("gdn_step columns: one dispatch over columns at other slots and positi
 });
 
 Deno.test("gdn_step columns: shape checks", () => {
-  const c = { ...TINY_35.c, P_COL: 64, BA_COL: 64, RING_COL: 4096, STATE_COL: 0 };
+  const c = { ...TINY_35.c, P_COL: 64, X_COL: 0, Z_COL: 0, BA_COL: 64, RING_COL: 4096, STATE_COL: 0 };
   assert.throws(
     () => checkGdnConstants({ ...c, RING_COL: 8 }),
     /RING_COL=8 must be 0 \(one column\) or a stride/,
@@ -487,4 +529,8 @@ Deno.test("gdn_step columns: shape checks", () => {
     () => checkGdnConstants({ ...c, STATE_COL: 4 * gdnDims(c).state + 2 }),
     /STATE_COL=.* multiple of 4/,
   );
+  const d = gdnDims(c);
+  assert.throws(() => checkGdnConstants({ ...c, X_COL: d.convCh - 1 }), /X_COL=\d+ must be 0/);
+  assert.throws(() => checkGdnConstants({ ...c, Z_COL: d.inner - 1 }), /Z_COL=\d+ must be 0/);
+  assert.throws(() => gdnNormConstants(c, d.inner - 1), /Z_COL=\d+ is shorter than one token's z/);
 });

@@ -15,7 +15,9 @@ import {
   part0,
   sub,
 } from "../graph/builder.ts";
-import { outProj } from "./linear.ts";
+import type { GpuTensor } from "../gpu/weights.ts";
+import { assert } from "../errors.ts";
+import { fusedMatvec, matvec, outProj, soloTeam } from "./linear.ts";
 import {
   checkGdnStep,
   GDN_STEP,
@@ -26,7 +28,12 @@ import {
   gdnStepGrid,
   gdnStepNeedsNorm,
 } from "../../wgsl/gdn_step.ts";
-import { GDN_CHUNK_NORM, GDN_CHUNK_NORM_BINDINGS, gdnChunkDispatches } from "../../wgsl/gdn_chunk.ts";
+import {
+  GDN_CHUNK_NORM,
+  GDN_CHUNK_NORM_BINDINGS,
+  gdnChunkDispatches,
+  gdnNormConstants,
+} from "../../wgsl/gdn_chunk.ts";
 import {
   checkGdnConvRing,
   GDN_CONV_RING,
@@ -45,6 +52,71 @@ export interface DeltaNetInputs {
   readonly b: Binding;
   readonly a: Binding;
   readonly aOff: number;
+  /**
+   * A batched step ({@linkcode batchedInputs}): column c of each binding at word c·colStride from its offset
+   * (each column one [qkv | z | b | a] output of the in-projections; a multiple of 64 words).
+   */
+  readonly colStride?: number;
+}
+
+/**
+ * A batched step's DeltaNet input projections `ws` of layer l, whose rows form [qkv | z | b | a] in order
+ * (`names` label the ones run alone): every column's outputs in one column of `inproj`, columns padded to
+ * 256-byte offsets, which gdn_step reads at that stride. The leading run that the one-token step fuses runs
+ * as one mat-vec with the columns, the rest one by one at their rows of the column, each with the TEAM of
+ * the one-token step ({@linkcode soloTeam}), so that every slot sums as in its solo step. `aOff`: a's word
+ * past b (N_V when b and a are separate tensors, 0 for qwen3next's grouped ba). `split`: where a first
+ * tensor that runs alone is cut in two mat-vecs, as the one-token step cuts qwen3next's legacy ssm_in (qkv | z).
+ */
+export async function batchedInputs(
+  g: GraphBuilder,
+  cx: BuildContext,
+  l: number,
+  ws: readonly GpuTensor[],
+  names: readonly string[],
+  c: GdnStepConstants,
+  opts: { joined?: GpuTensor; aOff: number; split?: number },
+): Promise<DeltaNetInputs> {
+  const A = cx.act;
+  const d = gdnDims(c);
+  const baAt = d.convCh + d.inner;
+  const stride = padWords(baAt + 2 * c.N_V);
+  const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, {
+    joined: opts.joined,
+    yStride: stride,
+  });
+  let at = fused.length === 0 ? 0 : fused.at(-1)! + ws[fused.length - 1]!.ne[1]!;
+  for (let i = fused.length; i < ws.length; i++) {
+    const w = ws[i]!;
+    const team = soloTeam(g, ws, i, opts.joined);
+    // A first tensor run alone in two mat-vecs by the one-token step too (its TEAM follows its rows).
+    const pieces = i === 0 && opts.split
+      ? [[0, opts.split], [opts.split, w.ne[1]! - opts.split]]
+      : [[0, w.ne[1]!]];
+    for (const [rowStart, rows] of pieces) {
+      const label = pieces.length > 1
+        ? `L${l}.${names[i]}.${rowStart === 0 ? "qkv" : "z"}`
+        : `L${l}.${names[i]}`;
+      await matvec(g, label, w, A.a!, A.inproj!, g.n, {
+        rowStart,
+        rows,
+        yStride: stride,
+        yAt: at + rowStart!,
+        team,
+      });
+    }
+    at += w.ne[1]!;
+  }
+  assert(at === baAt + 2 * c.N_V, `L${l}: the in-projections' rows make one [qkv | z | b | a] column`);
+  const n = g.n;
+  return {
+    xQkv: sub(A.inproj!, 0, n * stride),
+    z: sub(A.inproj!, d.convCh, n * stride - d.convCh),
+    b: sub(A.inproj!, baAt, n * stride - baAt),
+    a: sub(A.inproj!, baAt, n * stride - baAt),
+    aOff: opts.aOff,
+    colStride: stride,
+  };
 }
 
 /** An architecture's DeltaNet input projections of layer l (its file owns the tensor layout). */
@@ -72,23 +144,31 @@ export async function deltaNet(
   const A = cx.act;
   const c0 = cx.gdn(lw.layout);
   const d = gdnDims(c0);
-  const nV = c0.N_V;
   // The input projections differ per architecture (packed rows, legacy row order): its own file runs them.
-  const { xQkv, z, b, a, aOff } = await inputs(g, cx, l, lw, c0);
-  // A batched step binds each slot's column of b and a: columns padded to 256-byte offsets.
-  const baStride = cx.batch ? padWords(c0.BA_GROUPED ? 2 * nV : nV) : undefined;
+  const inp = await inputs(g, cx, l, lw, c0);
+  const { xQkv, z, b, a, aOff } = inp;
   const c: GdnStepConstants = { ...c0, A_OFF: aOff };
   if (cx.batch) {
-    await batchedStep(g, cx, l, lw, c, baStride!);
-    // A split step leaves o in y: one gated norm over every column (column t of y and z at t·N_V·D_V, the
-    // layout gdn_chunk_norm reads for n tokens; each (head, column) alone, so the bits equal per-slot norms).
+    const stride = inp.colStride;
+    assert(stride !== undefined, `L${l}: a batched step's in-projections come from batchedInputs`);
+    await batchedStep(g, cx, l, lw, c, inp, stride);
+    // A split step leaves o in y: one gated norm over every column (column t of y at t·N_V·D_V, the layout
+    // gdn_chunk_norm reads for n tokens, and of z at t·Z_COL; each (head, column) alone, so the bits equal
+    // per-slot norms).
     const nCol = cx.batch.slots.length;
-    await gdnStepNorm(g, `L${l}.gdn_norm`, c, {
-      params: g.storage(Uint32Array.of(0, nCol)),
-      z: sub(A.z!, 0, nCol * d.inner),
-      normW: part0(lw.t("ssm_norm")),
-      y: sub(A.y!, 0, nCol * d.inner),
-    }, nCol);
+    await gdnStepNorm(
+      g,
+      `L${l}.gdn_norm`,
+      c,
+      {
+        params: g.storage(Uint32Array.of(0, nCol)),
+        z,
+        normW: part0(lw.t("ssm_norm")),
+        y: sub(A.y!, 0, nCol * d.inner),
+      },
+      nCol,
+      stride,
+    );
     await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
     return;
   }
@@ -152,14 +232,19 @@ async function batchedStep(
   l: number,
   lw: LayerWeights,
   c: GdnStepConstants,
-  baStride: number,
+  inp: DeltaNetInputs,
+  stride: number,
 ) {
   const A = cx.act;
   const batch = cx.batch!;
   const d = gdnDims(c);
-  const nV = c.N_V;
-  const nBa = c.BA_GROUPED ? 2 * nV : nV;
+  const nBa = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
   const nCol = batch.slots.length;
+  // Column col of an input binding, `words` long.
+  const column = (b: Binding, col: number, words: number): Binding => {
+    assert(!(b instanceof GPUBuffer), "batched in-projection outputs are ranges");
+    return { buffer: b.buffer, offset: (b.offset ?? 0) + col * stride * 4, size: words * 4 };
+  };
   const weights = {
     convW: part0(lw.t("ssm_conv1d")),
     dtBias: part0(lw.t("ssm_dt")),
@@ -172,17 +257,19 @@ async function batchedStep(
     const cc: GdnStepConstants = {
       ...c,
       P_COL: BATCH_TABLE_WORDS,
-      BA_COL: baStride,
+      X_COL: stride,
+      Z_COL: stride,
+      BA_COL: stride,
       RING_COL: ring.strideBytes / 4,
       STATE_COL: ssm.strideBytes / 4,
     };
     const slots = cx.states.nSlots;
     const bindings = {
       params: batch.table,
-      xQkv: sub(A.xqkv!, 0, nCol * d.convCh),
-      z: sub(A.z!, 0, nCol * d.inner),
-      b: sub(A.ba!, 0, nCol * baStride),
-      a: c.BA_GROUPED ? sub(A.ba!, 0, nCol * baStride) : sub(A.alpha!, 0, nCol * baStride),
+      xQkv: inp.xQkv,
+      z: inp.z,
+      b: inp.b,
+      a: inp.a,
       ...weights,
       convRing: ring.buffer,
       state: ssm.buffer,
@@ -201,10 +288,10 @@ async function batchedStep(
   for (const [col, slot] of batch.slots.entries()) {
     const bindings = {
       params: batch.pos[col]!,
-      xQkv: sub(A.xqkv!, col * d.convCh, d.convCh),
-      z: sub(A.z!, col * d.inner, d.inner),
-      b: sub(A.ba!, col * baStride, nBa),
-      a: c.BA_GROUPED ? sub(A.ba!, col * baStride, nBa) : sub(A.alpha!, col * baStride, nV),
+      xQkv: column(inp.xQkv, col, d.convCh),
+      z: column(inp.z, col, d.inner),
+      b: column(inp.b, col, nBa + c.A_OFF),
+      a: column(inp.a, col, nBa + c.A_OFF),
       ...weights,
       convRing: cx.states.binding(slot, l, "conv"),
       state: cx.states.binding(slot, l, "ssm"),
@@ -223,7 +310,7 @@ async function batchedStep(
 
 /**
  * After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens (or a batched step's n
- * columns) in place (spec §8.7).
+ * columns, z's `zCol` words apart) in place (spec §8.7).
  */
 export async function gdnStepNorm(
   g: GraphBuilder,
@@ -231,12 +318,13 @@ export async function gdnStepNorm(
   c: GdnStepConstants,
   b: Pick<GdnStepBindings, "params" | "z" | "normW" | "y">,
   n: number,
+  zCol?: number,
 ) {
   if (!gdnStepNeedsNorm(c)) return;
   await g.push(
     label,
     GDN_CHUNK_NORM,
-    { N_V: c.N_V, D_V: c.D_V, EPS: c.EPS },
+    gdnNormConstants(c, zCol),
     GDN_CHUNK_NORM_BINDINGS.map((k) => b[k]),
     [c.N_V, n, 1],
   );

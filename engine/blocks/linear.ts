@@ -58,6 +58,8 @@ export async function matvec(
     rows?: number;
     acc?: boolean;
     yStride?: number;
+    /** Word of y where column 0's rows start (mat-vecs only; default 0). */
+    yAt?: number;
     f32?: boolean;
     /** TEAM of the mat-vec (f32 x), where it must sum like another dispatch ({@linkcode soloTeam}). */
     team?: number;
@@ -105,7 +107,10 @@ export async function matvec(
     const hi = Math.min(rowStart + nRows, p.firstRow + p.nRows);
     if (lo >= hi) continue;
     if (cols > g.maxCols) {
-      assert(opts.yStride === undefined, `${label}: a padded column stride is for mat-vecs only`);
+      assert(
+        opts.yStride === undefined && opts.yAt === undefined,
+        `${label}: a padded column stride or a column start is for mat-vecs only`,
+      );
       if (opts.acc || norm) {
         throw new Error(`${label}: NORM and ACC are decode-only (matvec), not for ${cols} columns`);
       }
@@ -151,7 +156,7 @@ export async function matvec(
         wOffsetBytes: p.offsetBytes + (lo - p.firstRow) * w.rowBytes,
         xOffset: c0 * k,
         xStride: k,
-        yOffset: c0 * (opts.yStride ?? nRows) + (lo - rowStart),
+        yOffset: (opts.yAt ?? 0) + c0 * (opts.yStride ?? nRows) + (lo - rowStart),
         yStride: opts.yStride ?? nRows,
       };
       const c = matvecConstants(shape, {
@@ -188,7 +193,7 @@ export async function matvecQ8(
   x: GPUBuffer,
   y: GPUBuffer,
   cols: number,
-  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number },
+  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; yAt?: number },
 ) {
   const p = g.pending;
   const norm = p && p.y === x && cols === 1 ? p : undefined;
@@ -217,7 +222,7 @@ export async function matvecQ8(
     k,
     n: hi - lo,
     wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
-    yOffset: col * (opts.yStride ?? nRows) + (lo - rowStart),
+    yOffset: (opts.yAt ?? 0) + col * (opts.yStride ?? nRows) + (lo - rowStart),
   });
   // Each column's int8 x in a region of its own of the graph's buffer for K (or of the int8 log).
   const stride = Math.ceil(q8xBytes(k) / 256) * 256;

@@ -109,11 +109,12 @@ export function activationWords(
     m: hp.nEmbd * T,
     xqkv: d.convCh * T,
     z: d.inner * T,
-    ba: Math.max(2 * hp.ssmDtRank * T, padWords(2 * hp.ssmDtRank) * MAX_BATCH_SLOTS),
-    alpha: Math.max(hp.ssmDtRank * T, padWords(hp.ssmDtRank) * MAX_BATCH_SLOTS),
+    ba: 2 * hp.ssmDtRank * T,
+    alpha: hp.ssmDtRank * T,
     y: d.inner * T,
+    // One token's fused in-projections; a batched step's DeltaNet ones in 256-byte-aligned columns.
     inproj: Math.max(
-      d.convCh + d.inner + 2 * hp.ssmDtRank,
+      padWords(d.convCh + d.inner + 2 * hp.ssmDtRank) * MAX_BATCH_SLOTS,
       2 * hp.nHead * hp.headDim + 2 * hp.nHeadKv * hp.headDim,
     ),
     qf: 2 * hp.nHead * hp.headDim * T,

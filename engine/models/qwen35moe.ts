@@ -25,8 +25,8 @@ import {
 } from "./_arch.ts";
 import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
-import { type BuildContext, GraphBuilder, type LayerWeights, padWords, sub } from "../graph/builder.ts";
-import type { DeltaNetInputs } from "../blocks/deltanet.ts";
+import { type BuildContext, GraphBuilder, type LayerWeights, sub } from "../graph/builder.ts";
+import { batchedInputs, type DeltaNetInputs } from "../blocks/deltanet.ts";
 import { fusedMatvec, matvec, soloTeam } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
@@ -94,7 +94,8 @@ export const QWEN35MOE: Arch = {
 /**
  * The DeltaNet input projections of a qwen35moe layer (`qkv_beta_alpha`): attn_qkv, attn_gate, ssm_beta and
  * ssm_alpha. Decode runs the packed ones as one mat-vec into `inproj` ([qkv | z | b | a]); a right after b
- * lets both bindings take the [b | a] range, the kernel reading a at word N_V of it (A_OFF).
+ * lets both bindings take the [b | a] range, the kernel reading a at word N_V of it (A_OFF). A batched step
+ * writes that column per slot ({@linkcode batchedInputs}).
  */
 async function deltaNetInputs(
   g: GraphBuilder,
@@ -108,6 +109,10 @@ async function deltaNetInputs(
   const d = gdnDims(c0);
   const nV = c0.N_V;
   const ws = [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_beta"), lw.t("ssm_alpha")];
+  if (cx.batch) {
+    const names = ["attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"];
+    return await batchedInputs(g, cx, l, ws, names, c0, { joined: ws[3], aOff: nV });
+  }
   const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: ws[3] });
   // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
   const team = (i: number) => soloTeam(g, ws, i, ws[3]);
@@ -121,16 +126,14 @@ async function deltaNetInputs(
     await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { team: team(1) });
   }
   const baAt = d.convCh + d.inner;
-  // A batched step binds each slot's column of b and a: columns padded to 256-byte offsets.
-  const baStride = cx.batch ? padWords(nV) : undefined;
   if (fused.length === 4) {
     const ba = sub(A.inproj!, baAt, 2 * nV);
     return { xQkv, z, b: ba, a: ba, aOff: nV };
   }
   let b: Binding = A.ba!;
   if (fused.length === 3) b = sub(A.inproj!, baAt, nV);
-  else await matvec(g, `L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n, { yStride: baStride, team: team(2) });
-  await matvec(g, `L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n, { yStride: baStride, team: team(3) });
+  else await matvec(g, `L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n, { team: team(2) });
+  await matvec(g, `L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n, { team: team(3) });
   return { xQkv, z, b, a: A.alpha!, aOff: 0 };
 }
 

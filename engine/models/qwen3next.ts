@@ -27,8 +27,8 @@ import {
 import { assert } from "../errors.ts";
 import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
-import { type BuildContext, GraphBuilder, type LayerWeights, padWords, sub } from "../graph/builder.ts";
-import type { DeltaNetInputs } from "../blocks/deltanet.ts";
+import { type BuildContext, GraphBuilder, type LayerWeights, sub } from "../graph/builder.ts";
+import { batchedInputs, type DeltaNetInputs } from "../blocks/deltanet.ts";
 import { fusedMatvec, matvec, soloTeam } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
@@ -139,7 +139,8 @@ export function legacyRowOrder(hp: Hparams): Uint32Array {
 /**
  * The DeltaNet input projections of a qwen3next layer: the legacy fused `ssm_in` (uploaded in canonical row
  * order, {@linkcode legacyRowOrder}) or attn_qkv + attn_gate, then the grouped `ssm_ba`. Decode runs the
- * packed ones as one mat-vec into `inproj` ([qkv | z | ba]).
+ * packed ones as one mat-vec into `inproj` ([qkv | z | ba]); a batched step writes that column per slot
+ * ({@linkcode batchedInputs}).
  */
 async function deltaNetInputs(
   g: GraphBuilder,
@@ -156,6 +157,10 @@ async function deltaNetInputs(
   const ws = legacy
     ? [lw.t("ssm_in"), lw.t("ssm_ba")]
     : [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_ba")];
+  if (cx.batch) {
+    const names = legacy ? ["ssm_in", "ssm_ba"] : ["attn_qkv", "attn_gate", "ssm_ba"];
+    return await batchedInputs(g, cx, l, ws, names, c0, { aOff: 0, split: legacy ? d.convCh : undefined });
+  }
   const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: undefined });
   // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
   const team = (i: number) => soloTeam(g, ws, i);
@@ -177,9 +182,7 @@ async function deltaNetInputs(
   if (fused.length > nQkvz) {
     ba = sub(A.inproj!, d.convCh + d.inner, 2 * nV);
   } else {
-    // A batched step binds each slot's column of ba: columns padded to 256-byte offsets.
-    const baStride = cx.batch ? padWords(2 * nV) : undefined;
-    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { yStride: baStride, team: team(nQkvz) });
+    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { team: team(nQkvz) });
   }
   return { xQkv, z, b: ba, a: ba, aOff: 0 };
 }

@@ -38,6 +38,8 @@
 #   smallchunk #20/#24: prefill in chunks of 64 and 256 tokens, experts grouped (default) and per column
 #   late       #20: a 2,048-token prompt arriving while 7 streams generate, its pieces sized by time
 #              (--piece-gap 2.5, the default), fixed 256-token pieces (0), and 3
+#   pieces     #20: one prompt piece's time by width (128..1024 at depth 1024), its first run (graph build,
+#              pipelines of a new width) against warm runs, and a joining rest's (rows last): the pacer's inputs
 #   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
 #              draft cache
 #   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
@@ -207,13 +209,17 @@ for step in "$@"; do
         run gmv 60 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk $chunk --gmv-max 0
       done
       ;;
+    pieces)
+      ensure_model
+      run pieces 120 $D bench/pieces.ts --model "$model" --widths 128,256,384,512,768,1024 --depth 1024 --reps 3
+      ;;
     split3)
       ensure_model
       run split3 330 $D bench/split.ts --model "$model" --stages 1,2,3 --slots 8 --n 128 --pipelines 1 --drafts 0,7 \
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces)" >&2
       exit 2
       ;;
   esac

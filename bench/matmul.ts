@@ -36,10 +36,13 @@ const { values: args } = parseArgs({
     quick: { type: "boolean", default: false },
     m: { type: "string" },
     type: { type: "string" },
+    splits: { type: "string" },
   },
 });
 const QUICK = args.quick ?? false;
 const M = Number(args.m ?? (QUICK ? 64 : 256));
+// `--splits 2,4,8`: also each shape split into that many runs of K (4 × 4 tiles, with matmul_splits).
+const EXTRA_SPLITS = args.splits ? args.splits.split(",").map(Number) : [];
 const TYPES = (args.type ? [args.type] : ["IQ4_XS", "Q8_0", "Q6_K", "F32"]) as GgmlTypeName[];
 const SHAPES = QUICK ? [{ name: "small", k: 512, n: 1024 }] : [
   { name: "attn_qkv", k: 2048, n: 8192 },
@@ -103,8 +106,9 @@ const sumPipe = await cache.get(MATMUL_SPLITS, {});
 const part = device.createBuffer({ size: 64 << 20, usage: GPUBufferUsage.STORAGE });
 // Per shape and type: the split matmul's params at 512·slot, matmul_splits' at 512·slot + 256 (uniform
 // offsets must be multiples of 256).
+const SPLIT_SLOTS = 1 + EXTRA_SPLITS.length;
 const sparams = device.createBuffer({
-  size: 512 * SHAPES.length * TYPES.length,
+  size: 512 * SHAPES.length * TYPES.length * SPLIT_SLOTS,
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
 for (const s of SHAPES) {
@@ -123,12 +127,13 @@ for (const s of SHAPES) {
       });
       jobs.push({ shape, name: s.name, tile, op, best: Infinity });
     }
-    // The engine's split of small N (4 × 4 tiles), the matmul and matmul_splits in one timing.
-    const splits = matmulDefaultSplits(shape);
-    if (splits > 1) {
+    // The engine's split of small N (4 × 4 tiles), the matmul and matmul_splits in one timing; and --splits.
+    const engineSplits = matmulDefaultSplits(shape);
+    const splitList = [...new Set([engineSplits, ...EXTRA_SPLITS])].filter((sp) => sp > 1 && sp <= s.k / 32);
+    for (const [si, splits] of splitList.entries()) {
       const split: MatmulShape = { ...shape, splits };
       const c = matmulConstants(split, { tile: [4, 4] });
-      const at = 512 * (slot - 1);
+      const at = 512 * (slot - 1) * SPLIT_SLOTS + 512 * si;
       device.queue.writeBuffer(sparams, at, matmulParams(split));
       device.queue.writeBuffer(sparams, at + 256, matmulSplitsParams(split));
       const op = await prepareMatmul(cache, {
@@ -136,7 +141,7 @@ for (const s of SHAPES) {
         shape: split,
         constants: c,
         bindings: {
-          params: { buffer: sparams, offset: 256 * slot, size: MATMUL_PARAMS_BYTES },
+          params: { buffer: sparams, offset: at, size: MATMUL_PARAMS_BYTES },
           weights,
           x,
           y: part,

@@ -40,6 +40,8 @@
 #              (--piece-gap 2.5, the default), fixed 256-token pieces (0), and 3
 #   pieces     #20: one prompt piece's time by width (128..1024 at depth 1024), its first run (graph build,
 #              pipelines of a new width) against warm runs, and a joining rest's (rows last): the pacer's inputs
+#   msplit     #20: the prefill matmul of thin chunks (256 and 512 tokens) with K split into 2, 4, 8 runs beside
+#              the engine's choice (ssm_out's 128 tiles of 64 x 64 at 256 tokens fill one wave of 132 SMs thinly)
 #   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
 #              draft cache
 #   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
@@ -213,13 +215,18 @@ for step in "$@"; do
       ensure_model
       run pieces 120 $D bench/pieces.ts --model "$model" --widths 128,256,384,512,768,1024 --depth 1024 --reps 3
       ;;
+    msplit)
+      for m in 256 512; do
+        run msplit 60 $D bench/matmul.ts --m $m --type IQ4_XS --splits 2,4,8
+      done
+      ;;
     split3)
       ensure_model
       run split3 330 $D bench/split.ts --model "$model" --stages 1,2,3 --slots 8 --n 128 --pipelines 1 --drafts 0,7 \
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit)" >&2
       exit 2
       ;;
   esac

@@ -248,7 +248,16 @@ async function decodeJobs(
     split: { N_SPLIT: number; TILE: number; PER_MIN: number },
   ) => {
     const { N_SPLIT, TILE, PER_MIN } = split;
-    const cc: AttnCombineConstants = { H_Q, D_H, N_SPLIT, TILE, PER_MIN, WG: 256, CD: 16 };
+    const cc: AttnCombineConstants = {
+      H_Q,
+      D_H,
+      N_SPLIT,
+      TILE,
+      PER_MIN,
+      WG: 256,
+      CD: 16,
+      QF_COL: 2 * D_H * H_Q,
+    };
     const pCmb = await cache.get(ATTN_COMBINE, cc);
     const { used } = attnDecodeSplits({ ...split, P_MAX }, depth);
     jobs.push({

@@ -19,6 +19,8 @@ export type AttnCombineConstants = {
   readonly PER_MIN: number;
   readonly WG: number;
   readonly CD: number;
+  /** Words between columns of qf: 2·D_H·H_Q (packed by token), or a fused in-projection's column stride. */
+  readonly QF_COL: number;
 };
 
 /** Kernel spec of `attn_combine.wgsl`. */
@@ -26,7 +28,16 @@ export const ATTN_COMBINE: KernelSpec = {
   name: "attn_combine",
   url: new URL("./attn_combine.wgsl", import.meta.url),
   lib: [],
-  constants: { H_Q: "u32", D_H: "u32", N_SPLIT: "u32", TILE: "u32", PER_MIN: "u32", WG: "u32", CD: "u32" },
+  constants: {
+    H_Q: "u32",
+    D_H: "u32",
+    N_SPLIT: "u32",
+    TILE: "u32",
+    PER_MIN: "u32",
+    WG: "u32",
+    CD: "u32",
+    QF_COL: "u32",
+  },
 };
 
 /**
@@ -53,6 +64,10 @@ export function checkAttnCombine(c: AttnCombineConstants): void {
   checkShape(
     isPow2(c.CD) && c.CD <= c.WG,
     `attn_combine: CD (${c.CD}) must be a power of two <= WG (${c.WG})`,
+  );
+  checkShape(
+    Number.isInteger(c.QF_COL) && c.QF_COL >= 2 * c.D_H * c.H_Q,
+    `attn_combine: QF_COL (${c.QF_COL}) must be at least one column of qf (2·D_H·H_Q = ${2 * c.D_H * c.H_Q})`,
   );
 }
 
@@ -86,7 +101,7 @@ export function attnCombineBindGroup(
   ) => (cols > 1 ? [(cols - 1) * words + ne.reduce((a, x) => a * x)] : ne);
   checkBinding(k, "partO", b.partO, many(w.partO, [c.D_H, c.H_Q, c.N_SPLIT]));
   checkBinding(k, "partMl", b.partMl, many(w.partMl, [2, c.H_Q, c.N_SPLIT]));
-  checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, cols]);
+  checkBinding(k, "qf", b.qf, [(cols - 1) * c.QF_COL + 2 * c.D_H * c.H_Q]);
   checkBinding(k, "o", b.o, [c.D_H, c.H_Q, cols]);
   return bindGroup(device, opts.pipeline, ATTN_COMBINE_BINDINGS.map((name) => b[name]));
 }

@@ -5,8 +5,8 @@
 // Columns (grid z): a batched decode step merges one token of each of several sequences in one dispatch; column
 // c runs exactly the code of a dispatch of its own on its slices (so its bits are a solo step's): its pos0 at
 // word c·COL_WORDS of params (a batched step's column table, 64 words per column), its partials from word
-// c·PO_COL of part_o and c·ML_COL of part_ml (each column's partials padded to 256 bytes), its qf and o at
-// token c. One column: params is its own AttnParams, everything at offset 0.
+// c·PO_COL of part_o and c·ML_COL of part_ml (each column's partials padded to 256 bytes), its qf at word
+// c·QF_COL (2·D_H·H_Q: packed by token; more: a fused in-projection's columns) and its o at token c. One column: params is its own AttnParams, everything at offset 0.
 // Bindings:
 //   params   u32 [pos0, n_tokens] (AttnParams) per column   only pos0 is read
 //   part_o   f32 ne=[D_H, H_Q, N_SPLIT]   from attn_decode
@@ -19,7 +19,7 @@
 // in flight, and the SG partial sums meet in workgroup memory in a fixed order.
 // Why so wide: at a 32k context attn_decode uses up to N_SPLIT = 256 splits (16 KiB of partials each), and
 // 16 workgroups walking them one invocation per dim were latency-bound chains of loads.
-// Constants: const H_Q, D_H, N_SPLIT, TILE, PER_MIN, WG, CD: u32. Limits: WG % CD == 0.
+// Constants: const H_Q, D_H, N_SPLIT, TILE, PER_MIN, WG, CD, QF_COL: u32. Limits: WG % CD == 0.
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> part_o: array<f32>;
 @group(0) @binding(2) var<storage, read> part_ml: array<f32>;
@@ -97,7 +97,7 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
     for (var k = 0u; k < SG; k++) {
       sum += red[k * CD + dl];
     }
-    let gate = qf[(col * H_Q + h) * 2u * D_H + D_H + d];
+    let gate = qf[col * QF_COL + h * 2u * D_H + D_H + d];
     o[(col * H_Q + h) * D_H + d] = sum * inv_l / (1.0 + exp(-gate));
   }
 }

@@ -50,7 +50,7 @@ function refCombine(
 function unit(
   c: { H_Q: number; D_H: number; N_SPLIT: number; WG: number; CD: number },
 ): AttnCombineConstants {
-  return { ...c, TILE: 1, PER_MIN: 1 };
+  return { ...c, TILE: 1, PER_MIN: 1, QF_COL: 2 * c.D_H * c.H_Q };
 }
 
 Deno.test("attn_combine merges the used split partials only and applies the gate", async () => {
@@ -65,8 +65,11 @@ Deno.test("attn_combine merges the used split partials only and applies the gate
     [unit({ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 128, CD: 32 }), 0], // only split 0 used
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), rng.int(0, 7)], // D_H not a multiple of CD
     // The engine's long-context constants: per = 128 positions at 32k, 256 splits, tails of the 4-way loop.
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16 }, 32767],
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16 }, rng.int(0, 5000)],
+    [{ H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16, QF_COL: 8192 }, 32767],
+    [
+      { H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16, QF_COL: 8192 },
+      rng.int(0, 5000),
+    ],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -120,6 +123,10 @@ Deno.test("attn_combine shape check throws before encoding", async () => {
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
   const b = { params: small, partO: small, partMl: small, qf: small, o: small };
   assert.throws(
+    () => attnCombineBindGroup(device, { pipeline, constants: { ...c, QF_COL: 8191 }, buffers: b }),
+    /QF_COL \(8191\) must be at least one column of qf/,
+  );
+  assert.throws(
     () => attnCombineBindGroup(device, { pipeline, constants: c, buffers: b }),
     /binding partO holds 1024 bytes but ne=\[256, 16, 64\]/,
   );
@@ -131,9 +138,19 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
   const cases: [AttnCombineConstants, number[]][] = [
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, TILE: 32, PER_MIN: 32, WG: 256, CD: 16 }, [40, 0, rng.int(0, 2047)]],
+    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, TILE: 32, PER_MIN: 32, WG: 256, CD: 16, QF_COL: 8192 }, [
+      40,
+      0,
+      rng.int(0, 2047),
+    ]],
     // Partials not a multiple of 64 words per column (padding between columns), D_H not a multiple of CD.
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), [6, rng.int(0, 7)]],
+    // qf in a fused in-projection's columns: other words (NaN) between the columns' qf.
+    [{ ...unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), QF_COL: 600 + 37 }, [3, 5, rng.int(0, 7)]],
+    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, TILE: 32, PER_MIN: 32, WG: 256, CD: 16, QF_COL: 8192 + 1088 }, [
+      rng.int(0, 2047),
+      17,
+    ]],
     // A batched step's widest: 16 columns (MAX_BATCH_SLOTS).
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), Array.from({ length: 16 }, () => rng.int(0, 7))],
   ];
@@ -149,8 +166,12 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
     const partO = new Float32Array((nCol - 1) * w.partO + nO).fill(NaN);
     const partMl = new Float32Array((nCol - 1) * w.partMl + nMl).fill(NaN);
     const table = new Uint32Array(nCol * w.params).fill(0xffffffff);
-    const qf = rng.normals(2 * c.D_H * c.H_Q * nCol, 2);
+    const qfW = 2 * c.D_H * c.H_Q;
+    const qf = new Float32Array((nCol - 1) * c.QF_COL + qfW).fill(NaN);
+    for (let j = 0; j < nCol; j++) qf.set(rng.normals(qfW, 2), j * c.QF_COL);
     const qfB = upload(device, qf);
+    // A column alone: qf packed.
+    const c1 = { ...c, QF_COL: qfW };
     const cols = positions.map((pos, j) => {
       const { used } = attnDecodeSplits({ ...c, P_MAX: pos + 1 }, pos);
       const o = partO.subarray(j * w.partO, j * w.partO + nO);
@@ -161,7 +182,7 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
         o.set(rng.normals(c.D_H, 5), k * c.D_H);
       }
       table.set([pos, 1], j * w.params);
-      const qfj = qf.subarray(j * 2 * c.D_H * c.H_Q, (j + 1) * 2 * c.D_H * c.H_Q);
+      const qfj = qf.subarray(j * c.QF_COL, j * c.QF_COL + qfW);
       // The column alone: its own params and partials.
       const sb = {
         params: upload(device, packAttnParams(pos, 1)),
@@ -182,9 +203,10 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
     const pipeline = await cache.get(ATTN_COMBINE, c);
     const bg = attnCombineBindGroup(device, { pipeline, constants: c, buffers: b, cols: nCol });
     encodeAttnCombine(pass, { pipeline, bindGroup: bg, constants: c, cols: nCol });
+    const p1 = await cache.get(ATTN_COMBINE, c1);
     for (const col of cols) {
-      const sbg = attnCombineBindGroup(device, { pipeline, constants: c, buffers: col.sb });
-      encodeAttnCombine(pass, { pipeline, bindGroup: sbg, constants: c });
+      const sbg = attnCombineBindGroup(device, { pipeline: p1, constants: c1, buffers: col.sb });
+      encodeAttnCombine(pass, { pipeline: p1, bindGroup: sbg, constants: c1 });
     }
     runs.push({ c, positions, b, cols });
   }

@@ -103,6 +103,7 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       PER_MIN: perMin,
       WG: 256,
       CD: 16,
+      QF_COL: 2 * dH * hQ,
     };
     const q = rng.normals(dH * hQ);
     const qf = rng.normals(2 * dH * hQ, 2); // only the gate halves are read
@@ -240,6 +241,7 @@ Deno.test("attn_decode columns: one dispatch over columns at other slots and pos
       PER_MIN: base.PER_MIN,
       WG: 256,
       CD: 16,
+      QF_COL: 2 * dH * hQ,
     };
     const qf = rng.normals(2 * dH * hQ * nCol, 2);
     const pd = await cache.get(ATTN_DECODE, dc);

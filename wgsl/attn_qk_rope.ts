@@ -28,10 +28,15 @@ export type AttnQkRopeConstants = {
   readonly P_COL: number;
   /** Words between slots in the KV cache bindings (pooled caches of every slot); 0 for one column. */
   readonly KV_COL: number;
+  /**
+   * Words between columns of qf, k and v (a batched step whose in-projections wrote one [qf | k | v] column per
+   * slot, each binding at its part); 0: qf, k and v each packed by token.
+   */
+  readonly IN_COL: number;
 };
 
 /** The column constants of a dispatch of one column (its own params and its slot's own caches). */
-export const QK_ROPE_ONE_COLUMN = { P_COL: 0, KV_COL: 0 } as const;
+export const QK_ROPE_ONE_COLUMN = { P_COL: 0, KV_COL: 0, IN_COL: 0 } as const;
 
 /** Kernel spec of `attn_qk_rope.wgsl`. */
 export const ATTN_QK_ROPE: KernelSpec = {
@@ -50,6 +55,7 @@ export const ATTN_QK_ROPE: KernelSpec = {
     KV_F16: "bool",
     P_COL: "u32",
     KV_COL: "u32",
+    IN_COL: "u32",
   },
 };
 
@@ -109,6 +115,13 @@ export function checkAttnQkRope(c: AttnQkRopeConstants, nTokens: number, cols = 
     } words (one slot's cache), got ${c.KV_COL}`,
   );
   checkShape(
+    c.IN_COL === 0 || (Number.isInteger(c.IN_COL) && c.IN_COL >= 2 * c.D_H * c.H_Q && nTokens === 1),
+    `attn_qk_rope: IN_COL must be 0 or a column stride of at least qf's ${
+      2 * c.D_H * c.H_Q
+    } words with one ` +
+      `token per column, got ${c.IN_COL} (${nTokens} tokens)`,
+  );
+  checkShape(
     cols === 1 || (nTokens === 1 && c.P_COL > 0),
     `attn_qk_rope: ${cols} columns need one token each (got ${nTokens}) and a P_COL stride (got ${c.P_COL})`,
   );
@@ -141,9 +154,16 @@ export function attnQkRopeBindGroup(
   );
   const nc = n * cols;
   checkBinding(k, "params", b.params, [c.P_COL > 0 ? (cols - 1) * c.P_COL + 3 : ATTN_PARAMS_WORDS]);
-  checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, nc]);
-  checkBinding(k, "k", b.k, [c.D_H, c.H_KV, nc]);
-  checkBinding(k, "v", b.v, [c.D_H, c.H_KV, nc]);
+  if (c.IN_COL > 0) {
+    // Column c's qf, k and v from word c·IN_COL of their bindings.
+    checkBinding(k, "qf", b.qf, [(cols - 1) * c.IN_COL + 2 * c.D_H * c.H_Q]);
+    checkBinding(k, "k", b.k, [(cols - 1) * c.IN_COL + c.D_H * c.H_KV]);
+    checkBinding(k, "v", b.v, [(cols - 1) * c.IN_COL + c.D_H * c.H_KV]);
+  } else {
+    checkBinding(k, "qf", b.qf, [2 * c.D_H, c.H_Q, nc]);
+    checkBinding(k, "k", b.k, [c.D_H, c.H_KV, nc]);
+    checkBinding(k, "v", b.v, [c.D_H, c.H_KV, nc]);
+  }
   checkBinding(k, "qNorm", b.qNorm, [c.D_H]);
   checkBinding(k, "kNorm", b.kNorm, [c.D_H]);
   checkBinding(k, "qOut", b.qOut, [c.D_H, c.H_Q, nc]);

@@ -5,7 +5,8 @@
 // Columns (grid z): a batched decode step writes one token of each of several sequences in one dispatch; column
 // c runs exactly the code of a dispatch of its own on its slices (so its bits are a solo step's): params words
 // c·P_COL.. = [pos0, n_tokens, slot] (P_COL = 0: one column, AttnParams, slot 0), its qf, k, v and q_out at
-// token c (n_tokens must be 1 when there are several columns), its caches from word slot·KV_COL of pooled
+// token c (n_tokens must be 1 when there are several columns; with IN_COL > 0 its qf, k and v at word c·IN_COL
+// of their bindings: a fused in-projection's column [qf | k | v]), its caches from word slot·KV_COL of pooled
 // caches (every slot of the layer at 256-byte strides).
 // Bindings:
 //   params   u32 [pos0, n_tokens] (AttnParams) per column: position of token 0, tokens present (<= grid.y)
@@ -23,7 +24,8 @@
 // w = i, i + WG, ... (one f16 word); the row sits in workgroup memory because a rope pair spans
 // invocations. Tokens with t >= n_tokens or p >= P_MAX write nothing.
 // Constants: const H_Q, H_KV, D_H, N_ROT, P_MAX, WG: u32; const ROPE_THETA, EPS: f32; const KV_F16: bool;
-//   const P_COL, KV_COL: u32 (column strides above, in words; 0 for one column).
+//   const P_COL, KV_COL, IN_COL: u32 (column strides above, in words; 0 for one column; IN_COL 0: qf, k, v
+//   each packed by token).
 // Limits: D_H and N_ROT even, N_ROT <= D_H; WG a power of two <= 256; phases < 2^18 * pi/2 (p < 4e5).
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> qf: array<f32>;
@@ -36,6 +38,9 @@
 @group(0) @binding(8) var<storage, read_write> v_cache: array<u32>;
 
 const HALF_ROT: u32 = N_ROT / 2u;
+// Words between tokens (columns) of qf, and of k and v.
+const QF_W: u32 = select(IN_COL, 2u * D_H * H_Q, IN_COL == 0u);
+const KV_W: u32 = select(IN_COL, D_H * H_KV, IN_COL == 0u);
 // Phase reduction by pi/2 (Cody-Waite): pi/2 = PIO2_HI + PIO2_MID + PIO2_LO where HI and MID have 6
 // significant bits, so n * HI and n * MID are exact for n < 2^18 (phases up to ~4e5 rad). Then sin/cos by
 // Taylor polynomials on |r| <= pi/4 (error < 1e-9): Vulkan only bounds the built-in sin/cos to an absolute
@@ -108,10 +113,10 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   var src_base: u32;
   var dst_base: u32;
   if (is_q) {
-    src_base = (tc * H_Q + head) * 2u * D_H;
+    src_base = tc * QF_W + head * 2u * D_H;
     dst_base = (tc * H_Q + head) * D_H;
   } else {
-    src_base = (tc * H_KV + kv_head) * D_H;
+    src_base = tc * KV_W + kv_head * D_H;
     dst_base = (kv_head * P_MAX + pos) * D_H;
   }
 

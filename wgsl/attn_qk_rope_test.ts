@@ -266,6 +266,9 @@ Deno.test("attn_qk_rope columns: one dispatch over columns at other slots and po
     { c: { ...constants(4, 1, 70, true), WG: 32 }, nSlots: 3, slots: [1, 2] },
     // A batched step's widest: 16 columns (MAX_BATCH_SLOTS) on 16 of 17 pooled slots in a scrambled order.
     { c: { ...constants(4, 1, 70), WG: 32 }, nSlots: 17, slots: rng.permutation(17).slice(0, 16) },
+    // A fused in-projection's columns: [qf | k | v] per column in one buffer (IN_COL), NaN between the parts.
+    { c: constants(16, 2, 40), nSlots: 4, slots: [2, 3, 1], packed: true },
+    { c: { ...constants(4, 1, 70, true), WG: 32 }, nSlots: 3, slots: [0, 2], packed: true },
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -277,7 +280,13 @@ Deno.test("attn_qk_rope columns: one dispatch over columns at other slots and po
     const words = kvCacheWords(c1);
     // Slots 256 bytes apart plus one spare block, so the padding between slots is checked too.
     const kvCol = Math.ceil(words / 64) * 64 + 64;
-    const c = { ...c1, P_COL, KV_COL: kvCol };
+    // Packed: qf at word 0 of a column, k and v 256-byte aligned after it, columns IN_COL words apart.
+    const qfW = 2 * dH * c1.H_Q;
+    const kvW = dH * c1.H_KV;
+    const kAt = Math.ceil(qfW / 64) * 64;
+    const vAt = kAt + Math.ceil(kvW / 64) * 64;
+    const inCol = k.packed ? vAt + kvW + 29 : 0;
+    const c = { ...c1, P_COL, KV_COL: kvCol, IN_COL: inCol };
     const pos = k.slots.map((_, j) => (j === 1 ? 0 : rng.int(1, c.P_MAX)));
     const table = new Uint32Array(nCol * P_COL).fill(0xffffffff);
     k.slots.forEach((s, j) => table.set([pos[j]!, 1, s], j * P_COL));
@@ -295,11 +304,19 @@ Deno.test("attn_qk_rope columns: one dispatch over columns at other slots and po
     const vB = upload(device, vIn);
     const qnB = upload(device, qNorm);
     const knB = upload(device, kNorm);
+    const packed = new Float32Array(nCol * inCol).fill(NaN);
+    for (let j = 0; k.packed && j < nCol; j++) {
+      packed.set(qf.subarray(j * qfW, (j + 1) * qfW), j * inCol);
+      packed.set(kIn.subarray(j * kvW, (j + 1) * kvW), j * inCol + kAt);
+      packed.set(vIn.subarray(j * kvW, (j + 1) * kvW), j * inCol + vAt);
+    }
+    const pB = k.packed ? upload(device, packed) : undefined;
+    const part = (at: number) => ({ buffer: pB!, offset: 4 * at, size: 4 * (nCol * inCol - at) });
     const b = {
       params: upload(device, table),
-      qf: qfB,
-      k: kB,
-      v: vB,
+      qf: pB ? part(0) : qfB,
+      k: pB ? part(kAt) : kB,
+      v: pB ? part(vAt) : vB,
       qNorm: qnB,
       kNorm: knB,
       qOut: poisoned(device, dH * c.H_Q * nCol),
@@ -337,7 +354,8 @@ Deno.test("attn_qk_rope columns: one dispatch over columns at other slots and po
       encodeAttnQkRope(pass, { pipeline: soloPipe, bindGroup: sbg, constants: c1, nTokens: 1 });
       solo.push(sb);
     }
-    runs.push({ k, c, pos, kvCol, words, b, solo, qf, kIn, vIn, qNorm, kNorm, kp0, vp0 });
+    const owned = [qfB, kB, vB, ...(pB ? [pB] : [])];
+    runs.push({ k, c, pos, kvCol, words, b, solo, qf, kIn, vIn, qNorm, kNorm, kp0, vp0, owned });
   }
   pass.end();
   device.queue.submit([enc.finish()]);
@@ -428,7 +446,7 @@ Deno.test("attn_qk_rope columns: one dispatch over columns at other slots and po
         seed,
       });
     }
-    Object.values(r.b).forEach((buf) => buf.destroy());
+    for (const buf of [...Object.values(r.b), ...r.owned]) if (buf instanceof GPUBuffer) buf.destroy();
     for (const sb of r.solo) [sb.params, sb.qOut, sb.kCache, sb.vCache].forEach((buf) => buf.destroy());
   }
 });

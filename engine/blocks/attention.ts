@@ -13,11 +13,12 @@ import {
   GraphBuilder,
   type LayerWeights,
   MATVEC_MAX_COLS,
+  padWords,
   part0,
   sub,
 } from "../graph/builder.ts";
 import { assert } from "../errors.ts";
-import { fusedMatvec, matvec, outProj, soloTeam } from "./linear.ts";
+import { columnProjections, fusedMatvec, matvec, outProj, soloTeam } from "./linear.ts";
 import {
   ATTN_QK_ROPE,
   attnQkRopeBindGroup,
@@ -98,18 +99,30 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   const nQf = 2 * hp.nHead * hp.headDim;
   const nKv = hp.nHeadKv * hp.headDim;
   const qkv = [lw.t("attn_q"), lw.t("attn_k"), lw.t("attn_v")];
-  const fused = await fusedMatvec(g, `L${l}.attn_in_proj`, qkv, A.a!, A.inproj!);
-  // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
-  const team = (i: number) => soloTeam(g, qkv, i);
-  if (fused.length >= 2) {
-    qf = sub(A.inproj!, 0, nQf);
-    k = sub(A.inproj!, nQf, nKv);
+  // A batched step: each slot's [qf | k | v] in one column of inproj, `inCol` words apart (one mat-vec where the
+  // one-token step fuses them); attn_qk_rope and attn_combine read the columns at that stride.
+  let inCol = 0;
+  if (cx.batch) {
+    inCol = padWords(nQf + 2 * nKv);
+    const names = ["attn_q", "attn_k", "attn_v"];
+    await columnProjections(g, l, "attn_in_proj", qkv, names, A.a!, A.inproj!, inCol);
+    qf = sub(A.inproj!, 0, n * inCol);
+    k = sub(A.inproj!, nQf, n * inCol - nQf);
+    v = sub(A.inproj!, nQf + nKv, n * inCol - nQf - nKv);
   } else {
-    await matvec(g, `L${l}.attn_q`, qkv[0]!, A.a!, A.qf!, n, { team: team(0) });
-    await matvec(g, `L${l}.attn_k`, qkv[1]!, A.a!, A.k!, n, { team: team(1) });
+    const fused = await fusedMatvec(g, `L${l}.attn_in_proj`, qkv, A.a!, A.inproj!);
+    // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
+    const team = (i: number) => soloTeam(g, qkv, i);
+    if (fused.length >= 2) {
+      qf = sub(A.inproj!, 0, nQf);
+      k = sub(A.inproj!, nQf, nKv);
+    } else {
+      await matvec(g, `L${l}.attn_q`, qkv[0]!, A.a!, A.qf!, n, { team: team(0) });
+      await matvec(g, `L${l}.attn_k`, qkv[1]!, A.a!, A.k!, n, { team: team(1) });
+    }
+    if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
+    else await matvec(g, `L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n, { team: team(2) });
   }
-  if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
-  else await matvec(g, `L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n, { team: team(2) });
   // A batched step's columns, or a chunk of a few tokens (drafts checked in one frame, a prompt's tail) as the
   // columns of a batched step on one slot (the chunk table, CHUNK_TABLE_OFFSET), so every token gets the bits
   // of a one-token step: RoPE writes every column's K/V first; column c then attends positions up to its own.
@@ -119,16 +132,25 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
     const nCol = cx.batch ? cx.batch.slots.length : n;
     const table: Binding = cx.batch?.table ??
       { buffer: cx.pos, offset: CHUNK_TABLE_OFFSET, size: 4 * BATCH_TABLE_WORDS * n };
+    // Every column's qf, k and v: the batched in-projection's columns, or the chunk's tokens.
+    const cq = inCol > 0 ? qf : sub(A.qf!, 0, nCol * nQf);
+    const ck = inCol > 0 ? k : sub(A.k!, 0, nCol * nKv);
+    const cv = inCol > 0 ? v : sub(A.v!, 0, nCol * nKv);
+    // Column b of one of them, `words` long.
+    const colOf = (x: Binding, b: number, words: number): Binding => {
+      assert(!(x instanceof GPUBuffer), "column inputs are ranges");
+      return { buffer: x.buffer, offset: (x.offset ?? 0) + 4 * b * (inCol || words), size: 4 * words };
+    };
     let dc: AttnDecodeConstants | undefined;
     if (pools) {
       // RoPE with the KV write, then attn_decode: one dispatch each over every column (each column writes and
       // reads its slot's rows of the pooled caches, into its own region of the partials).
-      const cols = { n: nCol, slots: cx.states.nSlots, kvCol: pools.k.strideBytes / 4 };
+      const cols = { n: nCol, slots: cx.states.nSlots, kvCol: pools.k.strideBytes / 4, inCol };
       await qkRope(g, `L${l}.attn_qk_rope`, lw, cx, 1, {
         params: table,
-        qf: sub(A.qf!, 0, nCol * nQf),
-        k: sub(A.k!, 0, nCol * nKv),
-        v: sub(A.v!, 0, nCol * nKv),
+        qf: cq,
+        k: ck,
+        v: cv,
         qOut: sub(A.q!, 0, nCol * nQ),
         kCache: pools.k.buffer,
         vCache: pools.v.buffer,
@@ -149,20 +171,28 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
       const pos = cx.batch!.pos[b]!;
       await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
         params: pos,
-        qf: sub(A.qf!, b * nQf, nQf),
-        k: sub(A.k!, b * nKv, nKv),
-        v: sub(A.v!, b * nKv, nKv),
+        qf: colOf(cq, b, nQf),
+        k: colOf(ck, b, nKv),
+        v: colOf(cv, b, nKv),
         qOut: qB,
         kCache,
         vCache,
       });
       dc = await decodeSplits(g, `L${l}.attn_decode.${b}`, cx, { pos, q: qB, kCache, vCache }, b);
     }
-    await combineSplits(g, `L${l}.attn_combine`, cx, dc!, {
-      params: table,
-      qf: sub(A.qf!, 0, nCol * nQf),
-      o: sub(A.o!, 0, nCol * nQ),
-    }, nCol);
+    await combineSplits(
+      g,
+      `L${l}.attn_combine`,
+      cx,
+      dc!,
+      {
+        params: table,
+        qf: cq,
+        o: sub(A.o!, 0, nCol * nQ),
+      },
+      nCol,
+      inCol || nQf,
+    );
   } else {
     const kCache = cx.states.binding(cx.slot, l, "k_cache");
     const vCache = cx.states.binding(cx.slot, l, "v_cache");
@@ -247,7 +277,7 @@ export async function qkRope(
     kCache: Binding;
     vCache: Binding;
   },
-  cols?: { n: number; slots: number; kvCol: number },
+  cols?: { n: number; slots: number; kvCol: number; inCol: number },
 ) {
   const hp = g.hp;
   const rope: AttnQkRopeConstants = {
@@ -260,7 +290,7 @@ export async function qkRope(
     ROPE_THETA: hp.ropeBase,
     EPS: hp.rmsEps,
     KV_F16: g.opts.kvF16,
-    ...(cols ? { P_COL: BATCH_TABLE_WORDS, KV_COL: cols.kvCol } : QK_ROPE_ONE_COLUMN),
+    ...(cols ? { P_COL: BATCH_TABLE_WORDS, KV_COL: cols.kvCol, IN_COL: cols.inCol } : QK_ROPE_ONE_COLUMN),
   };
   await g.checked(
     label,
@@ -350,7 +380,7 @@ async function decodeSplits(
 }
 
 /** The combine constants that go with attn_decode's. */
-function combineConstants(dc: AttnDecodeConstants): AttnCombineConstants {
+function combineConstants(dc: AttnDecodeConstants, qfCol = 2 * dc.H_Q * dc.D_H): AttnCombineConstants {
   return {
     H_Q: dc.H_Q,
     D_H: dc.D_H,
@@ -359,12 +389,14 @@ function combineConstants(dc: AttnDecodeConstants): AttnCombineConstants {
     PER_MIN: dc.PER_MIN,
     WG: 256,
     CD: 16,
+    QF_COL: qfCol,
   };
 }
 
 /**
  * attn_combine of one token, or of `cols` columns in one dispatch (params: the batched step's column table;
- * each column's partials where `decodeSplits` put them; qf and o hold the columns as tokens).
+ * each column's partials where `decodeSplits` put them; o holds the columns as tokens, qf `qfCol` words
+ * apart).
  */
 async function combineSplits(
   g: GraphBuilder,
@@ -373,9 +405,10 @@ async function combineSplits(
   dc: AttnDecodeConstants,
   x: { params: Binding; qf: Binding; o: Binding },
   cols = 1,
+  qfCol = 2 * dc.H_Q * dc.D_H,
 ) {
   const A = cx.act;
-  const cc = combineConstants(dc);
+  const cc = combineConstants(dc, qfCol);
   await g.checked(
     label,
     ATTN_COMBINE,

@@ -17,7 +17,7 @@ import {
 } from "../graph/builder.ts";
 import type { GpuTensor } from "../gpu/weights.ts";
 import { assert } from "../errors.ts";
-import { fusedMatvec, matvec, outProj, soloTeam } from "./linear.ts";
+import { columnProjections, outProj } from "./linear.ts";
 import {
   checkGdnStep,
   GDN_STEP,
@@ -61,11 +61,9 @@ export interface DeltaNetInputs {
 
 /**
  * A batched step's DeltaNet input projections `ws` of layer l, whose rows form [qkv | z | b | a] in order
- * (`names` label the ones run alone): every column's outputs in one column of `inproj`, columns padded to
- * 256-byte offsets, which gdn_step reads at that stride. The leading run that the one-token step fuses runs
- * as one mat-vec with the columns, the rest one by one at their rows of the column, each with the TEAM of
- * the one-token step ({@linkcode soloTeam}), so that every slot sums as in its solo step. `aOff`: a's word
- * past b (N_V when b and a are separate tensors, 0 for qwen3next's grouped ba). `split`: where a first
+ * (`names` label the ones run alone): every column's outputs in one column of `inproj` ({@linkcode
+ * columnProjections}), columns padded to 256-byte offsets, which gdn_step reads at that stride. `aOff`: a's
+ * word past b (N_V when b and a are separate tensors, 0 for qwen3next's grouped ba). `split`: where a first
  * tensor that runs alone is cut in two mat-vecs, as the one-token step cuts qwen3next's legacy ssm_in (qkv | z).
  */
 export async function batchedInputs(
@@ -81,32 +79,7 @@ export async function batchedInputs(
   const d = gdnDims(c);
   const baAt = d.convCh + d.inner;
   const stride = padWords(baAt + 2 * c.N_V);
-  const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, {
-    joined: opts.joined,
-    yStride: stride,
-  });
-  let at = fused.length === 0 ? 0 : fused.at(-1)! + ws[fused.length - 1]!.ne[1]!;
-  for (let i = fused.length; i < ws.length; i++) {
-    const w = ws[i]!;
-    const team = soloTeam(g, ws, i, opts.joined);
-    // A first tensor run alone in two mat-vecs by the one-token step too (its TEAM follows its rows).
-    const pieces = i === 0 && opts.split
-      ? [[0, opts.split], [opts.split, w.ne[1]! - opts.split]]
-      : [[0, w.ne[1]!]];
-    for (const [rowStart, rows] of pieces) {
-      const label = pieces.length > 1
-        ? `L${l}.${names[i]}.${rowStart === 0 ? "qkv" : "z"}`
-        : `L${l}.${names[i]}`;
-      await matvec(g, label, w, A.a!, A.inproj!, g.n, {
-        rowStart,
-        rows,
-        yStride: stride,
-        yAt: at + rowStart!,
-        team,
-      });
-    }
-    at += w.ne[1]!;
-  }
+  const at = await columnProjections(g, l, "in_proj", ws, names, A.a!, A.inproj!, stride, opts);
   assert(at === baAt + 2 * c.N_V, `L${l}: the in-projections' rows make one [qkv | z | b | a] column`);
   const n = g.n;
   return {

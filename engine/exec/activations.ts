@@ -112,11 +112,11 @@ export function activationWords(
     ba: 2 * hp.ssmDtRank * T,
     alpha: hp.ssmDtRank * T,
     y: d.inner * T,
-    // One token's fused in-projections; a batched step's DeltaNet ones in 256-byte-aligned columns.
+    // A batched step's fused in-projections, each column 256-byte aligned (one token's fit in one column).
     inproj: Math.max(
-      padWords(d.convCh + d.inner + 2 * hp.ssmDtRank) * MAX_BATCH_SLOTS,
-      2 * hp.nHead * hp.headDim + 2 * hp.nHeadKv * hp.headDim,
-    ),
+      padWords(d.convCh + d.inner + 2 * hp.ssmDtRank),
+      padWords(2 * hp.nHead * hp.headDim + 2 * hp.nHeadKv * hp.headDim),
+    ) * MAX_BATCH_SLOTS,
     qf: 2 * hp.nHead * hp.headDim * T,
     k: hp.nHeadKv * hp.headDim * T,
     v: hp.nHeadKv * hp.headDim * T,

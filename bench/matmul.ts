@@ -103,7 +103,15 @@ const params = device.createBuffer({
 });
 let slot = 0;
 const sumPipe = await cache.get(MATMUL_SPLITS, {});
-const part = device.createBuffer({ size: 64 << 20, usage: GPUBufferUsage.STORAGE });
+// The split runs' partial products: the largest split × N × M of any job below.
+const partBytes = Math.max(
+  ...SHAPES.flatMap((s) =>
+    [matmulDefaultSplits({ type: "F32", k: s.k, n: s.n, m: M }), ...EXTRA_SPLITS].map((sp) =>
+      4 * sp * s.n * M
+    )
+  ),
+);
+const part = device.createBuffer({ size: partBytes, usage: GPUBufferUsage.STORAGE });
 // Per shape and type: the split matmul's params at 512·slot, matmul_splits' at 512·slot + 256 (uniform
 // offsets must be multiples of 256).
 const SPLIT_SLOTS = 1 + EXTRA_SPLITS.length;

@@ -84,10 +84,17 @@ export function matmulSplits(shape: MatmulShape): { chunksPerSplit: number; spli
   return { chunksPerSplit, splits: Math.ceil(chunks / chunksPerSplit) };
 }
 
-/** Splits the engine takes: enough runs for 256 workgroups where the 4 × 4 tiles give fewer than 128. */
+/**
+ * Workgroups of 4 × 4 tiles from which a shape runs unsplit. H100, 2026-12-05 (`bench/matmul.ts --m 256
+ * --splits 2,4,8`, docs/PERF.md): ssm_out [4096, 2048] at 256 tokens (128 tiles) 0.467 ms unsplit against
+ * 0.321 in 2 runs of K; attn_gate [2048, 4096] (256 tiles) 0.320 unsplit against 0.343 in 2.
+ */
+export const MATMUL_SPLIT_BELOW_TILES = 256;
+
+/** Splits the engine takes: enough runs for 256 workgroups where the 4 × 4 tiles give fewer. */
 export function matmulDefaultSplits(shape: MatmulShape): number {
   const tiles = Math.ceil(shape.n / 64) * Math.ceil(shape.m / 64);
-  return tiles >= MATMUL_WIDE_MIN_WORKGROUPS ? 1 : Math.min(shape.k / 32, Math.ceil(256 / tiles));
+  return tiles >= MATMUL_SPLIT_BELOW_TILES ? 1 : Math.min(shape.k / 32, Math.ceil(256 / tiles));
 }
 
 /** The bindings in binding order. */

@@ -292,6 +292,9 @@ Deno.test("matmul splits: runs cover K with none empty; the engine splits only s
   assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 8192, m: 256 }), 1);
   assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 32, m: 256 }), 64);
   assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 257, m: 256 }), 13);
+  // 128..255 tiles: two runs (ssm_out at 256 tokens); 256 tiles run unsplit (attn_gate at 256 tokens).
+  assert.equal(matmulDefaultSplits({ type: "F32", k: 4096, n: 2048, m: 256 }), 2);
+  assert.equal(matmulDefaultSplits({ type: "F32", k: 2048, n: 4096, m: 256 }), 1);
   // The engine's plan: a small N slice writes its partials densely, and matmul_splits puts Y where the
   // unsplit matmul would have (the slice's offset and stride); a big N runs unsplit.
   const slice: MatmulShape = { type: "Q8_0", k: 2048, n: 32, m: 256, yOffset: 7, yStride: 300 };

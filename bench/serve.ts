@@ -19,8 +19,9 @@
  *   `prefillTurn` (prompt tokens per prefill round between decode turns; default one chunk) and `batch`
  *   (decode steps per readback, the length of a decode turn; default 8), and `--piece-steps N`: `pieceSteps`
  *   (decode steps per readback between a long prompt's pieces; default 2) and `--piece-gap F`: `pieceGap` (a
- *   round of pieces and its turn in the streams' steady gaps; default 2.5; 0: fixed `prefillTurn` pieces), to
- *   tune the fairness trade-off.
+ *   round of pieces and its turn in the streams' steady gaps; default 2.5; 0: fixed `prefillTurn` pieces), and
+ *   `--piece-parts 0|1`: `pieceParts` (chunk-wide pieces run a few layers per round; default on), to tune the
+ *   fairness trade-off.
  * - `--late N`: in direct mode, at each level L ≥ 2, a request with an N-token prompt arrives once L − 1
  *   streams are generating: the streams' longest gap between id batches while it prefills against their
  *   steady gap, and its time to first token against its solo one (issue #20's fairness goals; `firstStreamGapsMs`:
@@ -69,6 +70,7 @@ const { values: args } = parseArgs({
     batch: { type: "string" },
     "piece-steps": { type: "string" },
     "piece-gap": { type: "string" },
+    "piece-parts": { type: "string" },
     late: { type: "string", default: "0" },
     "head-flags": { type: "string", default: "" },
     temp: { type: "string", default: "0" },
@@ -89,6 +91,8 @@ const prefillTurn = optional(args["prefill-turn"]);
 const batch = optional(args.batch);
 const pieceSteps = optional(args["piece-steps"]);
 const pieceGap = optional(args["piece-gap"]);
+// `--piece-parts 0`: the late prompt's pieces whole (EngineOptions.pieceParts false); default the engine's.
+const pieceParts = args["piece-parts"] === undefined ? undefined : args["piece-parts"] !== "0";
 const base = `http://127.0.0.1:${args.port}`;
 const maxLevel = Math.max(...levels);
 for (const m of modes) {
@@ -375,6 +379,7 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
     batch,
     pieceSteps,
     pieceGap,
+    ...(pieceParts === undefined ? {} : { pieceParts }),
     int8Experts,
     ...(what === "direct-nosnap" ? { snapshotBack: 0 } : {}),
     onLog: () => {},

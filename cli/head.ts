@@ -62,6 +62,8 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --piece-gap F     while requests stream, a long prompt's pieces and the decode turn after each take about F
                     times the streams' steady gap (default ${DEFAULT_PIECE_GAP}; 1..64, or 0: fixed 256-token
                     pieces): larger gets the prompt its first token sooner and pauses the streams longer
+  --no-piece-parts  run a long prompt's pieces whole while requests stream (default: chunk-wide pieces run a
+                    few layers per round, the prompt's first token sooner for the same pause of the streams)
   --layers 0:a      split serving: run only layers 0:a here, the rest on the chain at --next
   --next H:P        the first worker of the chain (with --layers); connects lazily, reconnects with backoff
   --link-key K      shared key of the chain (or LLM_LINK_KEY)
@@ -296,6 +298,7 @@ export const command: Command = {
         "f32-experts": { type: "boolean", default: false },
         "kv-f16": { type: "boolean", default: false },
         "no-warm-up": { type: "boolean", default: false },
+        "no-piece-parts": { type: "boolean", default: false },
         layers: { type: "string" },
         next: { type: "string" },
         "link-key": { type: "string" },
@@ -380,6 +383,7 @@ export const command: Command = {
         batchMin,
         pieceSteps,
         pieceGap,
+        pieceParts: !values["no-piece-parts"],
         maxChunk,
         int8Activations: values.int8,
         int8Experts: int8ExpertsFlag(values),

@@ -15,7 +15,8 @@ import { GRAPHS_KEPT } from "./_stage_run.ts";
 
 export { graphCache, spareCache, type Spares } from "./_stage_run.ts";
 
-type Rows = "all" | "last" | "none";
+/** Rows returned, and a layer sub-range's graph marked after them (`none@0:20`). */
+type Rows = string;
 
 /** What a clone swaps: each slot's position params buffer and state regions. */
 export interface SlotBuffers {

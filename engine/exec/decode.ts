@@ -24,10 +24,13 @@ import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing, type StagingPool } from "../gpu/readback.ts";
 import { BATCH_TABLE_WORDS, encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
+import { PieceParts } from "./_piece_parts.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
 import { isGreedy, SAMPLE_HIST, sampleParamWords } from "../sampling.ts";
 import { packSampleState } from "../../wgsl/sample.ts";
 import type { BatchItem, GenerateOptions, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
+
+type Layers = readonly [number, number];
 
 /** What the driver needs of its stage: the stage's public face. */
 export interface DecodeStage {
@@ -69,8 +72,10 @@ export interface DecodeBuffers {
   readonly unusedMask: Uint32Array<ArrayBuffer> | undefined;
   /** The stage's staging buffers (a prompt's first readback, read early: engine/gpu/readback.ts). */
   readonly stagings: StagingPool;
-  /** The solo graph of `n` tokens on `slot`. */
-  graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<readonly Op[]>;
+  /** The solo graph of `n` tokens on `slot` (of `layers` only: a piece's part). */
+  graph(slot: number, n: number, rows: "all" | "last" | "none", layers?: Layers): Promise<readonly Op[]>;
+  /** The hidden rows (the residual stream) a graph's layers read and write. */
+  readonly hidden: GPUBuffer;
   /** The batched decode step of `slots` and its column table (column b's [pos, 1] at word 64·b). */
   batchGraph(slots: readonly number[]): Promise<{ ops: readonly Op[]; table: GPUBuffer }>;
   /** Sets the tokens `slot` holds after a generation. */
@@ -133,6 +138,8 @@ export class DecodeDriver implements SlotDecoder {
   readonly #selectors = new Map<string, Selector>();
   /** The readback ring and params buffers kept across calls (see #readback). */
   #rb: { ring: ReadbackRing; batchParams: GPUBuffer[] } | undefined;
+  /** Pieces run a few layers at a time (`prefillPart`), made on first use. */
+  #parts: PieceParts | undefined;
 
   /** Drives `stage`, encoding with its buffers `b`. */
   constructor(stage: DecodeStage, b: DecodeBuffers) {
@@ -175,6 +182,18 @@ export class DecodeDriver implements SlotDecoder {
     this.#b.slotCheck(slot);
     this.#b.inputCheck(slot, tokens, base);
     await this.#queueChunks(slot, tokens, base);
+  }
+
+  /** Pieces run a few layers at a time (`prefillPart`): every layer of the stage, chunks of `maxChunk`. */
+  get parts(): { layers: readonly [number, number]; maxTokens: number } {
+    return { layers: this.#stage.layers, maxTokens: this.#stage.maxChunk };
+  }
+  /** `prefill` of one chunk through `layers` only (SlotDecoder.prefillPart; engine/exec/_piece_parts.ts). */
+  async prefillPart(slot: number, tokens: readonly number[], base: number, layers: readonly number[]) {
+    this.#b.slotCheck(slot);
+    this.#b.inputCheck(slot, tokens, base);
+    this.#parts ??= new PieceParts(this.#stage, this.#b);
+    await this.#parts.run(slot, tokens, base, layers, blockUntilIdle);
   }
 
   /**

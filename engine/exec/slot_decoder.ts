@@ -113,6 +113,19 @@ export interface SlotDecoder {
   length(slot: number): number;
   /** Feeds `tokens` to `slot` at position `base` (0 resets it); no output. */
   prefill(slot: number, tokens: readonly number[], base: number): Promise<void>;
+  /** Where a prompt piece can run a few layers at a time (`prefillPart`): its layers and widest piece. */
+  readonly parts?: { readonly layers: readonly [number, number]; readonly maxTokens: number };
+  /**
+   * `prefill` of one piece (at most `parts.maxTokens`) through `layers` only: a piece's parts run in order
+   * from the first layer to the last with the same tokens and base, other slots' steps between them; the
+   * slot holds the tokens once the last part is queued.
+   */
+  prefillPart?(
+    slot: number,
+    tokens: readonly number[],
+    base: number,
+    layers: readonly [number, number],
+  ): Promise<void>;
   /** Saves `slot`'s state to a new snapshot; returns its id. */
   snapshot(slot: number): number;
   /** Restores snapshot `id` into `slot`. */

@@ -65,6 +65,7 @@ import { RunProfile } from "./_profile.ts";
 
 export type { Int8Logged, PendingRun, RowSampleOptions, RunOptions, StageInput, StageOptions, StageOutput };
 
+type Rows = "all" | "last" | "none";
 /** Size of the int8Log buffer (the tiny test models log a few hundred KiB per chunk). */
 const INT8_LOG_BYTES = 16 << 20;
 
@@ -94,18 +95,11 @@ export class Stage {
   readonly states: SlotStates;
   /** Bytes of weights on the GPU. */
   readonly weightBytes: number;
-  /**
-   * Whether the decode driver can run several slots in one step: every per-slot activation row (hidden,
-   * q/k/v, DeltaNet input and output) starts at a bindable (256-byte) offset. True for the published shapes
-   * and the tiny presets.
-   */
+  /** Whether several slots can run in one step: every per-slot activation row starts 256-byte aligned. */
   readonly canBatch: boolean;
   /** Generation on this stage's slots (a whole-model stage): the decode driver. */
   readonly decoder: DecodeDriver;
-  /**
-   * The model fingerprint (64 hex digits, engine/fingerprint.ts): hashed while the weights upload, the
-   * tensors of other layers read afterwards, cached beside the GGUF. A split chain compares it at hello.
-   */
+  /** The model fingerprint (engine/fingerprint.ts, cached beside the GGUF): a split chain compares it at hello. */
   readonly fingerprint: string;
   /** Where this stage's runs spend their time (engine/exec/_profile.ts). */
   readonly profile: RunProfile = new RunProfile();
@@ -234,12 +228,13 @@ export class Stage {
       cache: this.#cache,
       owned: this.#owned,
       tokens: this.#act.tokens!,
+      hidden: this.#act.h!,
       logits: this.#act.logits,
       posParams: this.#posParams,
       slotTok: this.#slotTok,
       unusedMask: this.#unusedMask,
       stagings: this.#spares.stagings,
-      graph: (slot, n, rows) => this.#graph(slot, n, rows),
+      graph: (slot, n, rows, layers) => this.#graph(slot, n, rows, layers),
       batchGraph: (slots) => this.#batchGraph(slots),
       setLength: (slot, n) => this.#length[slot] = n,
       slotCheck: (slot) => this.#slotCheck(slot),
@@ -505,8 +500,9 @@ export class Stage {
     for (const b of seen) b.destroy();
   }
 
-  /** What every graph of this stage is built over, for `slot`'s solo graphs or a batched step. */
-  #context(slot: number, rows: "all" | "last" | "none", pos: GPUBuffer, batch?: BuildContext["batch"]) {
+  /** What every graph of this stage is built over, for `slot`'s solo graphs or a batched step (of layers s..e). */
+  #context(slot: number, rows: Rows, pos: GPUBuffer, batch?: BuildContext["batch"], [s, e] = this.layers) {
+    const [a, b] = [this.first && s === this.layers[0], this.last && e === this.layers[1]];
     const cx: BuildContext = {
       states: this.states,
       nCtx: this.nCtx,
@@ -515,12 +511,12 @@ export class Stage {
       act: this.#act,
       pos,
       zeroIds: this.#zeroIds,
-      layers: this.#layers,
-      firstLayer: this.layers[0],
+      layers: this.#layers.slice(s - this.layers[0], e - this.layers[0]),
+      firstLayer: s,
       gdn: (layout) => gdnConstants(this.hp, layout),
-      embd: this.first ? this.#tensor(tensorName("token_embd")) : undefined,
-      outNorm: this.last ? this.#tensor(tensorName("output_norm")) : undefined,
-      lmHead: this.last ? this.#tensor(tensorName(this.#tiedOutput ? "token_embd" : "output")) : undefined,
+      embd: a ? this.#tensor(tensorName("token_embd")) : undefined,
+      outNorm: b ? this.#tensor(tensorName("output_norm")) : undefined,
+      lmHead: b ? this.#tensor(tensorName(this.#tiedOutput ? "token_embd" : "output")) : undefined,
       batch,
     };
     return cx;
@@ -557,10 +553,12 @@ export class Stage {
     return out;
   }
 
-  async #graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<Op[]> {
-    const key = `${slot}/${n}/${rows}`;
+  async #graph(slot: number, n: number, rows: Rows, layers?: readonly [number, number]): Promise<Op[]> {
+    const part = layers && layers.join() !== this.layers.join() ? layers : undefined;
+    const rk = part ? `${rows}@${part[0]}:${part[1]}` : rows;
+    const key = `${slot}/${n}/${rk}`;
     if (this.#int8Log) this.#int8Log.last = key;
-    const hit = this.#graphs.get(slot, n, rows, !this.#int8Log);
+    const hit = this.#graphs.get(slot, n, rk, !this.#int8Log);
     if (hit) return hit;
     const entries: Int8LogEntry[] = [];
     this.#int8Log?.entries.set(key, entries);
@@ -568,8 +566,9 @@ export class Stage {
       ...this.#graphOptions,
       int8Log: this.#int8Log ? { buffer: this.#int8Log.buffer, entries } : undefined,
     });
-    const ops = await buildHybrid(g, this.#context(slot, rows, this.#posParams[slot]!), this.#model);
-    this.#graphs.set(slot, n, rows, ops);
+    const cx = this.#context(slot, rows, this.#posParams[slot]!, undefined, part);
+    const ops = await buildHybrid(g, cx, this.#model);
+    this.#graphs.set(slot, n, rk, ops);
     return ops;
   }
 

@@ -54,6 +54,14 @@ export interface EngineOptions {
    */
   readonly pieceGap?: number;
   /**
+   * Pieces split by depth (default true): while requests stream, a long prompt goes in wide pieces (up to
+   * `maxChunk` tokens), each run a few layers at a time, one part per round before the streams' decode turn,
+   * as many parts as the round's budget of thin pieces asks for (a wide piece prefills at several times a
+   * thin one's rate: the prompt's first token comes sooner for the same pause of the streams). False: whole
+   * pieces of the round's budget.
+   */
+  readonly pieceParts?: boolean;
+  /**
    * Most prompt tokens prefilled per round while no request generates (default
    * {@linkcode DEFAULT_PREFILL_ALONE}; 0: a whole prompt at once; never below `prefillTurn`): a lone long
    * prompt goes in a few wide rounds, and a request arriving meanwhile waits at most one round.
@@ -155,6 +163,8 @@ export interface ResolvedOptions {
   readonly prefillTurn: number;
   /** Target round time while requests stream, in steady gaps (0: fixed `prefillTurn` pieces). */
   readonly pieceGap: number;
+  /** Pieces split by depth while requests stream. */
+  readonly pieceParts: boolean;
   /** Most prompt tokens prefilled per round while no request generates (0: a whole prompt). */
   readonly prefillAlone: number;
   /** Fewest generating requests batched into one GPU step (0: never). */
@@ -195,6 +205,7 @@ export function resolveOptions(opts: EngineOptions): ResolvedOptions {
     snapshotBack: int("snapshotBack", opts.snapshotBack ?? DEFAULT_SNAPSHOT_BACK, 0),
     prefillTurn: int("prefillTurn", opts.prefillTurn ?? Math.min(maxChunk, DEFAULT_PREFILL_TURN), 0),
     pieceGap: gapCheck(opts.pieceGap ?? DEFAULT_PIECE_GAP),
+    pieceParts: opts.pieceParts ?? true,
     prefillAlone: int("prefillAlone", opts.prefillAlone ?? DEFAULT_PREFILL_ALONE, 0),
     batchMin,
     maxChunk,

@@ -95,6 +95,12 @@ export interface SlotRunnerOptions {
    * Absent or 0: every round takes `prefillTurn` tokens.
    */
   readonly pieceGap?: number;
+  /**
+   * Pieces split by depth where the decoder can (`SlotDecoder.prefillPart`): while others generate, a long
+   * prompt's piece is as wide as a chunk and runs in parts of a few layers, one part per round, as many parts
+   * as the round's budget of whole pieces asks for (default false).
+   */
+  readonly pieceParts?: boolean;
   /** The pacer's clock in ms (default `performance.now`; tests give a clock that GPU calls advance). */
   readonly now?: () => number;
   /**
@@ -133,6 +139,8 @@ interface Active {
   running: boolean;
   /** When it last took part in a generate call (rotation order when not all fit one step). */
   lastRun: number;
+  /** A piece in parts (`pieceParts`): its end in the prompt, its layer bounds and the next part's index. */
+  part?: { readonly end: number; readonly bounds: readonly number[]; next: number };
 }
 
 /** Runs requests on a SlotDecoder's slots with continuous batching and per-slot prefix reuse; see the module doc. */
@@ -146,6 +154,7 @@ export class SlotRunner {
   readonly #prefillAlone: number;
   readonly #batchMin: number;
   readonly #pacer: PiecePacer;
+  readonly #pieceParts: boolean;
   readonly #now: () => number;
   /** Prompt tokens of the current round's pieces (a rest up to this joins the decode call instead). */
   #roundBudget: number;
@@ -176,6 +185,8 @@ export class SlotRunner {
     this.#prefillAlone = Math.max(this.#prefillTurn, alone > 0 ? alone : Infinity);
     this.#roundBudget = this.#prefillTurn;
     this.#now = opts.now ?? (() => performance.now());
+    this.#pieceParts = (opts.pieceParts ?? false) && stage.prefillPart !== undefined &&
+      stage.parts !== undefined;
     this.#pacer = new PiecePacer({
       gap: opts.pieceGap ?? 0,
       minPiece: this.#prefillTurn,
@@ -244,10 +255,14 @@ export class SlotRunner {
         let pieced = 0;
         for (let n = this.#nextPiece(); n && budget > 0; n = this.#nextPiece()) {
           try {
-            const done = await this.#prefillPiece(n, budget);
-            budget -= done;
+            // A part of a piece in parts fills its round (its tokens: the piece's times its share of layers).
+            // (A piece begun in parts ends in parts, whether or not the others still generate.)
+            const part = generating || n.part ? await this.#prefillPart(n, budget) : undefined;
+            const done = part ?? await this.#prefillPiece(n, budget);
+            budget = part === undefined ? budget - done : 0;
             pieced += done;
           } catch (e) {
+            n.part = undefined;
             this.#fail([n], e);
           }
         }
@@ -472,14 +487,16 @@ export class SlotRunner {
     return this.#jobs.some((a) => a.slot >= 0 && !a.job.signal.aborted && a.made.length > 0);
   }
 
-  /** The oldest request (slot assigned, not cancelled) with a prompt piece due. */
+  /** The request with a piece in parts, else the oldest (slot assigned, not cancelled) with a piece due. */
   #nextPiece(): Active | undefined {
-    return this.#jobs.find((a) => a.slot >= 0 && !a.job.signal.aborted && this.#pieceDue(a));
+    const due = (a: Active) => a.slot >= 0 && !a.job.signal.aborted && this.#pieceDue(a);
+    return this.#jobs.find((a) => a.part && due(a)) ?? this.#jobs.find(due);
   }
 
   /** Whether `a` (slot assigned) has a prompt piece to prefill as a turn of its own before it generates. */
   #pieceDue(a: Active): boolean {
     if (a.made.length > 0) return false;
+    if (a.part) return true;
     const prompt = a.job.prompt;
     const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
     const snapAhead = at > a.base && a.held < at;
@@ -493,24 +510,67 @@ export class SlotRunner {
    * prefills the rest itself). Returns the tokens prefilled.
    */
   async #prefillPiece(a: Active, max: number): Promise<number> {
-    const stage = this.#stage;
+    assert(this.#pieceDue(a) && max >= 1, "a piece is due");
+    const end = this.#pieceEnd(a, max);
+    const n = end - a.held;
+    a.consistent = false;
+    await this.#stage.prefill(a.slot, a.job.prompt.slice(a.held, end), a.held);
+    this.#pieceDone(a, end);
+    return n;
+  }
+
+  /** Where a piece of at most `max` tokens from `a.held` ends: the snapshot point, or before the last token. */
+  #pieceEnd(a: Active, max: number): number {
+    const prompt = a.job.prompt;
+    const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
+    return Math.min(a.held + max, at > a.base && a.held < at ? at : prompt.length - 1);
+  }
+
+  /** After a piece up to `end`: the slot holds it; at the snapshot point the slot's snapshot is replaced. */
+  #pieceDone(a: Active, end: number): void {
     const prompt = a.job.prompt;
     const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
     const snapAhead = at > a.base && a.held < at;
-    assert(this.#pieceDue(a) && max >= 1, "a piece is due");
-    const end = Math.min(a.held + max, snapAhead ? at : prompt.length - 1);
-    const n = end - a.held;
-    a.consistent = false;
-    await stage.prefill(a.slot, prompt.slice(a.held, end), a.held);
     a.consistent = true;
     a.held = end;
     a.job.onSlot?.(a.slot, end);
     if (snapAhead && end === at) {
       const old = this.#snaps[a.slot];
-      if (old) stage.drop(old.id);
-      this.#snaps[a.slot] = { id: stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
+      if (old) this.#stage.drop(old.id);
+      this.#snaps[a.slot] = { id: this.#stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
     }
-    return n;
+  }
+
+  /**
+   * With `pieceParts`, while others generate: the next part of `a`'s piece in parts, or the first part of a
+   * new one where a chunk-wide piece needs two parts or more at `max` tokens of thin pieces per round (the
+   * parts split the layers evenly). Returns the part's tokens (the piece's times its share of the layers),
+   * or undefined where the piece runs whole.
+   */
+  async #prefillPart(a: Active, max: number): Promise<number | undefined> {
+    const stage = this.#stage;
+    if (!this.#pieceParts || !stage.parts || !stage.prefillPart) return undefined;
+    const [l0, l1] = stage.parts.layers;
+    if (!a.part) {
+      const end = this.#pieceEnd(a, stage.parts.maxTokens);
+      const s = Math.min(l1 - l0, Math.ceil((end - a.held) / max));
+      if (s < 2) return undefined;
+      a.part = {
+        end,
+        bounds: Array.from({ length: s + 1 }, (_, i) => l0 + Math.round(i * (l1 - l0) / s)),
+        next: 0,
+      };
+    }
+    const p = a.part;
+    const [from, to] = [p.bounds[p.next]!, p.bounds[p.next + 1]!];
+    a.consistent = false;
+    await stage.prefillPart(a.slot, a.job.prompt.slice(a.held, p.end), a.held, [from, to]);
+    const tokens = (p.end - a.held) * (to - from) / (l1 - l0);
+    if (++p.next === p.bounds.length - 1) {
+      a.part = undefined;
+      this.#pieceDone(a, p.end);
+    }
+    return tokens;
   }
 }
 

@@ -34,6 +34,11 @@ function logged(d: SlotDecoder, log: string[], split = false): SlotDecoder {
       log.push(`P${slot}`);
       return d.prefill(slot, tokens, base);
     },
+    parts: d.parts,
+    prefillPart: (slot, tokens, base, layers) => {
+      log.push(`Q${slot}:${layers.join("-")}`);
+      return d.prefillPart!(slot, tokens, base, layers);
+    },
     snapshot: (slot) => d.snapshot(slot),
     restore: (id, slot) => d.restore(id, slot),
     drop: (id) => d.drop(id),
@@ -118,6 +123,83 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
       const x = log[i]!;
       if (x.startsWith("P")) {
         if (i > log.indexOf(x, from)) {
+          assert.deepEqual([...seen].sort(), ["s0", "s1", "s2"], `at ${i}: ${what}`);
+        }
+        seen = new Set();
+      } else if (/^s\d:/.test(x)) seen.add(x.slice(0, 2));
+    }
+    assert.equal(stage.decoder.snapshotBytes, 0, "no snapshot leaked");
+  } finally {
+    stage.destroy();
+  }
+});
+
+Deno.test("runner: with pieceParts a long prompt beside 3 streams goes in chunk-wide pieces, a few layers per round; all equal their solo runs", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  // Chunks of 8 (the column path: every chunking gives the bits of one-token steps), rounds of 4 tokens.
+  const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 4, maxChunk: 8 });
+  const [l0, l1] = stage.layers;
+  try {
+    const prompts = [0, 1, 2].map(() => Array.from({ length: rng.int(2, 6) }, () => rng.int(0, 1021)));
+    const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
+    const want: number[][] = [];
+    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 64 })).tokens);
+    const wantLong = (await stage.generate(0, long, { nNew: 5 })).tokens;
+    const log: string[] = [];
+    const runner = new SlotRunner(logged(stage.decoder, log), {
+      batch: 4,
+      pieceSteps: 2,
+      turnTokens: 64,
+      snapshotBack: 0,
+      prefillTurn: 4,
+      batchMin: 2,
+      pieceParts: true,
+    });
+    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void): RunnerJob => ({
+      prompt,
+      maxTokens,
+      stopIds: [],
+      sampling: GREEDY,
+      signal: new AbortController().signal,
+      onTokens: (ids) => {
+        log.push(`${name}:${ids.length}`);
+        more?.();
+      },
+    });
+    let late: Promise<JobResult> | undefined;
+    const streams = prompts.map((p, i) =>
+      runner.submit(job(p, 64, `s${i}`, () => {
+        if (!late && [0, 1, 2].every((k) => log.some((x) => x.startsWith(`s${k}:4`)))) {
+          log.push("arrive");
+          late = runner.submit(job(long, 5, "long"));
+        }
+      }))
+    );
+    const got = await Promise.all(streams);
+    const lateGot = await late!;
+    for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} (seed ${rng.seed})`);
+    assert.deepEqual(lateGot.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
+    const what = `(seed ${rng.seed}) ${log.join(" ")}`;
+    const from = log.indexOf("arrive");
+    const first = log.indexOf("long:1");
+    // 60 tokens: 7 pieces of a chunk (8) in two parts each (8 tokens at 4 per round), the layers split evenly,
+    // in order; then the last 4 (one round's budget) join the streams' call with the first id.
+    const mid = l0 + Math.round((l1 - l0) / 2);
+    const parts = log.slice(from, first).filter((x) => x.startsWith("Q"));
+    assert.deepEqual(parts, Array(7).fill([`Q3:${l0}-${mid}`, `Q3:${mid}-${l1}`]).flat(), what);
+    assert.equal(log.slice(from, first).filter((x) => x.startsWith("P")).length, 0, what);
+    assert.match(
+      log[log.lastIndexOf(log.slice(from, first).filter((x) => x.startsWith("G")).at(-1)!, first)]!,
+      /^G\d{4}$/,
+      what,
+    );
+    // One part per round: a decode turn of the three between any two parts.
+    for (let i = from, seen = new Set<string>(); i < first; i++) {
+      const x = log[i]!;
+      if (x.startsWith("Q") || x.startsWith("P")) {
+        if (i > log.findIndex((y, j) => j > from && (y.startsWith("Q") || y.startsWith("P")))) {
           assert.deepEqual([...seen].sort(), ["s0", "s1", "s2"], `at ${i}: ${what}`);
         }
         seen = new Set();

@@ -231,8 +231,9 @@ Deno.test("batchMin 0: requests take turns of 5 ids (the first turn ends at the 
 Deno.test("a long prompt arriving while 3 stream is prefilled in pieces between their decode batches", async () => {
   const rng = new Rng();
   const batch = 4;
-  // pieceGap 0: fixed pieces of 8 (the pacer would size them by time; engine/serve/_runner_test.ts).
-  const e = engine(4, 0, { prefillTurn: 8, pieceGap: 0, batch });
+  // pieceGap 0: fixed pieces of 8 (the pacer would size them by time; engine/serve/_runner_test.ts), whole
+  // (pieces in parts: engine/serve/_runner_test.ts).
+  const e = engine(4, 0, { prefillTurn: 8, pieceGap: 0, pieceParts: false, batch });
   try {
     const prompts = [0, 1, 2].map(() => randomPrompt(rng, rng.int(2, 6)));
     // 80 prompt tokens: pieces of 8 up to the snapshot point 72 (9 pieces), the last 8 with the first id.

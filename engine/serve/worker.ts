@@ -152,6 +152,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
       snapshotBack: m.snapshotBack,
       prefillTurn: m.prefillTurn,
       pieceGap: m.pieceGap,
+      pieceParts: m.pieceParts,
       prefillAlone: m.prefillAlone,
       batchMin: m.batchMin,
     });

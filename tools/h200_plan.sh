@@ -44,6 +44,8 @@
 #              the engine's choice (ssm_out's 128 tiles of 64 x 64 at 256 tokens fill one wave of 132 SMs thinly)
 #   split3     #19's whole table in one run: unsplit, 2 and 3 stages, --pipeline 1, drafts 0 and 7 with the
 #              draft cache
+#   lateparts  #20: the late prompt with its pieces in parts (chunk-wide pieces, a few layers per round; the
+#              default) against whole pieces (--piece-parts 0)
 #   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
 #   bits       batched steps ≡ solo steps bit for bit on the 35B-A3B (bench/batch_bits.ts, 4 slots, int8 and
 #              f32 experts): the test models' K = 256 cannot show a TEAM that follows a dispatch's rows
@@ -191,6 +193,13 @@ for step in "$@"; do
           --late 2048 --piece-gap $gap
       done
       ;;
+    lateparts)
+      ensure_model
+      for parts in 1 0; do
+        run lateparts 100 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
+          --late 2048 --piece-parts $parts
+      done
+      ;;
     gmvq)
       ensure_model
       run gmvq 45 $D bench/decode.ts --model "$model" --prompt 16 --n 16 --prefill 512 --chunk 256
@@ -226,7 +235,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts)" >&2
       exit 2
       ;;
   esac

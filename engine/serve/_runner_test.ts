@@ -49,6 +49,27 @@ function logged(d: SlotDecoder, log: string[], split = false): SlotDecoder {
   };
 }
 
+/** A greedy job of `prompt` whose id batches are logged into `log` as `<name>:<count>`, then `more()`. */
+function loggedJob(
+  log: string[],
+  prompt: number[],
+  maxTokens: number,
+  name: string,
+  more?: () => void,
+): RunnerJob {
+  return {
+    prompt,
+    maxTokens,
+    stopIds: [],
+    sampling: GREEDY,
+    signal: new AbortController().signal,
+    onTokens: (ids) => {
+      log.push(`${name}:${ids.length}`);
+      more?.();
+    },
+  };
+}
+
 Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces with their decode turns; all equal their solo runs", async () => {
   const rng = new Rng();
   const gpu = await testGpu();
@@ -69,17 +90,8 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
       prefillTurn: 8,
       batchMin: 2,
     });
-    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void): RunnerJob => ({
-      prompt,
-      maxTokens,
-      stopIds: [],
-      sampling: GREEDY,
-      signal: new AbortController().signal,
-      onTokens: (ids) => {
-        log.push(`${name}:${ids.length}`);
-        more?.();
-      },
-    });
+    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void) =>
+      loggedJob(log, prompt, maxTokens, name, more);
     let late: Promise<JobResult> | undefined;
     const streams = prompts.map((p, i) =>
       runner.submit(job(p, 64, `s${i}`, () => {
@@ -157,17 +169,8 @@ Deno.test("runner: with pieceParts a long prompt beside 3 streams goes in chunk-
       batchMin: 2,
       pieceParts: true,
     });
-    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void): RunnerJob => ({
-      prompt,
-      maxTokens,
-      stopIds: [],
-      sampling: GREEDY,
-      signal: new AbortController().signal,
-      onTokens: (ids) => {
-        log.push(`${name}:${ids.length}`);
-        more?.();
-      },
-    });
+    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void) =>
+      loggedJob(log, prompt, maxTokens, name, more);
     let late: Promise<JobResult> | undefined;
     const streams = prompts.map((p, i) =>
       runner.submit(job(p, 64, `s${i}`, () => {
@@ -272,17 +275,7 @@ Deno.test("runner: on a decoder that cannot batch and ignores pause (a split), r
       prefillTurn: 0,
       batchMin: 2,
     });
-    const job = (i: number, more?: () => void): RunnerJob => ({
-      prompt: prompts[i]!,
-      maxTokens: 30,
-      stopIds: [],
-      sampling: GREEDY,
-      signal: new AbortController().signal,
-      onTokens: (ids) => {
-        log.push(`s${i}:${ids.length}`);
-        more?.();
-      },
-    });
+    const job = (i: number, more?: () => void) => loggedJob(log, prompts[i]!, 30, `s${i}`, more);
     let second: Promise<JobResult> | undefined;
     const first = runner.submit(job(0, () => second ??= runner.submit(job(1))));
     const got = [await first, await second!];
@@ -547,17 +540,8 @@ Deno.test("runner: a request joining a stream in flight ends that call at its fi
       prefillTurn: 8,
       batchMin: 2,
     });
-    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void): RunnerJob => ({
-      prompt,
-      maxTokens,
-      stopIds: [],
-      sampling: GREEDY,
-      signal: new AbortController().signal,
-      onTokens: (ids) => {
-        log.push(`${name}:${ids.length}`);
-        more?.();
-      },
-    });
+    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void) =>
+      loggedJob(log, prompt, maxTokens, name, more);
     let late: Promise<JobResult> | undefined;
     let batches = 0;
     const ra = runner.submit(job(a, 40, "a", () => {

@@ -6,12 +6,12 @@
 #
 #   bash tools/h200_plan.sh tests attention decode
 #
-# Every step ran on 2026-12-05 (docs/PERF.md) but `late`, and `int8experts` ran on an H100; what the next calls
-# should measure first: `late` (the paced pieces of a late prompt and the join rule), then `serve split3` (the
-# per-column prefill of thin chunks in the TTFT and the 8-stream aggregates; the split's first frames side by
-# side), then `combine smallchunk` after changes to the batched step or the expert kernels. The benches and
-# the commands they start take int8 x for the expert passes by default since `int8experts` measured it (1, 8,
-# 16 slots: 228, 772, 905 against 223, 624, 702 tok/s); the steps' earlier numbers are f32 x (--f32-experts).
+# Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third and twenty-fourth sessions' calls on an H100).
+# What the next calls should measure first: `serve` (HTTP and direct at 8 streams against the engine, whose
+# batched step got 9% faster: the service measured 0.873x direct, #20 wants 0.9x over HTTP), then `split3` and
+# `combine smallchunk` after changes to the batched step or the expert kernels. The benches and the commands
+# they start take int8 x for the expert passes by default since `int8experts` measured it (1, 8, 16 slots: 227,
+# 817, 956 tok/s at 3499781); the steps' earlier numbers are f32 x (--f32-experts).
 # A warm machine keeps /tmp, so the model is written once per machine (~25 s); one call of
 # `attention decode knobs` took 199 s, `split sampled tests serve` 328 s.
 #

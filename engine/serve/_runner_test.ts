@@ -214,6 +214,48 @@ Deno.test("runner: with pieceParts a long prompt beside 3 streams goes in chunk-
   }
 });
 
+Deno.test("runner: a piece in parts cancelled between its parts ends cancelled; the streams and a later run of its prompt are unharmed", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 4, maxChunk: 8 });
+  try {
+    const prompts = [0, 1].map(() => Array.from({ length: rng.int(2, 6) }, () => rng.int(0, 1021)));
+    const long = Array.from({ length: 40 }, () => rng.int(0, 1021));
+    const want: number[][] = [];
+    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 48 })).tokens);
+    const wantLong = (await stage.generate(0, long, { nNew: 5 })).tokens;
+    const log: string[] = [];
+    const decoder = logged(stage.decoder, log);
+    const opts = { batch: 4, pieceSteps: 2, turnTokens: 64, snapshotBack: 0, prefillTurn: 4, batchMin: 2 };
+    const runner = new SlotRunner(decoder, { ...opts, pieceParts: true });
+    const stop = new AbortController();
+    let late: Promise<JobResult> | undefined;
+    const streams = prompts.map((p, i) =>
+      runner.submit(loggedJob(log, p, 48, `s${i}`, () => {
+        if (!late && [0, 1].every((k) => log.some((x) => x.startsWith(`s${k}:4`)))) {
+          log.push("arrive");
+          late = runner.submit({ ...loggedJob(log, long, 5, "long"), signal: stop.signal });
+        }
+        // Cancelled right after its third part (the second piece's first).
+        if (late && log.filter((x) => x.startsWith("Q")).length === 3) stop.abort();
+      }))
+    );
+    const got = await Promise.all(streams);
+    const cancelled = await late!;
+    const what = `(seed ${rng.seed}) ${log.join(" ")}`;
+    for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} ${what}`);
+    assert.equal(cancelled.reason, "cancelled", what);
+    assert.deepEqual(cancelled.tokens, [], what);
+    assert.equal(log.filter((x) => x.startsWith("Q")).length, 3, what);
+    // The same prompt again (the slot's half-advanced state must not pass for a prefix): its solo tokens.
+    const again = await runner.submit(loggedJob(log, long, 5, "again"));
+    assert.deepEqual(again.tokens, wantLong, what);
+  } finally {
+    stage.destroy();
+  }
+});
+
 Deno.test("runner: requests arriving together prefill their pieces up to the snapshot point back to back, then start in one call", async () => {
   const rng = new Rng();
   const gpu = await testGpu();

@@ -497,10 +497,16 @@ export class SlotRunner {
   #pieceDue(a: Active): boolean {
     if (a.made.length > 0) return false;
     if (a.part) return true;
-    const prompt = a.job.prompt;
-    const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
-    const snapAhead = at > a.base && a.held < at;
-    return snapAhead || prompt.length - a.held > this.#roundBudget;
+    return this.#snapPoint(a) !== undefined || a.job.prompt.length - a.held > this.#roundBudget;
+  }
+
+  /**
+   * The prompt-boundary snapshot point still ahead of `a`'s pieces (`snapshotBack` before the prompt's end,
+   * when the prompt has more new tokens than that), or undefined.
+   */
+  #snapPoint(a: Active): number | undefined {
+    const at = this.#snapshotBack > 0 ? a.job.prompt.length - this.#snapshotBack : 0;
+    return at > a.base && a.held < at ? at : undefined;
   }
 
   /**
@@ -521,23 +527,19 @@ export class SlotRunner {
 
   /** Where a piece of at most `max` tokens from `a.held` ends: the snapshot point, or before the last token. */
   #pieceEnd(a: Active, max: number): number {
-    const prompt = a.job.prompt;
-    const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
-    return Math.min(a.held + max, at > a.base && a.held < at ? at : prompt.length - 1);
+    return Math.min(a.held + max, this.#snapPoint(a) ?? a.job.prompt.length - 1);
   }
 
   /** After a piece up to `end`: the slot holds it; at the snapshot point the slot's snapshot is replaced. */
   #pieceDone(a: Active, end: number): void {
-    const prompt = a.job.prompt;
-    const at = this.#snapshotBack > 0 ? prompt.length - this.#snapshotBack : 0;
-    const snapAhead = at > a.base && a.held < at;
+    const at = this.#snapPoint(a);
     a.consistent = true;
     a.held = end;
     a.job.onSlot?.(a.slot, end);
-    if (snapAhead && end === at) {
+    if (at !== undefined && end === at) {
       const old = this.#snaps[a.slot];
       if (old) this.#stage.drop(old.id);
-      this.#snaps[a.slot] = { id: this.#stage.snapshot(a.slot), tokens: prompt.slice(0, at) };
+      this.#snaps[a.slot] = { id: this.#stage.snapshot(a.slot), tokens: a.job.prompt.slice(0, at) };
     }
   }
 
@@ -548,11 +550,10 @@ export class SlotRunner {
    * or undefined where the piece runs whole.
    */
   async #prefillPart(a: Active, max: number): Promise<number | undefined> {
-    const stage = this.#stage;
-    if (!this.#pieceParts || !stage.parts || !stage.prefillPart) return undefined;
-    const [l0, l1] = stage.parts.layers;
+    if (!this.#pieceParts) return undefined;
+    const { layers: [l0, l1], maxTokens } = this.#stage.parts!;
     if (!a.part) {
-      const end = this.#pieceEnd(a, stage.parts.maxTokens);
+      const end = this.#pieceEnd(a, maxTokens);
       const s = Math.min(l1 - l0, Math.ceil((end - a.held) / max));
       if (s < 2) return undefined;
       a.part = {
@@ -564,7 +565,7 @@ export class SlotRunner {
     const p = a.part;
     const [from, to] = [p.bounds[p.next]!, p.bounds[p.next + 1]!];
     a.consistent = false;
-    await stage.prefillPart(a.slot, a.job.prompt.slice(a.held, p.end), a.held, [from, to]);
+    await this.#stage.prefillPart!(a.slot, a.job.prompt.slice(a.held, p.end), a.held, [from, to]);
     const tokens = (p.end - a.held) * (to - from) / (l1 - l0);
     if (++p.next === p.bounds.length - 1) {
       a.part = undefined;

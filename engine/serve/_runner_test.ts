@@ -9,7 +9,7 @@ import { openGguf } from "../gguf.ts";
 import { Stage } from "../exec/stage.ts";
 import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";
 import { samplingParams } from "../sampling.ts";
-import { type RunnerJob, SlotRunner } from "./_runner.ts";
+import { type RunnerJob, SlotRunner, type SlotRunnerOptions } from "./_runner.ts";
 import type { JobResult } from "./_protocol.ts";
 import { testGpu } from "../../tests/util/gpu.ts";
 import { fixturePath } from "../../tests/util/fixtures.ts";
@@ -70,19 +70,61 @@ function loggedJob(
   };
 }
 
+/**
+ * Three short prompts stream on `stage` through a runner with `opts` (its GPU calls logged), and a 60-token
+ * prompt arrives once each has streamed a batch of 4 ids; every request's ids must equal its solo run.
+ * Returns the log, the results and a line naming the seed and the log, for the caller's checks of the order.
+ */
+async function lateBesideThree(stage: Stage, rng: Rng, opts: SlotRunnerOptions) {
+  const prompts = [0, 1, 2].map(() => Array.from({ length: rng.int(2, 6) }, () => rng.int(0, 1021)));
+  const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
+  const want: number[][] = [];
+  for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 64 })).tokens);
+  const wantLong = (await stage.generate(0, long, { nNew: 5 })).tokens;
+  const log: string[] = [];
+  const runner = new SlotRunner(logged(stage.decoder, log), opts);
+  let late: Promise<JobResult> | undefined;
+  const streams = prompts.map((p, i) =>
+    runner.submit(loggedJob(log, p, 64, `s${i}`, () => {
+      // The long prompt arrives once all three have streamed a decode batch.
+      if (!late && [0, 1, 2].every((k) => log.some((x) => x.startsWith(`s${k}:4`)))) {
+        log.push("arrive");
+        late = runner.submit(loggedJob(log, long, 5, "long"));
+      }
+    }))
+  );
+  const got = await Promise.all(streams);
+  const lateGot = await late!;
+  for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} (seed ${rng.seed})`);
+  assert.deepEqual(lateGot.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
+  return { log, got, lateGot, what: `(seed ${rng.seed}) ${log.join(" ")}` };
+}
+
+/** Between any two prefill calls (`piece`) in `log[from..to)`, each of the three streams got a decode batch. */
+function assertTurnsBetween(
+  log: readonly string[],
+  from: number,
+  to: number,
+  piece: (x: string) => boolean,
+  what: string,
+): void {
+  let seen: Set<string> | undefined; // undefined before the first piece
+  for (let i = from; i < to; i++) {
+    const x = log[i]!;
+    if (piece(x)) {
+      if (seen) assert.deepEqual([...seen].sort(), ["s0", "s1", "s2"], `at ${i}: ${what}`);
+      seen = new Set();
+    } else if (/^s\d:/.test(x)) seen?.add(x.slice(0, 2));
+  }
+}
+
 Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces with their decode turns; all equal their solo runs", async () => {
   const rng = new Rng();
   const gpu = await testGpu();
   using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
   const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 4, maxChunk: 8 });
   try {
-    const prompts = [0, 1, 2].map(() => Array.from({ length: rng.int(2, 6) }, () => rng.int(0, 1021)));
-    const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
-    const want: number[][] = [];
-    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 64 })).tokens);
-    const wantLong = (await stage.generate(0, long, { nNew: 5 })).tokens;
-    const log: string[] = [];
-    const runner = new SlotRunner(logged(stage.decoder, log), {
+    const { log, got, lateGot, what } = await lateBesideThree(stage, rng, {
       batch: 4,
       pieceSteps: 2,
       turnTokens: 64,
@@ -90,27 +132,10 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
       prefillTurn: 8,
       batchMin: 2,
     });
-    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void) =>
-      loggedJob(log, prompt, maxTokens, name, more);
-    let late: Promise<JobResult> | undefined;
-    const streams = prompts.map((p, i) =>
-      runner.submit(job(p, 64, `s${i}`, () => {
-        // The long prompt arrives once all three have streamed a decode batch.
-        if (!late && [0, 1, 2].every((k) => log.some((x) => x.startsWith(`s${k}:4`)))) {
-          log.push("arrive");
-          late = runner.submit(job(long, 5, "long"));
-        }
-      }))
-    );
-    const got = await Promise.all(streams);
-    const lateGot = await late!;
-    for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} (seed ${rng.seed})`);
-    assert.deepEqual(lateGot.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
     // Batch size seen: the three shared their steps (with each other, then with the long prompt).
     for (const r of [...got, lateGot]) {
       assert.ok(r.meanBatch > 1 && r.meanBatch <= 4, `meanBatch ${r.meanBatch}`);
     }
-    const what = `(seed ${rng.seed}) ${log.join(" ")}`;
     // The three arrive together (their prompts exceed one round's 8 tokens together: the last joins a turn
     // later), and one call holds all three before the long prompt arrives.
     assert.ok(log.slice(0, log.indexOf("arrive")).some((x) => /^G\d{3}$/.test(x)), what);
@@ -131,15 +156,7 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
     const during = log.slice(piece0, first).filter((x) => /^s\d:/.test(x));
     assert.ok(during.length >= 3 * 6 && during.every((x) => x.endsWith(":2")), what);
     // Between two pieces each stream gets one decode batch (one piece, one turn): no stream waits longer.
-    for (let i = from, seen = new Set<string>(); i < first; i++) {
-      const x = log[i]!;
-      if (x.startsWith("P")) {
-        if (i > log.indexOf(x, from)) {
-          assert.deepEqual([...seen].sort(), ["s0", "s1", "s2"], `at ${i}: ${what}`);
-        }
-        seen = new Set();
-      } else if (/^s\d:/.test(x)) seen.add(x.slice(0, 2));
-    }
+    assertTurnsBetween(log, from, first, (x) => x.startsWith("P"), what);
     assert.equal(stage.decoder.snapshotBytes, 0, "no snapshot leaked");
   } finally {
     stage.destroy();
@@ -154,13 +171,7 @@ Deno.test("runner: with pieceParts a long prompt beside 3 streams goes in chunk-
   const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 4, maxChunk: 8 });
   const [l0, l1] = stage.layers;
   try {
-    const prompts = [0, 1, 2].map(() => Array.from({ length: rng.int(2, 6) }, () => rng.int(0, 1021)));
-    const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
-    const want: number[][] = [];
-    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 64 })).tokens);
-    const wantLong = (await stage.generate(0, long, { nNew: 5 })).tokens;
-    const log: string[] = [];
-    const runner = new SlotRunner(logged(stage.decoder, log), {
+    const { log, what } = await lateBesideThree(stage, rng, {
       batch: 4,
       pieceSteps: 2,
       turnTokens: 64,
@@ -169,22 +180,6 @@ Deno.test("runner: with pieceParts a long prompt beside 3 streams goes in chunk-
       batchMin: 2,
       pieceParts: true,
     });
-    const job = (prompt: number[], maxTokens: number, name: string, more?: () => void) =>
-      loggedJob(log, prompt, maxTokens, name, more);
-    let late: Promise<JobResult> | undefined;
-    const streams = prompts.map((p, i) =>
-      runner.submit(job(p, 64, `s${i}`, () => {
-        if (!late && [0, 1, 2].every((k) => log.some((x) => x.startsWith(`s${k}:4`)))) {
-          log.push("arrive");
-          late = runner.submit(job(long, 5, "long"));
-        }
-      }))
-    );
-    const got = await Promise.all(streams);
-    const lateGot = await late!;
-    for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `stream ${i} (seed ${rng.seed})`);
-    assert.deepEqual(lateGot.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
-    const what = `(seed ${rng.seed}) ${log.join(" ")}`;
     const from = log.indexOf("arrive");
     const first = log.indexOf("long:1");
     // 60 tokens: 7 pieces of a chunk (8) in two parts each (8 tokens at 4 per round), the layers split evenly,
@@ -199,15 +194,7 @@ Deno.test("runner: with pieceParts a long prompt beside 3 streams goes in chunk-
       what,
     );
     // One part per round: a decode turn of the three between any two parts.
-    for (let i = from, seen = new Set<string>(); i < first; i++) {
-      const x = log[i]!;
-      if (x.startsWith("Q") || x.startsWith("P")) {
-        if (i > log.findIndex((y, j) => j > from && (y.startsWith("Q") || y.startsWith("P")))) {
-          assert.deepEqual([...seen].sort(), ["s0", "s1", "s2"], `at ${i}: ${what}`);
-        }
-        seen = new Set();
-      } else if (/^s\d:/.test(x)) seen.add(x.slice(0, 2));
-    }
+    assertTurnsBetween(log, from, first, (x) => x.startsWith("Q") || x.startsWith("P"), what);
     assert.equal(stage.decoder.snapshotBytes, 0, "no snapshot leaked");
   } finally {
     stage.destroy();

@@ -10,6 +10,7 @@ import {
   BATCH_TABLE_WORDS,
   type BuildContext,
   CHUNK_TABLE_OFFSET,
+  column,
   GraphBuilder,
   type LayerWeights,
   MATVEC_MAX_COLS,
@@ -137,10 +138,6 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
     const ck = inCol > 0 ? k : sub(A.k!, 0, nCol * nKv);
     const cv = inCol > 0 ? v : sub(A.v!, 0, nCol * nKv);
     // Column b of one of them, `words` long.
-    const colOf = (x: Binding, b: number, words: number): Binding => {
-      assert(!(x instanceof GPUBuffer), "column inputs are ranges");
-      return { buffer: x.buffer, offset: (x.offset ?? 0) + 4 * b * (inCol || words), size: 4 * words };
-    };
     let dc: AttnDecodeConstants | undefined;
     if (pools) {
       // RoPE with the KV write, then attn_decode: one dispatch each over every column (each column writes and
@@ -171,9 +168,9 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
       const pos = cx.batch!.pos[b]!;
       await qkRope(g, `L${l}.attn_qk_rope.${b}`, lw, cx, 1, {
         params: pos,
-        qf: colOf(cq, b, nQf),
-        k: colOf(ck, b, nKv),
-        v: colOf(cv, b, nKv),
+        qf: column(cq, b, inCol || nQf, nQf),
+        k: column(ck, b, inCol || nKv, nKv),
+        v: column(cv, b, inCol || nKv, nKv),
         qOut: qB,
         kCache,
         vCache,

@@ -8,6 +8,7 @@ import type { Binding } from "../../wgsl/kernel.ts";
 import {
   BATCH_TABLE_WORDS,
   type BuildContext,
+  column,
   GraphBuilder,
   type LayerWeights,
   MATVEC_MAX_COLS,
@@ -213,11 +214,6 @@ async function batchedStep(
   const d = gdnDims(c);
   const nBa = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
   const nCol = batch.slots.length;
-  // Column col of an input binding, `words` long.
-  const column = (b: Binding, col: number, words: number): Binding => {
-    assert(!(b instanceof GPUBuffer), "batched in-projection outputs are ranges");
-    return { buffer: b.buffer, offset: (b.offset ?? 0) + col * stride * 4, size: words * 4 };
-  };
   const weights = {
     convW: part0(lw.t("ssm_conv1d")),
     dtBias: part0(lw.t("ssm_dt")),
@@ -261,10 +257,10 @@ async function batchedStep(
   for (const [col, slot] of batch.slots.entries()) {
     const bindings = {
       params: batch.pos[col]!,
-      xQkv: column(inp.xQkv, col, d.convCh),
-      z: column(inp.z, col, d.inner),
-      b: column(inp.b, col, nBa + c.A_OFF),
-      a: column(inp.a, col, nBa + c.A_OFF),
+      xQkv: column(inp.xQkv, col, stride, d.convCh),
+      z: column(inp.z, col, stride, d.inner),
+      b: column(inp.b, col, stride, nBa + c.A_OFF),
+      a: column(inp.a, col, stride, nBa + c.A_OFF),
       ...weights,
       convRing: cx.states.binding(slot, l, "conv"),
       state: cx.states.binding(slot, l, "ssm"),

@@ -1,5 +1,6 @@
 /**
- * A prompt piece run a few layers at a time (`DecodeDriver.prefillPart`, SlotDecoder.prefillPart): while
+ * Prefill chunks without a readback: whole (`DecodeDriver.prefill`, every layer) or a prompt piece run a few
+ * layers at a time (`DecodeDriver.prefillPart`, SlotDecoder.prefillPart). While
  * others stream, the service runs a chunk-wide piece of a long prompt in parts of a few layers, one per round
  * before the streams' decode turn (engine/serve/_runner.ts). The first part embeds the tokens (and resets the
  * slot at base 0); each part but the last copies the piece's hidden rows (the residual stream) aside, since
@@ -31,7 +32,7 @@ export interface PartsBuffers {
   setLength(slot: number, n: number): void;
 }
 
-/** The parts of one piece at a time; see the module doc. */
+/** Prefill chunks, whole or one piece's parts at a time; see the module doc. */
 export class PieceParts {
   readonly #stage: PartsStage;
   readonly #b: PartsBuffers;
@@ -46,8 +47,9 @@ export class PieceParts {
   }
 
   /**
-   * Queues `tokens` (one chunk) on `slot` at `base` through `layers` only, after the work before it has
-   * finished (`idle`, as `prefill` paces its chunks). The slot holds the tokens once the last part is queued.
+   * Queues `tokens` (one chunk) on `slot` at `base` through `layers` only (every layer: a whole chunk, as
+   * `prefill` queues them), after the work before it has finished (`idle`: the driver's pacing). The slot
+   * holds the tokens once the last part is queued.
    * @throws {RangeError} on layers outside the stage, a piece wider than a chunk, or parts out of order
    */
   async run(
@@ -80,27 +82,34 @@ export class PieceParts {
     }
     const ops = await this.#b.graph(slot, n, "none", [from, to]);
     const bytes = 4 * n * stage.hp.nEmbd;
-    if (!this.#rows) {
-      this.#rows = device.createBuffer({
-        label: "a piece's rows between its parts",
-        size: 4 * stage.maxChunk * stage.hp.nEmbd,
-        usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-      });
-      this.#b.owned.push(this.#rows);
-    }
+    const rows = from > a || to < b ? this.#partRows() : undefined;
     const enc = device.createCommandEncoder();
     if (from === a && base === 0) stage.states.reset(enc, slot);
-    if (from > a) enc.copyBufferToBuffer(this.#rows, 0, this.#b.hidden, 0, bytes);
+    if (from > a) enc.copyBufferToBuffer(rows!, 0, this.#b.hidden, 0, bytes);
     const pass = enc.beginComputePass();
     encodeOps(pass, ops);
     pass.end();
-    if (to < b) enc.copyBufferToBuffer(this.#b.hidden, 0, this.#rows, 0, bytes);
+    if (to < b) enc.copyBufferToBuffer(this.#b.hidden, 0, rows!, 0, bytes);
     const cb = enc.finish();
     idle(device);
     writeChunkPos(device.queue, this.#b.posParams[slot]!, slot, base, n);
     if (from === a) device.queue.writeBuffer(this.#b.tokens, 0, Uint32Array.from(tokens));
     device.queue.submit([cb]);
-    this.#parked = to < b ? { slot, base, n, to } : undefined;
+    // A whole chunk (every layer) leaves a piece between its parts where it was.
+    if (rows) this.#parked = to < b ? { slot, base, n, to } : undefined;
     if (to === b) this.#b.setLength(slot, base + n);
+  }
+
+  /** The buffer of a piece's rows between its parts (a chunk's at most; made once, the stage owns it). */
+  #partRows(): GPUBuffer {
+    if (!this.#rows) {
+      this.#rows = this.#b.device.createBuffer({
+        label: "a piece's rows between its parts",
+        size: 4 * this.#stage.maxChunk * this.#stage.hp.nEmbd,
+        usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+      });
+      this.#b.owned.push(this.#rows);
+    }
+    return this.#rows;
   }
 }

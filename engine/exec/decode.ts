@@ -138,7 +138,7 @@ export class DecodeDriver implements SlotDecoder {
   readonly #selectors = new Map<string, Selector>();
   /** The readback ring and params buffers kept across calls (see #readback). */
   #rb: { ring: ReadbackRing; batchParams: GPUBuffer[] } | undefined;
-  /** Pieces run a few layers at a time (`prefillPart`), made on first use. */
+  /** Prefill chunks, whole (`prefill`) or in parts (`prefillPart`); made on first use. */
   #parts: PieceParts | undefined;
 
   /** Drives `stage`, encoding with its buffers `b`. */
@@ -210,22 +210,13 @@ export class DecodeDriver implements SlotDecoder {
     onDone?: (n: number) => void,
   ): Promise<void> {
     const stage = this.#stage;
-    const { device } = this.#b;
+    this.#parts ??= new PieceParts(stage, this.#b);
     for (let at = 0; at < tokens.length; at += stage.maxChunk) {
-      const n = Math.min(stage.maxChunk, tokens.length - at);
-      const ops = await this.#b.graph(slot, n, "none");
-      const enc = device.createCommandEncoder();
-      if (base + at === 0) stage.states.reset(enc, slot);
-      const pass = enc.beginComputePass();
-      encodeOps(pass, ops);
-      pass.end();
-      const cb = enc.finish();
-      blockUntilIdle(device);
-      if (at > 0) onDone?.(at);
-      writeChunkPos(device.queue, this.#b.posParams[slot]!, slot, base + at, n);
-      device.queue.writeBuffer(this.#b.tokens, 0, Uint32Array.from(tokens.slice(at, at + n)));
-      device.queue.submit([cb]);
-      this.#b.setLength(slot, base + at + n);
+      const chunk = tokens.slice(at, at + stage.maxChunk);
+      await this.#parts.run(slot, chunk, base + at, stage.layers, (device) => {
+        blockUntilIdle(device);
+        if (at > 0) onDone?.(at);
+      });
     }
   }
 

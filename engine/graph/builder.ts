@@ -461,3 +461,9 @@ export function padWords(words: number): number {
 export function sub(buf: GPUBuffer, at: number, words: number): Binding {
   return { buffer: buf, offset: at * 4, size: words * 4 };
 }
+
+/** Column `col` (`words` long) of a range whose columns lie `stride` words apart from its offset. */
+export function column(b: Binding, col: number, stride: number, words: number): Binding {
+  assert(!(b instanceof GPUBuffer), "columns are taken from a range binding");
+  return { buffer: b.buffer, offset: (b.offset ?? 0) + 4 * col * stride, size: 4 * words };
+}

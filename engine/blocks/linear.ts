@@ -419,9 +419,9 @@ export function soloTeam(
 /**
  * A batched step's projections `ws` of layer l on the columns of x, whose rows make one column [w0 | w1 | ...]
  * per slot: into `out`, columns `stride` words apart. The leading run that the one-token step fuses
- * ({@linkcode fusedMatvec}) runs as one mat-vec (`L${l}.${label}`), the rest one by one at their rows of the
- * column (`L${l}.${names[i]}`), each with the one-token step's TEAM ({@linkcode soloTeam}), so that every
- * column sums as its slot's solo step. `split`: where a first tensor run alone is cut in two mat-vecs (as the
+ * ({@linkcode fusedMatvec}) runs as one mat-vec (`L${l}.${label}`, its TEAM), the rest one by one at their
+ * rows of the column (`L${l}.${names[i]}`), as the one-token step runs them alone, so that every column sums
+ * as its slot's solo step. `split`: where a first tensor run alone is cut in two mat-vecs (as the
  * one-token step cuts qwen3next's legacy ssm_in: qkv | z). Returns the rows of a column.
  */
 export async function columnProjections(
@@ -439,7 +439,6 @@ export async function columnProjections(
   let at = fused.length === 0 ? 0 : fused.at(-1)! + ws[fused.length - 1]!.ne[1]!;
   for (let i = fused.length; i < ws.length; i++) {
     const w = ws[i]!;
-    const team = soloTeam(g, ws, i, opts.joined);
     // A first tensor run alone in two mat-vecs by the one-token step too (its TEAM follows its rows).
     const pieces = i === 0 && opts.split
       ? [[0, opts.split], [opts.split, w.ne[1]! - opts.split]]
@@ -448,7 +447,7 @@ export async function columnProjections(
       const name = pieces.length > 1
         ? `L${l}.${names[i]}.${rowStart === 0 ? "qkv" : "z"}`
         : `L${l}.${names[i]}`;
-      await matvec(g, name, w, x, out, g.n, { rowStart, rows, yStride: stride, yAt: at + rowStart!, team });
+      await matvec(g, name, w, x, out, g.n, { rowStart, rows, yStride: stride, yAt: at + rowStart! });
     }
     at += w.ne[1]!;
   }

@@ -5,7 +5,8 @@
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
  * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--f32-experts] [--per-column] [--gmv-max N]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
- * mat-vecs' constants, `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
+ * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
+ * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
  * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
  * StageOptions.int8Activations, `--f32-experts` StageOptions.int8Experts false (f32 x for the expert passes too; the
@@ -46,6 +47,7 @@ const { values: args } = parseArgs({
     slots: { type: "string", default: "" },
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
+    "batched-q8-rows": { type: "string" },
     "norm-max-rows": { type: "string" },
     "combine-norm-min-rows": { type: "string" },
     matvec: { type: "string" },
@@ -107,7 +109,12 @@ const tuning = (v: string | undefined) => {
   const [team, rows, blocks, unroll, wg] = v.split(",").map(Number);
   return { team: team!, rows: rows!, blocks, unroll, wg };
 };
-const moeTuning = { gateUp: tuning(args["moe-gate-up"]), down: tuning(args["moe-down"]) };
+const q8Rows = args["batched-q8-rows"]?.split(",").map(Number);
+const moeTuning = {
+  gateUp: tuning(args["moe-gate-up"]),
+  down: tuning(args["moe-down"]),
+  ...(q8Rows ? { batchedQ8Rows: { gateUp: q8Rows[0], down: q8Rows[1] ?? q8Rows[0] } } : {}),
+};
 using file = await openGguf(path);
 
 let t0 = performance.now();

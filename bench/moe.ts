@@ -369,5 +369,88 @@ async function batchedSweep(tokens: number): Promise<void> {
         distinctGbPerSecond: (nDistinct * p.matBytes) / sec / 1e9,
       }));
     }
+    await batchedQ8(name, p, shape, params, ids, idsOne, idStride, distinct, cols, xb, yb);
+  }
+}
+
+/**
+ * The int8-x passes of the same batched step (moe_matvec_q8, the engine's default for the experts): gate·up
+ * reading x rounded by moe_route (xq), down rounding f32 x in every workgroup (XIN, its log written), as the
+ * engine runs them. At the default TEAM every ROWS (each row's sum keeps its order: `sameBits`, so a batched
+ * step may take them alone), then the other TEAMs (other bits); the default and ROWS 2 and 4 also with every
+ * routed column on one expert ("ids": "one").
+ */
+async function batchedQ8(
+  name: string,
+  p: { weights: GPUBuffer; matBytes: number },
+  shape: MoeMatvecShape,
+  params: GPUBuffer,
+  ids: GPUBuffer,
+  idsOne: GPUBuffer,
+  idStride: number,
+  distinct: number,
+  cols: number,
+  xb: GPUBuffer,
+  yb: GPUBuffer,
+): Promise<void> {
+  const tokens = shape.sharedCols!;
+  const xin = !shape.gateUp;
+  // x rounded to int8: one column per slot (gate·up), or the down pass's log of its f32 x per column.
+  const xq = randomBuffer(device, 4 * q8ColumnWords(shape.k) * (xin ? cols : tokens));
+  const def = moeMatvecQ8Constants(shape, undefined, { xin });
+  const tunings: { team: number; rows: number }[] = [];
+  for (const rows of [1, 2, 4]) tunings.push({ team: def.TEAM, rows });
+  if (!QUICK) {
+    for (const team of [4, 8, 16, 32, 64].filter((t) => t !== def.TEAM && t <= shape.k / 32)) {
+      for (const rows of [1, 2, 4]) tunings.push({ team, rows });
+    }
+  }
+  const reps = QUICK ? 1 : REPS / 4;
+  for (const t of tunings) {
+    const c = moeMatvecQ8Constants(shape, undefined, { ...t, xin });
+    const pipeline = await cache.get(MOE_MATVEC_Q8, c);
+    for (const one of t.team === def.TEAM ? [false, true] : [false]) {
+      const groups = Array.from({ length: one ? 1 : SETS }, (_, set) => {
+        const b: MoeMatvecQ8Bindings = {
+          params,
+          ids: one
+            ? { buffer: idsOne, size: 4 * USED * tokens }
+            : { buffer: ids, offset: idStride * set, size: 4 * USED * tokens },
+          weights: p.weights,
+          weights2: p.weights,
+          xq: xin ? xb : xq,
+          y: yb,
+          yq: xin ? xq : scratch,
+        };
+        checkMoeMatvecQ8(shape, c, b);
+        return bindGroup(device, pipeline, MOE_MATVEC_Q8_BINDINGS.map((n) => b[n]));
+      });
+      const grid = moeMatvecQ8Grid(shape, c);
+      const sec = await timer.perRep(
+        (pass, i) => {
+          pass.setPipeline(pipeline);
+          pass.setBindGroup(0, groups[i % groups.length]!);
+          pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
+        },
+        reps,
+        QUICK ? { warmMs: 0, timed: 1 } : {},
+      );
+      console.log(JSON.stringify({
+        bench: "moe",
+        kernel: "moe_matvec_q8",
+        pass: name,
+        tokens,
+        mode: xin ? "xin" : "xq",
+        ids: one ? "one" : "random",
+        team: c.TEAM,
+        rows: c.ROWS,
+        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && !one,
+        sameBits: c.TEAM === def.TEAM,
+        workgroups: grid[0] * grid[1],
+        us: sec * 1e6,
+        gbPerSecond: (cols * p.matBytes) / sec / 1e9,
+        distinctGbPerSecond: ((one ? 2 : distinct) * p.matBytes) / sec / 1e9,
+      }));
+    }
   }
 }

@@ -46,6 +46,11 @@
 #              draft cache
 #   lateparts  #20: the late prompt with its pieces in parts (chunk-wide pieces, a few layers per round; the
 #              default) against whole pieces (--piece-parts 0)
+#   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
+#   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
+#   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS
+#   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
+#              call and runner turn on stderr, beside the engine's own batched run
 #   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
 #   bits       batched steps ≡ solo steps bit for bit on the 35B-A3B (bench/batch_bits.ts, 4 slots, int8 and
 #              f32 experts): the test models' K = 256 cannot show a TEAM that follows a dispatch's rows
@@ -73,7 +78,9 @@ else
   xz -dc .bin/deno.xz > /tmp/deno && chmod +x /tmp/deno
   # The tree runs from a copy whose deno.json is the device's (the head's npm imports only, no lock file).
   rm -rf /tmp/t && mkdir -p /tmp/t
-  cp -r mod.ts version.ts head.imports.json engine wgsl bench cli server wire tools tests /tmp/t/
+  # H200_TREE: another tree to run (an older commit's files, carried as an ignored folder such as .oldtree).
+  (cd "${H200_TREE:-.}" && cp -r mod.ts version.ts head.imports.json engine wgsl bench cli server wire tools tests \
+    /tmp/t/ 2>/dev/null)
   cp .devcfg/deno.json /tmp/t/deno.json
   cd /tmp/t || exit 1
   D="/tmp/deno run --cached-only -A"
@@ -82,7 +89,9 @@ fi
 # On the device the commit comes from .devcfg/commit, which the caller writes here before the call (`git
 # rev-parse --short=12 HEAD > .devcfg/commit`), so the bench lines name it: the device's copy of the tree may
 # carry a .git of another commit (a call of 2026-12-05 named 7346b40 for a tree at e613f99).
-if [ -z "${H200_PLAN_LOCAL:-}" ] && [ -s "$root/.devcfg/commit" ]; then
+if [ -n "${H200_TREE:-}" ] && [ -s "$root/$H200_TREE/.commit" ]; then
+  git_rev=$(cat "$root/$H200_TREE/.commit")
+elif [ -z "${H200_PLAN_LOCAL:-}" ] && [ -s "$root/.devcfg/commit" ]; then
   git_rev=$(cat "$root/.devcfg/commit")
 else
   git_rev=$(cd "$root" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
@@ -178,6 +187,28 @@ for step in "$@"; do
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         --f32-experts
       ;;
+    batched)
+      ensure_model
+      run batched 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
+      ;;
+    rows)
+      ensure_model
+      for rows in 2 4; do
+        run rows 100 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
+          --batched-q8-rows $rows
+      done
+      ;;
+    moeq8)
+      for tokens in 8 16; do
+        run moeq8 120 $D bench/moe.ts --tokens $tokens
+      done
+      ;;
+    trace)
+      ensure_model
+      export LLM_TRACE_DECODE=1
+      run trace 200 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct
+      unset LLM_TRACE_DECODE
+      ;;
     smallchunk)
       ensure_model
       for chunk in 64 256; do
@@ -235,7 +266,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 trace)" >&2
       exit 2
       ;;
   esac

@@ -455,7 +455,10 @@ export async function columnProjections(
   return at;
 }
 
-/** A mixer's output projection: decode adds W·x into h (ACC); prefill writes t for the residual add. */
+/**
+ * A mixer's output projection: mat-vec columns (decode, a batched step, a short chunk) add W·x into h (ACC, the
+ * residual add's rounding: h + W·x, so each column keeps its solo bits); prefill writes t for the residual add.
+ */
 export async function outProj(
   g: GraphBuilder,
   label: string,
@@ -464,8 +467,13 @@ export async function outProj(
   t: GPUBuffer,
   h: GPUBuffer,
 ) {
-  if (g.n === 1) await matvec(g, `${label}+residual`, w, x, h, 1, { acc: true });
+  if (outProjAdds(g)) await matvec(g, `${label}+residual`, w, x, h, g.n, { acc: true });
   else await matvec(g, label, w, x, t, g.n);
+}
+
+/** Whether {@linkcode outProj} adds into h itself (mat-vec columns), so no residual add follows it. */
+export function outProjAdds(g: GraphBuilder): boolean {
+  return g.n <= g.maxCols;
 }
 
 /**

@@ -471,8 +471,10 @@ export async function expertsQ8(
   xq8?: Binding,
 ) {
   // x already rounded (moe_route XQ): read it as it is; otherwise XIN rounds it in every workgroup and
-  // workgroups (0, col) log it.
-  const c = xq8 ? moeMatvecQ8Constants(shape) : moeMatvecQ8Constants(shape, undefined, { xin: true });
+  // workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS (the same bits).
+  const pass = shape.gateUp ? "gateUp" : "down";
+  const rows = g.n > 1 && g.n <= g.maxCols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
+  const c = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
   const b: MoeMatvecQ8Bindings = {
     params: g.storage(moeMatvecParams(shape)),
     ids,

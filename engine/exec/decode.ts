@@ -22,6 +22,7 @@ import type { Hparams } from "../models/_arch.ts";
 import type { SlotStates } from "../state.ts";
 import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing, type StagingPool } from "../gpu/readback.ts";
+import { trace } from "./_trace.ts";
 import { BATCH_TABLE_WORDS, encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
 import { PieceParts } from "./_piece_parts.ts";
@@ -352,7 +353,9 @@ export class DecodeDriver implements SlotDecoder {
     );
     let failed = true;
     try {
+      const tLoop = performance.now();
       await this.#loop(seqs, S, ring, batchParams, opts.pause);
+      trace("call", { items: seqs.length, fresh: fresh.length, loopMs: performance.now() - tLoop });
       const out: GenerateResult[] = [];
       for (const q of seqs) {
         // Kept tokens are fed up to all but the last; steps past that ran ahead: restore the snapshot at the
@@ -577,11 +580,14 @@ export class DecodeDriver implements SlotDecoder {
     if (cur) device.queue.submit(cur.cbs);
     while (cur) {
       if (pause && !stopping && pause()) stopping = true;
+      const t0 = performance.now();
       const next = stopping ? undefined : await encodeBatch();
       // mapAsync blocks until the queue is idle: the next batch is encoded already and goes in right after.
+      const t1 = performance.now();
       const landed = ring.map(cur.ringSlot);
       if (next) device.queue.submit(next.cbs);
       const bytes = await landed;
+      trace("batch", { slots: cur.set.length, n: cur.n, encMs: t1 - t0, mapMs: performance.now() - t1 });
       this.#b.gpuCheck();
       const u32 = new Uint32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
       let pairsAt = cur.set.length * S;

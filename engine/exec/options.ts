@@ -62,8 +62,15 @@ export interface StageOptions {
    * TEAM/ROWS (and optionally BLOCKS/UNROLL/WG) of the expert mat-vecs (gate·up and down), overriding
    * `moeMatvecConstants`' defaults: a benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-*
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).
+   * `batchedQ8Rows`: ROWS of the int8-x expert passes (moe_matvec_q8) of batched steps and short chunks, the
+   * same bits as the solo step's ROWS (each row sums its chunks in the same order); bench/decode.ts
+   * --batched-q8-rows.
    */
-  readonly moeTuning?: { readonly gateUp?: MoeMatvecTuning; readonly down?: MoeMatvecTuning };
+  readonly moeTuning?: {
+    readonly gateUp?: MoeMatvecTuning;
+    readonly down?: MoeMatvecTuning;
+    readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
+  };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
    * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other

@@ -82,6 +82,7 @@ export interface GraphOptions {
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
+    readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
   };
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
   readonly fuseDecodeRoute: boolean;

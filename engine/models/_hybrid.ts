@@ -16,7 +16,7 @@ import {
 } from "../graph/builder.ts";
 import { attention } from "../blocks/attention.ts";
 import { deltaNet, type DeltaNetInputsOf } from "../blocks/deltanet.ts";
-import { matvec } from "../blocks/linear.ts";
+import { matvec, outProjAdds } from "../blocks/linear.ts";
 import { moe } from "../blocks/moe.ts";
 import { norm, residual } from "../blocks/norm.ts";
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../../wgsl/get_rows.ts";
@@ -66,8 +66,9 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
   }
   // Decode (n = 1): every norm rides on the mat-vec that reads it (matvec NORM: x = h, the normed rows
   // written for the block's other readers) and each output projection adds into h itself (ACC), so no norm
-  // and no residual add has a dispatch of its own. Prefill: each norm but the stage's first rides on the
-  // residual add before it (residual_add NORM).
+  // and no residual add has a dispatch of its own. Other mat-vec columns (a batched step, a short chunk): the
+  // output projections add into h too, each norm a dispatch. Prefill: each norm but the stage's first rides
+  // on the residual add before it (residual_add NORM).
   const decode = n === 1;
   // Rows whose residual adds also write the next norm (StageOptions.combineNormMinRows); fewer rows (and
   // decode) get each norm on its own: deferred into a mat-vec's prologue at decode, a dispatch otherwise.
@@ -81,7 +82,7 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
     if (i === 0 || !fuseNorms) await norm(g, `L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
     if (lw.attention) await attention(g, cx, l, lw);
     else await deltaNet(g, cx, l, lw, model.deltaNetInputs);
-    if (decode) {
+    if (outProjAdds(g)) {
       await norm(g, `L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
     } else if (!fuseNorms) {
       await residual(g, `L${l}.residual_mixer`, A.t!, A.h!);

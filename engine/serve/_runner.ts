@@ -41,6 +41,7 @@ import { assert } from "../errors.ts";
 import type { SamplingParams } from "../sampling.ts";
 import type { JobResult } from "./_protocol.ts";
 import { PiecePacer } from "./_pacer.ts";
+import { trace } from "../exec/_trace.ts";
 
 /** One request as the runner sees it. */
 export interface RunnerJob {
@@ -269,7 +270,9 @@ export class SlotRunner {
         const { group, rotating } = this.#group(budget);
         if (group.length > 0) {
           try {
+            const tTurn = this.#now();
             const t = await this.#turn(group, rotating);
+            trace("turn", { group: group.length, pieced, piecesMs: tTurn - t0, turnMs: this.#now() - tTurn });
             // Rounds with pieces only: a round of a joining rest alone is mostly fixed cost and would shrink
             // the next long prompt's first pieces to the smallest.
             if (generating && pieced > 0) this.#pacer.round(pieced + t.prefilled, t.steps, this.#now() - t0);

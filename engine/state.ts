@@ -33,6 +33,8 @@ export interface StateSpec {
 interface Snapshot {
   readonly slot: number;
   readonly nPos: number;
+  /** A rewind point: only the whole-live states (no KV rows), restored into its own slot alone. */
+  readonly rewind: boolean;
   readonly buffers: ReadonlyMap<string, { buffer: GPUBuffer; ranges: ReadonlyArray<Range> }>;
   readonly sizeBytes: number;
 }
@@ -192,11 +194,14 @@ export class SlotStates {
   /**
    * Records a copy of `slot`'s state for a sequence `nPos` tokens long into a new snapshot; returns its id.
    * The copy happens when the encoder's commands run, so it captures the state as of that point in the queue.
+   * With `rewind`, a rewind point of this slot: the states live whole (recurrent state, conv ring) are copied
+   * and the KV rows are not, since the steps after it only write rows from `nPos` on (restore clears those):
+   * a decode loop's per-batch stop points cost the recurrent state, not the whole context.
    */
-  snapshot(encoder: GPUCommandEncoder, slot: number, nPos: number): number {
+  snapshot(encoder: GPUCommandEncoder, slot: number, nPos: number, rewind = false): number {
     this.#slotChecked(slot);
     const id = this.#nextSnapshot++;
-    this.#snapshots.set(id, this.#record(encoder, slot, nPos));
+    this.#snapshots.set(id, this.#record(encoder, slot, nPos, undefined, rewind));
     return id;
   }
 
@@ -207,17 +212,24 @@ export class SlotStates {
    * be needed by work recorded after this, and no work not yet submitted may use it: a buffer too small for
    * the new copy is destroyed.
    */
-  retake(encoder: GPUCommandEncoder, id: number, slot: number, nPos: number): void {
+  retake(encoder: GPUCommandEncoder, id: number, slot: number, nPos: number, rewind = false): void {
     const old = this.#get(id);
     this.#slotChecked(slot);
-    this.#snapshots.set(id, this.#record(encoder, slot, nPos, old));
+    this.#snapshots.set(id, this.#record(encoder, slot, nPos, old, rewind));
   }
 
   /** The copies of a snapshot of `slot` at `nPos`, into `old`'s buffers where they are large enough. */
-  #record(encoder: GPUCommandEncoder, slot: number, nPos: number, old?: Snapshot): Snapshot {
+  #record(
+    encoder: GPUCommandEncoder,
+    slot: number,
+    nPos: number,
+    old: Snapshot | undefined,
+    rewind: boolean,
+  ): Snapshot {
     const out = new Map<string, { buffer: GPUBuffer; ranges: Range[] }>();
     let total = 0;
     for (const [k, spec] of this.#specs) {
+      if (rewind && spec.liveRanges) continue;
       const live = spec.liveRanges?.(nPos) ?? [{ offsetBytes: 0, sizeBytes: spec.sizeBytes }];
       const ranges: Range[] = [];
       let at = 0;
@@ -245,7 +257,9 @@ export class SlotStates {
       out.set(k, { buffer, ranges });
       total += at;
     }
-    return { slot, nPos, buffers: out, sizeBytes: total };
+    // The old snapshot's buffers of states this one does not hold (a full snapshot retaken as a rewind point).
+    for (const [k, { buffer }] of old?.buffers ?? []) if (!out.has(k)) buffer.destroy();
+    return { slot, nPos, rewind, buffers: out, sizeBytes: total };
   }
 
   /** Sequence length a snapshot was taken at. */
@@ -253,14 +267,39 @@ export class SlotStates {
     return this.#get(id).nPos;
   }
 
-  /** Records restoring snapshot `id` into `slot` (any slot: a snapshot can seed another sequence). */
-  restore(encoder: GPUCommandEncoder, id: number, slot: number): void {
+  /**
+   * Records restoring snapshot `id` into `slot` (any slot: a snapshot can seed another sequence). A rewind
+   * point restores into its own slot only, whose KV rows below its length are those it was taken with:
+   * `heldPos` (≥ its length) says how many positions the slot wrote since, and those rows are cleared.
+   * @throws {RangeError} on a rewind point restored into another slot or without a valid `heldPos`
+   */
+  restore(encoder: GPUCommandEncoder, id: number, slot: number, heldPos?: number): void {
     const snap = this.#get(id);
     this.#slotChecked(slot);
+    if (snap.rewind) {
+      if (slot !== snap.slot || heldPos === undefined || !(heldPos >= snap.nPos)) {
+        throw new RangeError(
+          `Snapshot ${id} is a rewind point of slot ${snap.slot} at ${snap.nPos} tokens: it restores into ` +
+            `that slot with the positions held since (>= ${snap.nPos}), not slot ${slot} at ${heldPos}`,
+        );
+      }
+      for (const [k, spec] of this.#specs) {
+        if (!spec.liveRanges) continue;
+        const dst = this.#region(slot, this.#storage.get(k)!);
+        const below = spec.liveRanges(snap.nPos);
+        for (const [i, r] of spec.liveRanges(heldPos).entries()) {
+          const kept = below[i]?.sizeBytes ?? 0;
+          if (r.sizeBytes > kept) {
+            encoder.clearBuffer(dst.buffer, dst.offset + r.offsetBytes + kept, r.sizeBytes - kept);
+          }
+        }
+      }
+    }
     for (const [k, { buffer, ranges }] of snap.buffers) {
       const dst = this.#region(slot, this.#storage.get(k)!);
-      // Positions past the snapshot's length must read as empty, exactly as after a reset.
-      encoder.clearBuffer(dst.buffer, dst.offset, dst.size);
+      // Positions past the snapshot's length must read as empty, exactly as after a reset (a rewind point
+      // holds whole states only: the copy overwrites them).
+      if (!snap.rewind) encoder.clearBuffer(dst.buffer, dst.offset, dst.size);
       for (const r of ranges) {
         encoder.copyBufferToBuffer(buffer, r.atBytes, dst.buffer, dst.offset + r.offsetBytes, r.sizeBytes);
       }

@@ -150,3 +150,47 @@ Deno.test("SlotStates.retake: a snapshot recorded again (another slot, a longer 
   assert.throws(() => st.retake(device.createCommandEncoder(), snap, 0, 1), /does not exist/);
   st.destroy();
 });
+
+Deno.test("SlotStates rewind points: whole states only; restore keeps the KV rows below, clears those written since", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const st = new SlotStates(device, { nSlots: 2, specs });
+  const k0 = st.binding(0, 3, "k_cache");
+  const m0 = st.binding(0, 0, "ssm");
+  const kvAt = new Uint32Array(KV_BYTES / 4).map(() => rng.u32());
+  const ssmAt = new Uint32Array(SSM_BYTES / 4).map(() => rng.u32());
+  device.queue.writeBuffer(k0.buffer, k0.offset, kvAt);
+  device.queue.writeBuffer(m0.buffer, m0.offset, ssmAt);
+  let enc = device.createCommandEncoder();
+  const snap = st.snapshot(enc, 0, 3, true);
+  device.queue.submit([enc.finish()]);
+  // Only the ssm state is held: a rewind point costs the recurrent state, not the context's rows.
+  assert.equal(st.snapshotBytes, SSM_BYTES);
+  // The slot runs on: positions 3..5 of the KV cache and the whole ssm state change (positions 6.. stay).
+  const kvLater = kvAt.slice();
+  for (const h of [0, 1]) {
+    for (let w = (h * MAX_POS + 3) * POS_WORDS; w < (h * MAX_POS + 6) * POS_WORDS; w++) kvLater[w] = rng.u32();
+  }
+  device.queue.writeBuffer(k0.buffer, k0.offset, kvLater);
+  device.queue.writeBuffer(m0.buffer, m0.offset, new Uint32Array(SSM_BYTES / 4).map(() => rng.u32()));
+  assert.throws(() => st.restore(device.createCommandEncoder(), snap, 1, 6), /rewind point of slot 0/);
+  assert.throws(() => st.restore(device.createCommandEncoder(), snap, 0), /rewind point of slot 0/);
+  assert.throws(() => st.restore(device.createCommandEncoder(), snap, 0, 2), /rewind point of slot 0/);
+  enc = device.createCommandEncoder();
+  st.restore(enc, snap, 0, 6);
+  device.queue.submit([enc.finish()]);
+  const [kvBytes, ssmBytes] = await readAll(device, [k0.buffer, m0.buffer]);
+  // Rows below 3 as they were, rows 3..5 cleared (as after a reset), rows from 6 untouched.
+  const expectKv = kvAt.slice();
+  for (const h of [0, 1]) expectKv.fill(0, (h * MAX_POS + 3) * POS_WORDS, (h * MAX_POS + 6) * POS_WORDS);
+  assert.deepEqual(words(kvBytes!, k0), expectKv, `seed ${rng.seed}`);
+  assert.deepEqual(words(ssmBytes!, m0), ssmAt, `seed ${rng.seed}`);
+  // A full snapshot retaken as a rewind point gives up its KV buffers.
+  enc = device.createCommandEncoder();
+  const full = st.snapshot(enc, 1, 4);
+  assert.equal(st.snapshotBytes, SSM_BYTES + (2 * 4 * POS_WORDS * 4 + SSM_BYTES));
+  st.retake(enc, full, 1, 4, true);
+  device.queue.submit([enc.finish()]);
+  assert.equal(st.snapshotBytes, 2 * SSM_BYTES);
+  st.destroy();
+});

@@ -52,7 +52,7 @@ export interface DecodeStage {
     opts?: { rows?: "all" | "last" | "none" },
   ): Promise<{ readonly data: Float32Array<ArrayBuffer> }>;
   snapshot(slot: number): number;
-  restore(id: number, slot: number): void;
+  restore(id: number, slot: number, heldPos?: number): void;
 }
 
 /** And the stage's buffers and graphs the driver encodes with (owned by the stage). */
@@ -364,7 +364,7 @@ export class DecodeDriver implements SlotDecoder {
         if (q.ran > fed) {
           const snap = q.snaps.filter((x) => x.at <= fed).at(-1);
           assert(snap, `slot ${q.slot}: a snapshot before step ${fed}`);
-          stage.restore(snap.id, q.slot);
+          stage.restore(snap.id, q.slot, q.start + q.ran);
           const refeed = q.tokens.slice(snap.at, fed);
           if (refeed.length > 0) {
             await stage.run(q.slot, { tokens: refeed }, q.start + snap.at, { rows: "last" });
@@ -536,8 +536,9 @@ export class DecodeDriver implements SlotDecoder {
         }
         if (q.stops.size > 0 || q.o.signal) {
           const [nPos, id] = [q.start + q.sched, q.spare.pop()];
-          if (id !== undefined) stage.states.retake(enc0, id, q.slot, nPos);
-          q.snaps.push({ at: q.sched, id: id ?? stage.states.snapshot(enc0, q.slot, nPos) });
+          // A rewind point: the recurrent state and conv ring, not the KV rows below nPos.
+          if (id !== undefined) stage.states.retake(enc0, id, q.slot, nPos, true);
+          q.snaps.push({ at: q.sched, id: id ?? stage.states.snapshot(enc0, q.slot, nPos, true) });
         }
       }
       cbs.push(enc0.finish());

@@ -169,7 +169,9 @@ Deno.test("SlotStates rewind points: whole states only; restore keeps the KV row
   // The slot runs on: positions 3..5 of the KV cache and the whole ssm state change (positions 6.. stay).
   const kvLater = kvAt.slice();
   for (const h of [0, 1]) {
-    for (let w = (h * MAX_POS + 3) * POS_WORDS; w < (h * MAX_POS + 6) * POS_WORDS; w++) kvLater[w] = rng.u32();
+    for (let w = (h * MAX_POS + 3) * POS_WORDS; w < (h * MAX_POS + 6) * POS_WORDS; w++) {
+      kvLater[w] = rng.u32();
+    }
   }
   device.queue.writeBuffer(k0.buffer, k0.offset, kvLater);
   device.queue.writeBuffer(m0.buffer, m0.offset, new Uint32Array(SSM_BYTES / 4).map(() => rng.u32()));

@@ -287,6 +287,47 @@ Deno.test("runner: requests arriving together prefill their pieces up to the sna
   }
 });
 
+Deno.test("runner: requests arriving one by one during the first one's piece still start in one call", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
+  try {
+    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
+    const want: number[][] = [];
+    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 10 })).tokens);
+    const log: string[] = [];
+    const job = (prompt: number[]): RunnerJob => ({
+      prompt,
+      maxTokens: 10,
+      stopIds: [],
+      sampling: GREEDY,
+      signal: new AbortController().signal,
+      onTokens: () => {},
+    });
+    // The other three arrive while the first request's piece is on the GPU (as HTTP requests of a burst do,
+    // each in a task of its own).
+    const inner = logged(stage.decoder, log);
+    let later: Promise<JobResult>[] | undefined;
+    const runner: SlotRunner = new SlotRunner({
+      ...inner,
+      prefill: (slot, tokens, base) => {
+        later ??= prompts.slice(1).map((p) => runner.submit(job(p)));
+        return inner.prefill(slot, tokens, base);
+      },
+    }, { batch: 4, turnTokens: 64, snapshotBack: 8, prefillTurn: 128, batchMin: 2 });
+    const first = await runner.submit(job(prompts[0]!));
+    const got = [first, ...await Promise.all(later!)];
+    for (const [i, r] of got.entries()) {
+      assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
+    }
+    // The first request does not start alone: every piece, then one call of all four.
+    assert.deepEqual(log.slice(0, 5), ["P0", "P1", "P2", "P3", "G0123"], `(seed ${rng.seed}) ${log.join(" ")}`);
+  } finally {
+    stage.destroy();
+  }
+});
+
 Deno.test("runner: on a decoder that cannot batch and ignores pause (a split), requests take turns of turnTokens ids", async () => {
   const rng = new Rng();
   const gpu = await testGpu();

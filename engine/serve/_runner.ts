@@ -271,7 +271,9 @@ export class SlotRunner {
         // separate tasks): their pieces first, so that all start in one decode call. A stream started alone
         // would have the others join it one by one, each join a short call, and its gaps would hold their
         // pieces. Ends: the runner holds at most nSlots requests, and each round prefills some of them.
-        if (!generating && pieced > 0 && this.#jobs.some((a) => a.slot < 0 && !a.job.signal.aborted)) continue;
+        if (!generating && pieced > 0 && this.#jobs.some((a) => a.slot < 0 && !a.job.signal.aborted)) {
+          continue;
+        }
         const { group, rotating } = this.#group(budget);
         if (group.length > 0) {
           try {

@@ -322,7 +322,11 @@ Deno.test("runner: requests arriving one by one during the first one's piece sti
       assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
     }
     // The first request does not start alone: every piece, then one call of all four.
-    assert.deepEqual(log.slice(0, 5), ["P0", "P1", "P2", "P3", "G0123"], `(seed ${rng.seed}) ${log.join(" ")}`);
+    assert.deepEqual(
+      log.slice(0, 5),
+      ["P0", "P1", "P2", "P3", "G0123"],
+      `(seed ${rng.seed}) ${log.join(" ")}`,
+    );
   } finally {
     stage.destroy();
   }

@@ -49,6 +49,7 @@
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
 #   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS
+#   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
 #              call and runner turn on stderr, beside the engine's own batched run
 #   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
@@ -203,6 +204,10 @@ for step in "$@"; do
         run moeq8 120 $D bench/moe.ts --tokens $tokens
       done
       ;;
+    serve8)
+      ensure_model
+      run serve8 200 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct
+      ;;
     trace)
       ensure_model
       export LLM_TRACE_DECODE=1
@@ -266,7 +271,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 trace)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace)" >&2
       exit 2
       ;;
   esac

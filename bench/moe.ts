@@ -12,7 +12,7 @@
  * `gbPerSecond` counts every column's matrices, `distinctGbPerSecond` each distinct expert of the step once
  * (what DRAM must deliver at least); lines with `"ids": "one"` put every routed column on one expert.
  *
- * Usage: `deno run -A bench/moe.ts [--quick] [--tokens 8]` (`--quick`: 16 experts and few repetitions, for
+ * Usage: `deno run -A bench/moe.ts [--quick] [--tokens 8] [--q8-only]` (`--quick`: 16 experts and few repetitions, for
  * lavapipe; `--tokens` up to MAX_BATCH_SLOTS, 16, without the `sharedOnce` lines above 8: SHARED_T takes <= 8). One JSON line per measurement, never asserts. No npm imports.
  * @module
  */
@@ -46,8 +46,14 @@ import {
 } from "../wgsl/moe_matvec_q8.ts";
 
 const { values: args } = parseArgs({
-  options: { quick: { type: "boolean", default: false }, tokens: { type: "string", default: "1" } },
+  options: {
+    quick: { type: "boolean", default: false },
+    tokens: { type: "string", default: "1" },
+    "q8-only": { type: "boolean", default: false },
+  },
 });
+/** `--q8-only` (with `--tokens`): the int8-x passes alone (moe_matvec_q8, the engine's default for the experts). */
+const Q8_ONLY = args["q8-only"] ?? false;
 const QUICK = args.quick ?? false;
 const TOKENS = Number(args.tokens);
 if (!Number.isInteger(TOKENS) || TOKENS < 1 || TOKENS > MAX_BATCH_SLOTS) {
@@ -311,7 +317,7 @@ async function batchedSweep(tokens: number): Promise<void> {
     // weights then come from L2, so the gap to the random sets shows how much of the pass is waiting on DRAM
     // (what grouping the columns by expert could save) and how much is per-workgroup work.
     // SHARED_T takes at most 8 shared columns: above 8 slots a sharedOnce tuning is the default's variant.
-    const runs = tunings.filter((t) => !t.sharedOnce || tokens <= 8).flatMap((t) =>
+    const runs = tunings.filter((t) => !Q8_ONLY && (!t.sharedOnce || tokens <= 8)).flatMap((t) =>
       isDef(t) ||
         (t.team === def.TEAM && t.rows === def.ROWS && t.blocks === 4 && t.unroll === 4 &&
           (t.wg ?? 256) === 256 && !t.sharedOnce)
@@ -377,8 +383,8 @@ async function batchedSweep(tokens: number): Promise<void> {
  * The int8-x passes of the same batched step (moe_matvec_q8, the engine's default for the experts): gate·up
  * reading x rounded by moe_route (xq), down rounding f32 x in every workgroup (XIN, its log written), as the
  * engine runs them. At the default TEAM every ROWS (each row's sum keeps its order: `sameBits`, so a batched
- * step may take them alone), then the other TEAMs (other bits); the default and ROWS 2 and 4 also with every
- * routed column on one expert ("ids": "one").
+ * step may take them alone) and the columns grouped by expert (GC 8 and 4, `group`), then the other TEAMs
+ * (other bits); those at the default TEAM also with every routed column on one expert ("ids": "one").
  */
 async function batchedQ8(
   name: string,
@@ -398,8 +404,10 @@ async function batchedQ8(
   // x rounded to int8: one column per slot (gate·up), or the down pass's log of its f32 x per column.
   const xq = randomBuffer(device, 4 * q8ColumnWords(shape.k) * (xin ? cols : tokens));
   const def = moeMatvecQ8Constants(shape, undefined, { xin });
-  const tunings: { team: number; rows: number }[] = [];
+  const tunings: { team: number; rows: number; group?: number }[] = [];
   for (const rows of [1, 2, 4]) tunings.push({ team: def.TEAM, rows });
+  // The columns on one expert in one workgroup column, each chunk decoded once for them (the same bits).
+  for (const group of [8, 4]) tunings.push({ team: def.TEAM, rows: 1, group });
   if (!QUICK) {
     for (const team of [4, 8, 16, 32, 64].filter((t) => t !== def.TEAM && t <= shape.k / 32)) {
       for (const rows of [1, 2, 4]) tunings.push({ team, rows });
@@ -444,7 +452,8 @@ async function batchedQ8(
         ids: one ? "one" : "random",
         team: c.TEAM,
         rows: c.ROWS,
-        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && !one,
+        group: c.GC,
+        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && c.GC === 1 && !one,
         sameBits: c.TEAM === def.TEAM,
         workgroups: grid[0] * grid[1],
         us: sec * 1e6,

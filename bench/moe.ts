@@ -383,8 +383,8 @@ async function batchedSweep(tokens: number): Promise<void> {
  * The int8-x passes of the same batched step (moe_matvec_q8, the engine's default for the experts): gate·up
  * reading x rounded by moe_route (xq), down rounding f32 x in every workgroup (XIN, its log written), as the
  * engine runs them. At the default TEAM every ROWS (each row's sum keeps its order: `sameBits`, so a batched
- * step may take them alone) and the columns grouped by expert (GC 8 and 4, `group`), then the other TEAMs
- * (other bits); those at the default TEAM also with every routed column on one expert ("ids": "one").
+ * step may take them alone), then the other TEAMs (other bits); those at the default TEAM also with every
+ * routed column on one expert ("ids": "one").
  */
 async function batchedQ8(
   name: string,
@@ -404,10 +404,8 @@ async function batchedQ8(
   // x rounded to int8: one column per slot (gate·up), or the down pass's log of its f32 x per column.
   const xq = randomBuffer(device, 4 * q8ColumnWords(shape.k) * (xin ? cols : tokens));
   const def = moeMatvecQ8Constants(shape, undefined, { xin });
-  const tunings: { team: number; rows: number; group?: number }[] = [];
+  const tunings: { team: number; rows: number }[] = [];
   for (const rows of [1, 2, 4]) tunings.push({ team: def.TEAM, rows });
-  // The columns on one expert in one workgroup column, each chunk decoded once for them (the same bits).
-  for (const group of [8, 4]) tunings.push({ team: def.TEAM, rows: 1, group });
   if (!QUICK) {
     for (const team of [4, 8, 16, 32, 64].filter((t) => t !== def.TEAM && t <= shape.k / 32)) {
       for (const rows of [1, 2, 4]) tunings.push({ team, rows });
@@ -452,8 +450,7 @@ async function batchedQ8(
         ids: one ? "one" : "random",
         team: c.TEAM,
         rows: c.ROWS,
-        group: c.GC,
-        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && c.GC === 1 && !one,
+        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && !one,
         sameBits: c.TEAM === def.TEAM,
         workgroups: grid[0] * grid[1],
         us: sec * 1e6,

@@ -21,9 +21,8 @@ import { planModel, synthesize } from "../engine/synth.ts";
 
 // int8: StageOptions.int8Activations, where a batched step quantizes each slot's column on its own (after the
 // norm's own dispatch) and a solo step quantizes with the norm in the prologue: the same bits either way;
-// "experts": StageOptions.int8Experts, int8 x for the expert passes alone: the batched gate·up pass groups its
-// columns by expert (moe_matvec_q8 GC), the down pass takes other ROWS than the solo step's instead
-// (moeTuning.batchedQ8Rows): the same bits either way.
+// "experts": StageOptions.int8Experts, int8 x for the expert passes alone, whose batched passes take other ROWS
+// than the solo step's (moeTuning.batchedQ8Rows: the same bits).
 // perSlot: every state pool over StageOptions.maxStatePoolBytes, so each slot's states are buffers of their own
 // and the batched step runs gdn_step and attn_qk_rope per slot (the fallback for pools over the binding limit).
 for (
@@ -48,7 +47,7 @@ for (
       int8Activations: int8 === true,
       int8Experts: int8 === "experts",
       maxStatePoolBytes: perSlot ? 4 : undefined,
-      moeTuning: int8 === "experts" ? { batchedQ8Rows: { down: 2 } } : undefined,
+      moeTuning: int8 === "experts" ? { batchedQ8Rows: { gateUp: 4, down: 2 } } : undefined,
     });
     // The batched step has one gdn_step, attn_qk_rope and attn_decode per layer, or one per slot (and one
     // attn_combine per layer either way).

@@ -49,7 +49,6 @@
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
 #   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS
-#   group1     #20: the batched step with its int8-x expert columns not grouped by expert (--batched-q8-group 1)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
@@ -206,11 +205,6 @@ for step in "$@"; do
         run moeq8 120 $D bench/moe.ts --tokens $tokens --q8-only
       done
       ;;
-    group1)
-      ensure_model
-      run group1 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
-        --batched-q8-group 1
-      ;;
     serve18)
       ensure_model
       run serve18 240 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 \
@@ -283,7 +277,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace group1 serve18)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace serve18)" >&2
       exit 2
       ;;
   esac

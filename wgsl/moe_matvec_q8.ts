@@ -28,7 +28,6 @@ export const MOE_MATVEC_Q8: KernelSpec = {
     QOUT: "bool",
     XIN: "bool",
     KC: "u32",
-    GC: "u32",
   },
 };
 
@@ -46,11 +45,6 @@ export type MoeMatvecQ8Constants = {
   readonly XIN: boolean;
   /** XIN: K / 32 (the chunks held in workgroup memory); 1 otherwise. */
   readonly KC: number;
-  /**
-   * Columns per workgroup column when grouped by expert (1: each column its own; 2..8: the columns on one
-   * expert share each chunk's load and decode, every column with its ungrouped bits; ROWS 1, no QOUT).
-   */
-  readonly GC: number;
 };
 
 /** Binding order of `moe_matvec_q8.wgsl`. */
@@ -77,7 +71,7 @@ export function q8ColumnWords(k: number): number {
 export function moeMatvecQ8Constants(
   shape: MoeMatvecShape,
   outType?: GgmlTypeName,
-  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean; group?: number },
+  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean },
 ): MoeMatvecQ8Constants {
   let team = 1;
   while (team * 2 <= Math.min(16, shape.k / 128)) team *= 2;
@@ -91,25 +85,7 @@ export function moeMatvecQ8Constants(
     QOUT: qout,
     XIN: tuning?.xin ?? false,
     KC: tuning?.xin ? shape.k / 32 : 1,
-    GC: tuning?.group ?? 1,
   };
-}
-
-/** Workgroup memory of a variant, in bytes (the shader's arrays). */
-export function moeMatvecQ8WorkgroupBytes(c: MoeMatvecQ8Constants): number {
-  const mats = c.GATE_UP ? 2 : 1;
-  const wgRows = (256 / c.TEAM) * c.ROWS;
-  return 4 * 256 + 4 * 256 * c.ROWS * mats * c.GC + (c.QOUT ? 4 * wgRows : 16) +
-    (c.XIN ? (32 + 4) * c.KC * c.GC : 20);
-}
-
-/**
- * The largest of 8, 4 and 2 columns per group whose variant of `c` fits `maxBytes` of workgroup memory (1:
- * none fits, or `c` cannot group: ROWS above 1 or QOUT).
- */
-export function moeMatvecQ8Group(c: MoeMatvecQ8Constants, maxBytes: number): number {
-  if (c.ROWS !== 1 || c.QOUT) return 1;
-  return [8, 4, 2].find((gc) => moeMatvecQ8WorkgroupBytes({ ...c, GC: gc }) <= maxBytes) ?? 1;
 }
 
 /**
@@ -187,12 +163,6 @@ export function checkMoeMatvecQ8(
     `Kernel moe_matvec_q8: IQ4_XS rows of K=${shape.k} are not 8-byte aligned`,
   );
   const wgRows = (256 / c.TEAM) * c.ROWS;
-  checkInt("Kernel moe_matvec_q8: GC", c.GC, 1, 8);
-  checkShape(
-    c.GC === 1 || (c.ROWS === 1 && !c.QOUT),
-    `Kernel moe_matvec_q8: grouped columns (GC ${c.GC}) take ROWS 1 and no QOUT, got ROWS ${c.ROWS}` +
-      (c.QOUT ? " and QOUT" : ""),
-  );
   if (c.QOUT) {
     checkShape(
       wgRows % 32 === 0 && shape.n % 32 === 0,

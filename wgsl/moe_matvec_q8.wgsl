@@ -26,13 +26,9 @@
 // Grid (ceil(N / WG_ROWS), n_cols): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col; a
 // team of TEAM invocations owns ROWS rows and walks chunks t, t + TEAM, ... (a whole 32-weight chunk per step,
 // gate's and up's loads issued before their math); one invocation per row adds its team's TEAM partials.
-// GC > 1 groups the columns by expert (see `grouped` below): a group's chunks are decoded once for up to GC
-// columns, each column with its ungrouped bits.
 // Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN: K/32, else
-//   1), GC (1..8; > 1 needs ROWS 1 and no QOUT): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0
-//   and N % 32 == 0; not both QOUT and XIN).
-// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2)·GC + 4·WG_ROWS (QOUT) + 36·KC·GC (XIN) bytes
-// (moeMatvecQ8WorkgroupBytes).
+//   1): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0; not both QOUT and XIN).
+// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC (XIN) bytes.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -44,19 +40,16 @@
 
 const WG: u32 = 256u;
 const COPIES: u32 = 1u;
-// Members per workgroup column of the grouped path (GC > 1; 1 otherwise).
-const GCN: u32 = max(GC, 1u);
 const LAYOUT: u32 = OUT_LAYOUT;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const MATS: u32 = select(1u, 2u, GATE_UP);
 // XIN: the column's int8 x (quad words in TYPE's byte order, and scales), rounded in the prologue.
 const X_LAYOUT: u32 = select(0u, 1u, TYPE == 23u);
-// With GC > 1 one such column per member of the group (member i at 2·KC·i and KC·i).
-var<workgroup> xw: array<vec4<u32>, select(1u, 2u * KC * GCN, XIN)>;
-var<workgroup> sw: array<f32, select(1u, KC * GCN, XIN)>;
+var<workgroup> xw: array<vec4<u32>, select(1u, 2u * KC, XIN)>;
+var<workgroup> sw: array<f32, select(1u, KC, XIN)>;
 
-// partial[(m · WG_ROWS + local row) · TEAM + t]; GC > 1: member i's at ((i · MATS + m) · WG_ROWS + row) · TEAM + t.
-var<workgroup> partial: array<f32, WG * ROWS * MATS * GCN>;
+// partial[(m · WG_ROWS + local row) · TEAM + t]
+var<workgroup> partial: array<f32, WG * ROWS * MATS>;
 // QOUT: the workgroup's rows of y, four per quad.
 var<workgroup> yv: array<vec4<f32>, select(1u, WG_ROWS / 4u, QOUT)>;
 
@@ -64,11 +57,10 @@ fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
 }
 
-// Chunk c of the int8 x column whose words start at xq word xb (a multiple of 4; XIN: workgroup memory, that
-// of member `slot`); k = K.
-fn x_chunk(xb: u32, k: u32, c: u32, slot: u32) -> XChunk {
+// Chunk c of the int8 x column whose words start at xq word xb (a multiple of 4; XIN: workgroup memory); k = K.
+fn x_chunk(xb: u32, k: u32, c: u32) -> XChunk {
   if (XIN) {
-    return XChunk(xw[2u * KC * slot + 2u * c], xw[2u * KC * slot + 2u * c + 1u], sw[KC * slot + c]);
+    return XChunk(xw[2u * c], xw[2u * c + 1u], sw[c]);
   }
   let q = xb >> 2u;
   let s = xb + k / 4u + c;
@@ -78,7 +70,7 @@ fn x_chunk(xb: u32, k: u32, c: u32, slot: u32) -> XChunk {
 // XIN: rounds f32 x column xc (quads from xq quad xc·K/4, as bits) to int8 into xw and sw, one invocation per
 // quad word (each computes its chunk's scale: the same bits); workgroup (0, col) also writes it to yq at word
 // xc·9K/32 in quantize_q8's format. Every invocation calls it (barrier).
-fn round_x(lid: u32, xc: u32, k: u32, log: bool, slot: u32) {
+fn round_x(lid: u32, xc: u32, k: u32, log: bool) {
   let xb = xc * (k / 4u);
   for (var i = lid; i < 8u * KC; i += WG) {
     let c = i / 8u;
@@ -91,9 +83,9 @@ fn round_x(lid: u32, xc: u32, k: u32, log: bool, slot: u32) {
     let lo = bitcast<vec4<f32>>(xq[xb + 8u * c + select(m, m / 2u, X_LAYOUT == 1u)]);
     let hi = bitcast<vec4<f32>>(xq[xb + 8u * c + 4u + m / 2u]);
     let w = q8x_word(X_LAYOUT, m, lo, hi, dv.y);
-    xw[2u * KC * slot + 2u * c + m / 4u][m % 4u] = w;
+    xw[2u * c + m / 4u][m % 4u] = w;
     if (m == 0u) {
-      sw[KC * slot + c] = dv.x;
+      sw[c] = dv.x;
     }
     if (log) {
       let o = xc * (9u * k / 32u);
@@ -133,10 +125,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   if (col >= params[6]) {
     return;
   }
-  if (GC > 1u) {
-    grouped(lid, wid);
-    return;
-  }
   var e = params[9];
   var xc = col - n_routed + params[10];
   if (col < n_routed) {
@@ -144,7 +132,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     xc = col / params[7];
   }
   if (XIN) {
-    round_x(lid, xc, k, wid.x == 0u, 0u);
+    round_x(lid, xc, k, wid.x == 0u);
   }
   let team = lid / TEAM;
   let t = lid % TEAM;
@@ -157,7 +145,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   var ag = vec4<f32>(0.0);
   var au = vec4<f32>(0.0);
   for (var c = t; c < k / 32u; c += TEAM) {
-    let xk = x_chunk(xb, k, c, 0u);
+    let xk = x_chunk(xb, k, c);
     let lg = load_rows(rbg, c);
     if (GATE_UP) {
       let lu = load_rows(rbu, c);
@@ -218,135 +206,4 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
       }
     }
   }
-}
-
-// GC > 1 (ROWS 1, no QOUT): the columns on one expert form a group (the routed columns with equal ids, or
-// the shared columns); the workgroup column of the group's member i with i % GC == 0 runs members i..i+GC-1,
-// the others exit. Each chunk is loaded and decoded once (chunk_dec) and dotted with every member's x
-// (dec_dot): each column sums its chunks and partials in the ungrouped order, so it gets its ungrouped bits.
-fn grouped(lid: u32, wid: vec3<u32>) {
-  let k = params[0];
-  let n = params[1];
-  let col = wid.y;
-  let n_routed = params[8];
-  var e = params[9];
-  // Members' columns: m0 holds members 0..3, m1 members 4..7.
-  var m0 = vec4<u32>(0u);
-  var m1 = vec4<u32>(0u);
-  var cnt = 0u;
-  let lane = vec4<u32>(0u, 1u, 2u, 3u);
-  if (col < n_routed) {
-    e = ids[col];
-    var before = 0u;
-    for (var j = 0u; j < n_routed; j++) {
-      if (ids[j] == e) {
-        if (j < col) {
-          before++;
-        } else if (cnt < GC) {
-          m0 = select(m0, vec4<u32>(j), lane == vec4<u32>(cnt));
-          m1 = select(m1, vec4<u32>(j), lane + 4u == vec4<u32>(cnt));
-          cnt++;
-        }
-      }
-    }
-    if (before % GC != 0u) {
-      return;
-    }
-  } else {
-    if ((col - n_routed) % GC != 0u) {
-      return;
-    }
-    cnt = min(GC, params[6] - col);
-    m0 = vec4<u32>(col) + lane;
-    m1 = vec4<u32>(col + 4u) + lane;
-  }
-  if (XIN) {
-    for (var i = 0u; i < GC; i++) {
-      if (i < cnt) {
-        round_x(lid, member_x(member(m0, m1, i)), k, wid.x == 0u, i);
-      }
-    }
-  }
-  let team = lid / TEAM;
-  let t = lid % TEAM;
-  // Rows past N read row N-1 (in bounds) and are never stored.
-  let rows = min(wid.x * WG_ROWS + team, n - 1u) * params[2];
-  let rbg = params[4] + e * params[3] + rows;
-  let rbu = params[5] + e * params[3] + rows;
-  var ag0 = vec4<f32>(0.0);
-  var ag1 = vec4<f32>(0.0);
-  var au0 = vec4<f32>(0.0);
-  var au1 = vec4<f32>(0.0);
-  for (var c = t; c < k / 32u; c += TEAM) {
-    let lg = load_chunk(rbg, c);
-    var lu: Chunk;
-    if (GATE_UP) {
-      lu = load_chunk(rbu, c);
-    }
-    let dg = chunk_dec(rbg, c, lg);
-    var du: Dec;
-    if (GATE_UP) {
-      du = chunk_dec(rbu, c, lu);
-    }
-    for (var i = 0u; i < GC; i++) {
-      if (i < cnt) {
-        let xk = x_chunk(member_x(member(m0, m1, i)) * (9u * k / 32u), k, c, i);
-        let vg = xk.d * dec_dot(dg, xk.a, xk.b);
-        var vu = 0.0;
-        if (GATE_UP) {
-          vu = xk.d * dec_dot(du, xk.a, xk.b);
-        }
-        if (i < 4u) {
-          ag0[i] += vg;
-          au0[i] += vu;
-        } else {
-          ag1[i - 4u] += vg;
-          au1[i - 4u] += vu;
-        }
-      }
-    }
-  }
-  for (var i = 0u; i < GC; i++) {
-    if (i < cnt) {
-      let g = select(ag1[i & 3u], ag0[i & 3u], i < 4u);
-      partial[((i * MATS) * WG_ROWS + team) * TEAM + t] = g;
-      if (GATE_UP) {
-        partial[((i * MATS + 1u) * WG_ROWS + team) * TEAM + t] = select(au1[i & 3u], au0[i & 3u], i < 4u);
-      }
-    }
-  }
-  workgroupBarrier();
-  // One invocation per (member, row) adds its team's partials, in the ungrouped order.
-  for (var o = lid; o < WG_ROWS * cnt; o += WG) {
-    let i = o / WG_ROWS;
-    let r = o % WG_ROWS;
-    var s0 = 0.0;
-    var s1 = 0.0;
-    for (var q = 0u; q < TEAM; q++) {
-      let j = (q + r) % TEAM;
-      s0 += partial[((i * MATS) * WG_ROWS + r) * TEAM + j];
-      if (GATE_UP) {
-        s1 += partial[((i * MATS + 1u) * WG_ROWS + r) * TEAM + j];
-      }
-    }
-    var v = s0;
-    if (GATE_UP) {
-      v = silu(s0) * s1;
-    }
-    let row = wid.x * WG_ROWS + r;
-    if (row < n) {
-      y[member(m0, m1, i) * n + row] = v;
-    }
-  }
-}
-
-// Member i's column (m0: members 0..3, m1: 4..7).
-fn member(m0: vec4<u32>, m1: vec4<u32>, i: u32) -> u32 {
-  return select(m1[i & 3u], m0[i & 3u], i < 4u);
-}
-
-// The x column of column `col`: routed col / x_div, shared col - n_routed + shared_x0.
-fn member_x(col: u32) -> u32 {
-  let n_routed = params[8];
-  return select(col - n_routed + params[10], col / params[7], col < n_routed);
 }

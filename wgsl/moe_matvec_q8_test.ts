@@ -318,63 +318,6 @@ Deno.test("moe_matvec_q8 XIN: every workgroup rounds f32 x as quantize_q8 does, 
   }
 });
 
-Deno.test("moe_matvec_q8 GC: columns grouped by expert give the ungrouped bits, every type, with and without XIN", async () => {
-  const rng = new Rng();
-  const { device } = await testGpu();
-  const cache = new PipelineCache(device);
-  for (const type of TYPES) {
-    for (const [gateUp, xin] of [[true, false], [false, true], [true, true], [false, false]] as const) {
-      // Up to 10 tokens of 1..4 picks among 2..4 experts: many repeats, groups over 8 (two workgroup columns),
-      // and up to 10 shared columns.
-      const tokens = rng.int(1, 11);
-      const nExpert = rng.int(2, 5);
-      const ids = Uint32Array.from({ length: rng.int(1, 5) * tokens }, () => rng.int(0, nExpert));
-      const c = makeCase(rng, type, gateUp, { tokens, nExpert, ids, shared: true });
-      const xCols = gateUp ? tokens : c.shape.nCols + tokens;
-      const xf = rng.normals(c.shape.k * xCols, 1);
-      const team = [1, 4, 16, 64][rng.int(0, 4)]!;
-      const cols = c.shape.nCols + tokens;
-      const w = upload(device, c.w);
-      const params = upload(device, moeMatvecParams(c.shape));
-      const idsBuf = upload(device, c.ids);
-      const xq = upload(device, xin ? xf : c.xq!);
-      const logWords = q8ColumnWords(c.shape.k) * xCols;
-      const outs: GPUBuffer[] = [];
-      const enc = device.createCommandEncoder();
-      const pass = enc.beginComputePass();
-      for (const group of [1, 8, 3]) {
-        const consts = moeMatvecQ8Constants(c.shape, undefined, { team, rows: 1, xin, group });
-        const y = poisoned(device, c.shape.n * cols);
-        const log = poisoned(device, logWords);
-        outs.push(y, log);
-        await encode(pass, device, cache, c.shape, consts, {
-          params,
-          ids: idsBuf,
-          weights: w,
-          weights2: w,
-          xq,
-          y: { buffer: y, size: 4 * c.shape.n * cols },
-          yq: xin ? { buffer: log, size: 4 * logWords } : poisoned(device, 1),
-        });
-      }
-      pass.end();
-      device.queue.submit([enc.finish()]);
-      const got = await readAll(device, outs);
-      const what =
-        `moe_matvec_q8 GC ${type} ${gateUp ? "gate·up" : "down"}${xin ? " XIN" : ""} k=${c.shape.k} ` +
-        `n=${c.shape.n} ids=${[...c.ids]} tokens ${tokens} TEAM ${team} (seed ${rng.seed})`;
-      if (!xin) checkY(got[0]!, c, what);
-      for (const at of [2, 4]) {
-        const gc = at === 2 ? 8 : 3;
-        assert.deepEqual(new Uint32Array(got[at]!), new Uint32Array(got[0]!), `${what}: GC ${gc} y`);
-        if (xin) {
-          assert.deepEqual(new Uint32Array(got[at + 1]!), new Uint32Array(got[1]!), `${what}: GC ${gc} log`);
-        }
-      }
-    }
-  }
-});
-
 Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT chunks, bindings", () => {
   const shape: MoeMatvecShape = {
     type: "IQ4_XS",

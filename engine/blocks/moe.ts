@@ -59,7 +59,6 @@ import {
   moeMatvecQ8Constants,
   moeMatvecQ8Fits,
   moeMatvecQ8Grid,
-  moeMatvecQ8Group,
 } from "../../wgsl/moe_matvec_q8.ts";
 import {
   MOE_ROUTE,
@@ -475,11 +474,7 @@ export async function expertsQ8(
   // workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS (the same bits).
   const pass = shape.gateUp ? "gateUp" : "down";
   const rows = g.n > 1 && g.n <= g.maxCols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
-  const one = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
-  // Several tokens: the columns on one expert (the shared expert's, routed repeats) share each chunk's decode,
-  // every column with its own bits (moe_matvec_q8 GC).
-  const fit = moeMatvecQ8Group(one, g.device.limits.maxComputeWorkgroupStorageSize);
-  const c = g.n > 1 ? { ...one, GC: Math.min(fit, g.opts.moeTuning?.batchedQ8Group ?? 8) } : one;
+  const c = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
   const b: MoeMatvecQ8Bindings = {
     params: g.storage(moeMatvecParams(shape)),
     ids,

@@ -64,14 +64,12 @@ export interface StageOptions {
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).
    * `batchedQ8Rows`: ROWS of the int8-x expert passes (moe_matvec_q8) of batched steps and short chunks, the
    * same bits as the solo step's ROWS (each row sums its chunks in the same order); bench/decode.ts
-   * --batched-q8-rows. `batchedQ8Group`: most columns on one expert those passes decode a chunk once for
-   * (default 8, as workgroup memory allows; 1: each column its own; the same bits), --batched-q8-group.
+   * --batched-q8-rows.
    */
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly batchedQ8Group?: number;
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob

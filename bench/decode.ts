@@ -6,7 +6,8 @@
  * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--f32-experts] [--per-column] [--gmv-max N]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
- * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
+ * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--stop-points` gives each
+ * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
  * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
  * StageOptions.int8Activations, `--f32-experts` StageOptions.int8Experts false (f32 x for the expert passes too; the
@@ -48,6 +49,7 @@ const { values: args } = parseArgs({
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
     "batched-q8-rows": { type: "string" },
+    "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
     "combine-norm-min-rows": { type: "string" },
     matvec: { type: "string" },
@@ -374,6 +376,8 @@ for (const B of batchSizes) {
     opts: {
       nNew: Math.min(nNew, 128),
       ...sampling,
+      // As the service runs every request: an abort signal, so each batch starts with a rewind point per slot.
+      ...(args["stop-points"] ? { signal: new AbortController().signal } : {}),
       onTokens: (ids: readonly number[]) => {
         if (ids.length === 1 && ++firsts === B) tStart = performance.now();
       },
@@ -389,6 +393,7 @@ for (const B of batchSizes) {
     slots: B,
     readbackBatch,
     temperature: temp,
+    stopPoints: args["stop-points"],
     maxStatePoolBytes: statePoolMax ?? null,
     newTokensPerSlot: rs[0]!.tokens.length,
     tokPerSecond: ids / ((tDone - tStart) / 1000),

@@ -49,6 +49,9 @@
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
 #   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS
+#   stoppoints #20: 8 and 16 slots without and with an abort signal per item (--stop-points: a rewind point
+#              per slot and readback batch, as the service's steps take them)
+#   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
@@ -205,6 +208,18 @@ for step in "$@"; do
         run moeq8 120 $D bench/moe.ts --tokens $tokens --q8-only
       done
       ;;
+    stoppoints)
+      ensure_model
+      for flag in "" --stop-points; do
+        run stoppoints 100 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
+          --slots 8,16 $flag
+      done
+      ;;
+    late1)
+      ensure_model
+      run late1 100 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
+        --late 2048
+      ;;
     serve18)
       ensure_model
       run serve18 240 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 \
@@ -277,7 +292,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace serve18)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace serve18 stoppoints late1)" >&2
       exit 2
       ;;
   esac

@@ -283,17 +283,7 @@ export class SlotStates {
             `that slot with the positions held since (>= ${snap.nPos}), not slot ${slot} at ${heldPos}`,
         );
       }
-      for (const [k, spec] of this.#specs) {
-        if (!spec.liveRanges) continue;
-        const dst = this.#region(slot, this.#storage.get(k)!);
-        const below = spec.liveRanges(snap.nPos);
-        for (const [i, r] of spec.liveRanges(heldPos).entries()) {
-          const kept = below[i]?.sizeBytes ?? 0;
-          if (r.sizeBytes > kept) {
-            encoder.clearBuffer(dst.buffer, dst.offset + r.offsetBytes + kept, r.sizeBytes - kept);
-          }
-        }
-      }
+      this.clearRows(encoder, slot, snap.nPos, heldPos);
     }
     for (const [k, { buffer, ranges }] of snap.buffers) {
       const dst = this.#region(slot, this.#storage.get(k)!);
@@ -304,6 +294,29 @@ export class SlotStates {
         encoder.copyBufferToBuffer(buffer, r.atBytes, dst.buffer, dst.offset + r.offsetBytes, r.sizeBytes);
       }
     }
+  }
+
+  /** Records clearing `slot`'s KV rows of positions [from, to) (as after a reset; states live whole untouched). */
+  clearRows(encoder: GPUCommandEncoder, slot: number, from: number, to: number): void {
+    for (const [k, spec] of this.#specs) {
+      if (!spec.liveRanges) continue;
+      const dst = this.#region(this.#slotChecked(slot), this.#storage.get(k)!);
+      const below = spec.liveRanges(from);
+      for (const [i, r] of spec.liveRanges(to).entries()) {
+        const kept = below[i]?.sizeBytes ?? 0;
+        if (r.sizeBytes > kept) {
+          encoder.clearBuffer(dst.buffer, dst.offset + r.offsetBytes + kept, r.sizeBytes - kept);
+        }
+      }
+    }
+  }
+
+  /** The (layer, name) of every state live whole (recurrent state, conv ring: no live ranges), in order. */
+  wholeStates(): { layer: number; name: string }[] {
+    return [...this.#specs.values()].filter((s) => !s.liveRanges).map((s) => ({
+      layer: s.layer,
+      name: s.name,
+    }));
   }
 
   /** Frees a snapshot's GPU memory (up to SPARE_MAX_BYTES of it is kept for the next snapshots). */

@@ -23,6 +23,7 @@ import type { SlotStates } from "../state.ts";
 import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing, type StagingPool } from "../gpu/readback.ts";
 import { trace } from "./_trace.ts";
+import { RewindPoints } from "./_rewind.ts";
 import { BATCH_TABLE_WORDS, encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
 import { PieceParts } from "./_piece_parts.ts";
@@ -139,6 +140,7 @@ export class DecodeDriver implements SlotDecoder {
   readonly #selectors = new Map<string, Selector>();
   /** The readback ring and params buffers kept across calls (see #readback). */
   #rb: { ring: ReadbackRing; batchParams: GPUBuffer[] } | undefined;
+  #rewind: RewindPoints | undefined;
   /** Prefill chunks, whole (`prefill`) or in parts (`prefillPart`); made on first use. */
   #parts: PieceParts | undefined;
 
@@ -351,6 +353,7 @@ export class DecodeDriver implements SlotDecoder {
       seqs.length * S * 4 * (1 + 2 * maxTop),
       S * seqs.length * 16,
     );
+    this.#rewind ??= await RewindPoints.create(device, stage.states, this.#b.cache);
     let failed = true;
     try {
       const tLoop = performance.now();
@@ -364,7 +367,7 @@ export class DecodeDriver implements SlotDecoder {
         if (q.ran > fed) {
           const snap = q.snaps.filter((x) => x.at <= fed).at(-1);
           assert(snap, `slot ${q.slot}: a snapshot before step ${fed}`);
-          stage.restore(snap.id, q.slot, q.start + q.ran);
+          this.#b.setLength(q.slot, this.#rewind!.restore(snap.id, q.slot, q.start + q.ran));
           const refeed = q.tokens.slice(snap.at, fed);
           if (refeed.length > 0) {
             await stage.run(q.slot, { tokens: refeed }, q.start + snap.at, { rows: "last" });
@@ -377,7 +380,7 @@ export class DecodeDriver implements SlotDecoder {
       failed = false;
       return out;
     } finally {
-      for (const q of seqs) for (const id of [...q.snaps.map((x) => x.id), ...q.spare]) stage.states.drop(id);
+      for (const id of seqs.flatMap((q) => [...q.snaps.map((x) => x.id), ...q.spare])) this.#rewind?.drop(id);
       // A call that failed may leave ring slots in flight: the next call gets fresh ones.
       if (failed) this.destroy();
     }
@@ -412,7 +415,8 @@ export class DecodeDriver implements SlotDecoder {
   destroy(): void {
     this.#rb?.ring.destroy();
     for (const pb of this.#rb?.batchParams ?? []) pb.destroy();
-    this.#rb = undefined;
+    this.#rewind?.destroy();
+    [this.#rb, this.#rewind] = [undefined, undefined];
   }
 
   /**
@@ -484,7 +488,7 @@ export class DecodeDriver implements SlotDecoder {
     pause: (() => boolean) | undefined,
   ): Promise<void> {
     const { device } = this.#b;
-    const stage = this.#stage;
+    const [stage, rewind] = [this.#stage, this.#rewind!];
     let nBatch = 0;
     // A turn (pause given) ends at the first batch boundary where the scheduler has other work or a sequence
     // ended (it frees a slot and the request resolves); one that ended at its first id counts from the start.
@@ -534,13 +538,11 @@ export class DecodeDriver implements SlotDecoder {
           q.sel = sel;
           q.tok = toks[b]!;
         }
-        if (q.stops.size > 0 || q.o.signal) {
-          const [nPos, id] = [q.start + q.sched, q.spare.pop()];
-          // A rewind point: the recurrent state and conv ring, not the KV rows below nPos.
-          if (id !== undefined) stage.states.retake(enc0, id, q.slot, nPos, true);
-          q.snaps.push({ at: q.sched, id: id ?? stage.states.snapshot(enc0, q.slot, nPos, true) });
+        if (q.stops.size > 0 || q.o.signal) { // a rewind point (engine/exec/_rewind.ts)
+          q.snaps.push({ at: q.sched, id: rewind.take(enc0, q.slot, q.start + q.sched, q.spare.pop()) });
         }
       }
+      rewind.encode(enc0);
       cbs.push(enc0.finish());
       const words = new Uint32Array(S * set.length * 4);
       for (let j = 0; j < n; j++) {

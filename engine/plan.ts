@@ -55,7 +55,9 @@ export const SPEED_UNIT_BYTES_PER_S = 1e11;
  * Memory each box keeps free beyond the stage's own buffers (512 MiB): the GPU driver's context, compiled
  * pipelines, the small params and scratch buffers each cached dispatch list owns, the readback ring, the
  * staging pool (at most 64 MiB, engine/gpu/readback.ts) and the snapshots of prefix reuse (one per slot, about
- * one slot's state) are not in the planned buffers.
+ * one slot's state) are not in the planned buffers; nor, on a box that serves the whole model, the decode
+ * loop's rewind mirrors (engine/exec/_rewind.ts: twice every slot's recurrent state and conv ring, made on the
+ * first request, SlotStates' rewind snapshots instead where the device has no memory for them).
  */
 export const DEFAULT_HEADROOM_BYTES = 512 * 2 ** 20;
 

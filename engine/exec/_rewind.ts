@@ -41,9 +41,9 @@ export class RewindPoints {
   readonly #device: GPUDevice;
   readonly #states: SlotStates;
   readonly #pipeline: GPUComputePipeline;
-  /** Every whole-live state and its pool (undefined: all of them pooled is required for mirrors). */
-  readonly #pools: readonly StatePool[] | undefined;
-  /** Per pooled state, its two mirrors (made on first use). */
+  /** Every whole-live state's pool (undefined: one is not pooled, or no memory for the mirrors). */
+  #pools: readonly StatePool[] | undefined;
+  /** Per pooled state, its two mirrors. */
   #mirrors: [GPUBuffer, GPUBuffer][] | undefined;
   readonly #params: GPUBuffer[] = [];
   #ring = 0;
@@ -61,9 +61,23 @@ export class RewindPoints {
     this.#pools = pools.every((p) => p !== undefined) ? pools as StatePool[] : undefined;
   }
 
-  /** The rewind points of `states` (compiles the copy kernel). */
+  /**
+   * The rewind points of `states` (compiles the copy kernel and makes the mirrors: two copies of every slot's
+   * whole-live states; where the device has no memory for them, SlotStates' rewind snapshots instead).
+   */
   static async create(device: GPUDevice, states: SlotStates, cache: PipelineCache): Promise<RewindPoints> {
-    return new RewindPoints(device, states, await cache.get(COPY_REGIONS, { PER: COPY_REGIONS_PER }));
+    const r = new RewindPoints(device, states, await cache.get(COPY_REGIONS, { PER: COPY_REGIONS_PER }));
+    if (r.#pools) {
+      device.pushErrorScope("out-of-memory");
+      const mirrors = r.#pools.map((p, i) =>
+        [0, 1].map((m) => r.#own(p.buffer.size, `state ${i} mirror ${m}`)) as [GPUBuffer, GPUBuffer]
+      );
+      if (await device.popErrorScope()) {
+        for (const b of mirrors.flat()) b.destroy();
+        r.#pools = undefined;
+      } else r.#mirrors = mirrors;
+    }
+    return r;
   }
 
   /**
@@ -98,12 +112,7 @@ export class RewindPoints {
   encode(encoder: GPUCommandEncoder): void {
     if (this.#pending.length === 0 || !this.#pools) return;
     const pools = this.#pools;
-    const mirrors = this.#mirrors ??= pools.map((p, i) =>
-      [this.#own(p.buffer.size, `state ${i} mirror 0`), this.#own(p.buffer.size, `state ${i} mirror 1`)] as [
-        GPUBuffer,
-        GPUBuffer,
-      ]
-    );
+    const mirrors = this.#mirrors!;
     const ring = this.#ring++ % PARAMS_RING;
     const params = this.#params[ring] ??= this.#own(2 * pools.length * ENTRY_BYTES, "params", true);
     const words = new Uint32Array((2 * pools.length * ENTRY_BYTES) / 4);

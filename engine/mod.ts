@@ -82,6 +82,8 @@ export {
   SplitDecoder,
   type SplitStage,
   type StageInfo,
+  stageInfo,
+  type StageInfoSource,
   StaleChainError,
 } from "./exec/split.ts";
 export {

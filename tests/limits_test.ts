@@ -13,7 +13,7 @@ import {
   kvBytesPerPosition,
   MAX_SLOTS,
 } from "../engine/exec/activations.ts";
-import { stageInfo } from "../wire/stage_backend.ts";
+import { stageInfo } from "../engine/mod.ts";
 import { helloOf } from "../wire/chain.ts";
 import { checkChain } from "../wire/hello.ts";
 import { buildInfo } from "../version.ts";

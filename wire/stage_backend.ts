@@ -31,6 +31,7 @@ import {
   type SamplingParams,
   type Stage,
   type StageInfo,
+  stageInfo,
   type StageOutput,
   topCpu,
 } from "../engine/mod.ts";
@@ -48,21 +49,6 @@ export interface StageBackendOptions {
   readonly arch: string;
   /** The next stage, for a middle worker (its range must not end at the last layer). */
   readonly next?: ChainLink;
-}
-
-/** What this stage says in its hello (for `next.attach` and the link). */
-export function stageInfo(stage: Stage, arch: string): StageInfo {
-  return {
-    arch,
-    layers: { first: stage.layers[0], end: stage.layers[1], total: stage.hp.nLayer },
-    nEmbd: stage.hp.nEmbd,
-    nSlots: stage.states.nSlots,
-    nCtx: stage.nCtx,
-    int8Activations: stage.int8Activations,
-    int8Experts: stage.int8Experts,
-    kvF16: stage.kvF16,
-    fingerprint: stage.fingerprint,
-  };
 }
 
 /**

@@ -32,6 +32,41 @@ export interface StageInfo {
   readonly fingerprint: string;
 }
 
+/** What {@linkcode stageInfo} reads of a stage (engine/exec/stage.ts's Stage has it all). */
+export interface StageInfoSource {
+  /** Its layer range `[first, end)`. */
+  readonly layers: readonly [number, number];
+  /** The model's layer count and embedding width. */
+  readonly hp: { readonly nLayer: number; readonly nEmbd: number };
+  /** Its slots. */
+  readonly states: { readonly nSlots: number };
+  /** Positions per slot. */
+  readonly nCtx: number;
+  /** StageOptions.int8Activations. */
+  readonly int8Activations: boolean;
+  /** StageOptions.int8Experts. */
+  readonly int8Experts: boolean;
+  /** StageOptions.kvF16. */
+  readonly kvF16: boolean;
+  /** Model fingerprint. */
+  readonly fingerprint: string;
+}
+
+/** What `stage` says about itself in a split's hello (the head's Worker and a worker's backend alike). */
+export function stageInfo(stage: StageInfoSource, arch: string): StageInfo {
+  return {
+    arch,
+    layers: { first: stage.layers[0], end: stage.layers[1], total: stage.hp.nLayer },
+    nEmbd: stage.hp.nEmbd,
+    nSlots: stage.states.nSlots,
+    nCtx: stage.nCtx,
+    int8Activations: stage.int8Activations,
+    int8Experts: stage.int8Experts,
+    kvF16: stage.kvF16,
+    fingerprint: stage.fingerprint,
+  };
+}
+
 /** One run through the stages after the head. */
 export interface NextRun {
   /** Slot. */

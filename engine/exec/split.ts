@@ -51,6 +51,8 @@ export {
   type NextStage,
   type SplitStage,
   type StageInfo,
+  stageInfo,
+  type StageInfoSource,
   StaleChainError,
 } from "./_split_api.ts";
 

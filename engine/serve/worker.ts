@@ -15,7 +15,7 @@ import { samplingParams } from "../sampling.ts";
 import { SlotRunner } from "./_runner.ts";
 import { decodeError, encodeError, type FromWorker, type NextCall, type ToWorker } from "./_protocol.ts";
 import type { SlotDecoder } from "../exec/slot_decoder.ts";
-import { type NextResult, type NextStage, SplitDecoder, StaleChainError } from "../exec/split.ts";
+import { type NextResult, type NextStage, SplitDecoder, stageInfo, StaleChainError } from "../exec/split.ts";
 import { DraftCache } from "../exec/draft_cache.ts";
 import { DraftingDecoder } from "../exec/drafting.ts";
 import { buildWidthClasses } from "../exec/_widths.ts";
@@ -115,20 +115,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
         onDrafts: (d) =>
           post({ type: "drafts", frames: d.frames, proposed: d.proposed, accepted: d.accepted }),
       });
-      post({
-        type: "stage",
-        info: {
-          arch,
-          layers: { first: stage.layers[0], end: stage.layers[1], total: stage.hp.nLayer },
-          nEmbd: stage.hp.nEmbd,
-          nSlots: m.nSlots,
-          nCtx: m.nCtx,
-          int8Activations: stage.int8Activations,
-          int8Experts: stage.int8Experts,
-          kvF16: stage.kvF16,
-          fingerprint: stage.fingerprint,
-        },
-      });
+      post({ type: "stage", info: stageInfo(stage, arch) });
     } else if (!stage.first || !stage.last) {
       throw new RangeError(`${path}: the service needs the whole model`);
     } else if (m.draft) {

@@ -30,7 +30,6 @@ import {
   type RowSampleOptions,
   type SamplingParams,
   type Stage,
-  type StageInfo,
   stageInfo,
   type StageOutput,
   topCpu,

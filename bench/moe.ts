@@ -103,9 +103,24 @@ const yq = device.createBuffer({ size: 4 * q8ColumnWords(FF) * (USED + 1), usage
 const scratch = device.createBuffer({ size: 256, usage: STORAGE });
 const timer = new PassTimer(device, gpu.timestamps);
 
-/** Seconds per dispatch: REPS dispatches in one timed pass, after a warm-up. */
-function time(encode: (pass: GPUComputePassEncoder, i: number) => void): Promise<number> {
-  return timer.perRep(encode, REPS);
+/**
+ * Seconds per dispatch of `pipeline` over `grid`, dispatch i binding `groups[i % groups.length]`: REPS
+ * dispatches in one timed pass after a warm-up; `batched` (a batched step's passes, several times longer): REPS
+ * / 4, and with --quick one pass of one dispatch without a warm-up.
+ */
+function timeDispatches(
+  pipeline: GPUComputePipeline,
+  groups: readonly GPUBindGroup[],
+  grid: readonly [number, number, number],
+  batched = false,
+): Promise<number> {
+  const encode = (pass: GPUComputePassEncoder, i: number) => {
+    pass.setPipeline(pipeline);
+    pass.setBindGroup(0, groups[i % groups.length]!);
+    pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
+  };
+  if (!batched) return timer.perRep(encode, REPS);
+  return timer.perRep(encode, QUICK ? 1 : REPS / 4, QUICK ? { warmMs: 0, timed: 1 } : {});
 }
 
 const shapes: Record<string, { shape: MoeMatvecShape; weights: GPUBuffer; bytes: number }> = {
@@ -180,11 +195,7 @@ for (const [name, s] of Object.entries(shapes)) {
         ]);
       });
       const grid = moeMatvecGrid(s.shape, c);
-      const sec = await time((pass, i) => {
-        pass.setPipeline(pipeline);
-        pass.setBindGroup(0, groups[i % SETS]!);
-        pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
-      });
+      const sec = await timeDispatches(pipeline, groups, grid);
       console.log(JSON.stringify({
         bench: "moe",
         pass: name,
@@ -222,11 +233,7 @@ for (const [name, s] of Object.entries(shapes)) {
           return bindGroup(device, pipeline, MOE_MATVEC_Q8_BINDINGS.map((n) => b[n]));
         });
         const grid = moeMatvecQ8Grid(s.shape, c);
-        const sec = await time((pass, i) => {
-          pass.setPipeline(pipeline);
-          pass.setBindGroup(0, groups[i % SETS]!);
-          pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
-        });
+        const sec = await timeDispatches(pipeline, groups, grid);
         const def = moeMatvecQ8Constants(s.shape, qout ? "IQ4_XS" : undefined);
         console.log(JSON.stringify({
           bench: "moe",
@@ -273,7 +280,6 @@ async function batchedSweep(tokens: number): Promise<void> {
     gate_up: { ...shapes.gate_up!, matBytes: 2 * FF * guRow },
     down: { ...shapes.down!, matBytes: EMBD * rowBytes("IQ4_XS", FF) },
   };
-  const reps = QUICK ? 1 : REPS / 4;
   for (const [name, p] of Object.entries(passes)) {
     const shape: MoeMatvecShape = {
       ...p.shape,
@@ -345,15 +351,7 @@ async function batchedSweep(tokens: number): Promise<void> {
         return bindGroup(device, pipeline, MOE_MATVEC_BINDINGS.map((n) => b[n]));
       });
       const grid = moeMatvecGrid(shape, c);
-      const sec = await timer.perRep(
-        (pass, i) => {
-          pass.setPipeline(pipeline);
-          pass.setBindGroup(0, groups[i % groups.length]!);
-          pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
-        },
-        reps,
-        QUICK ? { warmMs: 0, timed: 1 } : {},
-      );
+      const sec = await timeDispatches(pipeline, groups, grid, true);
       const nDistinct = one ? 2 : distinct;
       console.log(JSON.stringify({
         bench: "moe",
@@ -411,7 +409,6 @@ async function batchedQ8(
       for (const rows of [1, 2, 4]) tunings.push({ team, rows });
     }
   }
-  const reps = QUICK ? 1 : REPS / 4;
   for (const t of tunings) {
     const c = moeMatvecQ8Constants(shape, undefined, { ...t, xin });
     const pipeline = await cache.get(MOE_MATVEC_Q8, c);
@@ -432,15 +429,7 @@ async function batchedQ8(
         return bindGroup(device, pipeline, MOE_MATVEC_Q8_BINDINGS.map((n) => b[n]));
       });
       const grid = moeMatvecQ8Grid(shape, c);
-      const sec = await timer.perRep(
-        (pass, i) => {
-          pass.setPipeline(pipeline);
-          pass.setBindGroup(0, groups[i % groups.length]!);
-          pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
-        },
-        reps,
-        QUICK ? { warmMs: 0, timed: 1 } : {},
-      );
+      const sec = await timeDispatches(pipeline, groups, grid, true);
       console.log(JSON.stringify({
         bench: "moe",
         kernel: "moe_matvec_q8",

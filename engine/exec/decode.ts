@@ -53,7 +53,7 @@ export interface DecodeStage {
     opts?: { rows?: "all" | "last" | "none" },
   ): Promise<{ readonly data: Float32Array<ArrayBuffer> }>;
   snapshot(slot: number): number;
-  restore(id: number, slot: number, heldPos?: number): void;
+  restore(id: number, slot: number): void;
 }
 
 /** And the stage's buffers and graphs the driver encodes with (owned by the stage). */

@@ -429,11 +429,11 @@ export class Stage {
     this.#length[slot] = 0;
   }
 
-  /** Restores snapshot `id` into `slot` (a rewind point: with the positions written since, SlotStates.restore). */
-  restore(id: number, slot: number, heldPos?: number): void {
+  /** Restores snapshot `id` into `slot`; the slot then holds the snapshot's tokens. */
+  restore(id: number, slot: number): void {
     this.#slotCheck(slot);
     const enc = this.#gpu.device.createCommandEncoder();
-    this.states.restore(enc, id, slot, heldPos);
+    this.states.restore(enc, id, slot);
     this.#gpu.device.queue.submit([enc.finish()]);
     this.#length[slot] = this.states.snapshotLength(id);
   }

@@ -70,6 +70,9 @@ function loggedJob(
   };
 }
 
+/** lateBesideThree's runner: readback batches of 4, 2 between pieces, no prompt-boundary snapshots. */
+const LATE_OPTS = { batch: 4, pieceSteps: 2, turnTokens: 64, snapshotBack: 0, batchMin: 2 } as const;
+
 /**
  * Three short prompts stream on `stage` through a runner with `opts` (its GPU calls logged), and a 60-token
  * prompt arrives once each has streamed a batch of 4 ids; every request's ids must equal its solo run.
@@ -124,14 +127,7 @@ Deno.test("runner: a long prompt arriving while 3 stream alternates its pieces w
   using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
   const stage = await Stage.load(gpu, file, { nCtx: 128, nSlots: 4, maxChunk: 8 });
   try {
-    const { log, got, lateGot, what } = await lateBesideThree(stage, rng, {
-      batch: 4,
-      pieceSteps: 2,
-      turnTokens: 64,
-      snapshotBack: 0,
-      prefillTurn: 8,
-      batchMin: 2,
-    });
+    const { log, got, lateGot, what } = await lateBesideThree(stage, rng, { ...LATE_OPTS, prefillTurn: 8 });
     // Batch size seen: the three shared their steps (with each other, then with the long prompt).
     for (const r of [...got, lateGot]) {
       assert.ok(r.meanBatch > 1 && r.meanBatch <= 4, `meanBatch ${r.meanBatch}`);
@@ -172,12 +168,8 @@ Deno.test("runner: with pieceParts a long prompt beside 3 streams goes in chunk-
   const [l0, l1] = stage.layers;
   try {
     const { log, what } = await lateBesideThree(stage, rng, {
-      batch: 4,
-      pieceSteps: 2,
-      turnTokens: 64,
-      snapshotBack: 0,
+      ...LATE_OPTS,
       prefillTurn: 4,
-      batchMin: 2,
       pieceParts: true,
     });
     const from = log.indexOf("arrive");
@@ -214,7 +206,7 @@ Deno.test("runner: a piece in parts cancelled between its parts ends cancelled; 
     const wantLong = (await stage.generate(0, long, { nNew: 5 })).tokens;
     const log: string[] = [];
     const decoder = logged(stage.decoder, log);
-    const opts = { batch: 4, pieceSteps: 2, turnTokens: 64, snapshotBack: 0, prefillTurn: 4, batchMin: 2 };
+    const opts = { ...LATE_OPTS, prefillTurn: 4 };
     const runner = new SlotRunner(decoder, { ...opts, pieceParts: true });
     const stop = new AbortController();
     let late: Promise<JobResult> | undefined;

@@ -29,7 +29,6 @@ import {
   type MatvecOp,
   matvecParams,
   type MatvecShape,
-  matvecStagedFits,
   prepareMatvec,
 } from "../wgsl/matvec.ts";
 import {
@@ -395,9 +394,6 @@ for (const c of CASES) {
     const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch };
     for (const rows of [1, 2, 4]) {
       for (const unroll of [1, 2]) variants.push(matvecConstants(shape, { rows, unroll, xr: 2 }));
-      // The staged path (x copied into workgroup memory per loop step), where it fits.
-      const staged = matvecConstants(shape, { rows, unroll: 1, xr: 3 });
-      if (matvecStagedFits(c.k, staged)) variants.push(staged);
     }
   }
   for (const v of variants) {
@@ -424,9 +420,7 @@ for (const c of CASES) {
     jobs.push(
       kernelJob("matvec", (p, i) => encodeMatvec(p, ops[i % copies]!), {
         batch: c.batch,
-        ...(BATCH_SWEEP
-          ? { variant: `xr${constants!.XR} rows ${constants!.ROWS} unroll ${constants!.UNROLL}` }
-          : {}),
+        ...(BATCH_SWEEP ? { variant: `xr2 rows ${constants!.ROWS} unroll ${constants!.UNROLL}` } : {}),
         constants,
       }),
     );

@@ -43,9 +43,9 @@ export interface MatvecConstants {
   readonly TYPE: number;
   /** Invocations per row team (power of two, 1..256). */
   readonly TEAM: number;
-  /** Rows per team (1..8; 1..4 with XR = 2 or 3). */
+  /** Rows per team (1..8; 1..4 with XR = 2). */
   readonly ROWS: number;
-  /** Input columns (1..8; 1..16 with XR = 2 or 3). */
+  /** Input columns (1..8; 1..16 with XR = 2). */
   readonly BATCH: number;
   /** Units per loop step (1 or 2; with SR 1, 2, 4 or 8): more keeps more loads in flight. */
   readonly UNROLL: number;
@@ -53,9 +53,7 @@ export interface MatvecConstants {
    * Batched path (BATCH > 1 or ROWS > 4) only: 0 loads each unit's x quads of all columns once and holds them
    * for all rows in arrays; 1 reloads them per row (fewer registers, more L1 reads); 2 the named path (no
    * arrays: sums in named vec4s per row and group of 4 columns, each group's x loaded once per unit for all
-   * ROWS ≤ 4 rows; up to 16 columns, reduced in passes); 3 the staged named path (XR 2 with each loop step's
-   * x range copied into workgroup memory once for all the workgroup's teams; TEAM a multiple of 32 dividing
-   * K/8). Same bits in every case.
+   * ROWS ≤ 4 rows; up to 16 columns, reduced in passes). Same bits in every case.
    */
   readonly XR: number;
   /**
@@ -151,7 +149,7 @@ export function matvecConstants(
     unroll?: number;
     /** The strength-reduced batch-1 loop (SR = 1; see {@linkcode MatvecConstants.SR}); default off. */
     sr?: boolean;
-    /** The batched path's x handling ({@linkcode MatvecConstants.XR}): 0, 1, 2 (named) or 3 (staged). */
+    /** The batched path's x handling ({@linkcode MatvecConstants.XR}): 0, 1 or 2 (named). */
     xr?: number;
     norm?: { eps: number };
     acc?: boolean;
@@ -173,11 +171,9 @@ export function matvecConstants(
   // 65,535 rows and 2 elsewhere (H200, bench/matvec.ts --batch-sweep at 8 columns, ms against XR 1 ROWS 1:
   // attn_qkv [2048, 8192] 0.0245 / 0.0592, attn_gate [2048, 4096] 0.0171 / 0.0323, ssm_out [4096, 2048] ROWS 2
   // 0.0185 / 0.0318, shexp gate·up 0.0090 / 0.0155, the Q6_K LM head ROWS 2 0.926 / 1.845; docs/PERF.md).
-  // From the twenty-sixth session: the staged named path (XR 3) wherever it fits, else XR 2 (H100,
-  // bench/matvec.ts --batch-sweep and bench/decode.ts, docs/PERF.md).
   const batched = shape.batch > 1;
-  const named = opts.xr === undefined ? batched : opts.xr >= 2;
-  const batchRows = named ? (shape.n >= 4096 && shape.n < 65536 ? 4 : 2) : 1;
+  const xr = opts.xr ?? (batched ? 2 : 0);
+  const batchRows = xr === 2 ? (shape.n >= 4096 && shape.n < 65536 ? 4 : 2) : 1;
   const rows = opts.rows ?? (opts.sr ? 1 : !batched ? (tall || shape.k < 2048 ? 4 : 1) : batchRows);
   // Short matrices (a router, a k/v projection): a wider team, up to 128, until one row per team gives 256
   // workgroups, so that a few dozen workgroups do not leave the SMs idle (H200, batch 1: router [2048, 257]
@@ -187,8 +183,6 @@ export function matvecConstants(
   if (opts.team === undefined) {
     while (team < 128 && team * 2 <= units && Math.ceil(shape.n / (256 / team)) < 256) team *= 2;
   }
-  const staged = { TEAM: opts.team ?? team, ROWS: rows, BATCH: shape.batch, NORM: opts.norm ? 1 : 0 };
-  const xr = opts.xr ?? (batched ? (matvecStagedFits(shape.k, staged) ? 3 : 2) : 0);
   const c: MatvecConstants = {
     TYPE: TYPE_ID[shape.type],
     TEAM: opts.team ?? team,
@@ -203,29 +197,6 @@ export function matvecConstants(
   };
   checkMatvecSr(c);
   return c;
-}
-
-/** Whether the staged path (XR = 3) takes rows of K with these constants (see {@linkcode checkMatvecStaged}). */
-export function matvecStagedFits(
-  k: number,
-  c: Pick<MatvecConstants, "TEAM" | "ROWS" | "BATCH" | "NORM">,
-): boolean {
-  return c.TEAM % 32 === 0 && (k / 8) % c.TEAM === 0 && c.NORM === 0 &&
-    matvecStageGroups({ ...c, XR: 3 }) >= 1;
-}
-
-/**
- * Throws when the staged path (XR = 3) does not fit rows of K: it needs TEAM a multiple of 32 dividing K/8 (a
- * loop step then covers whole chunks and blocks of one range of x), no NORM, and room for one column group's
- * stage (TEAM·128 bytes) beside 4 columns of partials.
- * @throws {RangeError} naming the constant and what to change
- */
-export function checkMatvecStaged(k: number, c: MatvecConstants): void {
-  checkShape(
-    matvecStagedFits(k, c),
-    `Kernel matvec: XR=3 needs TEAM a multiple of 32 dividing K/8 = ${k / 8}, NORM=0 and TEAM·128 + ` +
-      `4096·ROWS ≤ 30720 bytes, not TEAM=${c.TEAM} ROWS=${c.ROWS} NORM=${c.NORM}: use XR=2`,
-  );
 }
 
 /**
@@ -261,31 +232,17 @@ export function checkMatvecSr(c: MatvecConstants): void {
 }
 
 /**
- * XR = 3: column groups of 4 whose x one stage block holds (XS_G in matvec.wgsl: TEAM·128 bytes each, leaving
- * at least 4 columns of partials within 30 KiB); 0 for the other paths or where not even one group fits.
- */
-export function matvecStageGroups(c: Pick<MatvecConstants, "XR" | "TEAM" | "ROWS" | "BATCH">): number {
-  if (c.XR !== 3) return 0;
-  return Math.min(Math.ceil(c.BATCH / 4), Math.floor(((30 - 4 * Math.min(c.ROWS, 7)) * 8) / c.TEAM));
-}
-
-/**
- * Columns whose partials workgroup memory holds at once: BATCH, or with XR = 2 or 3 the columns of one
- * reduction pass (NB_P in matvec.wgsl: whole groups of 4 columns within the 30 KiB XR 3's stage leaves).
+ * Columns whose partials workgroup memory holds at once: BATCH, or with XR = 2 the columns of one reduction
+ * pass (NB_P in matvec.wgsl: whole groups of 4 columns within 30 KiB).
  */
 export function matvecPassColumns(c: MatvecConstants): number {
-  if (c.XR < 2) return c.BATCH;
-  const kib = 30 - (c.TEAM * matvecStageGroups(c)) / 8;
-  return Math.min(4 * Math.ceil(c.BATCH / 4), Math.max(4, 4 * Math.floor(Math.floor(kib / c.ROWS) / 4)));
+  if (c.XR !== 2) return c.BATCH;
+  return Math.min(4 * Math.ceil(c.BATCH / 4), Math.max(4, 4 * Math.floor(Math.floor(30 / c.ROWS) / 4)));
 }
 
-/**
- * Workgroup memory of a variant in bytes (partials, the IQ4 table's 2 KiB, the norm's 1 KiB, XR 3's stage or
- * the 16 bytes its array takes otherwise).
- */
+/** Workgroup memory of a variant in bytes (partials, the IQ4 table's 2 KiB, the norm's 1 KiB). */
 export function matvecWorkgroupBytes(c: MatvecConstants): number {
-  const stage = c.XR === 3 ? 128 * c.TEAM * matvecStageGroups(c) : 16;
-  return 4 * 256 * c.ROWS * matvecPassColumns(c) + 2048 + (c.NORM ? 1024 : 0) + stage;
+  return 4 * 256 * c.ROWS * matvecPassColumns(c) + 2048 + (c.NORM ? 1024 : 0);
 }
 
 /** Rows one workgroup owns. */
@@ -328,13 +285,12 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkShape(isPow2(c.TEAM) && c.TEAM <= 256, `Kernel matvec: TEAM=${c.TEAM} must be a power of two ≤ 256`);
   checkInt("Kernel matvec: ROWS", c.ROWS, 1, 8);
   checkInt("Kernel matvec: BATCH", c.BATCH, 1, MATVEC_MAX_BATCH);
-  checkInt("Kernel matvec: XR", c.XR, 0, 3);
+  checkInt("Kernel matvec: XR", c.XR, 0, 2);
   checkShape(
-    c.XR >= 2 || c.BATCH <= MATVEC_MAX_BATCH_ARRAYS,
-    `Kernel matvec: BATCH=${c.BATCH} above ${MATVEC_MAX_BATCH_ARRAYS} needs XR=2 or 3, not XR=${c.XR}`,
+    c.XR === 2 || c.BATCH <= MATVEC_MAX_BATCH_ARRAYS,
+    `Kernel matvec: BATCH=${c.BATCH} above ${MATVEC_MAX_BATCH_ARRAYS} needs XR=2, not XR=${c.XR}`,
   );
-  checkShape(c.XR < 2 || c.ROWS <= 4, `Kernel matvec: XR=${c.XR} takes ROWS 1..4, not ROWS=${c.ROWS}`);
-  if (c.XR === 3) checkMatvecStaged(shape.k, c);
+  checkShape(c.XR !== 2 || c.ROWS <= 4, `Kernel matvec: XR=2 takes ROWS 1..4, not ROWS=${c.ROWS}`);
   checkMatvecSr(c);
   checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);

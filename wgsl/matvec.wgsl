@@ -35,19 +35,13 @@
 // (row, column) still adds its units one by one in the order t, t + TEAM, ... through rows_dot, and the
 // reduction is the same two levels, so every column equals its solo step bit for bit (same TEAM). The partials
 // of NB_P columns (whole groups within 30 KiB) are reduced per pass, reusing the workgroup memory.
-// XR = 3 (staged): XR 2 with the x quads from workgroup memory. TEAM % 32 == 0 and K/8 % TEAM == 0, so that step
-// s of the loop (unit t + s·TEAM of every invocation) reads the whole 32-weight chunks (K-quants: whole
-// 256-weight blocks) of elements [8·TEAM·s, 8·TEAM·(s + 1)) of every column. The workgroup copies that range of
-// XS_G column groups at a time into `xs` (one coalesced load per element for the workgroup, where XR 2 has each
-// of its 256/TEAM teams load it from L1 or L2), then every team applies it from there. The same values in the
-// same order: the bits of XR 2 and of the solo step.
-// Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8; XR 2, 3:
-//   1..4), const BATCH: u32 (1..8; XR 2, 3: 1..16), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2,
-//   4 or 8; XR 3 ignores it), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1
-//   reloads them per row, 2 the named path above, 3 the staged named path), const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1),
+// Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8; XR 2:
+//   1..4), const BATCH: u32 (1..8; XR 2: 1..16), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2,
+//   4 or 8), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1 reloads them
+//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1),
 //   const EPS: f32 (the norm's epsilon).
-// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM) + 128·TEAM·XS_G
-// (XR 3) bytes ≤ 32 KiB (PART_COLS: BATCH, or NB_P with XR 2 and 3).
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB
+// (PART_COLS: BATCH, or NB_P with XR 2).
 
 struct Params {
   k: u32,
@@ -85,24 +79,14 @@ const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const GROUPS: u32 = select(1u, TEAM / 8u, TEAM >= 8u);
 const GROUP_LEN: u32 = TEAM / GROUPS;
 
-// Column groups of 4.
-const NB_GROUPS: u32 = (BATCH + 3u) / 4u;
-// XR = 3: column groups staged at once (TEAM·128 bytes each), leaving at least 4 columns of partials within 30
-// KiB; and the stage blocks per loop step.
-const XS_G: u32 = select(0u, min(NB_GROUPS, ((30u - 4u * min(ROWS, 7u)) * 8u) / TEAM), XR == 3u);
-const XS_BLOCKS: u32 = (NB_GROUPS + max(XS_G, 1u) - 1u) / max(XS_G, 1u);
-// XR = 2, 3: columns per reduction pass, whole groups of 4 within the KiB of partials left of 30 (the IQ4 table
-// takes 2 KiB of the 32; XR 3's stage its TEAM·XS_G/8): XR 2 ROWS 1 up to 16 (one pass at 16 columns), ROWS 2
-// 12, ROWS 3 8, ROWS 4 4; and the passes.
-const NB_KIB: u32 = 30u - (TEAM * XS_G) / 8u;
-const NB_P: u32 = min(4u * NB_GROUPS, max(4u, 4u * ((NB_KIB / ROWS) / 4u)));
+// XR = 2: columns per reduction pass, whole groups of 4 within 30 KiB of partials (the IQ4 table takes 2 KiB of
+// the 32): ROWS 1 up to 16 (one pass at 16 columns), ROWS 2 12, ROWS 3 8, ROWS 4 4; and the passes.
+const NB_P: u32 = min(4u * ((BATCH + 3u) / 4u), max(4u, 4u * ((30u / ROWS) / 4u)));
 const NB_PASSES: u32 = (BATCH + NB_P - 1u) / NB_P;
 // Column groups of 4 per pass.
 const NB_GPP: u32 = NB_P / 4u;
 // Columns whose partials workgroup memory holds at once.
-const PART_COLS: u32 = select(BATCH, NB_P, XR >= 2u);
-// XR = 3: the staged x of one step, column after column (2·TEAM quads each) of XS_G groups.
-var<workgroup> xs: array<vec4<f32>, select(1u, 8u * TEAM * XS_G, XR == 3u)>;
+const PART_COLS: u32 = select(BATCH, NB_P, XR == 2u);
 
 // partial[(b · WG_ROWS + local row) · TEAM + t] (b the column within the reduction pass); after level 1, group
 // sums at partial[o · TEAM + g · GROUP_LEN].
@@ -256,82 +240,6 @@ struct NbAcc {
   a33: vec4<f32>,
 }
 
-// XR = 2, 3: one unit of the team's ROWS (≤ 4) rows, decoded (rows past ROWS repeat row 0 and are not used).
-struct NbRows {
-  d0: NbRow,
-  d1: NbRow,
-  d2: NbRow,
-  d3: NbRow,
-}
-
-fn nb_rows(rb: vec4<u32>, c: u32, j: u32) -> NbRows {
-  var r: NbRows;
-  r.d0 = nb_row(rb.x, c, j);
-  r.d1 = r.d0;
-  r.d2 = r.d0;
-  r.d3 = r.d0;
-  if (ROWS >= 2u) {
-    r.d1 = nb_row(rb.y, c, j);
-  }
-  if (ROWS >= 3u) {
-    r.d2 = nb_row(rb.z, c, j);
-  }
-  if (ROWS >= 4u) {
-    r.d3 = nb_row(rb.w, c, j);
-  }
-  return r;
-}
-
-// XR = 2, 3: the decoded rows times column group g's x quads, added to the sums a<r><g> (nb_add; g a constant
-// at XR 2's calls).
-fn nb_group(g: u32, d: NbRows, x4: NbX, acc: ptr<function, NbAcc>) {
-  if (g == 0u) {
-    (*acc).a00 = nb_add((*acc).a00, d.d0, x4, 0u);
-    if (ROWS >= 2u) {
-      (*acc).a10 = nb_add((*acc).a10, d.d1, x4, 0u);
-    }
-    if (ROWS >= 3u) {
-      (*acc).a20 = nb_add((*acc).a20, d.d2, x4, 0u);
-    }
-    if (ROWS >= 4u) {
-      (*acc).a30 = nb_add((*acc).a30, d.d3, x4, 0u);
-    }
-  } else if (g == 1u) {
-    (*acc).a01 = nb_add((*acc).a01, d.d0, x4, 1u);
-    if (ROWS >= 2u) {
-      (*acc).a11 = nb_add((*acc).a11, d.d1, x4, 1u);
-    }
-    if (ROWS >= 3u) {
-      (*acc).a21 = nb_add((*acc).a21, d.d2, x4, 1u);
-    }
-    if (ROWS >= 4u) {
-      (*acc).a31 = nb_add((*acc).a31, d.d3, x4, 1u);
-    }
-  } else if (g == 2u) {
-    (*acc).a02 = nb_add((*acc).a02, d.d0, x4, 2u);
-    if (ROWS >= 2u) {
-      (*acc).a12 = nb_add((*acc).a12, d.d1, x4, 2u);
-    }
-    if (ROWS >= 3u) {
-      (*acc).a22 = nb_add((*acc).a22, d.d2, x4, 2u);
-    }
-    if (ROWS >= 4u) {
-      (*acc).a32 = nb_add((*acc).a32, d.d3, x4, 2u);
-    }
-  } else {
-    (*acc).a03 = nb_add((*acc).a03, d.d0, x4, 3u);
-    if (ROWS >= 2u) {
-      (*acc).a13 = nb_add((*acc).a13, d.d1, x4, 3u);
-    }
-    if (ROWS >= 3u) {
-      (*acc).a23 = nb_add((*acc).a23, d.d2, x4, 3u);
-    }
-    if (ROWS >= 4u) {
-      (*acc).a33 = nb_add((*acc).a33, d.d3, x4, 3u);
-    }
-  }
-}
-
 // XR = 2: adds unit u of the team's ROWS (≤ 4) rows at bytes rb.x, rb.y, ... times every column to `acc`. Each
 // row's unit is decoded once; then column group after column group, the group's x quads are loaded once and
 // applied to every row from registers. Nothing lives in an array (docs/PERF.md: the H200 keeps loop-indexed
@@ -340,78 +248,71 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
-  let d = nb_rows(rb, c, j);
-  nb_group(0u, d, nb_x(0u, pos), acc);
+  let d0 = nb_row(rb.x, c, j);
+  var d1 = d0;
+  var d2 = d0;
+  var d3 = d0;
+  if (ROWS >= 2u) {
+    d1 = nb_row(rb.y, c, j);
+  }
+  if (ROWS >= 3u) {
+    d2 = nb_row(rb.z, c, j);
+  }
+  if (ROWS >= 4u) {
+    d3 = nb_row(rb.w, c, j);
+  }
+  {
+    let x4 = nb_x(0u, pos);
+    (*acc).a00 = nb_add((*acc).a00, d0, x4, 0u);
+    if (ROWS >= 2u) {
+      (*acc).a10 = nb_add((*acc).a10, d1, x4, 0u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a20 = nb_add((*acc).a20, d2, x4, 0u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a30 = nb_add((*acc).a30, d3, x4, 0u);
+    }
+  }
   if (BATCH > 4u) {
-    nb_group(1u, d, nb_x(1u, pos), acc);
+    let x4 = nb_x(1u, pos);
+    (*acc).a01 = nb_add((*acc).a01, d0, x4, 1u);
+    if (ROWS >= 2u) {
+      (*acc).a11 = nb_add((*acc).a11, d1, x4, 1u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a21 = nb_add((*acc).a21, d2, x4, 1u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a31 = nb_add((*acc).a31, d3, x4, 1u);
+    }
   }
   if (BATCH > 8u) {
-    nb_group(2u, d, nb_x(2u, pos), acc);
+    let x4 = nb_x(2u, pos);
+    (*acc).a02 = nb_add((*acc).a02, d0, x4, 2u);
+    if (ROWS >= 2u) {
+      (*acc).a12 = nb_add((*acc).a12, d1, x4, 2u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a22 = nb_add((*acc).a22, d2, x4, 2u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a32 = nb_add((*acc).a32, d3, x4, 2u);
+    }
   }
   if (BATCH > 12u) {
-    nb_group(3u, d, nb_x(3u, pos), acc);
-  }
-}
-
-// XR = 3: copies stage block `blk` (column groups blk·XS_G.., those < BATCH) of the step whose elements start
-// at e0 into xs; every invocation calls it between barriers.
-fn xs_stage(lid: u32, e0: u32, blk: u32) {
-  let per = 2u * TEAM;
-  let b0 = 4u * XS_G * blk;
-  for (var i = lid; i < 4u * XS_G * per; i += WG) {
-    let b = b0 + i / per;
-    if (b < BATCH) {
-      xs[i] = x[((params.x_off + b * params.x_stride + e0) >> 2u) + i % per];
+    let x4 = nb_x(3u, pos);
+    (*acc).a03 = nb_add((*acc).a03, d0, x4, 3u);
+    if (ROWS >= 2u) {
+      (*acc).a13 = nb_add((*acc).a13, d1, x4, 3u);
+    }
+    if (ROWS >= 3u) {
+      (*acc).a23 = nb_add((*acc).a23, d2, x4, 3u);
+    }
+    if (ROWS >= 4u) {
+      (*acc).a33 = nb_add((*acc).a33, d3, x4, 3u);
     }
   }
-}
-
-// XR = 3: nb_x from the stage: group g (of stage block blk) at quad offsets q = (lo, hi) within the step.
-fn nb_xs(g: u32, blk: u32, q: vec2<u32>) -> NbX {
-  var v: NbX;
-  let b = 4u * g;
-  let o = (b - 4u * XS_G * blk) * (2u * TEAM);
-  v.l0 = xs[o + q.x];
-  v.h0 = xs[o + q.y];
-  if (b + 1u < BATCH) {
-    v.l1 = xs[o + 2u * TEAM + q.x];
-    v.h1 = xs[o + 2u * TEAM + q.y];
-  }
-  if (b + 2u < BATCH) {
-    v.l2 = xs[o + 4u * TEAM + q.x];
-    v.h2 = xs[o + 4u * TEAM + q.y];
-  }
-  if (b + 3u < BATCH) {
-    v.l3 = xs[o + 6u * TEAM + q.x];
-    v.h3 = xs[o + 6u * TEAM + q.y];
-  }
-  let one = vec4<f32>(1.0);
-  v.sl = vec4<f32>(dot(v.l0, one), dot(v.l1, one), dot(v.l2, one), dot(v.l3, one));
-  v.sh = vec4<f32>(dot(v.h0, one), dot(v.h1, one), dot(v.h2, one), dot(v.h3, one));
-  return v;
-}
-
-// XR = 3: the invocation's sums over all steps (unit t + s·TEAM at step s, decoded once; its x through the
-// stage, block after block).
-fn xs_sums(lid: u32, t: u32, rb: vec4<u32>, n_units: u32) -> NbAcc {
-  var acc: NbAcc;
-  for (var s = 0u; s < n_units / TEAM; s++) {
-    let u = t + s * TEAM;
-    let c = u / 4u;
-    let j = u % 4u;
-    let e0 = 8u * TEAM * s;
-    let q = (quant_pos(c, j) - vec2<u32>(e0)) >> vec2<u32>(2u);
-    let d = nb_rows(rb, c, j);
-    for (var blk = 0u; blk < XS_BLOCKS; blk++) {
-      workgroupBarrier();
-      xs_stage(lid, e0, blk);
-      workgroupBarrier();
-      for (var g = XS_G * blk; g < min(XS_G * (blk + 1u), NB_GROUPS); g++) {
-        nb_group(g, d, nb_xs(g, blk, q), &acc);
-      }
-    }
-  }
-  return acc;
 }
 
 // XR = 2: writes row r's sums of column group g (a vec4: columns 4g..4g+3, those < BATCH) into the partials of
@@ -661,25 +562,21 @@ fn main(
   // UNROLL = 2 takes two units per step: their loads are independent, so twice the bytes are in flight
   // per invocation (the loop's trip count is a runtime value, so the compiler does not unroll it itself).
   // Units are added in the order t, t + TEAM, ... in every path.
-  if (XR >= 2u) {
-    // Named accumulators, x of a column group loaded once per unit for the team's rows (nb_unit; XR 3 from the
-    // stage, xs_sums); the partials are reduced in NB_PASSES passes of NB_P columns, reusing workgroup memory.
+  if (XR == 2u) {
+    // Named accumulators, x of a column group loaded once per unit for the team's rows (nb_unit); the
+    // partials are reduced in NB_PASSES passes of NB_P columns, reusing workgroup memory.
     let last = params.n - 1u;
     let rb4 = params.w_off + min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * params.row_bytes;
     var acc: NbAcc;
-    if (XR == 3u) {
-      acc = xs_sums(lid, t, rb4, n_units);
-    } else {
-      var u = t;
-      if (UNROLL == 2u) {
-        for (; u + TEAM < n_units; u += 2u * TEAM) {
-          nb_unit(u, rb4, &acc);
-          nb_unit(u + TEAM, rb4, &acc);
-        }
-      }
-      for (; u < n_units; u += TEAM) {
+    var u = t;
+    if (UNROLL == 2u) {
+      for (; u + TEAM < n_units; u += 2u * TEAM) {
         nb_unit(u, rb4, &acc);
+        nb_unit(u + TEAM, rb4, &acc);
       }
+    }
+    for (; u < n_units; u += TEAM) {
+      nb_unit(u, rb4, &acc);
     }
     for (var p = 0u; p < NB_PASSES; p++) {
       if (p > 0u) {

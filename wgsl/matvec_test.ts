@@ -14,8 +14,6 @@ import {
   matvecConstants,
   matvecParams,
   type MatvecShape,
-  matvecStagedFits,
-  matvecStageGroups,
   matvecWorkgroupBytes,
   prepareMatvec,
 } from "./matvec.ts";
@@ -422,7 +420,7 @@ Deno.test("matvecConstants: TEAM follows K and N only (a batched step sums each 
   assert.equal(matvecConstants({ type: "IQ4_XS", k: 2048, n: 131072, batch: 1 }).TEAM, 32);
 });
 
-Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference and each column's solo run bit for bit", async () => {
+Deno.test("matvec XR=2 (named sums, up to 16 columns) matches the reference and each column's solo run bit for bit", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
@@ -430,12 +428,8 @@ Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference 
   // one group with ROWS 4); TEAM 4 (K = 32, level 1 of the reduction over whole teams) to 128; 1 to 4 units per
   // invocation (K = 2304: 3 for some, 2 for others); batches that leave the last group partial (5, 13, 6);
   // UNROLL 1 and 2; N not a multiple of the rows per workgroup; the last case a slice (weight offset, padded x
-  // and y strides, offsets). Where the staged path fits (TEAM a multiple of 32 dividing K/8), it runs too:
-  // TEAM 128 with one column group per stage block (4 blocks a step at 16 columns); TEAM 32 (N ≥ 2041 keeps
-  // it) with 3 groups a block and a block of one, 2 steps, and a partial last group.
+  // and y strides, offsets).
   const base = [
-    { type: "IQ4_XS", k: 512, n: 2100, batch: 16, rows: 4, unroll: 1 },
-    { type: "Q6_K", k: 512, n: 2050, batch: 7, rows: 2, unroll: 1 },
     { type: "IQ4_XS", k: 4096, n: 37, batch: 16, rows: 1, unroll: 1 },
     { type: "Q6_K", k: 2048, n: 21, batch: 16, rows: 2, unroll: 2 },
     { type: "Q4_K", k: 2304, n: 13, batch: 13, rows: 4, unroll: 1 },
@@ -457,16 +451,9 @@ Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference 
       yOffset: sl ? 3 : 0,
       yStride: sl ? c.n + 2 : c.n,
     };
-    const constants = matvecConstants(shape, { rows: c.rows, unroll: c.unroll, xr: 2 });
-    const staged = matvecStagedFits(c.k, constants) ? { ...constants, XR: 3 } : undefined;
-    return { c, shape, constants, staged };
+    return { c, shape, constants: matvecConstants(shape, { rows: c.rows, unroll: c.unroll, xr: 2 }) };
   });
-  // The staged path runs on TEAM 32 and 128, with several groups per stage block and with one.
-  assert.deepEqual(
-    cases.flatMap((c) => c.staged ? [[c.staged.TEAM, matvecStageGroups(c.staged)]] : []),
-    [[32, 3], [32, 2], [128, 1], [128, 1], [128, 1]],
-  );
-  const slots = cases.reduce((s, c) => s + 2 + c.c.batch, 0);
+  const slots = cases.reduce((s, c) => s + 1 + c.c.batch, 0);
   const params = device.createBuffer({
     size: 256 * slots,
     usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
@@ -475,15 +462,8 @@ Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference 
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   let slot = 0;
-  const pending: {
-    what: string;
-    y: GPUBuffer;
-    solo: GPUBuffer;
-    y3: GPUBuffer;
-    ref: Float64Array;
-    mag: Float64Array;
-  }[] = [];
-  for (const { c, shape: s, constants, staged } of cases) {
+  const pending: { what: string; y: GPUBuffer; solo: GPUBuffer; ref: Float64Array; mag: Float64Array }[] = [];
+  for (const { c, shape: s, constants } of cases) {
     const bytes = randomWeights(rng, s.type, s.k, s.n);
     const wOff = s.wOffsetBytes!;
     const wAll = new Uint8Array(wOff + bytes.length + 4);
@@ -500,14 +480,8 @@ Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference 
     // and N only), into a second buffer of the same layout.
     const y = poisoned(device, yWords);
     const solo = poisoned(device, yWords);
-    // The staged run (or, where it does not fit, the XR 2 run again).
-    const y3 = poisoned(device, yWords);
-    created.push(wBuf, xBuf, y, solo, y3);
-    const runs: [MatvecShape, MatvecConstants, GPUBuffer][] = [[s, constants, y], [
-      s,
-      staged ?? constants,
-      y3,
-    ]];
+    created.push(wBuf, xBuf, y, solo);
+    const runs: [MatvecShape, MatvecConstants, GPUBuffer][] = [[s, constants, y]];
     for (let b = 0; b < s.batch; b++) {
       const one: MatvecShape = {
         ...s,
@@ -537,26 +511,24 @@ Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference 
     }
     assert.equal(constants.TEAM, matvecConstants({ ...s, batch: 1 }).TEAM);
     pending.push({
-      what: `matvec XR=2${staged ? " and 3" : ""} ${JSON.stringify(c)} ${JSON.stringify(constants)}`,
+      what: `matvec XR=2 ${JSON.stringify(c)} ${JSON.stringify(constants)}`,
       y,
       solo,
-      y3,
       ...refProduct(s.type, bytes, { k: s.k, n: s.n, cols: s.batch, x: xDense }),
     });
   }
   pass.end();
   device.queue.submit([enc.finish()]);
-  const outs = await readAll(device, pending.flatMap((p) => [p.y, p.solo, p.y3]));
+  const outs = await readAll(device, pending.flatMap((p) => [p.y, p.solo]));
   created.forEach((b) => b.destroy());
   checkEach(pending, (p, i) => {
     const s = cases[i]!.shape;
     const yOff = s.yOffset!;
     const yStride = s.yStride!;
     const got = new Float32Array(s.n * s.batch);
-    const words = new Uint32Array(outs[3 * i]!);
-    const soloWords = new Uint32Array(outs[3 * i + 1]!);
-    const stagedWords = new Uint32Array(outs[3 * i + 2]!);
-    const all = new Float32Array(outs[3 * i]!);
+    const words = new Uint32Array(outs[2 * i]!);
+    const soloWords = new Uint32Array(outs[2 * i + 1]!);
+    const all = new Float32Array(outs[2 * i]!);
     for (let b = 0; b < s.batch; b++) {
       got.set(all.subarray(yOff + b * yStride, yOff + b * yStride + s.n), b * s.n);
       // Between and after the columns (through the guard band) everything stays poisoned.
@@ -566,25 +538,14 @@ Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference 
         POISON_F32,
         `${p.what} gap ${b} (seed ${rng.seed})`,
       );
-      assertPoisoned(
-        stagedWords.subarray(yOff + b * yStride + s.n, end),
-        POISON_F32,
-        `${p.what} staged gap ${b} (seed ${rng.seed})`,
-      );
       for (let r = 0; r < s.n; r++) {
         const at = yOff + b * yStride + r;
         assert.ok(
           words[at] === soloWords[at],
           `${p.what}: column ${b} row ${r} is ${all[at]} batched but ${
-            new Float32Array(outs[3 * i + 1]!)[at]
+            new Float32Array(outs[2 * i + 1]!)[at]
           } ` +
             `solo (seed ${rng.seed})`,
-        );
-        assert.ok(
-          stagedWords[at] === soloWords[at],
-          `${p.what}: column ${b} row ${r} is ${new Float32Array(outs[3 * i + 2]!)[at]} staged but ${
-            new Float32Array(outs[3 * i + 1]!)[at]
-          } solo (seed ${rng.seed})`,
         );
       }
     }
@@ -593,42 +554,29 @@ Deno.test("matvec XR=2 and 3 (named sums, up to 16 columns) match the reference 
   });
 });
 
-Deno.test("matvecConstants and checkMatvec: XR=2 and 3 take 1..16 columns and ROWS 1..4, the arrays paths 1..8", () => {
+Deno.test("matvecConstants and checkMatvec: XR=2 takes 1..16 columns and ROWS 1..4, the arrays paths 1..8", () => {
   const dummy = { size: 1 << 24 } as unknown as GPUBuffer;
   Object.setPrototypeOf(dummy, GPUBuffer.prototype);
   const b = { params: dummy, weights: dummy, x: dummy, y: dummy };
   const shape: MatvecShape = { type: "IQ4_XS", k: 2048, n: 64, batch: 16 };
   assert.equal(MATVEC_MAX_BATCH, 16);
-  // Above 8 columns the default is a named path (the only ones that take them): staged where it fits (TEAM 128
-  // here: one column group per stage block beside ROWS 2's partials), else XR 2 (ROWS 4 leaves no room for
-  // the stage at TEAM 128; K = 2304 has 288 units, which TEAM 128 does not divide).
-  assert.equal(matvecConstants(shape).XR, 3);
-  assert.equal(matvecConstants(shape, { rows: 4 }).XR, 2);
-  assert.equal(matvecConstants({ ...shape, k: 2304 }).XR, 2);
-  assert.equal(matvecConstants({ ...shape, batch: 1 }).XR, 0);
-  assert.throws(() => checkMatvec(shape, matvecConstants(shape, { rows: 4, xr: 3 }), b), /XR=3 needs TEAM/);
+  // Above 8 columns the default is the named path (the only one that takes them).
+  assert.equal(matvecConstants(shape).XR, 2);
   checkMatvec(shape, matvecConstants(shape, { rows: 4 }), b);
-  assert.throws(() => checkMatvec(shape, matvecConstants(shape, { xr: 1 }), b), /needs XR=2 or 3/);
+  assert.throws(() => checkMatvec(shape, matvecConstants(shape, { xr: 1 }), b), /needs XR=2/);
   assert.throws(() => checkMatvec(shape, matvecConstants(shape, { rows: 8 }), b), /XR=2 takes ROWS 1..4/);
   assert.throws(
     () => checkMatvec({ ...shape, batch: 17 }, matvecConstants({ ...shape, batch: 17 }), b),
     /BATCH/,
   );
-  // Passes keep the partials (and XR 3's stage) within 32 KiB (with the IQ4 table) for every ROWS, batch and
-  // TEAM the stage takes.
+  // Passes keep the partials within 32 KiB (with the IQ4 table) for every ROWS and batch.
   for (let rows = 1; rows <= 4; rows++) {
     for (let batch = 1; batch <= 16; batch++) {
-      for (const [xr, team] of [[2, undefined], [3, 32], [3, 64], [3, 128]] as const) {
-        const c = matvecConstants({ ...shape, batch }, { rows, xr, team });
-        if (xr === 3 && !matvecStagedFits(shape.k, c)) {
-          assert.ok(team === 128 && rows >= 3, `ROWS ${rows} TEAM ${team}: the stage should fit`);
-          continue;
-        }
-        assert.ok(
-          matvecWorkgroupBytes(c) <= 32768,
-          `XR ${xr} TEAM ${team} ROWS ${rows} BATCH ${batch}: ${matvecWorkgroupBytes(c)} B`,
-        );
-      }
+      const c = matvecConstants({ ...shape, batch }, { rows, xr: 2 });
+      assert.ok(
+        matvecWorkgroupBytes(c) <= 32768,
+        `ROWS ${rows} BATCH ${batch}: ${matvecWorkgroupBytes(c)} B`,
+      );
     }
   }
 });

@@ -139,7 +139,8 @@ export interface MatvecOp {
  * "rows in vec4 components"): TEAM = the largest power of two ≤ K/8 (units per row) and ≤ 32, or 64 from
  * K = 4096; batch 1 uses ROWS = 4 with UNROLL 1 from N = 8192 (rows share x quads), else ROWS = 1 from
  * K = 2048 (more workgroups) and ROWS = 4 below (short rows need more rows per workgroup); batches use
- * the named path XR = 2 with UNROLL = 1 and ROWS = 4 from N = 4096 below 65,536, else 2; UNROLL = 2 elsewhere.
+ * the named path XR = 2 with UNROLL = 1 and ROWS = 4 from N = 4096 below 65,536 (above 8 columns from N =
+ * 2048 on), else 2; UNROLL = 2 elsewhere.
  */
 export function matvecConstants(
   shape: MatvecShape,
@@ -171,9 +172,13 @@ export function matvecConstants(
   // 65,535 rows and 2 elsewhere (H200, bench/matvec.ts --batch-sweep at 8 columns, ms against XR 1 ROWS 1:
   // attn_qkv [2048, 8192] 0.0245 / 0.0592, attn_gate [2048, 4096] 0.0171 / 0.0323, ssm_out [4096, 2048] ROWS 2
   // 0.0185 / 0.0318, shexp gate·up 0.0090 / 0.0155, the Q6_K LM head ROWS 2 0.926 / 1.845; docs/PERF.md).
+  // From the twenty-sixth session: ROWS 4 from N = 2,048 above 8 columns too (H100, --batch-sweep at 16
+  // columns: ssm_out [4096, 2048] 0.028 ms against 0.039 at ROWS 2, the Q6_K LM head 1.56 against 2.03; at 8
+  // columns ROWS 2 keeps them: 0.018 either way, 0.93 against 0.98).
   const batched = shape.batch > 1;
   const xr = opts.xr ?? (batched ? 2 : 0);
-  const batchRows = xr === 2 ? (shape.n >= 4096 && shape.n < 65536 ? 4 : 2) : 1;
+  const fourRows = (shape.n >= 4096 && shape.n < 65536) || (shape.batch > 8 && shape.n >= 2048);
+  const batchRows = xr === 2 ? (fourRows ? 4 : 2) : 1;
   const rows = opts.rows ?? (opts.sr ? 1 : !batched ? (tall || shape.k < 2048 ? 4 : 1) : batchRows);
   // Short matrices (a router, a k/v projection): a wider team, up to 128, until one row per team gives 256
   // workgroups, so that a few dozen workgroups do not leave the SMs idle (H200, batch 1: router [2048, 257]

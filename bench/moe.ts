@@ -42,7 +42,6 @@ import {
   type MoeMatvecQ8Bindings,
   moeMatvecQ8Constants,
   moeMatvecQ8Grid,
-  moeMatvecQ8WorkgroupBytes,
   q8ColumnWords,
 } from "../wgsl/moe_matvec_q8.ts";
 
@@ -403,15 +402,8 @@ async function batchedQ8(
   // x rounded to int8: one column per slot (gate·up), or the down pass's log of its f32 x per column.
   const xq = randomBuffer(device, 4 * q8ColumnWords(shape.k) * (xin ? cols : tokens));
   const def = moeMatvecQ8Constants(shape, undefined, { xin });
-  const tunings: { team: number; rows: number; copies?: number }[] = [];
+  const tunings: { team: number; rows: number }[] = [];
   for (const rows of [1, 2, 4]) tunings.push({ team: def.TEAM, rows });
-  // IQ4_XS table copies (the same values, fewer bank conflicts in the codebook lookups) where they fit.
-  for (const copies of [2, 4, 8, 16, 32]) {
-    const c = moeMatvecQ8Constants(shape, undefined, { xin, copies });
-    if (moeMatvecQ8WorkgroupBytes(c) <= device.limits.maxComputeWorkgroupStorageSize) {
-      tunings.push({ team: def.TEAM, rows: def.ROWS, copies });
-    }
-  }
   if (!QUICK) {
     for (const team of [4, 8, 16, 32, 64].filter((t) => t !== def.TEAM && t <= shape.k / 32)) {
       for (const rows of [1, 2, 4]) tunings.push({ team, rows });
@@ -420,7 +412,7 @@ async function batchedQ8(
   for (const t of tunings) {
     const c = moeMatvecQ8Constants(shape, undefined, { ...t, xin });
     const pipeline = await cache.get(MOE_MATVEC_Q8, c);
-    for (const one of t.team === def.TEAM && t.copies === undefined ? [false, true] : [false]) {
+    for (const one of t.team === def.TEAM ? [false, true] : [false]) {
       const groups = Array.from({ length: one ? 1 : SETS }, (_, set) => {
         const b: MoeMatvecQ8Bindings = {
           params,
@@ -447,8 +439,7 @@ async function batchedQ8(
         ids: one ? "one" : "random",
         team: c.TEAM,
         rows: c.ROWS,
-        copies: c.COPIES,
-        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && c.COPIES === def.COPIES && !one,
+        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && !one,
         sameBits: c.TEAM === def.TEAM,
         workgroups: grid[0] * grid[1],
         us: sec * 1e6,

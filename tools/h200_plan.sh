@@ -50,12 +50,8 @@
 #   lateparts  #20: the late prompt with its pieces in parts (chunk-wide pieces, a few layers per round; the
 #              default) against whole pieces (--piece-parts 0)
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
-#   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
-#              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
-#   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS,
-#              and by IQ4_XS table copies
-#   copies     #20: solo, 8 and 16 slots with 8, 16 and 32 copies of the IQ4_XS table in the int8-x expert passes
+#   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS
 #   stoppoints #20: 8 and 16 slots without and with an abort signal per item (--stop-points: a rewind point
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
@@ -199,9 +195,6 @@ for step in "$@"; do
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         --f32-experts
       ;;
-    mvsweep)
-      run mvsweep 200 $D bench/matvec.ts --batch-sweep
-      ;;
     batched)
       ensure_model
       run batched 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
@@ -211,13 +204,6 @@ for step in "$@"; do
       for rows in 2 4; do
         run rows 100 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
           --batched-q8-rows $rows
-      done
-      ;;
-    copies)
-      ensure_model
-      for copies in 8 16 32; do
-        run copies 100 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
-          --q8-copies $copies
       done
       ;;
     moeq8)

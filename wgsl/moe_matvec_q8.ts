@@ -28,7 +28,6 @@ export const MOE_MATVEC_Q8: KernelSpec = {
     QOUT: "bool",
     XIN: "bool",
     KC: "u32",
-    COPIES: "u32",
   },
 };
 
@@ -46,16 +45,7 @@ export type MoeMatvecQ8Constants = {
   readonly XIN: boolean;
   /** XIN: K / 32 (the chunks held in workgroup memory); 1 otherwise. */
   readonly KC: number;
-  /** Interleaved copies of the IQ4_XS table (1..32, a power of two): the same values, fewer bank conflicts. */
-  readonly COPIES: number;
 };
-
-/** Workgroup memory of a variant in bytes (table copies, partials, QOUT's rows, XIN's int8 column). */
-export function moeMatvecQ8WorkgroupBytes(c: MoeMatvecQ8Constants): number {
-  const wgRows = (256 / c.TEAM) * c.ROWS;
-  return 1024 * c.COPIES + 1024 * c.ROWS * (c.GATE_UP ? 2 : 1) + (c.QOUT ? 4 * wgRows : 0) +
-    (c.XIN ? 36 * c.KC : 0);
-}
 
 /** Binding order of `moe_matvec_q8.wgsl`. */
 export const MOE_MATVEC_Q8_BINDINGS = ["params", "ids", "weights", "weights2", "xq", "y", "yq"] as const;
@@ -76,12 +66,12 @@ export function q8ColumnWords(k: number): number {
  * of two ≤ min(16, K/128), ROWS 1 (gate·up [2048 → 2×512] at T16 R1: 10.8 µs with int8 x read, 13.7 with XIN;
  * down [512 → 2048] at T4 R1: 10.7 and 12.8), or 2 at TEAM 16 with QOUT (whole 32-row chunks per workgroup).
  * `outType`: the down weights' type when the gate·up pass should write their int8 x (QOUT); `tuning`
- * overrides TEAM and ROWS, asks for XIN and sets COPIES.
+ * overrides TEAM and ROWS and asks for XIN.
  */
 export function moeMatvecQ8Constants(
   shape: MoeMatvecShape,
   outType?: GgmlTypeName,
-  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean; copies?: number },
+  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean },
 ): MoeMatvecQ8Constants {
   let team = 1;
   while (team * 2 <= Math.min(16, shape.k / 128)) team *= 2;
@@ -95,7 +85,6 @@ export function moeMatvecQ8Constants(
     QOUT: qout,
     XIN: tuning?.xin ?? false,
     KC: tuning?.xin ? shape.k / 32 : 1,
-    COPIES: tuning?.copies ?? 1,
   };
 }
 
@@ -174,10 +163,6 @@ export function checkMoeMatvecQ8(
     `Kernel moe_matvec_q8: IQ4_XS rows of K=${shape.k} are not 8-byte aligned`,
   );
   const wgRows = (256 / c.TEAM) * c.ROWS;
-  checkShape(
-    Number.isInteger(Math.log2(c.COPIES)) && c.COPIES >= 1 && c.COPIES <= 32,
-    `Kernel moe_matvec_q8: COPIES=${c.COPIES} must be 1, 2, 4, 8, 16 or 32`,
-  );
   if (c.QOUT) {
     checkShape(
       wgRows % 32 === 0 && shape.n % 32 === 0,

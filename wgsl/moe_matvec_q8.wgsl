@@ -27,10 +27,8 @@
 // team of TEAM invocations owns ROWS rows and walks chunks t, t + TEAM, ... (a whole 32-weight chunk per step,
 // gate's and up's loads issued before their math); one invocation per row adds its team's TEAM partials.
 // Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN: K/32, else
-//   1), COPIES (interleaved copies of the IQ4_XS table, lib/q8chunk.wgsl: 1..32, a power of two; the same
-//   values, fewer bank conflicts in the lookups): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0
-//   and N % 32 == 0; not both QOUT and XIN).
-// Workgroup memory: 1024·COPIES (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC (XIN) bytes.
+//   1): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0; not both QOUT and XIN).
+// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC (XIN) bytes.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -41,6 +39,7 @@
 @group(0) @binding(6) var<storage, read_write> yq: array<u32>;
 
 const WG: u32 = 256u;
+const COPIES: u32 = 1u;
 const LAYOUT: u32 = OUT_LAYOUT;
 const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const MATS: u32 = select(1u, 2u, GATE_UP);

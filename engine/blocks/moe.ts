@@ -59,7 +59,6 @@ import {
   moeMatvecQ8Constants,
   moeMatvecQ8Fits,
   moeMatvecQ8Grid,
-  moeMatvecQ8WorkgroupBytes,
 } from "../../wgsl/moe_matvec_q8.ts";
 import {
   MOE_ROUTE,
@@ -475,15 +474,7 @@ export async function expertsQ8(
   // workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS (the same bits).
   const pass = shape.gateUp ? "gateUp" : "down";
   const rows = g.n > 1 && g.n <= g.maxCols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
-  let c = moeMatvecQ8Constants(shape, undefined, {
-    xin: !xq8,
-    copies: g.opts.moeTuning?.q8Copies,
-    ...(rows === undefined ? {} : { rows }),
-  });
-  // Table copies only as many as the device's workgroup memory holds (the same values either way).
-  while (c.COPIES > 1 && moeMatvecQ8WorkgroupBytes(c) > g.device.limits.maxComputeWorkgroupStorageSize) {
-    c = { ...c, COPIES: c.COPIES / 2 };
-  }
+  const c = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
   const b: MoeMatvecQ8Bindings = {
     params: g.storage(moeMatvecParams(shape)),
     ids,

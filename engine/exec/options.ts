@@ -64,14 +64,12 @@ export interface StageOptions {
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).
    * `batchedQ8Rows`: ROWS of the int8-x expert passes (moe_matvec_q8) of batched steps and short chunks, the
    * same bits as the solo step's ROWS (each row sums its chunks in the same order); bench/decode.ts
-   * --batched-q8-rows. `q8Copies`: interleaved copies of the IQ4_XS table in every int8-x expert pass (1..32,
-   * fewer where the device's workgroup memory is short; the same bits); bench/decode.ts --q8-copies.
+   * --batched-q8-rows.
    */
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly q8Copies?: number;
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob

@@ -51,7 +51,6 @@
 #              default) against whole pieces (--piece-parts 0)
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
-#   noqout     #20: the batched step as `batched` without moeTuning.batchedQout (the down pass rounds its x itself)
 #   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS
 #   stoppoints #20: 8 and 16 slots without and with an abort signal per item (--stop-points: a rewind point
 #              per slot and readback batch, as the service's steps take them)
@@ -206,11 +205,6 @@ for step in "$@"; do
         run rows 100 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
           --batched-q8-rows $rows
       done
-      ;;
-    noqout)
-      ensure_model
-      run noqout 100 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
-        --batched-qout 0
       ;;
     moeq8)
       for tokens in 8 16; do

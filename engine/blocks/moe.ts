@@ -302,6 +302,20 @@ export async function experts(
     yStride: m.ne[1]!,
     ...more,
   });
+  if (int8 && moeMatvecQ8Fits(gu)) {
+    const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
+    await expertsQ8(g, `${label}.gate_up`, gu, gp.buffer, e.ids, cx.act.m!, e.act, n, xq8);
+  } else {
+    const x = round(gu.type)
+      ? await roundX(g, `${label}.gate_up`, cx.act.m!, hp.nEmbd, n, gu.type, "moe_in")
+      : cx.act.m!;
+    if (groups) {
+      const shape = grouped(e.gate, { upOffsetBytes: u.offsetBytes, xDiv: e.used, sharedX0: 0 });
+      await expertsGrouped(g, `${label}.gate_up`, shape, gp.buffer, x, e.act, groups, gmv);
+    } else {
+      await expertsF32(g, label, gu, e, gp.buffer, x, e.act, e.route);
+    }
+  }
   const dp = e.down.parts[0]!;
   assert(e.down.parts.length === 1, `${label}: down in one binding`);
   const dn: MoeMatvecShape = {
@@ -315,37 +329,8 @@ export async function experts(
     gateUp: false,
     sharedCols: e.shared ? n : 0,
   };
-  const downCols = e.used * n + (e.shared ? n : 0);
-  // Batched steps and short chunks: gate·up also writes its output rounded to int8 (QOUT, 32 rows per
-  // workgroup), which the down pass reads as it is, instead of every down workgroup rounding its column
-  // (XIN): the same int8 x, so the same bits as the solo step's XIN (whose 9 columns give QOUT's 32-row
-  // workgroups too few to fill the GPU, docs/PERF.md).
-  // The gate·up pass reads int8 x rounded by moe_route where that fits (else it rounds it itself, XIN, and
-  // cannot also write QOUT's int8 output).
-  const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
-  const qout = int8 && xq8 && moeMatvecQ8Fits(gu) && moeMatvecQ8Fits(dn) && n > 1 &&
-      (g.opts.moeTuning?.batchedQout ?? true)
-    ? qoutRows(gu, typeName(e.down))
-    : undefined;
-  const downX = qout !== undefined
-    ? g.q8Region(`${label}.down`, e.nFf, typeName(e.down), downCols, "act")
-    : undefined;
-  if (int8 && moeMatvecQ8Fits(gu)) {
-    const out = qout !== undefined ? { type: typeName(e.down), rows: qout, yq: downX! } : undefined;
-    await expertsQ8(g, `${label}.gate_up`, gu, gp.buffer, e.ids, cx.act.m!, e.act, n, xq8, out);
-  } else {
-    const x = round(gu.type)
-      ? await roundX(g, `${label}.gate_up`, cx.act.m!, hp.nEmbd, n, gu.type, "moe_in")
-      : cx.act.m!;
-    if (groups) {
-      const shape = grouped(e.gate, { upOffsetBytes: u.offsetBytes, xDiv: e.used, sharedX0: 0 });
-      await expertsGrouped(g, `${label}.gate_up`, shape, gp.buffer, x, e.act, groups, gmv);
-    } else {
-      await expertsF32(g, label, gu, e, gp.buffer, x, e.act, e.route);
-    }
-  }
   if (int8 && moeMatvecQ8Fits(dn)) {
-    await expertsQ8(g, `${label}.down`, dn, dp.buffer, e.ids, e.act, e.out, downCols, downX);
+    await expertsQ8(g, `${label}.down`, dn, dp.buffer, e.ids, e.act, e.out, e.used * n + (e.shared ? n : 0));
   } else {
     const cols = e.used * n + (e.shared ? n : 0);
     const act = round(dn.type)
@@ -471,17 +456,6 @@ export async function expertsF32(
 }
 
 /**
- * ROWS of a gate·up pass (moe_matvec_q8 at its default TEAM) that also writes its output as the down pass's
- * int8 x (QOUT: whole 32-row chunks per workgroup, N a multiple of 32), or undefined where no ROWS ≤ 4 gives
- * that.
- */
-function qoutRows(gu: MoeMatvecShape, downType: GgmlTypeName): number | undefined {
-  const team = moeMatvecQ8Constants(gu, downType).TEAM;
-  const rows = Math.max(1, (32 * team) / 256);
-  return rows <= 4 && gu.n % 32 === 0 ? rows : undefined;
-}
-
-/**
  * One expert pass through moe_matvec_q8: int8 x given (`xq8`), or with XIN f32 x (xCols columns) rounded to
  * int8 in every workgroup's prologue, the rounded x written to the int8 log (int8Log) or to a scratch buffer.
  */
@@ -495,15 +469,12 @@ export async function expertsQ8(
   y: GPUBuffer,
   xCols: number,
   xq8?: Binding,
-  qout?: { type: GgmlTypeName; rows: number; yq: Binding },
 ) {
-  // x already rounded (moe_route XQ, or the gate·up pass's QOUT): read it as it is; otherwise XIN rounds it in
-  // every workgroup and workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS
-  // (the same bits). QOUT: y also goes to qout.yq rounded to int8 in the byte order of qout.type's weights.
+  // x already rounded (moe_route XQ): read it as it is; otherwise XIN rounds it in every workgroup and
+  // workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS (the same bits).
   const pass = shape.gateUp ? "gateUp" : "down";
-  const tuned = g.n > 1 && g.n <= g.maxCols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
-  const rows = qout?.rows ?? tuned;
-  const c = moeMatvecQ8Constants(shape, qout?.type, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
+  const rows = g.n > 1 && g.n <= g.maxCols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
+  const c = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
   const b: MoeMatvecQ8Bindings = {
     params: g.storage(moeMatvecParams(shape)),
     ids,
@@ -511,7 +482,7 @@ export async function expertsQ8(
     weights2: weights,
     xq: xq8 ?? x,
     y,
-    yq: qout?.yq ?? (xq8 ? g.scratch() : g.q8Region(label, shape.k, shape.type, xCols, "act")),
+    yq: xq8 ? g.scratch() : g.q8Region(label, shape.k, shape.type, xCols, "act"),
   };
   checkMoeMatvecQ8(shape, c, b);
   await g.push(

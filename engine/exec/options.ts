@@ -64,15 +64,12 @@ export interface StageOptions {
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).
    * `batchedQ8Rows`: ROWS of the int8-x expert passes (moe_matvec_q8) of batched steps and short chunks, the
    * same bits as the solo step's ROWS (each row sums its chunks in the same order); bench/decode.ts
-   * --batched-q8-rows. `batchedQout` (default true): in those steps the int8-x gate·up pass also writes its
-   * output rounded to int8 for the down pass (QOUT), which then reads it instead of rounding it in every
-   * workgroup (XIN): the same int8 x; bench/decode.ts --batched-qout 0 measures without.
+   * --batched-q8-rows.
    */
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly batchedQout?: boolean;
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob

@@ -7,12 +7,12 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next calls should measure first: `serve18` (HTTP and direct at 1 and 8 streams: the rewind points
-# by copy_regions are not measured through the service yet; 8 streams over HTTP were 0.935x before them, the
-# one-stream TTFT +22 ms), `bits` after any change to a batched kernel, then `split3` and `combine smallchunk`
-# after changes to the batched step or the expert kernels. The benches and the commands they start take int8
-# x for the expert passes by default since `int8experts` measured it (1, 8, 16 slots: 225, 822, 963 tok/s at
-# bc9ca46); the steps' earlier numbers are f32 x (--f32-experts). `H200_TREE=.oldtree` runs the steps on an
+# What the next calls should measure first: `bits` after any change to a batched kernel, `batched` against
+# the last tree's (`H200_TREE=.oldtree`), then `serve18`, `split3` and `combine smallchunk` after changes to
+# the batched step or the expert kernels (the twenty-sixth session measured serve18 with the rewind points by
+# copy_regions: 8 streams over HTTP 0.975x, one stream's TTFT +14.1 ms). The benches and the commands they
+# start take int8 x for the expert passes by default since `int8experts` measured it (1, 8, 16 slots: 228,
+# 834, 1016 tok/s at d67bba1 on an H100); the steps' earlier numbers are f32 x (--f32-experts). `H200_TREE=.oldtree` runs the steps on an
 # older tree carried as an ignored folder (engine, wgsl, the benches used, mod.ts, version.ts,
 # head.imports.json; under 1.5 MB: the carry limit is 64 MiB with the tree), for an A/B in one call.
 # A warm machine keeps /tmp, so the model is written once per machine (~25 s); one call of

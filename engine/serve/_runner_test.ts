@@ -49,6 +49,16 @@ function logged(d: SlotDecoder, log: string[], split = false): SlotDecoder {
   };
 }
 
+/** A request of `maxTokens` ids (greedy unless `sampling` says otherwise, no stop ids, never aborted). */
+function runnerJob(
+  prompt: number[],
+  maxTokens: number,
+  onTokens: RunnerJob["onTokens"] = () => {},
+  sampling: RunnerJob["sampling"] = GREEDY,
+): RunnerJob {
+  return { prompt, maxTokens, stopIds: [], sampling, signal: new AbortController().signal, onTokens };
+}
+
 /** A greedy job of `prompt` whose id batches are logged into `log` as `<name>:<count>`, then `more()`. */
 function loggedJob(
   log: string[],
@@ -57,17 +67,10 @@ function loggedJob(
   name: string,
   more?: () => void,
 ): RunnerJob {
-  return {
-    prompt,
-    maxTokens,
-    stopIds: [],
-    sampling: GREEDY,
-    signal: new AbortController().signal,
-    onTokens: (ids) => {
-      log.push(`${name}:${ids.length}`);
-      more?.();
-    },
-  };
+  return runnerJob(prompt, maxTokens, (ids) => {
+    log.push(`${name}:${ids.length}`);
+    more?.();
+  });
 }
 
 /** lateBesideThree's runner: readback batches of 4, 2 between pieces, no prompt-boundary snapshots. */
@@ -255,16 +258,7 @@ Deno.test("runner: requests arriving together prefill their pieces up to the sna
       prefillTurn: 128,
       batchMin: 2,
     });
-    const got = await Promise.all(prompts.map((prompt) =>
-      runner.submit({
-        prompt,
-        maxTokens: 10,
-        stopIds: [],
-        sampling: GREEDY,
-        signal: new AbortController().signal,
-        onTokens: () => {},
-      })
-    ));
+    const got = await Promise.all(prompts.map((prompt) => runner.submit(runnerJob(prompt, 10))));
     for (const [i, r] of got.entries()) {
       assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
     }
@@ -289,14 +283,7 @@ Deno.test("runner: requests arriving one by one during the first one's piece sti
     const want: number[][] = [];
     for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 10 })).tokens);
     const log: string[] = [];
-    const job = (prompt: number[]): RunnerJob => ({
-      prompt,
-      maxTokens: 10,
-      stopIds: [],
-      sampling: GREEDY,
-      signal: new AbortController().signal,
-      onTokens: () => {},
-    });
+    const job = (prompt: number[]) => runnerJob(prompt, 10);
     // The other three arrive while the first request's piece is on the GPU (as HTTP requests of a burst do,
     // each in a task of its own).
     const inner = logged(stage.decoder, log);
@@ -399,16 +386,9 @@ Deno.test("runner: a fresh request's first id costs one GPU readback (prompt pie
       log.length = 0;
       count.maps = 0;
       let atFirst = -1;
-      const r = await runner.submit({
-        prompt,
-        maxTokens: 9,
-        stopIds: [],
-        sampling,
-        signal: new AbortController().signal,
-        onTokens: () => {
-          if (atFirst < 0) atFirst = count.maps;
-        },
-      });
+      const r = await runner.submit(runnerJob(prompt, 9, () => {
+        if (atFirst < 0) atFirst = count.maps;
+      }, sampling));
       assert.equal(r.tokens.length, 9, what);
       assert.equal(r.prefilledTokens, n, `${what}: no prefix reused`);
       assert.deepEqual(
@@ -422,18 +402,13 @@ Deno.test("runner: a fresh request's first id costs one GPU readback (prompt pie
     // Two requests arriving together: both first ids in one round of readbacks, then one batched decode call.
     count.maps = 0;
     const firsts: number[] = [];
-    await Promise.all([GREEDY, sampled].map((sampling) =>
-      runner.submit({
-        prompt: Array.from({ length: 20 }, () => rng.int(0, 1021)),
-        maxTokens: 9,
-        stopIds: [],
-        sampling,
-        signal: new AbortController().signal,
-        onTokens: () => {
+    await Promise.all(
+      [GREEDY, sampled].map((sampling) =>
+        runner.submit(runnerJob(Array.from({ length: 20 }, () => rng.int(0, 1021)), 9, () => {
           if (firsts.length < 2) firsts.push(count.maps);
-        },
-      })
-    ));
+        }, sampling))
+      ),
+    );
     assert.deepEqual(
       firsts,
       [2, 2],
@@ -455,14 +430,8 @@ Deno.test("runner: a lone long prompt goes in rounds of prefillAlone tokens, pie
     const long = Array.from({ length: 60 }, () => rng.int(0, 1021));
     const short = Array.from({ length: 3 }, () => rng.int(0, 1021));
     const want = (await stage.generate(0, long, { nNew: 4 })).tokens;
-    const job = (prompt: number[], maxTokens: number, onTokens?: () => void): RunnerJob => ({
-      prompt,
-      maxTokens,
-      stopIds: [],
-      sampling: GREEDY,
-      signal: new AbortController().signal,
-      onTokens: () => onTokens?.(),
-    });
+    const job = (prompt: number[], maxTokens: number, onTokens?: () => void) =>
+      runnerJob(prompt, maxTokens, () => onTokens?.());
     const opts = { batch: 4, turnTokens: 64, snapshotBack: 0, prefillTurn: 8, batchMin: 2 };
     for (const [alone, pieces] of [[undefined, 7], [32, 2], [0, 1]] as const) {
       const log: string[] = [];
@@ -551,27 +520,13 @@ Deno.test("runner: with pieceGap a long prompt beside a stream goes in pieces th
       });
       let late: Promise<JobResult> | undefined;
       let batches = 0;
-      const streaming = runner.submit({
-        prompt: short,
-        maxTokens: 40,
-        stopIds: [],
-        sampling: GREEDY,
-        signal: new AbortController().signal,
-        // The long prompt arrives after the stream's third batch: a steady turn of 4 steps ran by then.
-        onTokens: () => {
-          if (++batches === 3) {
-            log.push("arrive");
-            late = runner.submit({
-              prompt: long,
-              maxTokens: 4,
-              stopIds: [],
-              sampling: GREEDY,
-              signal: new AbortController().signal,
-              onTokens: () => {},
-            });
-          }
-        },
-      });
+      // The long prompt arrives after the stream's third batch: a steady turn of 4 steps ran by then.
+      const streaming = runner.submit(runnerJob(short, 40, () => {
+        if (++batches === 3) {
+          log.push("arrive");
+          late = runner.submit(runnerJob(long, 4));
+        }
+      }));
       await streaming;
       const got = await late!;
       assert.deepEqual(got.tokens, want, `pieceGap ${gap} (seed ${rng.seed})`);

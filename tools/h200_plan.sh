@@ -50,6 +50,8 @@
 #   lateparts  #20: the late prompt with its pieces in parts (chunk-wide pieces, a few layers per round; the
 #              default) against whole pieces (--piece-parts 0)
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
+#   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
+#              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (about 150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
 #   moeq8      #20: a batched step's expert passes alone (bench/moe.ts --tokens 8, 16), int8 x by TEAM x ROWS
 #   stoppoints #20: 8 and 16 slots without and with an abort signal per item (--stop-points: a rewind point
@@ -194,6 +196,9 @@ for step in "$@"; do
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         --f32-experts
+      ;;
+    mvsweep)
+      run mvsweep 200 $D bench/matvec.ts --batch-sweep
       ;;
     batched)
       ensure_model

@@ -50,6 +50,8 @@
 #   lateparts  #20: the late prompt with its pieces in parts (chunk-wide pieces, a few layers per round; the
 #              default) against whole pieces (--piece-parts 0)
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
+#   restprofile  #20: the profile of one slot's prefill chunk of 8, 56 and 64 tokens (the service's split of a
+#              64-token prompt: a 56-token piece, the prompt-boundary snapshot, the 8-token rest)
 #   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
 #              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (about 150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
@@ -196,6 +198,12 @@ for step in "$@"; do
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         --f32-experts
+      ;;
+    restprofile)
+      ensure_model
+      for w in 8 56 64; do
+        run restprofile 90 $D bench/decode.ts --model "$model" --prompt 64 --n 16 --prefill $w --chunk $w
+      done
       ;;
     mvsweep)
       run mvsweep 200 $D bench/matvec.ts --batch-sweep

@@ -238,7 +238,22 @@ Deno.test("runner: a piece in parts cancelled between its parts ends cancelled; 
   }
 });
 
-Deno.test("runner: requests arriving together prefill their pieces up to the snapshot point back to back, then start in one call", async () => {
+/**
+ * The burst tests' runner: pieces up to the snapshot point (8 before each prompt's end) and the rests after it
+ * (8 each) fit one round's budget together: at most 4 × 19 = 76 prompt tokens against 128 (with 64, some
+ * seeds' prompts left the last rest for the next call).
+ */
+const BURST_OPTS = { batch: 4, turnTokens: 64, snapshotBack: 8, prefillTurn: 128, batchMin: 2 } as const;
+
+/**
+ * Four prompts of 12-19 tokens on tiny-qwen3next (4 slots), submitted by `submit` to a runner (BURST_OPTS)
+ * over the logged decoder it is given, each checked against its solo tokens; then the log must start with
+ * every piece and one call of all four.
+ */
+async function burst(
+  submit: (inner: SlotDecoder, prompts: number[][]) => Promise<JobResult[]>,
+  more?: (stage: Stage) => void,
+): Promise<void> {
   const rng = new Rng();
   const gpu = await testGpu();
   using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
@@ -248,18 +263,7 @@ Deno.test("runner: requests arriving together prefill their pieces up to the sna
     const want: number[][] = [];
     for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 10 })).tokens);
     const log: string[] = [];
-    // Pieces up to the snapshot point (8 before each prompt's end) and the rests after it (8 each) fit one
-    // round's budget together: at most 4 × 19 = 76 prompt tokens against 128 (with 64, some seeds' prompts
-    // left the last rest for the next call).
-    const runner = new SlotRunner(logged(stage.decoder, log), {
-      batch: 4,
-      turnTokens: 64,
-      snapshotBack: 8,
-      prefillTurn: 128,
-      batchMin: 2,
-    });
-    const got = await Promise.all(prompts.map((prompt) => runner.submit(runnerJob(prompt, 10))));
-    for (const [i, r] of got.entries()) {
+    for (const [i, r] of (await submit(logged(stage.decoder, log), prompts)).entries()) {
       assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
     }
     assert.deepEqual(
@@ -267,48 +271,37 @@ Deno.test("runner: requests arriving together prefill their pieces up to the sna
       ["P0", "P1", "P2", "P3", "G0123"],
       `(seed ${rng.seed}) ${log.join(" ")}`,
     );
-    assert.ok(stage.decoder.snapshotBytes > 0, "each slot holds its prompt-boundary snapshot");
+    more?.(stage);
   } finally {
     stage.destroy();
   }
+}
+
+Deno.test("runner: requests arriving together prefill their pieces up to the snapshot point back to back, then start in one call", async () => {
+  await burst(
+    (inner, prompts) => {
+      const runner = new SlotRunner(inner, BURST_OPTS);
+      return Promise.all(prompts.map((p) => runner.submit(runnerJob(p, 10))));
+    },
+    (stage) => assert.ok(stage.decoder.snapshotBytes > 0, "each slot holds its prompt-boundary snapshot"),
+  );
 });
 
 Deno.test("runner: requests arriving one by one during the first one's piece still start in one call", async () => {
-  const rng = new Rng();
-  const gpu = await testGpu();
-  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
-  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
-  try {
-    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
-    const want: number[][] = [];
-    for (const p of prompts) want.push((await stage.generate(0, p, { nNew: 10 })).tokens);
-    const log: string[] = [];
-    const job = (prompt: number[]) => runnerJob(prompt, 10);
-    // The other three arrive while the first request's piece is on the GPU (as HTTP requests of a burst do,
-    // each in a task of its own).
-    const inner = logged(stage.decoder, log);
+  // The other three arrive while the first request's piece is on the GPU (as HTTP requests of a burst do,
+  // each in a task of its own); the first does not start alone.
+  await burst(async (inner, prompts) => {
     let later: Promise<JobResult>[] | undefined;
     const runner: SlotRunner = new SlotRunner({
       ...inner,
       prefill: (slot, tokens, base) => {
-        later ??= prompts.slice(1).map((p) => runner.submit(job(p)));
+        later ??= prompts.slice(1).map((p) => runner.submit(runnerJob(p, 10)));
         return inner.prefill(slot, tokens, base);
       },
-    }, { batch: 4, turnTokens: 64, snapshotBack: 8, prefillTurn: 128, batchMin: 2 });
-    const first = await runner.submit(job(prompts[0]!));
-    const got = [first, ...await Promise.all(later!)];
-    for (const [i, r] of got.entries()) {
-      assert.deepEqual(r.tokens, want[i], `request ${i} (seed ${rng.seed})`);
-    }
-    // The first request does not start alone: every piece, then one call of all four.
-    assert.deepEqual(
-      log.slice(0, 5),
-      ["P0", "P1", "P2", "P3", "G0123"],
-      `(seed ${rng.seed}) ${log.join(" ")}`,
-    );
-  } finally {
-    stage.destroy();
-  }
+    }, BURST_OPTS);
+    const first = await runner.submit(runnerJob(prompts[0]!, 10));
+    return [first, ...await Promise.all(later!)];
+  });
 });
 
 Deno.test("runner: on a decoder that cannot batch and ignores pause (a split), requests take turns of turnTokens ids", async () => {

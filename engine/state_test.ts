@@ -16,6 +16,17 @@ const specs = [
   { layer: 0, name: "ssm", sizeBytes: SSM_BYTES },
 ];
 
+/** Writes random words into `slot`'s k_cache and ssm regions; returns them (kv, ssm). */
+function fillSlot(st: SlotStates, device: GPUDevice, rng: Rng, slot: number): [Uint32Array, Uint32Array] {
+  const kv = new Uint32Array(KV_BYTES / 4).map(() => rng.u32());
+  const ssm = new Uint32Array(SSM_BYTES / 4).map(() => rng.u32());
+  const k = st.binding(slot, 3, "k_cache");
+  const m = st.binding(slot, 0, "ssm");
+  device.queue.writeBuffer(k.buffer, k.offset, kv);
+  device.queue.writeBuffer(m.buffer, m.offset, ssm);
+  return [kv, ssm];
+}
+
 /** The words of a region out of its buffer's bytes. */
 function words(bytes: ArrayBuffer, r: StateBinding): Uint32Array {
   return new Uint32Array(bytes.slice(r.offset, r.offset + r.size));
@@ -52,10 +63,7 @@ for (const pooled of [true, false]) {
     bufs.forEach((b, i) => device.queue.writeBuffer(b, 0, before[i]!));
     const kv0 = st.binding(0, 3, "k_cache");
     const ssm0 = st.binding(0, 0, "ssm");
-    const kvData = new Uint32Array(KV_BYTES / 4).map(() => rng.u32());
-    const ssmData = new Uint32Array(SSM_BYTES / 4).map(() => rng.u32());
-    device.queue.writeBuffer(kv0.buffer, kv0.offset, kvData);
-    device.queue.writeBuffer(ssm0.buffer, ssm0.offset, ssmData);
+    const [kvData, ssmData] = fillSlot(st, device, rng, 0);
     let enc = device.createCommandEncoder();
     const snap = st.snapshot(enc, 0, 3);
     device.queue.submit([enc.finish()]);
@@ -118,14 +126,9 @@ Deno.test("SlotStates.retake: a snapshot recorded again (another slot, a longer 
   const rng = new Rng();
   const { device } = await testGpu();
   const st = new SlotStates(device, { nSlots: 3, specs });
-  const kv = [0, 1].map(() => new Uint32Array(KV_BYTES / 4).map(() => rng.u32()));
-  const ssm = [0, 1].map(() => new Uint32Array(SSM_BYTES / 4).map(() => rng.u32()));
-  for (const s of [0, 1]) {
-    const k = st.binding(s, 3, "k_cache");
-    const m = st.binding(s, 0, "ssm");
-    device.queue.writeBuffer(k.buffer, k.offset, kv[s]!);
-    device.queue.writeBuffer(m.buffer, m.offset, ssm[s]!);
-  }
+  const filled = [0, 1].map((s) => fillSlot(st, device, rng, s));
+  const kv = filled.map((f) => f[0]);
+  const ssm = filled.map((f) => f[1]);
   let enc = device.createCommandEncoder();
   const snap = st.snapshot(enc, 0, 2);
   device.queue.submit([enc.finish()]);
@@ -157,10 +160,7 @@ Deno.test("SlotStates rewind points: whole states only; restore keeps the KV row
   const st = new SlotStates(device, { nSlots: 2, specs });
   const k0 = st.binding(0, 3, "k_cache");
   const m0 = st.binding(0, 0, "ssm");
-  const kvAt = new Uint32Array(KV_BYTES / 4).map(() => rng.u32());
-  const ssmAt = new Uint32Array(SSM_BYTES / 4).map(() => rng.u32());
-  device.queue.writeBuffer(k0.buffer, k0.offset, kvAt);
-  device.queue.writeBuffer(m0.buffer, m0.offset, ssmAt);
+  const [kvAt, ssmAt] = fillSlot(st, device, rng, 0);
   let enc = device.createCommandEncoder();
   const snap = st.snapshot(enc, 0, 3, true);
   device.queue.submit([enc.finish()]);

@@ -562,6 +562,10 @@ Deno.test("matvecConstants and checkMatvec: XR=2 takes 1..16 columns and ROWS 1.
   assert.equal(MATVEC_MAX_BATCH, 16);
   // Above 8 columns the default is the named path (the only one that takes them).
   assert.equal(matvecConstants(shape).XR, 2);
+  // ROWS 4 from N = 4096 below 65,536, and above 8 columns from N = 2048 on (ssm_out, the LM head); else 2.
+  const rowsOf = (n: number, batch: number) => matvecConstants({ ...shape, n, batch }).ROWS;
+  assert.deepEqual([rowsOf(2048, 8), rowsOf(2048, 9), rowsOf(248320, 8), rowsOf(248320, 16)], [2, 4, 2, 4]);
+  assert.deepEqual([rowsOf(1024, 16), rowsOf(8192, 2)], [2, 4]);
   checkMatvec(shape, matvecConstants(shape, { rows: 4 }), b);
   assert.throws(() => checkMatvec(shape, matvecConstants(shape, { xr: 1 }), b), /needs XR=2/);
   assert.throws(() => checkMatvec(shape, matvecConstants(shape, { rows: 8 }), b), /XR=2 takes ROWS 1..4/);

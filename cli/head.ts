@@ -447,7 +447,7 @@ export const command: Command = {
       const onSignal = () => {
         if (draining) {
           console.error("Second signal: cancelling in-flight requests");
-          void engine.close({ cancel: true });
+          void engine.close({ cancel: true, exiting: true });
           return;
         }
         draining = true;
@@ -458,7 +458,7 @@ export const command: Command = {
         );
         cancelTimer = setTimeout(() => {
           console.error("Grace period over: cancelling in-flight requests");
-          void engine.close({ cancel: true });
+          void engine.close({ cancel: true, exiting: true });
         }, graceMs);
         void closeWhenIdle();
       };
@@ -473,7 +473,7 @@ export const command: Command = {
       });
       try {
         await server.finished;
-        await engine.close();
+        await engine.close({ exiting: true });
       } finally {
         stopProgress.abort();
         clearInterval(prefillPoll);

@@ -96,7 +96,11 @@ Deno.test("head: pipelines built before ready; one log line per request; the tem
     assert.equal(Number(m[2]), body.usage.output_tokens);
     const dir = tempDirOf(log.join("\n"));
     child.kill("SIGTERM");
+    // The last lines come with the exit: a crash while exiting shows after them.
+    for (let r = await lines.read(); !r.done; r = await lines.read()) pending += r.value;
+    log.push(...pending.split("\n").filter((l) => l !== ""));
     assert.equal((await child.status).code, 0, log.join("\n"));
+    assert.equal(log.at(-1), "Stopped", log.join("\n"));
     assert.equal(await exists(dir), false, `${dir} was left behind`);
   } finally {
     if (!exited) child.kill("SIGKILL");

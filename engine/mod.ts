@@ -115,6 +115,7 @@ export {
 } from "./sampling.ts";
 export * from "./text/mod.ts";
 export {
+  type CloseOptions,
   DEFAULT_BATCH_MIN,
   DEFAULT_MAX_CHUNK,
   DEFAULT_PIECE_GAP,

@@ -182,5 +182,17 @@ export interface Engine {
    */
   generate(req: GenerateRequest): Promise<GenerateResult>;
   /** Stops admitting; finishes (or cancels, when `cancel`) running requests; releases the GPU. */
-  close(opts?: { cancel?: boolean }): Promise<void>;
+  close(opts?: CloseOptions): Promise<void>;
+}
+
+/** How {@linkcode Engine.close} ends. */
+export interface CloseOptions {
+  /** Cancel running and queued requests instead of letting them finish. */
+  readonly cancel?: boolean;
+  /**
+   * The process exits right after: the engine's buffers and file are released, but its worker thread is
+   * left to the exit. A worker torn down while the process exits races the Vulkan driver's exit handlers
+   * (lavapipe: SIGSEGV, exit code 139, in about one exit in eight on a loaded machine).
+   */
+  readonly exiting?: boolean;
 }

@@ -21,6 +21,7 @@
  */
 import { checkSampling, samplingParams } from "../sampling.ts";
 import {
+  type CloseOptions,
   type Engine,
   type EngineStatus,
   type FinishReason,
@@ -48,7 +49,14 @@ export {
   DEFAULT_PREFILL_TURN,
 } from "./_options.ts";
 
-export type { Engine, EngineStatus, FinishReason, GenerateRequest, GenerateResult } from "./api.ts";
+export type {
+  CloseOptions,
+  Engine,
+  EngineStatus,
+  FinishReason,
+  GenerateRequest,
+  GenerateResult,
+} from "./api.ts";
 export { QueueFullError };
 
 /** Time between completions assumed for the Retry-After estimate before any request has finished. */
@@ -330,7 +338,7 @@ export class EngineService implements Engine {
    * Stops admitting, lets admitted and queued requests finish (or cancels them all, with `cancel`), then
    * destroys the stage and terminates the worker.
    */
-  async close(opts: { cancel?: boolean } = {}): Promise<void> {
+  async close(opts: CloseOptions = {}): Promise<void> {
     if (this.#terminated) return;
     this.#closing = true;
     if (opts.cancel) {
@@ -348,7 +356,7 @@ export class EngineService implements Engine {
     }
     this.#sendClose();
     await this.#closed;
-    this.#terminate();
+    this.#terminate(opts.exiting);
     await this.#chain?.close();
   }
 
@@ -613,10 +621,11 @@ export class EngineService implements Engine {
     else this.#sendClose();
   }
 
-  #terminate(): void {
+  /** Ends the worker (`leave`: only stops talking to it; see {@linkcode CloseOptions.exiting}). */
+  #terminate(leave = false): void {
     if (this.#terminated) return;
     this.#terminated = true;
-    this.#worker.terminate();
+    if (!leave) this.#worker.terminate();
     this.#onClosed();
     this.#checkIdle();
   }

@@ -24,6 +24,7 @@ import wgsl_matmul_splits from "./matmul_splits.wgsl" with { type: "text" };
 import wgsl_matvec from "./matvec.wgsl" with { type: "text" };
 import wgsl_matvec_q8 from "./matvec_q8.wgsl" with { type: "text" };
 import wgsl_matvec_q8_fused from "./matvec_q8_fused.wgsl" with { type: "text" };
+import wgsl_matvec_q8b from "./matvec_q8b.wgsl" with { type: "text" };
 import wgsl_moe_gmv from "./moe_gmv.wgsl" with { type: "text" };
 import wgsl_moe_group from "./moe_group.wgsl" with { type: "text" };
 import wgsl_moe_matmul from "./moe_matmul.wgsl" with { type: "text" };
@@ -80,6 +81,7 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "matvec.wgsl": wgsl_matvec,
   "matvec_q8.wgsl": wgsl_matvec_q8,
   "matvec_q8_fused.wgsl": wgsl_matvec_q8_fused,
+  "matvec_q8b.wgsl": wgsl_matvec_q8b,
   "moe_gmv.wgsl": wgsl_moe_gmv,
   "moe_group.wgsl": wgsl_moe_group,
   "moe_matmul.wgsl": wgsl_moe_matmul,

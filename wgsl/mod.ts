@@ -108,6 +108,19 @@ export {
   type QuantizeQ8Shape,
 } from "./matvec_q8.ts";
 export {
+  checkMatvecQ8b,
+  MATVEC_Q8B,
+  MATVEC_Q8B_MAX_BATCH,
+  MATVEC_Q8B_PARAMS_BYTES,
+  type MatvecQ8bBindings,
+  type MatvecQ8bConstants,
+  matvecQ8bConstants,
+  matvecQ8bGrid,
+  matvecQ8bParams,
+  type MatvecQ8bShape,
+  prepareMatvecQ8b,
+} from "./matvec_q8b.ts";
+export {
   encodeStreamRead,
   prepareStreamRead,
   STREAM_READ,

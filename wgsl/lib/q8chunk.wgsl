@@ -155,28 +155,34 @@ fn dot16(v: vec4<u32>, x: vec4<u32>) -> vec2<i32> {
   );
 }
 
-// Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
-fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
+// One chunk decoded (the integer work that does not depend on x): its 32 weights as eight quad words, v0 for
+// the quads x0 meets and v1 for x1's, in x's LAYOUT order (Q8_0, IQ4_XS: int8 values; Q6_K, Q4_K, Q5_K:
+// unsigned values below the offset or min), and the scales: Q8_0, IQ4_XS, Q6_K f.x = the scale, Q6_K s = the
+// two 16-element sub-scales; Q4_K, Q5_K f = (d, dmin), s = (sc, m). A batched kernel decodes a chunk once and
+// takes dec_dot against each column's x.
+struct Dec {
+  v0: vec4<u32>,
+  v1: vec4<u32>,
+  f: vec2<f32>,
+  s: vec2<i32>,
+}
+
+fn chunk_dec(rb: u32, c: u32, l: Chunk) -> Dec {
+  var d: Dec;
   if (TYPE == 12u || TYPE == 13u) {
-    // w_i = d·sc·v_i − dmin·m: Σ w_i·q_i = d·sc·Σ v_i·q_i − dmin·m·Σ q_i.
+    // w_i = d·sc·v_i − dmin·m: Σ w_i·q_i = d·sc·Σ v_i·q_i − dmin·m·Σ q_i (dec_dot).
     let s = c & 7u;
     let sh = 4u * (s & 1u);
     let m = select(0u, 0x01010101u, TYPE == 13u);
-    let lo = dot16(
-      vec4<u32>(k_quad(l.a.x, sh, l.e.x, s, m), k_quad(l.a.y, sh, l.e.y, s, m), k_quad(l.a.z, sh, l.e.z, s, m),
-        k_quad(l.a.w, sh, l.e.w, s, m)),
-      x0,
-    );
-    let hi = dot16(
-      vec4<u32>(k_quad(l.b.x, sh, l.f.x, s, m), k_quad(l.b.y, sh, l.f.y, s, m), k_quad(l.b.z, sh, l.f.z, s, m),
-        k_quad(l.b.w, sh, l.f.w, s, m)),
-      x1,
-    );
-    let v = lo + hi;
+    d.v0 = vec4<u32>(k_quad(l.a.x, sh, l.e.x, s, m), k_quad(l.a.y, sh, l.e.y, s, m),
+      k_quad(l.a.z, sh, l.e.z, s, m), k_quad(l.a.w, sh, l.e.w, s, m));
+    d.v1 = vec4<u32>(k_quad(l.b.x, sh, l.f.x, s, m), k_quad(l.b.y, sh, l.f.y, s, m),
+      k_quad(l.b.z, sh, l.f.z, s, m), k_quad(l.b.w, sh, l.f.w, s, m));
     let sm = q4k_scale_min_words(l.s.x, l.s.y, l.s.z, s >> 1u);
     let odd = (s & 1u) == 1u;
-    let dd = unpack2x16float(l.h.x);
-    return dd.x * f32(select(sm.x, sm.y, odd)) * f32(v.x) - dd.y * f32(select(sm.z, sm.w, odd)) * f32(v.y);
+    d.f = unpack2x16float(l.h.x);
+    d.s = vec2<i32>(i32(select(sm.x, sm.y, odd)), i32(select(sm.z, sm.w, odd)));
+    return d;
   }
   if (TYPE == 14u) {
     let blk = q6k_block(rb, c);
@@ -184,13 +190,13 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
     let al = (blk & 2u) != 0u;
     let s = 4u * ((j >> 1u) & 1u);
     let t = 2u * (j & 3u);
-    let v0 = vec4<u32>(
+    d.v0 = vec4<u32>(
       k_quad(half_shift(l.a.x, l.a.y, al), s, half_shift(l.e.x, l.e.y, al), t, 0x03030303u),
       k_quad(half_shift(l.a.y, l.a.z, al), s, half_shift(l.e.y, l.e.z, al), t, 0x03030303u),
       k_quad(half_shift(l.a.z, l.a.w, al), s, half_shift(l.e.z, l.e.w, al), t, 0x03030303u),
       k_quad(half_shift(l.a.w, l.b.x, al), s, half_shift(l.e.w, l.f.x, al), t, 0x03030303u),
     );
-    let v1 = vec4<u32>(
+    d.v1 = vec4<u32>(
       k_quad(half_shift(l.b.x, l.b.y, al), s, half_shift(l.f.x, l.f.y, al), t, 0x03030303u),
       k_quad(half_shift(l.b.y, l.b.z, al), s, half_shift(l.f.y, l.f.z, al), t, 0x03030303u),
       k_quad(half_shift(l.b.z, l.b.w, al), s, half_shift(l.f.z, l.f.w, al), t, 0x03030303u),
@@ -201,11 +207,9 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
     let sh = 8u * ((blk + 192u + 2u * (j & 3u)) & 2u);
     let sc = bitcast<i32>(l.h.x);
     let dh = unpack2x16float(l.h.y);
-    // Σ (v_i − 32)·q_i per half as Σ v_i·q_i − 32·Σ q_i (the values are unsigned bytes).
-    let d0 = dot16(v0, x0);
-    let d1 = dot16(v1, x1);
-    let s16 = extractBits(sc, sh, 8u) * (d0.x - 32 * d0.y) + extractBits(sc, sh + 8u, 8u) * (d1.x - 32 * d1.y);
-    return select(dh.x, dh.y, al) * f32(s16);
+    d.f = vec2<f32>(select(dh.x, dh.y, al), 0.0);
+    d.s = vec2<i32>(extractBits(sc, sh, 8u), extractBits(sc, sh + 8u, 8u));
+    return d;
   }
   if (TYPE == 23u) {
     let ib = c & 7u;
@@ -213,27 +217,52 @@ fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
     let p1 = iq4_pack8(l.b.y);
     let p2 = iq4_pack8(l.b.z);
     let p3 = iq4_pack8(l.b.w);
-    let s = dot4I8Packed(p0.x, x0.x) + dot4I8Packed(p0.y, x0.y) + dot4I8Packed(p1.x, x0.z) +
-      dot4I8Packed(p1.y, x0.w) + dot4I8Packed(p2.x, x1.x) + dot4I8Packed(p2.y, x1.y) +
-      dot4I8Packed(p3.x, x1.z) + dot4I8Packed(p3.y, x1.w);
-    return iq4xs_scale(l.a.x, l.a.y, 4u * ib, 16u + 2u * ib) * f32(s);
+    d.v0 = vec4<u32>(p0, p1);
+    d.v1 = vec4<u32>(p2, p3);
+    d.f = vec2<f32>(iq4xs_scale(l.a.x, l.a.y, 4u * ib, 16u + 2u * ib), 0.0);
+    return d;
   }
   // Q8_0: the block starts at byte 0 or 2 of its first word (blocks are 34 bytes); d is that word's low or
   // high half, and the qs words are funnel-shifted or the next eight words as they are.
   let al = ((rb + 34u * c) & 2u) != 0u;
   let h = unpack2x16float(l.a.x);
-  let d = select(h.x, h.y, al);
-  let q0 = select((l.a.x >> 16u) | (l.a.y << 16u), l.a.y, al);
-  let q1 = select((l.a.y >> 16u) | (l.a.z << 16u), l.a.z, al);
-  let q2 = select((l.a.z >> 16u) | (l.a.w << 16u), l.a.w, al);
-  let q3 = select((l.a.w >> 16u) | (l.b.x << 16u), l.b.x, al);
-  let q4 = select((l.b.x >> 16u) | (l.b.y << 16u), l.b.y, al);
-  let q5 = select((l.b.y >> 16u) | (l.b.z << 16u), l.b.z, al);
-  let q6 = select((l.b.z >> 16u) | (l.b.w << 16u), l.b.w, al);
-  let q7 = select((l.b.w >> 16u) | (l.c << 16u), l.c, al);
-  let s = dot4I8Packed(q0, x0.x) + dot4I8Packed(q1, x0.y) + dot4I8Packed(q2, x0.z) + dot4I8Packed(q3, x0.w) +
-    dot4I8Packed(q4, x1.x) + dot4I8Packed(q5, x1.y) + dot4I8Packed(q6, x1.z) + dot4I8Packed(q7, x1.w);
-  return d * f32(s);
+  d.f = vec2<f32>(select(h.x, h.y, al), 0.0);
+  d.v0 = vec4<u32>(
+    select((l.a.x >> 16u) | (l.a.y << 16u), l.a.y, al),
+    select((l.a.y >> 16u) | (l.a.z << 16u), l.a.z, al),
+    select((l.a.z >> 16u) | (l.a.w << 16u), l.a.w, al),
+    select((l.a.w >> 16u) | (l.b.x << 16u), l.b.x, al),
+  );
+  d.v1 = vec4<u32>(
+    select((l.b.x >> 16u) | (l.b.y << 16u), l.b.y, al),
+    select((l.b.y >> 16u) | (l.b.z << 16u), l.b.z, al),
+    select((l.b.z >> 16u) | (l.b.w << 16u), l.b.w, al),
+    select((l.b.w >> 16u) | (l.c << 16u), l.c, al),
+  );
+  return d;
+}
+
+// Σ_i w_i·q_i of a decoded chunk times its weight scale, against the x quads x0, x1.
+fn dec_dot(d: Dec, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
+  if (TYPE == 12u || TYPE == 13u) {
+    let v = dot16(d.v0, x0) + dot16(d.v1, x1);
+    return d.f.x * f32(d.s.x) * f32(v.x) - d.f.y * f32(d.s.y) * f32(v.y);
+  }
+  if (TYPE == 14u) {
+    // Σ (v_i − 32)·q_i per half as Σ v_i·q_i − 32·Σ q_i (the values are unsigned bytes).
+    let d0 = dot16(d.v0, x0);
+    let d1 = dot16(d.v1, x1);
+    return d.f.x * f32(d.s.x * (d0.x - 32 * d0.y) + d.s.y * (d1.x - 32 * d1.y));
+  }
+  let s = dot4I8Packed(d.v0.x, x0.x) + dot4I8Packed(d.v0.y, x0.y) + dot4I8Packed(d.v0.z, x0.z) +
+    dot4I8Packed(d.v0.w, x0.w) + dot4I8Packed(d.v1.x, x1.x) + dot4I8Packed(d.v1.y, x1.y) +
+    dot4I8Packed(d.v1.z, x1.z) + dot4I8Packed(d.v1.w, x1.w);
+  return d.f.x * f32(s);
+}
+
+// Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
+fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
+  return dec_dot(chunk_dec(rb, c, l), x0, x1);
 }
 
 // Builds the IQ4_XS table (every invocation calls it: barriers) and sets tab_copy.

@@ -44,6 +44,16 @@ import {
   quantizeQ8Params,
   type QuantizeQ8Shape,
 } from "../../wgsl/matvec_q8.ts";
+import {
+  checkMatvecQ8b,
+  MATVEC_Q8B,
+  MATVEC_Q8B_MAX_BATCH,
+  type MatvecQ8bBindings,
+  matvecQ8bConstants,
+  matvecQ8bGrid,
+  matvecQ8bParams,
+  type MatvecQ8bShape,
+} from "../../wgsl/matvec_q8b.ts";
 
 /** y[col][r] = W·x[col] for `cols` columns of x (stride K) into y (stride N), rows [rowStart, rowStart+rows). */
 export async function matvec(
@@ -224,19 +234,15 @@ export async function matvecQ8(
     wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
     yOffset: (opts.yAt ?? 0) + col * (opts.yStride ?? nRows) + (lo - rowStart),
   });
-  // Each column's int8 x in a region of its own of the graph's buffer for K (or of the int8 log).
-  const stride = Math.ceil(q8xBytes(k) / 256) * 256;
-  // The stage's graphs share it: a chunk's graph may have made it for fewer columns than a batched step's.
-  let shared = g.xq.get(k);
-  if (!reuse && (!shared || shared.size < g.maxCols * stride)) {
-    shared = g.device.createBuffer({
-      label: `int8 x K=${k}`,
-      size: g.maxCols * stride,
-      usage: GPUBufferUsage.STORAGE,
-    });
-    g.own(shared);
-    g.xq.set(k, shared);
+  if (!norm && cols >= 2 && cols <= MATVEC_Q8B_MAX_BATCH && q8xBytes(k) % 16 === 0) {
+    const mvs = parts.map((at) => ({ shape: shapeOf(0, at), weights: at.part.buffer }));
+    const given = reuse ? last.regions[0]! : undefined;
+    await matvecQ8Cols(g, label, { type, k, cols, x, y, acc: opts.acc }, given, mvs, opts.yStride ?? nRows);
+    return;
   }
+  // Each column's int8 x in a region of its own of the graph's buffer for K (or of the int8 log).
+  const stride = q8Stride(k);
+  const shared = reuse ? undefined : sharedXq(g, k);
   for (let col = 0; col < cols; col++) {
     let first = 0; // the parts before it took this column's x from a fused mat-vec
     if (!reuse) {
@@ -330,6 +336,76 @@ export async function matvecQ8(
     }
   }
   g.lastQ8 = { x, k, layout, cols, regions, at: g.ops.length };
+}
+
+/**
+ * {@linkcode matvecQ8} of 2 to 16 columns: one quantize_q8 over the columns (unless `xq`, the int8 x of the
+ * mat-vec pushed just before, is given), then one matvec_q8b per part of W (`shapes`, column 0's), each
+ * column with the bits of its own matvec_q8 (same TEAM and RED): a batched step's columns equal their solo
+ * steps.
+ */
+async function matvecQ8Cols(
+  g: GraphBuilder,
+  label: string,
+  a: { type: GgmlTypeName; k: number; cols: number; x: GPUBuffer; y: GPUBuffer; acc?: boolean },
+  given: Binding | undefined,
+  mvs: readonly { shape: MatvecQ8Shape; weights: GPUBuffer }[],
+  yStride: number,
+): Promise<void> {
+  const { type, k, cols } = a;
+  let xq = given;
+  if (!xq) {
+    const bytes = cols * q8xBytes(k);
+    xq = g.logRegion(label, k, type, cols) ?? { buffer: sharedXq(g, k), offset: 0, size: bytes };
+    const qs: QuantizeQ8Shape = { type, k, cols, xStride: k };
+    const [nw, xn] = normBindings(g.device, { x: a.x });
+    const qb: QuantizeQ8Bindings = { params: g.storage(quantizeQ8Params(qs)), x: a.x, xq, nw, xn };
+    checkQuantizeQ8(qs, qb);
+    // A deferred norm of x is pushed first (GraphBuilder.checked), before anything reads x.
+    await g.push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [qb.params, a.x, xq, nw, xn], [
+      ...quantizeQ8Grid(qs),
+      1,
+    ]);
+  }
+  for (const mv of mvs) {
+    const shape: MatvecQ8bShape = { ...mv.shape, cols, yStride };
+    const c = matvecQ8bConstants(shape, { acc: a.acc });
+    const b: MatvecQ8bBindings = {
+      params: g.storage(matvecQ8bParams(shape)),
+      weights: mv.weights,
+      xq,
+      y: a.y,
+    };
+    checkMatvecQ8b(shape, c, b);
+    await g.push(label, MATVEC_Q8B, c, [b.params, b.weights, b.weights, xq, xq, a.y], [
+      ...matvecQ8bGrid(shape, c),
+      1,
+    ]);
+  }
+  g.lastQ8 = { x: a.x, k, layout: q8Layout(type), cols, regions: [xq], at: g.ops.length };
+}
+
+/** Bytes between the columns of the per-column int8 x regions (a bindable offset apart). */
+function q8Stride(k: number): number {
+  return Math.ceil(q8xBytes(k) / 256) * 256;
+}
+
+/**
+ * The graph's int8 x buffer for K, for maxCols columns at {@linkcode q8Stride}: the stage's graphs share it
+ * (a chunk's graph may have made it for fewer columns than a batched step's).
+ */
+function sharedXq(g: GraphBuilder, k: number): GPUBuffer {
+  let shared = g.xq.get(k);
+  if (!shared || shared.size < g.maxCols * q8Stride(k)) {
+    shared = g.device.createBuffer({
+      label: `int8 x K=${k}`,
+      size: g.maxCols * q8Stride(k),
+      usage: GPUBufferUsage.STORAGE,
+    });
+    g.own(shared);
+    g.xq.set(k, shared);
+  }
+  return shared;
 }
 
 /**

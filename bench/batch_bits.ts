@@ -5,8 +5,9 @@
  * with their top-2 logits alone, then all of them together in batched steps; one JSON line says whether ids
  * and logits are equal, and where the first difference is. Exit code 1 on a difference.
  *
- * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--f32-experts]`
- * (int8 x for the experts by default, as the serving commands). No npm imports.
+ * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--f32-experts]
+ * [--int8]` (int8 x for the experts by default, as the serving commands; `--int8`: int8 x for every mat-vec,
+ * StageOptions.int8Activations, whose batched steps run matvec_q8b). No npm imports.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -21,6 +22,7 @@ const { values: args } = parseArgs({
     n: { type: "string", default: "24" },
     prompt: { type: "string", default: "12" },
     "f32-experts": { type: "boolean", default: false },
+    int8: { type: "boolean", default: false },
   },
   strict: true,
 });
@@ -35,6 +37,7 @@ const stage = await Stage.load(gpu, file, {
   nSlots,
   maxChunk: 64,
   int8Experts: !args["f32-experts"],
+  int8Activations: args.int8,
 });
 let seed = 12345;
 const rand = (n: number) => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
@@ -67,6 +70,7 @@ console.log(JSON.stringify({
   slots: nSlots,
   newTokens: nNew,
   int8Experts: stage.int8Experts,
+  int8Activations: args.int8,
   equal: diffs.length === 0,
   diffs,
 }));

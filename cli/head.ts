@@ -87,9 +87,10 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
                     split must agree
   --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
-                    quantized mat-vecs do: +10% single-stream decode on the H200, but batched steps of several
-                    streams run their int8 projections a dispatch per stream (8 streams: 396 against 587 tok/s;
-                    docs/PERF.md). Prefill rounds x alike, so a prompt's chunking moves only f32 rounding
+                    quantized mat-vecs do: +10% single-stream decode on the H200 (docs/PERF.md). Batched steps
+                    of several streams run each projection as one int8 mat-vec for all streams (matvec_q8b;
+                    its speed not measured yet). Prefill rounds x alike, so a prompt's chunking moves only f32
+                    rounding
   --f32-experts     f32 x for the expert mat-vecs too: the exact path (the library's default); every stage of
                     a split must agree. Without it the expert mat-vecs alone take x rounded to int8, as
                     llama.cpp's q8_1 mat-vecs do (the part of --int8 that batched steps gain from; the

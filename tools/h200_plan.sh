@@ -66,6 +66,8 @@
 #   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
 #   bits       batched steps ≡ solo steps bit for bit on the 35B-A3B (bench/batch_bits.ts, 4 slots, int8 and
 #              f32 experts): the test models' K = 256 cannot show a TEAM that follows a dispatch's rows
+#   int8b      #20: int8 x for every mat-vec (--int8; batched steps run matvec_q8b, one dispatch per part for
+#              all columns) against the default at 1, 8 and 16 slots, and its batched ≡ solo bits at real K
 #   gmv        #20: thin chunks' experts as grouped mat-vecs (moe_gmv): its float64 test on NVIDIA, the kernels
 #              alone beside moe_matmul and per column (64, 256, 512 tokens, with a TEAM x ROWS x CT sweep), and
 #              prefill of 512 tokens in chunks of 64 and 256, default against --gmv-max 0
@@ -283,6 +285,13 @@ for step in "$@"; do
       ensure_model
       run bits 90 $D bench/batch_bits.ts --model "$model"
       run bits 90 $D bench/batch_bits.ts --model "$model" --f32-experts
+      ;;
+    int8b)
+      ensure_model
+      run int8b 90 $D bench/batch_bits.ts --model "$model" --int8 --slots 8
+      run int8b 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
+        --int8
+      run int8b 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       ;;
     gmv)
       ensure_model

@@ -19,7 +19,7 @@ import {
   sub,
 } from "../graph/builder.ts";
 import { assert } from "../errors.ts";
-import { columnProjections, fusedMatvec, matvec, outProj, soloTeam } from "./linear.ts";
+import { columnProjections, fusedMatvec, matvec, outProj, soloSum } from "./linear.ts";
 import {
   ATTN_QK_ROPE,
   attnQkRopeBindGroup,
@@ -113,16 +113,16 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   } else {
     const fused = await fusedMatvec(g, `L${l}.attn_in_proj`, qkv, A.a!, A.inproj!);
     // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
-    const team = (i: number) => soloTeam(g, qkv, i);
+    const sum = (i: number) => soloSum(g, qkv, i);
     if (fused.length >= 2) {
       qf = sub(A.inproj!, 0, nQf);
       k = sub(A.inproj!, nQf, nKv);
     } else {
-      await matvec(g, `L${l}.attn_q`, qkv[0]!, A.a!, A.qf!, n, { team: team(0) });
-      await matvec(g, `L${l}.attn_k`, qkv[1]!, A.a!, A.k!, n, { team: team(1) });
+      await matvec(g, `L${l}.attn_q`, qkv[0]!, A.a!, A.qf!, n, { sum: sum(0) });
+      await matvec(g, `L${l}.attn_k`, qkv[1]!, A.a!, A.k!, n, { sum: sum(1) });
     }
     if (fused.length === 3) v = sub(A.inproj!, nQf + nKv, nKv);
-    else await matvec(g, `L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n, { team: team(2) });
+    else await matvec(g, `L${l}.attn_v`, qkv[2]!, A.a!, A.v!, n, { sum: sum(2) });
   }
   // A batched step's columns, or a chunk of a few tokens (drafts checked in one frame, a prompt's tail) as the
   // columns of a batched step on one slot (the chunk table, CHUNK_TABLE_OFFSET), so every token gets the bits

@@ -71,8 +71,8 @@ export async function matvec(
     /** Word of y where column 0's rows start (mat-vecs only; default 0). */
     yAt?: number;
     f32?: boolean;
-    /** TEAM of the mat-vec (f32 x), where it must sum like another dispatch ({@linkcode soloTeam}). */
-    team?: number;
+    /** How the mat-vec sums, where it must sum like another dispatch ({@linkcode soloSum}). */
+    sum?: SoloSum;
   } = {},
 ) {
   if (
@@ -173,7 +173,7 @@ export async function matvec(
         norm: norm ? { eps: g.hp.rmsEps } : undefined,
         acc: opts.acc,
         ...(batch === 1 ? g.opts.matvecTuning : undefined),
-        ...(opts.team === undefined ? undefined : { team: opts.team }),
+        ...(opts.sum === undefined ? undefined : { team: opts.sum.team }),
       });
       const params = g.storage(matvecParams(shape));
       await g.push(label, MATVEC, c, [
@@ -203,7 +203,7 @@ export async function matvecQ8(
   x: GPUBuffer,
   y: GPUBuffer,
   cols: number,
-  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; yAt?: number },
+  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; yAt?: number; sum?: SoloSum },
 ) {
   const p = g.pending;
   const norm = p && p.y === x && cols === 1 ? p : undefined;
@@ -237,7 +237,8 @@ export async function matvecQ8(
   if (!norm && cols >= 2 && cols <= MATVEC_Q8B_MAX_BATCH && q8xBytes(k) % 16 === 0) {
     const mvs = parts.map((at) => ({ shape: shapeOf(0, at), weights: at.part.buffer }));
     const given = reuse ? last.regions[0]! : undefined;
-    await matvecQ8Cols(g, label, { type, k, cols, x, y, acc: opts.acc }, given, mvs, opts.yStride ?? nRows);
+    const a = { type, k, cols, x, y, acc: opts.acc, sum: opts.sum };
+    await matvecQ8Cols(g, label, a, given, mvs, opts.yStride ?? nRows);
     return;
   }
   // Each column's int8 x in a region of its own of the graph's buffer for K (or of the int8 log).
@@ -265,7 +266,7 @@ export async function matvecQ8(
       const fs: MatvecQ8FusedShape | undefined = parts.length > 0
         ? { ...shapeOf(col, parts[0]!), xOffset, norm: normOpt }
         : undefined;
-      const fc = fs && matvecQ8FusedConstants(fs, { acc: opts.acc });
+      const fc = fs && matvecQ8FusedConstants(fs, { acc: opts.acc, ...opts.sum });
       if (
         fs && fc && fs.n <= g.opts.normPrologueMaxRows &&
         matvecQ8FusedWorkgroupBytes(fc) <= g.device.limits.maxComputeWorkgroupStorageSize
@@ -321,7 +322,7 @@ export async function matvecQ8(
     const xq = regions[col]!;
     for (const at of parts.slice(first)) {
       const shape = shapeOf(col, at);
-      const c = matvecQ8Constants(shape, { acc: opts.acc });
+      const c = matvecQ8Constants(shape, { acc: opts.acc, ...opts.sum });
       const b: MatvecQ8Bindings = {
         params: g.storage(matvecQ8Params(shape)),
         weights: at.part.buffer,
@@ -347,7 +348,15 @@ export async function matvecQ8(
 async function matvecQ8Cols(
   g: GraphBuilder,
   label: string,
-  a: { type: GgmlTypeName; k: number; cols: number; x: GPUBuffer; y: GPUBuffer; acc?: boolean },
+  a: {
+    type: GgmlTypeName;
+    k: number;
+    cols: number;
+    x: GPUBuffer;
+    y: GPUBuffer;
+    acc?: boolean;
+    sum?: SoloSum;
+  },
   given: Binding | undefined,
   mvs: readonly { shape: MatvecQ8Shape; weights: GPUBuffer }[],
   yStride: number,
@@ -369,7 +378,7 @@ async function matvecQ8Cols(
   }
   for (const mv of mvs) {
     const shape: MatvecQ8bShape = { ...mv.shape, cols, yStride };
-    const c = matvecQ8bConstants(shape, { acc: a.acc });
+    const c = matvecQ8bConstants(shape, { acc: a.acc, ...a.sum });
     const b: MatvecQ8bBindings = {
       params: g.storage(matvecQ8bParams(shape)),
       weights: mv.weights,
@@ -470,26 +479,38 @@ function fusedRun(
   return { offsets, end };
 }
 
+/** How a dispatch sums each row: its TEAM, and under int8 x its team reduction (matvec_q8's RED). */
+export interface SoloSum {
+  readonly team: number;
+  readonly red?: number;
+}
+
 /**
  * For mat-vec columns (a batched step, a chunk of up to 8 tokens) that run the tensors of `ws` one by one
- * where a one-token step fuses a leading run of them ({@linkcode fusedMatvec}): the TEAM of that fused
- * dispatch, for tensor `i` of the run, so that every column sums each row in the order of its one-token step.
- * TEAM follows K and the dispatch's rows: on the 35B-A3B a one-token step's in_proj (12,352 rows) takes TEAM 32
- * and ssm_beta alone (32 rows) TEAM 128, so batched steps summed beta, alpha and attention's k and v in
- * another order than their solo steps (the tiny test models' K = 256 caps TEAM at 32 either way). Undefined
- * for one token, prefill chunks, tensors past the run, and runs of fewer than 2.
+ * where a one-token step fuses a leading run of them ({@linkcode fusedMatvec}): how that fused dispatch sums
+ * (its TEAM; with int8 x, matvec_q8's TEAM and RED), for tensor `i` of the run, so that every column sums each
+ * row in the order of its one-token step. Both follow K and the dispatch's rows: on the 35B-A3B a one-token
+ * step's in_proj (12,352 rows) takes TEAM 32 and ssm_beta alone (32 rows) TEAM 128, so batched steps summed
+ * beta, alpha and attention's k and v in another order than their solo steps (the tiny test models' K = 256
+ * caps TEAM at 32 either way); with int8 x the fused in_proj is tall (TEAM 16, RED 0) and beta alone is not
+ * (TEAM 32, RED 1). Undefined for one token, prefill chunks, tensors past the run, and runs of fewer than 2.
  */
-export function soloTeam(
+export function soloSum(
   g: GraphBuilder,
   ws: readonly GpuTensor[],
   i: number,
   joined?: GpuTensor,
-): number | undefined {
-  if (g.n === 1 || g.n > g.maxCols || g.opts.int8Activations) return undefined;
+): SoloSum | undefined {
+  if (g.n === 1 || g.n > g.maxCols) return undefined;
   const { offsets, end } = fusedRun(ws, joined);
   if (offsets.length < 2 || i >= offsets.length) return undefined;
   const w = ws[0]!;
-  return matvecConstants({ type: typeName(w), k: w.ne[0]!, n: end, batch: 1 }).TEAM;
+  const type = typeName(w);
+  if (g.opts.int8Activations && MATVEC_Q8_TYPES.includes(type)) {
+    const c = matvecQ8Constants({ type, k: w.ne[0]!, n: end });
+    return { team: c.TEAM, red: c.RED };
+  }
+  return { team: matvecConstants({ type, k: w.ne[0]!, n: end, batch: 1 }).TEAM };
 }
 
 /**

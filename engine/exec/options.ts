@@ -115,15 +115,17 @@ export interface StageOptions {
    * and feed the rounded f32 values to the f32 matmul and moe_matvec, so every chunk width rounds alike.
    * Off by default: it changes the default numerics (docs/PERF.md has its speed). The rounding is a different
    * one: `RefModelOptions.int8Activations` in tests/ref/forward.ts mirrors it, and checks the decisions this
-   * stage logs with `int8Log`. Each column is its own dispatch (matvec_q8_fused, which quantizes x in its
-   * prologue), so batched steps keep their solo bits.
+   * stage logs with `int8Log`. One column (decode) runs matvec_q8_fused, which quantizes x in its prologue;
+   * 2 to 16 columns one quantize_q8 and one matvec_q8b per weight part, which decodes each weight chunk once
+   * for all columns and gives each column matvec_q8's bits, so batched steps keep their solo bits.
    */
   readonly int8Activations?: boolean;
   /**
    * The expert passes alone take int8 x (moe_matvec_q8; prefill chunks round the experts' x alike), while the
    * projections, output projections and LM head keep f32 x: the one part of int8Activations that batched
    * steps gain from. On the H200 the int8 expert passes of an 8-slot step took 3.59 ms against 6.12 in f32,
-   * while int8 dense mat-vecs run a dispatch per column there (docs/PERF.md, 2026-12-05). Rounds like
+   * while the int8 dense mat-vecs then ran a dispatch per column (docs/PERF.md, 2026-12-05; matvec_q8b has
+   * replaced those since, not measured yet). Rounds like
    * int8Activations at the experts (`RefModelOptions.int8Experts` mirrors it). Default off (exact f32), though
    * the CLI commands and the benches turn it on unless `--f32-experts`; implied by int8Activations. Every
    * stage of a split must agree (the hello's `numerics.int8Experts`).

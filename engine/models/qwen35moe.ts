@@ -27,7 +27,7 @@ import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
 import { type BuildContext, GraphBuilder, type LayerWeights, sub } from "../graph/builder.ts";
 import { batchedInputs, type DeltaNetInputs } from "../blocks/deltanet.ts";
-import { fusedMatvec, matvec, soloTeam } from "../blocks/linear.ts";
+import { fusedMatvec, matvec, soloSum } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** The one DeltaNet layout of qwen35moe files. */
@@ -115,15 +115,15 @@ async function deltaNetInputs(
   }
   const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: ws[3] });
   // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
-  const team = (i: number) => soloTeam(g, ws, i, ws[3]);
+  const sum = (i: number) => soloSum(g, ws, i, ws[3]);
   let xQkv: Binding = A.xqkv!;
   let z: Binding = A.z!;
   if (fused.length >= 2) {
     xQkv = sub(A.inproj!, 0, d.convCh);
     z = sub(A.inproj!, d.convCh, d.inner);
   } else {
-    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n, { team: team(0) });
-    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { team: team(1) });
+    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n, { sum: sum(0) });
+    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { sum: sum(1) });
   }
   const baAt = d.convCh + d.inner;
   if (fused.length === 4) {
@@ -132,8 +132,8 @@ async function deltaNetInputs(
   }
   let b: Binding = A.ba!;
   if (fused.length === 3) b = sub(A.inproj!, baAt, nV);
-  else await matvec(g, `L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n, { team: team(2) });
-  await matvec(g, `L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n, { team: team(3) });
+  else await matvec(g, `L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n, { sum: sum(2) });
+  await matvec(g, `L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n, { sum: sum(3) });
   return { xQkv, z, b, a: A.alpha!, aOff: 0 };
 }
 

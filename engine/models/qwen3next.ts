@@ -29,7 +29,7 @@ import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
 import { type BuildContext, GraphBuilder, type LayerWeights, sub } from "../graph/builder.ts";
 import { batchedInputs, type DeltaNetInputs } from "../blocks/deltanet.ts";
-import { fusedMatvec, matvec, soloTeam } from "../blocks/linear.ts";
+import { fusedMatvec, matvec, soloSum } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** DeltaNet layouts of qwen3next files: the current converter's first, then the legacy one. */
@@ -163,7 +163,7 @@ async function deltaNetInputs(
   }
   const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: undefined });
   // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
-  const team = (i: number) => soloTeam(g, ws, i);
+  const sum = (i: number) => soloSum(g, ws, i);
   const nQkvz = legacy ? 1 : 2; // tensors holding qkv and z
   let xQkv: Binding = A.xqkv!;
   let z: Binding = A.z!;
@@ -172,17 +172,17 @@ async function deltaNetInputs(
     z = sub(A.inproj!, d.convCh, d.inner);
   } else if (legacy) {
     const w = ws[0]!;
-    await matvec(g, `L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh, team: team(0) });
-    await matvec(g, `L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner, team: team(0) });
+    await matvec(g, `L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh, sum: sum(0) });
+    await matvec(g, `L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner, sum: sum(0) });
   } else {
-    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n, { team: team(0) });
-    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { team: team(1) });
+    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n, { sum: sum(0) });
+    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { sum: sum(1) });
   }
   let ba: Binding = A.ba!;
   if (fused.length > nQkvz) {
     ba = sub(A.inproj!, d.convCh + d.inner, 2 * nV);
   } else {
-    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { team: team(nQkvz) });
+    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { sum: sum(nQkvz) });
   }
   return { xQkv, z, b: ba, a: ba, aOff: 0 };
 }

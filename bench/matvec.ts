@@ -12,11 +12,20 @@
  * copies × row groups; `--type T`: only the cases of weight type T, e.g. `--q8 --type Q6_K` for the LM head's
  * int8 mat-vec; `--batch-sweep`: only batched decode shapes at 8 and 16 columns, the old default (XR 1, ROWS 1,
  * UNROLL 1; 16 columns as two 8-column dispatches, as the engine runs them) beside the named path XR 2 at
- * ROWS 1, 2, 4 and UNROLL 1, 2, each line with `vsOld`, the old time over its own). No npm imports: it runs on
+ * ROWS 1, 2, 4 and UNROLL 1, 2, each line with `vsOld`, the old time over its own; and the int8-x path of
+ * `--int8`: quantize_q8 over the columns, then matvec_q8b at ROWS 1 and 2). No npm imports: it runs on
  * the lent GPU machine with nothing but Deno.
  * @module
  */
 import { parseArgs } from "node:util";
+import {
+  MATVEC_Q8B_PARAMS_BYTES,
+  type MatvecQ8bConstants,
+  matvecQ8bConstants,
+  matvecQ8bParams,
+  type MatvecQ8bShape,
+  prepareMatvecQ8b,
+} from "../wgsl/matvec_q8b.ts";
 import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { PipelineCache } from "../wgsl/kernel.ts";
@@ -193,7 +202,12 @@ const q8params = device.createBuffer({
   size: 256 * (MAX_COPIES + 2),
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
-const xqBuf = device.createBuffer({ size: q8xBytes(maxK), usage: GPUBufferUsage.STORAGE });
+// int8 x for up to maxBatch columns (matvec_q8b in `--batch-sweep`), random bytes: timing does not depend on them.
+const xqBuf = device.createBuffer({
+  size: maxBatch * q8xBytes(maxK),
+  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+});
+device.queue.writeBuffer(xqBuf, 0, crypto.getRandomValues(new Uint8Array(maxBatch * q8xBytes(maxK))));
 // The decode norm's weight and output (matvec_q8_fused and quantize_q8 with NORM).
 const nwBuf = device.createBuffer({
   size: 4 * maxK,
@@ -424,6 +438,51 @@ for (const c of CASES) {
         constants,
       }),
     );
+  }
+  if (BATCH_SWEEP && MATVEC_Q8_TYPES.includes(c.type)) {
+    // int8 x (`--int8`): one quantize_q8 over the columns (timed on its own), then matvec_q8b at ROWS 1, 2.
+    const qshape = { type: c.type, k: c.k, cols: c.batch };
+    device.queue.writeBuffer(q8params, 256 * MAX_COPIES, quantizeQ8Params(qshape));
+    const qop = await prepareQuantizeQ8(cache, {
+      device,
+      shape: qshape,
+      bindings: {
+        params: { buffer: q8params, offset: 256 * MAX_COPIES, size: QUANTIZE_Q8_PARAMS_BYTES },
+        x: xBuf,
+        xq: { buffer: xqBuf, offset: 0, size: c.batch * q8xBytes(c.k) },
+      },
+    });
+    const tq = await time((p) => encodeQ8(p, qop), 200);
+    line({ kernel: "quantize_q8", case: c.name, type: c.type, k: c.k, batch: c.batch, ms: tq * 1e3 });
+    for (const rows of [1, 2]) {
+      const ops: Q8Op[] = [];
+      let constants: MatvecQ8bConstants | undefined;
+      for (let i = 0; i < copies; i++) {
+        const shape: MatvecQ8bShape = { type: c.type, k: c.k, n: c.n, cols: c.batch, wOffsetBytes: i * slot };
+        constants = matvecQ8bConstants(shape, { rows });
+        device.queue.writeBuffer(q8params, 256 * i, matvecQ8bParams(shape));
+        ops.push(
+          await prepareMatvecQ8b(cache, {
+            device,
+            shape,
+            constants,
+            bindings: {
+              params: { buffer: q8params, offset: 256 * i, size: MATVEC_Q8B_PARAMS_BYTES },
+              weights,
+              xq: { buffer: xqBuf, offset: 0, size: c.batch * q8xBytes(c.k) },
+              y: yBuf,
+            },
+          }),
+        );
+      }
+      jobs.push(
+        kernelJob("matvec_q8b", (p, i) => encodeQ8(p, ops[i % copies]!), {
+          batch: c.batch,
+          variant: `q8b rows ${rows}`,
+          constants,
+        }),
+      );
+    }
   }
   if (c.batch === 1 && MATVEC_Q8_TYPES.includes(c.type)) {
     // int8 x: quantize_q8 once (timed on its own), then matvec_q8 on the same copies as matvec.

@@ -483,13 +483,17 @@ export function checkMatvecQ8Fused(
   }
 }
 
-/** The checks matvec_q8 and matvec_q8_fused share (the weights, the constants of the body, y). */
-function checkQ8Body(
+/**
+ * The checks every int8-x mat-vec (matvec_q8, matvec_q8_fused, matvec_q8b) makes of its weights and of the
+ * constants of its row loop: the type, the row bytes and offset, TYPE, TEAM, ACC and RED. Returns the row
+ * bytes.
+ * @throws {RangeError} naming the kernel, the value and what to change
+ */
+export function checkQ8Rows(
   kernel: string,
   shape: MatvecQ8Shape,
-  c: MatvecQ8Constants,
-  b: { readonly params: Binding; readonly weights: Binding; readonly y: Binding },
-): void {
+  c: { readonly TYPE: number; readonly TEAM: number; readonly ACC: number; readonly RED: number },
+): number {
   checkQ8Type(kernel, shape.type);
   const wOff = shape.wOffsetBytes ?? 0;
   const rowBytes = checkWeightRows(kernel, shape.type, shape.k, wOff);
@@ -505,16 +509,28 @@ function checkQ8Body(
     isPow2(c.TEAM) && c.TEAM <= 256,
     `Kernel ${kernel}: TEAM=${c.TEAM} must be a power of two ≤ 256`,
   );
-  checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
   checkInt(`Kernel ${kernel}: ACC`, c.ACC, 0, 1);
   checkInt(`Kernel ${kernel}: RED`, c.RED, 0, 1);
+  checkInt(`Kernel ${kernel}: n`, shape.n, 1, 2 ** 31);
+  return rowBytes;
+}
+
+/** The checks matvec_q8 and matvec_q8_fused share (the weights, the constants of the body, y). */
+function checkQ8Body(
+  kernel: string,
+  shape: MatvecQ8Shape,
+  c: MatvecQ8Constants,
+  b: { readonly params: Binding; readonly weights: Binding; readonly y: Binding },
+): void {
+  const rowBytes = checkQ8Rows(kernel, shape, c);
+  const wOff = shape.wOffsetBytes ?? 0;
+  checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
   checkShape(
     isPow2(c.COPIES) && c.COPIES <= 32,
     `Kernel ${kernel}: COPIES=${c.COPIES} must be 1, 2, 4, 8, 16 or 32`,
   );
   checkInt(`Kernel ${kernel}: GROUPS`, c.GROUPS, 1, 64);
   checkInt(`Kernel ${kernel}: PF`, c.PF, 0, 1);
-  checkInt(`Kernel ${kernel}: n`, shape.n, 1, 2 ** 31);
   const yOff = shape.yOffset ?? 0;
   checkShape(Number.isInteger(yOff) && yOff >= 0, `Kernel ${kernel}: y offset ${yOff} must be ≥ 0`);
   const [gx, gy] = matvecQ8Grid(shape, c);

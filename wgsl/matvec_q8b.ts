@@ -9,24 +9,15 @@
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "./kernel.ts";
-import { TYPE_ID } from "../engine/quant/types.ts";
-import {
-  bindingBytes,
-  checkInt,
-  checkShape,
-  checkWorkgroupBytes,
-  isPow2,
-  MAX_WORKGROUPS_PER_DIM,
-} from "./_twin.ts";
+import { bindingBytes, checkInt, checkShape, checkWorkgroupBytes, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
 import { checkWeightRows } from "./_quant.ts";
 import {
+  checkQ8Rows,
   MATVEC_Q8_PARAMS_BYTES,
-  MATVEC_Q8_TYPES,
   matvecQ8Constants,
   type MatvecQ8Shape,
   type Q8Op,
   q8xBytes,
-  typeList,
 } from "./matvec_q8.ts";
 
 /** Kernel description of `matvec_q8b.wgsl`. */
@@ -136,35 +127,14 @@ export function matvecQ8bGrid(shape: MatvecQ8bShape, c: MatvecQ8bConstants): [nu
  */
 export function checkMatvecQ8b(shape: MatvecQ8bShape, c: MatvecQ8bConstants, b: MatvecQ8bBindings): void {
   const kernel = "matvec_q8b";
-  checkShape(
-    MATVEC_Q8_TYPES.includes(shape.type),
-    `Kernel ${kernel}: int8-x mat-vecs read ${
-      typeList(MATVEC_Q8_TYPES)
-    } weights, not ${shape.type}: use matvec`,
-  );
+  const rowBytes = checkQ8Rows(kernel, shape, c);
   const wOff = shape.wOffsetBytes ?? 0;
-  const rowBytes = checkWeightRows(kernel, shape.type, shape.k, wOff);
-  checkShape(
-    shape.type !== "IQ4_XS" || wOff % 8 === 0,
-    `Kernel ${kernel}: IQ4_XS weight offset ${wOff} bytes must be a multiple of 8 (word-pair loads)`,
-  );
-  checkShape(
-    c.TYPE === TYPE_ID[shape.type],
-    `Kernel ${kernel}: TYPE=${c.TYPE} but the shape says ${shape.type}`,
-  );
-  checkShape(
-    isPow2(c.TEAM) && c.TEAM <= 256,
-    `Kernel ${kernel}: TEAM=${c.TEAM} must be a power of two ≤ 256`,
-  );
   checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 2);
   checkInt(`Kernel ${kernel}: BATCH`, c.BATCH, 1, MATVEC_Q8B_MAX_BATCH);
   checkShape(
     c.BATCH === shape.cols,
     `Kernel ${kernel}: BATCH=${c.BATCH} but the shape has ${shape.cols} columns`,
   );
-  checkInt(`Kernel ${kernel}: ACC`, c.ACC, 0, 1);
-  checkInt(`Kernel ${kernel}: RED`, c.RED, 0, 1);
-  checkInt(`Kernel ${kernel}: n`, shape.n, 1, 2 ** 31);
   const yOff = shape.yOffset ?? 0;
   const yStride = shape.yStride ?? shape.n;
   checkShape(

@@ -165,6 +165,11 @@ const WIDTHS = [1, 5, 8, 12, 64];
 const BATCHES = [2, 4, 8];
 
 const dir = await Deno.makeTempDir({ prefix: "dispatch_lists_" });
+/**
+ * One recording device for every list: the stages share its pipeline cache (PipelineCache.shared keys on the
+ * device object), so each kernel variant compiles once per run instead of once per model and option set.
+ */
+const rec = recordingGpu(await testGpu());
 
 /** Every list of one model and option set, by case name. */
 async function record(m: Model, o: (typeof OPTIONS)[number]): Promise<Record<string, string[]>> {
@@ -176,7 +181,6 @@ async function record(m: Model, o: (typeof OPTIONS)[number]): Promise<Record<str
       out: path,
     });
   }
-  const rec = recordingGpu(await testGpu());
   using file = await openGguf(path);
   const stage = await Stage.load(rec.gpu, file, { nCtx: 160, nSlots: 8, maxChunk: 64, ...o.opts });
   const out: Record<string, string[]> = {};

@@ -142,7 +142,8 @@ export interface QuantizeQ8Shape {
   readonly cols?: number;
   /** Elements between columns of x (multiple of 4, ≥ k; default k). */
   readonly xStride?: number;
-  /** RMSNorm x first with this epsilon (the `nw` and `xn` bindings then matter); default: no norm. */
+  /** RMSNorm x first with this epsilon (the `nw` and `xn` bindings then matter; each column on its own, xn
+   * at x's places); default: no norm. */
   readonly norm?: { readonly eps: number };
   /** Write the rounded x (d·q, f32) to xn at x's place (not with a norm; one column per row of the grid). */
   readonly round?: boolean;
@@ -227,7 +228,7 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
       `Kernel quantize_q8: norm epsilon ${shape.norm.eps} must be a positive number`,
     );
     need("nw", b.nw!, 4 * shape.k);
-    need("xn", b.xn!, 4 * (xOff + shape.k));
+    need("xn", b.xn!, xEnd);
   }
 }
 

@@ -257,6 +257,78 @@ Deno.test("quantize_q8 NORM: xn has the bits of rms_norm's output, and xq is xn 
   }
 });
 
+/** quantize_q8 NORM over `cols` columns of x (stride `xStride`): the xq words and the whole xn buffer. */
+async function quantizeNorm(
+  device: GPUDevice,
+  cache: PipelineCache,
+  type: GgmlTypeName,
+  x: Float32Array,
+  nw: Float32Array,
+  shape: { k: number; cols: number; xStride: number },
+): Promise<{ xq: Uint32Array; xn: Float32Array }> {
+  const { k, cols, xStride } = shape;
+  const xBuf = upload(device, x, "x");
+  const nwBuf = upload(device, nw, "nw");
+  const words = (cols * q8xBytes(k)) / 4;
+  const xqBuf = poisoned(device, words);
+  const xnBuf = poisoned(device, x.length);
+  const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+  const qs = { type, k, cols, xStride, norm: { eps: 1e-6 } };
+  device.queue.writeBuffer(pb, 0, quantizeQ8Params(qs));
+  const op = await prepareQuantizeQ8(cache, {
+    device,
+    shape: qs,
+    bindings: {
+      params: pb,
+      x: xBuf,
+      xq: { buffer: xqBuf, offset: 0, size: 4 * words },
+      nw: nwBuf,
+      xn: { buffer: xnBuf, offset: 0, size: 4 * x.length },
+    },
+  });
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encodeQ8(pass, op);
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const [xqOut, xnOut] = await readAll(device, [xqBuf, xnBuf]);
+  [xBuf, nwBuf, xqBuf, xnBuf, pb].forEach((b) => b.destroy());
+  return { xq: new Uint32Array(xqOut!, 0, words), xn: new Float32Array(xnOut!, 0, x.length) };
+}
+
+Deno.test("quantize_q8 NORM over columns: each column's xq and xn bits as its own NORM dispatch", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  for (const type of ["Q8_0", "IQ4_XS"] as const) {
+    for (const k of [256, 256 * rng.int(33, 40)]) {
+      const cols = rng.int(2, 5);
+      const xStride = k + 4 * rng.int(0, 3);
+      const what = `quantize_q8 NORM ${type} K=${k} × ${cols} columns, stride ${xStride} (seed ${rng.seed})`;
+      const x = new Float32Array((cols - 1) * xStride + k).fill(Number.NaN); // gaps must not be read
+      for (let c = 0; c < cols; c++) x.set(rng.normals(k, 10 ** rng.int(-2, 2)), c * xStride);
+      const nw = rng.normals(k, 1);
+      const all = await quantizeNorm(device, cache, type, x, nw, { k, cols, xStride });
+      for (let c = 0; c < cols; c++) {
+        const one = await quantizeNorm(device, cache, type, x.slice(c * xStride, c * xStride + k), nw, {
+          k,
+          cols: 1,
+          xStride: k,
+        });
+        const w = q8xBytes(k) / 4;
+        assert.deepEqual(all.xq.subarray(c * w, (c + 1) * w), one.xq, `${what}: column ${c} int8 x`);
+        const xn = all.xn.subarray(c * xStride, c * xStride + k);
+        for (let i = 0; i < k; i++) {
+          assert.ok(
+            Object.is(xn[i], one.xn[i]),
+            `${what}: column ${c} xn[${i}] ${xn[i]}, alone ${one.xn[i]}`,
+          );
+        }
+      }
+    }
+  }
+});
+
 interface Case {
   shape: MatvecQ8Shape;
   constants: MatvecQ8Constants;

@@ -8,7 +8,7 @@ import type { Binding } from "../../wgsl/kernel.ts";
 import type { GpuTensor } from "../gpu/weights.ts";
 import type { GgmlTypeName } from "../quant/types.ts";
 import { assert } from "../errors.ts";
-import { GraphBuilder, part0, typeName } from "../graph/builder.ts";
+import { GraphBuilder, part0, type PendingNorm, typeName } from "../graph/builder.ts";
 import {
   MATVEC,
   MATVEC_MAX_BATCH,
@@ -205,14 +205,16 @@ export async function matvecQ8(
   cols: number,
   opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; yAt?: number; sum?: SoloSum },
 ) {
+  const type = typeName(w);
+  const k = w.ne[0]!;
+  // 2 to 16 columns: one quantize_q8 over the columns and a matvec_q8b per part (matvecQ8Cols).
+  const together = cols >= 2 && cols <= MATVEC_Q8B_MAX_BATCH && q8xBytes(k) % 16 === 0;
   const p = g.pending;
-  const norm = p && p.y === x && cols === 1 ? p : undefined;
+  const norm = p && p.y === x && (cols === 1 || together) ? p : undefined;
   if (norm) {
     g.pending = undefined;
     label = `${label}+${norm.label.replace(/^L\d+\./, "")}`;
   }
-  const type = typeName(w);
-  const k = w.ne[0]!;
   const layout = q8Layout(type);
   const rowStart = opts.rowStart ?? 0;
   const nRows = opts.rows ?? (w.parts.reduce((s, q) => s + q.nRows, 0) - rowStart);
@@ -234,10 +236,10 @@ export async function matvecQ8(
     wOffsetBytes: part.offsetBytes + (lo - part.firstRow) * w.rowBytes,
     yOffset: (opts.yAt ?? 0) + col * (opts.yStride ?? nRows) + (lo - rowStart),
   });
-  if (!norm && cols >= 2 && cols <= MATVEC_Q8B_MAX_BATCH && q8xBytes(k) % 16 === 0) {
+  if (together) {
     const mvs = parts.map((at) => ({ shape: shapeOf(0, at), weights: at.part.buffer }));
     const given = reuse ? last.regions[0]! : undefined;
-    const a = { type, k, cols, x, y, acc: opts.acc, sum: opts.sum };
+    const a = { type, k, cols, x, y, acc: opts.acc, sum: opts.sum, norm };
     await matvecQ8Cols(g, label, a, given, mvs, opts.yStride ?? nRows);
     return;
   }
@@ -340,10 +342,11 @@ export async function matvecQ8(
 }
 
 /**
- * {@linkcode matvecQ8} of 2 to 16 columns: one quantize_q8 over the columns (unless `xq`, the int8 x of the
- * mat-vec pushed just before, is given), then one matvec_q8b per part of W (`shapes`, column 0's), each
- * column with the bits of its own matvec_q8 (same TEAM and RED): a batched step's columns equal their solo
- * steps.
+ * {@linkcode matvecQ8} of 2 to 16 columns: one quantize_q8 over the columns (unless `given`, the int8 x of the
+ * mat-vec pushed just before; with `a.norm`, the deferred norm whose output x is, it norms each column first
+ * and writes x, rms_norm's bits, for the block's other readers), then one matvec_q8b per part of W (`mvs`,
+ * column 0's), each column with the bits of its own matvec_q8 (same TEAM and RED): a batched step's columns
+ * equal their solo steps.
  */
 async function matvecQ8Cols(
   g: GraphBuilder,
@@ -356,6 +359,7 @@ async function matvecQ8Cols(
     y: GPUBuffer;
     acc?: boolean;
     sum?: SoloSum;
+    norm?: PendingNorm;
   },
   given: Binding | undefined,
   mvs: readonly { shape: MatvecQ8Shape; weights: GPUBuffer }[],
@@ -366,12 +370,14 @@ async function matvecQ8Cols(
   if (!xq) {
     const bytes = cols * q8xBytes(k);
     xq = g.logRegion(label, k, type, cols) ?? { buffer: sharedXq(g, k), offset: 0, size: bytes };
-    const qs: QuantizeQ8Shape = { type, k, cols, xStride: k };
-    const [nw, xn] = normBindings(g.device, { x: a.x });
-    const qb: QuantizeQ8Bindings = { params: g.storage(quantizeQ8Params(qs)), x: a.x, xq, nw, xn };
+    const norm = a.norm;
+    const qs: QuantizeQ8Shape = { type, k, cols, xStride: k, norm: norm ? { eps: g.hp.rmsEps } : undefined };
+    const xIn = norm ? norm.x : a.x;
+    const [nw, xn] = normBindings(g.device, { x: xIn, nw: norm ? part0(norm.w) : undefined, xn: norm?.y });
+    const qb: QuantizeQ8Bindings = { params: g.storage(quantizeQ8Params(qs)), x: xIn, xq, nw, xn };
     checkQuantizeQ8(qs, qb);
-    // A deferred norm of x is pushed first (GraphBuilder.checked), before anything reads x.
-    await g.push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [qb.params, a.x, xq, nw, xn], [
+    // Another deferred norm is pushed first (GraphBuilder.checked), before anything reads x.
+    await g.push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [qb.params, xIn, xq, nw, xn], [
       ...quantizeQ8Grid(qs),
       1,
     ]);

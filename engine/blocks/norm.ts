@@ -6,16 +6,20 @@
 import type { GpuTensor } from "../gpu/weights.ts";
 import { type FusedNorm, GraphBuilder, part0 } from "../graph/builder.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../wgsl/residual_add.ts";
+import { MATVEC_Q8B_MAX_BATCH } from "../../wgsl/matvec_q8b.ts";
 
 /**
  * y = RMSNorm(x)·w, one row per token. Decode defers it: the next mat-vec that reads y computes it in its
- * prologue (matvec NORM) and writes y; any other kernel pushed first gets it as its own dispatch.
+ * prologue (matvec NORM) and writes y; any other kernel pushed first gets it as its own dispatch. Under
+ * int8Activations the columns of a batched step (or a short chunk) defer it too: the int8 mat-vec that reads
+ * y first takes it into its quantize_q8 over the columns (NORM).
  */
 export async function norm(g: GraphBuilder, label: string, x: GPUBuffer, w: GpuTensor, y: GPUBuffer) {
   await g.flushNorm();
   // A deferred norm writes y later without an op now: no int8 x quantized before it may be reused.
   g.lastQ8 = undefined;
-  if (g.n === 1) g.pending = { label, x, w, y };
+  const int8Cols = g.opts.int8Activations && g.n <= Math.min(g.maxCols, MATVEC_Q8B_MAX_BATCH);
+  if (g.n === 1 || int8Cols) g.pending = { label, x, w, y };
   else await g.rmsNorm(label, x, w, y, g.n);
 }
 

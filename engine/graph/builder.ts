@@ -432,12 +432,12 @@ export class GraphBuilder {
     );
   }
 
-  /** Pushes a deferred norm as its own dispatch. */
+  /** Pushes a deferred norm as its own dispatch (a row per column). */
   async flushNorm(): Promise<void> {
     const p = this.pending;
     if (!p) return;
     this.pending = undefined;
-    await this.rmsNorm(p.label, p.x, p.w, p.y, 1);
+    await this.rmsNorm(p.label, p.x, p.w, p.y, this.n);
   }
 }
 

@@ -79,6 +79,7 @@ const base: GdnStepConstants = {
   BA_COL: 0,
   RING_COL: 0,
   STATE_COL: 0,
+  T_COL: 0,
 };
 const d = gdnDims(base);
 const maxCols = Math.max(...colsList);

@@ -65,7 +65,7 @@ async function record(
   const K = c.K_CONV;
   assert.equal(schedule.reduce((s, p) => s + p.n, 0), inp.nTokens, "schedule covers the inputs");
   const step = await cache.get(GDN_STEP, c);
-  const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
+  const ringConsts = { CONV_CH: d.convCh, K_CONV: K, T_COL: 0 };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
   const { ring, state, convW, dtBias, ssmA, normW } = uploadLayer(device, inp, owned);

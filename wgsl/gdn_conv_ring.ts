@@ -12,6 +12,8 @@ export type GdnConvRingConstants = {
   readonly CONV_CH: number;
   /** Conv taps (`ssm.conv_kernel`); the ring has K_CONV slots. */
   readonly K_CONV: number;
+  /** Words between tokens of x_qkv (gdn_step's T_COL: a fused in-projection output per token); 0: CONV_CH. */
+  readonly T_COL: number;
 };
 
 /** Kernel spec of `gdn_conv_ring`. */
@@ -19,7 +21,7 @@ export const GDN_CONV_RING: KernelSpec = {
   name: "gdn_conv_ring",
   url: new URL("./gdn_conv_ring.wgsl", import.meta.url),
   lib: [],
-  constants: { CONV_CH: "u32", K_CONV: "u32" },
+  constants: { CONV_CH: "u32", K_CONV: "u32", T_COL: "u32" },
 };
 
 /** Binding order of `gdn_conv_ring` (binding i = entry i). */
@@ -50,11 +52,17 @@ export function checkGdnConvRing(
   if (!Number.isInteger(c.K_CONV) || c.K_CONV < 1) {
     throw new RangeError(`gdn_conv_ring: K_CONV must be a positive integer, got ${c.K_CONV}`);
   }
+  if (!Number.isInteger(c.T_COL) || (c.T_COL !== 0 && c.T_COL < c.CONV_CH)) {
+    throw new RangeError(
+      `gdn_conv_ring: T_COL=${c.T_COL} must be 0 or a stride of at least CONV_CH=${c.CONV_CH}`,
+    );
+  }
   const n = opts.maxTokens;
   if (!Number.isInteger(n) || n < 1) throw new RangeError(`gdn_conv_ring: maxTokens must be >= 1, got ${n}`);
+  const xT = c.T_COL || c.CONV_CH;
   const need: Record<(typeof GDN_CONV_RING_BINDINGS)[number], [number, string]> = {
     params: [GDN_PARAMS_WORDS, "u32 ne=[2]"],
-    xQkv: [c.CONV_CH * n, `ne=[${c.CONV_CH}, ${n}]`],
+    xQkv: [(n - 1) * xT + c.CONV_CH, `ne=[${c.CONV_CH}, ${n}] at ${xT} words a token`],
     convRing: [c.CONV_CH * c.K_CONV, `ne=[${c.CONV_CH}, ${c.K_CONV}]`],
   };
   for (const name of GDN_CONV_RING_BINDINGS) {

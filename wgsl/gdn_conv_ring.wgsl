@@ -5,9 +5,9 @@
 //
 // Bindings (f32 unless noted; ne innermost first):
 //   0 params    u32 ne=[2]: [pos0, n], the same words as the gdn_step dispatch before it
-//   1 x_qkv     ne=[CONV_CH, n]  the gdn_step input
+//   1 x_qkv     ne=[CONV_CH, n]  the gdn_step input (token t at word t·T_COL with T_COL > 0, as gdn_step's)
 //   2 conv_ring ne=[CONV_CH, K_CONV] read_write, layout as in gdn_step.wgsl
-// Constants: CONV_CH, K_CONV: u32. Grid (ceil(CONV_CH / 64), 1, 1): an invocation owns one channel.
+// Constants: CONV_CH, K_CONV, T_COL: u32. Grid (ceil(CONV_CH / 64), 1, 1): an invocation owns one channel.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> x_qkv: array<f32>;
@@ -26,6 +26,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     t = n - (K_CONV - 1u);
   }
   for (; t < n; t++) {
-    conv_ring[((pos0 + t) % K_CONV) * CONV_CH + ch] = x_qkv[t * CONV_CH + ch];
+    conv_ring[((pos0 + t) % K_CONV) * CONV_CH + ch] = x_qkv[t * select(CONV_CH, T_COL, T_COL > 0u) + ch];
   }
 }

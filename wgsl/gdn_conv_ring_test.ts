@@ -20,11 +20,13 @@ Deno.test("gdn_conv_ring: writes exactly the last K-1 inputs into their position
   const rng = new Rng();
   // C not a multiple of the workgroup size (64): the tail guard is exercised.
   const cases: Array<{ c: GdnConvRingConstants; pos0: number; n: number }> = [
-    { c: { CONV_CH: 1000, K_CONV: 4 }, pos0: 0, n: 1 },
-    { c: { CONV_CH: 1000, K_CONV: 4 }, pos0: 5, n: 2 },
-    { c: { CONV_CH: 1000, K_CONV: 4 }, pos0: 1_000_003, n: 3 },
-    { c: { CONV_CH: 8192, K_CONV: 4 }, pos0: rng.int(0, 1 << 20), n: 7 },
-    { c: { CONV_CH: 200, K_CONV: 3 }, pos0: rng.int(0, 1 << 20), n: 64 },
+    { c: { CONV_CH: 1000, K_CONV: 4, T_COL: 0 }, pos0: 0, n: 1 },
+    { c: { CONV_CH: 1000, K_CONV: 4, T_COL: 0 }, pos0: 5, n: 2 },
+    { c: { CONV_CH: 1000, K_CONV: 4, T_COL: 0 }, pos0: 1_000_003, n: 3 },
+    { c: { CONV_CH: 8192, K_CONV: 4, T_COL: 0 }, pos0: rng.int(0, 1 << 20), n: 7 },
+    { c: { CONV_CH: 200, K_CONV: 3, T_COL: 0 }, pos0: rng.int(0, 1 << 20), n: 64 },
+    // Tokens T_COL apart (a short chunk's fused in-projections), NaN between them.
+    { c: { CONV_CH: 200, K_CONV: 4, T_COL: 320 }, pos0: rng.int(0, 1 << 20), n: 6 },
   ];
   const owned: GPUBuffer[] = [];
   const rings: GPUBuffer[] = [];
@@ -35,11 +37,14 @@ Deno.test("gdn_conv_ring: writes exactly the last K-1 inputs into their position
     const pipeline = await cache.get(GDN_CONV_RING, c);
     const x = rng.normals(c.CONV_CH * n);
     xs.push(x);
+    const xT = c.T_COL || c.CONV_CH;
+    const xAll = new Float32Array((n - 1) * xT + c.CONV_CH).fill(Number.NaN);
+    for (let t = 0; t < n; t++) xAll.set(x.subarray(t * c.CONV_CH, (t + 1) * c.CONV_CH), t * xT);
     const ring = poisoned(device, c.CONV_CH * c.K_CONV, POISON_F32, "conv_ring");
     rings.push(ring);
     const bindings = {
       params: upload(device, packGdnParams(pos0, n)),
-      xQkv: upload(device, x),
+      xQkv: upload(device, xAll),
       convRing: { buffer: ring, size: c.CONV_CH * c.K_CONV * 4 },
     };
     owned.push(bindings.params, bindings.xQkv, ring);
@@ -78,7 +83,7 @@ Deno.test("gdn_conv_ring: writes exactly the last K-1 inputs into their position
 
 Deno.test("gdn_conv_ring: shape checks throw before encoding", async () => {
   const { device } = await testGpu();
-  const c = { CONV_CH: 100, K_CONV: 4 };
+  const c = { CONV_CH: 100, K_CONV: 4, T_COL: 0 };
   const buf = (words: number) => device.createBuffer({ size: words * 4, usage: GPUBufferUsage.STORAGE });
   const bindings = { params: buf(2), xQkv: buf(100 * 3), convRing: buf(100 * 4) };
   checkGdnConvRing(c, { bindings, maxTokens: 3 });
@@ -88,5 +93,18 @@ Deno.test("gdn_conv_ring: shape checks throw before encoding", async () => {
   );
   assert.throws(() => checkGdnConvRing({ ...c, K_CONV: 5 }, { bindings, maxTokens: 1 }), /binding convRing/);
   assert.throws(() => checkGdnConvRing({ ...c, K_CONV: 0 }, { bindings, maxTokens: 1 }), /K_CONV must be/);
+  assert.throws(
+    () => checkGdnConvRing({ ...c, T_COL: 99 }, { bindings, maxTokens: 1 }),
+    /T_COL=99 must be 0/,
+  );
+  // Tokens 120 words apart: 3 tokens need 2·120 + 100 words.
+  const strided = buf(340);
+  const short = buf(339);
+  checkGdnConvRing({ ...c, T_COL: 120 }, { bindings: { ...bindings, xQkv: strided }, maxTokens: 3 });
+  assert.throws(
+    () => checkGdnConvRing({ ...c, T_COL: 120 }, { bindings: { ...bindings, xQkv: short }, maxTokens: 3 }),
+    /binding xQkv has 1356 bytes but needs 1360/,
+  );
+  [strided, short].forEach((b) => b.destroy());
   Object.values(bindings).forEach((b) => b.destroy());
 });

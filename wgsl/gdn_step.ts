@@ -46,10 +46,23 @@ export type GdnStepConstants = {
   readonly RING_COL: number;
   /** Words between slots in the state binding (a pool of every slot's state), a multiple of 4. */
   readonly STATE_COL: number;
+  /**
+   * Words between the tokens of one column's x_qkv, z, b and a: a short chunk's fused in-projections, one
+   * [qkv | z | b | a] output per token; 0: each binding's tokens back to back.
+   */
+  readonly T_COL: number;
 };
 
 /** The column constants of a dispatch of one column (its own params, its slot's own state bindings). */
-export const GDN_ONE_COLUMN = { P_COL: 0, X_COL: 0, Z_COL: 0, BA_COL: 0, RING_COL: 0, STATE_COL: 0 } as const;
+export const GDN_ONE_COLUMN = {
+  P_COL: 0,
+  X_COL: 0,
+  Z_COL: 0,
+  BA_COL: 0,
+  RING_COL: 0,
+  STATE_COL: 0,
+  T_COL: 0,
+} as const;
 
 /** Kernel spec of `gdn_step`. */
 export const GDN_STEP: KernelSpec = {
@@ -73,6 +86,7 @@ export const GDN_STEP: KernelSpec = {
     BA_COL: "u32",
     RING_COL: "u32",
     STATE_COL: "u32",
+    T_COL: "u32",
   },
 };
 
@@ -195,6 +209,7 @@ export function checkGdnConstants(c: GdnStepConstants): void {
     ["BA_COL", c.BA_COL, ba],
     ["RING_COL", c.RING_COL, d.convRing],
     ["STATE_COL", c.STATE_COL, d.state],
+    ["T_COL", c.T_COL, Math.max(d.convCh, d.inner, ba)],
   ];
   for (const [name, v, min] of cols) {
     if (!Number.isInteger(v) || v < 0 || (v > 0 && v < min)) {
@@ -238,15 +253,17 @@ export function checkGdnStep(
   const d = gdnDims(c);
   const ba = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
   const nc = n * cols;
+  // Words of n tokens of `words` each: back to back, or T_COL apart.
+  const tokens = (words: number) => c.T_COL > 0 ? (n - 1) * c.T_COL + words : n * words;
   const need: Record<(typeof GDN_STEP_BINDINGS)[number], [number, string]> = {
     params: c.P_COL > 0 ? [(cols - 1) * c.P_COL + 3, `u32 [pos0, n, slot] per ${c.P_COL} words`] : [
       GDN_PARAMS_WORDS,
       "u32 ne=[2]",
     ],
-    xQkv: [(cols - 1) * c.X_COL + d.convCh * n, `ne=[${d.convCh}, ${n}] per column`],
-    z: [(cols - 1) * c.Z_COL + d.inner * n, `ne=[${d.inner}, ${n}] per column`],
-    b: [(cols - 1) * c.BA_COL + ba * n, `ne=[${ba}, ${n}] per column`],
-    a: [(cols - 1) * c.BA_COL + ba * n + c.A_OFF, `ne=[${ba}, ${n}] from word ${c.A_OFF} per column`],
+    xQkv: [(cols - 1) * c.X_COL + tokens(d.convCh), `ne=[${d.convCh}, ${n}] per column`],
+    z: [(cols - 1) * c.Z_COL + tokens(d.inner), `ne=[${d.inner}, ${n}] per column`],
+    b: [(cols - 1) * c.BA_COL + tokens(ba), `ne=[${ba}, ${n}] per column`],
+    a: [(cols - 1) * c.BA_COL + tokens(ba) + c.A_OFF, `ne=[${ba}, ${n}] from word ${c.A_OFF} per column`],
     convW: [c.K_CONV * d.convCh, `ne=[${c.K_CONV}, ${d.convCh}]`],
     dtBias: [c.N_V, `ne=[${c.N_V}]`],
     ssmA: [c.N_V, `ne=[${c.N_V}]`],

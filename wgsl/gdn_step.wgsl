@@ -33,7 +33,9 @@
 //   A_OFF: u32 (not BA_GROUPED: a[h] of token t at word t·N_V + h + A_OFF of its binding; 0 for a buffer of its own,
 //   N_V for a decode whose a follows b in one buffer bound twice; 0 when BA_GROUPED).
 //   P_COL, X_COL, Z_COL, BA_COL, RING_COL, STATE_COL: u32 (column strides above, in words; all 0 for one column;
-//   one stride S for x_qkv, z, b and a reads one in-projection output [qkv | z | b | a] per column, S words apart).
+//   one stride S for x_qkv, z, b and a reads one in-projection output [qkv | z | b | a] per column, S words apart);
+//   T_COL: u32 (words between the tokens of one column's x_qkv, z, b and a: the same fused [qkv | z | b | a]
+//   output per token, T_COL words apart; 0: each binding's tokens back to back, as ne says).
 // Limits: STATE_COL % 4 == 0; N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % (16·SPLIT) == 0, D_V <= 128 (workgroup storage, ~21 KiB at
 // D_K = D_V = 128, stays under lavapipe's 32 KiB); 1 <= K_CONV <= 4 (taps and window are vec4s).
 //
@@ -77,6 +79,10 @@ const M4: u32 = D_K / (4u * LANES);
 const R: u32 = N_V / N_K;
 const C_CH: u32 = 2u * N_K * D_K + N_V * D_V;
 const Y_W: u32 = N_V * D_V;
+// Words between tokens of x_qkv, z and b/a: T_COL (a fused in-projection output per token) or packed.
+const X_T: u32 = select(C_CH, T_COL, T_COL > 0u);
+const Z_T: u32 = select(Y_W, T_COL, T_COL > 0u);
+const BA_T: u32 = select(select(N_V, 2u * N_V, BA_GROUPED), T_COL, T_COL > 0u);
 const LOC_CH: u32 = 2u * D_K + D_V;
 const RED_W: u32 = COLS + 1u; // padded row of the lane partials: spreads the lanes over memory banks
 const NCH: u32 = (LOC_CH + WG - 1u) / WG; // local channels per invocation
@@ -358,8 +364,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let sa = ssm_a[h];
   let jo = min(lid, D_V - 1u); // invocations past D_V load a valid element and never use it
   let nw = norm_w[jo];
-  var bn = b[bab + gdn_ba_index(0u, h)];
-  var an = a[bab + gdn_ba_index(0u, h) + a_off];
+  let bah = gdn_ba_index(0u, h);
+  var bn = b[bab + bah];
+  var an = a[bab + bah + a_off];
   var zn = z[zb + h * D_V + jo];
 
   for (var t = 0u; t < n; t++) {
@@ -371,7 +378,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let av = an;
     let zc = zn;
     if (t + 1u < n) {
-      let xt = xb + (t + 1u) * C_CH;
+      let xt = xb + (t + 1u) * X_T;
       if (on0) {
         ch0.xn = x_qkv[xt + ch0.ch];
       }
@@ -381,9 +388,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       if (on2) {
         ch2.xn = x_qkv[xt + ch2.ch];
       }
-      bn = b[bab + gdn_ba_index(t + 1u, h)];
-      an = a[bab + gdn_ba_index(t + 1u, h) + a_off];
-      zn = z[zb + (t + 1u) * Y_W + h * D_V + jo];
+      bn = b[bab + (t + 1u) * BA_T + bah];
+      an = a[bab + (t + 1u) * BA_T + bah + a_off];
+      zn = z[zb + (t + 1u) * Z_T + h * D_V + jo];
     }
 
     // §8.3 conv + SiLU; the window then slides by one token. The ring slot of p is written when n == 1 (read by

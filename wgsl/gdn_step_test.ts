@@ -40,7 +40,11 @@ const S_TOL = { atol: 3e-5, rtol: 3e-4 };
 // The ring holds copies of the f32 inputs: exact.
 const RING_TOL = { atol: 0, rtol: 0 };
 
-/** Records `inp` as dispatches of `schedule` token counts; returns the readback buffers and their decoder. */
+/**
+ * Records `inp` as dispatches of `schedule` token counts; returns the readback buffers and their decoder.
+ * `tCol`: each token's x_qkv, z, b and a as one fused in-projection output [qkv | z | b | a], tCol words apart
+ * (T_COL), NaN between them.
+ */
 async function record(
   device: GPUDevice,
   cache: PipelineCache,
@@ -48,22 +52,73 @@ async function record(
   inp: Inputs,
   schedule: readonly number[],
   owned: GPUBuffer[],
+  tCol = 0,
 ): Promise<{ read: GPUBuffer[]; decode: (bufs: ArrayBuffer[]) => Result }> {
-  const c = inp.m.c;
-  const d = gdnDims(c);
+  const d = gdnDims(inp.m.c);
+  const baW = inp.m.c.BA_GROUPED ? 2 * inp.m.c.N_V : inp.m.c.N_V;
+  // Fused: a right after b (A_OFF = N_V) unless b and a are one grouped tensor.
+  const c = tCol > 0 ? { ...inp.m.c, T_COL: tCol, A_OFF: inp.m.c.BA_GROUPED ? 0 : baW } : inp.m.c;
   const K = c.K_CONV;
   assert.equal(schedule.reduce((s, n) => s + n, 0), inp.nTokens, "schedule covers the inputs");
   const step = await cache.get(GDN_STEP, c);
-  const ringConsts = { CONV_CH: d.convCh, K_CONV: K };
+  const ringConsts = { CONV_CH: d.convCh, K_CONV: K, T_COL: tCol };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
   const normPipe = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c));
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
   const { ring, state, convW, dtBias, ssmA, normW } = uploadLayer(device, inp, owned);
-  const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
   const ys: GPUBuffer[] = [];
   let t0 = 0;
   for (const n of schedule) {
     const params = mk(upload(device, packGdnParams(inp.pos0 + t0, n), "params"));
+    const y = { buffer: mk(poisoned(device, d.inner * n, POISON_F32, "y")), size: d.inner * n * 4 };
+    if (tCol > 0) {
+      const io = new Float32Array(n * tCol).fill(Number.NaN);
+      for (let t = 0; t < n; t++) {
+        const at = t * tCol;
+        const tt = t0 + t;
+        io.set(inp.x.subarray(tt * d.convCh, (tt + 1) * d.convCh), at);
+        io.set(inp.z.subarray(tt * d.inner, (tt + 1) * d.inner), at + d.convCh);
+        io.set(inp.b.subarray(tt * baW, (tt + 1) * baW), at + d.convCh + d.inner);
+        if (!c.BA_GROUPED) io.set(inp.a.subarray(tt * baW, (tt + 1) * baW), at + d.convCh + d.inner + baW);
+      }
+      const buf = mk(upload(device, io, "fused in-projections"));
+      const part = (from: number) => ({ buffer: buf, offset: 4 * from, size: 4 * (n * tCol - from) });
+      const ba = part(d.convCh + d.inner);
+      const bindings: GdnStepBindings = {
+        params,
+        xQkv: part(0),
+        z: part(d.convCh),
+        b: ba,
+        a: ba,
+        convW,
+        dtBias,
+        ssmA,
+        normW,
+        convRing: { buffer: ring, size: d.convRing * 4 },
+        state: { buffer: state, size: d.state * 4 },
+        y,
+      };
+      ys.push(y.buffer);
+      encodeGdnStep(pass, { device, pipeline: step, constants: c, bindings, maxTokens: n });
+      if (gdnStepNeedsNorm(c)) {
+        const zb = { ...bindings, y };
+        const np = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c, tCol));
+        pass.setPipeline(np);
+        pass.setBindGroup(0, bindGroup(device, np, GDN_CHUNK_NORM_BINDINGS.map((k) => zb[k])));
+        pass.dispatchWorkgroups(c.N_V, n);
+      }
+      if (n > 1) {
+        encodeGdnConvRing(pass, {
+          device,
+          pipeline: ringPipe,
+          constants: ringConsts,
+          bindings: { params, xQkv: bindings.xQkv, convRing: bindings.convRing },
+          maxTokens: n,
+        });
+      }
+      t0 += n;
+      continue;
+    }
     const xQkv = mk(upload(device, inp.x.subarray(t0 * d.convCh, (t0 + n) * d.convCh)));
     // A_OFF > 0 (decode only): a follows b in one buffer, bound to both bindings, as the engine's fused
     // in-projection output lays them out.
@@ -87,9 +142,9 @@ async function record(
       normW,
       convRing: { buffer: ring, size: d.convRing * 4 },
       state: { buffer: state, size: d.state * 4 },
-      y: { buffer: mk(poisoned(device, d.inner * n, POISON_F32, "y")), size: d.inner * n * 4 },
+      y,
     };
-    ys.push((bindings.y as { buffer: GPUBuffer }).buffer);
+    ys.push(y.buffer);
     encodeGdnStep(pass, { device, pipeline: step, constants: c, bindings, maxTokens: n });
     if (gdnStepNeedsNorm(c)) {
       // SPLIT > 1: y holds o; the gated norm runs as its own dispatch, as in the engine.
@@ -206,6 +261,26 @@ Deno.test("gdn_step + gdn_conv_ring: prefill of 1, 7 and 64 tokens equals the re
   assertSame(got[0]!, got[1]!, "prefill 7 vs 7 decode steps", rng.seed);
   assertSame(got[3]!, got[4]!, "prefill 7+1+2 vs 10 decode steps", rng.seed);
   assertSame(got[5]!, got[6]!, "prefill 64 vs 64 decode steps", rng.seed);
+});
+
+Deno.test("gdn_step + gdn_conv_ring T_COL: tokens of a fused in-projection output give the packed layout's bits", async () => {
+  const rng = new Rng();
+  for (const m of [TINY_35, TINY_NEXT, { ...TINY_35, c: { ...TINY_35.c, SPLIT: 2 } }]) {
+    const inp = makeInputs(rng, m, { nTokens: 8, pos0: rng.int(0, 9), fresh: false });
+    const d = gdnDims(m.c);
+    // The engine's column: [qkv | z | b | a] padded to 64 words.
+    const tCol = Math.ceil((d.convCh + d.inner + 2 * m.c.N_V) / 64) * 64;
+    const runs: Run[] = [{ inp, schedule: [5, 1, 2] }, { inp, schedule: [8] }];
+    const packed = await runAll(runs, record);
+    const fused = await runAll(
+      runs,
+      (dev, cache, pass, i, sch, owned) => record(dev, cache, pass, i, sch, owned, tCol),
+    );
+    runs.forEach((r, i) => {
+      checkAgainstRef(fused[i]!, r.inp, r.schedule, rng.seed);
+      assertSame(fused[i]!, packed[i]!, `${m.name} T_COL ${tCol} schedule [${r.schedule}]`, rng.seed);
+    });
+  }
 });
 
 Deno.test("gdn_step + gdn_conv_ring: awkward dims, decode and prefill", async () => {

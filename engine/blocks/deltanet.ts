@@ -54,8 +54,9 @@ export interface DeltaNetInputs {
   readonly a: Binding;
   readonly aOff: number;
   /**
-   * A batched step ({@linkcode batchedInputs}): column c of each binding at word c·colStride from its offset
-   * (each column one [qkv | z | b | a] output of the in-projections; a multiple of 64 words).
+   * A batched step or a short chunk ({@linkcode batchedInputs}): column (slot or token) c of each binding at
+   * word c·colStride from its offset (each column one [qkv | z | b | a] output of the in-projections; a
+   * multiple of 64 words).
    */
   readonly colStride?: number;
 }
@@ -93,6 +94,16 @@ export async function batchedInputs(
   };
 }
 
+/**
+ * Whether the graph's tokens run as mat-vec columns through {@linkcode batchedInputs}: a chunk of 2 to
+ * MATVEC_MAX_COLS tokens (a prompt's rest, drafts checked in one frame), as a batched step's slots do. Its
+ * in-projections then run as the one-token step's fused mat-vec (each token keeps its bits) and gdn_step reads
+ * the tokens T_COL apart.
+ */
+export function matvecColumns(g: GraphBuilder): boolean {
+  return g.n >= 2 && g.n <= Math.min(g.maxCols, MATVEC_MAX_COLS);
+}
+
 /** An architecture's DeltaNet input projections of layer l (its file owns the tensor layout). */
 export type DeltaNetInputsOf = (
   g: GraphBuilder,
@@ -121,7 +132,9 @@ export async function deltaNet(
   // The input projections differ per architecture (packed rows, legacy row order): its own file runs them.
   const inp = await inputs(g, cx, l, lw, c0);
   const { xQkv, z, b, a, aOff } = inp;
-  const c: GdnStepConstants = { ...c0, A_OFF: aOff };
+  // A short chunk's fused in-projections: one [qkv | z | b | a] output per token, colStride words apart.
+  const tCol = cx.batch ? 0 : inp.colStride ?? 0;
+  const c: GdnStepConstants = { ...c0, A_OFF: aOff, T_COL: tCol };
   if (cx.batch) {
     const stride = inp.colStride;
     assert(stride !== undefined, `L${l}: a batched step's in-projections come from batchedInputs`);
@@ -163,6 +176,7 @@ export async function deltaNet(
     y: A.y!,
   };
   if (n > MATVEC_MAX_COLS) {
+    assert(tCol === 0, `L${l}: a prefill chunk's in-projections are the matmul's, one binding each`);
     // Prefill: the chunked (WY) form, parallel within each 64-token block (spec §8.6); equal to the
     // recurrence up to f32 rounding. Short pieces keep the exact recurrence.
     const scratch = { wsQkw: A.gdnQkw!, wsUp: A.gdnUp! };
@@ -178,10 +192,10 @@ export async function deltaNet(
       GDN_STEP_BINDINGS.map((k) => bindings[k]),
       gdnStepGrid(c),
     );
-    await gdnStepNorm(g, `L${l}.gdn_norm`, c, bindings, n);
+    await gdnStepNorm(g, `L${l}.gdn_norm`, c, bindings, n, tCol || undefined);
   }
   if (n > 1) {
-    const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV };
+    const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV, T_COL: tCol };
     const rb = { params: cx.pos, xQkv, convRing };
     checkGdnConvRing(rc, { bindings: rb, maxTokens: n });
     await g.push(

@@ -26,8 +26,8 @@ import {
 import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
 import { type BuildContext, GraphBuilder, type LayerWeights, sub } from "../graph/builder.ts";
-import { batchedInputs, type DeltaNetInputs } from "../blocks/deltanet.ts";
-import { fusedMatvec, matvec, soloSum } from "../blocks/linear.ts";
+import { batchedInputs, type DeltaNetInputs, matvecColumns } from "../blocks/deltanet.ts";
+import { fusedMatvec, matvec } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** The one DeltaNet layout of qwen35moe files. */
@@ -95,7 +95,7 @@ export const QWEN35MOE: Arch = {
  * The DeltaNet input projections of a qwen35moe layer (`qkv_beta_alpha`): attn_qkv, attn_gate, ssm_beta and
  * ssm_alpha. Decode runs the packed ones as one mat-vec into `inproj` ([qkv | z | b | a]); a right after b
  * lets both bindings take the [b | a] range, the kernel reading a at word N_V of it (A_OFF). A batched step
- * writes that column per slot ({@linkcode batchedInputs}).
+ * writes that column per slot, a short chunk per token ({@linkcode batchedInputs}).
  */
 async function deltaNetInputs(
   g: GraphBuilder,
@@ -109,21 +109,20 @@ async function deltaNetInputs(
   const d = gdnDims(c0);
   const nV = c0.N_V;
   const ws = [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_beta"), lw.t("ssm_alpha")];
-  if (cx.batch) {
+  if (cx.batch || matvecColumns(g)) {
     const names = ["attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"];
     return await batchedInputs(g, cx, l, ws, names, c0, { joined: ws[3], aOff: nV });
   }
+  // One token: the packed ones as one mat-vec; a prefill chunk: each its own matmul.
   const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: ws[3] });
-  // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
-  const sum = (i: number) => soloSum(g, ws, i, ws[3]);
   let xQkv: Binding = A.xqkv!;
   let z: Binding = A.z!;
   if (fused.length >= 2) {
     xQkv = sub(A.inproj!, 0, d.convCh);
     z = sub(A.inproj!, d.convCh, d.inner);
   } else {
-    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n, { sum: sum(0) });
-    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { sum: sum(1) });
+    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n);
+    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n);
   }
   const baAt = d.convCh + d.inner;
   if (fused.length === 4) {
@@ -132,8 +131,8 @@ async function deltaNetInputs(
   }
   let b: Binding = A.ba!;
   if (fused.length === 3) b = sub(A.inproj!, baAt, nV);
-  else await matvec(g, `L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n, { sum: sum(2) });
-  await matvec(g, `L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n, { sum: sum(3) });
+  else await matvec(g, `L${l}.ssm_beta`, ws[2]!, A.a!, A.ba!, n);
+  await matvec(g, `L${l}.ssm_alpha`, ws[3]!, A.a!, A.alpha!, n);
   return { xQkv, z, b, a: A.alpha!, aOff: 0 };
 }
 

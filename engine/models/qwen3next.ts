@@ -28,8 +28,8 @@ import { assert } from "../errors.ts";
 import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
 import { type BuildContext, GraphBuilder, type LayerWeights, sub } from "../graph/builder.ts";
-import { batchedInputs, type DeltaNetInputs } from "../blocks/deltanet.ts";
-import { fusedMatvec, matvec, soloSum } from "../blocks/linear.ts";
+import { batchedInputs, type DeltaNetInputs, matvecColumns } from "../blocks/deltanet.ts";
+import { fusedMatvec, matvec } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** DeltaNet layouts of qwen3next files: the current converter's first, then the legacy one. */
@@ -157,13 +157,12 @@ async function deltaNetInputs(
   const ws = legacy
     ? [lw.t("ssm_in"), lw.t("ssm_ba")]
     : [lw.t("attn_qkv"), lw.t("attn_gate"), lw.t("ssm_ba")];
-  if (cx.batch) {
+  if (cx.batch || matvecColumns(g)) {
     const names = legacy ? ["ssm_in", "ssm_ba"] : ["attn_qkv", "attn_gate", "ssm_ba"];
     return await batchedInputs(g, cx, l, ws, names, c0, { aOff: 0, split: legacy ? d.convCh : undefined });
   }
+  // One token: the packed ones as one mat-vec; a prefill chunk: each its own matmul.
   const fused = await fusedMatvec(g, `L${l}.in_proj`, ws, A.a!, A.inproj!, { joined: undefined });
-  // Mat-vec columns run them one by one, each summed as in the one-token step's fused mat-vec.
-  const sum = (i: number) => soloSum(g, ws, i);
   const nQkvz = legacy ? 1 : 2; // tensors holding qkv and z
   let xQkv: Binding = A.xqkv!;
   let z: Binding = A.z!;
@@ -172,17 +171,17 @@ async function deltaNetInputs(
     z = sub(A.inproj!, d.convCh, d.inner);
   } else if (legacy) {
     const w = ws[0]!;
-    await matvec(g, `L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh, sum: sum(0) });
-    await matvec(g, `L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner, sum: sum(0) });
+    await matvec(g, `L${l}.ssm_in.qkv`, w, A.a!, A.xqkv!, n, { rowStart: 0, rows: d.convCh });
+    await matvec(g, `L${l}.ssm_in.z`, w, A.a!, A.z!, n, { rowStart: d.convCh, rows: d.inner });
   } else {
-    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n, { sum: sum(0) });
-    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n, { sum: sum(1) });
+    await matvec(g, `L${l}.attn_qkv`, ws[0]!, A.a!, A.xqkv!, n);
+    await matvec(g, `L${l}.attn_gate`, ws[1]!, A.a!, A.z!, n);
   }
   let ba: Binding = A.ba!;
   if (fused.length > nQkvz) {
     ba = sub(A.inproj!, d.convCh + d.inner, 2 * nV);
   } else {
-    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n, { sum: sum(nQkvz) });
+    await matvec(g, `L${l}.ssm_ba`, ws[nQkvz]!, A.a!, A.ba!, n);
   }
   return { xQkv, z, b: ba, a: ba, aOff: 0 };
 }

@@ -18,6 +18,7 @@ import { PassTimer } from "./_pass_timer.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, type KernelSpec, PipelineCache, variantKey } from "../wgsl/kernel.ts";
 import {
+  GDN_ONE_COLUMN,
   GDN_STEP,
   GDN_STEP_BINDINGS,
   gdnDims,
@@ -73,13 +74,7 @@ const base: GdnStepConstants = {
   BA_GROUPED: false,
   A_OFF: 0,
   SPLIT: 1,
-  P_COL: 0,
-  X_COL: 0,
-  Z_COL: 0,
-  BA_COL: 0,
-  RING_COL: 0,
-  STATE_COL: 0,
-  T_COL: 0,
+  ...GDN_ONE_COLUMN,
 };
 const d = gdnDims(base);
 const maxCols = Math.max(...colsList);

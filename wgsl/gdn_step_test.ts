@@ -63,14 +63,11 @@ async function record(
   const step = await cache.get(GDN_STEP, c);
   const ringConsts = { CONV_CH: d.convCh, K_CONV: K, T_COL: tCol };
   const ringPipe = await cache.get(GDN_CONV_RING, ringConsts);
-  const normPipe = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c));
+  const normPipe = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c, tCol || undefined));
   const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
   const { ring, state, convW, dtBias, ssmA, normW } = uploadLayer(device, inp, owned);
-  const ys: GPUBuffer[] = [];
-  let t0 = 0;
-  for (const n of schedule) {
-    const params = mk(upload(device, packGdnParams(inp.pos0 + t0, n), "params"));
-    const y = { buffer: mk(poisoned(device, d.inner * n, POISON_F32, "y")), size: d.inner * n * 4 };
+  /** x_qkv, z, b and a of tokens t0..t0+n: one fused buffer (tCol) or a buffer each. */
+  const inputs = (t0: number, n: number): Pick<GdnStepBindings, "xQkv" | "z" | "b" | "a"> => {
     if (tCol > 0) {
       const io = new Float32Array(n * tCol).fill(Number.NaN);
       for (let t = 0; t < n; t++) {
@@ -84,42 +81,8 @@ async function record(
       const buf = mk(upload(device, io, "fused in-projections"));
       const part = (from: number) => ({ buffer: buf, offset: 4 * from, size: 4 * (n * tCol - from) });
       const ba = part(d.convCh + d.inner);
-      const bindings: GdnStepBindings = {
-        params,
-        xQkv: part(0),
-        z: part(d.convCh),
-        b: ba,
-        a: ba,
-        convW,
-        dtBias,
-        ssmA,
-        normW,
-        convRing: { buffer: ring, size: d.convRing * 4 },
-        state: { buffer: state, size: d.state * 4 },
-        y,
-      };
-      ys.push(y.buffer);
-      encodeGdnStep(pass, { device, pipeline: step, constants: c, bindings, maxTokens: n });
-      if (gdnStepNeedsNorm(c)) {
-        const zb = { ...bindings, y };
-        const np = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c, tCol));
-        pass.setPipeline(np);
-        pass.setBindGroup(0, bindGroup(device, np, GDN_CHUNK_NORM_BINDINGS.map((k) => zb[k])));
-        pass.dispatchWorkgroups(c.N_V, n);
-      }
-      if (n > 1) {
-        encodeGdnConvRing(pass, {
-          device,
-          pipeline: ringPipe,
-          constants: ringConsts,
-          bindings: { params, xQkv: bindings.xQkv, convRing: bindings.convRing },
-          maxTokens: n,
-        });
-      }
-      t0 += n;
-      continue;
+      return { xQkv: part(0), z: part(d.convCh), b: ba, a: ba };
     }
-    const xQkv = mk(upload(device, inp.x.subarray(t0 * d.convCh, (t0 + n) * d.convCh)));
     // A_OFF > 0 (decode only): a follows b in one buffer, bound to both bindings, as the engine's fused
     // in-projection output lays them out.
     const joint = c.A_OFF > 0
@@ -130,12 +93,21 @@ async function record(
       : undefined;
     assert.ok(!joint || (n === 1 && c.A_OFF === c.N_V), "A_OFF runs are decode steps with a right after b");
     const b = mk(upload(device, joint ?? inp.b.subarray(t0 * baW, (t0 + n) * baW)));
-    const bindings: GdnStepBindings = {
-      params,
-      xQkv,
+    return {
+      xQkv: mk(upload(device, inp.x.subarray(t0 * d.convCh, (t0 + n) * d.convCh))),
       z: mk(upload(device, inp.z.subarray(t0 * d.inner, (t0 + n) * d.inner))),
       b,
       a: c.BA_GROUPED || joint ? b : mk(upload(device, inp.a.subarray(t0 * baW, (t0 + n) * baW))),
+    };
+  };
+  const ys: GPUBuffer[] = [];
+  let t0 = 0;
+  for (const n of schedule) {
+    const params = mk(upload(device, packGdnParams(inp.pos0 + t0, n), "params"));
+    const y = { buffer: mk(poisoned(device, d.inner * n, POISON_F32, "y")), size: d.inner * n * 4 };
+    const bindings: GdnStepBindings = {
+      params,
+      ...inputs(t0, n),
       convW,
       dtBias,
       ssmA,
@@ -157,7 +129,7 @@ async function record(
         device,
         pipeline: ringPipe,
         constants: ringConsts,
-        bindings: { params, xQkv, convRing: bindings.convRing },
+        bindings: { params, xQkv: bindings.xQkv, convRing: bindings.convRing },
         maxTokens: n,
       });
     }

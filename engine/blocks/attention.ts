@@ -19,7 +19,7 @@ import {
   sub,
 } from "../graph/builder.ts";
 import { assert } from "../errors.ts";
-import { columnProjections, fusedMatvec, matvec, outProj, soloSum } from "./linear.ts";
+import { columnProjections, fusedMatvec, matvec, matvecColumns, outProj, soloSum } from "./linear.ts";
 import {
   ATTN_QK_ROPE,
   attnQkRopeBindGroup,
@@ -100,10 +100,12 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   const nQf = 2 * hp.nHead * hp.headDim;
   const nKv = hp.nHeadKv * hp.headDim;
   const qkv = [lw.t("attn_q"), lw.t("attn_k"), lw.t("attn_v")];
-  // A batched step: each slot's [qf | k | v] in one column of inproj, `inCol` words apart (one mat-vec where the
-  // one-token step fuses them); attn_qk_rope and attn_combine read the columns at that stride.
+  // A batched step, or a short chunk whose caches are pooled (its tokens run as a batched step's columns, below):
+  // each column's [qf | k | v] in one column of inproj, `inCol` words apart (one mat-vec where the one-token
+  // step fuses them); attn_qk_rope and attn_combine read the columns at that stride.
+  const pools = kvPools(cx, l);
   let inCol = 0;
-  if (cx.batch) {
+  if (cx.batch || (matvecColumns(g) && pools)) {
     inCol = padWords(nQf + 2 * nKv);
     const names = ["attn_q", "attn_k", "attn_v"];
     await columnProjections(g, l, "attn_in_proj", qkv, names, A.a!, A.inproj!, inCol);
@@ -127,7 +129,6 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
   // A batched step's columns, or a chunk of a few tokens (drafts checked in one frame, a prompt's tail) as the
   // columns of a batched step on one slot (the chunk table, CHUNK_TABLE_OFFSET), so every token gets the bits
   // of a one-token step: RoPE writes every column's K/V first; column c then attends positions up to its own.
-  const pools = kvPools(cx, l);
   if (cx.batch || (n >= 2 && n <= MATVEC_MAX_COLS && pools)) {
     const nQ = hp.nHead * hp.headDim;
     const nCol = cx.batch ? cx.batch.slots.length : n;

@@ -94,16 +94,6 @@ export async function batchedInputs(
   };
 }
 
-/**
- * Whether the graph's tokens run as mat-vec columns through {@linkcode batchedInputs}: a chunk of 2 to
- * MATVEC_MAX_COLS tokens (a prompt's rest, drafts checked in one frame), as a batched step's slots do. Its
- * in-projections then run as the one-token step's fused mat-vec (each token keeps its bits) and gdn_step reads
- * the tokens T_COL apart.
- */
-export function matvecColumns(g: GraphBuilder): boolean {
-  return g.n >= 2 && g.n <= Math.min(g.maxCols, MATVEC_MAX_COLS);
-}
-
 /** An architecture's DeltaNet input projections of layer l (its file owns the tensor layout). */
 export type DeltaNetInputsOf = (
   g: GraphBuilder,

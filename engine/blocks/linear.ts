@@ -8,7 +8,7 @@ import type { Binding } from "../../wgsl/kernel.ts";
 import type { GpuTensor } from "../gpu/weights.ts";
 import type { GgmlTypeName } from "../quant/types.ts";
 import { assert } from "../errors.ts";
-import { GraphBuilder, part0, type PendingNorm, typeName } from "../graph/builder.ts";
+import { GraphBuilder, MATVEC_MAX_COLS, part0, type PendingNorm, typeName } from "../graph/builder.ts";
 import {
   MATVEC,
   MATVEC_MAX_BATCH,
@@ -556,6 +556,16 @@ export async function columnProjections(
   }
   assert(at <= stride, `L${l}.${label}: a column's ${at} rows exceed the stride ${stride}`);
   return at;
+}
+
+/**
+ * Whether the graph's tokens run as mat-vec columns through the blocks' column projections: a chunk of 2 to
+ * MATVEC_MAX_COLS tokens (a prompt's rest, drafts checked in one frame), as a batched step's slots do. Their
+ * in-projections then run as the one-token step's fused mat-vec (each token keeps its bits): gdn_step reads
+ * the tokens T_COL apart, attention (pooled caches) as a batched step's columns.
+ */
+export function matvecColumns(g: GraphBuilder): boolean {
+  return g.n >= 2 && g.n <= Math.min(g.maxCols, MATVEC_MAX_COLS);
 }
 
 /**

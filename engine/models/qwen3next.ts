@@ -28,8 +28,8 @@ import { assert } from "../errors.ts";
 import type { HybridModel } from "./_hybrid.ts";
 import type { Binding } from "../../wgsl/kernel.ts";
 import { type BuildContext, GraphBuilder, type LayerWeights, sub } from "../graph/builder.ts";
-import { batchedInputs, type DeltaNetInputs, matvecColumns } from "../blocks/deltanet.ts";
-import { fusedMatvec, matvec } from "../blocks/linear.ts";
+import { batchedInputs, type DeltaNetInputs } from "../blocks/deltanet.ts";
+import { fusedMatvec, matvec, matvecColumns } from "../blocks/linear.ts";
 import { gdnDims, type GdnStepConstants } from "../../wgsl/gdn_step.ts";
 
 /** DeltaNet layouts of qwen3next files: the current converter's first, then the legacy one. */

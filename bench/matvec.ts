@@ -13,10 +13,11 @@
  * int8 mat-vec; `--batch-sweep`: only batched decode shapes at 8 and 16 columns, the old default (XR 1, ROWS 1,
  * UNROLL 1; 16 columns as two 8-column dispatches, as the engine runs them) beside the named path XR 2 at
  * ROWS 1, 2, 4 and UNROLL 1, 2, each line with `vsOld`, the old time over its own; and the int8-x path of
- * `--int8`: quantize_q8 over the columns, then matvec_q8b at ROWS 1 and 2). No npm imports: it runs on
- * the lent GPU machine with nothing but Deno.
+ * `--int8`: quantize_q8 over the columns, then matvec_q8b at ROWS 1 and 2, and over one column alone). No npm
+ * imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
+import { randomBuffer } from "./_buffers.ts";
 import { parseArgs } from "node:util";
 import {
   MATVEC_Q8B_PARAMS_BYTES,
@@ -203,11 +204,7 @@ const q8params = device.createBuffer({
   usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
 });
 // int8 x for up to maxBatch columns (matvec_q8b in `--batch-sweep`), random bytes: timing does not depend on them.
-const xqBuf = device.createBuffer({
-  size: maxBatch * q8xBytes(maxK),
-  usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
-});
-device.queue.writeBuffer(xqBuf, 0, crypto.getRandomValues(new Uint8Array(maxBatch * q8xBytes(maxK))));
+const xqBuf = randomBuffer(device, maxBatch * q8xBytes(maxK));
 // The decode norm's weight and output (matvec_q8_fused and quantize_q8 with NORM).
 const nwBuf = device.createBuffer({
   size: 4 * maxK,
@@ -454,11 +451,13 @@ for (const c of CASES) {
     });
     const tq = await time((p) => encodeQ8(p, qop), 200);
     line({ kernel: "quantize_q8", case: c.name, type: c.type, k: c.k, batch: c.batch, ms: tq * 1e3 });
-    for (const rows of [1, 2]) {
+    // The last variant runs one column: a column's own decode and dot (matvec_q8's work), so batch times it
+    // is what the columns cost without decoding once for all.
+    for (const [rows, cols] of [[1, c.batch], [2, c.batch], [1, 1]] as const) {
       const ops: Q8Op[] = [];
       let constants: MatvecQ8bConstants | undefined;
       for (let i = 0; i < copies; i++) {
-        const shape: MatvecQ8bShape = { type: c.type, k: c.k, n: c.n, cols: c.batch, wOffsetBytes: i * slot };
+        const shape: MatvecQ8bShape = { type: c.type, k: c.k, n: c.n, cols, wOffsetBytes: i * slot };
         constants = matvecQ8bConstants(shape, { rows });
         device.queue.writeBuffer(q8params, 256 * i, matvecQ8bParams(shape));
         ops.push(
@@ -478,7 +477,7 @@ for (const c of CASES) {
       jobs.push(
         kernelJob("matvec_q8b", (p, i) => encodeQ8(p, ops[i % copies]!), {
           batch: c.batch,
-          variant: `q8b rows ${rows}`,
+          variant: cols === 1 ? "q8b one column" : `q8b rows ${rows}`,
           constants,
         }),
       );

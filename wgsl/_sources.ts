@@ -26,6 +26,7 @@ import wgsl_matvec_q8 from "./matvec_q8.wgsl" with { type: "text" };
 import wgsl_matvec_q8_fused from "./matvec_q8_fused.wgsl" with { type: "text" };
 import wgsl_matvec_q8b from "./matvec_q8b.wgsl" with { type: "text" };
 import wgsl_moe_gmv from "./moe_gmv.wgsl" with { type: "text" };
+import wgsl_moe_gmv_q8 from "./moe_gmv_q8.wgsl" with { type: "text" };
 import wgsl_moe_group from "./moe_group.wgsl" with { type: "text" };
 import wgsl_moe_matmul from "./moe_matmul.wgsl" with { type: "text" };
 import wgsl_moe_matvec from "./moe_matvec.wgsl" with { type: "text" };
@@ -83,6 +84,7 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "matvec_q8_fused.wgsl": wgsl_matvec_q8_fused,
   "matvec_q8b.wgsl": wgsl_matvec_q8b,
   "moe_gmv.wgsl": wgsl_moe_gmv,
+  "moe_gmv_q8.wgsl": wgsl_moe_gmv_q8,
   "moe_group.wgsl": wgsl_moe_group,
   "moe_matmul.wgsl": wgsl_moe_matmul,
   "moe_matvec.wgsl": wgsl_moe_matvec,

@@ -32,6 +32,7 @@ import wgsl_moe_matmul from "./moe_matmul.wgsl" with { type: "text" };
 import wgsl_moe_matvec from "./moe_matvec.wgsl" with { type: "text" };
 import wgsl_moe_matvec_q8 from "./moe_matvec_q8.wgsl" with { type: "text" };
 import wgsl_moe_route from "./moe_route.wgsl" with { type: "text" };
+import wgsl_moe_tiles from "./moe_tiles.wgsl" with { type: "text" };
 import wgsl_quantize_q8 from "./quantize_q8.wgsl" with { type: "text" };
 import wgsl_residual_add from "./residual_add.wgsl" with { type: "text" };
 import wgsl_rms_norm from "./rms_norm.wgsl" with { type: "text" };
@@ -90,6 +91,7 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "moe_matvec.wgsl": wgsl_moe_matvec,
   "moe_matvec_q8.wgsl": wgsl_moe_matvec_q8,
   "moe_route.wgsl": wgsl_moe_route,
+  "moe_tiles.wgsl": wgsl_moe_tiles,
   "quantize_q8.wgsl": wgsl_quantize_q8,
   "residual_add.wgsl": wgsl_residual_add,
   "rms_norm.wgsl": wgsl_rms_norm,

@@ -1,6 +1,6 @@
 /**
  * Twin of `moe_gmv_q8.wgsl`: moe_matvec_q8's expert pass (same shape, params, ids, weights, int8 x and output)
- * with the columns grouped by expert inside every workgroup, so that the columns on one expert (the shared
+ * with the columns grouped by expert (moe_tiles' table), so that the columns on one expert (the shared
  * expert's, a routed expert that several tokens of a batched step picked) decode each weight chunk once for up
  * to CT of them. Each (row, column) keeps moe_matvec_q8's bits at the same TEAM: a batched step's columns stay
  * equal to their solo steps.
@@ -8,7 +8,8 @@
  */
 import type { Binding, KernelSpec } from "./kernel.ts";
 import { TYPE_ID } from "../engine/quant/types.ts";
-import { checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import { checkBinding, checkInt, checkShape, isPow2, MAX_WORKGROUPS_PER_DIM } from "./_twin.ts";
+import { MOE_TILES_MAX_ROUTED, moeTilesMax, moeTilesWords } from "./moe_tiles.ts";
 import type { MoeMatvecShape } from "./moe_matvec.ts";
 import { checkMoeMatvecQ8, moeMatvecQ8Constants } from "./moe_matvec_q8.ts";
 
@@ -31,13 +32,10 @@ export type MoeGmvQ8Constants = {
 };
 
 /** Binding order of `moe_gmv_q8.wgsl`. */
-export const MOE_GMV_Q8_BINDINGS = ["params", "ids", "weights", "weights2", "xq", "y"] as const;
+export const MOE_GMV_Q8_BINDINGS = ["params", "weights", "weights2", "xq", "y", "tiles"] as const;
 
-/** Buffers of one dispatch by binding name; `weights2` is `weights` again. */
+/** Buffers of one dispatch by binding name; `weights2` is `weights` again; `tiles`: moe_tiles' table. */
 export type MoeGmvQ8Bindings = Readonly<Record<(typeof MOE_GMV_Q8_BINDINGS)[number], Binding>>;
-
-/** Most routed columns a pass groups (one per invocation of the grouping). */
-export const MOE_GMV_Q8_MAX_ROUTED = 256;
 
 /**
  * Constants of a pass: moe_matvec_q8's default TEAM for the shape (so each column has the bits of the
@@ -49,7 +47,7 @@ export function moeGmvQ8Constants(shape: MoeMatvecShape, ct = 8): MoeGmvQ8Consta
 
 /** Dispatch grid: row blocks × a bound on the tiles (every routed column its own, then the shared ones'). */
 export function moeGmvQ8Grid(shape: MoeMatvecShape, c: MoeGmvQ8Constants): [number, number, number] {
-  return [Math.ceil(shape.n / (256 / c.TEAM)), shape.nCols + Math.ceil((shape.sharedCols ?? 0) / c.CT), 1];
+  return [Math.ceil(shape.n / (256 / c.TEAM)), moeTilesMax(shape, c.CT), 1];
 }
 
 /**
@@ -65,10 +63,11 @@ export function checkMoeGmvQ8(shape: MoeMatvecShape, c: MoeGmvQ8Constants, b: Mo
   );
   checkInt("Kernel moe_gmv_q8: CT", c.CT, 1, 8);
   checkShape(
-    shape.nCols <= MOE_GMV_Q8_MAX_ROUTED,
-    `Kernel moe_gmv_q8: ${shape.nCols} routed columns exceed the ${MOE_GMV_Q8_MAX_ROUTED} one workgroup ` +
+    shape.nCols <= MOE_TILES_MAX_ROUTED,
+    `Kernel moe_gmv_q8: ${shape.nCols} routed columns exceed the ${MOE_TILES_MAX_ROUTED} that moe_tiles ` +
       `groups: use moe_matvec_q8`,
   );
+  checkBinding("moe_gmv_q8", "tiles", b.tiles, [moeTilesWords(shape, c.CT)]);
   checkMoeMatvecQ8(
     shape,
     {
@@ -81,7 +80,8 @@ export function checkMoeGmvQ8(shape: MoeMatvecShape, c: MoeGmvQ8Constants, b: Mo
       XIN: false,
       KC: 1,
     },
-    { ...b, yq: b.y },
+    // moe_matvec_q8's ids: the table holds them (as large as the routed columns, so its check passes).
+    { ...b, ids: b.tiles, yq: b.y },
   );
   const grid = moeGmvQ8Grid(shape, c);
   checkShape(

@@ -1,5 +1,5 @@
 // moe_gmv_q8: the expert passes of a batched decode step (or a short chunk) with int8 x, grouped by expert:
-// moe_matvec_q8's pass (same params, ids, weights, int8 x and output) where the columns that share an expert
+// moe_matvec_q8's pass (same params, weights, int8 x and output; the ids through moe_tiles' table) where the columns that share an expert
 // (the shared expert's columns, a routed expert that several tokens picked) load and decode each 32-weight
 // chunk once for up to CT of them (lib/q8chunk.wgsl's chunk_dec, then dec_dot against each column's x).
 // Every (row, column) equals moe_matvec_q8's with the same TEAM, bit for bit: dx_c · dec_dot summed over the
@@ -10,29 +10,28 @@
 //   shared column (col >= n_routed): e = shared_e, xc = col - n_routed + shared_x0
 //   GATE_UP: y[col][r] = silu(G_e[r]·x̂[xc]) · (U_e[r]·x̂[xc])
 //   else:    y[col][r] = W_e[r]·x̂[xc]
-// Tiles: every workgroup groups the routed columns itself (n_routed ≤ 256): the first column of each expert
-// leads its group, which takes ceil(count / CT) tiles in column order, leaders in column order; the shared
-// columns follow in tiles of CT. Workgroup (w, y) takes tile y (none: it returns).
+// Tiles: moe_tiles.wgsl's table (the columns grouped by expert in tiles of up to CT columns); workgroup
+// (w, y) takes tile y, or returns past the last.
 // Bindings:
 //   0 params   array<u32> ne=[11]: moe_matvec's words [k, n, row_bytes, expert_bytes, off_g, off_u, n_cols,
 //              x_div, n_routed, shared_e, shared_x0]
-//   1 ids      array<u32> ne=[n_routed]
-//   2 weights  array<u32>        raw GGUF blocks of type TYPE (gate and up in this one binding)
-//   3 weights2 array<vec2<u32>>  the same buffer (IQ4_XS: byte offsets of matrices multiples of 8)
-//   4 xq       array<vec4<u32>>  x column xc at word xc·9K/32 (K % 128 == 0): quantize_q8's output for TYPE's
+//   1 weights  array<u32>        raw GGUF blocks of type TYPE (gate and up in this one binding)
+//   2 weights2 array<vec2<u32>>  the same buffer (IQ4_XS: byte offsets of matrices multiples of 8)
+//   3 xq       array<vec4<u32>>  x column xc at word xc·9K/32 (K % 128 == 0): quantize_q8's output for TYPE's
 //              byte order (K/4 words of int8 quads, then K/32 f32 scales)
-//   5 y        array<f32> ne=[N, n_cols] read_write
+//   4 y        array<f32> ne=[N, n_cols] read_write
+//   5 tiles    array<u32>: moe_tiles' table of the pass's ids and columns at the same CT
 // Grid (ceil(N / WG_ROWS), a bound on the tiles: n_routed + ceil(shared columns / CT)); WG_ROWS = 256 / TEAM:
 // a team of TEAM invocations owns one row of the tile's columns.
 // Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two, 1..16), CT (1..8): u32; GATE_UP: bool.
-// Workgroup memory: 1024 (IQ4_XS table) + 8192 (partials) + 2048 (grouping) + 40 bytes.
+// Workgroup memory: 1024 (IQ4_XS table) + 8192 (partials) bytes.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
-@group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read> weights: array<u32>;
-@group(0) @binding(3) var<storage, read> weights2: array<vec2<u32>>;
-@group(0) @binding(4) var<storage, read> xq: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> weights: array<u32>;
+@group(0) @binding(2) var<storage, read> weights2: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read> tiles: array<u32>;
 
 const WG: u32 = 256u;
 const COPIES: u32 = 1u;
@@ -41,15 +40,6 @@ const WG_ROWS: u32 = WG / TEAM;
 
 // Four columns' partials: [o · TEAM + t] gate (or the only matrix), [WG + o · TEAM + t] up.
 var<workgroup> partial: array<vec4<f32>, 2u * WG>;
-// The grouping: each routed column's expert, and each leader's tiles (0 for the others).
-var<workgroup> col_e: array<u32, WG>;
-var<workgroup> col_tiles: array<u32, WG>;
-// This workgroup's tile: its expert, live columns (0: no tile) and the CT columns (past the live ones, the
-// last live one again: read, never stored).
-var<workgroup> tile_e: u32;
-var<workgroup> tile_live: u32;
-var<workgroup> tile_cols: array<u32, 8>;
-
 fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
 }
@@ -59,75 +49,6 @@ fn x_chunk(xb: u32, k: u32, c: u32) -> XChunk {
   let q = xb >> 2u;
   let s = xb + k / 4u + c;
   return XChunk(xq[q + 2u * c], xq[q + 2u * c + 1u], bitcast<f32>(xq[s >> 2u][s & 3u]));
-}
-
-// Leaves tile y's expert, live columns and columns in tile_e, tile_live, tile_cols. Every invocation calls it
-// (barriers).
-fn find_tile(lid: u32, y: u32) {
-  let n_routed = params[8];
-  let n_cols = params[6];
-  if (lid == 0u) {
-    tile_live = 0u;
-  }
-  let mine = lid < n_routed;
-  var e = 0xffffffffu;
-  if (mine) {
-    e = ids[lid];
-  }
-  col_e[lid] = e;
-  workgroupBarrier();
-  var lead = mine;
-  for (var j = 0u; j < lid && lead; j++) {
-    lead = col_e[j] != e;
-  }
-  var count = 0u;
-  if (lead) {
-    for (var j = lid; j < n_routed; j++) {
-      count += u32(col_e[j] == e);
-    }
-  }
-  col_tiles[lid] = (count + CT - 1u) / CT;
-  workgroupBarrier();
-  if (lead) {
-    var first = 0u;
-    for (var j = 0u; j < lid; j++) {
-      first += col_tiles[j];
-    }
-    if (y >= first && y < first + col_tiles[lid]) {
-      let m0 = CT * (y - first);
-      let live = min(CT, count - m0);
-      tile_e = e;
-      tile_live = live;
-      var m = 0u;
-      for (var j = lid; j < n_routed; j++) {
-        if (col_e[j] == e) {
-          if (m >= m0 && m < m0 + live) {
-            tile_cols[m - m0] = j;
-          }
-          m++;
-        }
-      }
-      for (var i = live; i < CT; i++) {
-        tile_cols[i] = tile_cols[live - 1u];
-      }
-    }
-  }
-  if (lid == 0u) {
-    var total = 0u;
-    for (var j = 0u; j < n_routed; j++) {
-      total += col_tiles[j];
-    }
-    let n_shared = n_cols - n_routed;
-    if (y >= total && CT * (y - total) < n_shared) {
-      let m0 = CT * (y - total);
-      tile_e = params[9];
-      tile_live = min(CT, n_shared - m0);
-      for (var i = 0u; i < CT; i++) {
-        tile_cols[i] = n_routed + min(m0 + i, n_shared - 1u);
-      }
-    }
-  }
-  workgroupBarrier();
 }
 
 // The x column's first word of output column col.
@@ -213,18 +134,20 @@ fn reduce4(a: Acc4, cols: vec4<u32>, j0: u32, live: u32, row_base: u32, lid: u32
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
   q8dot_table(lid);
-  find_tile(lid, wid.y);
-  let live = workgroupUniformLoad(&tile_live);
-  if (live == 0u) {
+  // Tile y: [expert, live columns, CT columns] at word 1 + y·(2 + CT) (read-only storage: uniform).
+  let y0 = wid.y;
+  if (y0 >= tiles[0]) {
     return;
   }
-  let e = tile_e;
+  let tw = 1u + y0 * (2u + CT);
+  let e = tiles[tw];
+  let live = tiles[tw + 1u];
   let k = params[0];
   let n = params[1];
-  let c0 = vec4<u32>(tile_cols[0], tile_cols[min(1u, CT - 1u)], tile_cols[min(2u, CT - 1u)],
-    tile_cols[min(3u, CT - 1u)]);
-  let c1 = vec4<u32>(tile_cols[min(4u, CT - 1u)], tile_cols[min(5u, CT - 1u)], tile_cols[min(6u, CT - 1u)],
-    tile_cols[min(7u, CT - 1u)]);
+  let c0 = vec4<u32>(tiles[tw + 2u], tiles[tw + 2u + min(1u, CT - 1u)], tiles[tw + 2u + min(2u, CT - 1u)],
+    tiles[tw + 2u + min(3u, CT - 1u)]);
+  let c1 = vec4<u32>(tiles[tw + 2u + min(4u, CT - 1u)], tiles[tw + 2u + min(5u, CT - 1u)],
+    tiles[tw + 2u + min(6u, CT - 1u)], tiles[tw + 2u + min(7u, CT - 1u)]);
   let xb0 = vec4<u32>(x_base(c0.x, k), x_base(c0.y, k), x_base(c0.z, k), x_base(c0.w, k));
   let xb1 = vec4<u32>(x_base(c1.x, k), x_base(c1.y, k), x_base(c1.z, k), x_base(c1.w, k));
   let t = lid % TEAM;

@@ -17,6 +17,7 @@ import {
   moeGmvQ8Constants,
   moeGmvQ8Grid,
 } from "./moe_gmv_q8.ts";
+import { checkMoeTiles, MOE_TILES, moeTilesWords } from "./moe_tiles.ts";
 import { checkMoeY, makeMoeCase, type MoeCase } from "./_moe_testing.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
@@ -34,11 +35,37 @@ function groupedIds(rng: Rng, tokens: number, used: number, nExpert: number): Ui
   return Uint32Array.from(ids);
 }
 
+/** moe_tiles' table in float-free TypeScript: groups by first column, CT columns a tile, shared tiles last. */
+function tilesReference(ids: ArrayLike<number>, nShared: number, sharedE: number, ct: number): number[] {
+  const tiles: number[][] = [];
+  const seen = new Set<number>();
+  const put = (e: number, cols: number[]) => {
+    for (let m = 0; m < cols.length; m += ct) {
+      const part = cols.slice(m, m + ct);
+      tiles.push([e, part.length, ...part, ...Array(ct - part.length).fill(part.at(-1))]);
+    }
+  };
+  for (let i = 0; i < ids.length; i++) {
+    if (seen.has(ids[i]!)) continue;
+    seen.add(ids[i]!);
+    put(ids[i]!, Array.from(ids, (e, j) => e === ids[i] ? j : -1).filter((j) => j >= 0));
+  }
+  put(sharedE, Array.from({ length: nShared }, (_, t) => ids.length + t));
+  return [tiles.length, ...tiles.flat()];
+}
+
 Deno.test("moe_gmv_q8: columns grouped by expert give moe_matvec_q8's bits at its TEAM, and the float64 products", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  const runs: { c: MoeCase; team: number; ct: number; grouped: GPUBuffer; alone: GPUBuffer }[] = [];
+  const runs: {
+    c: MoeCase;
+    team: number;
+    ct: number;
+    grouped: GPUBuffer;
+    alone: GPUBuffer;
+    tiles: GPUBuffer;
+  }[] = [];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
   let i = 0;
@@ -64,9 +91,23 @@ Deno.test("moe_gmv_q8: columns grouped by expert give moe_matvec_q8's bits at it
         weights2: w,
         xq: upload(device, c.xq!),
       };
+      // moe_tiles' table first (poisoned: tiles past the count stay so), then the grouped pass.
+      const tw = moeTilesWords(c.shape, ct);
+      const tiles = poisoned(device, tw);
+      const tb = { params: common.params, ids: common.ids, tiles: { buffer: tiles, size: 4 * tw } };
+      checkMoeTiles(c.shape, ct, tb);
+      const pt = await cache.get(MOE_TILES, { CT: ct });
+      pass.setPipeline(pt);
+      pass.setBindGroup(0, bindGroup(device, pt, [tb.params, tb.ids, tb.tiles]));
+      pass.dispatchWorkgroups(1);
       const grouped = poisoned(device, c.shape.n * cols);
       const gc: MoeGmvQ8Constants = { ...moeGmvQ8Constants(c.shape, ct), TEAM: team };
-      const b: MoeGmvQ8Bindings = { ...common, y: { buffer: grouped, size: 4 * c.shape.n * cols } };
+      const { ids: _, ...rest } = common;
+      const b: MoeGmvQ8Bindings = {
+        ...rest,
+        y: { buffer: grouped, size: 4 * c.shape.n * cols },
+        tiles: tb.tiles,
+      };
       checkMoeGmvQ8(c.shape, gc, b);
       const p = await cache.get(MOE_GMV_Q8, gc);
       pass.setPipeline(p);
@@ -80,21 +121,27 @@ Deno.test("moe_gmv_q8: columns grouped by expert give moe_matvec_q8's bits at it
       pass.setPipeline(pa);
       pass.setBindGroup(0, bindGroup(device, pa, MOE_MATVEC_Q8_BINDINGS.map((n) => ab[n])));
       pass.dispatchWorkgroups(...moeMatvecQ8Grid(c.shape, qc));
-      runs.push({ c, team, ct, grouped, alone });
+      runs.push({ c, team, ct, grouped, alone, tiles });
     }
   }
   pass.end();
   device.queue.submit([enc.finish()]);
-  const got = await readAll(device, runs.flatMap((r) => [r.grouped, r.alone]));
+  const got = await readAll(device, runs.flatMap((r) => [r.grouped, r.alone, r.tiles]));
   runs.forEach(({ c, team, ct }, j) => {
     const what = `moe_gmv_q8 ${c.shape.type} ${c.shape.gateUp ? "gate·up" : "down"} k=${c.shape.k} ` +
       `n=${c.shape.n} ids=${[
         ...c.ids,
       ]} shared=${c.shape.sharedCols} TEAM ${team} CT ${ct} (seed ${rng.seed})`;
-    checkMoeY(got[2 * j]!, c, what);
+    const want = tilesReference(c.ids, c.shape.sharedCols ?? 0, c.shape.nExpert, ct);
+    assert.deepEqual(
+      [...new Uint32Array(got[3 * j + 2]!, 0, want.length)],
+      want,
+      `${what}: moe_tiles' table`,
+    );
+    checkMoeY(got[3 * j]!, c, what);
     const cols = c.shape.nCols + (c.shape.sharedCols ?? 0);
-    const g = new Uint32Array(got[2 * j]!, 0, c.shape.n * cols);
-    const a = new Uint32Array(got[2 * j + 1]!, 0, c.shape.n * cols);
+    const g = new Uint32Array(got[3 * j]!, 0, c.shape.n * cols);
+    const a = new Uint32Array(got[3 * j + 1]!, 0, c.shape.n * cols);
     const bad = g.findIndex((v, e) => v !== a[e]);
     assert.equal(
       bad,
@@ -104,7 +151,7 @@ Deno.test("moe_gmv_q8: columns grouped by expert give moe_matvec_q8's bits at it
   });
 });
 
-Deno.test("moe_gmv_q8 checks throw before encoding: TEAM, CT, routed columns, moe_matvec_q8's shape checks", () => {
+Deno.test("moe_gmv_q8 checks throw before encoding: TEAM, CT, routed columns, the table, moe_matvec_q8's shape checks", () => {
   const shape: MoeMatvecShape = {
     type: "IQ4_XS",
     k: 512,
@@ -120,11 +167,11 @@ Deno.test("moe_gmv_q8 checks throw before encoding: TEAM, CT, routed columns, mo
   const b = (words: number): GPUBuffer => ({ size: 4 * words }) as unknown as GPUBuffer;
   const ok: MoeGmvQ8Bindings = {
     params: b(11),
-    ids: b(16),
     weights: b(2 * 5 * 64 * 68 + 8),
     weights2: b(2 * 5 * 64 * 68 + 8),
     xq: b(q8ColumnWords(512) * 8),
     y: b(64 * 24),
+    tiles: b(1 + 17 * 10),
   };
   const c = moeGmvQ8Constants(shape);
   assert.deepEqual(c, { TYPE: 23, TEAM: 4, CT: 8, GATE_UP: true });
@@ -136,6 +183,7 @@ Deno.test("moe_gmv_q8 checks throw before encoding: TEAM, CT, routed columns, mo
   throws(shape, { ...c, TEAM: 12 }, ok, /TEAM=12 must be a power of two/);
   throws(shape, { ...c, CT: 9 }, ok, /moe_gmv_q8: CT/);
   throws({ ...shape, nCols: 258, xDiv: 2 }, c, ok, /258 routed columns exceed the 256/);
+  throws(shape, c, { ...ok, tiles: b(1 + 17 * 10 - 1) }, /binding tiles/);
   throws({ ...shape, k: 96 }, c, ok, /K=96 must be a positive multiple of 32/);
   throws(shape, c, { ...ok, y: b(64 * 24 - 1) }, /binding y/);
   throws(shape, c, { ...ok, xq: b(q8ColumnWords(512) * 8 - 1) }, /binding xq/);

@@ -6,10 +6,8 @@
  * and logits are equal, and where the first difference is. Exit code 1 on a difference.
  *
  * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--f32-experts]
- * [--int8] [--batched-q8-group CT]` (int8 x for the experts by default, as the serving commands; `--int8`: int8
- * x for every mat-vec, StageOptions.int8Activations, whose batched steps run matvec_q8b; `--batched-q8-group`:
- * the batched int8-x expert passes grouped by expert in tiles of CT columns, moeTuning.batchedQ8Group). No npm
- * imports.
+ * [--int8]` (int8 x for the experts by default, as the serving commands; `--int8`: int8 x for every mat-vec,
+ * StageOptions.int8Activations, whose batched steps run matvec_q8b). No npm imports.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -25,7 +23,6 @@ const { values: args } = parseArgs({
     prompt: { type: "string", default: "12" },
     "f32-experts": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
-    "batched-q8-group": { type: "string" },
   },
   strict: true,
 });
@@ -41,9 +38,6 @@ const stage = await Stage.load(gpu, file, {
   maxChunk: 64,
   int8Experts: !args["f32-experts"],
   int8Activations: args.int8,
-  moeTuning: args["batched-q8-group"] === undefined
-    ? undefined
-    : { batchedQ8Group: Number(args["batched-q8-group"]) },
 });
 let seed = 12345;
 const rand = (n: number) => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
@@ -77,7 +71,6 @@ console.log(JSON.stringify({
   newTokens: nNew,
   int8Experts: stage.int8Experts,
   int8Activations: args.int8,
-  batchedQ8Group: args["batched-q8-group"] ?? 0,
   equal: diffs.length === 0,
   diffs,
 }));

@@ -6,8 +6,7 @@
  * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--f32-experts] [--per-column] [--gmv-max N]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
- * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--batched-q8-group CT`
- * those passes grouped by expert in tiles of CT columns (moeTuning.batchedQ8Group; 0: a column each), `--stop-points` gives each
+ * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
  * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
@@ -50,7 +49,6 @@ const { values: args } = parseArgs({
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
     "batched-q8-rows": { type: "string" },
-    "batched-q8-group": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
     "combine-norm-min-rows": { type: "string" },
@@ -118,7 +116,6 @@ const moeTuning = {
   gateUp: tuning(args["moe-gate-up"]),
   down: tuning(args["moe-down"]),
   ...(q8Rows ? { batchedQ8Rows: { gateUp: q8Rows[0], down: q8Rows[1] ?? q8Rows[0] } } : {}),
-  ...(args["batched-q8-group"] === undefined ? {} : { batchedQ8Group: Number(args["batched-q8-group"]) }),
 };
 using file = await openGguf(path);
 

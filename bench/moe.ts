@@ -10,8 +10,7 @@
  * the default TEAM (ROWS, BLOCKS, UNROLL, WG: `sameBits` where the sums keep the default's bits, so a batched
  * step may take them alone) and other TEAMs (other bits: the solo step would have to take them too).
  * `gbPerSecond` counts every column's matrices, `distinctGbPerSecond` each distinct expert of the step once
- * (what DRAM must deliver at least); lines with `"ids": "one"` put every routed column on one expert. The
- * int8-x passes also run grouped by expert (moe_tiles, moe_gmv_q8: tiles of 8, 4 and 2 columns).
+ * (what DRAM must deliver at least); lines with `"ids": "one"` put every routed column on one expert.
  *
  * Usage: `deno run -A bench/moe.ts [--quick] [--tokens 8] [--q8-only]` (`--quick`: 16 experts and few repetitions, for
  * lavapipe; `--tokens` up to MAX_BATCH_SLOTS, 16, without the `sharedOnce` lines above 8: SHARED_T takes <= 8). One JSON line per measurement, never asserts. No npm imports.
@@ -19,15 +18,6 @@
  */
 import { parseArgs } from "node:util";
 import { PassTimer } from "./_pass_timer.ts";
-import {
-  checkMoeGmvQ8,
-  MOE_GMV_Q8,
-  MOE_GMV_Q8_BINDINGS,
-  type MoeGmvQ8Bindings,
-  moeGmvQ8Constants,
-  moeGmvQ8Grid,
-} from "../wgsl/moe_gmv_q8.ts";
-import { checkMoeTiles, MOE_TILES, moeTilesWords } from "../wgsl/moe_tiles.ts";
 import { randomBuffer } from "./_buffers.ts";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { bindGroup, PipelineCache } from "../wgsl/kernel.ts";
@@ -455,91 +445,6 @@ async function batchedQ8(
         us: sec * 1e6,
         gbPerSecond: (cols * p.matBytes) / sec / 1e9,
         distinctGbPerSecond: ((one ? 2 : distinct) * p.matBytes) / sec / 1e9,
-      }));
-    }
-  }
-  await batchedGrouped(name, p, shape, params, { ids, idsOne, idStride, distinct, cols, xq, yb });
-}
-
-/**
- * The same int8-x passes grouped by expert (moeTuning.batchedQ8Group: moe_tiles, then moe_gmv_q8 at the
- * default TEAM, the per-column bits) in tiles of 8, 4 and 2 columns, on the tables of the same id sets (made
- * before the timing; one moe_tiles dispatch is timed on its own). The down pass reads int8 x as it is: the
- * engine's quantize_q8 over the activations before it is not in these lines.
- */
-async function batchedGrouped(
-  name: string,
-  p: { weights: GPUBuffer; matBytes: number },
-  shape: MoeMatvecShape,
-  params: GPUBuffer,
-  b: {
-    ids: GPUBuffer;
-    idsOne: GPUBuffer;
-    idStride: number;
-    distinct: number;
-    cols: number;
-    xq: GPUBuffer;
-    yb: GPUBuffer;
-  },
-): Promise<void> {
-  const tokens = shape.sharedCols!;
-  const idsOf = (set: number | "one") =>
-    set === "one"
-      ? { buffer: b.idsOne, size: 4 * USED * tokens }
-      : { buffer: b.ids, offset: b.idStride * set, size: 4 * USED * tokens };
-  for (const ct of [8, 4, 2]) {
-    const words = moeTilesWords(shape, ct);
-    const stride = Math.ceil((4 * words) / 256) * 256;
-    const tiles = device.createBuffer({ size: stride * (SETS + 1), usage: STORAGE });
-    const tilesOf = (i: number) => ({ buffer: tiles, offset: stride * i, size: 4 * words });
-    const tp = await cache.get(MOE_TILES, { CT: ct });
-    const tableGroups = [...Array.from({ length: SETS }, (_, i) => i), "one" as const].map((set, i) => {
-      checkMoeTiles(shape, ct, { params, ids: idsOf(set), tiles: tilesOf(i) });
-      return bindGroup(device, tp, [params, idsOf(set), tilesOf(i)]);
-    });
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    pass.setPipeline(tp);
-    for (const g of tableGroups) {
-      pass.setBindGroup(0, g);
-      pass.dispatchWorkgroups(1);
-    }
-    pass.end();
-    device.queue.submit([enc.finish()]);
-    const tsec = await timeDispatches(tp, tableGroups.slice(0, SETS), [1, 1, 1], true);
-    console.log(
-      JSON.stringify({ bench: "moe", kernel: "moe_tiles", pass: name, tokens, ct, us: tsec * 1e6 }),
-    );
-    const c = moeGmvQ8Constants(shape, ct);
-    const pipeline = await cache.get(MOE_GMV_Q8, c);
-    for (const one of [false, true]) {
-      const groups = (one ? [SETS] : Array.from({ length: SETS }, (_, i) => i)).map((i) => {
-        const gb: MoeGmvQ8Bindings = {
-          params,
-          weights: p.weights,
-          weights2: p.weights,
-          xq: b.xq,
-          y: b.yb,
-          tiles: tilesOf(i),
-        };
-        checkMoeGmvQ8(shape, c, gb);
-        return bindGroup(device, pipeline, MOE_GMV_Q8_BINDINGS.map((n) => gb[n]));
-      });
-      const grid = moeGmvQ8Grid(shape, c);
-      const sec = await timeDispatches(pipeline, groups, grid, true);
-      console.log(JSON.stringify({
-        bench: "moe",
-        kernel: "moe_gmv_q8",
-        pass: name,
-        tokens,
-        ids: one ? "one" : "random",
-        team: c.TEAM,
-        ct,
-        sameBits: true,
-        workgroups: grid[0] * grid[1],
-        us: sec * 1e6,
-        gbPerSecond: (b.cols * p.matBytes) / sec / 1e9,
-        distinctGbPerSecond: ((one ? 2 : b.distinct) * p.matBytes) / sec / 1e9,
       }));
     }
   }

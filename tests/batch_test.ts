@@ -22,8 +22,7 @@ import { planModel, synthesize } from "../engine/synth.ts";
 // int8: StageOptions.int8Activations, where a batched step quantizes each slot's column on its own (after the
 // norm's own dispatch) and a solo step quantizes with the norm in the prologue: the same bits either way;
 // "experts": StageOptions.int8Experts, int8 x for the expert passes alone, whose batched passes take other ROWS
-// than the solo step's (moeTuning.batchedQ8Rows: the same bits); "grouped": those passes grouped by expert
-// in tiles of 3 columns (moeTuning.batchedQ8Group: moe_tiles and moe_gmv_q8, the same bits).
+// than the solo step's (moeTuning.batchedQ8Rows: the same bits).
 // perSlot: every state pool over StageOptions.maxStatePoolBytes, so each slot's states are buffers of their own
 // and the batched step runs gdn_step and attn_qk_rope per slot (the fallback for pools over the binding limit).
 for (
@@ -33,16 +32,9 @@ for (
     ["tiny-qwen3next", true, false],
     ["tiny-qwen35moe", false, true],
     ["tiny-qwen35moe", "experts", false],
-    ["tiny-qwen3next", "grouped", false],
   ] as const
 ) {
-  const int8Name = int8 === "experts"
-    ? " int8 x for the experts"
-    : int8 === "grouped"
-    ? " int8 x for the experts grouped by expert"
-    : int8
-    ? " int8 activations"
-    : "";
+  const int8Name = int8 === "experts" ? " int8 x for the experts" : int8 ? " int8 activations" : "";
   const variant = `${int8Name}${perSlot ? " states per slot" : ""}`;
   Deno.test(`${name}${variant}: four slots decoded together equal their solo runs (greedy, sampled, late stop, cancel)`, async () => {
     const rng = new Rng();
@@ -53,13 +45,9 @@ for (
       nSlots: 4,
       maxChunk: 8,
       int8Activations: int8 === true,
-      int8Experts: int8 === "experts" || int8 === "grouped",
+      int8Experts: int8 === "experts",
       maxStatePoolBytes: perSlot ? 4 : undefined,
-      moeTuning: int8 === "experts"
-        ? { batchedQ8Rows: { gateUp: 4, down: 2 } }
-        : int8 === "grouped"
-        ? { batchedQ8Group: 3 }
-        : undefined,
+      moeTuning: int8 === "experts" ? { batchedQ8Rows: { gateUp: 4, down: 2 } } : undefined,
     });
     // The batched step has one gdn_step, attn_qk_rope and attn_decode per layer, or one per slot (and one
     // attn_combine per layer either way).
@@ -71,14 +59,6 @@ for (
       const want = k === "attn_combine" ? 1 : perLayer;
       assert.ok(layers > 0 && n === want * layers, `${k}: ${n} dispatches over ${layers} layers`);
     }
-    // Grouped: a moe_tiles table per expert set of each layer (the shared expert packed with the routed ones,
-    // or its own set), read by both passes.
-    const tiles = labels.filter((x) => x.endsWith(".tiles")).length;
-    const nLayer = stage.hp.nLayer;
-    assert.ok(
-      int8 === "grouped" ? tiles >= nLayer && tiles <= 2 * nLayer : tiles === 0,
-      `${tiles} moe_tiles dispatches over ${nLayer} layers`,
-    );
     try {
       assert.ok(stage.canBatch, "the tiny shape binds per-slot rows");
       const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(2, 13) }, () => rng.int(0, 1021)));

@@ -68,9 +68,6 @@
 #              f32 experts): the test models' K = 256 cannot show a TEAM that follows a dispatch's rows
 #   int8b      #20: int8 x for every mat-vec (--int8; batched steps run matvec_q8b, one dispatch per part for
 #              all columns) against the default at 1, 8 and 16 slots, and its batched ≡ solo bits at real K
-#   group8     #20: the batched int8-x expert passes grouped by expert (moe_tiles, moe_gmv_q8) in tiles of 8
-#              and 4 columns against a column each, at 8 and 16 slots, and their batched ≡ solo bits at real K;
-#              the passes alone first (bench/moe.ts --tokens 8 --q8-only: moe_gmv_q8 beside moe_matvec_q8)
 #   gmv        #20: thin chunks' experts as grouped mat-vecs (moe_gmv): its float64 test on NVIDIA, the kernels
 #              alone beside moe_matmul and per column (64, 256, 512 tokens, with a TEAM x ROWS x CT sweep), and
 #              prefill of 512 tokens in chunks of 64 and 256, default against --gmv-max 0
@@ -295,15 +292,6 @@ for step in "$@"; do
       run int8b 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         --int8
       run int8b 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
-      ;;
-    group8)
-      ensure_model
-      run group8 90 $D bench/batch_bits.ts --model "$model" --slots 8 --batched-q8-group 8
-      run group8 120 $D bench/moe.ts --tokens 8 --q8-only
-      for ct in 8 4 0; do
-        run group8 100 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
-          --batched-q8-group $ct
-      done
       ;;
     gmv)
       ensure_model

@@ -26,13 +26,11 @@ import wgsl_matvec_q8 from "./matvec_q8.wgsl" with { type: "text" };
 import wgsl_matvec_q8_fused from "./matvec_q8_fused.wgsl" with { type: "text" };
 import wgsl_matvec_q8b from "./matvec_q8b.wgsl" with { type: "text" };
 import wgsl_moe_gmv from "./moe_gmv.wgsl" with { type: "text" };
-import wgsl_moe_gmv_q8 from "./moe_gmv_q8.wgsl" with { type: "text" };
 import wgsl_moe_group from "./moe_group.wgsl" with { type: "text" };
 import wgsl_moe_matmul from "./moe_matmul.wgsl" with { type: "text" };
 import wgsl_moe_matvec from "./moe_matvec.wgsl" with { type: "text" };
 import wgsl_moe_matvec_q8 from "./moe_matvec_q8.wgsl" with { type: "text" };
 import wgsl_moe_route from "./moe_route.wgsl" with { type: "text" };
-import wgsl_moe_tiles from "./moe_tiles.wgsl" with { type: "text" };
 import wgsl_quantize_q8 from "./quantize_q8.wgsl" with { type: "text" };
 import wgsl_residual_add from "./residual_add.wgsl" with { type: "text" };
 import wgsl_rms_norm from "./rms_norm.wgsl" with { type: "text" };
@@ -85,13 +83,11 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "matvec_q8_fused.wgsl": wgsl_matvec_q8_fused,
   "matvec_q8b.wgsl": wgsl_matvec_q8b,
   "moe_gmv.wgsl": wgsl_moe_gmv,
-  "moe_gmv_q8.wgsl": wgsl_moe_gmv_q8,
   "moe_group.wgsl": wgsl_moe_group,
   "moe_matmul.wgsl": wgsl_moe_matmul,
   "moe_matvec.wgsl": wgsl_moe_matvec,
   "moe_matvec_q8.wgsl": wgsl_moe_matvec_q8,
   "moe_route.wgsl": wgsl_moe_route,
-  "moe_tiles.wgsl": wgsl_moe_tiles,
   "quantize_q8.wgsl": wgsl_quantize_q8,
   "residual_add.wgsl": wgsl_residual_add,
   "rms_norm.wgsl": wgsl_rms_norm,

@@ -1,5 +1,5 @@
 import { bindGroup, PipelineCache } from "./kernel.ts";
-import type { GgmlTypeName } from "../engine/quant/types.ts";
+import { type GgmlTypeName, typeInfo } from "../engine/quant/types.ts";
 import { moeMatvecParams, type MoeMatvecShape } from "./moe_matvec.ts";
 import {
   checkMoeMatvecQ8,
@@ -11,8 +11,9 @@ import {
   moeMatvecQ8Grid,
   q8ColumnWords,
 } from "./moe_matvec_q8.ts";
-import { decodeQ8x, q8xBytes } from "./matvec_q8.ts";
-import { checkMoeY, makeMoeCase, type MoeCase } from "./_moe_testing.ts";
+import { decodeQ8x, q8Layout, q8xBytes } from "./matvec_q8.ts";
+import { randomWeights } from "./_quant_testing.ts";
+import { moeReference } from "./_moe_testing.ts";
 import { quantizeOnGpu } from "./_q8_testing.ts";
 import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
@@ -20,6 +21,82 @@ import { Rng } from "../tests/util/rng.ts";
 import assert from "node:assert/strict";
 
 const TYPES: GgmlTypeName[] = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"];
+
+/** Element index (within its 32-chunk) of byte `b` of quad word `w` in quantize_q8's byte order for `type`. */
+function elementOf(type: GgmlTypeName, w: number, b: number): number {
+  if (q8Layout(type) === 0) return 4 * w + b;
+  const base = (w & 1) === 0 ? 4 * (w >> 1) : 4 * (w >> 1) + 2;
+  return [base, base + 1, base + 16, base + 17][b]!;
+}
+
+/** Random int8 x columns in quantize_q8's format for `type`, and their dequantized values (d·q). */
+function randomXq(
+  rng: Rng,
+  type: GgmlTypeName,
+  k: number,
+  cols: number,
+): { words: Uint32Array; x: Float64Array } {
+  const cw = q8ColumnWords(k);
+  const words = new Uint32Array(cw * cols);
+  const x = new Float64Array(k * cols);
+  for (let col = 0; col < cols; col++) {
+    const bytes = new Int8Array(words.buffer, 4 * cw * col, k);
+    const d = new Float32Array(words.buffer, 4 * cw * col + k, k / 32);
+    for (let c = 0; c < k / 32; c++) {
+      d[c] = c === 1 ? 0 : 10 ** rng.int(-3, 1) * (0.5 + rng.float()); // chunk 1: an all-zero chunk
+      for (let w = 0; w < 8; w++) {
+        for (let b = 0; b < 4; b++) {
+          const q = c === 1 ? 0 : rng.int(-127, 128);
+          bytes[32 * c + 4 * w + b] = q;
+          x[col * k + 32 * c + elementOf(type, w, b)] = d[c]! * q;
+        }
+      }
+    }
+  }
+  return { words, x };
+}
+
+interface Case {
+  shape: MoeMatvecShape;
+  ids: Uint32Array;
+  w: Uint8Array;
+  /** x columns as int8 words (null: the gate·up pass's QOUT output feeds this down pass). */
+  xq: Uint32Array | null;
+  /** Dequantized x columns. */
+  x: Float64Array;
+}
+
+function makeCase(
+  rng: Rng,
+  type: GgmlTypeName,
+  gateUp: boolean,
+  o: { k?: number; n?: number; nExpert?: number; ids?: Uint32Array; tokens?: number; shared: boolean },
+): Case {
+  const k = o.k ?? 256 * rng.int(1, 4);
+  const n = o.n ?? rng.int(1, 70);
+  const nExpert = o.nExpert ?? rng.int(2, 9);
+  const ids = o.ids ??
+    Uint32Array.from({ length: rng.int(1, 4) * (o.tokens ?? 1) }, () => rng.int(0, nExpert));
+  const tokens = o.tokens ?? 1;
+  const nCols = ids.length;
+  const sharedCols = o.shared ? tokens : 0;
+  const nMats = nExpert + (o.shared ? 1 : 0);
+  const expertBytes = (k / typeInfo(type).blockElems) * typeInfo(type).blockBytes * n * nMats;
+  const offGate = 8 * rng.int(0, 8);
+  const offUp = gateUp ? Math.ceil((offGate + expertBytes) / 8) * 8 + 8 * rng.int(0, 8) : undefined;
+  const w = new Uint8Array((offUp ?? offGate) + expertBytes);
+  w.set(randomWeights(rng, type, k, n * nMats, 0.1), offGate);
+  if (offUp !== undefined) w.set(randomWeights(rng, type, k, n * nMats, 0.1), offUp);
+  const xDiv = gateUp ? nCols / tokens : 1;
+  const { words, x } = randomXq(rng, type, k, gateUp ? tokens : nCols + sharedCols);
+  return {
+    shape: { type, k, n, nExpert, nCols, xDiv, offGateBytes: offGate, offUpBytes: offUp, gateUp, sharedCols },
+    ids,
+    w,
+    xq: words,
+    x,
+  };
+}
 
 /** Checks one dispatch's shape and bindings, then records it into `pass`. */
 async function encode(
@@ -37,17 +114,26 @@ async function encode(
   pass.dispatchWorkgroups(...moeMatvecQ8Grid(shape, consts));
 }
 
+/** y (and its poisoned guard) against the reference, element by element. */
+function checkY(got: ArrayBuffer, c: Case, what: string): void {
+  const { ref, tol } = moeReference(c);
+  const g = new Float32Array(got, 0, ref.length);
+  const bad = [...g].findIndex((v, j) => !(Math.abs(v - ref[j]!) <= tol[j]!));
+  assert.equal(bad, -1, `${what}: y[${bad}] = ${g[bad]}, want ${ref[bad]} ± ${tol[bad]}`);
+  assertPoisoned(new Uint32Array(got, 4 * ref.length, GUARD_WORDS), POISON_F32, `${what}: y guard`);
+}
+
 Deno.test("moe_matvec_q8: routed experts by GPU ids with int8 x, gate·up with silu and plain down, every int8-x type", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
-  const cases: { c: MoeCase; consts: MoeMatvecQ8Constants }[] = [];
+  const cases: { c: Case; consts: MoeMatvecQ8Constants }[] = [];
   for (const type of TYPES) {
     for (const [gateUp, shared] of [[true, false], [true, true], [false, true], [false, false]]) {
       const tokens = rng.int(1, 3);
       const nExpert = rng.int(2, 9);
       const ids = Uint32Array.from({ length: rng.int(1, 4) * tokens }, () => rng.int(0, nExpert));
-      const c = makeMoeCase(rng, type, gateUp!, {
+      const c = makeCase(rng, type, gateUp!, {
         tokens,
         nExpert,
         ids: gateUp ? ids : undefined,
@@ -90,7 +176,7 @@ Deno.test("moe_matvec_q8: routed experts by GPU ids with int8 x, gate·up with s
         ...c.ids,
       ]} shared=${c.shape.sharedCols} TEAM ${consts.TEAM} ROWS ${consts.ROWS} ` +
       `(seed ${rng.seed})`;
-    checkMoeY(got[i]!, c, what);
+    checkY(got[i]!, c, what);
   });
 });
 
@@ -105,7 +191,7 @@ Deno.test("moe_matvec_q8 QOUT: gate·up writes its output as quantize_q8 would r
     const ids = Uint32Array.from({ length: used * tokens }, () => rng.int(0, nExpert));
     const nFf = 256 * rng.int(1, 3);
     const embd = 256 * rng.int(1, 3);
-    const gu = makeMoeCase(rng, upType, true, { k: embd, n: nFf, nExpert, ids, tokens, shared: true });
+    const gu = makeCase(rng, upType, true, { k: embd, n: nFf, nExpert, ids, tokens, shared: true });
     const cols = gu.shape.nCols + tokens;
     // TEAM 8 ROWS 1 and TEAM 16 ROWS 2: 32 rows per workgroup; TEAM 4 ROWS 2: 128 (several chunks each).
     const team = [8, 16, 4][rng.int(0, 3)]!;
@@ -130,7 +216,7 @@ Deno.test("moe_matvec_q8 QOUT: gate·up writes its output as quantize_q8 would r
     const [gy, gyq] = await readAll(device, [y, yq]);
     const what = `moe_matvec_q8 QOUT ${upType} → ${downType} embd=${embd} ff=${nFf} ids=${[...ids]} ` +
       `TEAM ${team} (seed ${rng.seed})`;
-    checkMoeY(gy!, gu, what);
+    checkY(gy!, gu, what);
     assertPoisoned(new Uint32Array(gyq!, 4 * yqWords, GUARD_WORDS), POISON_F32, `${what}: yq guard`);
     // yq has the bits quantize_q8 gives each column of y.
     const yf = new Float32Array(gy!, 0, nFf * cols);
@@ -151,8 +237,8 @@ Deno.test("moe_matvec_q8 QOUT: gate·up writes its output as quantize_q8 would r
       const { q, d } = decodeQ8x(downType, nFf, bytes);
       for (let i = 0; i < nFf; i++) x[col * nFf + i] = d[i >> 5]! * q[i]!;
     }
-    const dn = makeMoeCase(rng, downType, false, { k: nFf, n: embd, nExpert, ids, tokens, shared: true });
-    const down: MoeCase = { ...dn, shape: { ...dn.shape, xDiv: 1 }, xq: null, x };
+    const dn = makeCase(rng, downType, false, { k: nFf, n: embd, nExpert, ids, tokens, shared: true });
+    const down: Case = { ...dn, shape: { ...dn.shape, xDiv: 1 }, xq: null, x };
     const dy = poisoned(device, embd * cols);
     const dw = upload(device, down.w);
     enc = device.createCommandEncoder();
@@ -169,7 +255,7 @@ Deno.test("moe_matvec_q8 QOUT: gate·up writes its output as quantize_q8 would r
     pass.end();
     device.queue.submit([enc.finish()]);
     const [ddy] = await readAll(device, [dy]);
-    checkMoeY(ddy!, down, `${what}: down`);
+    checkY(ddy!, down, `${what}: down`);
   }
 });
 
@@ -182,12 +268,7 @@ Deno.test("moe_matvec_q8 XIN: every workgroup rounds f32 x as quantize_q8 does, 
       const tokens = rng.int(1, 3);
       const nExpert = rng.int(2, 6);
       const ids = Uint32Array.from({ length: rng.int(1, 4) * tokens }, () => rng.int(0, nExpert));
-      const c = makeMoeCase(rng, type, gateUp, {
-        tokens,
-        nExpert,
-        ids: gateUp ? ids : undefined,
-        shared: true,
-      });
+      const c = makeCase(rng, type, gateUp, { tokens, nExpert, ids: gateUp ? ids : undefined, shared: true });
       const xCols = gateUp ? tokens : c.shape.nCols + tokens;
       const xf = rng.normals(c.shape.k * xCols, 10 ** rng.int(-2, 2));
       xf.fill(0, 32, 64); // an all-zero chunk
@@ -232,7 +313,7 @@ Deno.test("moe_matvec_q8 XIN: every workgroup rounds f32 x as quantize_q8 does, 
         const { q, d } = decodeQ8x(type, c.shape.k, new Uint8Array(glog!, 4 * cw * col, q8xBytes(c.shape.k)));
         for (let i = 0; i < c.shape.k; i++) x[col * c.shape.k + i] = d[i >> 5]! * q[i]!;
       }
-      checkMoeY(gy!, { ...c, xq: null, x }, what);
+      checkY(gy!, { ...c, xq: null, x }, what);
     }
   }
 });

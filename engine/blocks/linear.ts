@@ -590,29 +590,6 @@ export function outProjAdds(g: GraphBuilder): boolean {
 }
 
 /**
- * quantize_q8 of `cols` packed columns of K f32 x into `xq` (quantize_q8's format in `type`'s byte order): the
- * int8 x of a grouped expert pass, the bits moe_matvec_q8's XIN prologue gives each column.
- */
-export async function quantizeColumns(
-  g: GraphBuilder,
-  label: string,
-  x: GPUBuffer,
-  k: number,
-  cols: number,
-  type: GgmlTypeName,
-  xq: Binding,
-): Promise<void> {
-  const qs: QuantizeQ8Shape = { type, k, cols };
-  const [nw, xn] = normBindings(g.device, { x });
-  const qb: QuantizeQ8Bindings = { params: g.storage(quantizeQ8Params(qs)), x, xq, nw, xn };
-  checkQuantizeQ8(qs, qb);
-  await g.push(`${label}.q8`, QUANTIZE_Q8, quantizeQ8Constants(qs), [qb.params, x, xq, nw, xn], [
-    ...quantizeQ8Grid(qs),
-    1,
-  ]);
-}
-
-/**
  * int8Activations in a prefill chunk (wider than the int8 mat-vecs take): x's `cols` columns of K rounded
  * to int8 per 32 elements as the mat-vecs round them (quantize_q8 ROUND), written back as f32 (d·q, exact)
  * into a buffer of the graph for `use`, which the f32 matmul or moe_matvec then reads instead of x. So a

@@ -19,7 +19,7 @@ import {
   sub,
   typeName,
 } from "../graph/builder.ts";
-import { fusedMatvec, matvec, quantizeColumns, roundX } from "./linear.ts";
+import { fusedMatvec, matvec, roundX } from "./linear.ts";
 import { normConstants } from "./norm.ts";
 import {
   checkGroupedMatmul,
@@ -60,14 +60,6 @@ import {
   moeMatvecQ8Fits,
   moeMatvecQ8Grid,
 } from "../../wgsl/moe_matvec_q8.ts";
-import {
-  checkMoeGmvQ8,
-  MOE_GMV_Q8,
-  type MoeGmvQ8Bindings,
-  moeGmvQ8Constants,
-  moeGmvQ8Grid,
-} from "../../wgsl/moe_gmv_q8.ts";
-import { checkMoeTiles, MOE_TILES, MOE_TILES_MAX_ROUTED, moeTilesWords } from "../../wgsl/moe_tiles.ts";
 import {
   MOE_ROUTE,
   moeRouteBindGroup,
@@ -310,7 +302,20 @@ export async function experts(
     yStride: m.ne[1]!,
     ...more,
   });
-  const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
+  if (int8 && moeMatvecQ8Fits(gu)) {
+    const xq8 = e.xq8 && q8Layout(e.xq8.type) === q8Layout(gu.type) ? e.xq8.binding : undefined;
+    await expertsQ8(g, `${label}.gate_up`, gu, gp.buffer, e.ids, cx.act.m!, e.act, n, xq8);
+  } else {
+    const x = round(gu.type)
+      ? await roundX(g, `${label}.gate_up`, cx.act.m!, hp.nEmbd, n, gu.type, "moe_in")
+      : cx.act.m!;
+    if (groups) {
+      const shape = grouped(e.gate, { upOffsetBytes: u.offsetBytes, xDiv: e.used, sharedX0: 0 });
+      await expertsGrouped(g, `${label}.gate_up`, shape, gp.buffer, x, e.act, groups, gmv);
+    } else {
+      await expertsF32(g, label, gu, e, gp.buffer, x, e.act, e.route);
+    }
+  }
   const dp = e.down.parts[0]!;
   assert(e.down.parts.length === 1, `${label}: down in one binding`);
   const dn: MoeMatvecShape = {
@@ -324,23 +329,6 @@ export async function experts(
     gateUp: false,
     sharedCols: e.shared ? n : 0,
   };
-  if (int8 && xq8 && groupedQ8Fits(g, gu) && moeMatvecQ8Fits(dn)) {
-    await expertsGroupedQ8(g, label, { gu, dn, gate: gp.buffer, down: dp.buffer }, e, xq8);
-    return;
-  }
-  if (int8 && moeMatvecQ8Fits(gu)) {
-    await expertsQ8(g, `${label}.gate_up`, gu, gp.buffer, e.ids, cx.act.m!, e.act, n, xq8);
-  } else {
-    const x = round(gu.type)
-      ? await roundX(g, `${label}.gate_up`, cx.act.m!, hp.nEmbd, n, gu.type, "moe_in")
-      : cx.act.m!;
-    if (groups) {
-      const shape = grouped(e.gate, { upOffsetBytes: u.offsetBytes, xDiv: e.used, sharedX0: 0 });
-      await expertsGrouped(g, `${label}.gate_up`, shape, gp.buffer, x, e.act, groups, gmv);
-    } else {
-      await expertsF32(g, label, gu, e, gp.buffer, x, e.act, e.route);
-    }
-  }
   if (int8 && moeMatvecQ8Fits(dn)) {
     await expertsQ8(g, `${label}.down`, dn, dp.buffer, e.ids, e.act, e.out, e.used * n + (e.shared ? n : 0));
   } else {
@@ -354,64 +342,6 @@ export async function experts(
     } else {
       await expertsF32(g, label, dn, e, dp.buffer, act, e.out);
     }
-  }
-}
-
-/**
- * Whether a batched step's (or a short chunk's) int8-x expert passes run grouped by expert (moe_tiles, then
- * moe_gmv_q8 with moeTuning.batchedQ8Group columns per tile): mat-vec columns of several tokens, at most
- * MOE_TILES_MAX_ROUTED routed columns, and the knob on.
- */
-function groupedQ8Fits(g: GraphBuilder, gu: MoeMatvecShape): boolean {
-  const ct = g.opts.moeTuning?.batchedQ8Group ?? 0;
-  return ct > 0 && g.n > 1 && g.n <= g.maxCols && gu.nCols <= MOE_TILES_MAX_ROUTED && moeMatvecQ8Fits(gu);
-}
-
-/**
- * Both expert passes of a batched step grouped by expert: one moe_tiles table for the layer, gate·up through
- * moe_gmv_q8 on moe_route's int8 x (`xq8`), the activations rounded by one quantize_q8 over every column
- * (moe_matvec_q8 XIN's bits, into the int8 log where the graph keeps one), then down through moe_gmv_q8. Every
- * column keeps the bits of the per-column passes (same TEAM), so a batched step still equals its solo steps.
- */
-async function expertsGroupedQ8(
-  g: GraphBuilder,
-  label: string,
-  p: { gu: MoeMatvecShape; dn: MoeMatvecShape; gate: GPUBuffer; down: GPUBuffer },
-  e: { ids: GPUBuffer; act: GPUBuffer; out: GPUBuffer; nFf: number },
-  xq8: Binding,
-): Promise<void> {
-  const ct = g.opts.moeTuning!.batchedQ8Group!;
-  const words = moeTilesWords(p.gu, ct);
-  const tiles: Binding = { buffer: g.grown("moe tiles", 4 * words), offset: 0, size: 4 * words };
-  const tb = { params: g.storage(moeMatvecParams(p.gu)), ids: e.ids, tiles };
-  checkMoeTiles(p.gu, ct, tb);
-  await g.push(`${label}.tiles`, MOE_TILES, { CT: ct }, [tb.params, tb.ids, tb.tiles], [1, 1, 1]);
-  const cols = p.dn.nCols + (p.dn.sharedCols ?? 0);
-  const actQ = g.q8Region(`${label}.down`, e.nFf, p.dn.type, cols, "act");
-  for (
-    const [pass, shape, weights, xq, y] of [
-      ["gate_up", p.gu, p.gate, xq8, e.act],
-      ["down", p.dn, p.down, actQ, e.out],
-    ] as const
-  ) {
-    if (pass === "down") await quantizeColumns(g, `${label}.down`, e.act, e.nFf, cols, shape.type, actQ);
-    const c = moeGmvQ8Constants(shape, ct);
-    const b: MoeGmvQ8Bindings = {
-      params: g.storage(moeMatvecParams(shape)),
-      weights,
-      weights2: weights,
-      xq,
-      y,
-      tiles,
-    };
-    checkMoeGmvQ8(shape, c, b);
-    await g.push(
-      `${label}.${pass}`,
-      MOE_GMV_Q8,
-      c,
-      [b.params, weights, weights, xq, y, tiles],
-      moeGmvQ8Grid(shape, c),
-    );
   }
 }
 

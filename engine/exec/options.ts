@@ -64,16 +64,12 @@ export interface StageOptions {
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).
    * `batchedQ8Rows`: ROWS of the int8-x expert passes (moe_matvec_q8) of batched steps and short chunks, the
    * same bits as the solo step's ROWS (each row sums its chunks in the same order); bench/decode.ts
-   * --batched-q8-rows. `batchedQ8Group`: columns per tile (1..8) of those passes grouped by expert (moe_tiles
-   * and moe_gmv_q8: the columns on one expert, the shared expert's and a routed expert several slots picked,
-   * decode each weight chunk once per tile), the same bits; 0 or absent: a column each (moe_matvec_q8);
-   * bench/decode.ts --batched-q8-group.
+   * --batched-q8-rows.
    */
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly batchedQ8Group?: number;
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob

@@ -5,11 +5,13 @@
  * with their top-2 logits alone, then all of them together in batched steps; one JSON line says whether ids
  * and logits are equal, and where the first difference is. Exit code 1 on a difference.
  *
- * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--f32-experts]
- * [--int8]` (int8 x for the experts by default, as the serving commands; `--int8`: int8 x for every mat-vec,
- * StageOptions.int8Activations, whose batched steps run matvec_q8b). No npm imports.
+ * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--int8-experts]
+ * [--f32-experts]` (the serving commands' numerics, cli/experts.ts: int8 x for every mat-vec by default, whose
+ * batched steps run matvec_q8b; `--int8-experts` for the experts alone; `--f32-experts` f32 x everywhere;
+ * `--int8` names the default). No npm imports.
  * @module
  */
+import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag } from "../cli/experts.ts";
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
@@ -22,11 +24,14 @@ const { values: args } = parseArgs({
     n: { type: "string", default: "24" },
     prompt: { type: "string", default: "12" },
     "f32-experts": { type: "boolean", default: false },
+    "int8-experts": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
   },
   strict: true,
 });
 if (!args.model) throw new Error("--model F.gguf is required");
+const conflict = expertsConflict(args);
+if (conflict) throw new RangeError(conflict);
 const nSlots = Number(args.slots);
 const nNew = Number(args.n);
 const nPrompt = Number(args.prompt);
@@ -36,8 +41,8 @@ const stage = await Stage.load(gpu, file, {
   nCtx: nPrompt + nNew + 8,
   nSlots,
   maxChunk: 64,
-  int8Experts: !args["f32-experts"],
-  int8Activations: args.int8,
+  int8Experts: int8ExpertsFlag(args),
+  int8Activations: int8ActivationsFlag(args),
 });
 let seed = 12345;
 const rand = (n: number) => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
@@ -70,7 +75,7 @@ console.log(JSON.stringify({
   slots: nSlots,
   newTokens: nNew,
   int8Experts: stage.int8Experts,
-  int8Activations: args.int8,
+  int8Activations: stage.int8Activations,
   equal: diffs.length === 0,
   diffs,
 }));

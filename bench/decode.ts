@@ -3,15 +3,16 @@
  * measured in the same run (a streaming-read kernel over the model's largest weight buffer).
  *
  * Usage: `deno run -A bench/decode.ts [--model F.gguf] [--prompt 512] [--n 256] [--prefill 2048] [--chunk 256]
- * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8] [--f32-experts] [--per-column] [--gmv-max N]`: `--slots`
+ * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8-experts] [--f32-experts] [--per-column] [--gmv-max N]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
  * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
- * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute, `--int8`
- * StageOptions.int8Activations, `--f32-experts` StageOptions.int8Experts false (f32 x for the expert passes too; the
- * default is int8 x for the expert passes alone, as the serving commands run; `--int8-experts` names the default),
+ * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute; the
+ * numerics as the serving commands take them (cli/experts.ts): int8 x for every mat-vec by default
+ * (StageOptions.int8Activations; `--int8` names it), `--int8-experts` int8 x for the expert passes alone,
+ * `--f32-experts` f32 x everywhere,
  * `--per-column` StageOptions.groupedExperts false (prefill experts as per-column mat-vecs, not grouped matmuls),
  * `--gmv-max N` StageOptions.groupedMatvecMaxTokensPerExpert (thin chunks' experts as grouped mat-vecs up to N
  * routed tokens per expert on average; 0: off, the grouped matmul or per column as before),
@@ -25,6 +26,7 @@
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
+import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag } from "../cli/experts.ts";
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { PipelineCache } from "../wgsl/kernel.ts";
@@ -65,9 +67,8 @@ const { values: args } = parseArgs({
   },
 });
 
-if (args["f32-experts"] && (args["int8-experts"] || args.int8)) {
-  throw new RangeError(`--f32-experts contradicts --${args.int8 ? "int8" : "int8-experts"}: give one`);
-}
+const conflict = expertsConflict(args);
+if (conflict) throw new RangeError(conflict);
 
 function emit(what: string, result: Record<string, unknown>): void {
   console.log(JSON.stringify({ bench: "decode", what, adapter: gpu.summary, ...result }));
@@ -129,9 +130,9 @@ const stage = await Stage.load(gpu, file, {
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
   groupedMatvecMaxTokensPerExpert: args["gmv-max"] === undefined ? undefined : Number(args["gmv-max"]),
-  int8Activations: args.int8,
-  // The serving commands' default (cli/experts.ts): int8 x for the experts unless --f32-experts.
-  int8Experts: !args["f32-experts"],
+  // The serving commands' numerics (cli/experts.ts).
+  int8Activations: int8ActivationsFlag(args),
+  int8Experts: int8ExpertsFlag(args),
   normPrologueMaxRows: args["norm-max-rows"] === undefined ? undefined : Number(args["norm-max-rows"]),
   combineNormMinRows: args["combine-norm-min-rows"] === undefined
     ? undefined

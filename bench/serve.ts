@@ -6,9 +6,10 @@
  *
  * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8,16] [--prompt 64] [--port 8099]
  * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--piece-steps N] [--piece-gap F] [--late 2048]
- * [--head-flags="--cached-only --config C.json"] [--temp 0] [--f32-experts]`
- * - `--f32-experts`: f32 x for the expert passes in the head, the direct engine and the engine lines (default:
- *   int8 x for the experts alone, the head's default; every line says which in `int8Experts`).
+ * [--head-flags="--cached-only --config C.json"] [--temp 0] [--int8-experts | --f32-experts]`
+ * - `--int8-experts` (int8 x for the expert passes alone) or `--f32-experts` (f32 x everywhere) in the head, the
+ *   direct engine and the engine lines (default: int8 x for every mat-vec, the head's default; every line says
+ *   which in `int8Activations` and `int8Experts`).
  * - `--temp T` (default 0, greedy): every stream samples at temperature T (top-k 40, top-p 0.95, min-p 0.05,
  *   seed 1) over HTTP, directly and in the engine lines, so the GPU sampler runs in every step.
  * - `--head-flags` (with `=` since its value starts with a dash): extra `deno run` flags for the head process,
@@ -49,6 +50,7 @@
  * engine each serve their embedded tiny model. Prints one JSON line per measurement; never asserts.
  * @module
  */
+import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag, numericsFlag } from "../cli/experts.ts";
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
@@ -75,10 +77,14 @@ const { values: args } = parseArgs({
     "head-flags": { type: "string", default: "" },
     temp: { type: "string", default: "0" },
     "f32-experts": { type: "boolean", default: false },
+    "int8-experts": { type: "boolean", default: false },
   },
 });
-/** StageOptions.int8Experts of the head, the direct engine and the engine lines: the head's default, int8 x. */
-const int8Experts = !args["f32-experts"];
+const conflict = expertsConflict(args);
+if (conflict) throw new RangeError(conflict);
+/** The numerics of the head, the direct engine and the engine lines, as the head takes its flags. */
+const int8Activations = int8ActivationsFlag(args);
+const int8Experts = int8ExpertsFlag(args);
 const nNew = Number(args.n);
 const levels = args.levels!.split(",").map(Number);
 const nPrompt = Number(args.prompt);
@@ -117,7 +123,7 @@ const results = new Map<string, Record<string, unknown>>();
 
 function emit(what: string, result: Record<string, unknown>): void {
   if (typeof result.streams === "number") results.set(`${what}/${result.streams}`, result);
-  console.log(JSON.stringify({ bench: "serve", what, int8Experts, ...result }));
+  console.log(JSON.stringify({ bench: "serve", what, int8Activations, int8Experts, ...result }));
 }
 
 /** A deterministic prompt of `n` ids in 1..900, distinct per `seed` (no prefix shared across seeds). */
@@ -249,7 +255,7 @@ async function overHttp(): Promise<string> {
       "--ctx",
       String(nCtx),
       ...(batchMin === undefined ? [] : ["--batch-min", String(batchMin)]),
-      ...(int8Experts ? [] : ["--f32-experts"]),
+      ...numericsFlag(args).split(" ").filter((f) => f !== ""),
       ...(args.model ? ["--model", args.model] : []),
     ],
     stdout: "null",
@@ -380,6 +386,7 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
     pieceSteps,
     pieceGap,
     ...(pieceParts === undefined ? {} : { pieceParts }),
+    int8Activations,
     int8Experts,
     ...(what === "direct-nosnap" ? { snapshotBack: 0 } : {}),
     onLog: () => {},
@@ -487,7 +494,7 @@ const path = args.model ?? /\(([^)]+\.gguf)\)/.exec(log)?.[1] ?? /(\/\S+\.gguf)/
 if (path && await Deno.stat(path).then(() => true, () => false)) {
   const gpu = await acquireGpu();
   using file = await openGguf(path);
-  const stage = await Stage.load(gpu, file, { nCtx, nSlots: maxLevel, int8Experts });
+  const stage = await Stage.load(gpu, file, { nCtx, nSlots: maxLevel, int8Activations, int8Experts });
   const p = prompt(997);
   await engineOne(stage, 0, p, 16);
   const one = await engineOne(stage, 0, p, nNew);

@@ -1,9 +1,10 @@
 /**
- * The expert numerics flags that `head`, `worker`, `generate` and `probe` share. The commands round x to int8
- * for the expert mat-vecs by default (StageOptions.int8Experts, as llama.cpp's q8_1 mat-vecs round
- * activations; the reason and the numbers are in head's help); `--f32-experts` keeps f32 x there (the exact
- * path, the library's default); `--int8-experts`, the default now, is still taken; `--int8` rounds every
- * quantized mat-vec's x, the experts' included.
+ * The numerics flags that `head`, `worker`, `generate`, `probe` and the benches share. By default the commands
+ * round x to int8 before every quantized mat-vec (StageOptions.int8Activations, the experts' included), as
+ * llama.cpp's quantized mat-vecs round activations to q8_1; the numbers are in head's help. `--int8-experts`
+ * rounds x for the expert mat-vecs alone (StageOptions.int8Experts; the projections keep f32 x), and
+ * `--f32-experts` keeps f32 x everywhere: the exact path, the library's default. `--int8` names the default.
+ * No imports: the benches read it on the lent GPU machine.
  * @module
  */
 
@@ -14,23 +15,34 @@ export interface ExpertFlags {
   readonly "f32-experts"?: boolean;
 }
 
+/** What each flag asks for, in the words of the usage error. */
+const MEANING: Record<keyof ExpertFlags, string> = {
+  int8: "--int8 (int8 x for every mat-vec, the default)",
+  "int8-experts": "--int8-experts (int8 x for the expert mat-vecs alone)",
+  "f32-experts": "--f32-experts (f32 x everywhere)",
+};
+
 /**
  * The usage error of flags that contradict each other (the command reports it and exits 2), or undefined:
- * `--f32-experts` with `--int8-experts`, or with `--int8` (which rounds the experts' x too).
+ * any two of `--int8`, `--int8-experts` and `--f32-experts`.
  */
 export function expertsConflict(v: ExpertFlags): string | undefined {
-  if (!v["f32-experts"]) return undefined;
-  if (v["int8-experts"]) {
-    return "--int8-experts and --f32-experts contradict each other: give one (int8 x for the experts is the " +
-      "default; --f32-experts keeps f32 x)";
-  }
-  if (v.int8) {
-    return "--int8 and --f32-experts contradict each other: --int8 rounds the experts' x too; give one";
-  }
-  return undefined;
+  const given = (Object.keys(MEANING) as (keyof ExpertFlags)[]).filter((k) => v[k]);
+  if (given.length < 2) return undefined;
+  return `${given.map((k) => MEANING[k]).join(" and ")} contradict each other: give one`;
 }
 
-/** StageOptions.int8Experts from the flags: on unless `--f32-experts` (`--int8` implies it either way). */
+/** StageOptions.int8Activations from the flags: on unless `--int8-experts` or `--f32-experts`. */
+export function int8ActivationsFlag(v: ExpertFlags): boolean {
+  return !v["int8-experts"] && !v["f32-experts"];
+}
+
+/** StageOptions.int8Experts from the flags: on unless `--f32-experts`. */
 export function int8ExpertsFlag(v: ExpertFlags): boolean {
   return !v["f32-experts"];
+}
+
+/** The flag a head (or worker) needs for the numerics of `v`: "" for the default. */
+export function numericsFlag(v: ExpertFlags): string {
+  return v["f32-experts"] ? " --f32-experts" : v["int8-experts"] ? " --int8-experts" : "";
 }

@@ -22,7 +22,7 @@ import {
   Tokenizer,
   topCpu,
 } from "../engine/mod.ts";
-import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
+import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag } from "./experts.ts";
 
 const USAGE =
   `Usage: deno run -A mod.ts generate [--model FILE.gguf] (--prompt TEXT | --tokens 1,2,3) [options]
@@ -44,12 +44,12 @@ const USAGE =
   --seed S      seed of the sampler's random stream (same seed, same tokens)
   --json        print {"tokens":[...], "top":[...], "reason":...} (and "prompt_top" with --echo)
   --kv-f16      KV cache in f16: half the memory per position; K and V round to f16 (StageOptions.kvF16)
-  --int8        x rounded to int8 before quantized mat-vecs (integer dot products in decode steps, the
-                rounded x in prefill): faster decode, llama.cpp's quantized arithmetic
-                (StageOptions.int8Activations)
-  --f32-experts f32 x for the expert mat-vecs too, the exact path (default: x rounded to int8 for them
-                alone, as the head serves; StageOptions.int8Experts)
-  --int8-experts  the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines
+  --int8-experts  x rounded to int8 for the expert mat-vecs alone (StageOptions.int8Experts); the projections
+                keep f32 x. By default, as the head serves, x is rounded to int8 before every quantized
+                mat-vec (integer dot products in decode steps, the rounded x in prefill): llama.cpp's quantized
+                arithmetic (StageOptions.int8Activations)
+  --f32-experts f32 x everywhere: the exact path (the library's default)
+  --int8        the default (int8 x for every mat-vec): a no-op, taken for old command lines
   --draft K     guess up to K ids (1..7) by prompt lookup (a 3-id match) and check them in frames of 1 + K
                 rows where the guesses are long (engine/exec/drafting.ts); the same ids. Not with --json
                 (its top-k pairs run undrafted)
@@ -235,7 +235,7 @@ export const command: Command = {
       nSlots: 1,
       layers,
       maxChunk,
-      int8Activations: values.int8,
+      int8Activations: int8ActivationsFlag(values),
       int8Experts: int8ExpertsFlag(values),
       kvF16: values["kv-f16"],
     }).catch((e) => {

@@ -56,10 +56,10 @@ Deno.test("generate --tokens --json --echo reproduces llama.cpp's greedy tokens 
   assert.ok(Math.abs(got.prompt_top.at(-1)[0][1] - last[0]![1]) < 1e-2);
 });
 
-Deno.test("generate --int8, --f32-experts and the default int8 experts reach the stage: logits move by the int8 rounding of x, not more", async () => {
+Deno.test("generate --int8-experts, --f32-experts and the default int8 x reach the stage: logits move by the int8 rounding of x, not more", async () => {
   const args = ["--model", fixturePath("tiny-qwen35moe.q8_0.gguf"), "--tokens", "1,2,3,4", "--n", "3"];
   const runs = await Promise.all(
-    [["--f32-experts"], ["--int8"], [], ["--int8-experts"]].map((a) =>
+    [["--f32-experts"], [], ["--int8-experts"], ["--int8"]].map((a) =>
       generate([...args, "--top", "1", "--json", ...a])
     ),
   );
@@ -67,23 +67,24 @@ Deno.test("generate --int8, --f32-experts and the default int8 experts reach the
   const [f32, int8, experts, flagged] = runs.map((r) =>
     JSON.parse(r.stdout) as { top: [number, number][][] }
   );
-  // Step 0's logits come from the 4-token prompt chunk: f32 x everywhere with --f32-experts, int8 x with --int8
-  // (a mat-vec chunk), for the experts alone by default: three different values, each near the f32 one.
+  // Step 0's logits come from the 4-token prompt chunk: f32 x everywhere with --f32-experts, int8 x for every
+  // mat-vec by default (a mat-vec chunk), for the experts alone with --int8-experts: three different values,
+  // each near the f32 one.
   const a = f32!.top[0]![0]![1];
   const b = int8!.top[0]![0]![1];
   const c = experts!.top[0]![0]![1];
-  assert.notEqual(a, b, "--int8 gave the --f32-experts run's logit bit for bit");
+  assert.notEqual(a, b, "the default gave the --f32-experts run's logit bit for bit: int8 x is not on");
   assert.notEqual(
     a,
     c,
-    "the default gave the --f32-experts run's logit bit for bit: int8 experts are not on",
+    "--int8-experts gave the --f32-experts run's logit bit for bit: int8 experts are not on",
   );
-  assert.notEqual(b, c, "the default gave the --int8 run's logit bit for bit");
+  assert.notEqual(b, c, "--int8-experts gave the default run's logit bit for bit");
   for (const v of [b, c]) {
     assert.ok(Math.abs(a - v) < 0.05 * Math.max(1, Math.abs(a)), `top logit ${v} with int8 x against ${a}`);
   }
-  // --int8-experts names the default: the same bits.
-  assert.deepEqual(flagged, experts);
+  // --int8 names the default: the same bits.
+  assert.deepEqual(flagged, int8);
 });
 
 Deno.test("generate: bad arguments fail with a message and a non-zero exit", async () => {
@@ -98,7 +99,10 @@ Deno.test("generate: bad arguments fail with a message and a non-zero exit", asy
   assert.match(r.stderr, /--n 0 generates nothing: add --echo/);
   r = await generate(["--model", model, "--tokens", "1", "--int8-experts", "--f32-experts"]);
   assert.equal(r.code, 2);
-  assert.match(r.stderr, /error: --int8-experts and --f32-experts contradict each other: give one/);
+  assert.match(
+    r.stderr,
+    /error: --int8-experts \(.*\) and --f32-experts \(.*\) contradict each other: give one/,
+  );
   r = await generate(["--model", "/nonexistent.gguf", "--tokens", "1"]);
   assert.equal(r.code, 1);
   assert.match(r.stderr, /nonexistent\.gguf/);

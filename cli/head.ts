@@ -32,7 +32,7 @@ import { buildInfo } from "../version.ts";
 import { parseLayers, parseLinkTimeout } from "./worker.ts";
 import { progressMs } from "./generate.ts";
 import { PrefillLog } from "../server/prefill_log.ts";
-import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
+import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag } from "./experts.ts";
 
 const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
   --model F         GGUF (first part of a split set); default: a tiny synthetic qwen35moe
@@ -86,17 +86,16 @@ const USAGE = `Usage: deno run -A mod.ts head [--model FILE.gguf] [options]
                     and slot count compile their GPU pipelines inside their time to first token
   --kv-f16          KV cache in f16: half the memory per position (K and V round to f16); every stage of a
                     split must agree
-  --int8            x rounded to int8 before quantized mat-vecs (Q8_0, K-quants, IQ4_XS), as llama.cpp's
-                    quantized mat-vecs do: +10% single-stream decode on the H200 (docs/PERF.md). Batched steps
-                    of several streams run each projection as one int8 mat-vec for all streams (matvec_q8b;
-                    its speed not measured yet). Prefill rounds x alike, so a prompt's chunking moves only f32
-                    rounding
-  --f32-experts     f32 x for the expert mat-vecs too: the exact path (the library's default); every stage of
-                    a split must agree. Without it the expert mat-vecs alone take x rounded to int8, as
-                    llama.cpp's q8_1 mat-vecs do (the part of --int8 that batched steps gain from; the
-                    projections keep f32 x): on an H100 228, 772 and 905 tok/s at 1, 8 and 16 streams against
-                    223, 624 and 702 with --f32-experts (docs/PERF.md)
-  --int8-experts    the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines
+  --int8-experts    x rounded to int8 for the expert mat-vecs alone; the projections and the LM head keep f32
+                    x. By default x is rounded to int8 before every quantized mat-vec (Q8_0, K-quants,
+                    IQ4_XS), as llama.cpp's quantized mat-vecs do: on an H100 248, 882 and 1,088 tok/s at 1, 8
+                    and 16 streams against 236, 846 and 1,025 with --int8-experts (docs/PERF.md). Batched
+                    steps run each projection as one int8 mat-vec for all streams (matvec_q8b); prefill
+                    rounds x alike, so a prompt's chunking moves only f32 rounding. Every stage of a split
+                    must agree
+  --f32-experts     f32 x everywhere: the exact path (the library's default); every stage of a split must
+                    agree
+  --int8            the default (int8 x for every mat-vec): a no-op, taken for old command lines
 A prompt that prefills for more than a second logs its progress per slot, at most one line a second
 (LLM_PROGRESS_MS sets both, in ms; default 1000).`;
 
@@ -386,7 +385,7 @@ export const command: Command = {
         pieceGap,
         pieceParts: !values["no-piece-parts"],
         maxChunk,
-        int8Activations: values.int8,
+        int8Activations: int8ActivationsFlag(values),
         int8Experts: int8ExpertsFlag(values),
         kvF16: values["kv-f16"],
         warmUp: !values["no-warm-up"],

@@ -21,7 +21,7 @@ import {
 import { helloOf } from "../wire/chain.ts";
 import { buildInfo } from "../version.ts";
 import { parseLayers } from "./worker.ts";
-import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
+import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag, numericsFlag } from "./experts.ts";
 
 const USAGE = `Usage: deno run -A mod.ts probe HOST:PORT --model F.gguf --layers 0:a [options]
   HOST:PORT         the worker's --listen address (the head's --next)
@@ -30,9 +30,9 @@ const USAGE = `Usage: deno run -A mod.ts probe HOST:PORT --model F.gguf --layers
   --slots N         the head's slots (default 4): the worker must have at least as many
   --ctx N           the head's context (default 8192): the worker must have at least as much
   --kv-f16          the head runs with --kv-f16 (every stage must agree)
-  --int8            the head runs with --int8 (every stage must agree)
-  --f32-experts     the head runs with --f32-experts, f32 x for the experts (every stage must agree)
-  --int8-experts    the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines
+  --int8-experts    the head runs with --int8-experts, int8 x for the experts alone (every stage must agree)
+  --f32-experts     the head runs with --f32-experts, f32 x everywhere (every stage must agree)
+  --int8            the default (int8 x for every mat-vec): a no-op, taken for old command lines
   --link-key K      the chain's key (or LLM_LINK_KEY), as the head would use it
   --tls-ca F        connect over TLS trusting this CA (PEM), as the head's --tls-ca
   --pings N         round trips to time (default 5)
@@ -172,8 +172,11 @@ export const command: Command = {
         nEmbd: hp.nEmbd,
         nSlots,
         nCtx,
-        int8Activations: values.int8,
-        int8Experts: int8ExpertsOf({ int8Activations: values.int8, int8Experts: int8ExpertsFlag(values) }),
+        int8Activations: int8ActivationsFlag(values),
+        int8Experts: int8ExpertsOf({
+          int8Activations: int8ActivationsFlag(values),
+          int8Experts: int8ExpertsFlag(values),
+        }),
         kvF16: values["kv-f16"],
         fingerprint,
       }, { build: buildInfo(), last: false });
@@ -206,9 +209,7 @@ export const command: Command = {
       const lines = [
         `Accepted: a head with --layers 0:${layers[1]} --slots ${nSlots} --ctx ${nCtx}${
           values["kv-f16"] ? " --kv-f16" : ""
-        }${
-          values.int8 ? " --int8" : values["f32-experts"] ? " --f32-experts" : ""
-        } can use the chain at ${where}`,
+        }${numericsFlag(values)} can use the chain at ${where}`,
         ...describeStage(peer, `worker ${where}`),
         ...peer.downstream.flatMap((h, i) => describeStage(h, `behind it, stage ${i + 2}`)),
         `round trip   min ${ms(rtts[0]!)}, median ${ms(rtts[Math.floor(rtts.length / 2)]!)}, max ${

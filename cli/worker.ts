@@ -20,7 +20,7 @@ import { DEFAULT_TIMEOUT_MS } from "../wire/link.ts";
 import { ChainLink } from "../wire/chain.ts";
 import { stageBackend } from "../wire/stage_backend.ts";
 import { buildInfo } from "../version.ts";
-import { expertsConflict, int8ExpertsFlag } from "./experts.ts";
+import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag } from "./experts.ts";
 
 const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --listen HOST:PORT [options]
   --model F         GGUF (first part of a split set): the same file as the head's (fingerprints must match)
@@ -36,10 +36,11 @@ const USAGE = `Usage: deno run -A mod.ts worker --model F.gguf --layers a:b --li
                     (default ${DEFAULT_TIMEOUT_MS / 1000}; raise it on a slow or heavily loaded box)
   --chunk N         rows per prefill chunk (default ${DEFAULT_MAX_CHUNK}, as the head)
   --kv-f16          KV cache in f16 (every stage must agree)
-  --int8            x rounded to int8 before quantized mat-vecs (every stage must agree)
-  --f32-experts     f32 x for the expert mat-vecs too, the exact path (default: x rounded to int8 for them
-                    alone, as the head's default; every stage must agree)
-  --int8-experts    the default (int8 x for the expert mat-vecs alone): a no-op, taken for old command lines`;
+  --int8-experts    x rounded to int8 for the expert mat-vecs alone, f32 x for the projections (default: x
+                    rounded to int8 before every quantized mat-vec, as the head's default; every stage must
+                    agree)
+  --f32-experts     f32 x everywhere: the exact path (every stage must agree)
+  --int8            the default (int8 x for every mat-vec): a no-op, taken for old command lines`;
 
 /** Parses `--link-timeout S` (seconds, 0.1..3600) into ms; undefined when absent. @throws {RangeError} */
 export function parseLinkTimeout(s: string | undefined): number | undefined {
@@ -134,7 +135,7 @@ export const command: Command = {
         nSlots,
         layers,
         maxChunk,
-        int8Activations: values.int8,
+        int8Activations: int8ActivationsFlag(values),
         int8Experts: int8ExpertsFlag(values),
         kvF16: values["kv-f16"],
       });

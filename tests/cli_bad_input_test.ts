@@ -119,8 +119,8 @@ const CASES: readonly [string[], number, RegExp][] = [
     /Address "127\.0\.0\.1:0" is not HOST:PORT with a port in 1\.\.65535/,
   ],
   [["frobnicate"], 2, /--help \(or -h, or help <command>\) prints a command's options/],
-  // int8 x for the experts is the default of head, worker, generate and probe; --f32-experts turns it off, so
-  // giving it with --int8-experts (or with --int8, which rounds the experts' x too) is a usage error.
+  // int8 x for every mat-vec is the default of head, worker, generate and probe (--int8 names it);
+  // --int8-experts keeps it for the experts alone and --f32-experts turns it off: any two are a usage error.
   ...([
     ["head", "--model", F, "--port", "0"],
     ["worker", "--model", F, "--layers", "2:4", "--listen", "127.0.0.1:9"],
@@ -129,12 +129,17 @@ const CASES: readonly [string[], number, RegExp][] = [
   ].map((argv): [string[], number, RegExp] => [
     [...argv, "--int8-experts", "--f32-experts"],
     2,
-    /^error: --int8-experts and --f32-experts contradict each other: give one \(int8 x for the experts is the default; --f32-experts keeps f32 x\)$/,
+    /^error: --int8-experts \(int8 x for the expert mat-vecs alone\) and --f32-experts \(f32 x everywhere\) contradict each other: give one$/,
   ])),
   [
     ["head", "--model", F, "--port", "0", "--int8", "--f32-experts"],
     2,
-    /^error: --int8 and --f32-experts contradict each other: --int8 rounds the experts' x too; give one$/,
+    /^error: --int8 \(int8 x for every mat-vec, the default\) and --f32-experts \(f32 x everywhere\) contradict each other: give one$/,
+  ],
+  [
+    ["worker", "--model", F, "--layers", "2:4", "--listen", "127.0.0.1:9", "--int8", "--int8-experts"],
+    2,
+    /^error: --int8 \(int8 x for every mat-vec, the default\) and --int8-experts \(int8 x for the expert mat-vecs alone\) contradict each other: give one$/,
   ],
 ];
 

@@ -129,8 +129,8 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
         `layers       ${a}:4 of 4 (last stage: output norm, LM head)`,
         "width        nEmbd 256",
         "slots        2, context 256 positions per slot",
-        // int8 x for the experts alone: the worker's (and the probing head's) default.
-        "state        kv=f32;ssm=f32; int8 activations experts only; hidden rows f32",
+        // int8 x for every mat-vec: the worker's (and the probing head's) default.
+        "state        kv=f32;ssm=f32; int8 activations on; hidden rows f32",
         `build        ${buildInfo().version} (commit `,
         "wire protocol 2",
         "over 3 ping(s)",
@@ -147,7 +147,7 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
         nEmbd: 256,
         nSlots: 2,
         nCtx,
-        int8Activations: false,
+        int8Activations: true,
         int8Experts: true,
         kvF16: false,
         fingerprint: fp,
@@ -183,16 +183,27 @@ Deno.test("plan's commands start a worker that probe accepts with the head's fla
       new RegExp(`Layer ranges do not chain: .* ends at layer ${other} .* starts at layer ${a}`),
     );
 
-    // The worker runs int8 x for the experts by default: a head with --f32-experts is refused, and --int8-experts
-    // (the default) is accepted.
-    const f32 = await llm(["probe", target, ...headFlags, "--f32-experts", "--link-key", KEY]);
-    assert.equal(f32.code, 1, f32.stdout);
-    assert.match(
-      f32.stderr,
-      /^error: worker 127\.0\.0\.1:\d+ refused the connection: int8 x for the experts differs: .* has it off but .* has it on: start every stage with --f32-experts or none/m,
-    );
-    const int8Experts = await llm(["probe", target, ...headFlags, "--int8-experts", "--link-key", KEY]);
-    assert.equal(int8Experts.code, 0, int8Experts.stderr);
+    // The worker runs int8 x for every mat-vec by default: a head with --f32-experts or --int8-experts is
+    // refused, and --int8 (the default) is accepted.
+    for (
+      const [flag, runs] of [["--f32-experts", "f32 x everywhere"], [
+        "--int8-experts",
+        "int8 x for the experts alone",
+      ]]
+    ) {
+      const r = await llm(["probe", target, ...headFlags, flag!, "--link-key", KEY]);
+      assert.equal(r.code, 1, r.stdout);
+      assert.match(
+        r.stderr,
+        new RegExp(
+          `^error: worker 127\\.0\\.0\\.1:\\d+ refused the connection: int8 activations differ: .* runs ${runs} ` +
+            `\\(${flag}\\) but .* runs int8 x for every mat-vec \\(the default\\): start every stage with the same one of`,
+          "m",
+        ),
+      );
+    }
+    const int8 = await llm(["probe", target, ...headFlags, "--int8", "--link-key", KEY]);
+    assert.equal(int8.code, 0, int8.stderr);
 
     // The wrong key, and none.
     const wrong = await llm(["probe", target, ...headFlags, "--link-key", "not-the-key-of-this-chain"]);

@@ -193,14 +193,14 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
       // Refusals at hello, straight at the worker (the head's link runs the same checks and says the same).
       // The build as the worker read it (a commit landing meanwhile must not fail the test).
       const built = await w24.waitFor(/build (\S+) commit (\S+)\)/);
-      // int8Experts true: the worker runs the commands' default (int8 x for the experts), as the heads above do.
+      // int8 x for every mat-vec: the worker runs the commands' default, as the heads above do.
       const hello = helloOf({
         arch,
         layers: { first: 0, end: 2, total: 4 },
         nEmbd: 256,
         nSlots: 2,
         nCtx: CTX,
-        int8Activations: false,
+        int8Activations: true,
         int8Experts: true,
         kvF16: false,
         fingerprint: await fingerprintFile(model),
@@ -219,10 +219,10 @@ for (const [arch, seed] of [["qwen35moe", 1], ["qwen3next", 2]] as const) {
         /Layer ranges do not chain: .* ends at layer 1 but .* starts at layer 2/,
       );
       await refused(hello, /link key/i, "0123456789abcdef0123456789abcdef");
-      // A head started with --f32-experts (f32 x for the experts) against a worker started without flags.
+      // A head started with --f32-experts (f32 x everywhere) against a worker started without flags.
       await refused(
-        { ...hello, numerics: { ...hello.numerics, int8Experts: false } },
-        /int8 x for the experts differs: .* has it off but .* has it on: start every stage with --f32-experts/,
+        { ...hello, numerics: { ...hello.numerics, int8Activations: false, int8Experts: false } },
+        /int8 activations differ: .* runs f32 x everywhere \(--f32-experts\) but .* runs int8 x for every mat-vec \(the default\): start every stage with the same one of/,
       );
 
       // SIGKILL of the worker mid-stream, two streams generating together (one pipelined generate call):

@@ -11,8 +11,9 @@
 # the last tree's (`H200_TREE=.oldtree`), then `serve18`, `split3` and `combine smallchunk` after changes to
 # the batched step or the expert kernels (the twenty-sixth session measured serve18 with the rewind points by
 # copy_regions: 8 streams over HTTP 0.975x, one stream's TTFT +14.1 ms). The benches and the commands they
-# start take int8 x for the expert passes by default since `int8experts` measured it (1, 8, 16 slots: 228,
-# 834, 1016 tok/s at d67bba1 on an H100); the steps' earlier numbers are f32 x (--f32-experts). `H200_TREE=.oldtree` runs the steps on an
+# start take int8 x for every mat-vec by default since the twenty-eighth session's `int8b` (1, 8, 16 slots: 248,
+# 882, 1,088 tok/s on an H100 against 236, 846, 1,025 with --int8-experts, the default before it, which took
+# int8 x for the expert passes alone since `int8experts`); the steps' earlier numbers are f32 x (--f32-experts). `H200_TREE=.oldtree` runs the steps on an
 # older tree carried as an ignored folder (engine, wgsl, the benches used, mod.ts, version.ts,
 # head.imports.json; under 1.5 MB: the carry limit is 64 MiB with the tree), for an A/B in one call.
 # A warm machine keeps /tmp, so the model is written once per machine (~25 s); one call of
@@ -66,8 +67,9 @@
 #   gmvq       the gmv step's kernels at 64 and 256 tokens and its 256-token chunks, for a short call
 #   bits       batched steps ≡ solo steps bit for bit on the 35B-A3B (bench/batch_bits.ts, 4 slots, int8 and
 #              f32 experts): the test models' K = 256 cannot show a TEAM that follows a dispatch's rows
-#   int8b      #20: int8 x for every mat-vec (--int8; batched steps run matvec_q8b, one dispatch per part for
-#              all columns) against the default at 1, 8 and 16 slots, and its batched ≡ solo bits at real K
+#   int8b      #20: int8 x for every mat-vec (the default since the twenty-eighth session; batched steps run
+#              matvec_q8b, one dispatch per part for all columns) against --int8-experts (the old default) at
+#              1, 8 and 16 slots, and its batched ≡ solo bits at real K
 #   gmv        #20: thin chunks' experts as grouped mat-vecs (moe_gmv): its float64 test on NVIDIA, the kernels
 #              alone beside moe_matmul and per column (64, 256, 512 tokens, with a TEAM x ROWS x CT sweep), and
 #              prefill of 512 tokens in chunks of 64 and 256, default against --gmv-max 0
@@ -154,7 +156,7 @@ for step in "$@"; do
     knobs)
       ensure_model
       run knobs 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8 \
-        --int8
+        --int8-experts
       run knobs 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8 \
         --combine-norm-min-rows 17
       run knobs 150 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8 \
@@ -284,14 +286,15 @@ for step in "$@"; do
     bits)
       ensure_model
       run bits 90 $D bench/batch_bits.ts --model "$model"
+      run bits 90 $D bench/batch_bits.ts --model "$model" --int8-experts
       run bits 90 $D bench/batch_bits.ts --model "$model" --f32-experts
       ;;
     int8b)
       ensure_model
-      run int8b 90 $D bench/batch_bits.ts --model "$model" --int8 --slots 8
-      run int8b 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
-        --int8
+      run int8b 90 $D bench/batch_bits.ts --model "$model" --slots 8
       run int8b 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
+      run int8b 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
+        --int8-experts
       ;;
     gmv)
       ensure_model

@@ -275,20 +275,25 @@ export function checkChain(
         `start every stage with the same KV and state options`,
     );
   }
-  const on = (b: boolean) => b ? "on" : "off";
+  // What each side runs, by the flag of the commands that gives it (cli/experts.ts).
+  const mode = (h: HelloInfo) =>
+    h.numerics.int8Activations
+      ? "int8 x for every mat-vec (the default)"
+      : h.numerics.int8Experts
+      ? "int8 x for the experts alone (--int8-experts)"
+      : "f32 x everywhere (--f32-experts)";
+  const oneFlag = "start every stage with the same one of: no numerics flag (int8 x for every mat-vec, the " +
+    "commands' default), --int8-experts, --f32-experts";
   if (prev.numerics.int8Activations !== next.numerics.int8Activations) {
     return refuse(
       "int8Activations",
-      `int8 activations differ: ${p} has --int8 ${on(prev.numerics.int8Activations)} but ${n} has ` +
-        `${on(next.numerics.int8Activations)}: give every stage the same --int8 setting`,
+      `int8 activations differ: ${p} runs ${mode(prev)} but ${n} runs ${mode(next)}: ${oneFlag}`,
     );
   }
   if (prev.numerics.int8Experts !== next.numerics.int8Experts) {
-    const [a, b] = [on(prev.numerics.int8Experts), on(next.numerics.int8Experts)];
     return refuse(
       "int8Experts",
-      `int8 x for the experts differs: ${p} has it ${a} but ${n} has it ${b}: start every stage with ` +
-        `--f32-experts or none of them (int8 x for the experts is the commands' default)`,
+      `int8 x for the experts differs: ${p} runs ${mode(prev)} but ${n} runs ${mode(next)}: ${oneFlag}`,
     );
   }
   if (prev.numerics.hiddenDtype !== next.numerics.hiddenDtype) {

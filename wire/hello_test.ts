@@ -50,13 +50,13 @@ const CASES: readonly [string, Partial<HelloInfo>, HelloField, RegExp][] = [
     "int8",
     { numerics: { int8Activations: true, int8Experts: true, hiddenDtype: "f32" } },
     "int8Activations",
-    /--int8 off but worker .* has on/,
+    /int8 activations differ: this head runs f32 x everywhere \(--f32-experts\) but worker .* runs int8 x for every mat-vec \(the default\): start every stage with the same one of/,
   ],
   [
     "int8 experts",
     { numerics: { int8Activations: false, int8Experts: true, hiddenDtype: "f32" } },
     "int8Experts",
-    /int8 x for the experts differs: .* has it off but worker .* has it on: start every stage with --f32-experts or none/,
+    /int8 x for the experts differs: .* runs f32 x everywhere \(--f32-experts\) but worker .* runs int8 x for the experts alone \(--int8-experts\): start every stage with the same one of: no numerics flag/,
   ],
   [
     "hidden dtype",

@@ -60,6 +60,8 @@
 #   stoppoints #20: 8 and 16 slots without and with an abort signal per item (--stop-points: a rewind point
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
+#              (DECODE_FLAGS: more flags for its bench/decode.ts runs, e.g. --int8-experts for an older tree's
+#              numerics)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
@@ -206,7 +208,8 @@ for step in "$@"; do
     restprofile)
       ensure_model
       for w in 8 56 64; do
-        run restprofile 90 $D bench/decode.ts --model "$model" --prompt 64 --n 16 --prefill $w --chunk $w
+        # shellcheck disable=SC2086 # DECODE_FLAGS: more flags, split on spaces (e.g. --int8-experts)
+        run restprofile 90 $D bench/decode.ts --model "$model" --prompt 64 --n 16 --prefill $w --chunk $w ${DECODE_FLAGS:-}
       done
       ;;
     mvsweep)

@@ -52,7 +52,8 @@
 #              default) against whole pieces (--piece-parts 0)
 #   batched    #20: solo, 8 and 16 slots (int8 x for the experts), the first half of int8experts
 #   restprofile  #20: the profile of one slot's prefill chunk of 8, 56 and 64 tokens (the service's split of a
-#              64-token prompt: a 56-token piece, the prompt-boundary snapshot, the 8-token rest)
+#              64-token prompt: a 56-token piece, the prompt-boundary snapshot, the 8-token rest; DECODE_FLAGS:
+#              more flags for its runs, e.g. --int8-experts for an older tree's numerics)
 #   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
 #              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (about 150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
@@ -60,8 +61,6 @@
 #   stoppoints #20: 8 and 16 slots without and with an abort signal per item (--stop-points: a rewind point
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
-#              (DECODE_FLAGS: more flags for its bench/decode.ts runs, e.g. --int8-experts for an older tree's
-#              numerics)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode

@@ -79,14 +79,14 @@ export interface EngineOptions {
    */
   readonly maxChunk?: number;
   /**
-   * Round x to int8 before quantized mat-vecs (StageOptions.int8Activations; default false): faster decode.
+   * Round x to int8 before quantized mat-vecs (StageOptions.int8Activations; default false, while `head`
+   * turns it on unless `--int8-experts` or `--f32-experts`): faster decode, single-stream and batched.
    * Prefill chunks round x alike, so prefix reuse and snapshots differ from a cold run only by f32 order.
    */
   readonly int8Activations?: boolean;
   /**
    * Round x to int8 for the expert passes alone (StageOptions.int8Experts; default false, while `head` turns
-   * it on unless `--f32-experts`; implied by int8Activations): the expert passes' speed-up without the int8
-   * projections' per-column dispatches in batched steps.
+   * it on unless `--f32-experts`; implied by int8Activations).
    */
   readonly int8Experts?: boolean;
   /** KV cache in f16 (StageOptions.kvF16; default false): half the memory per position. */

@@ -187,7 +187,7 @@ Deno.test("a stage with int8 x for its experts alone says so in its hello, and a
     assert.equal(refusal?.field, "int8Experts");
     assert.match(
       refusal!.message,
-      /has it off but .* has it on: start every stage with --f32-experts or none/,
+      /runs f32 x everywhere \(--f32-experts\) but .* runs int8 x for the experts alone \(--int8-experts\): start every stage with the same one of/,
     );
     assert.equal(checkChain(hello(a, 0), hello(a, 2)), undefined);
   } finally {

@@ -54,6 +54,7 @@
 #   restprofile  #20: the profile of one slot's prefill chunk of 8, 56 and 64 tokens (the service's split of a
 #              64-token prompt: a 56-token piece, the prompt-boundary snapshot, the 8-token rest; DECODE_FLAGS:
 #              more flags for its runs, e.g. --int8-experts for an older tree's numerics)
+#   rest8      restprofile's 8-token chunk alone (a short call; DECODE_FLAGS as there)
 #   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
 #              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (about 150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
@@ -210,6 +211,11 @@ for step in "$@"; do
         # shellcheck disable=SC2086 # DECODE_FLAGS: more flags, split on spaces (e.g. --int8-experts)
         run restprofile 90 $D bench/decode.ts --model "$model" --prompt 64 --n 16 --prefill $w --chunk $w ${DECODE_FLAGS:-}
       done
+      ;;
+    rest8)
+      ensure_model
+      # shellcheck disable=SC2086 # DECODE_FLAGS: more flags, split on spaces
+      run rest8 60 $D bench/decode.ts --model "$model" --prompt 64 --n 16 --prefill 8 --chunk 8 ${DECODE_FLAGS:-}
       ;;
     mvsweep)
       run mvsweep 200 $D bench/matvec.ts --batch-sweep

@@ -256,6 +256,30 @@ function line(o: Record<string, unknown>): void {
 
 line({ event: "start", summary: gpu.summary, timestamps: gpu.timestamps, quick: QUICK });
 
+/** Times quantize_q8 of case c's x over `cols` columns (one line; batch only where given) into xqBuf. */
+async function timeQuantize(c: Case, cols?: number): Promise<void> {
+  const qshape = { type: c.type, k: c.k, cols };
+  device.queue.writeBuffer(q8params, 256 * MAX_COPIES, quantizeQ8Params(qshape));
+  const qop = await prepareQuantizeQ8(cache, {
+    device,
+    shape: qshape,
+    bindings: {
+      params: { buffer: q8params, offset: 256 * MAX_COPIES, size: QUANTIZE_Q8_PARAMS_BYTES },
+      x: xBuf,
+      xq: { buffer: xqBuf, offset: 0, size: (cols ?? 1) * q8xBytes(c.k) },
+    },
+  });
+  const tq = await time((p) => encodeQ8(p, qop), 200);
+  line({
+    kernel: "quantize_q8",
+    case: c.name,
+    type: c.type,
+    k: c.k,
+    ...(cols ? { batch: cols } : {}),
+    ms: tq * 1e3,
+  });
+}
+
 for (const c of CASES) {
   const tBytes = c.n * rowBytes(c.type, c.k);
   const slot = Math.ceil(tBytes / 256) * 256;
@@ -438,19 +462,7 @@ for (const c of CASES) {
   }
   if (BATCH_SWEEP && MATVEC_Q8_TYPES.includes(c.type)) {
     // int8 x (`--int8`): one quantize_q8 over the columns (timed on its own), then matvec_q8b at ROWS 1, 2.
-    const qshape = { type: c.type, k: c.k, cols: c.batch };
-    device.queue.writeBuffer(q8params, 256 * MAX_COPIES, quantizeQ8Params(qshape));
-    const qop = await prepareQuantizeQ8(cache, {
-      device,
-      shape: qshape,
-      bindings: {
-        params: { buffer: q8params, offset: 256 * MAX_COPIES, size: QUANTIZE_Q8_PARAMS_BYTES },
-        x: xBuf,
-        xq: { buffer: xqBuf, offset: 0, size: c.batch * q8xBytes(c.k) },
-      },
-    });
-    const tq = await time((p) => encodeQ8(p, qop), 200);
-    line({ kernel: "quantize_q8", case: c.name, type: c.type, k: c.k, batch: c.batch, ms: tq * 1e3 });
+    await timeQuantize(c, c.batch);
     // The last variant runs one column: a column's own decode and dot (matvec_q8's work), so batch times it
     // is what the columns cost without decoding once for all.
     for (const [rows, cols] of [[1, c.batch], [2, c.batch], [1, 1]] as const) {
@@ -485,19 +497,7 @@ for (const c of CASES) {
   }
   if (c.batch === 1 && MATVEC_Q8_TYPES.includes(c.type)) {
     // int8 x: quantize_q8 once (timed on its own), then matvec_q8 on the same copies as matvec.
-    const qshape = { type: c.type, k: c.k };
-    device.queue.writeBuffer(q8params, 256 * MAX_COPIES, quantizeQ8Params(qshape));
-    const qop = await prepareQuantizeQ8(cache, {
-      device,
-      shape: qshape,
-      bindings: {
-        params: { buffer: q8params, offset: 256 * MAX_COPIES, size: QUANTIZE_Q8_PARAMS_BYTES },
-        x: xBuf,
-        xq: { buffer: xqBuf, offset: 0, size: q8xBytes(c.k) },
-      },
-    });
-    const tq = await time((p) => encodeQ8(p, qop), 200);
-    line({ kernel: "quantize_q8", case: c.name, type: c.type, k: c.k, ms: tq * 1e3 });
+    await timeQuantize(c);
     const q8variants: (MatvecQ8Constants | undefined)[] = [undefined];
     const shape: MatvecQ8Shape = { type: c.type, k: c.k, n: c.n };
     if (TABLES) {

@@ -8,7 +8,7 @@
  */
 import type { Command } from "./command.ts";
 import { parseArgs } from "node:util";
-import { archOf, int8ExpertsOf, KEYS, modelFingerprint, openGguf } from "../engine/mod.ts";
+import { archOf, KEYS, modelFingerprint, openGguf } from "../engine/mod.ts";
 import {
   connectLink,
   DEFAULT_HANDSHAKE_TIMEOUT_MS,
@@ -172,11 +172,9 @@ export const command: Command = {
         nEmbd: hp.nEmbd,
         nSlots,
         nCtx,
+        // The stage's rule (int8ExpertsOf) holds already: the flags give int8 activations only with int8 experts.
         int8Activations: int8ActivationsFlag(values),
-        int8Experts: int8ExpertsOf({
-          int8Activations: int8ActivationsFlag(values),
-          int8Experts: int8ExpertsFlag(values),
-        }),
+        int8Experts: int8ExpertsFlag(values),
         kvF16: values["kv-f16"],
         fingerprint,
       }, { build: buildInfo(), last: false });

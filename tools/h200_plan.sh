@@ -86,6 +86,7 @@ model=${MODEL:-/tmp/bench-35b-a3b-iq4_xs.gguf}
 if [ -n "${H200_PLAN_LOCAL:-}" ]; then
   # A dry run of the plan's commands on this machine (lavapipe): the checkout's Deno and config.
   D="$root/node_modules/.bin/deno run -A"
+  synth_root=$root
   T="$root/node_modules/.bin/deno test -A"
 else
   for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null; done
@@ -100,8 +101,13 @@ else
   (cd "${H200_TREE:-.}" && cp -r mod.ts version.ts head.imports.json engine wgsl bench cli server wire tools tests \
     /tmp/t/ 2>/dev/null)
   cp .devcfg/deno.json /tmp/t/deno.json
+  # The model is always written by this tree's synth: a pruned older tree may lack what mod.ts imports.
+  rm -rf /tmp/tsynth && mkdir -p /tmp/tsynth
+  cp -r mod.ts version.ts head.imports.json engine wgsl cli server wire /tmp/tsynth/ 2>/dev/null
+  cp .devcfg/deno.json /tmp/tsynth/deno.json
   cd /tmp/t || exit 1
   D="/tmp/deno run --cached-only -A"
+  synth_root=/tmp/tsynth
   T="/tmp/deno test --cached-only -A"
 fi
 # On the device the commit comes from .devcfg/commit, which the caller writes here before the call (`git
@@ -136,7 +142,8 @@ run() {
 # The model first, once (about a minute): the benches below all read it.
 ensure_model() {
   [ -f "$model" ] && return 0
-  run model 240 $D mod.ts synth --arch qwen35moe --preset 35b-a3b --quant iq4_xs --seed 7 --out "$model"
+  run model 240 $D "$synth_root/mod.ts" synth --arch qwen35moe --preset 35b-a3b --quant iq4_xs --seed 7 \
+    --out "$model"
 }
 
 for step in "$@"; do

@@ -6,9 +6,12 @@
  * and logits are equal, and where the first difference is. Exit code 1 on a difference.
  *
  * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--int8-experts]
- * [--f32-experts]` (the serving commands' numerics, cli/experts.ts: int8 x for every mat-vec by default, whose
- * batched steps run matvec_q8b; `--int8-experts` for the experts alone; `--f32-experts` f32 x everywhere;
- * `--int8` names the default). No npm imports.
+ * [--f32-experts] [--q8-blocks G[,D]] [--q8-unroll G[,D]]` (the serving commands' numerics, cli/experts.ts:
+ * int8 x for every mat-vec by default, whose batched steps run matvec_q8b; `--int8-experts` for the experts
+ * alone; `--f32-experts` f32 x everywhere; `--int8` names the default; `--q8-*` StageOptions.moeTuning's
+ * q8Blocks and q8Unroll, as bench/decode.ts). The line's `soloDigest` (FNV-1a of the solo runs' ids and
+ * logits) tells two runs' solo bits apart: equal digests with and without a `--q8-*` knob say it kept the
+ * default's bits. No npm imports.
  * @module
  */
 import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag } from "../cli/experts.ts";
@@ -26,6 +29,8 @@ const { values: args } = parseArgs({
     "f32-experts": { type: "boolean", default: false },
     "int8-experts": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
+    "q8-blocks": { type: "string" },
+    "q8-unroll": { type: "string" },
   },
   strict: true,
 });
@@ -35,6 +40,11 @@ if (conflict) throw new RangeError(conflict);
 const nSlots = Number(args.slots);
 const nNew = Number(args.n);
 const nPrompt = Number(args.prompt);
+// A pass's knob "G[,D]": gate·up's value, and down's (default gate·up's).
+const passes = (v: string | undefined) => {
+  const [gateUp, down] = (v ?? "").split(",").map(Number);
+  return v ? { gateUp, down: down ?? gateUp } : undefined;
+};
 const gpu = await acquireGpu();
 using file = await openGguf(args.model);
 const stage = await Stage.load(gpu, file, {
@@ -43,6 +53,7 @@ const stage = await Stage.load(gpu, file, {
   maxChunk: 64,
   int8Experts: int8ExpertsFlag(args),
   int8Activations: int8ActivationsFlag(args),
+  moeTuning: { q8Blocks: passes(args["q8-blocks"]), q8Unroll: passes(args["q8-unroll"]) },
 });
 let seed = 12345;
 const rand = (n: number) => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
@@ -76,8 +87,18 @@ console.log(JSON.stringify({
   newTokens: nNew,
   int8Experts: stage.int8Experts,
   int8Activations: stage.int8Activations,
+  q8Blocks: args["q8-blocks"] ?? "1",
+  q8Unroll: args["q8-unroll"] ?? "1",
   equal: diffs.length === 0,
   diffs,
+  soloDigest: fnv1a(JSON.stringify(solo.map((r) => [r.tokens, r.top]))),
 }));
 stage.destroy();
 if (diffs.length > 0) Deno.exit(1);
+
+/** FNV-1a (32 bits) of a string's UTF-16 code units, as 8 hex digits. */
+function fnv1a(text: string): string {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193) >>> 0;
+  return h.toString(16).padStart(8, "0");
+}

@@ -6,10 +6,10 @@
  * and logits are equal, and where the first difference is. Exit code 1 on a difference.
  *
  * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--int8-experts]
- * [--f32-experts] [--q8-blocks G[,D]] [--q8-unroll G[,D]]` (the serving commands' numerics, cli/experts.ts:
+ * [--f32-experts] [--q8-blocks G[,D]] [--q8-unroll G[,D]] [--q8b-rows R]` (the serving commands' numerics, cli/experts.ts:
  * int8 x for every mat-vec by default, whose batched steps run matvec_q8b; `--int8-experts` for the experts
  * alone; `--f32-experts` f32 x everywhere; `--int8` names the default; `--q8-*` StageOptions.moeTuning's
- * q8Blocks and q8Unroll, as bench/decode.ts). The line's `soloDigest` (FNV-1a of the solo runs' ids and
+ * q8Blocks and q8Unroll, `--q8b-rows` matvecTuning.q8bRows, as bench/decode.ts). The line's `soloDigest` (FNV-1a of the solo runs' ids and
  * logits) tells two runs' solo bits apart: equal digests with and without a `--q8-*` knob say it kept the
  * default's bits. No npm imports.
  * @module
@@ -31,6 +31,7 @@ const { values: args } = parseArgs({
     int8: { type: "boolean", default: false },
     "q8-blocks": { type: "string" },
     "q8-unroll": { type: "string" },
+    "q8b-rows": { type: "string" },
   },
   strict: true,
 });
@@ -54,6 +55,7 @@ const stage = await Stage.load(gpu, file, {
   int8Experts: int8ExpertsFlag(args),
   int8Activations: int8ActivationsFlag(args),
   moeTuning: { q8Blocks: passes(args["q8-blocks"]), q8Unroll: passes(args["q8-unroll"]) },
+  matvecTuning: args["q8b-rows"] === undefined ? undefined : { q8bRows: Number(args["q8b-rows"]) },
 });
 let seed = 12345;
 const rand = (n: number) => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
@@ -89,6 +91,7 @@ console.log(JSON.stringify({
   int8Activations: stage.int8Activations,
   q8Blocks: args["q8-blocks"] ?? "1",
   q8Unroll: args["q8-unroll"] ?? "1",
+  q8bRows: args["q8b-rows"] ?? "1",
   equal: diffs.length === 0,
   diffs,
   soloDigest: fnv1a(JSON.stringify(solo.map((r) => [r.tokens, r.top]))),

@@ -8,6 +8,7 @@
  * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
  * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--q8-blocks G[,D]` and
  * `--q8-unroll G[,D]` their BLOCKS and UNROLL at every width (moeTuning.q8Blocks, q8Unroll: the same bits too),
+ * `--q8b-rows R` the ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows),
  * `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
@@ -55,6 +56,7 @@ const { values: args } = parseArgs({
     "batched-q8-rows": { type: "string" },
     "q8-blocks": { type: "string" },
     "q8-unroll": { type: "string" },
+    "q8b-rows": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
     "combine-norm-min-rows": { type: "string" },
@@ -119,6 +121,9 @@ const tuning = (v: string | undefined) => {
 const q8Rows = args["batched-q8-rows"]?.split(",").map(Number);
 const q8Blocks = args["q8-blocks"]?.split(",").map(Number);
 const q8Unroll = args["q8-unroll"]?.split(",").map(Number);
+const matvecTuning = args["q8b-rows"] === undefined
+  ? tuning(args.matvec)
+  : { ...tuning(args.matvec), q8bRows: Number(args["q8b-rows"]) };
 const moeTuning = {
   gateUp: tuning(args["moe-gate-up"]),
   down: tuning(args["moe-down"]),
@@ -134,7 +139,7 @@ const stage = await Stage.load(gpu, file, {
   nSlots: Math.max(1, ...batchSizes),
   maxChunk,
   moeTuning,
-  matvecTuning: tuning(args.matvec),
+  matvecTuning,
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
   groupedMatvecMaxTokensPerExpert: args["gmv-max"] === undefined ? undefined : Number(args["gmv-max"]),
@@ -152,7 +157,7 @@ emit("load", {
   seconds: (performance.now() - t0) / 1000,
   weightBytes: stage.weightBytes,
   moeTuning,
-  matvecTuning: tuning(args.matvec),
+  matvecTuning,
   fuseDecodeRoute: args["fuse-route"],
   groupedExperts: !args["per-column"],
   gmvMax: args["gmv-max"] ?? "default",

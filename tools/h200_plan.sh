@@ -56,8 +56,9 @@
 #              more flags for its runs, e.g. --int8-experts for an older tree's numerics)
 #   rest8      restprofile's 8-token chunk alone (a short call; DECODE_FLAGS as there)
 #   q8tune     #20: the int8-x expert passes' BLOCKS and UNROLL (the same bits): whole steps at 1, 8 and 16
-#              slots with the default, --q8-unroll 2, --q8-blocks 2, and both; the passes alone by ROWS ×
-#              BLOCKS × UNROLL (bench/moe.ts --q8-only); batch_bits with and without the knobs (soloDigest)
+#              slots with the default, --q8-unroll 2, --q8-blocks 2, and both, and matvec_q8b at ROWS 2
+#              (--q8b-rows 2); the passes alone by ROWS × BLOCKS × UNROLL (bench/moe.ts --q8-only); batch_bits
+#              with and without the knobs (soloDigest; equal)
 #   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
 #              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (about 150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
@@ -218,7 +219,7 @@ for step in "$@"; do
     q8tune)
       ensure_model
       # shellcheck disable=SC2086 # the knobs split on spaces
-      for knobs in "" "--q8-unroll 2" "--q8-blocks 2" "--q8-blocks 4 --q8-unroll 2"; do
+      for knobs in "" "--q8-unroll 2" "--q8-blocks 2" "--q8-blocks 4 --q8-unroll 2" "--q8b-rows 2"; do
         run q8tune 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
           $knobs
       done
@@ -227,6 +228,7 @@ for step in "$@"; do
       done
       run q8tune 90 $D bench/batch_bits.ts --model "$model"
       run q8tune 90 $D bench/batch_bits.ts --model "$model" --q8-unroll 2 --q8-blocks 2
+      run q8tune 90 $D bench/batch_bits.ts --model "$model" --q8b-rows 2
       ;;
     restprofile)
       ensure_model

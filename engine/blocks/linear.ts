@@ -172,7 +172,7 @@ export async function matvec(
       const c = matvecConstants(shape, {
         norm: norm ? { eps: g.hp.rmsEps } : undefined,
         acc: opts.acc,
-        ...(batch === 1 ? g.opts.matvecTuning : undefined),
+        ...(batch === 1 ? { team: g.opts.matvecTuning?.team, rows: g.opts.matvecTuning?.rows } : undefined),
         ...(opts.sum === undefined ? undefined : { team: opts.sum.team }),
       });
       const params = g.storage(matvecParams(shape));
@@ -384,7 +384,7 @@ async function matvecQ8Cols(
   }
   for (const mv of mvs) {
     const shape: MatvecQ8bShape = { ...mv.shape, cols, yStride };
-    const c = matvecQ8bConstants(shape, { acc: a.acc, ...a.sum });
+    const c = matvecQ8bConstants(shape, { acc: a.acc, ...a.sum, rows: g.opts.matvecTuning?.q8bRows });
     const b: MatvecQ8bBindings = {
       params: g.storage(matvecQ8bParams(shape)),
       weights: mv.weights,

@@ -79,8 +79,10 @@ export interface StageOptions {
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
    * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other
    * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
+   * `q8bRows`: ROWS of the batched int8 mat-vecs (matvec_q8b, 1 or 2; default 1), bench/decode.ts
+   * --q8b-rows (bench/batch_bits.ts --q8b-rows checks the bits).
    */
-  readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
+  readonly matvecTuning?: { readonly team?: number; readonly rows?: number; readonly q8bRows?: number };
   /**
    * Decode (one token) routes the experts in the prologue of the routed gate·up pass (moe_matvec ROUTE)
    * instead of in a moe_route dispatch of its own. Default off: every gate·up workgroup then repeats the

@@ -86,7 +86,7 @@ export interface GraphOptions {
     readonly q8Blocks?: { readonly gateUp?: number; readonly down?: number };
     readonly q8Unroll?: { readonly gateUp?: number; readonly down?: number };
   };
-  readonly matvecTuning?: { readonly team?: number; readonly rows?: number };
+  readonly matvecTuning?: { readonly team?: number; readonly rows?: number; readonly q8bRows?: number };
   readonly fuseDecodeRoute: boolean;
   readonly groupedExperts: boolean;
   /** StageOptions.groupedMinTokensPerExpert. */

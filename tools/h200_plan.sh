@@ -58,7 +58,8 @@
 #   q8tune     #20: the int8-x expert passes' BLOCKS and UNROLL (the same bits): whole steps at 1, 8 and 16
 #              slots with the default, --q8-unroll 2, --q8-blocks 2, and both, and matvec_q8b at ROWS 2
 #              (--q8b-rows 2); the passes alone by ROWS × BLOCKS × UNROLL (bench/moe.ts --q8-only); batch_bits
-#              with and without the knobs (soloDigest; equal)
+#              with and without the knobs (soloDigest; equal); first quantize_q8 alone by chunk and by quad word
+#              (bench/quantize.ts)
 #   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
 #              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (about 150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
@@ -217,6 +218,7 @@ for step in "$@"; do
         --f32-experts
       ;;
     q8tune)
+      run q8tune 60 $D bench/quantize.ts
       ensure_model
       # shellcheck disable=SC2086 # the knobs split on spaces
       for knobs in "" "--q8-unroll 2" "--q8-blocks 2" "--q8-blocks 4 --q8-unroll 2" "--q8b-rows 2"; do

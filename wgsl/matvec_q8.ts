@@ -30,7 +30,7 @@ export const QUANTIZE_Q8: KernelSpec = {
   name: "quantize_q8",
   url: new URL("./quantize_q8.wgsl", import.meta.url),
   lib: ["rms", "q8pack", "q8x"],
-  constants: { LAYOUT: "u32", NORM: "u32", ROUND: "u32", EPS: "f32" },
+  constants: { LAYOUT: "u32", NORM: "u32", ROUND: "u32", QUADS: "u32", EPS: "f32" },
 };
 
 /** Kernel description of `matvec_q8.wgsl`. */
@@ -147,7 +147,15 @@ export interface QuantizeQ8Shape {
   readonly norm?: { readonly eps: number };
   /** Write the rounded x (d·q, f32) to xn at x's place (not with a norm; one column per row of the grid). */
   readonly round?: boolean;
+  /**
+   * One invocation per quad word (each of a chunk's eight finds its scale), not per chunk: the same bits, 8x
+   * the invocations (default {@linkcode QUANTIZE_Q8_QUADS}).
+   */
+  readonly quads?: boolean;
 }
+
+/** Whether quantize_q8 runs an invocation per quad word by default (QuantizeQ8Shape.quads). */
+export const QUANTIZE_Q8_QUADS = false;
 
 /** Bindings of quantize_q8. */
 export interface QuantizeQ8Bindings {
@@ -187,7 +195,7 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
   checkQ8Type("quantize_q8", shape.type);
   checkShape(
     Number.isInteger(shape.k) && shape.k >= 32 && shape.k % 32 === 0 &&
-      shape.k / 32 <= 256 * MAX_WORKGROUPS_PER_DIM,
+      shape.k / 4 <= 256 * MAX_WORKGROUPS_PER_DIM,
     `Kernel quantize_q8: K=${shape.k} must be a positive multiple of 32 (whole chunks)`,
   );
   const xOff = shape.xOffset ?? 0;
@@ -235,18 +243,23 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
 /** The constants of a quantize_q8 problem. */
 export function quantizeQ8Constants(
   shape: QuantizeQ8Shape,
-): { LAYOUT: number; NORM: number; ROUND: number; EPS: number } {
+): { LAYOUT: number; NORM: number; ROUND: number; QUADS: number; EPS: number } {
   return {
     LAYOUT: q8Layout(shape.type),
     NORM: shape.norm ? 1 : 0,
     ROUND: shape.round ? 1 : 0,
+    QUADS: (shape.quads ?? QUANTIZE_Q8_QUADS) ? 1 : 0,
     EPS: shape.norm?.eps ?? 0,
   };
 }
 
-/** Workgroups of a quantize_q8 problem (one invocation per chunk, 256 per workgroup; y: columns). */
+/**
+ * Workgroups of a quantize_q8 problem (one invocation per chunk, or per quad word with `quads`, 256 per
+ * workgroup; y: columns).
+ */
 export function quantizeQ8Grid(shape: QuantizeQ8Shape): [number, number] {
-  return [Math.ceil(shape.k / 32 / 256), shape.cols ?? 1];
+  const perColumn = (shape.quads ?? QUANTIZE_Q8_QUADS) ? shape.k / 4 : shape.k / 32;
+  return [Math.ceil(perColumn / 256), shape.cols ?? 1];
 }
 
 /** Checks, compiles (or reuses) and binds one quantize_q8 dispatch. */

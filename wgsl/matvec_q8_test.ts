@@ -166,6 +166,73 @@ Deno.test("quantize_q8 over columns: each column's bits as its own dispatch; ROU
   }
 });
 
+Deno.test("quantize_q8 QUADS (an invocation per quad word) gives the per-chunk bits: xq, and xn with NORM or ROUND", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  for (const mode of ["plain", "round", "norm"] as const) {
+    for (const type of ["Q8_0", "IQ4_XS"] as const) {
+      // K up to 2,560: above 1,024 the quad words of a column span several workgroups.
+      const k = 32 * rng.int(1, 81);
+      const cols = rng.int(1, 6);
+      const xOff = 4 * rng.int(0, 3);
+      const xStride = k + 4 * rng.int(0, 3);
+      const what = `quantize_q8 QUADS ${mode} ${type} K=${k} × ${cols} columns, x offset ${xOff} stride ` +
+        `${xStride} (seed ${rng.seed})`;
+      const xAll = new Float32Array(xOff + (cols - 1) * xStride + k).fill(Number.NaN); // gaps must not be read
+      for (let c = 0; c < cols; c++) xAll.set(rng.normals(k, 10 ** rng.int(-2, 2)), xOff + c * xStride);
+      xAll.fill(0, xOff, xOff + Math.min(k, 32)); // an all-zero chunk
+      const xBuf = upload(device, xAll, "x");
+      const nwBuf = upload(device, rng.normals(k, 1), "nw");
+      const words = (cols * q8xBytes(k)) / 4;
+      const outs: GPUBuffer[] = [];
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      for (const quads of [false, true]) {
+        const xqBuf = poisoned(device, words);
+        const xnBuf = poisoned(device, xAll.length);
+        outs.push(xqBuf, xnBuf);
+        const shape = {
+          type,
+          k,
+          xOffset: xOff,
+          cols,
+          xStride,
+          round: mode === "round",
+          norm: mode === "norm" ? { eps: 1e-6 } : undefined,
+          quads,
+        };
+        const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+        device.queue.writeBuffer(pb, 0, quantizeQ8Params(shape));
+        const op = await prepareQuantizeQ8(cache, {
+          device,
+          shape,
+          bindings: {
+            params: pb,
+            x: xBuf,
+            xq: { buffer: xqBuf, offset: 0, size: 4 * words },
+            nw: mode === "norm" ? nwBuf : undefined,
+            xn: mode === "plain" ? undefined : { buffer: xnBuf, offset: 0, size: 4 * xAll.length },
+          },
+        });
+        pass.setPipeline(op.pipeline);
+        pass.setBindGroup(0, op.bindGroup);
+        pass.dispatchWorkgroups(...op.grid);
+      }
+      pass.end();
+      device.queue.submit([enc.finish()]);
+      const [xq0, xn0, xq1, xn1] = await readAll(device, outs);
+      assert.deepEqual(new Uint32Array(xq1!), new Uint32Array(xq0!), `${what}: xq`);
+      assert.deepEqual(new Uint32Array(xn1!), new Uint32Array(xn0!), `${what}: xn`);
+      assertPoisoned(new Uint32Array(xq1!, 4 * words, GUARD_WORDS), POISON_F32, `${what}: xq guard`);
+      if (mode !== "plain") {
+        // xn written at x's places (the per-chunk run's, compared above), not its NaN gaps' poison.
+        assert.notEqual(new Uint32Array(xn1!)[xOff], POISON_F32, `${what}: xn written`);
+      }
+    }
+  }
+});
+
 Deno.test("quantize_q8 NORM: xn has the bits of rms_norm's output, and xq is xn rounded to int8", async () => {
   const rng = new Rng();
   const { device } = await testGpu();

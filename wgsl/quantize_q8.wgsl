@@ -14,9 +14,10 @@
 // The rounding and the byte order (LAYOUT) are lib/q8x.wgsl's. NORM = 1: v = x · (1 / sqrt(Σ x² / K + EPS)) ·
 // nw, the scale from lib/rms.wgsl (every workgroup sums x² in the one order every norm in the engine uses, so
 // xn has the bits of rms_norm's output); v is written to xn and quantized. NORM = 0: v = x.
-// One invocation per chunk, 256 per workgroup; grid y = column.
+// QUADS = 0: one invocation per chunk (all eight words); QUADS = 1: one per quad word (each of a chunk's eight
+// finds the chunk's scale itself from the same values, the same bits). 256 per workgroup; grid y = column.
 // Constants: const LAYOUT: u32 (0 or 1), const NORM: u32 (0 or 1), const ROUND: u32 (0 or 1; not with NORM),
-// const EPS: f32 (the norm's epsilon).
+// const QUADS: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
 
 struct Params {
   k: u32,
@@ -33,6 +34,45 @@ struct Params {
 
 const WG: u32 = 256u;
 
+// Quad i of x (element 4i) of the column at x_off, normed with `scale` (NORM) as q8x_chunk norms it.
+fn quad_v(x_off: u32, i: u32, scale: f32) -> vec4<f32> {
+  let v = x[(x_off >> 2u) + i];
+  if (NORM == 1u) {
+    return v * scale * nw[i];
+  }
+  return v;
+}
+
+// QUADS: quad word i of the column (chunk c = i / 8, word m = i % 8): the chunk's largest |v| from all eight
+// quads (each of the chunk's invocations finds the same), word m in LAYOUT order, the scale (m = 0), and
+// quad m of the normed or rounded x.
+fn quad_word(i: u32, x_off: u32, col: u32, scale: f32) {
+  let k = params.k;
+  if (i >= k / 4u) {
+    return;
+  }
+  let c = i / 8u;
+  let m = i % 8u;
+  var amax = 0.0;
+  for (var j = 0u; j < 8u; j++) {
+    amax = max(amax, q8x_amax4(quad_v(x_off, 8u * c + j, scale)));
+  }
+  let dv = q8x_d(amax);
+  let lo = quad_v(x_off, 8u * c + select(m, m / 2u, LAYOUT == 1u), scale);
+  let hi = quad_v(x_off, 8u * c + 4u + m / 2u, scale);
+  let qo = col * (k / 4u + k / 32u);
+  xq[qo + i] = q8x_word(LAYOUT, m, lo, hi, dv.y);
+  if (m == 0u) {
+    xq[qo + k / 4u + c] = bitcast<u32>(dv.x);
+  }
+  if (NORM == 1u) {
+    xn[(x_off >> 2u) + i] = quad_v(x_off, i, scale);
+  }
+  if (ROUND == 1u) {
+    xn[(x_off >> 2u) + i] = vec4<f32>(q8x_q4(quad_v(x_off, i, scale), dv.y)) * dv.x;
+  }
+}
+
 @compute @workgroup_size(256)
 fn main(
   @builtin(local_invocation_index) lid: u32,
@@ -40,6 +80,10 @@ fn main(
 ) {
   let x_off = params.x_off + wid.y * params.x_stride;
   let scale = q8x_scale(lid, x_off, params.k);
+  if (QUADS == 1u) {
+    quad_word(wid.x * WG + lid, x_off, wid.y, scale);
+    return;
+  }
   let c = wid.x * WG + lid;
   if (c >= params.k / 32u) {
     return;

@@ -76,8 +76,14 @@ export interface MatvecQ8bBindings {
 }
 
 /**
+ * Default ROWS: 2 (H100, 2026-12-06, docs/PERF.md: 8 / 16 slots 924.4 / 1,163.5 tok/s against 866.6 / 1,076.3
+ * at ROWS 1, the same bits).
+ */
+export const MATVEC_Q8B_ROWS = 2;
+
+/**
  * The variant whose columns have matvec_q8's bits: TEAM and RED of matvec_q8's default for the same rows
- * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS 1 unless asked.
+ * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS {@linkcode MATVEC_Q8B_ROWS} unless asked.
  */
 export function matvecQ8bConstants(
   shape: MatvecQ8bShape,
@@ -87,7 +93,7 @@ export function matvecQ8bConstants(
   return {
     TYPE: solo.TYPE,
     TEAM: solo.TEAM,
-    ROWS: opts.rows ?? 1,
+    ROWS: opts.rows ?? MATVEC_Q8B_ROWS,
     BATCH: shape.cols,
     ACC: opts.acc ? 1 : 0,
     RED: solo.RED,
@@ -129,7 +135,7 @@ export function checkMatvecQ8b(shape: MatvecQ8bShape, c: MatvecQ8bConstants, b: 
   const kernel = "matvec_q8b";
   const rowBytes = checkQ8Rows(kernel, shape, c);
   const wOff = shape.wOffsetBytes ?? 0;
-  checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 2);
+  checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
   checkInt(`Kernel ${kernel}: BATCH`, c.BATCH, 1, MATVEC_Q8B_MAX_BATCH);
   checkShape(
     c.BATCH === shape.cols,

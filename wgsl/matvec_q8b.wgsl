@@ -19,7 +19,7 @@
 // sums in named vec4s (a<r><g>: row r, columns 4g..4g+3; no function-scope arrays, which some drivers put in
 // local memory). The partials go through workgroup memory four columns at a time.
 // Constants: const TYPE: u32 (8, 12, 13, 14 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32
-//   (1 or 2), const BATCH: u32 (1..16), const ACC: u32 (1: y += W·x̂), const RED: u32 (0 or 1, as matvec_q8).
+//   (1..4), const BATCH: u32 (1..16), const ACC: u32 (1: y += W·x̂), const RED: u32 (0 or 1, as matvec_q8).
 // Workgroup memory: 1024 (IQ4_XS table) + 4096·ROWS bytes.
 
 struct Params {
@@ -92,9 +92,9 @@ fn store4(row: u32, j0: u32, s: vec4<f32>) {
   }
 }
 
-// Adds the team partials of column group g (a0: row 0's sums, a1: row 1's) and stores them (every
-// invocation calls it: barriers).
-fn reduce(wg: u32, lid: u32, g: u32, a0: vec4<f32>, a1: vec4<f32>) {
+// Adds the team partials of column group g (a0..a3: rows 0..3's sums, those below ROWS) and stores them
+// (every invocation calls it: barriers).
+fn reduce(wg: u32, lid: u32, g: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) {
   let team = lid / TEAM;
   let t = lid % TEAM;
   let j0 = 4u * g;
@@ -102,6 +102,12 @@ fn reduce(wg: u32, lid: u32, g: u32, a0: vec4<f32>, a1: vec4<f32>) {
     partial[(team * ROWS) * TEAM + t] = a0;
     if (ROWS >= 2u) {
       partial[(team * ROWS + 1u) * TEAM + t] = a1;
+    }
+    if (ROWS >= 3u) {
+      partial[(team * ROWS + 2u) * TEAM + t] = a2;
+    }
+    if (ROWS >= 4u) {
+      partial[(team * ROWS + 3u) * TEAM + t] = a3;
     }
     workgroupBarrier();
     for (var o = lid; o < WG_ROWS; o += WG) {
@@ -117,6 +123,12 @@ fn reduce(wg: u32, lid: u32, g: u32, a0: vec4<f32>, a1: vec4<f32>) {
   partial[lid] = a0;
   if (ROWS >= 2u) {
     partial[WG + lid] = a1;
+  }
+  if (ROWS >= 3u) {
+    partial[2u * WG + lid] = a2;
+  }
+  if (ROWS >= 4u) {
+    partial[3u * WG + lid] = a3;
   }
   workgroupBarrier();
   if (TEAM >= 8u) {
@@ -166,6 +178,14 @@ fn main(
   var a11 = vec4<f32>(0.0);
   var a12 = vec4<f32>(0.0);
   var a13 = vec4<f32>(0.0);
+  var a20 = vec4<f32>(0.0);
+  var a21 = vec4<f32>(0.0);
+  var a22 = vec4<f32>(0.0);
+  var a23 = vec4<f32>(0.0);
+  var a30 = vec4<f32>(0.0);
+  var a31 = vec4<f32>(0.0);
+  var a32 = vec4<f32>(0.0);
+  var a33 = vec4<f32>(0.0);
   for (var c = t; c < n_chunks; c += TEAM) {
     let l = load_rows(rb, c);
     let d0 = chunk_dec(rb.x, c, l.r0);
@@ -192,15 +212,41 @@ fn main(
         a13 = acc4(a13, d1, 12u, c);
       }
     }
+    if (ROWS >= 3u) {
+      let d2 = chunk_dec(rb.z, c, l.r2);
+      a20 = acc4(a20, d2, 0u, c);
+      if (NG > 1u) {
+        a21 = acc4(a21, d2, 4u, c);
+      }
+      if (NG > 2u) {
+        a22 = acc4(a22, d2, 8u, c);
+      }
+      if (NG > 3u) {
+        a23 = acc4(a23, d2, 12u, c);
+      }
+    }
+    if (ROWS >= 4u) {
+      let d3 = chunk_dec(rb.w, c, l.r3);
+      a30 = acc4(a30, d3, 0u, c);
+      if (NG > 1u) {
+        a31 = acc4(a31, d3, 4u, c);
+      }
+      if (NG > 2u) {
+        a32 = acc4(a32, d3, 8u, c);
+      }
+      if (NG > 3u) {
+        a33 = acc4(a33, d3, 12u, c);
+      }
+    }
   }
-  reduce(wg, lid, 0u, a00, a10);
+  reduce(wg, lid, 0u, a00, a10, a20, a30);
   if (NG > 1u) {
-    reduce(wg, lid, 1u, a01, a11);
+    reduce(wg, lid, 1u, a01, a11, a21, a31);
   }
   if (NG > 2u) {
-    reduce(wg, lid, 2u, a02, a12);
+    reduce(wg, lid, 2u, a02, a12, a22, a32);
   }
   if (NG > 3u) {
-    reduce(wg, lid, 3u, a03, a13);
+    reduce(wg, lid, 3u, a03, a13, a23, a33);
   }
 }

@@ -38,6 +38,10 @@ function cases(rng: Rng, type: GgmlTypeName): { shape: MatvecQ8bShape; opts: Opt
     { shape: { type, k: 3 * be, n: 37, cols: 5 }, opts: { rows: 2, team: 64 } },
     { shape: { type, k: 4 * be, n: 29, cols: 8 }, opts: { team: 16, red: 0, acc: true } },
     { shape: { type, k: 2 * be, n: 45, cols: 11 }, opts: { rows: 2, team: 4, red: 0 } },
+    // ROWS 3 and 4 (RED 0 at TEAM 16: 48 and 64 rows per workgroup).
+    { shape: { type, k: 3 * be, n: 53, cols: 13 }, opts: { rows: 4, team: 16, red: 0 } },
+    { shape: { type, k: 2 * be, n: 21, cols: 6 }, opts: { rows: 3, team: 16, red: 0 } },
+    { shape: { type, k: be, n: 70, cols: 9 }, opts: { rows: 4 } },
     // 16 columns, a slice: rows at a byte offset, y at an offset with a padded stride, x columns padded.
     {
       shape: {
@@ -203,7 +207,7 @@ Deno.test("matvec_q8b checks throw before encoding", () => {
   checkMatvecQ8b(shape, c, ok);
   assert.throws(() => checkMatvecQ8b(shape, { ...c, BATCH: 5 }, ok), /BATCH=5 but the shape has 4 columns/);
   assert.throws(() => checkMatvecQ8b({ ...shape, cols: 17 }, { ...c, BATCH: 17 }, ok), /BATCH must be/);
-  assert.throws(() => checkMatvecQ8b(shape, { ...c, ROWS: 3 }, ok), /ROWS must be/);
+  assert.throws(() => checkMatvecQ8b(shape, { ...c, ROWS: 5 }, ok), /ROWS must be/);
   assert.throws(() => checkMatvecQ8b({ ...shape, type: "F32" }, c, ok), /not F32: use matvec/);
   assert.throws(
     () => checkMatvecQ8b(shape, c, { ...ok, xq: slice(4 * 143) }),

@@ -55,6 +55,10 @@
 #              64-token prompt: a 56-token piece, the prompt-boundary snapshot, the 8-token rest; DECODE_FLAGS:
 #              more flags for its runs, e.g. --int8-experts for an older tree's numerics)
 #   rest8      restprofile's 8-token chunk alone (a short call; DECODE_FLAGS as there)
+#   rowsq      #20: solo, 8 and 16 slots with the defaults (DECODE_FLAGS: the knobs that give an older tree's
+#              run the same numerics and ROWS, for an A/B with H200_TREE)
+#   rowsq4     #20: the same with matvec_q8b at ROWS 4 (--q8b-rows 4), and batch_bits with the defaults and at
+#              ROWS 4 (bits at real K; soloDigest)
 #   q8tune     #20: the int8-x expert passes' BLOCKS and UNROLL (the same bits): whole steps at 1, 8 and 16
 #              slots with the default, --q8-unroll 2, --q8-blocks 2, and both, and matvec_q8b at ROWS 2
 #              (--q8b-rows 2); the passes alone by ROWS × BLOCKS × UNROLL (bench/moe.ts --q8-only); batch_bits
@@ -231,6 +235,19 @@ for step in "$@"; do
       run q8tune 90 $D bench/batch_bits.ts --model "$model"
       run q8tune 90 $D bench/batch_bits.ts --model "$model" --q8-unroll 2 --q8-blocks 2
       run q8tune 90 $D bench/batch_bits.ts --model "$model" --q8b-rows 2
+      ;;
+    rowsq)
+      ensure_model
+      # shellcheck disable=SC2086 # DECODE_FLAGS: more flags, split on spaces (an older tree's knobs)
+      run rowsq 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
+        ${DECODE_FLAGS:-}
+      ;;
+    rowsq4)
+      ensure_model
+      run rowsq4 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
+        --q8b-rows 4
+      run rowsq4 90 $D bench/batch_bits.ts --model "$model"
+      run rowsq4 90 $D bench/batch_bits.ts --model "$model" --q8b-rows 4
       ;;
     restprofile)
       ensure_model

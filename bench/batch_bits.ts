@@ -19,6 +19,7 @@ import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
 import { Stage } from "../engine/exec/stage.ts";
+import { MATVEC_Q8B_ROWS } from "../wgsl/matvec_q8b.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -91,7 +92,7 @@ console.log(JSON.stringify({
   int8Activations: stage.int8Activations,
   q8Blocks: args["q8-blocks"] ?? "1",
   q8Unroll: args["q8-unroll"] ?? "1",
-  q8bRows: args["q8b-rows"] ?? "1",
+  q8bRows: args["q8b-rows"] ?? String(MATVEC_Q8B_ROWS),
   equal: diffs.length === 0,
   diffs,
   soloDigest: fnv1a(JSON.stringify(solo.map((r) => [r.tokens, r.top]))),

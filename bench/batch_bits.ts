@@ -6,12 +6,11 @@
  * and logits are equal, and where the first difference is. Exit code 1 on a difference.
  *
  * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--int8-experts]
- * [--f32-experts] [--q8-blocks G[,D]] [--q8-unroll G[,D]] [--q8b-rows R]` (the serving commands' numerics, cli/experts.ts:
- * int8 x for every mat-vec by default, whose batched steps run matvec_q8b; `--int8-experts` for the experts
- * alone; `--f32-experts` f32 x everywhere; `--int8` names the default; `--q8-*` StageOptions.moeTuning's
- * q8Blocks and q8Unroll, `--q8b-rows` matvecTuning.q8bRows, as bench/decode.ts). The line's `soloDigest` (FNV-1a of the solo runs' ids and
- * logits) tells two runs' solo bits apart: equal digests with and without a `--q8-*` knob say it kept the
- * default's bits. No npm imports.
+ * [--f32-experts] [--q8b-rows R]` (the serving commands' numerics, cli/experts.ts: int8 x for every mat-vec
+ * by default, whose batched steps run matvec_q8b; `--int8-experts` for the experts alone; `--f32-experts` f32
+ * x everywhere; `--int8` names the default; `--q8b-rows` StageOptions.matvecTuning.q8bRows, as
+ * bench/decode.ts). The line's `soloDigest` (FNV-1a of the solo runs' ids and logits) tells two runs' solo
+ * bits apart: equal digests with and without a knob say it kept the default's bits. No npm imports.
  * @module
  */
 import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag } from "../cli/experts.ts";
@@ -30,8 +29,6 @@ const { values: args } = parseArgs({
     "f32-experts": { type: "boolean", default: false },
     "int8-experts": { type: "boolean", default: false },
     int8: { type: "boolean", default: false },
-    "q8-blocks": { type: "string" },
-    "q8-unroll": { type: "string" },
     "q8b-rows": { type: "string" },
   },
   strict: true,
@@ -42,11 +39,6 @@ if (conflict) throw new RangeError(conflict);
 const nSlots = Number(args.slots);
 const nNew = Number(args.n);
 const nPrompt = Number(args.prompt);
-// A pass's knob "G[,D]": gate·up's value, and down's (default gate·up's).
-const passes = (v: string | undefined) => {
-  const [gateUp, down] = (v ?? "").split(",").map(Number);
-  return v ? { gateUp, down: down ?? gateUp } : undefined;
-};
 const gpu = await acquireGpu();
 using file = await openGguf(args.model);
 const stage = await Stage.load(gpu, file, {
@@ -55,7 +47,6 @@ const stage = await Stage.load(gpu, file, {
   maxChunk: 64,
   int8Experts: int8ExpertsFlag(args),
   int8Activations: int8ActivationsFlag(args),
-  moeTuning: { q8Blocks: passes(args["q8-blocks"]), q8Unroll: passes(args["q8-unroll"]) },
   matvecTuning: args["q8b-rows"] === undefined ? undefined : { q8bRows: Number(args["q8b-rows"]) },
 });
 let seed = 12345;
@@ -90,8 +81,6 @@ console.log(JSON.stringify({
   newTokens: nNew,
   int8Experts: stage.int8Experts,
   int8Activations: stage.int8Activations,
-  q8Blocks: args["q8-blocks"] ?? "1",
-  q8Unroll: args["q8-unroll"] ?? "1",
   q8bRows: args["q8b-rows"] ?? String(MATVEC_Q8B_ROWS),
   equal: diffs.length === 0,
   diffs,

@@ -6,9 +6,8 @@
  * [--slots 1,2,4,8,16] [--moe-gate-up TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--moe-down TEAM,ROWS[,BLOCKS,UNROLL[,WG]]] [--matvec TEAM,ROWS] [--fuse-route] [--int8-experts] [--f32-experts] [--per-column] [--gmv-max N]`: `--slots`
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
- * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--q8-blocks G[,D]` and
- * `--q8-unroll G[,D]` their BLOCKS and UNROLL at every width (moeTuning.q8Blocks, q8Unroll: the same bits too),
- * `--q8b-rows R` the ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows),
+ * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--q8b-rows R` the
+ * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits),
  * `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
@@ -54,8 +53,6 @@ const { values: args } = parseArgs({
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
     "batched-q8-rows": { type: "string" },
-    "q8-blocks": { type: "string" },
-    "q8-unroll": { type: "string" },
     "q8b-rows": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
@@ -119,8 +116,6 @@ const tuning = (v: string | undefined) => {
   return { team: team!, rows: rows!, blocks, unroll, wg };
 };
 const q8Rows = args["batched-q8-rows"]?.split(",").map(Number);
-const q8Blocks = args["q8-blocks"]?.split(",").map(Number);
-const q8Unroll = args["q8-unroll"]?.split(",").map(Number);
 const matvecTuning = args["q8b-rows"] === undefined
   ? tuning(args.matvec)
   : { ...tuning(args.matvec), q8bRows: Number(args["q8b-rows"]) };
@@ -128,8 +123,6 @@ const moeTuning = {
   gateUp: tuning(args["moe-gate-up"]),
   down: tuning(args["moe-down"]),
   ...(q8Rows ? { batchedQ8Rows: { gateUp: q8Rows[0], down: q8Rows[1] ?? q8Rows[0] } } : {}),
-  ...(q8Blocks ? { q8Blocks: { gateUp: q8Blocks[0], down: q8Blocks[1] ?? q8Blocks[0] } } : {}),
-  ...(q8Unroll ? { q8Unroll: { gateUp: q8Unroll[0], down: q8Unroll[1] ?? q8Unroll[0] } } : {}),
 };
 using file = await openGguf(path);
 

@@ -380,9 +380,9 @@ async function batchedSweep(tokens: number): Promise<void> {
 /**
  * The int8-x passes of the same batched step (moe_matvec_q8, the engine's default for the experts): gate·up
  * reading x rounded by moe_route (xq), down rounding f32 x in every workgroup (XIN, its log written), as the
- * engine runs them. At the default TEAM every ROWS, and BLOCKS × UNROLL at ROWS 1 and 2 (each row's sum keeps
- * its order: `sameBits`, so a batched step may take them alone), then the other TEAMs (other bits); those at
- * the default TEAM (BLOCKS 1, UNROLL 1) also with every routed column on one expert ("ids": "one").
+ * engine runs them. At the default TEAM every ROWS (each row's sum keeps its order: `sameBits`, so a batched
+ * step may take them alone), then the other TEAMs (other bits); those at the default TEAM also with every
+ * routed column on one expert ("ids": "one").
  */
 async function batchedQ8(
   name: string,
@@ -402,16 +402,8 @@ async function batchedQ8(
   // x rounded to int8: one column per slot (gate·up), or the down pass's log of its f32 x per column.
   const xq = randomBuffer(device, 4 * q8ColumnWords(shape.k) * (xin ? cols : tokens));
   const def = moeMatvecQ8Constants(shape, undefined, { xin });
-  const tunings: { team: number; rows: number; blocks?: number; unroll?: number }[] = [];
+  const tunings: { team: number; rows: number }[] = [];
   for (const rows of [1, 2, 4]) tunings.push({ team: def.TEAM, rows });
-  // BLOCKS and UNROLL at the default TEAM (the same bits as the default, as ROWS).
-  for (const rows of [1, 2]) {
-    for (const blocks of [1, 2, 4]) {
-      for (const unroll of [1, 2]) {
-        if (blocks > 1 || unroll > 1) tunings.push({ team: def.TEAM, rows, blocks, unroll });
-      }
-    }
-  }
   if (!QUICK) {
     for (const team of [4, 8, 16, 32, 64].filter((t) => t !== def.TEAM && t <= shape.k / 32)) {
       for (const rows of [1, 2, 4]) tunings.push({ team, rows });
@@ -420,8 +412,7 @@ async function batchedQ8(
   for (const t of tunings) {
     const c = moeMatvecQ8Constants(shape, undefined, { ...t, xin });
     const pipeline = await cache.get(MOE_MATVEC_Q8, c);
-    const plain = (t.blocks ?? 1) === 1 && (t.unroll ?? 1) === 1;
-    for (const one of t.team === def.TEAM && plain ? [false, true] : [false]) {
+    for (const one of t.team === def.TEAM ? [false, true] : [false]) {
       const groups = Array.from({ length: one ? 1 : SETS }, (_, set) => {
         const b: MoeMatvecQ8Bindings = {
           params,
@@ -448,9 +439,7 @@ async function batchedQ8(
         ids: one ? "one" : "random",
         team: c.TEAM,
         rows: c.ROWS,
-        blocks: c.BLOCKS,
-        unroll: c.UNROLL,
-        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && plain && !one,
+        isDefault: c.TEAM === def.TEAM && c.ROWS === def.ROWS && !one,
         sameBits: c.TEAM === def.TEAM,
         workgroups: grid[0] * grid[1],
         us: sec * 1e6,

@@ -59,11 +59,6 @@
 #              run the same numerics and ROWS, for an A/B with H200_TREE)
 #   rowsq4     #20: the same with matvec_q8b at ROWS 4 (--q8b-rows 4), and batch_bits with the defaults and at
 #              ROWS 4 (bits at real K; soloDigest)
-#   q8tune     #20: the int8-x expert passes' BLOCKS and UNROLL (the same bits): whole steps at 1, 8 and 16
-#              slots with the default, --q8-unroll 2, --q8-blocks 2, and both, and matvec_q8b at ROWS 2
-#              (--q8b-rows 2); the passes alone by ROWS × BLOCKS × UNROLL (bench/moe.ts --q8-only); batch_bits
-#              with and without the knobs (soloDigest; equal); first quantize_q8 alone by chunk and by quad word
-#              (bench/quantize.ts)
 #   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
 #              --batch-sweep): XR 2 by ROWS and UNROLL beside the old XR 1 default (about 150 s)
 #   rows       #20: 8 and 16 slots with the batched int8-x expert passes at ROWS 2 and 4 (the same bits)
@@ -220,21 +215,6 @@ for step in "$@"; do
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         --f32-experts
-      ;;
-    q8tune)
-      run q8tune 60 $D bench/quantize.ts
-      ensure_model
-      # shellcheck disable=SC2086 # the knobs split on spaces
-      for knobs in "" "--q8-unroll 2" "--q8-blocks 2" "--q8-blocks 4 --q8-unroll 2" "--q8b-rows 2"; do
-        run q8tune 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
-          $knobs
-      done
-      for tokens in 8 16; do
-        run q8tune 120 $D bench/moe.ts --tokens $tokens --q8-only
-      done
-      run q8tune 90 $D bench/batch_bits.ts --model "$model"
-      run q8tune 90 $D bench/batch_bits.ts --model "$model" --q8-unroll 2 --q8-blocks 2
-      run q8tune 90 $D bench/batch_bits.ts --model "$model" --q8b-rows 2
       ;;
     rowsq)
       ensure_model

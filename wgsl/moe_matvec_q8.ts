@@ -11,7 +11,7 @@
 import type { Binding, KernelSpec } from "./kernel.ts";
 import { type GgmlTypeName, rowBytes, TYPE_ID } from "../engine/quant/types.ts";
 import { checkBinding, checkInt, checkShape } from "./_twin.ts";
-import { checkMoeMatvec, type MoeMatvecShape } from "./moe_matvec.ts";
+import { checkMoeMatvec, type MoeMatvecShape, type MoeMatvecTuning } from "./moe_matvec.ts";
 import { MATVEC_Q8_TYPES, q8Layout, typeList } from "./matvec_q8.ts";
 
 /** Kernel description of `moe_matvec_q8.wgsl`. */
@@ -28,8 +28,6 @@ export const MOE_MATVEC_Q8: KernelSpec = {
     QOUT: "bool",
     XIN: "bool",
     KC: "u32",
-    BLOCKS: "u32",
-    UNROLL: "u32",
   },
 };
 
@@ -47,24 +45,6 @@ export type MoeMatvecQ8Constants = {
   readonly XIN: boolean;
   /** XIN: K / 32 (the chunks held in workgroup memory); 1 otherwise. */
   readonly KC: number;
-  /** Row blocks a workgroup walks in turn (1..64): the table and the column set-up paid once for them. */
-  readonly BLOCKS: number;
-  /** 1, or 2: two chunk steps' loads issued before their math. */
-  readonly UNROLL: number;
-};
-
-/**
- * Overrides of {@linkcode moeMatvecQ8Constants}' defaults. `blocks` and `unroll` give the same bits, and
- * `rows` too where TEAM ≤ 16 (the defaults': above it a row's reduction starts at its place in the
- * workgroup), so a batched step may take other ones than its solo step; `team` changes a row's sum order.
- */
-export type MoeMatvecQ8Tuning = {
-  readonly team?: number;
-  readonly rows?: number;
-  readonly blocks?: number;
-  readonly unroll?: number;
-  /** XIN: f32 x rounded in every workgroup's prologue. */
-  readonly xin?: boolean;
 };
 
 /** Binding order of `moe_matvec_q8.wgsl`. */
@@ -91,7 +71,7 @@ export function q8ColumnWords(k: number): number {
 export function moeMatvecQ8Constants(
   shape: MoeMatvecShape,
   outType?: GgmlTypeName,
-  tuning?: MoeMatvecQ8Tuning,
+  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean },
 ): MoeMatvecQ8Constants {
   let team = 1;
   while (team * 2 <= Math.min(16, shape.k / 128)) team *= 2;
@@ -105,8 +85,6 @@ export function moeMatvecQ8Constants(
     QOUT: qout,
     XIN: tuning?.xin ?? false,
     KC: tuning?.xin ? shape.k / 32 : 1,
-    BLOCKS: tuning?.blocks ?? 1,
-    UNROLL: tuning?.unroll ?? 1,
   };
 }
 
@@ -120,10 +98,9 @@ export function moeMatvecQ8Fits(shape: MoeMatvecShape): boolean {
     (shape.offUpBytes ?? 0) % align === 0;
 }
 
-/** Dispatch grid: groups of BLOCKS row blocks × columns (routed and shared). */
+/** Dispatch grid: row blocks × columns (routed and shared). */
 export function moeMatvecQ8Grid(shape: MoeMatvecShape, c: MoeMatvecQ8Constants): [number, number, number] {
-  const blocks = Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS));
-  return [Math.ceil(blocks / c.BLOCKS), shape.nCols + (shape.sharedCols ?? 0), 1];
+  return [Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)), shape.nCols + (shape.sharedCols ?? 0), 1];
 }
 
 /**
@@ -149,7 +126,7 @@ export function checkMoeMatvecQ8(
       WG: 256,
       TEAM: c.TEAM,
       ROWS: c.ROWS,
-      BLOCKS: c.BLOCKS,
+      BLOCKS: 1,
       UNROLL: 2,
       SHARED_T: 0,
       GATE_UP: c.GATE_UP,
@@ -185,7 +162,6 @@ export function checkMoeMatvecQ8(
     shape.type !== "IQ4_XS" || rowBytes(shape.type, shape.k) % 8 === 0,
     `Kernel moe_matvec_q8: IQ4_XS rows of K=${shape.k} are not 8-byte aligned`,
   );
-  checkShape(c.UNROLL === 1 || c.UNROLL === 2, `Kernel moe_matvec_q8: UNROLL=${c.UNROLL} must be 1 or 2`);
   const wgRows = (256 / c.TEAM) * c.ROWS;
   if (c.QOUT) {
     checkShape(

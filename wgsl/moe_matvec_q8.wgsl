@@ -23,15 +23,13 @@
 //   5 y        array<f32> ne=[N, n_cols] read_write
 //   6 yq       array<u32> read_write: column col of y as int8 at word col·9N/32, quantize_q8's format in byte
 //              order OUT_LAYOUT (QOUT; otherwise bind any buffer not bound elsewhere)
-// Grid (ceil(ceil(N / WG_ROWS) / BLOCKS), n_cols): workgroup (w, col) owns the row blocks wB .. wB + B - 1 of
-// WG_ROWS = (256 / TEAM)·ROWS rows of column col each, walked in turn; in a block a team of TEAM invocations
-// owns ROWS rows and walks chunks t, t + TEAM, ... (a whole 32-weight chunk per step, gate's and up's loads
-// issued before their math; UNROLL 2: two steps' loads first), and one invocation per row adds its team's TEAM
-// partials, starting at its row in the block mod TEAM. BLOCKS and UNROLL give the same bits, and ROWS too
-// where TEAM <= 16 (the start is then the row mod TEAM, whatever the block's rows).
+// Grid (ceil(N / WG_ROWS), n_cols): workgroup (w, col) owns WG_ROWS = (256 / TEAM)·ROWS rows of column col; a
+// team of TEAM invocations owns ROWS rows and walks chunks t, t + TEAM, ... (a whole 32-weight chunk per step,
+// gate's and up's loads issued before their math); one invocation per row adds its team's TEAM partials,
+// starting at its row in the workgroup mod TEAM: where TEAM <= 16 (the defaults) that is the row mod TEAM
+// whatever the ROWS, so ROWS gives the same bits; above 16 it does not.
 // Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN: K/32, else
-//   1), BLOCKS (1..64), UNROLL (1 or 2): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and
-//   N % 32 == 0; not both QOUT and XIN).
+//   1): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0; not both QOUT and XIN).
 // Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC (XIN) bytes.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
@@ -118,9 +116,47 @@ fn rows_dot(rb: vec4<u32>, c: u32, l: Rows, xk: XChunk) -> vec4<f32> {
   return r;
 }
 
-// Block wb's sums (ag, au: each invocation's partials of its ROWS rows) added per row, stored (and QOUT's int8
-// rows written). With BLOCKS > 1 a barrier at the end lets the next block reuse the workgroup memory.
-fn block_out(lid: u32, team: u32, t: u32, wb: u32, col: u32, n: u32, ag: vec4<f32>, au: vec4<f32>) {
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  q8dot_table(lid);
+  let k = params[0];
+  let n = params[1];
+  let col = wid.y;
+  let n_routed = params[8];
+  // Whole workgroups only (col is the workgroup's y; params is read-only storage: uniform).
+  if (col >= params[6]) {
+    return;
+  }
+  var e = params[9];
+  var xc = col - n_routed + params[10];
+  if (col < n_routed) {
+    e = ids[col];
+    xc = col / params[7];
+  }
+  if (XIN) {
+    round_x(lid, xc, k, wid.x == 0u);
+  }
+  let team = lid / TEAM;
+  let t = lid % TEAM;
+  let row0 = wid.x * WG_ROWS + team * ROWS;
+  // Rows past N read row N-1 (in bounds) and are never stored.
+  let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
+  let rbg = params[4] + e * params[3] + rows;
+  let rbu = params[5] + e * params[3] + rows;
+  let xb = xc * (9u * k / 32u);
+  var ag = vec4<f32>(0.0);
+  var au = vec4<f32>(0.0);
+  for (var c = t; c < k / 32u; c += TEAM) {
+    let xk = x_chunk(xb, k, c);
+    let lg = load_rows(rbg, c);
+    if (GATE_UP) {
+      let lu = load_rows(rbu, c);
+      ag += xk.d * rows_dot(rbg, c, lg, xk);
+      au += xk.d * rows_dot(rbu, c, lu, xk);
+    } else {
+      ag += xk.d * rows_dot(rbg, c, lg, xk);
+    }
+  }
   for (var r = 0u; r < ROWS; r++) {
     partial[(team * ROWS + r) * TEAM + t] = ag[r];
     if (GATE_UP) {
@@ -144,7 +180,7 @@ fn block_out(lid: u32, team: u32, t: u32, wb: u32, col: u32, n: u32, ag: vec4<f3
     if (GATE_UP) {
       v = silu(s0) * s1;
     }
-    let row = wb * WG_ROWS + o;
+    let row = wid.x * WG_ROWS + o;
     if (row < n) {
       y[col * n + row] = v;
     }
@@ -156,7 +192,7 @@ fn block_out(lid: u32, team: u32, t: u32, wb: u32, col: u32, n: u32, ag: vec4<f3
     workgroupBarrier();
     let yw = col * (9u * n / 32u);
     for (var q = lid; q < WG_ROWS / 32u; q += WG) {
-      let gc = wb * (WG_ROWS / 32u) + q;
+      let gc = wid.x * (WG_ROWS / 32u) + q;
       if (gc < n / 32u) {
         var p: Q8xChunk;
         var amax = 0.0;
@@ -171,86 +207,5 @@ fn block_out(lid: u32, team: u32, t: u32, wb: u32, col: u32, n: u32, ag: vec4<f3
         yq[yw + n / 4u + gc] = bitcast<u32>(p.d);
       }
     }
-  }
-  if (BLOCKS > 1u) {
-    workgroupBarrier();
-  }
-}
-
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-  q8dot_table(lid);
-  let k = params[0];
-  let n = params[1];
-  let col = wid.y;
-  let n_routed = params[8];
-  // Whole workgroups only (col is the workgroup's y; params is read-only storage: uniform).
-  if (col >= params[6]) {
-    return;
-  }
-  var e = params[9];
-  var xc = col - n_routed + params[10];
-  if (col < n_routed) {
-    e = ids[col];
-    xc = col / params[7];
-  }
-  if (XIN) {
-    round_x(lid, xc, k, wid.x == 0u);
-  }
-  let team = lid / TEAM;
-  let t = lid % TEAM;
-  let xb = xc * (9u * k / 32u);
-  let nc = k / 32u;
-  // BLOCKS row blocks in turn (the table and the column set-up paid once); a block past N ends the walk.
-  for (var blk = 0u; blk < BLOCKS; blk++) {
-    let wb = wid.x * BLOCKS + blk;
-    if (wb * WG_ROWS >= n) {
-      break;
-    }
-    let row0 = wb * WG_ROWS + team * ROWS;
-    // Rows past N read row N-1 (in bounds) and are never stored.
-    let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
-    let rbg = params[4] + e * params[3] + rows;
-    let rbu = params[5] + e * params[3] + rows;
-    var ag = vec4<f32>(0.0);
-    var au = vec4<f32>(0.0);
-    var c = t;
-    // UNROLL 2: two steps' loads (x and weights) before their math, the sums added in the same order.
-    if (UNROLL == 2u) {
-      loop {
-        if (c + TEAM >= nc) {
-          break;
-        }
-        let c1 = c + TEAM;
-        let xk0 = x_chunk(xb, k, c);
-        let xk1 = x_chunk(xb, k, c1);
-        let lg0 = load_rows(rbg, c);
-        let lg1 = load_rows(rbg, c1);
-        if (GATE_UP) {
-          let lu0 = load_rows(rbu, c);
-          let lu1 = load_rows(rbu, c1);
-          ag += xk0.d * rows_dot(rbg, c, lg0, xk0);
-          au += xk0.d * rows_dot(rbu, c, lu0, xk0);
-          ag += xk1.d * rows_dot(rbg, c1, lg1, xk1);
-          au += xk1.d * rows_dot(rbu, c1, lu1, xk1);
-        } else {
-          ag += xk0.d * rows_dot(rbg, c, lg0, xk0);
-          ag += xk1.d * rows_dot(rbg, c1, lg1, xk1);
-        }
-        c += 2u * TEAM;
-      }
-    }
-    for (; c < nc; c += TEAM) {
-      let xk = x_chunk(xb, k, c);
-      let lg = load_rows(rbg, c);
-      if (GATE_UP) {
-        let lu = load_rows(rbu, c);
-        ag += xk.d * rows_dot(rbg, c, lg, xk);
-        au += xk.d * rows_dot(rbu, c, lu, xk);
-      } else {
-        ag += xk.d * rows_dot(rbg, c, lg, xk);
-      }
-    }
-    block_out(lid, team, t, wb, col, n, ag, au);
   }
 }

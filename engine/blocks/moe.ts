@@ -471,17 +471,10 @@ export async function expertsQ8(
   xq8?: Binding,
 ) {
   // x already rounded (moe_route XQ): read it as it is; otherwise XIN rounds it in every workgroup and
-  // workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS, and every width other
-  // BLOCKS and UNROLL (the same bits).
+  // workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS (the same bits).
   const pass = shape.gateUp ? "gateUp" : "down";
-  const t = g.opts.moeTuning;
-  const rows = g.n > 1 && g.n <= g.maxCols ? t?.batchedQ8Rows?.[pass] : undefined;
-  const c = moeMatvecQ8Constants(shape, undefined, {
-    xin: !xq8,
-    rows,
-    blocks: t?.q8Blocks?.[pass],
-    unroll: t?.q8Unroll?.[pass],
-  });
+  const rows = g.n > 1 && g.n <= g.maxCols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
+  const c = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
   const b: MoeMatvecQ8Bindings = {
     params: g.storage(moeMatvecParams(shape)),
     ids,

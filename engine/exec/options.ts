@@ -63,17 +63,14 @@ export interface StageOptions {
    * `moeMatvecConstants`' defaults: a benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-*
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).
    * `batchedQ8Rows`: ROWS of the int8-x expert passes (moe_matvec_q8) of batched steps and short chunks, the
-   * same bits as the solo step's ROWS (each row sums its chunks in the same order); bench/decode.ts
-   * --batched-q8-rows. `q8Blocks` and `q8Unroll`: BLOCKS and UNROLL of every int8-x expert pass of up to
-   * MATVEC_MAX_COLS tokens (solo and batched steps, short chunks), the same bits as the default (1 and 1);
-   * bench/decode.ts --q8-blocks, --q8-unroll.
+   * same bits as the solo step's ROWS at the default TEAM (≤ 16: each row sums its chunks and its team's
+   * partials in the same order); bench/decode.ts
+   * --batched-q8-rows.
    */
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly q8Blocks?: { readonly gateUp?: number; readonly down?: number };
-    readonly q8Unroll?: { readonly gateUp?: number; readonly down?: number };
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob

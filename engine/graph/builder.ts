@@ -83,8 +83,6 @@ export interface GraphOptions {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly q8Blocks?: { readonly gateUp?: number; readonly down?: number };
-    readonly q8Unroll?: { readonly gateUp?: number; readonly down?: number };
   };
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number; readonly q8bRows?: number };
   readonly fuseDecodeRoute: boolean;

@@ -91,25 +91,30 @@ export function gdnChunkScan(
 export const GDN_CHUNK_NORM: KernelSpec = {
   name: "gdn_chunk_norm",
   url: new URL("./gdn_chunk_norm.wgsl", import.meta.url),
-  lib: ["rms"],
-  constants: { N_V: "u32", D_V: "u32", Z_COL: "u32", EPS: "f32" },
+  lib: ["rms", "q8pack"],
+  constants: { N_V: "u32", D_V: "u32", Z_COL: "u32", EPS: "f32", QX: "bool", LAYOUT: "u32" },
 };
 
 /**
  * Constants of `gdn_chunk_norm` for a layer's `c`: z's tokens (or a batched step's columns) `zCol` words apart,
- * default N_V·D_V (back to back; a fused in-projection's column stride otherwise).
- * @throws {RangeError} when zCol is shorter than one token's z
+ * default N_V·D_V (back to back; a fused in-projection's column stride otherwise). `qx`: also round the output
+ * to int8 into the `xq` binding, in the byte order `layout` (`q8Layout` of the output projection's weights).
+ * @throws {RangeError} when zCol is shorter than one token's z, or QX with D_V not a multiple of 32
  */
 export function gdnNormConstants(
   c: { readonly N_V: number; readonly D_V: number; readonly EPS: number },
   zCol = c.N_V * c.D_V,
-): { N_V: number; D_V: number; Z_COL: number; EPS: number } {
+  qx?: { readonly layout: number },
+): { N_V: number; D_V: number; Z_COL: number; EPS: number; QX: boolean; LAYOUT: number } {
   if (!Number.isInteger(zCol) || zCol < c.N_V * c.D_V) {
     throw new RangeError(
       `gdn_chunk_norm: Z_COL=${zCol} is shorter than one token's z (N_V·D_V = ${c.N_V * c.D_V})`,
     );
   }
-  return { N_V: c.N_V, D_V: c.D_V, Z_COL: zCol, EPS: c.EPS };
+  if (qx && c.D_V % 32 !== 0) {
+    throw new RangeError(`gdn_chunk_norm: QX rounds whole 32-element chunks of a head, but D_V=${c.D_V}`);
+  }
+  return { N_V: c.N_V, D_V: c.D_V, Z_COL: zCol, EPS: c.EPS, QX: qx !== undefined, LAYOUT: qx?.layout ?? 0 };
 }
 
 /** Binding order of `gdn_chunk_prep` (binding i = entry i); `wsQkw`, `wsUp` are the scratch. */
@@ -130,7 +135,7 @@ export const GDN_CHUNK_PREP_BINDINGS = [
 export const GDN_CHUNK_BINDINGS = ["params", "wsQkw", "wsUp", "state", "y"] as const;
 
 /** Binding order of `gdn_chunk_norm`. */
-export const GDN_CHUNK_NORM_BINDINGS = ["params", "z", "normW", "y"] as const;
+export const GDN_CHUNK_NORM_BINDINGS = ["params", "z", "normW", "y", "xq"] as const;
 
 /** The two scratch buffers of the chunked prefill; sizes from {@linkcode gdnChunkScratchBytes}. */
 export interface GdnChunkScratch {
@@ -221,7 +226,8 @@ export function gdnChunkDispatches(
   opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number; scan?: GdnChunkScan },
 ): GdnChunkDispatch[] {
   checkGdnChunk(c, opts);
-  const all = { ...opts.bindings, ...opts.scratch };
+  // The norm's xq binding (QX only; prefill does not round here) takes a scratch buffer it does not touch.
+  const all = { ...opts.bindings, ...opts.scratch, xq: opts.scratch.wsQkw };
   const blocks = Math.ceil(opts.maxTokens / GDN_CHUNK_TOKENS);
   const s = gdnChunkScan(c, opts.scan);
   return [

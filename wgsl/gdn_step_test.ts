@@ -121,7 +121,8 @@ async function record(
     if (gdnStepNeedsNorm(c)) {
       // SPLIT > 1: y holds o; the gated norm runs as its own dispatch, as in the engine.
       pass.setPipeline(normPipe);
-      pass.setBindGroup(0, bindGroup(device, normPipe, GDN_CHUNK_NORM_BINDINGS.map((k) => bindings[k])));
+      const nb = { ...bindings, xq: mk(poisoned(device, 1)) }; // QX off: any buffer
+      pass.setBindGroup(0, bindGroup(device, normPipe, GDN_CHUNK_NORM_BINDINGS.map((k) => nb[k])));
       pass.dispatchWorkgroups(c.N_V, n);
     }
     if (n > 1) {
@@ -475,7 +476,11 @@ async function recordColumns(
   });
   if (gdnStepNeedsNorm(c)) {
     const normPipe = await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c, c.Z_COL));
-    const nb = { ...bindings, params: mk(upload(device, Uint32Array.of(0, nCol))) };
+    const nb = {
+      ...bindings,
+      params: mk(upload(device, Uint32Array.of(0, nCol))),
+      xq: mk(poisoned(device, 1)),
+    };
     pass.setPipeline(normPipe);
     pass.setBindGroup(0, bindGroup(device, normPipe, GDN_CHUNK_NORM_BINDINGS.map((k) => nb[k])));
     pass.dispatchWorkgroups(c.N_V, nCol);

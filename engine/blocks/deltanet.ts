@@ -18,7 +18,7 @@ import {
 } from "../graph/builder.ts";
 import type { GpuTensor } from "../gpu/weights.ts";
 import { assert } from "../errors.ts";
-import { columnProjections, outProj } from "./linear.ts";
+import { columnProjections, outProj, outProjQ8, q8Given, type Q8Target } from "./linear.ts";
 import {
   checkGdnStep,
   GDN_STEP,
@@ -133,6 +133,8 @@ export async function deltaNet(
     // gdn_chunk_norm reads for n tokens, and of z at t·Z_COL; each (head, column) alone, so the bits equal
     // per-slot norms).
     const nCol = cx.batch.slots.length;
+    // The norm also writes ssm_out's int8 x (QX), where the mat-vec would round it in a dispatch of its own.
+    const qx = gdnStepNeedsNorm(c) ? outProjQ8(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!) : undefined;
     await gdnStepNorm(
       g,
       `L${l}.gdn_norm`,
@@ -145,7 +147,9 @@ export async function deltaNet(
       },
       nCol,
       stride,
+      qx,
     );
+    if (qx) q8Given(g, A.y!, lw.t("ssm_out"), qx);
     await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
     return;
   }
@@ -165,6 +169,7 @@ export async function deltaNet(
     state,
     y: A.y!,
   };
+  let qx: Q8Target | undefined;
   if (n > MATVEC_MAX_COLS) {
     assert(tCol === 0, `L${l}: a prefill chunk's in-projections are the matmul's, one binding each`);
     // Prefill: the chunked (WY) form, parallel within each 64-token block (spec §8.6); equal to the
@@ -182,7 +187,9 @@ export async function deltaNet(
       GDN_STEP_BINDINGS.map((k) => bindings[k]),
       gdnStepGrid(c),
     );
-    await gdnStepNorm(g, `L${l}.gdn_norm`, c, bindings, n, tCol || undefined);
+    // A short chunk's norm writes ssm_out's int8 x too (as a batched step's, above).
+    qx = gdnStepNeedsNorm(c) ? outProjQ8(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!) : undefined;
+    await gdnStepNorm(g, `L${l}.gdn_norm`, c, bindings, n, tCol || undefined, qx);
   }
   if (n > 1) {
     const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV, T_COL: tCol };
@@ -196,6 +203,8 @@ export async function deltaNet(
       gdnConvRingGrid(rc),
     );
   }
+  // The conv ring's dispatch between the norm and ssm_out does not touch y.
+  if (qx) q8Given(g, A.y!, lw.t("ssm_out"), qx);
   await outProj(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!, A.t!, A.h!);
 }
 
@@ -283,7 +292,8 @@ async function batchedStep(
 
 /**
  * After a split `gdn_step` (SPLIT > 1, y holds o): the gated norm of its n tokens (or a batched step's n
- * columns, z's `zCol` words apart) in place (spec §8.7).
+ * columns, z's `zCol` words apart) in place (spec §8.7); with `qx` also rounded to int8 there
+ * ({@linkcode outProjQ8}).
  */
 export async function gdnStepNorm(
   g: GraphBuilder,
@@ -292,13 +302,15 @@ export async function gdnStepNorm(
   b: Pick<GdnStepBindings, "params" | "z" | "normW" | "y">,
   n: number,
   zCol?: number,
+  qx?: Q8Target,
 ) {
   if (!gdnStepNeedsNorm(c)) return;
+  const all = { ...b, xq: qx?.binding ?? g.scratch() };
   await g.push(
     label,
     GDN_CHUNK_NORM,
-    gdnNormConstants(c, zCol),
-    GDN_CHUNK_NORM_BINDINGS.map((k) => b[k]),
+    gdnNormConstants(c, zCol, qx),
+    GDN_CHUNK_NORM_BINDINGS.map((k) => all[k]),
     [c.N_V, n, 1],
   );
 }

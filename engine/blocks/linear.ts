@@ -584,6 +584,42 @@ export async function outProj(
   else await matvec(g, label, w, x, t, g.n);
 }
 
+/** Where a producer writes the int8 x of a mat-vec's columns (see {@linkcode outProjQ8}). */
+export interface Q8Target {
+  /** The region the mat-vec's own quantize_q8 would have written (the int8 log's, or the graph's buffer). */
+  readonly binding: Binding;
+  /** Its byte order (`q8Layout` of the weights). */
+  readonly layout: number;
+}
+
+/**
+ * Where {@linkcode outProj} of x through `w` would round its columns to int8 itself (int8 x, 2 to 16 columns:
+ * one quantize_q8, then matvec_q8b), so that the kernel producing x can write that int8 x instead: call
+ * {@linkcode q8Given} just before outProj and the mat-vec skips its quantize. Undefined where it takes another
+ * path (f32 x, one column, a prefill chunk, a deferred norm of x). Takes the int8 log's region for the
+ * mat-vec's label, as the mat-vec would: call it where the mat-vec's rounding is the next one logged.
+ */
+export function outProjQ8(g: GraphBuilder, label: string, w: GpuTensor, x: GPUBuffer): Q8Target | undefined {
+  const type = typeName(w);
+  const k = w.ne[0]!;
+  const cols = g.n;
+  if (
+    !outProjAdds(g) || !g.opts.int8Activations || cols < 2 || cols > MATVEC_Q8B_MAX_BATCH ||
+    !MATVEC_Q8_TYPES.includes(type) || q8xBytes(k) % 16 !== 0 || g.pending?.y === x
+  ) {
+    return undefined;
+  }
+  const bytes = cols * q8xBytes(k);
+  const binding = g.logRegion(`${label}+residual`, k, type, cols) ??
+    { buffer: sharedXq(g, k), offset: 0, size: bytes };
+  return { binding, layout: q8Layout(type) };
+}
+
+/** After the pushes that wrote `t` (the int8 x of x's columns for `w`): the next mat-vec of x reads it. */
+export function q8Given(g: GraphBuilder, x: GPUBuffer, w: GpuTensor, t: Q8Target): void {
+  g.lastQ8 = { x, k: w.ne[0]!, layout: t.layout, cols: g.n, regions: [t.binding], at: g.ops.length };
+}
+
 /** Whether {@linkcode outProj} adds into h itself (mat-vec columns), so no residual add follows it. */
 export function outProjAdds(g: GraphBuilder): boolean {
   return g.n <= g.maxCols;

@@ -7,7 +7,9 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next calls should measure first: `bits` after any change to a batched kernel, `batched` against
+# What the next call should measure first: `confirm` (the twenty-ninth session's last tree reached 4.01x and
+# 5.06x at 8 and 16 slots in ONE run; three more, the bits, and the service under its defaults). Then:
+# `bits` after any change to a batched kernel, `batched` against
 # the last tree's (`H200_TREE=.oldtree`), then `serve18`, `split3` and `combine smallchunk` after changes to
 # the batched step or the expert kernels (the twenty-sixth session measured serve18 with the rewind points by
 # copy_regions: 8 streams over HTTP 0.975x, one stream's TTFT +14.1 ms). The benches and the commands they
@@ -55,6 +57,8 @@
 #              64-token prompt: a 56-token piece, the prompt-boundary snapshot, the 8-token rest; DECODE_FLAGS:
 #              more flags for its runs, e.g. --int8-experts for an older tree's numerics)
 #   rest8      restprofile's 8-token chunk alone (a short call; DECODE_FLAGS as there)
+#   confirm    #20: solo, 8 and 16 slots three times (the ratios' spread), bits, then serve18 and late1 (the
+#              service and HTTP under the defaults); about 300 s with the model written first
 #   rowsq      #20: solo, 8 and 16 slots with the defaults (DECODE_FLAGS: the knobs that give an older tree's
 #              run the same numerics and ROWS, for an A/B with H200_TREE)
 #   rowsq4     #20: the same with matvec_q8b at ROWS 4 (--q8b-rows 4), and batch_bits with the defaults and at
@@ -215,6 +219,17 @@ for step in "$@"; do
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       run int8experts 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         --f32-experts
+      ;;
+    confirm)
+      ensure_model
+      for i in 1 2 3; do
+        run confirm 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
+      done
+      run confirm 60 $D bench/batch_bits.ts --model "$model"
+      run confirm 150 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 \
+        --modes http,direct --head-flags="--cached-only"
+      run confirm 90 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
+        --late 2048
       ;;
     rowsq)
       ensure_model

@@ -70,8 +70,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         amax = max(amax, q8x_amax4(yw[8u * c + q]));
       }
       let dv = q8x_d(amax);
-      let lo = yw[8u * c + select(m, m / 2u, LAYOUT == 1u)];
-      let hi = yw[8u * c + 4u + m / 2u];
+      let wq = q8x_word_quads(LAYOUT, m);
+      let lo = yw[8u * c + wq.x];
+      let hi = yw[8u * c + wq.y];
       let gc = h * (D_V / 32u) + c;
       xq[qo + 8u * gc + m] = q8x_word(LAYOUT, m, lo, hi, dv.y);
       if (m == 0u) {

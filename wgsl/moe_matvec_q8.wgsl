@@ -82,8 +82,9 @@ fn round_x(lid: u32, xc: u32, k: u32, log: bool) {
       amax = max(amax, q8x_amax4(bitcast<vec4<f32>>(xq[xb + 8u * c + j])));
     }
     let dv = q8x_d(amax);
-    let lo = bitcast<vec4<f32>>(xq[xb + 8u * c + select(m, m / 2u, X_LAYOUT == 1u)]);
-    let hi = bitcast<vec4<f32>>(xq[xb + 8u * c + 4u + m / 2u]);
+    let wq = q8x_word_quads(X_LAYOUT, m);
+    let lo = bitcast<vec4<f32>>(xq[xb + 8u * c + wq.x]);
+    let hi = bitcast<vec4<f32>>(xq[xb + 8u * c + wq.y]);
     let w = q8x_word(X_LAYOUT, m, lo, hi, dv.y);
     xw[2u * c + m / 4u][m % 4u] = w;
     if (m == 0u) {

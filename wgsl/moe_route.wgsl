@@ -54,8 +54,9 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
         amax = max(amax, q8x_amax4(xs[8u * c + j]));
       }
       let dv = q8x_d(amax);
-      let lo = xs[8u * c + select(m, m / 2u, LAYOUT == 1u)];
-      let hi = xs[8u * c + 4u + m / 2u];
+      let wq = q8x_word_quads(LAYOUT, m);
+      let lo = xs[8u * c + wq.x];
+      let hi = xs[8u * c + wq.y];
       xq[o + 8u * c + m] = q8x_word(LAYOUT, m, lo, hi, dv.y);
       if (m == 0u) {
         xq[o + 8u * KC + c] = bitcast<u32>(dv.x);

@@ -34,15 +34,6 @@ struct Params {
 
 const WG: u32 = 256u;
 
-// Quad i of x (element 4i) of the column at x_off, normed with `scale` (NORM) as q8x_chunk norms it.
-fn quad_v(x_off: u32, i: u32, scale: f32) -> vec4<f32> {
-  let v = x[(x_off >> 2u) + i];
-  if (NORM == 1u) {
-    return v * scale * nw[i];
-  }
-  return v;
-}
-
 // QUADS: quad word i of the column (chunk c = i / 8, word m = i % 8): the chunk's largest |v| from all eight
 // quads (each of the chunk's invocations finds the same), word m in LAYOUT order, the scale (m = 0), and
 // quad m of the normed or rounded x.
@@ -53,23 +44,26 @@ fn quad_word(i: u32, x_off: u32, col: u32, scale: f32) {
   }
   let c = i / 8u;
   let m = i % 8u;
+  // The chunk's first quad in x (in the norm weight: 8c).
+  let xb = (x_off >> 2u) + 8u * c;
   var amax = 0.0;
   for (var j = 0u; j < 8u; j++) {
-    amax = max(amax, q8x_amax4(quad_v(x_off, 8u * c + j, scale)));
+    amax = max(amax, q8x_amax4(q8x_quad(xb + j, 8u * c + j, scale)));
   }
   let dv = q8x_d(amax);
-  let lo = quad_v(x_off, 8u * c + select(m, m / 2u, LAYOUT == 1u), scale);
-  let hi = quad_v(x_off, 8u * c + 4u + m / 2u, scale);
+  let wq = q8x_word_quads(LAYOUT, m);
+  let lo = q8x_quad(xb + wq.x, 8u * c + wq.x, scale);
+  let hi = q8x_quad(xb + wq.y, 8u * c + wq.y, scale);
   let qo = col * (k / 4u + k / 32u);
   xq[qo + i] = q8x_word(LAYOUT, m, lo, hi, dv.y);
   if (m == 0u) {
     xq[qo + k / 4u + c] = bitcast<u32>(dv.x);
   }
   if (NORM == 1u) {
-    xn[(x_off >> 2u) + i] = quad_v(x_off, i, scale);
+    xn[xb + m] = q8x_quad(xb + m, i, scale);
   }
   if (ROUND == 1u) {
-    xn[(x_off >> 2u) + i] = vec4<f32>(q8x_q4(quad_v(x_off, i, scale), dv.y)) * dv.x;
+    xn[xb + m] = vec4<f32>(q8x_q4(q8x_quad(xb + m, i, scale), dv.y)) * dv.x;
   }
 }
 

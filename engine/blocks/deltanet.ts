@@ -125,6 +125,10 @@ export async function deltaNet(
   // A short chunk's fused in-projections: one [qkv | z | b | a] output per token, colStride words apart.
   const tCol = cx.batch ? 0 : inp.colStride ?? 0;
   const c: GdnStepConstants = { ...c0, A_OFF: aOff, T_COL: tCol };
+  // Where the gated norm runs as a dispatch of its own, it also writes ssm_out's int8 x (QX) when ssm_out
+  // would round it in a quantize_q8 of its own (a batched step, a short chunk).
+  const ssmOutQ8 = () =>
+    gdnStepNeedsNorm(c) ? outProjQ8(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!) : undefined;
   if (cx.batch) {
     const stride = inp.colStride;
     assert(stride !== undefined, `L${l}: a batched step's in-projections come from batchedInputs`);
@@ -133,8 +137,7 @@ export async function deltaNet(
     // gdn_chunk_norm reads for n tokens, and of z at t·Z_COL; each (head, column) alone, so the bits equal
     // per-slot norms).
     const nCol = cx.batch.slots.length;
-    // The norm also writes ssm_out's int8 x (QX), where the mat-vec would round it in a dispatch of its own.
-    const qx = gdnStepNeedsNorm(c) ? outProjQ8(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!) : undefined;
+    const qx = ssmOutQ8();
     await gdnStepNorm(
       g,
       `L${l}.gdn_norm`,
@@ -187,8 +190,7 @@ export async function deltaNet(
       GDN_STEP_BINDINGS.map((k) => bindings[k]),
       gdnStepGrid(c),
     );
-    // A short chunk's norm writes ssm_out's int8 x too (as a batched step's, above).
-    qx = gdnStepNeedsNorm(c) ? outProjQ8(g, `L${l}.ssm_out`, lw.t("ssm_out"), A.y!) : undefined;
+    qx = ssmOutQ8();
     await gdnStepNorm(g, `L${l}.gdn_norm`, c, bindings, n, tCol || undefined, qx);
   }
   if (n > 1) {

@@ -76,8 +76,8 @@ export interface StageOptions {
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
    * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other
    * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
-   * `q8bRows`: ROWS of the batched int8 mat-vecs (matvec_q8b, 1 or 2; default 1), bench/decode.ts
-   * --q8b-rows (bench/batch_bits.ts --q8b-rows checks the bits).
+   * `q8bRows`: ROWS of the batched int8 mat-vecs (matvec_q8b, 1 to 4; default `MATVEC_Q8B_ROWS`, 2: the
+   * same bits at any ROWS), bench/decode.ts --q8b-rows (bench/batch_bits.ts --q8b-rows checks the bits).
    */
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number; readonly q8bRows?: number };
   /**

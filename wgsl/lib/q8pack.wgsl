@@ -32,6 +32,13 @@ fn q8x_d(amax: f32) -> vec2<f32> {
   return vec2<f32>(d, select(0.0, 1.0 / d, d > 0.0));
 }
 
+// The element quads of a chunk that quad word m reads in byte order `order` (q8x_word's lo and hi): order 0
+// lo = quad m (hi unused); order 1 lo = quad m / 2, hi = quad 4 + m / 2. Every kernel that rounds one quad
+// word per invocation loads them from here.
+fn q8x_word_quads(order: u32, m: u32) -> vec2<u32> {
+  return vec2<u32>(select(m, m / 2u, order == 1u), 4u + m / 2u);
+}
+
 // Quad word m of a chunk in byte order `order` (a LAYOUT), from its element quads: order 0 reads lo = v[m];
 // order 1 lo = v[m / 2] and hi = v[4 + m / 2] (word m takes their x, y (m even) or z, w (m odd) halves).
 fn q8x_word(order: u32, m: u32, lo: vec4<f32>, hi: vec4<f32>, inv: f32) -> u32 {

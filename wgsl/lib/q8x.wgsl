@@ -19,6 +19,16 @@ fn q8x_scale(lid: u32, x_off: u32, k: u32) -> f32 {
   return rms_scale(lid, ss, k, EPS);
 }
 
+// Quad q of x, normed with `scale` and the norm weight's quad n (NORM): the one expression every rounding of
+// a normed x uses (q8x_chunk, quantize_q8's quad words), so that they give the same bits.
+fn q8x_quad(q: u32, n: u32, scale: f32) -> vec4<f32> {
+  let v = x[q];
+  if (NORM == 1u) {
+    return v * scale * nw[n];
+  }
+  return v;
+}
+
 // Chunk c of the x whose quad c·8 sits at quad index xb (x_off / 4 + 8c), normed with `scale` (NORM). The
 // values go straight into the chunk and q8x_fill rounds them in place (a chunk assembled from an array
 // argument ran several times slower in matvec_q8_fused's prologue on the H200, docs/PERF.md).
@@ -26,10 +36,7 @@ fn q8x_chunk(xb: u32, c: u32, scale: f32) -> Q8xChunk {
   var out: Q8xChunk;
   var amax = 0.0;
   for (var m = 0u; m < 8u; m++) {
-    var v = x[xb + m];
-    if (NORM == 1u) {
-      v = v * scale * nw[8u * c + m];
-    }
+    let v = q8x_quad(xb + m, 8u * c + m, scale);
     out.v[m] = v;
     amax = max(amax, q8x_amax4(v));
   }

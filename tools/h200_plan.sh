@@ -57,7 +57,8 @@
 #              64-token prompt: a 56-token piece, the prompt-boundary snapshot, the 8-token rest; DECODE_FLAGS:
 #              more flags for its runs, e.g. --int8-experts for an older tree's numerics)
 #   rest8      restprofile's 8-token chunk alone (a short call; DECODE_FLAGS as there)
-#   confirm    #20: solo, 8 and 16 slots three times (the ratios' spread), bits, then serve18 and late1 (the
+#   confirm    #20: solo, 2, 4, 8 and 16 slots, then solo, 8 and 16 twice more (the ratios' spread), bits,
+#              then serve18 (1, 2, 4, 8 streams) and late1 (the
 #              service and HTTP under the defaults); about 300 s with the model written first
 #   rowsq      #20: solo, 8 and 16 slots with the defaults (DECODE_FLAGS: the knobs that give an older tree's
 #              run the same numerics and ROWS, for an A/B with H200_TREE)
@@ -222,11 +223,12 @@ for step in "$@"; do
       ;;
     confirm)
       ensure_model
-      for i in 1 2 3; do
+      run confirm 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,2,4,8,16
+      for i in 2 3; do
         run confirm 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       done
       run confirm 60 $D bench/batch_bits.ts --model "$model"
-      run confirm 150 $D bench/serve.ts --model "$model" --levels 1,8 --n 128 --prompt 64 --ctx 4096 \
+      run confirm 200 $D bench/serve.ts --model "$model" --levels 1,2,4,8 --n 128 --prompt 64 --ctx 4096 \
         --modes http,direct --head-flags="--cached-only"
       run confirm 90 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
         --late 2048

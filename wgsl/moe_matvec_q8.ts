@@ -117,24 +117,6 @@ export function moeMatvecQ8Fits(shape: MoeMatvecShape): boolean {
     (shape.offUpBytes ?? 0) % align === 0;
 }
 
-/** Workgroup memory of one variant, in bytes (the IQ4_XS table counted whatever the type). */
-export function moeMatvecQ8WorkgroupBytes(c: MoeMatvecQ8Constants): number {
-  const wgRows = (256 / c.TEAM) * c.ROWS;
-  const mats = c.GATE_UP ? 2 : 1;
-  return 1024 + 1024 * c.ROWS * mats * c.GROUP + (c.QOUT ? 4 * wgRows : 16) +
-    (c.XIN ? 36 * c.KC * c.GROUP : 20) + (c.GROUP > 1 ? 64 + 4 * c.GROUP : 12);
-}
-
-/**
- * The largest GROUP up to `want` whose workgroup memory fits `maxBytes` (the device's workgroup storage):
- * each column of a run keeps its sums there (1 KiB per ROWS and matrix).
- */
-export function moeMatvecQ8GroupFit(c: MoeMatvecQ8Constants, want: number, maxBytes: number): number {
-  let g = Math.max(1, Math.min(want, MOE_Q8_GROUP_MAX));
-  while (g > 1 && moeMatvecQ8WorkgroupBytes({ ...c, GROUP: g }) > maxBytes) g--;
-  return g;
-}
-
 /** Dispatch grid: row blocks × columns (routed and shared). */
 export function moeMatvecQ8Grid(shape: MoeMatvecShape, c: MoeMatvecQ8Constants): [number, number, number] {
   return [Math.ceil(shape.n / ((256 / c.TEAM) * c.ROWS)), shape.nCols + (shape.sharedCols ?? 0), 1];

@@ -30,17 +30,15 @@
 // whatever the ROWS, so ROWS gives the same bits; above 16 it does not.
 // GROUP > 1: columns that share an expert share a workgroup column, which loads and decodes each chunk once
 // for all of them. The routed columns of expert e, in column order, form runs of GROUP (the shared columns
-// likewise): the workgroup column of a run's first column computes the run (up to GROUP columns), the
-// others' workgroups return at once. It finds its run from a bit mask of the columns whose id is e
-// (n_routed <= 256), written by one invocation per id. A run of one takes the one-column path; a longer one
-// keeps each column's per-invocation sums in workgroup memory (partial, one region per column: no private
-// arrays, whose registers would cost every path), added in the one-column path's order: the same bits.
-// Workgroup y walks the shared columns first (their runs are the longest).
+// likewise): the workgroup column of a run's first column computes the run (up to GROUP columns; each
+// column's sums in the order of a one-column workgroup: the same bits), the others' workgroups return at
+// once. It finds its run from a bit mask of the columns whose id is e (n_routed <= 256), written by one
+// invocation per id. Workgroup y walks the shared columns first (their runs are the longest).
 // Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN:
 //   K/32, else 1), GROUP (1..8): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0;
 //   not both QOUT and XIN; QOUT needs GROUP 1).
-// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2)·GROUP + 4·WG_ROWS (QOUT) + 36·KC·GROUP (XIN)
-// + 64 + 4·GROUP (GROUP > 1) bytes.
+// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC·GROUP (XIN) + 64
+// (GROUP > 1) bytes.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -63,11 +61,9 @@ var<workgroup> sw: array<f32, select(1u, KC * GROUP, XIN)>;
 const GROUPED: bool = GROUP > 1u;
 var<workgroup> pick: array<atomic<u32>, select(1u, 8u, GROUPED)>;
 var<workgroup> pickw: array<u32, select(1u, 8u, GROUPED)>;
-// The run's columns.
-var<workgroup> runc: array<u32, GROUP>;
 
-// partial[((m · MATS + mat) · WG_ROWS + local row) · TEAM + t] for the run's column m
-var<workgroup> partial: array<f32, WG * ROWS * MATS * GROUP>;
+// partial[(m · WG_ROWS + local row) · TEAM + t]
+var<workgroup> partial: array<f32, WG * ROWS * MATS>;
 // QOUT: the workgroup's rows of y, four per quad.
 var<workgroup> yv: array<vec4<f32>, select(1u, WG_ROWS / 4u, QOUT)>;
 
@@ -87,19 +83,13 @@ fn x_chunk(xb: u32, k: u32, c: u32, m: u32) -> XChunk {
   return XChunk(xq[q + 2u * c], xq[q + 2u * c + 1u], bitcast<f32>(xq[s >> 2u][s & 3u]));
 }
 
-// The x column of column col (routed: its token's; shared: its own).
-fn x_col(col: u32) -> u32 {
-  let n_routed = params[8];
-  return select(col - n_routed + params[10], col / params[7], col < n_routed);
-}
-
-// XIN: rounds the f32 x columns of the run's mn columns (col alone, or runc; quads from xq quad xc·K/4, as
-// bits) to int8 into xw and sw (column m at chunk m·KC), one invocation per quad word (each computes its
-// chunk's scale: the same bits); workgroups (0, ·) also write them to yq at word xc·9K/32 in quantize_q8's
-// format. Every invocation calls it (barrier).
-fn round_x(lid: u32, col: u32, mn: u32, k: u32, log: bool) {
+// XIN: rounds the run's f32 x columns xcs[0..mn) (quads from xq quad xc·K/4, as bits) to int8 into xw and sw
+// (column m at chunk m·KC), one invocation per quad word (each computes its chunk's scale: the same bits);
+// workgroups (0, ·) also write them to yq at word xc·9K/32 in quantize_q8's format. Every invocation calls it
+// (barrier).
+fn round_x(lid: u32, xcs: array<u32, GROUP>, mn: u32, k: u32, log: bool) {
   for (var i = lid; i < 8u * KC * mn; i += WG) {
-    let xc = x_col(select(runc[i / (8u * KC)], col, mn == 1u));
+    let xc = xcs[i / (8u * KC)];
     let xb = xc * (k / 4u);
     let cm = i / 8u;
     let c = cm % KC;
@@ -183,31 +173,17 @@ fn rows_dec_dot(d: RowsDec, xk: XChunk) -> vec4<f32> {
   return r;
 }
 
-// The set bits of the id mask below bit i (i <= 256).
-fn rank_below(words: array<u32, select(1u, 8u, GROUPED)>, i: u32) -> u32 {
-  var r = 0u;
-  for (var j = 0u; j < 8u; j++) {
-    let below = select(select(0u, (1u << (i % 32u)) - 1u, j == i / 32u), 0xFFFFFFFFu, j < i / 32u);
-    r += countOneBits(words[j] & below);
-  }
-  return r;
-}
-
-// One invocation per row of row block w and column of the run adds its team's partials into y (each row's
-// run read from a rotating start: consecutive invocations hit different banks); QOUT keeps the rows in yv.
-// col: the column of a run of one (mn 1); longer runs' columns from runc.
-fn reduce_rows(lid: u32, w: u32, n: u32, col: u32, mn: u32) {
-  for (var i = lid; i < WG_ROWS * mn; i += WG) {
-    let m = i / WG_ROWS;
-    let o = i % WG_ROWS;
-    let pg = (m * MATS * WG_ROWS + o) * TEAM;
+// One invocation per row of row block w adds its team's partials into y column col (each row's run read from
+// a rotating start: consecutive invocations hit different banks); QOUT keeps the rows in yv.
+fn reduce_rows(lid: u32, w: u32, n: u32, col: u32) {
+  for (var o = lid; o < WG_ROWS; o += WG) {
     var s0 = 0.0;
     var s1 = 0.0;
     for (var q = 0u; q < TEAM; q++) {
       let j = (q + o) % TEAM;
-      s0 += partial[pg + j];
+      s0 += partial[o * TEAM + j];
       if (GATE_UP) {
-        s1 += partial[pg + WG_ROWS * TEAM + j];
+        s1 += partial[(WG_ROWS + o) * TEAM + j];
       }
     }
     var v = s0;
@@ -215,12 +191,8 @@ fn reduce_rows(lid: u32, w: u32, n: u32, col: u32, mn: u32) {
       v = silu(s0) * s1;
     }
     let row = w * WG_ROWS + o;
-    var yc = col;
-    if (mn > 1u) {
-      yc = runc[m];
-    }
     if (row < n) {
-      y[yc * n + row] = v;
+      y[col * n + row] = v;
     }
     if (QOUT) {
       yv[o / 4u][o % 4u] = v;
@@ -248,8 +220,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   if (col < n_routed) {
     e = ids[col];
   }
-  // The run: mn columns from col (runc; a run of one: col alone).
+  // The run's columns mc[0..mn) (mc[0] = col) and their x columns.
+  var mc: array<u32, GROUP>;
   var mn = 1u;
+  mc[0] = col;
   if (GROUPED) {
     if (col < n_routed) {
       for (var i = lid; i < n_routed; i += WG) {
@@ -262,16 +236,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         pickw[lid] = atomicLoad(&pick[lid]);
       }
       let words = workgroupUniformLoad(&pickw);
-      let before = rank_below(words, col);
+      let cw = col / 32u;
+      let below = (1u << (col % 32u)) - 1u;
+      var before = countOneBits(words[cw] & below);
+      for (var j = 0u; j < cw; j++) {
+        before += countOneBits(words[j]);
+      }
       if (before % GROUP != 0u) {
         return;
       }
-      mn = min(GROUP, rank_below(words, 256u) - before);
-      // Each picked column at its rank in the run.
-      for (var i = lid; i < n_routed; i += WG) {
-        let r = rank_below(words, i);
-        if (((pickw[i / 32u] >> (i % 32u)) & 1u) == 1u && r >= before && r < before + mn) {
-          runc[r - before] = i;
+      mn = 0u;
+      for (var j = cw; j < 8u; j++) {
+        var m = select(words[j], words[j] & ~below, j == cw);
+        while (m != 0u && mn < GROUP) {
+          mc[mn] = 32u * j + firstTrailingBit(m);
+          mn++;
+          m &= m - 1u;
         }
       }
     } else {
@@ -280,14 +260,17 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         return;
       }
       mn = min(GROUP, n_shared - s);
-      if (lid < mn) {
-        runc[lid] = col + lid;
+      for (var m = 1u; m < GROUP; m++) {
+        mc[m] = col + m;
       }
     }
-    workgroupBarrier();
+  }
+  var xcs: array<u32, GROUP>;
+  for (var m = 0u; m < GROUP; m++) {
+    xcs[m] = select(mc[m] - n_routed + params[10], mc[m] / params[7], mc[m] < n_routed);
   }
   if (XIN) {
-    round_x(lid, col, mn, k, wid.x == 0u);
+    round_x(lid, xcs, mn, k, wid.x == 0u);
   }
   let team = lid / TEAM;
   let t = lid % TEAM;
@@ -296,31 +279,23 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
   let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
   let rbg = params[4] + e * params[3] + rows;
   let rbu = params[5] + e * params[3] + rows;
-  let xs = 9u * k / 32u;
+  var ag: array<vec4<f32>, GROUP>;
+  var au: array<vec4<f32>, GROUP>;
   if (mn == 1u) {
-    let xb = x_col(col) * xs;
-    var ag = vec4<f32>(0.0);
-    var au = vec4<f32>(0.0);
+    let xb = xcs[0] * (9u * k / 32u);
     for (var c = t; c < k / 32u; c += TEAM) {
       let xk = x_chunk(xb, k, c, 0u);
       let lg = load_rows(rbg, c);
       if (GATE_UP) {
         let lu = load_rows(rbu, c);
-        ag += xk.d * rows_dot(rbg, c, lg, xk);
-        au += xk.d * rows_dot(rbu, c, lu, xk);
+        ag[0] += xk.d * rows_dot(rbg, c, lg, xk);
+        au[0] += xk.d * rows_dot(rbu, c, lu, xk);
       } else {
-        ag += xk.d * rows_dot(rbg, c, lg, xk);
-      }
-    }
-    for (var r = 0u; r < ROWS; r++) {
-      partial[(team * ROWS + r) * TEAM + t] = ag[r];
-      if (GATE_UP) {
-        partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = au[r];
+        ag[0] += xk.d * rows_dot(rbg, c, lg, xk);
       }
     }
   } else {
-    // Each chunk loaded and decoded once, then dotted with every column of the run; each column's sums in
-    // its own region of partial (zero at the start), in the chunk order of the one-column path.
+    // Each chunk loaded and decoded once, then dotted with every column of the run.
     for (var c = t; c < k / 32u; c += TEAM) {
       let lg = load_rows(rbg, c);
       var lu: Rows;
@@ -332,24 +307,30 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
       if (GATE_UP) {
         du = rows_dec(rbu, c, lu);
       }
-      for (var m = 0u; m < mn; m++) {
-        let xk = x_chunk(x_col(runc[m]) * xs, k, c, m);
-        let pg = (m * MATS * WG_ROWS + team * ROWS) * TEAM + t;
-        let vg = xk.d * rows_dec_dot(dg, xk);
-        for (var r = 0u; r < ROWS; r++) {
-          partial[pg + r * TEAM] += vg[r];
-        }
-        if (GATE_UP) {
-          let vu = xk.d * rows_dec_dot(du, xk);
-          for (var r = 0u; r < ROWS; r++) {
-            partial[pg + (WG_ROWS + r) * TEAM] += vu[r];
+      for (var m = 0u; m < GROUP; m++) {
+        if (m < mn) {
+          let xk = x_chunk(xcs[m] * (9u * k / 32u), k, c, m);
+          ag[m] += xk.d * rows_dec_dot(dg, xk);
+          if (GATE_UP) {
+            au[m] += xk.d * rows_dec_dot(du, xk);
           }
         }
       }
     }
   }
-  workgroupBarrier();
-  reduce_rows(lid, wid.x, n, col, mn);
+  for (var m = 0u; m < mn; m++) {
+    if (m > 0u) {
+      workgroupBarrier();
+    }
+    for (var r = 0u; r < ROWS; r++) {
+      partial[(team * ROWS + r) * TEAM + t] = ag[m][r];
+      if (GATE_UP) {
+        partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = au[m][r];
+      }
+    }
+    workgroupBarrier();
+    reduce_rows(lid, wid.x, n, mc[m]);
+  }
   if (QOUT) {
     workgroupBarrier();
     let yw = col * (9u * n / 32u);

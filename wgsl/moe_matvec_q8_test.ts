@@ -9,8 +9,6 @@ import {
   type MoeMatvecQ8Constants,
   moeMatvecQ8Constants,
   moeMatvecQ8Grid,
-  moeMatvecQ8GroupFit,
-  moeMatvecQ8WorkgroupBytes,
   q8ColumnWords,
 } from "./moe_matvec_q8.ts";
 import { decodeQ8x, q8Layout, q8xBytes } from "./matvec_q8.ts";
@@ -522,12 +520,4 @@ Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT
   throws(shape, { ...xin, GROUP: 9 }, okXin, /GROUP must be an integer in \[1, 8\], got 9/);
   throws(shape, { ...c, GROUP: 2 }, ok, /QOUT rounds one column per workgroup: use GROUP 1/);
   throws({ ...shape, nCols: 258, xDiv: 258 }, { ...xin, GROUP: 2 }, okXin, /takes up to 256 routed columns/);
-  // Each column of a run keeps 1 KiB of sums per ROWS and matrix: GROUP shrinks to what the device holds.
-  const gu4 = { ...xin, XIN: false, KC: 1, TEAM: 16, ROWS: 4 };
-  assert.equal(moeMatvecQ8GroupFit(gu4, 8, 49152), 5);
-  assert.equal(moeMatvecQ8GroupFit(gu4, 8, 16384), 1);
-  assert.equal(moeMatvecQ8GroupFit({ ...gu4, ROWS: 1 }, 8, 49152), 8);
-  assert.equal(moeMatvecQ8GroupFit({ ...gu4, ROWS: 1 }, 3, 49152), 3);
-  assert.ok(moeMatvecQ8WorkgroupBytes({ ...gu4, GROUP: 5 }) <= 49152);
-  assert.ok(moeMatvecQ8WorkgroupBytes({ ...gu4, GROUP: 6 }) > 49152);
 });

@@ -61,7 +61,6 @@ import {
   moeMatvecQ8Constants,
   moeMatvecQ8Fits,
   moeMatvecQ8Grid,
-  moeMatvecQ8GroupFit,
 } from "../../wgsl/moe_matvec_q8.ts";
 import {
   MOE_ROUTE,
@@ -479,11 +478,14 @@ export async function expertsQ8(
   // Such columns also share a workgroup column where they share an expert (GROUP: the same bits).
   const cols = g.n > 1 && g.n <= g.maxCols;
   const rows = cols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
-  const one = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
-  const want = cols && shape.nCols <= MOE_Q8_GROUP_MAX_ROUTED
+  const group = cols && shape.nCols <= MOE_Q8_GROUP_MAX_ROUTED
     ? g.opts.moeTuning?.batchedQ8Group ?? MOE_Q8_GROUP
     : 1;
-  const c = { ...one, GROUP: moeMatvecQ8GroupFit(one, want, g.device.limits.maxComputeWorkgroupStorageSize) };
+  const c = moeMatvecQ8Constants(shape, undefined, {
+    xin: !xq8,
+    group,
+    ...(rows === undefined ? {} : { rows }),
+  });
   const b: MoeMatvecQ8Bindings = {
     params: g.storage(moeMatvecParams(shape)),
     ids,

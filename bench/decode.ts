@@ -7,9 +7,7 @@
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
  * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--q8b-rows R` the
- * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits), `--batched-q8-group G`
- * the GROUP of the batched int8-x expert passes (StageOptions.moeTuning.batchedQ8Group; 1: a workgroup column
- * per column, the same bits),
+ * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits),
  * `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
@@ -55,7 +53,6 @@ const { values: args } = parseArgs({
     "moe-gate-up": { type: "string" },
     "moe-down": { type: "string" },
     "batched-q8-rows": { type: "string" },
-    "batched-q8-group": { type: "string" },
     "q8b-rows": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
@@ -126,7 +123,6 @@ const moeTuning = {
   gateUp: tuning(args["moe-gate-up"]),
   down: tuning(args["moe-down"]),
   ...(q8Rows ? { batchedQ8Rows: { gateUp: q8Rows[0], down: q8Rows[1] ?? q8Rows[0] } } : {}),
-  ...(args["batched-q8-group"] ? { batchedQ8Group: Number(args["batched-q8-group"]) } : {}),
 };
 using file = await openGguf(path);
 

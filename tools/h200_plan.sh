@@ -60,8 +60,6 @@
 #   confirm    #20: solo, 2, 4, 8 and 16 slots, then solo, 8 and 16 twice more (the ratios' spread), bits,
 #              then serve18 (1, 2, 4, 8 streams) and late1 (the
 #              service and HTTP under the defaults); about 300 s with the model written first
-#   group      #20: solo, 8 and 16 slots with the batched expert passes' default GROUP (8: columns that share an
-#              expert share a workgroup column) beside --batched-q8-group 1, twice; batch_bits at 4 and 16 slots
 #   rowsq      #20: solo, 8 and 16 slots with the defaults (DECODE_FLAGS: the knobs that give an older tree's
 #              run the same numerics and ROWS, for an A/B with H200_TREE)
 #   rowsq4     #20: the same with matvec_q8b at ROWS 4 (--q8b-rows 4), and batch_bits with the defaults and at
@@ -234,16 +232,6 @@ for step in "$@"; do
         --modes http,direct --head-flags="--cached-only"
       run confirm 90 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
         --late 2048
-      ;;
-    group)
-      ensure_model
-      for i in 1 2; do
-        run group 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
-        run group 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
-          --batched-q8-group 1
-      done
-      run group 60 $D bench/batch_bits.ts --model "$model"
-      run group 60 $D bench/batch_bits.ts --model "$model" --slots 16 --n 12
       ;;
     rowsq)
       ensure_model

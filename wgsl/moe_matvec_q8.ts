@@ -28,7 +28,6 @@ export const MOE_MATVEC_Q8: KernelSpec = {
     QOUT: "bool",
     XIN: "bool",
     KC: "u32",
-    GROUP: "u32",
   },
 };
 
@@ -46,24 +45,7 @@ export type MoeMatvecQ8Constants = {
   readonly XIN: boolean;
   /** XIN: K / 32 (the chunks held in workgroup memory); 1 otherwise. */
   readonly KC: number;
-  /**
-   * Columns that share an expert run in one workgroup column, up to GROUP of them, each chunk loaded and
-   * decoded once for all (1..{@linkcode MOE_Q8_GROUP_MAX}; 1: a workgroup column per column). The same bits.
-   */
-  readonly GROUP: number;
 };
-
-/** The most columns one workgroup column of moe_matvec_q8 computes (GROUP). */
-export const MOE_Q8_GROUP_MAX = 8;
-
-/**
- * GROUP of a batched step's int8-x expert passes (StageOptions.moeTuning.batchedQ8Group): the shared
- * expert's columns and routed experts several slots chose run in one workgroup column (docs/PERF.md).
- */
-export const MOE_Q8_GROUP = 8;
-
-/** The most routed columns a grouping moe_matvec_q8 (GROUP > 1) takes: its workgroups' bit mask of ids. */
-export const MOE_Q8_GROUP_MAX_ROUTED = 256;
 
 /** Binding order of `moe_matvec_q8.wgsl`. */
 export const MOE_MATVEC_Q8_BINDINGS = ["params", "ids", "weights", "weights2", "xq", "y", "yq"] as const;
@@ -84,12 +66,12 @@ export function q8ColumnWords(k: number): number {
  * of two ≤ min(16, K/128), ROWS 1 (gate·up [2048 → 2×512] at T16 R1: 10.8 µs with int8 x read, 13.7 with XIN;
  * down [512 → 2048] at T4 R1: 10.7 and 12.8), or 2 at TEAM 16 with QOUT (whole 32-row chunks per workgroup).
  * `outType`: the down weights' type when the gate·up pass should write their int8 x (QOUT); `tuning`
- * overrides TEAM and ROWS and asks for XIN and GROUP.
+ * overrides TEAM and ROWS and asks for XIN.
  */
 export function moeMatvecQ8Constants(
   shape: MoeMatvecShape,
   outType?: GgmlTypeName,
-  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean; group?: number },
+  tuning?: Partial<MoeMatvecTuning> & { xin?: boolean },
 ): MoeMatvecQ8Constants {
   let team = 1;
   while (team * 2 <= Math.min(16, shape.k / 128)) team *= 2;
@@ -103,7 +85,6 @@ export function moeMatvecQ8Constants(
     QOUT: qout,
     XIN: tuning?.xin ?? false,
     KC: tuning?.xin ? shape.k / 32 : 1,
-    GROUP: tuning?.group ?? 1,
   };
 }
 
@@ -137,15 +118,6 @@ export function checkMoeMatvecQ8(
     `Kernel moe_matvec_q8: int8-x expert mat-vecs read ${typeList(MATVEC_Q8_TYPES)} weights, not ` +
       `${shape.type}: use moe_matvec`,
   );
-  checkInt("Kernel moe_matvec_q8: GROUP", c.GROUP, 1, MOE_Q8_GROUP_MAX);
-  if (c.GROUP > 1) {
-    checkShape(!c.QOUT, `Kernel moe_matvec_q8: QOUT rounds one column per workgroup: use GROUP 1`);
-    checkShape(
-      shape.nCols <= MOE_Q8_GROUP_MAX_ROUTED,
-      `Kernel moe_matvec_q8: GROUP ${c.GROUP} takes up to ${MOE_Q8_GROUP_MAX_ROUTED} routed columns, got ` +
-        `${shape.nCols}: use GROUP 1`,
-    );
-  }
   // moe_matvec's checks of the constants, the shape and the shared bindings (x and y below: x is int8).
   checkMoeMatvec(
     shape,

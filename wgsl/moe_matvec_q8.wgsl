@@ -28,17 +28,9 @@
 // gate's and up's loads issued before their math); one invocation per row adds its team's TEAM partials,
 // starting at its row in the workgroup mod TEAM: where TEAM <= 16 (the defaults) that is the row mod TEAM
 // whatever the ROWS, so ROWS gives the same bits; above 16 it does not.
-// GROUP > 1: columns that share an expert share a workgroup column, which loads and decodes each chunk once
-// for all of them. The routed columns of expert e, in column order, form runs of GROUP (the shared columns
-// likewise): the workgroup column of a run's first column computes the run (up to GROUP columns; each
-// column's sums in the order of a one-column workgroup: the same bits), the others' workgroups return at
-// once. It finds its run from a bit mask of the columns whose id is e (n_routed <= 256), written by one
-// invocation per id. Workgroup y walks the shared columns first (their runs are the longest).
-// Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN:
-//   K/32, else 1), GROUP (1..8): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0;
-//   not both QOUT and XIN; QOUT needs GROUP 1).
-// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC·GROUP (XIN) + 64
-// (GROUP > 1) bytes.
+// Constants: TYPE (8, 12, 13, 14 or 23), TEAM (power of two <= 256), ROWS (1..4), OUT_LAYOUT (0 or 1), KC (XIN: K/32, else
+//   1): u32; GATE_UP, QOUT, XIN: bool (QOUT needs WG_ROWS % 32 == 0 and N % 32 == 0; not both QOUT and XIN).
+// Workgroup memory: 1024 (IQ4_XS table) + 1024·ROWS·(1 or 2) + 4·WG_ROWS (QOUT) + 36·KC (XIN) bytes.
 
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -55,12 +47,8 @@ const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const MATS: u32 = select(1u, 2u, GATE_UP);
 // XIN: the column's int8 x (quad words in TYPE's byte order, and scales), rounded in the prologue.
 const X_LAYOUT: u32 = select(0u, 1u, TYPE == 23u);
-var<workgroup> xw: array<vec4<u32>, select(1u, 2u * KC * GROUP, XIN)>;
-var<workgroup> sw: array<f32, select(1u, KC * GROUP, XIN)>;
-// GROUP > 1: bit i of word i / 32 set where ids[i] is the workgroup's expert, and its plain copy.
-const GROUPED: bool = GROUP > 1u;
-var<workgroup> pick: array<atomic<u32>, select(1u, 8u, GROUPED)>;
-var<workgroup> pickw: array<u32, select(1u, 8u, GROUPED)>;
+var<workgroup> xw: array<vec4<u32>, select(1u, 2u * KC, XIN)>;
+var<workgroup> sw: array<f32, select(1u, KC, XIN)>;
 
 // partial[(m · WG_ROWS + local row) · TEAM + t]
 var<workgroup> partial: array<f32, WG * ROWS * MATS>;
@@ -71,28 +59,23 @@ fn silu(v: f32) -> f32 {
   return v / (1.0 + exp(-v));
 }
 
-// Chunk c of the int8 x column whose words start at xq word xb (a multiple of 4; XIN: workgroup memory, the
-// run's column m); k = K.
-fn x_chunk(xb: u32, k: u32, c: u32, m: u32) -> XChunk {
+// Chunk c of the int8 x column whose words start at xq word xb (a multiple of 4; XIN: workgroup memory); k = K.
+fn x_chunk(xb: u32, k: u32, c: u32) -> XChunk {
   if (XIN) {
-    let i = m * KC + c;
-    return XChunk(xw[2u * i], xw[2u * i + 1u], sw[i]);
+    return XChunk(xw[2u * c], xw[2u * c + 1u], sw[c]);
   }
   let q = xb >> 2u;
   let s = xb + k / 4u + c;
   return XChunk(xq[q + 2u * c], xq[q + 2u * c + 1u], bitcast<f32>(xq[s >> 2u][s & 3u]));
 }
 
-// XIN: rounds the run's f32 x columns xcs[0..mn) (quads from xq quad xc·K/4, as bits) to int8 into xw and sw
-// (column m at chunk m·KC), one invocation per quad word (each computes its chunk's scale: the same bits);
-// workgroups (0, ·) also write them to yq at word xc·9K/32 in quantize_q8's format. Every invocation calls it
-// (barrier).
-fn round_x(lid: u32, xcs: array<u32, GROUP>, mn: u32, k: u32, log: bool) {
-  for (var i = lid; i < 8u * KC * mn; i += WG) {
-    let xc = xcs[i / (8u * KC)];
-    let xb = xc * (k / 4u);
-    let cm = i / 8u;
-    let c = cm % KC;
+// XIN: rounds f32 x column xc (quads from xq quad xc·K/4, as bits) to int8 into xw and sw, one invocation per
+// quad word (each computes its chunk's scale: the same bits); workgroup (0, col) also writes it to yq at word
+// xc·9K/32 in quantize_q8's format. Every invocation calls it (barrier).
+fn round_x(lid: u32, xc: u32, k: u32, log: bool) {
+  let xb = xc * (k / 4u);
+  for (var i = lid; i < 8u * KC; i += WG) {
+    let c = i / 8u;
     let m = i % 8u;
     var amax = 0.0;
     for (var j = 0u; j < 8u; j++) {
@@ -103,9 +86,9 @@ fn round_x(lid: u32, xcs: array<u32, GROUP>, mn: u32, k: u32, log: bool) {
     let lo = bitcast<vec4<f32>>(xq[xb + 8u * c + wq.x]);
     let hi = bitcast<vec4<f32>>(xq[xb + 8u * c + wq.y]);
     let w = q8x_word(X_LAYOUT, m, lo, hi, dv.y);
-    xw[2u * cm + m / 4u][m % 4u] = w;
+    xw[2u * c + m / 4u][m % 4u] = w;
     if (m == 0u) {
-      sw[cm] = dv.x;
+      sw[c] = dv.x;
     }
     if (log) {
       let o = xc * (9u * k / 32u);
@@ -134,48 +117,56 @@ fn rows_dot(rb: vec4<u32>, c: u32, l: Rows, xk: XChunk) -> vec4<f32> {
   return r;
 }
 
-// The ROWS rows' chunks decoded (rows past ROWS: left zero).
-struct RowsDec {
-  d0: Dec,
-  d1: Dec,
-  d2: Dec,
-  d3: Dec,
-}
-
-fn rows_dec(rb: vec4<u32>, c: u32, l: Rows) -> RowsDec {
-  var r: RowsDec;
-  r.d0 = chunk_dec(rb.x, c, l.r0);
-  if (ROWS >= 2u) {
-    r.d1 = chunk_dec(rb.y, c, l.r1);
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  q8dot_table(lid);
+  let k = params[0];
+  let n = params[1];
+  let col = wid.y;
+  let n_routed = params[8];
+  // Whole workgroups only (col is the workgroup's y; params is read-only storage: uniform).
+  if (col >= params[6]) {
+    return;
   }
-  if (ROWS >= 3u) {
-    r.d2 = chunk_dec(rb.z, c, l.r2);
+  var e = params[9];
+  var xc = col - n_routed + params[10];
+  if (col < n_routed) {
+    e = ids[col];
+    xc = col / params[7];
   }
-  if (ROWS >= 4u) {
-    r.d3 = chunk_dec(rb.w, c, l.r3);
+  if (XIN) {
+    round_x(lid, xc, k, wid.x == 0u);
   }
-  return r;
-}
-
-// rows_dot's dots from decoded chunks (chunk_dot is dec_dot of chunk_dec: the same arithmetic).
-fn rows_dec_dot(d: RowsDec, xk: XChunk) -> vec4<f32> {
-  var r = vec4<f32>(0.0);
-  r.x = dec_dot(d.d0, xk.a, xk.b);
-  if (ROWS >= 2u) {
-    r.y = dec_dot(d.d1, xk.a, xk.b);
+  let team = lid / TEAM;
+  let t = lid % TEAM;
+  let row0 = wid.x * WG_ROWS + team * ROWS;
+  // Rows past N read row N-1 (in bounds) and are never stored.
+  let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
+  let rbg = params[4] + e * params[3] + rows;
+  let rbu = params[5] + e * params[3] + rows;
+  let xb = xc * (9u * k / 32u);
+  var ag = vec4<f32>(0.0);
+  var au = vec4<f32>(0.0);
+  for (var c = t; c < k / 32u; c += TEAM) {
+    let xk = x_chunk(xb, k, c);
+    let lg = load_rows(rbg, c);
+    if (GATE_UP) {
+      let lu = load_rows(rbu, c);
+      ag += xk.d * rows_dot(rbg, c, lg, xk);
+      au += xk.d * rows_dot(rbu, c, lu, xk);
+    } else {
+      ag += xk.d * rows_dot(rbg, c, lg, xk);
+    }
   }
-  if (ROWS >= 3u) {
-    r.z = dec_dot(d.d2, xk.a, xk.b);
+  for (var r = 0u; r < ROWS; r++) {
+    partial[(team * ROWS + r) * TEAM + t] = ag[r];
+    if (GATE_UP) {
+      partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = au[r];
+    }
   }
-  if (ROWS >= 4u) {
-    r.w = dec_dot(d.d3, xk.a, xk.b);
-  }
-  return r;
-}
-
-// One invocation per row of row block w adds its team's partials into y column col (each row's run read from
-// a rotating start: consecutive invocations hit different banks); QOUT keeps the rows in yv.
-fn reduce_rows(lid: u32, w: u32, n: u32, col: u32) {
+  workgroupBarrier();
+  // One invocation per row adds its team's partials (each row's run read from a rotating start: consecutive
+  // invocations hit different banks).
   for (var o = lid; o < WG_ROWS; o += WG) {
     var s0 = 0.0;
     var s1 = 0.0;
@@ -190,146 +181,13 @@ fn reduce_rows(lid: u32, w: u32, n: u32, col: u32) {
     if (GATE_UP) {
       v = silu(s0) * s1;
     }
-    let row = w * WG_ROWS + o;
+    let row = wid.x * WG_ROWS + o;
     if (row < n) {
       y[col * n + row] = v;
     }
     if (QOUT) {
       yv[o / 4u][o % 4u] = v;
     }
-  }
-}
-
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-  q8dot_table(lid);
-  let k = params[0];
-  let n = params[1];
-  let n_cols = params[6];
-  let n_routed = params[8];
-  // Whole workgroups only (wid.y is the workgroup's; params and ids are read-only storage: uniform).
-  if (wid.y >= n_cols) {
-    return;
-  }
-  let n_shared = n_cols - n_routed;
-  var col = wid.y;
-  if (GROUPED) {
-    col = select(wid.y - n_shared, n_routed + wid.y, wid.y < n_shared);
-  }
-  var e = params[9];
-  if (col < n_routed) {
-    e = ids[col];
-  }
-  // The run's columns mc[0..mn) (mc[0] = col) and their x columns.
-  var mc: array<u32, GROUP>;
-  var mn = 1u;
-  mc[0] = col;
-  if (GROUPED) {
-    if (col < n_routed) {
-      for (var i = lid; i < n_routed; i += WG) {
-        if (ids[i] == e) {
-          atomicOr(&pick[i / 32u], 1u << (i % 32u));
-        }
-      }
-      workgroupBarrier();
-      if (lid < 8u) {
-        pickw[lid] = atomicLoad(&pick[lid]);
-      }
-      let words = workgroupUniformLoad(&pickw);
-      let cw = col / 32u;
-      let below = (1u << (col % 32u)) - 1u;
-      var before = countOneBits(words[cw] & below);
-      for (var j = 0u; j < cw; j++) {
-        before += countOneBits(words[j]);
-      }
-      if (before % GROUP != 0u) {
-        return;
-      }
-      mn = 0u;
-      for (var j = cw; j < 8u; j++) {
-        var m = select(words[j], words[j] & ~below, j == cw);
-        while (m != 0u && mn < GROUP) {
-          mc[mn] = 32u * j + firstTrailingBit(m);
-          mn++;
-          m &= m - 1u;
-        }
-      }
-    } else {
-      let s = col - n_routed;
-      if (s % GROUP != 0u) {
-        return;
-      }
-      mn = min(GROUP, n_shared - s);
-      for (var m = 1u; m < GROUP; m++) {
-        mc[m] = col + m;
-      }
-    }
-  }
-  var xcs: array<u32, GROUP>;
-  for (var m = 0u; m < GROUP; m++) {
-    xcs[m] = select(mc[m] - n_routed + params[10], mc[m] / params[7], mc[m] < n_routed);
-  }
-  if (XIN) {
-    round_x(lid, xcs, mn, k, wid.x == 0u);
-  }
-  let team = lid / TEAM;
-  let t = lid % TEAM;
-  let row0 = wid.x * WG_ROWS + team * ROWS;
-  // Rows past N read row N-1 (in bounds) and are never stored.
-  let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n - 1u)) * params[2];
-  let rbg = params[4] + e * params[3] + rows;
-  let rbu = params[5] + e * params[3] + rows;
-  var ag: array<vec4<f32>, GROUP>;
-  var au: array<vec4<f32>, GROUP>;
-  if (mn == 1u) {
-    let xb = xcs[0] * (9u * k / 32u);
-    for (var c = t; c < k / 32u; c += TEAM) {
-      let xk = x_chunk(xb, k, c, 0u);
-      let lg = load_rows(rbg, c);
-      if (GATE_UP) {
-        let lu = load_rows(rbu, c);
-        ag[0] += xk.d * rows_dot(rbg, c, lg, xk);
-        au[0] += xk.d * rows_dot(rbu, c, lu, xk);
-      } else {
-        ag[0] += xk.d * rows_dot(rbg, c, lg, xk);
-      }
-    }
-  } else {
-    // Each chunk loaded and decoded once, then dotted with every column of the run.
-    for (var c = t; c < k / 32u; c += TEAM) {
-      let lg = load_rows(rbg, c);
-      var lu: Rows;
-      if (GATE_UP) {
-        lu = load_rows(rbu, c);
-      }
-      let dg = rows_dec(rbg, c, lg);
-      var du: RowsDec;
-      if (GATE_UP) {
-        du = rows_dec(rbu, c, lu);
-      }
-      for (var m = 0u; m < GROUP; m++) {
-        if (m < mn) {
-          let xk = x_chunk(xcs[m] * (9u * k / 32u), k, c, m);
-          ag[m] += xk.d * rows_dec_dot(dg, xk);
-          if (GATE_UP) {
-            au[m] += xk.d * rows_dec_dot(du, xk);
-          }
-        }
-      }
-    }
-  }
-  for (var m = 0u; m < mn; m++) {
-    if (m > 0u) {
-      workgroupBarrier();
-    }
-    for (var r = 0u; r < ROWS; r++) {
-      partial[(team * ROWS + r) * TEAM + t] = ag[m][r];
-      if (GATE_UP) {
-        partial[(WG_ROWS + team * ROWS + r) * TEAM + t] = au[m][r];
-      }
-    }
-    workgroupBarrier();
-    reduce_rows(lid, wid.x, n, mc[m]);
   }
   if (QOUT) {
     workgroupBarrier();

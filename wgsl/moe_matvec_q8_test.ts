@@ -390,86 +390,6 @@ Deno.test("moe_matvec_q8 ROWS keeps the bits at TEAM <= 16 (y, XIN's log, QOUT's
   }
 });
 
-Deno.test("moe_matvec_q8 GROUP: columns sharing an expert in one workgroup column keep every bit (y, XIN's log)", async () => {
-  const rng = new Rng();
-  const { device } = await testGpu();
-  const cache = new PipelineCache(device);
-  for (const type of TYPES) {
-    for (const mode of ["xq", "xin"] as const) {
-      const gateUp = mode === "xq";
-      // Few experts for many columns: runs longer than GROUP, runs of one, experts nobody picked; shared
-      // columns past GROUP.
-      const tokens = rng.int(9, 17);
-      const used = rng.int(1, 5);
-      const nExpert = rng.int(2, 2 * used + 3);
-      const ids = new Uint32Array(used * tokens);
-      for (let t = 0; t < tokens; t++) {
-        const picks = [...Array(nExpert).keys()].sort(() => rng.float() - 0.5).slice(
-          0,
-          Math.min(used, nExpert),
-        );
-        for (let j = 0; j < used; j++) ids[t * used + j] = picks[j % picks.length]!;
-      }
-      const k = 256 * rng.int(1, 3);
-      const n = rng.int(20, 90);
-      const c = makeCase(rng, type, gateUp, {
-        k,
-        n,
-        tokens,
-        nExpert,
-        ids: gateUp ? ids : undefined,
-        shared: true,
-      });
-      if (!gateUp) c.ids.set(ids.subarray(0, c.ids.length));
-      const xCols = gateUp ? tokens : c.shape.nCols + tokens;
-      const cols = c.shape.nCols + tokens;
-      const xf = rng.normals(k * xCols, 1);
-      const team = [4, 16][rng.int(0, 2)]!;
-      const rows = rng.int(1, 3);
-      const base = moeMatvecQ8Constants(c.shape, undefined, { team, rows, xin: mode === "xin" });
-      const groups = [2, rng.int(3, 8), 8];
-      const variants = [base, ...groups.map((g) => ({ ...base, GROUP: g }))];
-      const yqWords = q8ColumnWords(k) * xCols;
-      const w = upload(device, c.w);
-      const params = upload(device, moeMatvecParams(c.shape));
-      const idsBuf = upload(device, c.ids);
-      const xq = upload(device, mode === "xin" ? xf : c.xq!);
-      const outs: GPUBuffer[] = [];
-      const enc = device.createCommandEncoder();
-      const pass = enc.beginComputePass();
-      for (const consts of variants) {
-        const y = poisoned(device, n * cols);
-        const yq = poisoned(device, yqWords);
-        outs.push(y, yq);
-        await encode(pass, device, cache, c.shape, consts, {
-          params,
-          ids: idsBuf,
-          weights: w,
-          weights2: w,
-          xq,
-          y: { buffer: y, size: 4 * n * cols },
-          yq: { buffer: yq, size: 4 * yqWords },
-        });
-      }
-      pass.end();
-      device.queue.submit([enc.finish()]);
-      const got = await readAll(device, outs);
-      const what =
-        `moe_matvec_q8 GROUP ${mode} ${type} k=${k} n=${n} ids=${[...c.ids]} TEAM ${team} ROWS ${rows} ` +
-        `(seed ${rng.seed})`;
-      // GROUP 1 against float64, and every column of every GROUP against GROUP 1's bits.
-      if (mode === "xq") checkY(got[0]!, c, what);
-      for (let v = 1; v < variants.length; v++) {
-        const vw = `${what} at GROUP ${variants[v]!.GROUP}`;
-        assert.deepEqual(new Uint32Array(got[2 * v]!), new Uint32Array(got[0]!), `${vw}: y`);
-        if (mode === "xin") {
-          assert.deepEqual(new Uint32Array(got[2 * v + 1]!), new Uint32Array(got[1]!), `${vw}: yq`);
-        }
-      }
-    }
-  }
-});
-
 Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT chunks, bindings", () => {
   const shape: MoeMatvecShape = {
     type: "IQ4_XS",
@@ -516,8 +436,4 @@ Deno.test("moe_matvec_q8 checks throw before encoding: types, K, alignment, QOUT
   throws(shape, { ...xin, QOUT: true }, okXin, /XIN and QOUT both write yq/);
   throws(shape, xin, { ...okXin, xq: b(511) }, /binding xq \(f32 x with XIN\)/);
   throws(shape, xin, { ...okXin, yq: b(q8ColumnWords(512) - 1) }, /binding yq \(the int8 x with XIN\)/);
-  checkMoeMatvecQ8(shape, { ...xin, GROUP: 8 }, okXin);
-  throws(shape, { ...xin, GROUP: 9 }, okXin, /GROUP must be an integer in \[1, 8\], got 9/);
-  throws(shape, { ...c, GROUP: 2 }, ok, /QOUT rounds one column per workgroup: use GROUP 1/);
-  throws({ ...shape, nCols: 258, xDiv: 258 }, { ...xin, GROUP: 2 }, okXin, /takes up to 256 routed columns/);
 });

@@ -55,8 +55,6 @@ import {
 import {
   checkMoeMatvecQ8,
   MOE_MATVEC_Q8,
-  MOE_Q8_GROUP,
-  MOE_Q8_GROUP_MAX_ROUTED,
   type MoeMatvecQ8Bindings,
   moeMatvecQ8Constants,
   moeMatvecQ8Fits,
@@ -475,17 +473,8 @@ export async function expertsQ8(
   // x already rounded (moe_route XQ): read it as it is; otherwise XIN rounds it in every workgroup and
   // workgroups (0, col) log it. Mat-vec columns of several tokens may take other ROWS (the same bits).
   const pass = shape.gateUp ? "gateUp" : "down";
-  // Such columns also share a workgroup column where they share an expert (GROUP: the same bits).
-  const cols = g.n > 1 && g.n <= g.maxCols;
-  const rows = cols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
-  const group = cols && shape.nCols <= MOE_Q8_GROUP_MAX_ROUTED
-    ? g.opts.moeTuning?.batchedQ8Group ?? MOE_Q8_GROUP
-    : 1;
-  const c = moeMatvecQ8Constants(shape, undefined, {
-    xin: !xq8,
-    group,
-    ...(rows === undefined ? {} : { rows }),
-  });
+  const rows = g.n > 1 && g.n <= g.maxCols ? g.opts.moeTuning?.batchedQ8Rows?.[pass] : undefined;
+  const c = moeMatvecQ8Constants(shape, undefined, { xin: !xq8, ...(rows === undefined ? {} : { rows }) });
   const b: MoeMatvecQ8Bindings = {
     params: g.storage(moeMatvecParams(shape)),
     ids,

@@ -65,16 +65,12 @@ export interface StageOptions {
    * `batchedQ8Rows`: ROWS of the int8-x expert passes (moe_matvec_q8) of batched steps and short chunks, the
    * same bits as the solo step's ROWS at the default TEAM (≤ 16: each row sums its chunks and its team's
    * partials in the same order); bench/decode.ts
-   * --batched-q8-rows. `batchedQ8Group`: GROUP of those passes, the most columns that share an expert and
-   * one workgroup column, each weight chunk loaded and decoded once for all of them (1..8, default
-   * `MOE_Q8_GROUP`; 1: a workgroup column per column; the same bits at any GROUP); bench/decode.ts
-   * --batched-q8-group.
+   * --batched-q8-rows.
    */
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly batchedQ8Group?: number;
   };
   /**
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob

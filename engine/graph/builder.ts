@@ -83,7 +83,6 @@ export interface GraphOptions {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
-    readonly batchedQ8Group?: number;
   };
   readonly matvecTuning?: { readonly team?: number; readonly rows?: number; readonly q8bRows?: number };
   readonly fuseDecodeRoute: boolean;

@@ -279,6 +279,115 @@ Deno.test("matvec NORM (x RMSNorm-ed in the prologue, xn written) and ACC (y += 
   }
 });
 
+Deno.test("matvec NORM batched (XR 2): every column normed in the prologue, y and xn equal its batch-1 NORM dispatch bit for bit", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const eps = 1e-6;
+  // The router's shape (F32, K 2048, N 257) and quantized ones; batches past one reduction pass of the
+  // columns' x² sums (ROWS·PART_COLS columns) and past one group of 4.
+  const cases = [
+    { type: "F32", k: 2048, n: 257, batch: 16 },
+    { type: "F32", k: 2048, n: 257, batch: rng.int(2, 9) },
+    { type: "IQ4_XS", k: 256, n: 37, batch: rng.int(9, 16) },
+    { type: "Q8_0", k: 512, n: 5000, batch: 16 },
+  ] as const;
+  const params = device.createBuffer({
+    size: 256 * 64,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  let slot = 0;
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  const runs: {
+    what: string;
+    k: number;
+    n: number;
+    batch: number;
+    y: GPUBuffer;
+    xn: GPUBuffer;
+    solo: { y: GPUBuffer; xn: GPUBuffer }[];
+    ref: Float64Array;
+    mag: Float64Array;
+  }[] = [];
+  for (const c of cases) {
+    const xOffset = 4 * rng.int(0, 3);
+    const bytes = randomWeights(rng, c.type, c.k, c.n);
+    const x = rng.normals(c.k * c.batch, 3);
+    // One column far from the others' scale: a shared scale would show.
+    for (let j = 0; j < c.k; j++) x[c.k + j] = x[c.k + j]! * 100;
+    const nw = rng.normals(c.k);
+    const xnRef = new Float32Array(c.k * c.batch);
+    for (let b = 0; b < c.batch; b++) {
+      let ss = 0;
+      for (let j = 0; j < c.k; j++) ss += x[b * c.k + j]! ** 2;
+      const scale = 1 / Math.sqrt(ss / c.k + eps);
+      for (let j = 0; j < c.k; j++) xnRef[b * c.k + j] = x[b * c.k + j]! * scale * nw[j]!;
+    }
+    const { ref, mag } = refProduct(c.type, bytes, { k: c.k, n: c.n, cols: c.batch, x: xnRef });
+    const xAll = new Float32Array(xOffset + c.k * c.batch).fill(Number.NaN);
+    xAll.set(x, xOffset);
+    const xBuf = upload(device, xAll);
+    const wBuf = upload(device, bytes);
+    const nwBuf = upload(device, nw);
+    const dispatch = (shape: MatvecShape, y: GPUBuffer, xn: GPUBuffer, consts: MatvecConstants) => {
+      device.queue.writeBuffer(params, 256 * slot, matvecParams(shape));
+      const at = slot++;
+      return prepareMatvec(cache, {
+        device,
+        shape,
+        constants: consts,
+        bindings: {
+          params: { buffer: params, offset: 256 * at, size: MATVEC_PARAMS_BYTES },
+          weights: wBuf,
+          x: xBuf,
+          y: { buffer: y, size: y.size - 4 * GUARD_WORDS },
+          nw: nwBuf,
+          xn: { buffer: xn, size: xn.size - 4 * GUARD_WORDS },
+        },
+      });
+    };
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.batch, xOffset, xStride: c.k };
+    const consts = matvecConstants(shape, { norm: { eps } });
+    assert.equal(consts.XR, 2);
+    const y = poisoned(device, c.n * c.batch);
+    const xn = poisoned(device, xOffset + c.k * c.batch);
+    encodeMatvec(pass, await dispatch(shape, y, xn, consts));
+    const solo: { y: GPUBuffer; xn: GPUBuffer }[] = [];
+    for (let b = 0; b < c.batch; b++) {
+      const s1: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1, xOffset: xOffset + b * c.k };
+      const sy = poisoned(device, c.n);
+      const sxn = poisoned(device, xOffset + c.k * c.batch);
+      encodeMatvec(pass, await dispatch(s1, sy, sxn, matvecConstants(s1, { norm: { eps } })));
+      solo.push({ y: sy, xn: sxn });
+    }
+    runs.push({ what: `matvec NORM ${JSON.stringify(c)} xOffset ${xOffset}`, ...c, y, xn, solo, ref, mag });
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  for (const r of runs) {
+    const [gy, gxn, ...soloOut] = await readAll(device, [r.y, r.xn, ...r.solo.flatMap((s) => [s.y, s.xn])]);
+    const what = `${r.what} (seed ${rng.seed})`;
+    assertDotClose(new Float32Array(gy!, 0, r.ref.length), r.ref, r.mag, { what, seed: rng.seed });
+    assertPoisoned(new Uint32Array(gy!, 4 * r.ref.length, GUARD_WORDS), POISON_F32, `${what}: y guard`);
+    const xOff = (new Float32Array(gxn!).length - GUARD_WORDS) - r.k * r.batch;
+    assertPoisoned(new Uint32Array(gxn!, 0, xOff), POISON_F32, `${what}: xn before x's offset`);
+    for (let b = 0; b < r.batch; b++) {
+      assert.deepEqual(
+        new Uint32Array(gy!, 4 * b * r.n, r.n),
+        new Uint32Array(soloOut[2 * b]!, 0, r.n),
+        `${what}: column ${b}'s y against its batch-1 dispatch`,
+      );
+      const at = 4 * (xOff + b * r.k);
+      assert.deepEqual(
+        new Uint32Array(gxn!, at, r.k),
+        new Uint32Array(soloOut[2 * b + 1]!, at, r.k),
+        `${what}: column ${b}'s xn against its batch-1 dispatch`,
+      );
+    }
+  }
+});
+
 Deno.test("matvec SR (strength-reduced batch-1 loop) matches the reference and SR=0 bit for bit", async () => {
   const rng = new Rng();
   const { device } = await testGpu();

@@ -184,11 +184,9 @@ for (const [name, width, int8] of WIDE) {
       const routers = (await stage.batchGraph([0, 1])).filter((op) => op.label.includes("ffn_gate_inp"));
       assert.deepEqual(
         routers.map((op) => op.label.replace(/^L\d+\./, "")),
-        // Under int8 activations the post-attention norm is deferred and the router norms its columns.
-        Array(stage.hp.nLayer).fill(e64 ? "ffn_gate_inp+shexp" : "ffn_gate_inp").flatMap((r) => {
-          const first = int8 ? `${r}+post_attention_norm` : r;
-          return e64 ? [first] : [first, "ffn_gate_inp_shexp"];
-        }),
+        Array(stage.hp.nLayer).fill(e64 ? "ffn_gate_inp+shexp" : "ffn_gate_inp").flatMap((r) =>
+          e64 ? [r] : [r, "ffn_gate_inp_shexp"]
+        ),
         "the router's mat-vecs per layer",
       );
       const slots = rng.permutation(MAX_BATCH_SLOTS).slice(0, width);

@@ -62,10 +62,7 @@ export interface MatvecConstants {
    * ROWS = BATCH = 1. Equal to SR = 0 bit for bit at the same TEAM. 0: the general code.
    */
   readonly SR: number;
-  /**
-   * 1: x is RMSNorm-ed first (each column; batched needs XR 2) and workgroup 0 writes the normed x to `xn`; 0:
-   * x as it is.
-   */
+  /** 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 0: x as it is. */
   readonly NORM: number;
   /** 1: y += W·x (a residual add); 0: y = W·x. */
   readonly ACC: number;
@@ -248,13 +245,9 @@ export function matvecPassColumns(c: MatvecConstants): number {
   return Math.min(4 * Math.ceil(c.BATCH / 4), Math.max(4, 4 * Math.floor(Math.floor(30 / c.ROWS) / 4)));
 }
 
-/**
- * Workgroup memory of a variant in bytes (partials, the IQ4 table's 2 KiB, the norm's 1 KiB and, batched, its
- * column scales).
- */
+/** Workgroup memory of a variant in bytes (partials, the IQ4 table's 2 KiB, the norm's 1 KiB). */
 export function matvecWorkgroupBytes(c: MatvecConstants): number {
-  return 4 * 256 * c.ROWS * matvecPassColumns(c) + 2048 +
-    (c.NORM ? 1024 + (c.BATCH > 1 ? 4 * c.BATCH : 0) : 0);
+  return 4 * 256 * c.ROWS * matvecPassColumns(c) + 2048 + (c.NORM ? 1024 : 0);
 }
 
 /** Rows one workgroup owns. */
@@ -306,10 +299,7 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   checkMatvecSr(c);
   checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
-  checkShape(
-    c.NORM === 0 || c.BATCH === 1 || c.XR === 2,
-    `Kernel matvec: NORM=1 with BATCH=${c.BATCH} needs XR=2 (the named batched path), not XR=${c.XR}`,
-  );
+  checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
   checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(
     matvecWorkgroupBytes(c) <= 32768,
@@ -353,7 +343,7 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
       "Kernel matvec: NORM=1 needs the nw and xn bindings",
     );
     need("nw", b.nw!, 4 * shape.k);
-    need("xn", b.xn!, 4 * (xOff + (shape.batch - 1) * xStride + shape.k));
+    need("xn", b.xn!, 4 * (xOff + shape.k));
   }
 }
 

@@ -7,12 +7,10 @@
 //   y       array<f32>  ne=[N, BATCH]; element (n, b) at y_off + b·y_stride + n
 //   nw      array<vec4<f32>>  ne=[K]  RMSNorm weight (NORM; otherwise bind any buffer of ≥ 16 bytes)
 //   xn      array<vec4<f32>>  ne=[K]  read_write: the normed x at x_off (NORM; otherwise any unaliased buffer)
-// NORM = 1 multiplies by the RMSNorm of x first (spec §5): every workgroup sums x² itself in the
+// NORM = 1 (batch 1) multiplies by the RMSNorm of x first (spec §5): every workgroup sums x² itself in the
 // order of rms_norm.wgsl with WG = 256 (invocation i takes k = i, i + 256, ..., then lib/rms.wgsl), so its
 // normed values equal rms_norm's bit for bit; workgroup 0 also writes them to xn for the block's other
-// readers. That saves the norm's own dispatch. Batched (XR 2) it norms every column: the columns' x² sums
-// halve side by side in workgroup memory (the partials', before the sums use it), each in lib/rms.wgsl's
-// order, into one scale per column (nsc). ACC = 1 adds into y (y += W·x): the residual add of an
+// readers. That saves the norm's own dispatch. ACC = 1 adds into y (y += W·x): the residual add of an
 // output projection, with the same rounding as residual_add (h + t).
 // A workgroup (256 invocations) owns WG_ROWS = (256 / TEAM) · ROWS consecutive rows; a team of TEAM invocations
 // owns ROWS rows. A row is K/8 units of 8 weights (4 units per 32-weight chunk, lib/quant.wgsl); invocation t
@@ -42,8 +40,7 @@
 //   4 or 8), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1 reloads them
 //   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1),
 //   const EPS: f32 (the norm's epsilon).
-// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 + 4·BATCH (NORM)
-// bytes ≤ 32 KiB; NORM with BATCH > 1 needs XR 2
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB
 // (PART_COLS: BATCH, or NB_P with XR 2).
 
 struct Params {
@@ -94,50 +91,6 @@ const PART_COLS: u32 = select(BATCH, NB_P, XR == 2u);
 // partial[(b · WG_ROWS + local row) · TEAM + t] (b the column within the reduction pass); after level 1, group
 // sums at partial[o · TEAM + g · GROUP_LEN].
 var<workgroup> partial: array<f32, WG * ROWS * PART_COLS>;
-
-// NORM, batched: each column's scale 1 / sqrt(mean(x²) + EPS).
-var<workgroup> nsc: array<f32, select(1u, BATCH, NORM == 1u && BATCH > 1u)>;
-// Columns whose x² partials the partials' memory holds at once.
-const NORM_COLS: u32 = min(BATCH, ROWS * PART_COLS);
-
-// NORM, batched: fills nsc, NORM_COLS columns at a time. Each column's partials and halving are rms_scale's
-// (invocation i sums x² over k = i, i + 256, ...; then partial i += partial i + o for o = 128, 64, ..., 1),
-// so each scale equals the scale of the column's own norm bit for bit. Every invocation calls it (barriers).
-fn norm_scales(lid: u32) {
-  for (var b0 = 0u; b0 < BATCH; b0 += NORM_COLS) {
-    let nb = min(NORM_COLS, BATCH - b0);
-    for (var b = 0u; b < nb; b++) {
-      let xo = params.x_off + (b0 + b) * params.x_stride;
-      var ss = 0.0;
-      for (var i = lid; i < params.k; i += WG) {
-        let v = x[(xo + i) >> 2u][(xo + i) & 3u];
-        ss += v * v;
-      }
-      partial[b * WG + lid] = ss;
-    }
-    workgroupBarrier();
-    for (var o = WG / 2u; o > 0u; o >>= 1u) {
-      for (var q = lid; q < nb * o; q += WG) {
-        let i = (q / o) * WG + q % o;
-        partial[i] += partial[i + o];
-      }
-      workgroupBarrier();
-    }
-    if (lid < nb) {
-      nsc[b0 + lid] = 1.0 / sqrt(partial[lid * WG] / f32(params.k) + EPS);
-    }
-    workgroupBarrier();
-  }
-}
-
-// XR 2: the x quad at element offset e of column col (starting at xb), normed with NORM as x_quad.
-fn nb_xq(xb: u32, e: u32, col: u32) -> vec4<f32> {
-  let v = x[(xb + e) >> 2u];
-  if (NORM == 1u) {
-    return v * nsc[col] * nw[e >> 2u];
-  }
-  return v;
-}
 
 fn weight_word(i: u32) -> u32 {
   return weights[i];
@@ -228,19 +181,19 @@ fn nb_x(g: u32, pos: vec2<u32>) -> NbX {
   var v: NbX;
   let b = 4u * g;
   let xb = params.x_off + b * params.x_stride;
-  v.l0 = nb_xq(xb, pos.x, b);
-  v.h0 = nb_xq(xb, pos.y, b);
+  v.l0 = x_quad(xb, pos.x);
+  v.h0 = x_quad(xb, pos.y);
   if (b + 1u < BATCH) {
-    v.l1 = nb_xq(xb + params.x_stride, pos.x, b + 1u);
-    v.h1 = nb_xq(xb + params.x_stride, pos.y, b + 1u);
+    v.l1 = x_quad(xb + params.x_stride, pos.x);
+    v.h1 = x_quad(xb + params.x_stride, pos.y);
   }
   if (b + 2u < BATCH) {
-    v.l2 = nb_xq(xb + 2u * params.x_stride, pos.x, b + 2u);
-    v.h2 = nb_xq(xb + 2u * params.x_stride, pos.y, b + 2u);
+    v.l2 = x_quad(xb + 2u * params.x_stride, pos.x);
+    v.h2 = x_quad(xb + 2u * params.x_stride, pos.y);
   }
   if (b + 3u < BATCH) {
-    v.l3 = nb_xq(xb + 3u * params.x_stride, pos.x, b + 3u);
-    v.h3 = nb_xq(xb + 3u * params.x_stride, pos.y, b + 3u);
+    v.l3 = x_quad(xb + 3u * params.x_stride, pos.x);
+    v.h3 = x_quad(xb + 3u * params.x_stride, pos.y);
   }
   let one = vec4<f32>(1.0);
   v.sl = vec4<f32>(dot(v.l0, one), dot(v.l1, one), dot(v.l2, one), dot(v.l3, one));
@@ -591,17 +544,7 @@ fn main(
     quant_init(lid);
     workgroupBarrier();
   }
-  if (NORM == 1u && BATCH > 1u) {
-    norm_scales(lid);
-    if (wg == 0u) {
-      for (var q = lid; q < BATCH * (params.k / 4u); q += WG) {
-        let b = q / (params.k / 4u);
-        let xo = params.x_off + b * params.x_stride;
-        xn[(xo >> 2u) + q % (params.k / 4u)] = nb_xq(xo, 4u * (q % (params.k / 4u)), b);
-      }
-    }
-  }
-  if (NORM == 1u && BATCH == 1u) {
+  if (NORM == 1u) {
     var ss = 0.0;
     for (var i = lid; i < params.k; i += WG) {
       let v = x[(params.x_off + i) >> 2u][(params.x_off + i) & 3u];

@@ -16,7 +16,6 @@ import {
   matvecGrid,
   matvecParams,
   type MatvecShape,
-  matvecWorkgroupBytes,
   normBindings,
 } from "../../wgsl/matvec.ts";
 import { MATMUL, MATMUL_SPLITS, matmulPlan, type MatmulShape } from "../../wgsl/matmul.ts";
@@ -56,16 +55,6 @@ import {
   type MatvecQ8bShape,
 } from "../../wgsl/matvec_q8b.ts";
 
-/** Whether a batched f32 mat-vec of `rows` rows of w over `cols` columns takes the norm prologue (XR 2). */
-function batchedNormFits(g: GraphBuilder, w: GpuTensor, cols: number, rows: number): boolean {
-  const batch = Math.min(cols, MATVEC_MAX_BATCH);
-  const c = matvecConstants({ type: typeName(w), k: w.ne[0]!, n: rows, batch }, {
-    norm: { eps: g.hp.rmsEps },
-  });
-  return c.XR === 2 &&
-    matvecWorkgroupBytes(c) <= Math.min(32768, g.device.limits.maxComputeWorkgroupStorageSize);
-}
-
 /** y[col][r] = W·x[col] for `cols` columns of x (stride K) into y (stride N), rows [rowStart, rowStart+rows). */
 export async function matvec(
   g: GraphBuilder,
@@ -92,11 +81,9 @@ export async function matvec(
     return await matvecQ8(g, label, w, x, y, cols, opts);
   }
   // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
-  // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch. Mat-vec
-  // columns (a batched step's router) norm each column there too (the named batched path, XR 2).
+  // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
   const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
-  const norm = g.pending && g.pending.y === x && allRows <= g.opts.normPrologueMaxRows &&
-      (cols === 1 || (cols <= g.maxCols && w.parts.length === 1 && batchedNormFits(g, w, cols, allRows)))
+  const norm = g.pending && g.pending.y === x && cols === 1 && allRows <= g.opts.normPrologueMaxRows
     ? g.pending
     : undefined;
   // A mat-vec that writes the deferred norm's input or output (or reads its output with several columns)

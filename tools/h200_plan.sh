@@ -7,8 +7,8 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next call should measure first: `confirm` (the twenty-ninth session's last tree reached 4.01x and
-# 5.06x at 8 and 16 slots in ONE run; three more, the bits, and the service under its defaults). Then:
+# What the next call should measure first: `confirm` on an H200 (the thirtieth session ran it on H100s only:
+# 3.90x / 4.88x at 8 / 16 slots, the service's goals met; docs/PERF.md). Then:
 # `bits` after any change to a batched kernel, `batched` against
 # the last tree's (`H200_TREE=.oldtree`), then `serve18`, `split3` and `combine smallchunk` after changes to
 # the batched step or the expert kernels (the twenty-sixth session measured serve18 with the rewind points by
@@ -58,8 +58,8 @@
 #              more flags for its runs, e.g. --int8-experts for an older tree's numerics)
 #   rest8      restprofile's 8-token chunk alone (a short call; DECODE_FLAGS as there)
 #   confirm    #20: solo, 2, 4, 8 and 16 slots, then solo, 8 and 16 twice more (the ratios' spread), bits,
-#              then serve18 (1, 2, 4, 8 streams) and late1 (the
-#              service and HTTP under the defaults); about 300 s with the model written first
+#              then serve18 at 1, 2, 4 and 8 streams and late1 (the service and HTTP under the defaults);
+#              about 160 s once the model is written (another 20 s)
 #   rowsq      #20: solo, 8 and 16 slots with the defaults (DECODE_FLAGS: the knobs that give an older tree's
 #              run the same numerics and ROWS, for an A/B with H200_TREE)
 #   rowsq4     #20: the same with matvec_q8b at ROWS 4 (--q8b-rows 4), and batch_bits with the defaults and at
@@ -224,7 +224,7 @@ for step in "$@"; do
     confirm)
       ensure_model
       run confirm 120 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,2,4,8,16
-      for i in 2 3; do
+      for _ in 2 3; do
         run confirm 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       done
       run confirm 60 $D bench/batch_bits.ts --model "$model"

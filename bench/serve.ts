@@ -57,6 +57,7 @@ import { openGguf } from "../engine/gguf.ts";
 import { Stage } from "../engine/exec/stage.ts";
 import { type EngineService, startEngine } from "../engine/serve/service.ts";
 import { GREEDY_SAMPLING, samplingParams } from "../engine/sampling.ts";
+import { TRACE_DECODE } from "../engine/exec/_trace.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -417,6 +418,8 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
 
 let log = "";
 if (modes.has("http")) log = await overHttp();
+// With LLM_TRACE_DECODE=1 the head's trace lines (engine/exec/_trace.ts) follow on stderr.
+if (TRACE_DECODE) console.error(log);
 if (modes.has("direct")) await overDirect("direct");
 if (modes.has("direct-nosnap")) await overDirect("direct-nosnap");
 

@@ -41,6 +41,9 @@
 #   draft      drafted single stream: prompt lookup and the draft cache, --min 2,4,6
 #   combine    #20: 8 and 16 slots with the default combineNormMinRows (17: batched steps norm on their own)
 #              and with 2 (their residual adds write the next norm, one workgroup per row)
+#   trace2     #20: 1 and 2 streams over HTTP and direct with LLM_TRACE_DECODE=1 (the head's trace follows the
+#              http lines): when each request reaches the service and the worker, its pieces and turns (2 streams
+#              over HTTP waited +62 ms for the first id against the direct path's +14)
 #   smallchunk #20/#24: prefill in chunks of 64 and 256 tokens, experts grouped (default) and per column
 #   late       #20: a 2,048-token prompt arriving while 7 streams generate, its pieces sized by time
 #              (--piece-gap 2.5, the default), fixed 256-token pieces (0), and 3
@@ -302,6 +305,13 @@ for step in "$@"; do
       ensure_model
       export LLM_TRACE_DECODE=1
       run trace 200 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct
+      unset LLM_TRACE_DECODE
+      ;;
+    trace2)
+      ensure_model
+      export LLM_TRACE_DECODE=1
+      run trace2 150 $D bench/serve.ts --model "$model" --levels 1,2 --n 128 --prompt 64 --ctx 4096 \
+        --modes http,direct --head-flags="--cached-only"
       unset LLM_TRACE_DECODE
       ;;
     smallchunk)

@@ -262,6 +262,7 @@ export class SlotRunner {
             const done = part ?? await this.#prefillPiece(n, budget);
             budget = part === undefined ? budget - done : 0;
             pieced += done;
+            trace("piece", { slot: n.slot, done, unseen: this.#jobs.filter((a) => a.slot < 0).length });
           } catch (e) {
             n.part = undefined;
             this.#fail([n], e);

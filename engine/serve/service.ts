@@ -39,6 +39,7 @@ import {
 } from "./_protocol.ts";
 import type { ChainClient, ChainStageStatus, NextResult } from "../exec/split.ts";
 import { type EngineOptions, resolveOptions } from "./_options.ts";
+import { trace } from "../exec/_trace.ts";
 export type { EngineOptions } from "./_options.ts";
 export {
   DEFAULT_BATCH_MIN,
@@ -329,6 +330,7 @@ export class EngineService implements Engine {
         req.signal.addEventListener("abort", onAbort, { once: true });
         p.detach = () => req.signal!.removeEventListener("abort", onAbort);
       }
+      trace("submit", { id: p.id, prompt: req.prompt.length, queued: this.#inflight.size >= this.#nSlots });
       if (this.#inflight.size < this.#nSlots) this.#send(p);
       else this.#queue.push(p);
     });

@@ -23,6 +23,7 @@ import { MATVEC_MAX_COLS } from "../graph/builder.ts";
 import { MAX_BATCH_SLOTS } from "../exec/activations.ts";
 import { PipelineCache } from "../../wgsl/kernel.ts";
 import { readStats } from "../gpu/readback.ts";
+import { trace } from "../exec/_trace.ts";
 
 interface WorkerScope {
   postMessage(message: FromWorker): void;
@@ -277,6 +278,7 @@ scope.onmessage = (e: MessageEvent<ToWorker>) => {
       break;
     case "generate":
       aborts.set(m.id, new AbortController());
+      trace("worker-got", { id: m.id, prompt: m.prompt.length });
       jobs.push(m);
       pump();
       break;

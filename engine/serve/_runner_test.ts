@@ -304,6 +304,32 @@ Deno.test("runner: requests arriving one by one during the first one's piece sti
   });
 });
 
+Deno.test("runner: requests whose messages wait in the worker's queue during the first one's piece still start in one call", async () => {
+  // Over HTTP the others' messages reach the engine's worker while it encodes the first request's piece, and
+  // a decode call's readback blocks the thread: they are delivered only when the worker gets back to its
+  // event loop (a task each, here one MessageChannel message posted during the piece). The runner must look
+  // before it forms the call.
+  await burst(async (inner, prompts) => {
+    let later: Promise<JobResult>[] | undefined;
+    const { port1, port2 } = new MessageChannel();
+    port1.onmessage = () => {
+      later = prompts.slice(1).map((p) => runner.submit(runnerJob(p, 10)));
+      port1.close();
+    };
+    let posted = false;
+    const runner: SlotRunner = new SlotRunner({
+      ...inner,
+      prefill: (slot, tokens, base) => {
+        if (!posted) port2.postMessage(null);
+        posted = true;
+        return inner.prefill(slot, tokens, base);
+      },
+    }, BURST_OPTS);
+    const first = await runner.submit(runnerJob(prompts[0]!, 10));
+    return [first, ...await Promise.all(later!)];
+  });
+});
+
 Deno.test("runner: on a decoder that cannot batch and ignores pause (a split), requests take turns of turnTokens ids", async () => {
   const rng = new Rng();
   const gpu = await testGpu();

@@ -23,6 +23,9 @@
  * back 8 at a time; with early reads, engine/gpu/readback.ts, a readback costs ~1 ms, so 2-4 may cost nothing),
  * `--state-pool-max-bytes N` StageOptions.maxStatePoolBytes (1: every slot state a buffer of its own, so the
  * batched step runs gdn_step, attn_qk_rope and attn_decode per slot as before the pools).
+ * Each level of 2 slots or more also prints `decode_batched_ablation`: the batched step back to back without
+ * each class of dispatches (the batched-only quantizes and norms, the per-slot embedding rows, moe_route,
+ * gdn_step, the experts), what each costs in the stream rather than in a timed pass of its own.
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -411,6 +414,26 @@ for (const B of batchSizes) {
   const bp = await profile(bops);
   if (bp) {
     emit("decode_batched_profile", { slots: B, gpuMsPerStep: bp.gpuMs, kernels: bp.kernels.slice(0, 14) });
+  }
+  // What the batched step's own dispatches cost back to back (the solo step fuses these): marginal ms per
+  // step without each class, as the solo ablation above.
+  if (B >= 2) {
+    const bfull = await stepMs(bops);
+    const batchedClasses: Record<string, (label: string) => boolean> = {
+      q8: (l) => l.endsWith(".q8"),
+      norms: (l) => l.endsWith("post_attention_norm") || l === "output_norm",
+      get_rows: (l) => l.startsWith("get_rows"),
+      moe_route: (l) => l.includes("moe_route"),
+      gdn_step: (l) => l.includes("gdn_step"),
+      experts: (l) => l.includes("ffn_exps") || l.includes("ffn_shexp"),
+    };
+    const rows: Record<string, unknown>[] = [];
+    for (const [name, match] of Object.entries(batchedClasses)) {
+      const kept = bops.filter((op) => !match(op.label));
+      const ms = await stepMs(kept);
+      rows.push({ without: name, dispatches: bops.length - kept.length, msPerStep: ms, savedMs: bfull - ms });
+    }
+    emit("decode_batched_ablation", { slots: B, msPerStep: bfull, dispatches: bops.length, ablation: rows });
   }
 }
 

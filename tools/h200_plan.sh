@@ -75,7 +75,7 @@
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
-#   servelevels  #20: confirm's service part alone: HTTP and direct at 1, 2, 4 and 8 streams against the engine
+#   servelevels  #20: the service at the levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
 #              call and runner turn on stderr, beside the engine's own batched run
@@ -300,7 +300,7 @@ for step in "$@"; do
       ;;
     servelevels)
       ensure_model
-      run servelevels 150 $D bench/serve.ts --model "$model" --levels 1,2,4,8 --n 128 --prompt 64 --ctx 4096 \
+      run servelevels 200 $D bench/serve.ts --model "$model" --levels 1,2,4,8,16 --n 128 --prompt 64 --ctx 4096 \
         --modes http,direct --head-flags="--cached-only"
       ;;
     serve8)

@@ -143,7 +143,8 @@ for (
 // each slot's full logits row, bit for bit, as its solo continuation does.
 // The 11-slot step runs int8 activations (each column quantized on its own, in buffers of 16 columns), and
 // with the default StageOptions.combineNormMinRows (17) its residual adds write no norm: each norm is a
-// dispatch of its own; the 16-slot step takes 2, so its residual adds write the next norm.
+// dispatch of its own, but the post-attention norm's, which the router's columns (grid z) compute in their
+// prologues; the 16-slot step takes 2, so its residual adds write the next norm.
 // "tiny-qwen35moe, 64 experts" is synthesized with 64 routed experts instead of 8: the router's rows for the
 // shared expert's gate then start 256-byte aligned, so the router and the shared gate run as ONE mat-vec
 // (in a batched step too, each column's logits at a stride of 65 words), as on the real models.
@@ -184,9 +185,10 @@ for (const [name, width, int8] of WIDE) {
       const routers = (await stage.batchGraph([0, 1])).filter((op) => op.label.includes("ffn_gate_inp"));
       assert.deepEqual(
         routers.map((op) => op.label.replace(/^L\d+\./, "")),
-        Array(stage.hp.nLayer).fill(e64 ? "ffn_gate_inp+shexp" : "ffn_gate_inp").flatMap((r) =>
-          e64 ? [r] : [r, "ffn_gate_inp_shexp"]
-        ),
+        // Norms on their own: the post-attention norm rides on the router, the columns in grid z.
+        Array(stage.hp.nLayer).fill(
+          e64 ? "ffn_gate_inp+shexp" : int8 ? "ffn_gate_inp+post_attention_norm" : "ffn_gate_inp",
+        ).flatMap((r) => e64 ? [r] : [r, "ffn_gate_inp_shexp"]),
         "the router's mat-vecs per layer",
       );
       const slots = rng.permutation(MAX_BATCH_SLOTS).slice(0, width);

@@ -105,6 +105,11 @@ export interface MatvecShape {
   readonly xStride?: number;
   /** Elements between y columns (≥ n; default n). */
   readonly yStride?: number;
+  /**
+   * Columns as grid z (batch 1; default 1): column z runs the code of a dispatch of its own with x (and
+   * NORM's xn) at xOffset + z·xStride and y at yOffset + z·yStride, so each has that dispatch's bits.
+   */
+  readonly zCols?: number;
 }
 
 /** The four bindings in binding order. */
@@ -130,8 +135,8 @@ export interface MatvecOp {
   readonly pipeline: GPUComputePipeline;
   /** Bind group 0. */
   readonly bindGroup: GPUBindGroup;
-  /** Workgroups in x and y. */
-  readonly grid: readonly [number, number];
+  /** Workgroups in x, y and z. */
+  readonly grid: readonly [number, number, number];
 }
 
 /**
@@ -271,10 +276,10 @@ export function matvecParams(shape: MatvecShape): Uint32Array<ArrayBuffer> {
 }
 
 /** Workgroups in x and y: rows split into workgroups, the count folded into 2-D past 65535. */
-export function matvecGrid(shape: MatvecShape, c: MatvecConstants): [number, number] {
+export function matvecGrid(shape: MatvecShape, c: MatvecConstants): [number, number, number] {
   const wgs = Math.ceil(shape.n / matvecRowsPerWorkgroup(c));
   const gx = Math.min(wgs, MAX_WORKGROUPS_PER_DIM);
-  return [gx, Math.ceil(wgs / gx)];
+  return [gx, Math.ceil(wgs / gx), shape.zCols ?? 1];
 }
 
 /**
@@ -307,6 +312,12 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
       `or use XR=2`,
   );
   checkShape(shape.batch === c.BATCH, `Kernel matvec: shape batch ${shape.batch} but BATCH=${c.BATCH}`);
+  const z = shape.zCols ?? 1;
+  checkInt("Kernel matvec: zCols", z, 1, MAX_WORKGROUPS_PER_DIM);
+  checkShape(
+    z === 1 || shape.batch === 1,
+    `Kernel matvec: columns in grid z (zCols ${z}) take batch 1, not batch ${shape.batch}: use one or the other`,
+  );
   checkInt("Kernel matvec: n", shape.n, 1, 2 ** 31);
   const xOff = shape.xOffset ?? 0;
   const xStride = shape.xStride ?? shape.k;
@@ -335,15 +346,16 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
     );
   need("params", b.params, MATVEC_PARAMS_BYTES);
   need("weights", b.weights, Math.ceil(((shape.wOffsetBytes ?? 0) + shape.n * rowBytes) / 4) * 4);
-  need("x", b.x, 4 * (xOff + (shape.batch - 1) * xStride + shape.k));
-  need("y", b.y, 4 * (yOff + (shape.batch - 1) * yStride + shape.n));
+  const cols = Math.max(shape.batch, z);
+  need("x", b.x, 4 * (xOff + (cols - 1) * xStride + shape.k));
+  need("y", b.y, 4 * (yOff + (cols - 1) * yStride + shape.n));
   if (c.NORM) {
     checkShape(
       b.nw !== undefined && b.xn !== undefined,
       "Kernel matvec: NORM=1 needs the nw and xn bindings",
     );
     need("nw", b.nw!, 4 * shape.k);
-    need("xn", b.xn!, 4 * (xOff + shape.k));
+    need("xn", b.xn!, 4 * (xOff + (cols - 1) * xStride + shape.k));
   }
 }
 
@@ -399,5 +411,5 @@ export async function prepareMatvec(
 export function encodeMatvec(pass: GPUComputePassEncoder, op: MatvecOp): void {
   pass.setPipeline(op.pipeline);
   pass.setBindGroup(0, op.bindGroup);
-  pass.dispatchWorkgroups(op.grid[0], op.grid[1]);
+  pass.dispatchWorkgroups(op.grid[0], op.grid[1], op.grid[2]);
 }

@@ -21,6 +21,8 @@
 // docs/PERF.md measured 1.2-1.3× on the H200); the team partials are added in workgroup memory in two
 // levels of 8 (or fewer) so that all invocations share the work.
 // The grid is 2-D when there are more than 65535 workgroups: workgroup id = y·num_workgroups.x + x.
+// Grid z (batch 1): columns of a batched step, each running exactly the code of a dispatch of its own on its
+// own slices: column z's x (and xn) at x_off + z·x_stride, its y at y_off + z·y_stride (z = 0: params' own).
 // SR = 1 (strength-reduced batch-1 loop; TYPE 23 or 8, TEAM % 32 == 0, ROWS = BATCH = 1): since TEAM is a
 // multiple of 32, unit u = t + i·TEAM has u % 32 = t % 32 for every i, so the unit's place in its block
 // (word offsets, scale shifts, funnel shift) is computed once per invocation and the block word index and x
@@ -63,6 +65,9 @@ struct Params {
 
 // NORM: 1 / sqrt(mean(x²) + EPS) of column 0, the same in every invocation.
 var<private> nscale: f32;
+// params.x_off and params.y_off plus the grid-z column's strides (set first in main; z = 0: params' own).
+var<private> x_off: u32;
+var<private> y_off: u32;
 
 // The x quad at element offset `e` (a multiple of 4) of the column starting at `xb`: normed with NORM.
 fn x_quad(xb: u32, e: u32) -> vec4<f32> {
@@ -110,7 +115,7 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
       let s = quant_scales((*rb)[r], c);
       let q = quant_q((*rb)[r], c, j);
       for (var b = 0u; b < BATCH; b++) {
-        let xb = params.x_off + b * params.x_stride;
+        let xb = x_off + b * params.x_stride;
         let xl1 = x_quad(xb, pos.x);
         let xh1 = x_quad(xb, pos.y);
         (*acc)[r][b] += rows_unit_dot(s, q, xl1, xh1, dot(xl1, vec4<f32>(1.0)), dot(xh1, vec4<f32>(1.0)));
@@ -123,7 +128,7 @@ fn unit_acc(u: u32, rb: ptr<function, array<u32, ROWS>>, acc: ptr<function, arra
   var sxl: array<f32, BATCH>;
   var sxh: array<f32, BATCH>;
   for (var b = 0u; b < BATCH; b++) {
-    let xb = params.x_off + b * params.x_stride;
+    let xb = x_off + b * params.x_stride;
     xl[b] = x_quad(xb, pos.x);
     xh[b] = x_quad(xb, pos.y);
     sxl[b] = dot(xl[b], vec4<f32>(1.0));
@@ -144,8 +149,8 @@ fn unit_rows(u: u32, rb: vec4<u32>) -> vec4<f32> {
   let c = u / 4u;
   let j = u % 4u;
   let pos = quant_pos(c, j);
-  let xl = x_quad(params.x_off, pos.x);
-  let xh = x_quad(params.x_off, pos.y);
+  let xl = x_quad(x_off, pos.x);
+  let xh = x_quad(x_off, pos.y);
   return rows_units(rb, c, j, xl, xh, dot(xl, vec4<f32>(1.0)), dot(xh, vec4<f32>(1.0)));
 }
 
@@ -180,7 +185,7 @@ struct NbX {
 fn nb_x(g: u32, pos: vec2<u32>) -> NbX {
   var v: NbX;
   let b = 4u * g;
-  let xb = params.x_off + b * params.x_stride;
+  let xb = x_off + b * params.x_stride;
   v.l0 = x_quad(xb, pos.x);
   v.h0 = x_quad(xb, pos.y);
   if (b + 1u < BATCH) {
@@ -382,7 +387,7 @@ fn reduce_store(wg: u32, lid: u32, cols: u32, col0: u32) {
       s += partial[o * TEAM + g * GROUP_LEN];
     }
     if (row < params.n && b < BATCH) {
-      let at = params.y_off + b * params.y_stride + row;
+      let at = y_off + b * params.y_stride + row;
       if (ACC == 1u) {
         y[at] = y[at] + s;
       } else {
@@ -437,7 +442,7 @@ fn sr_lane(t: u32, rb: u32) -> SrLane {
 
 // SR = 1: the x quad at quad index q from x_off (normed with NORM, as x_quad).
 fn sr_x(q: u32) -> vec4<f32> {
-  let v = x[(params.x_off >> 2u) + q];
+  let v = x[(x_off >> 2u) + q];
   if (NORM == 1u) {
     return v * nscale * nw[q];
   }
@@ -535,6 +540,8 @@ fn main(
   @builtin(workgroup_id) wid: vec3<u32>,
   @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
+  x_off = params.x_off + wid.z * params.x_stride;
+  y_off = params.y_off + wid.z * params.y_stride;
   let wg = wid.y * nwg.x + wid.x;
   let team = lid / TEAM;
   let t = lid % TEAM;
@@ -547,13 +554,13 @@ fn main(
   if (NORM == 1u) {
     var ss = 0.0;
     for (var i = lid; i < params.k; i += WG) {
-      let v = x[(params.x_off + i) >> 2u][(params.x_off + i) & 3u];
+      let v = x[(x_off + i) >> 2u][(x_off + i) & 3u];
       ss += v * v;
     }
     nscale = rms_scale(lid, ss, params.k, EPS);
     if (wg == 0u) {
       for (var q = lid; q < params.k / 4u; q += WG) {
-        xn[(params.x_off >> 2u) + q] = x_quad(params.x_off, 4u * q);
+        xn[(x_off >> 2u) + q] = x_quad(x_off, 4u * q);
       }
     }
   }

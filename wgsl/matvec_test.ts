@@ -279,6 +279,129 @@ Deno.test("matvec NORM (x RMSNorm-ed in the prologue, xn written) and ACC (y += 
   }
 });
 
+Deno.test("matvec columns in grid z with NORM: each column its own batch-1 dispatch's bits, the reference, its xn", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const eps = 1e-6;
+  // A batched step's router: f32 rows (one dispatch, several columns) and a quantized type; y columns at a
+  // padded stride (the fused router's nExpert + 1), x columns back to back.
+  for (
+    const c of [{ type: "F32", k: 256, n: 9, cols: 3 }, { type: "Q8_0", k: 2048, n: 37, cols: 5 }] as const
+  ) {
+    const what = `matvec zCols ${JSON.stringify(c)} (seed ${rng.seed})`;
+    const bytes = randomWeights(rng, c.type, c.k, c.n);
+    const x = rng.normals(c.k * c.cols, 3);
+    const nw = rng.normals(c.k);
+    const yStride = c.n + 3;
+    const weights = upload(device, bytes);
+    const xBuf = upload(device, x);
+    const nwBuf = upload(device, nw);
+    const params = device.createBuffer({
+      size: 256 * (c.cols + 1),
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    });
+    const zShape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1, yStride, zCols: c.cols };
+    const constants = matvecConstants(zShape, { norm: { eps } });
+    const y = poisoned(device, (c.cols - 1) * yStride + c.n);
+    const xn = poisoned(device, c.cols * c.k);
+    device.queue.writeBuffer(params, 0, matvecParams(zShape));
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    const zOp = await prepareMatvec(cache, {
+      device,
+      shape: zShape,
+      constants,
+      bindings: {
+        params: { buffer: params, offset: 0, size: MATVEC_PARAMS_BYTES },
+        weights,
+        x: xBuf,
+        y,
+        nw: nwBuf,
+        xn,
+      },
+    });
+    assert.deepEqual(zOp.grid.slice(2), [c.cols], `${what}: grid z`);
+    encodeMatvec(pass, zOp);
+    // Each column alone: the one-token step's dispatch (its x at its offset, y in a buffer of its own).
+    const solo: { y: GPUBuffer; xn: GPUBuffer }[] = [];
+    for (let j = 0; j < c.cols; j++) {
+      const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1, xOffset: j * c.k };
+      const one = { y: poisoned(device, c.n), xn: poisoned(device, c.cols * c.k) };
+      device.queue.writeBuffer(params, 256 * (j + 1), matvecParams(shape));
+      encodeMatvec(
+        pass,
+        await prepareMatvec(cache, {
+          device,
+          shape,
+          constants,
+          bindings: {
+            params: { buffer: params, offset: 256 * (j + 1), size: MATVEC_PARAMS_BYTES },
+            weights,
+            x: xBuf,
+            y: { buffer: one.y, size: 4 * c.n },
+            nw: nwBuf,
+            xn: one.xn,
+          },
+        }),
+      );
+      solo.push(one);
+    }
+    pass.end();
+    device.queue.submit([enc.finish()]);
+    const [yz, xnz, ...rest] = await readAll(device, [y, xn, ...solo.flatMap((o) => [o.y, o.xn])]);
+    const yGot = new Float32Array(yz!);
+    const xnGot = new Float32Array(xnz!);
+    for (let j = 0; j < c.cols; j++) {
+      const xj = x.subarray(j * c.k, (j + 1) * c.k);
+      let ss = 0;
+      for (const v of xj) ss += v * v;
+      const scale = 1 / Math.sqrt(ss / c.k + eps);
+      const xnRef = Float64Array.from(xj, (v, i) => v * scale * nw[i]!);
+      const { ref, mag } = refProduct(c.type, bytes, {
+        k: c.k,
+        n: c.n,
+        cols: 1,
+        x: Float32Array.from(xnRef),
+      });
+      const col = yGot.subarray(j * yStride, j * yStride + c.n);
+      assertDotClose(col, ref, mag, { what: `${what} column ${j}`, seed: rng.seed });
+      const soloY = new Float32Array(rest[2 * j]!, 0, c.n);
+      const soloXn = new Float32Array(rest[2 * j + 1]!, 4 * j * c.k, c.k);
+      assert.deepEqual(
+        new Uint32Array(col.slice().buffer),
+        new Uint32Array(soloY.slice().buffer),
+        `${what}: y of column ${j} ≢ its solo dispatch`,
+      );
+      const xnCol = xnGot.subarray(j * c.k, (j + 1) * c.k);
+      assert.deepEqual(
+        new Uint32Array(xnCol.slice().buffer),
+        new Uint32Array(soloXn.slice().buffer),
+        `${what}: xn of column ${j} ≢ its solo dispatch`,
+      );
+      for (let i = 0; i < c.k; i++) {
+        assert.ok(
+          Math.abs(xnCol[i]! - xnRef[i]!) <= 1e-5 * Math.abs(xnRef[i]!) + 1e-6,
+          `${what}: xn[${j}][${i}]`,
+        );
+      }
+      // The padding between y columns is never written.
+      if (j < c.cols - 1) {
+        assertPoisoned(
+          new Uint32Array(yz!, 4 * (j * yStride + c.n), yStride - c.n),
+          POISON_F32,
+          `${what}: y padding ${j}`,
+        );
+      }
+    }
+    assertPoisoned(
+      new Uint32Array(yz!, 4 * ((c.cols - 1) * yStride + c.n), GUARD_WORDS),
+      POISON_F32,
+      `${what}: y guard`,
+    );
+  }
+});
+
 Deno.test("matvec SR (strength-reduced batch-1 loop) matches the reference and SR=0 bit for bit", async () => {
   const rng = new Rng();
   const { device } = await testGpu();

@@ -73,6 +73,12 @@ export async function matvec(
     f32?: boolean;
     /** How the mat-vec sums, where it must sum like another dispatch ({@linkcode soloSum}). */
     sum?: SoloSum;
+    /**
+     * Mat-vec columns reading a deferred norm's output (f32 x, one weight part): the columns as grid z,
+     * each with the norm in its prologue, the one-token step's dispatch per column (its bits; no norm
+     * dispatch of its own).
+     */
+    zNorm?: boolean;
   } = {},
 ) {
   if (
@@ -83,7 +89,11 @@ export async function matvec(
   // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
   // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
   const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
-  const norm = g.pending && g.pending.y === x && cols === 1 && allRows <= g.opts.normPrologueMaxRows
+  const zCols = opts.zNorm && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 && !opts.acc
+    ? cols
+    : 1;
+  const norm = g.pending && g.pending.y === x && (cols === 1 || zCols > 1) &&
+      allRows <= g.opts.normPrologueMaxRows
     ? g.pending
     : undefined;
   // A mat-vec that writes the deferred norm's input or output (or reads its output with several columns)
@@ -156,8 +166,10 @@ export async function matvec(
       }
       continue;
     }
-    for (let c0 = 0; c0 < cols; c0 += MATVEC_MAX_BATCH) {
-      const batch = Math.min(MATVEC_MAX_BATCH, cols - c0);
+    // With a norm in grid z: one dispatch, every column a batch-1 dispatch's code.
+    const step = norm && zCols > 1 ? cols : MATVEC_MAX_BATCH;
+    for (let c0 = 0; c0 < cols; c0 += step) {
+      const batch = norm && zCols > 1 ? 1 : Math.min(MATVEC_MAX_BATCH, cols - c0);
       const shape: MatvecShape = {
         type: typeName(w),
         k,
@@ -168,6 +180,7 @@ export async function matvec(
         xStride: k,
         yOffset: (opts.yAt ?? 0) + c0 * (opts.yStride ?? nRows) + (lo - rowStart),
         yStride: opts.yStride ?? nRows,
+        ...(norm && zCols > 1 ? { zCols } : undefined),
       };
       const c = matvecConstants(shape, {
         norm: norm ? { eps: g.hp.rmsEps } : undefined,
@@ -183,7 +196,7 @@ export async function matvec(
         y,
         norm ? part0(norm.w) : x,
         norm ? norm.y : g.scratch(),
-      ], [...matvecGrid(shape, c), 1]);
+      ], matvecGrid(shape, c));
     }
   }
   if (roundedFrom) g.lastRound = { from: roundedFrom, k, cols, out: x, at: g.ops.length };
@@ -436,7 +449,7 @@ export async function fusedMatvec(
   ws: readonly GpuTensor[],
   x: GPUBuffer,
   out: GPUBuffer,
-  opts: { joined?: GpuTensor; f32?: boolean; yStride?: number } = {},
+  opts: { joined?: GpuTensor; f32?: boolean; yStride?: number; zNorm?: boolean } = {},
 ): Promise<number[]> {
   const cols = g.n;
   if (cols !== 1 && (opts.yStride === undefined || cols > g.maxCols)) return [];
@@ -460,6 +473,7 @@ export async function fusedMatvec(
   await matvec(g, label, whole, x, out, cols, {
     f32: opts.f32,
     yStride: cols > 1 ? opts.yStride : undefined,
+    zNorm: opts.zNorm,
   });
   return offsets;
 }

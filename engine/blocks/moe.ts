@@ -89,14 +89,17 @@ export async function moe(
   // The router keeps f32 x under int8Experts: a deferred norm rides on this mat-vec, and the expert
   // passes round A.m themselves (moe_matvec_q8 XIN). Mat-vec columns (a batched step, a short chunk) fuse
   // too: each column's nExpert logits and then its shared expert's gate logit (one dispatch less per layer;
-  // TEAM follows K and N, 257 rows either way, so every column keeps the bits of a one-token step).
+  // TEAM follows K and N, 257 rows either way, so every column keeps the bits of a one-token step). A
+  // deferred norm rides on it for mat-vec columns too: the columns in grid z, each a one-token step's
+  // dispatch with the norm in its prologue (no norm dispatch of its own: 6-9 µs a layer in a batched step).
   const col = hp.nExpert + 1;
   const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
     f32: true,
     yStride: col,
+    zNorm: true,
   });
   if (routerFused.length === 0) {
-    await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true });
+    await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true, zNorm: true });
   }
   // The shared expert's gate logit: row nExpert of each column of the fused router output (stride col), or
   // its own mat-vec's.

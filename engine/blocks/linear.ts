@@ -89,9 +89,7 @@ export async function matvec(
   // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
   // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
   const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
-  const zCols = opts.zNorm && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 && !opts.acc
-    ? cols
-    : 1;
+  const zCols = opts.zNorm && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 && !opts.acc ? cols : 1;
   const norm = g.pending && g.pending.y === x && (cols === 1 || zCols > 1) &&
       allRows <= g.opts.normPrologueMaxRows
     ? g.pending

@@ -421,7 +421,7 @@ for (const B of batchSizes) {
     const bfull = await stepMs(bops);
     const batchedClasses: Record<string, (label: string) => boolean> = {
       q8: (l) => l.endsWith(".q8"),
-      norms: (l) => l.endsWith("post_attention_norm") || l === "output_norm",
+      norms: (l) => /^L\d+\.post_attention_norm$/.test(l) || l === "output_norm",
       get_rows: (l) => l.startsWith("get_rows"),
       moe_route: (l) => l.includes("moe_route"),
       gdn_step: (l) => l.includes("gdn_step"),

@@ -70,6 +70,14 @@ import {
 } from "../../wgsl/moe_route.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../wgsl/residual_add.ts";
 
+/**
+ * Most mat-vec columns whose router takes the deferred post-attention norm in grid z (each column a one-token
+ * step's dispatch). On an H100 8 slots ran 955-957 tok/s so against 949-950 with the norm's own dispatch,
+ * 16 slots 1,184-1,187 against 1,191-1,199: sixteen columns' workgroups re-reading the router's weights and
+ * re-summing their norms cost more than the dispatch saved (docs/PERF.md, 2026-12-06).
+ */
+export const ROUTER_Z_NORM_MAX_COLS = 8;
+
 /** Fewest routed tokens per expert on average at which thin prefill chunks run grouped mat-vecs (moe_gmv). */
 const GROUPED_MATVEC_MIN_TOKENS_PER_EXPERT = 4;
 
@@ -90,16 +98,18 @@ export async function moe(
   // passes round A.m themselves (moe_matvec_q8 XIN). Mat-vec columns (a batched step, a short chunk) fuse
   // too: each column's nExpert logits and then its shared expert's gate logit (one dispatch less per layer;
   // TEAM follows K and N, 257 rows either way, so every column keeps the bits of a one-token step). A
-  // deferred norm rides on it for mat-vec columns too: the columns in grid z, each a one-token step's
-  // dispatch with the norm in its prologue (no norm dispatch of its own: 6-9 µs a layer in a batched step).
+  // deferred norm rides on it for up to ROUTER_Z_NORM_MAX_COLS mat-vec columns too: the columns in grid z,
+  // each a one-token step's dispatch with the norm in its prologue, instead of a norm dispatch of its own
+  // and one mat-vec reading the router's weights once for all columns.
   const col = hp.nExpert + 1;
+  const zNorm = n <= ROUTER_Z_NORM_MAX_COLS;
   const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
     f32: true,
     yStride: col,
-    zNorm: true,
+    zNorm,
   });
   if (routerFused.length === 0) {
-    await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true, zNorm: true });
+    await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true, zNorm });
   }
   // The shared expert's gate logit: row nExpert of each column of the fused router output (stride col), or
   // its own mat-vec's.

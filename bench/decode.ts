@@ -24,8 +24,8 @@
  * `--state-pool-max-bytes N` StageOptions.maxStatePoolBytes (1: every slot state a buffer of its own, so the
  * batched step runs gdn_step, attn_qk_rope and attn_decode per slot as before the pools).
  * Each level of 2 slots or more also prints `decode_batched_ablation`: the batched step back to back without
- * each class of dispatches (the batched-only quantizes and norms, the per-slot embedding rows, moe_route,
- * gdn_step, the experts), what each costs in the stream rather than in a timed pass of its own.
+ * each class of dispatches (the batched-only quantizes and norms, moe_route, gdn_step, the experts), what each
+ * costs in the stream rather than in a timed pass of its own.
  * With no `--model` it synthesizes a full-size 35B-A3B-shaped IQ4_XS model to `--synth-out` (default
  * `/tmp/bench-35b-a3b-iq4_xs.gguf`, reused when present). Prints one JSON line per measurement, never
  * asserts. No npm imports: it runs on the lent GPU machine with nothing but Deno.
@@ -416,13 +416,13 @@ for (const B of batchSizes) {
     emit("decode_batched_profile", { slots: B, gpuMsPerStep: bp.gpuMs, kernels: bp.kernels.slice(0, 14) });
   }
   // What the batched step's own dispatches cost back to back (the solo step fuses these): marginal ms per
-  // step without each class, as the solo ablation above.
+  // step without each class, as the solo ablation above. No class that changes the routing (without the
+  // embedding rows the hidden state runs away and every column picks the same experts, read from L2).
   if (B >= 2) {
     const bfull = await stepMs(bops);
     const batchedClasses: Record<string, (label: string) => boolean> = {
       q8: (l) => l.endsWith(".q8"),
       norms: (l) => /^L\d+\.post_attention_norm$/.test(l) || l === "output_norm",
-      get_rows: (l) => l.startsWith("get_rows"),
       moe_route: (l) => l.includes("moe_route"),
       gdn_step: (l) => l.includes("gdn_step"),
       experts: (l) => l.includes("ffn_exps") || l.includes("ffn_shexp"),

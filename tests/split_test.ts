@@ -53,6 +53,9 @@ async function head(
     "2",
     "--ctx",
     String(CTX),
+    // The answers do not depend on it, and a split head's warm-up through the chain runs in
+    // dashboard_split_test and split_metrics_test: 42 s less CPU here on lavapipe (docs/PERF.md).
+    "--no-warm-up",
     ...(split ? ["--layers", split.layers, "--next", `127.0.0.1:${split.next}`] : []),
     ...(split?.draft ? ["--draft", String(split.draft)] : []),
     ...(split?.linkTimeout ? ["--link-timeout", String(split.linkTimeout)] : []),

@@ -15,6 +15,9 @@
  *   waits outside it (a request arrived, a piece is due, a waiting request was cancelled) or a sequence
  *   ended; the others come back paused and rejoin the next call with `resume` (no prefill, the same ids as an
  *   uninterrupted run).
+ * The runner yields to its thread's event loop once after a round's pieces (a decode call's readback blocks
+ * the thread, so a request handed over while the pieces were encoded would otherwise wait for that readback):
+ * requests of a burst that arrive one task apart start in one call.
  * So every generating request joins every decode step, a new request joins at the next readback, and a long
  * prompt costs the streams in flight one piece at a time: piece, one batch of steps, piece, ... Only when
  * more requests generate than one step can hold (above MAX_BATCH_SLOTS, a model that cannot batch, or fewer

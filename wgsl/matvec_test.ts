@@ -26,6 +26,14 @@ interface Case {
   constants: MatvecConstants;
 }
 
+/** The float64 RMSNorm of x: x / sqrt(mean(x²) + eps) · nw. */
+function refNorm(x: ArrayLike<number>, nw: ArrayLike<number>, eps: number): Float64Array {
+  let ss = 0;
+  for (let i = 0; i < x.length; i++) ss += x[i]! * x[i]!;
+  const scale = 1 / Math.sqrt(ss / x.length + eps);
+  return Float64Array.from({ length: x.length }, (_, i) => x[i]! * scale * nw[i]!);
+}
+
 /** The cases of one type: debug, one block, odd row counts, every batch size, slices with offsets. */
 function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const be = Math.max(32, typeInfo(type).blockElems);
@@ -207,11 +215,7 @@ Deno.test("matvec NORM (x RMSNorm-ed in the prologue, xn written) and ACC (y += 
     const x = rng.normals(c.k, 3);
     const nw = rng.normals(c.k);
     const y0 = rng.normals(c.n);
-    // The float64 normed x: x / sqrt(mean(x²) + eps) · nw.
-    let ss = 0;
-    for (const v of x) ss += v * v;
-    const scale = 1 / Math.sqrt(ss / c.k + eps);
-    const xnRef = Float64Array.from(x, (v, j) => v * scale * nw[j]!);
+    const xnRef = refNorm(x, nw, eps);
     const { ref, mag } = refProduct(c.type, bytes, {
       k: c.k,
       n: c.n,
@@ -353,11 +357,7 @@ Deno.test("matvec columns in grid z with NORM: each column its own batch-1 dispa
     const yGot = new Float32Array(yz!);
     const xnGot = new Float32Array(xnz!);
     for (let j = 0; j < c.cols; j++) {
-      const xj = x.subarray(j * c.k, (j + 1) * c.k);
-      let ss = 0;
-      for (const v of xj) ss += v * v;
-      const scale = 1 / Math.sqrt(ss / c.k + eps);
-      const xnRef = Float64Array.from(xj, (v, i) => v * scale * nw[i]!);
+      const xnRef = refNorm(x.subarray(j * c.k, (j + 1) * c.k), nw, eps);
       const { ref, mag } = refProduct(c.type, bytes, {
         k: c.k,
         n: c.n,
@@ -434,10 +434,7 @@ Deno.test("matvec SR (strength-reduced batch-1 loop) matches the reference and S
     const x = rng.normals(c.k, 3);
     const nw = rng.normals(c.k);
     const y0 = rng.normals(c.n);
-    let ss = 0;
-    for (const v of x) ss += v * v;
-    const scale = 1 / Math.sqrt(ss / c.k + eps);
-    const xUsed = c.norm ? Float32Array.from(x, (v, j) => v * scale * nw[j]!) : x;
+    const xUsed = c.norm ? Float32Array.from(refNorm(x, nw, eps)) : x;
     const { ref, mag } = refProduct(c.type, bytes, { k: c.k, n: c.n, cols: 1, x: xUsed });
     if (c.acc) {
       for (let r = 0; r < c.n; r++) {

@@ -602,6 +602,7 @@ function macrotask(): Promise<void> {
   return new Promise<void>((resolve) => {
     port1.onmessage = () => {
       port1.close();
+      port2.close();
       resolve();
     };
     port2.postMessage(null);

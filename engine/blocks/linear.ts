@@ -89,11 +89,12 @@ export async function matvec(
   // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
   // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
   const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
-  const zCols = opts.zNorm && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 && !opts.acc ? cols : 1;
-  const norm = g.pending && g.pending.y === x && (cols === 1 || zCols > 1) &&
-      allRows <= g.opts.normPrologueMaxRows
+  const zOk = opts.zNorm === true && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 && !opts.acc;
+  const norm = g.pending && g.pending.y === x && (cols === 1 || zOk) && allRows <= g.opts.normPrologueMaxRows
     ? g.pending
     : undefined;
+  // The columns in grid z, each a batch-1 dispatch's code with the norm in its prologue.
+  const inZ = norm !== undefined && zOk;
   // A mat-vec that writes the deferred norm's input or output (or reads its output with several columns)
   // must come after it: push the norm first.
   if (!norm && g.pending && (y === g.pending.x || y === g.pending.y || x === g.pending.y)) {
@@ -164,10 +165,8 @@ export async function matvec(
       }
       continue;
     }
-    // With a norm in grid z: one dispatch, every column a batch-1 dispatch's code.
-    const step = norm && zCols > 1 ? cols : MATVEC_MAX_BATCH;
-    for (let c0 = 0; c0 < cols; c0 += step) {
-      const batch = norm && zCols > 1 ? 1 : Math.min(MATVEC_MAX_BATCH, cols - c0);
+    for (let c0 = 0; c0 < cols; c0 += inZ ? cols : MATVEC_MAX_BATCH) {
+      const batch = inZ ? 1 : Math.min(MATVEC_MAX_BATCH, cols - c0);
       const shape: MatvecShape = {
         type: typeName(w),
         k,
@@ -178,7 +177,7 @@ export async function matvec(
         xStride: k,
         yOffset: (opts.yAt ?? 0) + c0 * (opts.yStride ?? nRows) + (lo - rowStart),
         yStride: opts.yStride ?? nRows,
-        ...(norm && zCols > 1 ? { zCols } : undefined),
+        ...(inZ ? { zCols: cols } : undefined),
       };
       const c = matvecConstants(shape, {
         norm: norm ? { eps: g.hp.rmsEps } : undefined,

@@ -50,9 +50,10 @@ export const readStats: { early: number; awaited: number; fellBack: number } = {
 
 /**
  * Resolves in a later task of the event loop (a message through a fresh channel: about 0.5 ms on lavapipe,
- * where `setTimeout(0)` takes 2.5 ms), after every task queued before it, such as Deno's GPU error events.
+ * where `setTimeout(0)` takes 2.5 ms), after every task queued before it, such as Deno's GPU error events or
+ * a worker's incoming messages.
  */
-function nextTask(): Promise<void> {
+export function nextTask(): Promise<void> {
   const { port1, port2 } = new MessageChannel();
   return new Promise<void>((resolve) => {
     port1.onmessage = () => {

@@ -45,6 +45,7 @@ import type { SamplingParams } from "../sampling.ts";
 import type { JobResult } from "./_protocol.ts";
 import { PiecePacer } from "./_pacer.ts";
 import { trace } from "../exec/_trace.ts";
+import { nextTask } from "../gpu/readback.ts";
 
 /** One request as the runner sees it. */
 export interface RunnerJob {
@@ -274,7 +275,7 @@ export class SlotRunner {
         // The pieces were encoded in this task, and the decode call's readback blocks the thread: a request
         // handed over meanwhile (the worker's message) still waits in the event loop's queue. One macrotask
         // lets it in before the call is formed (it starts with these, or ends the call at its first readback).
-        if (pieced > 0) await macrotask();
+        if (pieced > 0) await nextTask();
         // Nothing generated yet and requests arrived during these pieces (a burst whose requests came in
         // separate tasks): their pieces first, so that all start in one decode call. A stream started alone
         // would have the others join it one by one, each join a short call, and its gaps would hold their
@@ -591,22 +592,6 @@ export class SlotRunner {
     }
     return tokens;
   }
-}
-
-/**
- * Resolves after the tasks already queued in this thread's event loop (a worker's incoming messages) have run:
- * one message through a MessageChannel of its own (about 0.15 ms in Deno; a 0 ms timer takes 2 ms).
- */
-function macrotask(): Promise<void> {
-  const { port1, port2 } = new MessageChannel();
-  return new Promise<void>((resolve) => {
-    port1.onmessage = () => {
-      port1.close();
-      port2.close();
-      resolve();
-    };
-    port2.postMessage(null);
-  });
 }
 
 /** Ids `a` can make in all: its maximum, or what the context holds (the prompt and all ids but the last). */

@@ -76,8 +76,6 @@
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
-#   q8bench    #20: combine_q8's kernel test on NVIDIA (its bits against residual_add + quantize_q8) and
-#              bench/combine.ts (combine_q8 against the dispatches it replaces, 1, 8 and 16 columns)
 #   q8c        #20: batch_bits at 8 and 16 slots, then 1, 8 and 16 slots (the MoE combine that rounds the next
 #              norm to int8, combine_q8)
 #   servelevels  #20: the service at the issue's levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
@@ -247,10 +245,6 @@ for step in "$@"; do
       # shellcheck disable=SC2086 # DECODE_FLAGS: more flags, split on spaces (an older tree's knobs)
       run rowsq 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         ${DECODE_FLAGS:-}
-      ;;
-    q8bench)
-      run q8bench 90 $T wgsl/combine_q8_test.ts
-      run q8bench 120 $D bench/combine.ts
       ;;
     q8c)
       ensure_model

@@ -40,9 +40,9 @@ export function combineQ8Params(nTokens: number, gCol: number, altWords: number)
   return Uint32Array.of(nTokens, gCol, altWords, 0);
 }
 
-/** Workgroup memory of a variant: the row, each quad's largest |v| and the norm's 256 partials. */
+/** Workgroup memory of a variant: the new row. */
 export function combineQ8WorkgroupBytes(c: CombineQ8Constants): number {
-  return 4 * c.D + c.D + 4 * 256;
+  return 4 * c.D + 4 * 256;
 }
 
 /**

@@ -7,11 +7,8 @@
 // Every value has the bits of the dispatches it replaces: each element of the new row is the expression of
 // residual_add's added() (in vec4 lanes); the row waits in workgroup memory, invocation i sums the squares of
 // elements i, i + 256, ... in order and lib/rms.wgsl halves the 256 partials (quantize_q8 NORM's and
-// matvec_q8_fused's scale); each quad of the normed row is v · scale · nw (lib/q8x.wgsl's q8x_quad), and each
-// quad word is rounded from them as quantize_q8 QUADS rounds it (lib/q8pack.wgsl).
-// The work is one chain of latencies (a workgroup per row), so every load is issued before the first use:
-// the terms, h, sh, the gate and the norm weight at once; then three workgroup steps (the row, the norm's
-// sum, the chunks' largest |v|) and the words.
+// matvec_q8_fused's scale); each quad word is rounded from v · scale · nw (lib/q8x.wgsl's q8x_quad) as
+// quantize_q8 QUADS rounds it (lib/q8pack.wgsl).
 //
 // Bindings (t < n_tokens):
 //   params  uniform Params: n_tokens; g_col (g's stride per token; 0 means 1); alt (words from the byte order 0
@@ -47,14 +44,16 @@ struct Params {
 const WG: u32 = 256u;
 // lib/q8pack.wgsl's all-words rounding (unused here) reads a LAYOUT; the words below name their order.
 const LAYOUT: u32 = 0u;
-// Quads of a row, and per invocation (invocation i owns quads i, i + 256, ...).
+// Quads of a row, and per invocation.
 const Q: u32 = D / 4u;
 const QPER: u32 = (Q + WG - 1u) / WG;
 
-// The new row, then (after the norm's sum) the normed row.
 var<workgroup> row: array<vec4<f32>, Q>;
-// The largest |v| of each normed quad.
-var<workgroup> qmax: array<f32, Q>;
+
+// Quad q of the normed row: q8x_quad's expression.
+fn normed(q: u32, scale: f32) -> vec4<f32> {
+  return row[q] * scale * nw[q];
+}
 
 @compute @workgroup_size(256)
 fn main(
@@ -65,33 +64,26 @@ fn main(
   if (t >= params.n_tokens) {
     return;
   }
+  // Every load before any use: the terms of an invocation's quads are in flight together.
   var hv: array<vec4<f32>, QPER>;
-  var nv: array<vec4<f32>, QPER>;
-  var shv: array<vec4<f32>, QPER>;
-  var ev: array<vec4<f32>, N_TERMS * QPER>;
-  var wv: array<f32, N_TERMS>;
+  var acc: array<vec4<f32>, QPER>;
   for (var j = 0u; j < QPER; j++) {
-    let q = min(lid + j * WG, Q - 1u);
-    hv[j] = h[t * Q + q];
-    nv[j] = nw[q];
-    shv[j] = sh[t * Q + q];
-    for (var s = 0u; s < N_TERMS; s++) {
-      ev[s * QPER + j] = e[(t * N_TERMS + s) * Q + q];
-    }
+    hv[j] = h[t * Q + min(lid + j * WG, Q - 1u)];
   }
   for (var s = 0u; s < N_TERMS; s++) {
-    wv[s] = weights[t * N_TERMS + s];
+    let w = weights[t * N_TERMS + s];
+    for (var j = 0u; j < QPER; j++) {
+      acc[j] += w * e[(t * N_TERMS + s) * Q + min(lid + j * WG, Q - 1u)];
+    }
   }
   let den = 1.0 + exp(-g[t * max(params.g_col, 1u)]);
   for (var j = 0u; j < QPER; j++) {
-    var acc = vec4<f32>(0.0);
-    for (var s = 0u; s < N_TERMS; s++) {
-      acc += wv[s] * ev[s * QPER + j];
-    }
-    acc += shv[j] / den;
+    acc[j] += sh[t * Q + min(lid + j * WG, Q - 1u)] / den;
+  }
+  for (var j = 0u; j < QPER; j++) {
     let q = lid + j * WG;
     if (q < Q) {
-      let v = hv[j] + acc;
+      let v = hv[j] + acc[j];
       row[q] = v;
       h[t * Q + q] = v;
     }
@@ -102,18 +94,7 @@ fn main(
     let v = row[i >> 2u][i & 3u];
     ss += v * v;
   }
-  // rms_scale's last barrier follows every read of the row: each invocation may overwrite its own quads.
   let scale = rms_scale(lid, ss, D, EPS);
-  for (var j = 0u; j < QPER; j++) {
-    let q = lid + j * WG;
-    if (q < Q) {
-      let v = row[q] * scale * nv[j];
-      row[q] = v;
-      qmax[q] = q8x_amax4(v);
-      y[t * Q + q] = v;
-    }
-  }
-  workgroupBarrier();
   let qo = t * (Q + D / 32u);
   for (var j = 0u; j < QPER; j++) {
     let i = lid + j * WG;
@@ -123,17 +104,18 @@ fn main(
       let m = i % 8u;
       var amax = 0.0;
       for (var k = 0u; k < 8u; k++) {
-        amax = max(amax, qmax[8u * c + k]);
+        amax = max(amax, q8x_amax4(normed(8u * c + k, scale)));
       }
       let dv = q8x_d(amax);
       for (var order = 0u; order < 2u; order++) {
         let wq = q8x_word_quads(order, m);
         let at = order * params.alt + qo;
-        xq[at + i] = q8x_word(order, m, row[8u * c + wq.x], row[8u * c + wq.y], dv.y);
+        xq[at + i] = q8x_word(order, m, normed(8u * c + wq.x, scale), normed(8u * c + wq.y, scale), dv.y);
         if (m == 0u) {
           xq[at + Q + c] = bitcast<u32>(dv.x);
         }
       }
+      y[t * Q + i] = normed(i, scale);
     }
   }
 }

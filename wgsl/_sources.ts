@@ -12,7 +12,6 @@ import wgsl_attn_decode from "./attn_decode.wgsl" with { type: "text" };
 import wgsl_attn_prefill from "./attn_prefill.wgsl" with { type: "text" };
 import wgsl_attn_prefill_combine from "./attn_prefill_combine.wgsl" with { type: "text" };
 import wgsl_attn_qk_rope from "./attn_qk_rope.wgsl" with { type: "text" };
-import wgsl_combine_q8 from "./combine_q8.wgsl" with { type: "text" };
 import wgsl_copy_regions from "./copy_regions.wgsl" with { type: "text" };
 import wgsl_gdn_chunk from "./gdn_chunk.wgsl" with { type: "text" };
 import wgsl_gdn_chunk_norm from "./gdn_chunk_norm.wgsl" with { type: "text" };
@@ -70,7 +69,6 @@ export const WGSL_SOURCES: Readonly<Record<string, string>> = {
   "attn_prefill.wgsl": wgsl_attn_prefill,
   "attn_prefill_combine.wgsl": wgsl_attn_prefill_combine,
   "attn_qk_rope.wgsl": wgsl_attn_qk_rope,
-  "combine_q8.wgsl": wgsl_combine_q8,
   "copy_regions.wgsl": wgsl_copy_regions,
   "gdn_chunk.wgsl": wgsl_gdn_chunk,
   "gdn_chunk_norm.wgsl": wgsl_gdn_chunk_norm,

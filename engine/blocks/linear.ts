@@ -231,14 +231,9 @@ export async function matvecQ8(
   // The int8 x of every column: quantized by the int8 mat-vec pushed last when it read the same x and
   // nothing was pushed since (attn_qkv, attn_gate, ssm_beta, ... of a chunk; unfused attn_q/k/v), else here.
   const last = g.lastQ8;
-  const lastRegions = last?.layout === layout
-    ? last.regions
-    : last?.alt?.layout === layout
-    ? [last.alt.region]
-    : undefined;
-  const reuse = !norm && last !== undefined && lastRegions !== undefined && last.x === x && last.k === k &&
+  const reuse = !norm && last !== undefined && last.x === x && last.k === k && last.layout === layout &&
     last.cols === cols && last.at === g.ops.length;
-  const regions: Binding[] = reuse ? lastRegions! : [];
+  const regions: Binding[] = reuse ? last.regions : [];
   const parts = w.parts.flatMap((part) => {
     const lo = Math.max(rowStart, part.firstRow);
     const hi = Math.min(rowStart + nRows, part.firstRow + part.nRows);
@@ -253,7 +248,7 @@ export async function matvecQ8(
   });
   if (together) {
     const mvs = parts.map((at) => ({ shape: shapeOf(0, at), weights: at.part.buffer }));
-    const given = reuse ? regions[0]! : undefined;
+    const given = reuse ? last.regions[0]! : undefined;
     const a = { type, k, cols, x, y, acc: opts.acc, sum: opts.sum, norm };
     await matvecQ8Cols(g, label, a, given, mvs, opts.yStride ?? nRows);
     return;
@@ -412,11 +407,7 @@ async function matvecQ8Cols(
       1,
     ]);
   }
-  // The other byte order's copy of a given x stays reusable (attention's v after its q and k).
-  const prev = given ? g.lastQ8 : undefined;
-  const layout = q8Layout(type);
-  const alt = prev && prev.layout !== layout ? { layout: prev.layout, region: prev.regions[0]! } : prev?.alt;
-  g.lastQ8 = { x: a.x, k, layout, cols, regions: [xq], at: g.ops.length, alt };
+  g.lastQ8 = { x: a.x, k, layout: q8Layout(type), cols, regions: [xq], at: g.ops.length };
 }
 
 /** Bytes between the columns of the per-column int8 x regions (a bindable offset apart). */

@@ -20,7 +20,7 @@ import {
   typeName,
 } from "../graph/builder.ts";
 import { fusedMatvec, matvec, roundX } from "./linear.ts";
-import { combineNormQ8, type NextNormQ8, normConstants } from "./norm.ts";
+import { normConstants } from "./norm.ts";
 import {
   checkGroupedMatmul,
   groupedMatmulConstants,
@@ -81,17 +81,13 @@ export const ROUTER_Z_NORM_MAX_COLS = 8;
 /** Fewest routed tokens per expert on average at which thin prefill chunks run grouped mat-vecs (moe_gmv). */
 const GROUPED_MATVEC_MIN_TOKENS_PER_EXPERT = 4;
 
-/**
- * The MoE block of layer l; `norm`: the next block's norm, written by the combine; `normQ8`: the same for int8
- * columns, rounded to int8 by the combine too (combine_q8).
- */
+/** The MoE block of layer l; `norm`: the next block's norm, written by the combine. */
 export async function moe(
   g: GraphBuilder,
   cx: BuildContext,
   l: number,
   lw: LayerWeights,
   norm: FusedNorm | undefined,
-  normQ8?: NextNormQ8,
 ) {
   const hp = g.hp;
   const n = g.n;
@@ -220,11 +216,6 @@ export async function moe(
   }
   if (!fusedGam) {
     await matvec(g, `L${l}.ffn_gate_inp_shexp`, routerWs[1]!, A.m!, A.gam!, n, { f32: true });
-  }
-  if (normQ8) {
-    const b = { e: A.eo!, weights: A.wts!, sh: sho, g: gam, gCol, h: A.h! };
-    await combineNormQ8(g, `L${l}.moe_combine+${normQ8.label.replace(/^L\d+\./, "")}`, b, normQ8);
-    return;
   }
   const c: ResidualAddConstants = {
     D: hp.nEmbd,

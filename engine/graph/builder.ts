@@ -248,20 +248,9 @@ export class GraphBuilder {
   pending: PendingNorm | undefined;
   /** The x the last prefill matmul under int8Activations rounded, and the op count after it (blocks/linear). */
   lastRound: { from: GPUBuffer; k: number; cols: number; out: GPUBuffer; at: number } | undefined;
-  /**
-   * The x the last int8 mat-vec quantized, and the op count after it (blocks/linear); `alt`: the same columns
-   * in the other byte order, where a combine_q8 wrote both (blocks/norm).
-   */
+  /** The x the last int8 mat-vec quantized, and the op count after it (blocks/linear). */
   lastQ8:
-    | {
-      x: GPUBuffer;
-      k: number;
-      layout: number;
-      cols: number;
-      regions: Binding[];
-      at: number;
-      alt?: { layout: number; region: Binding };
-    }
+    | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
     | undefined;
   /** int8 x buffers (quantize_q8's output) by K, created on first use (shared by the owner's graphs). */
   readonly xq: Map<number, GPUBuffer>;
@@ -394,13 +383,7 @@ export class GraphBuilder {
    * A region of the int8 log for `cols` columns of K int8 x read by `label`, each logged as column
    * `firstCol + i` (StageOptions.int8Log); undefined when the graph does not log.
    */
-  logRegion(
-    label: string,
-    k: number,
-    type: GgmlTypeName,
-    cols: number,
-    firstCol = 0,
-  ): { buffer: GPUBuffer; offset: number; size: number } | undefined {
+  logRegion(label: string, k: number, type: GgmlTypeName, cols: number, firstCol = 0): Binding | undefined {
     const log = this.opts.int8Log;
     if (!log) return undefined;
     const bytes = cols * q8xBytes(k);

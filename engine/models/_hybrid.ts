@@ -18,7 +18,7 @@ import { attention } from "../blocks/attention.ts";
 import { deltaNet, type DeltaNetInputsOf } from "../blocks/deltanet.ts";
 import { matvec, outProjAdds } from "../blocks/linear.ts";
 import { moe } from "../blocks/moe.ts";
-import { combinesQ8, norm, residual } from "../blocks/norm.ts";
+import { norm, residual } from "../blocks/norm.ts";
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../../wgsl/get_rows.ts";
 
 /** What an architecture adds to the shared layer loop. */
@@ -77,14 +77,9 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
   // The fused output norm writes every row in place; the LM head reads from row 0, so fuse it only when
   // that is the row it wants.
   const fuseOutNorm = head && fuseNorms && cx.rows === "all";
-  // int8 columns (a batched step, a short chunk): each MoE combine also norms its rows for the next block and
-  // rounds them to int8 (combine_q8), which the next in-projections (or the LM head, with every row wanted)
-  // read instead of a norm and quantize of their own.
-  const combineQ8 = combinesQ8(g);
-  let normed = false; // the last combine wrote the next norm
   for (const [i, lw] of cx.layers.entries()) {
     const l = cx.firstLayer + i;
-    if (!normed && (i === 0 || !fuseNorms)) await norm(g, `L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
+    if (i === 0 || !fuseNorms) await norm(g, `L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
     if (lw.attention) await attention(g, cx, l, lw);
     else await deltaNet(g, cx, l, lw, model.deltaNetInputs);
     if (outProjAdds(g)) {
@@ -106,18 +101,10 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
       : fuseOutNorm
       ? { w: cx.outNorm!, y: A.a! }
       : undefined;
-    const nextQ8 = !combineQ8
-      ? undefined
-      : next
-      ? { w: next.t("attn_norm"), y: A.a!, label: `L${l + 1}.attn_norm` }
-      : head && cx.rows === "all"
-      ? { w: cx.outNorm!, y: A.a!, label: "output_norm" }
-      : undefined;
-    await moe(g, cx, l, lw, nextNorm, nextQ8);
-    normed = nextQ8 !== undefined;
+    await moe(g, cx, l, lw, nextNorm);
   }
   if (head && decode) await norm(g, "output_norm", A.h!, cx.outNorm!, A.a!);
-  if (head && !decode && !fuseOutNorm && !normed) {
+  if (head && !decode && !fuseOutNorm) {
     const first = cx.rows === "all" ? 0 : n - 1;
     const rows = cx.rows === "all" ? n : 1;
     await g.rmsNorm(

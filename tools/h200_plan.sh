@@ -76,6 +76,7 @@
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
+#   q8c        #20: batch_bits at 8 and 16 slots, then 1, 8 and 16 slots
 #   servelevels  #20: the service at the levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
@@ -243,6 +244,12 @@ for step in "$@"; do
       # shellcheck disable=SC2086 # DECODE_FLAGS: more flags, split on spaces (an older tree's knobs)
       run rowsq 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         ${DECODE_FLAGS:-}
+      ;;
+    q8c)
+      ensure_model
+      run q8c 90 $D bench/batch_bits.ts --model "$model" --slots 8
+      run q8c 90 $D bench/batch_bits.ts --model "$model" --slots 16
+      run q8c 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
       ;;
     rowsq4)
       ensure_model

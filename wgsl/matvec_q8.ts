@@ -30,7 +30,7 @@ export const QUANTIZE_Q8: KernelSpec = {
   name: "quantize_q8",
   url: new URL("./quantize_q8.wgsl", import.meta.url),
   lib: ["rms", "q8pack", "q8x"],
-  constants: { LAYOUT: "u32", NORM: "u32", ROUND: "u32", QUADS: "u32", EPS: "f32" },
+  constants: { LAYOUT: "u32", NORM: "u32", ROUND: "u32", QUADS: "u32", BOTH: "u32", EPS: "f32" },
 };
 
 /** Kernel description of `matvec_q8.wgsl`. */
@@ -152,6 +152,11 @@ export interface QuantizeQ8Shape {
    * the invocations (default {@linkcode QUANTIZE_Q8_QUADS}).
    */
   readonly quads?: boolean;
+  /**
+   * Also write the columns in the other byte order, `both` words after the first copy's start in xq (at least
+   * the first copy's words; with quads): the same values for a mat-vec of weights in that order.
+   */
+  readonly both?: number;
 }
 
 /**
@@ -188,7 +193,7 @@ export interface Q8Op {
 
 /** The uniform params of a quantize_q8 shape. */
 export function quantizeQ8Params(shape: QuantizeQ8Shape): Uint32Array<ArrayBuffer> {
-  return new Uint32Array([shape.k, shape.xOffset ?? 0, shape.xStride ?? shape.k, 0]);
+  return new Uint32Array([shape.k, shape.xOffset ?? 0, shape.xStride ?? shape.k, shape.both ?? 0]);
 }
 
 /**
@@ -225,7 +230,15 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
   const xEnd = 4 * (xOff + (cols - 1) * xStride + shape.k);
   need("params", b.params, QUANTIZE_Q8_PARAMS_BYTES);
   need("x", b.x, xEnd);
-  need("xq", b.xq, cols * q8xBytes(shape.k));
+  if (shape.both !== undefined) {
+    checkShape(
+      (shape.quads ?? QUANTIZE_Q8_QUADS) && Number.isInteger(shape.both) &&
+        shape.both >= (cols * q8xBytes(shape.k)) / 4,
+      `Kernel quantize_q8: the other byte order's copy ${shape.both} words in must follow the first copy's ` +
+        `${(cols * q8xBytes(shape.k)) / 4} words, with quads`,
+    );
+  }
+  need("xq", b.xq, 4 * (shape.both ?? 0) + cols * q8xBytes(shape.k));
   if (shape.round) {
     checkShape(b.xn !== undefined, "Kernel quantize_q8: round needs the xn binding");
     need("xn", b.xn!, xEnd);
@@ -247,12 +260,13 @@ export function checkQuantizeQ8(shape: QuantizeQ8Shape, b: QuantizeQ8Bindings): 
 /** The constants of a quantize_q8 problem. */
 export function quantizeQ8Constants(
   shape: QuantizeQ8Shape,
-): { LAYOUT: number; NORM: number; ROUND: number; QUADS: number; EPS: number } {
+): { LAYOUT: number; NORM: number; ROUND: number; QUADS: number; BOTH: number; EPS: number } {
   return {
     LAYOUT: q8Layout(shape.type),
     NORM: shape.norm ? 1 : 0,
     ROUND: shape.round ? 1 : 0,
     QUADS: (shape.quads ?? QUANTIZE_Q8_QUADS) ? 1 : 0,
+    BOTH: shape.both !== undefined ? 1 : 0,
     EPS: shape.norm?.eps ?? 0,
   };
 }

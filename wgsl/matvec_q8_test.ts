@@ -233,6 +233,80 @@ Deno.test("quantize_q8 QUADS (an invocation per quad word) gives the per-chunk b
   }
 });
 
+Deno.test("quantize_q8 BOTH: the columns in both byte orders, each with the bits of a dispatch in its order", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  for (const norm of [false, true]) {
+    for (const type of ["Q8_0", "IQ4_XS"] as const) {
+      const other = type === "Q8_0" ? "IQ4_XS" : "Q8_0";
+      const k = 32 * rng.int(1, 81);
+      const cols = rng.int(1, 6);
+      const xStride = k + 4 * rng.int(0, 3);
+      const what = `quantize_q8 BOTH ${norm ? "norm" : "plain"} ${type} K=${k} × ${cols} columns, stride ` +
+        `${xStride} (seed ${rng.seed})`;
+      const xAll = new Float32Array((cols - 1) * xStride + k).fill(Number.NaN); // gaps must not be read
+      for (let c = 0; c < cols; c++) xAll.set(rng.normals(k, 10 ** rng.int(-2, 2)), c * xStride);
+      const xBuf = upload(device, xAll, "x");
+      const nwBuf = upload(device, rng.normals(k, 1), "nw");
+      const words = (cols * q8xBytes(k)) / 4;
+      // The second copy after a gap of 8 words that must stay poisoned.
+      const alt = words + 8;
+      const outs: GPUBuffer[] = [];
+      const params: GPUBuffer[] = [];
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      // Both orders in one dispatch, then each order on its own.
+      for (const [t, both] of [[type, alt], [type, undefined], [other, undefined]] as const) {
+        const xqBuf = poisoned(device, (both ?? 0) + words);
+        const xnBuf = poisoned(device, xAll.length);
+        outs.push(xqBuf, xnBuf);
+        const shape = { type: t, k, cols, xStride, norm: norm ? { eps: 1e-6 } : undefined, both };
+        const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+        device.queue.writeBuffer(pb, 0, quantizeQ8Params(shape));
+        params.push(pb);
+        const op = await prepareQuantizeQ8(cache, {
+          device,
+          shape,
+          bindings: {
+            params: pb,
+            x: xBuf,
+            xq: { buffer: xqBuf, offset: 0, size: 4 * ((both ?? 0) + words) },
+            nw: norm ? nwBuf : undefined,
+            xn: norm ? { buffer: xnBuf, offset: 0, size: 4 * xAll.length } : undefined,
+          },
+        });
+        encodeQ8(pass, op);
+      }
+      pass.end();
+      device.queue.submit([enc.finish()]);
+      const [xqBoth, xnBoth, xqOne, xnOne, xqOther] = await readAll(device, outs);
+      assert.deepEqual(
+        new Uint32Array(xqBoth!, 0, words),
+        new Uint32Array(xqOne!, 0, words),
+        `${what}: ${type}`,
+      );
+      assert.deepEqual(
+        new Uint32Array(xqBoth!, 4 * alt, words),
+        new Uint32Array(xqOther!, 0, words),
+        `${what}: the ${other} copy`,
+      );
+      assert.deepEqual(new Uint32Array(xnBoth!), new Uint32Array(xnOne!), `${what}: xn`);
+      assertPoisoned(
+        new Uint32Array(xqBoth!, 4 * words, 8),
+        POISON_F32,
+        `${what}: the gap between the copies`,
+      );
+      assertPoisoned(
+        new Uint32Array(xqBoth!, 4 * (alt + words), GUARD_WORDS),
+        POISON_F32,
+        `${what}: xq guard`,
+      );
+      [xBuf, nwBuf, ...outs, ...params].forEach((b) => b.destroy());
+    }
+  }
+});
+
 Deno.test("quantize_q8 NORM: xn has the bits of rms_norm's output, and xq is xn rounded to int8", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
@@ -685,6 +759,21 @@ Deno.test("matvec_q8 and quantize_q8 checks throw before encoding", async () => 
   );
   const q = { params: buf(QUANTIZE_Q8_PARAMS_BYTES), x: big, xq: big };
   assert.throws(() => checkQuantizeQ8({ type: "Q8_0", k: 48 }, q), /K=48/);
+  // Both byte orders: the second copy after the first, with quads, and room for both.
+  const w64 = q8xBytes(64) / 4;
+  checkQuantizeQ8({ type: "Q8_0", k: 64, cols: 2, both: 2 * w64 }, { ...q, xq: buf(16 * w64) });
+  assert.throws(
+    () => checkQuantizeQ8({ type: "Q8_0", k: 64, cols: 2, both: w64 }, q),
+    /must follow the first/,
+  );
+  assert.throws(
+    () => checkQuantizeQ8({ type: "Q8_0", k: 64, cols: 2, both: 2 * w64, quads: false }, q),
+    /with quads/,
+  );
+  assert.throws(
+    () => checkQuantizeQ8({ type: "Q8_0", k: 64, cols: 2, both: 2 * w64 }, { ...q, xq: buf(12 * w64) }),
+    /binding xq/,
+  );
   assert.throws(
     () => checkQuantizeQ8({ type: "Q8_0", k: 64, norm: { eps: 1e-6 } }, q),
     /needs the nw and xn/,

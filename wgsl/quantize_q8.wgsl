@@ -16,14 +16,17 @@
 // xn has the bits of rms_norm's output); v is written to xn and quantized. NORM = 0: v = x.
 // QUADS = 0: one invocation per chunk (all eight words); QUADS = 1: one per quad word (each of a chunk's eight
 // finds the chunk's scale itself from the same values, the same bits). 256 per workgroup; grid y = column.
+// BOTH = 1 (with QUADS): xq also holds the columns in the other byte order (1 - LAYOUT), params.alt words after
+// the LAYOUT ones, the same values and scales: attention's v reads its block's input in another order than q
+// and k, and takes that copy instead of a quantize_q8 of its own.
 // Constants: const LAYOUT: u32 (0 or 1), const NORM: u32 (0 or 1), const ROUND: u32 (0 or 1; not with NORM),
-// const QUADS: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
+// const QUADS: u32 (0 or 1), const BOTH: u32 (0 or 1), const EPS: f32 (the norm's epsilon).
 
 struct Params {
   k: u32,
   x_off: u32,
   x_stride: u32,
-  _pad1: u32,
+  alt: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -58,6 +61,16 @@ fn quad_word(i: u32, x_off: u32, col: u32, scale: f32) {
   xq[qo + i] = q8x_word(LAYOUT, m, lo, hi, dv.y);
   if (m == 0u) {
     xq[qo + k / 4u + c] = bitcast<u32>(dv.x);
+  }
+  if (BOTH == 1u) {
+    let other = 1u - LAYOUT;
+    let wo = q8x_word_quads(other, m);
+    let lo2 = q8x_quad(xb + wo.x, 8u * c + wo.x, scale);
+    let hi2 = q8x_quad(xb + wo.y, 8u * c + wo.y, scale);
+    xq[params.alt + qo + i] = q8x_word(other, m, lo2, hi2, dv.y);
+    if (m == 0u) {
+      xq[params.alt + qo + k / 4u + c] = bitcast<u32>(dv.x);
+    }
   }
   if (NORM == 1u) {
     xn[xb + m] = q8x_quad(xb + m, i, scale);

@@ -79,6 +79,11 @@ export async function matvec(
      * dispatch of its own).
      */
     zNorm?: boolean;
+    /**
+     * int8 x over 2 to 16 columns: quantize x in both byte orders, for a later mat-vec of the same x whose
+     * weights read the other (attention's v after q and k).
+     */
+    q8Both?: boolean;
   } = {},
 ) {
   if (
@@ -213,7 +218,15 @@ export async function matvecQ8(
   x: GPUBuffer,
   y: GPUBuffer,
   cols: number,
-  opts: { rowStart?: number; rows?: number; acc?: boolean; yStride?: number; yAt?: number; sum?: SoloSum },
+  opts: {
+    rowStart?: number;
+    rows?: number;
+    acc?: boolean;
+    yStride?: number;
+    yAt?: number;
+    sum?: SoloSum;
+    q8Both?: boolean;
+  },
 ) {
   const type = typeName(w);
   const k = w.ne[0]!;
@@ -231,9 +244,14 @@ export async function matvecQ8(
   // The int8 x of every column: quantized by the int8 mat-vec pushed last when it read the same x and
   // nothing was pushed since (attn_qkv, attn_gate, ssm_beta, ... of a chunk; unfused attn_q/k/v), else here.
   const last = g.lastQ8;
-  const reuse = !norm && last !== undefined && last.x === x && last.k === k && last.layout === layout &&
+  const lastRegions = last?.layout === layout
+    ? last.regions
+    : last?.alt?.layout === layout
+    ? [last.alt.region]
+    : undefined;
+  const reuse = !norm && last !== undefined && lastRegions !== undefined && last.x === x && last.k === k &&
     last.cols === cols && last.at === g.ops.length;
-  const regions: Binding[] = reuse ? last.regions : [];
+  const regions: Binding[] = reuse ? lastRegions! : [];
   const parts = w.parts.flatMap((part) => {
     const lo = Math.max(rowStart, part.firstRow);
     const hi = Math.min(rowStart + nRows, part.firstRow + part.nRows);
@@ -248,8 +266,8 @@ export async function matvecQ8(
   });
   if (together) {
     const mvs = parts.map((at) => ({ shape: shapeOf(0, at), weights: at.part.buffer }));
-    const given = reuse ? last.regions[0]! : undefined;
-    const a = { type, k, cols, x, y, acc: opts.acc, sum: opts.sum, norm };
+    const given = reuse ? regions[0]! : undefined;
+    const a = { type, k, cols, x, y, acc: opts.acc, sum: opts.sum, norm, both: opts.q8Both };
     await matvecQ8Cols(g, label, a, given, mvs, opts.yStride ?? nRows);
     return;
   }
@@ -370,18 +388,47 @@ async function matvecQ8Cols(
     acc?: boolean;
     sum?: SoloSum;
     norm?: PendingNorm;
+    /** Quantize x in both byte orders (not when `given`). */
+    both?: boolean;
   },
   given: Binding | undefined,
   mvs: readonly { shape: MatvecQ8Shape; weights: GPUBuffer }[],
   yStride: number,
 ): Promise<void> {
   const { type, k, cols } = a;
+  const layout = q8Layout(type);
+  // The columns in this byte order, and what the dispatches bind (with both, the other order's copy too).
+  let first = given;
   let xq = given;
+  // The other byte order's copy: a given x's (kept for the mat-vecs after this one), or written here.
+  let alt = given && g.lastQ8?.layout !== layout
+    ? { layout: g.lastQ8!.layout, region: g.lastQ8!.regions[0]! }
+    : given
+    ? g.lastQ8?.alt
+    : undefined;
   if (!xq) {
     const bytes = cols * q8xBytes(k);
-    xq = g.logRegion(label, k, type, cols) ?? { buffer: sharedXq(g, k), offset: 0, size: bytes };
+    // The copies (both: the other byte order's after the first, a bindable offset on): logged, each under
+    // this mat-vec's label, or in the graph's buffer for K.
+    const logged = g.logRegion(label, k, type, cols);
+    const other: GgmlTypeName = layout === 0 ? "IQ4_XS" : "Q8_0";
+    const loggedAlt = a.both && logged ? g.logRegion(label, k, other, cols) : undefined;
+    const buffer = logged?.buffer ?? sharedXq(g, k);
+    const at = logged?.offset ?? 0;
+    const altAt = loggedAlt?.offset ?? g.maxCols * q8Stride(k);
+    const both = a.both ? (altAt - at) / 4 : undefined;
+    first = { buffer, offset: at, size: bytes };
+    xq = { buffer, offset: at, size: 4 * (both ?? 0) + bytes };
+    if (a.both) alt = { layout: 1 - layout, region: { buffer, offset: altAt, size: bytes } };
     const norm = a.norm;
-    const qs: QuantizeQ8Shape = { type, k, cols, xStride: k, norm: norm ? { eps: g.hp.rmsEps } : undefined };
+    const qs: QuantizeQ8Shape = {
+      type,
+      k,
+      cols,
+      xStride: k,
+      norm: norm ? { eps: g.hp.rmsEps } : undefined,
+      both,
+    };
     const xIn = norm ? norm.x : a.x;
     const [nw, xn] = normBindings(g.device, { x: xIn, nw: norm ? part0(norm.w) : undefined, xn: norm?.y });
     const qb: QuantizeQ8Bindings = { params: g.storage(quantizeQ8Params(qs)), x: xIn, xq, nw, xn };
@@ -407,7 +454,7 @@ async function matvecQ8Cols(
       1,
     ]);
   }
-  g.lastQ8 = { x: a.x, k, layout: q8Layout(type), cols, regions: [xq], at: g.ops.length };
+  g.lastQ8 = { x: a.x, k, layout, cols, regions: [first!], at: g.ops.length, alt };
 }
 
 /** Bytes between the columns of the per-column int8 x regions (a bindable offset apart). */
@@ -416,15 +463,16 @@ function q8Stride(k: number): number {
 }
 
 /**
- * The graph's int8 x buffer for K, for maxCols columns at {@linkcode q8Stride}: the stage's graphs share it
- * (a chunk's graph may have made it for fewer columns than a batched step's).
+ * The graph's int8 x buffer for K, for maxCols columns at {@linkcode q8Stride}, twice (the second: the other
+ * byte order's copy of a quantize over columns): the stage's graphs share it (a chunk's graph may have made it
+ * for fewer columns than a batched step's).
  */
 function sharedXq(g: GraphBuilder, k: number): GPUBuffer {
   let shared = g.xq.get(k);
-  if (!shared || shared.size < g.maxCols * q8Stride(k)) {
+  if (!shared || shared.size < 2 * g.maxCols * q8Stride(k)) {
     shared = g.device.createBuffer({
       label: `int8 x K=${k}`,
-      size: g.maxCols * q8Stride(k),
+      size: 2 * g.maxCols * q8Stride(k),
       usage: GPUBufferUsage.STORAGE,
     });
     g.own(shared);
@@ -446,7 +494,7 @@ export async function fusedMatvec(
   ws: readonly GpuTensor[],
   x: GPUBuffer,
   out: GPUBuffer,
-  opts: { joined?: GpuTensor; f32?: boolean; yStride?: number; zNorm?: boolean } = {},
+  opts: { joined?: GpuTensor; f32?: boolean; yStride?: number; zNorm?: boolean; q8Both?: boolean } = {},
 ): Promise<number[]> {
   const cols = g.n;
   if (cols !== 1 && (opts.yStride === undefined || cols > g.maxCols)) return [];
@@ -471,6 +519,7 @@ export async function fusedMatvec(
     f32: opts.f32,
     yStride: cols > 1 ? opts.yStride : undefined,
     zNorm: opts.zNorm,
+    q8Both: opts.q8Both,
   });
   return offsets;
 }
@@ -549,7 +598,16 @@ export async function columnProjections(
   stride: number,
   opts: { joined?: GpuTensor; split?: number } = {},
 ): Promise<number> {
-  const fused = await fusedMatvec(g, `L${l}.${label}`, ws, x, out, { joined: opts.joined, yStride: stride });
+  // int8 x read in both byte orders (attention's v in another type than q and k): one quantize writes both.
+  const layouts = new Set(
+    ws.filter((w) => MATVEC_Q8_TYPES.includes(typeName(w))).map((w) => q8Layout(typeName(w))),
+  );
+  const q8Both = layouts.size > 1;
+  const fused = await fusedMatvec(g, `L${l}.${label}`, ws, x, out, {
+    joined: opts.joined,
+    yStride: stride,
+    q8Both,
+  });
   let at = fused.length === 0 ? 0 : fused.at(-1)! + ws[fused.length - 1]!.ne[1]!;
   for (let i = fused.length; i < ws.length; i++) {
     const w = ws[i]!;
@@ -561,7 +619,7 @@ export async function columnProjections(
       const name = pieces.length > 1
         ? `L${l}.${names[i]}.${rowStart === 0 ? "qkv" : "z"}`
         : `L${l}.${names[i]}`;
-      await matvec(g, name, w, x, out, g.n, { rowStart, rows, yStride: stride, yAt: at + rowStart! });
+      await matvec(g, name, w, x, out, g.n, { rowStart, rows, yStride: stride, yAt: at + rowStart!, q8Both });
     }
     at += w.ne[1]!;
   }

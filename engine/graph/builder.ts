@@ -248,9 +248,20 @@ export class GraphBuilder {
   pending: PendingNorm | undefined;
   /** The x the last prefill matmul under int8Activations rounded, and the op count after it (blocks/linear). */
   lastRound: { from: GPUBuffer; k: number; cols: number; out: GPUBuffer; at: number } | undefined;
-  /** The x the last int8 mat-vec quantized, and the op count after it (blocks/linear). */
+  /**
+   * The x the last int8 mat-vec quantized, and the op count after it (blocks/linear); `alt`: the same columns
+   * in the other byte order, where its quantize wrote both.
+   */
   lastQ8:
-    | { x: GPUBuffer; k: number; layout: number; cols: number; regions: Binding[]; at: number }
+    | {
+      x: GPUBuffer;
+      k: number;
+      layout: number;
+      cols: number;
+      regions: Binding[];
+      at: number;
+      alt?: { layout: number; region: Binding };
+    }
     | undefined;
   /** int8 x buffers (quantize_q8's output) by K, created on first use (shared by the owner's graphs). */
   readonly xq: Map<number, GPUBuffer>;
@@ -383,7 +394,13 @@ export class GraphBuilder {
    * A region of the int8 log for `cols` columns of K int8 x read by `label`, each logged as column
    * `firstCol + i` (StageOptions.int8Log); undefined when the graph does not log.
    */
-  logRegion(label: string, k: number, type: GgmlTypeName, cols: number, firstCol = 0): Binding | undefined {
+  logRegion(
+    label: string,
+    k: number,
+    type: GgmlTypeName,
+    cols: number,
+    firstCol = 0,
+  ): { buffer: GPUBuffer; offset: number; size: number } | undefined {
     const log = this.opts.int8Log;
     if (!log) return undefined;
     const bytes = cols * q8xBytes(k);

@@ -103,17 +103,13 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
       : undefined;
     await moe(g, cx, l, lw, nextNorm);
   }
-  if (head && decode) await norm(g, "output_norm", A.h!, cx.outNorm!, A.a!);
-  if (head && !decode && !fuseOutNorm) {
-    const first = cx.rows === "all" ? 0 : n - 1;
-    const rows = cx.rows === "all" ? n : 1;
-    await g.rmsNorm(
-      "output_norm",
-      sub(A.h!, first * hp.nEmbd, rows * hp.nEmbd),
-      cx.outNorm!,
-      A.a!,
-      rows,
-    );
+  // Every row (decode, a batched step): the output norm as every block's, deferred where the LM head's
+  // mat-vec (or its int8 quantize over the columns) takes it.
+  const everyRow = decode || cx.rows === "all";
+  if (head && everyRow && !fuseOutNorm) await norm(g, "output_norm", A.h!, cx.outNorm!, A.a!);
+  // The last row alone (a prompt's chunk): normed into row 0, which the LM head reads.
+  if (head && !everyRow) {
+    await g.rmsNorm("output_norm", sub(A.h!, (n - 1) * hp.nEmbd, hp.nEmbd), cx.outNorm!, A.a!, 1);
   }
   if (head) {
     // A batched step's logits rows start 256-byte aligned: each slot's sampler binds its own row.

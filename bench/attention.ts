@@ -56,6 +56,7 @@ import {
 } from "../wgsl/attn_decode.ts";
 import {
   ATTN_COMBINE,
+  ATTN_COMBINE_NO_QX,
   attnCombineBindGroup,
   type AttnCombineConstants,
   attnCombineGrid,
@@ -202,6 +203,8 @@ const DECODE_SPLITS = [64, 128, 256];
 const maxSplits = Math.max(ATTN_SPLITS, ...DECODE_SPLITS);
 const partO = device.createBuffer({ size: 4 * D_H * H_Q * maxSplits, usage: GPUBufferUsage.STORAGE });
 const partMl = device.createBuffer({ size: 4 * 2 * H_Q * maxSplits, usage: GPUBufferUsage.STORAGE });
+/** attn_combine's int8 output, which the variant without QX leaves unwritten. */
+const unusedXq = device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
 // AttnParams per depth i and chunk ci: prefill at 512·(ci·depths + i), decode at 512·i + 256 (storage
 // offsets are multiples of 256).
 const params = device.createBuffer({ size: 512 * DEPTHS.length * CHUNKS.length, usage: STORAGE });
@@ -241,7 +244,7 @@ async function decodeJobs(
   const shape = { H_Q, H_KV, D_H, P_MAX, SCALE, KV_F16: f16 };
   const pd = { buffer: params, offset: 512 * i + 256, size: 8 };
   const bytes = 2 * (depth + 1) * H_KV * D_H * (f16 ? 2 : 4);
-  const cb = { params: pd, partO, partMl, qf, o };
+  const cb = { params: pd, partO, partMl, qf, o, xq: unusedXq };
   const push = async (
     line: Record<string, unknown>,
     decode: Job["ops"][number],
@@ -257,6 +260,7 @@ async function decodeJobs(
       WG: 256,
       CD: 16,
       QF_COL: 2 * D_H * H_Q,
+      ...ATTN_COMBINE_NO_QX,
     };
     const pCmb = await cache.get(ATTN_COMBINE, cc);
     const { used } = attnDecodeSplits({ ...split, P_MAX }, depth);

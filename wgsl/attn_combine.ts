@@ -21,13 +21,20 @@ export type AttnCombineConstants = {
   readonly CD: number;
   /** Words between columns of qf: 2·D_H·H_Q (packed by token), or a fused in-projection's column stride. */
   readonly QF_COL: number;
+  /** Also round o to int8 per 32 dims into xq (a workgroup per chunk; the same bits of o). */
+  readonly QX: boolean;
+  /** The byte order of xq (`q8Layout` of the weights reading it; 0 without QX). */
+  readonly LAYOUT: number;
 };
+
+/** The constants of a variant without the int8 output. */
+export const ATTN_COMBINE_NO_QX = { QX: false, LAYOUT: 0 } as const;
 
 /** Kernel spec of `attn_combine.wgsl`. */
 export const ATTN_COMBINE: KernelSpec = {
   name: "attn_combine",
   url: new URL("./attn_combine.wgsl", import.meta.url),
-  lib: [],
+  lib: ["q8pack"],
   constants: {
     H_Q: "u32",
     D_H: "u32",
@@ -37,17 +44,23 @@ export const ATTN_COMBINE: KernelSpec = {
     WG: "u32",
     CD: "u32",
     QF_COL: "u32",
+    QX: "bool",
+    LAYOUT: "u32",
   },
 };
 
 /**
  * Binding order: params AttnParams (pos0 = the token's position); partO f32 ne=[D_H, H_Q, N_SPLIT];
  * partMl f32 ne=[2, H_Q, N_SPLIT]; qf f32 ne=[2*D_H, H_Q] (gates); o f32 ne=[D_H, H_Q]; per column when
- * there are several ({@linkcode attnCombineColumnWords}).
+ * there are several ({@linkcode attnCombineColumnWords}); xq (QX) quantize_q8's format for K = H_Q·D_H per
+ * column.
  */
-export const ATTN_COMBINE_BINDINGS = ["params", "partO", "partMl", "qf", "o"] as const;
+export const ATTN_COMBINE_BINDINGS = ["params", "partO", "partMl", "qf", "o", "xq"] as const;
 
-/** Buffers of one `attn_combine` dispatch, by binding name. */
+/**
+ * Buffers of one `attn_combine` dispatch, by binding name (xq without QX: any buffer of 4 bytes or more bound
+ * nowhere else).
+ */
 export type AttnCombineBuffers = Readonly<Record<(typeof ATTN_COMBINE_BINDINGS)[number], Binding>>;
 
 /**
@@ -68,6 +81,11 @@ export function checkAttnCombine(c: AttnCombineConstants): void {
   checkShape(
     Number.isInteger(c.QF_COL) && c.QF_COL >= 2 * c.D_H * c.H_Q,
     `attn_combine: QF_COL (${c.QF_COL}) must be at least one column of qf (2·D_H·H_Q = ${2 * c.D_H * c.H_Q})`,
+  );
+  checkInt("attn_combine: LAYOUT", c.LAYOUT, 0, 1);
+  checkShape(
+    !c.QX || (32 % c.CD === 0 && c.D_H % 32 === 0),
+    `attn_combine: QX rounds 32-dim chunks: CD (${c.CD}) must divide 32 and 32 divide D_H (${c.D_H})`,
   );
 }
 
@@ -103,12 +121,17 @@ export function attnCombineBindGroup(
   checkBinding(k, "partMl", b.partMl, many(w.partMl, [2, c.H_Q, c.N_SPLIT]));
   checkBinding(k, "qf", b.qf, [(cols - 1) * c.QF_COL + 2 * c.D_H * c.H_Q]);
   checkBinding(k, "o", b.o, [c.D_H, c.H_Q, cols]);
+  const K = c.H_Q * c.D_H;
+  checkBinding(k, "xq", b.xq, c.QX ? [cols * (K / 4 + K / 32)] : [1]);
   return bindGroup(device, opts.pipeline, ATTN_COMBINE_BINDINGS.map((name) => b[name]));
 }
 
-/** Dispatch grid: query heads by ceil(D_H / CD) dim slices by `cols` columns (default 1). */
+/**
+ * Dispatch grid: query heads by dim slices (ceil(D_H / CD), or with QX one per 32 dims) by `cols` columns
+ * (default 1).
+ */
 export function attnCombineGrid(c: AttnCombineConstants, cols = 1): [number, number, number] {
-  return [c.H_Q, Math.ceil(c.D_H / c.CD), cols];
+  return [c.H_Q, c.QX ? c.D_H / 32 : Math.ceil(c.D_H / c.CD), cols];
 }
 
 /**

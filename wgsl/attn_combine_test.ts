@@ -1,10 +1,11 @@
 import assert from "node:assert/strict";
 import { PipelineCache, variantKey } from "./kernel.ts";
 import { sigmoid } from "../tests/ref/ops.ts";
-import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
+import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
 import {
   ATTN_COMBINE,
+  ATTN_COMBINE_NO_QX,
   attnCombineBindGroup,
   attnCombineColumnWords,
   type AttnCombineConstants,
@@ -13,6 +14,9 @@ import {
 import { attnDecodeSplits } from "./attn_decode.ts";
 import { packAttnParams } from "./attn_params.ts";
 import { checkF32 } from "./_test_util.ts";
+import { quantizeOnGpu } from "./_q8_testing.ts";
+import { q8Layout, q8xBytes } from "./matvec_q8.ts";
+import { assertPoisoned } from "../tests/util/close.ts";
 
 /** f32 exp of (m_s - M) and sums over <= 256 splits, a divide and the gate's sigmoid: ~1e-6 relative. */
 const TOL = { atol: 1e-6, rtol: 1e-5 };
@@ -50,7 +54,7 @@ function refCombine(
 function unit(
   c: { H_Q: number; D_H: number; N_SPLIT: number; WG: number; CD: number },
 ): AttnCombineConstants {
-  return { ...c, TILE: 1, PER_MIN: 1, QF_COL: 2 * c.D_H * c.H_Q };
+  return { ...c, TILE: 1, PER_MIN: 1, QF_COL: 2 * c.D_H * c.H_Q, ...ATTN_COMBINE_NO_QX };
 }
 
 Deno.test("attn_combine merges the used split partials only and applies the gate", async () => {
@@ -65,9 +69,29 @@ Deno.test("attn_combine merges the used split partials only and applies the gate
     [unit({ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 128, CD: 32 }), 0], // only split 0 used
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), rng.int(0, 7)], // D_H not a multiple of CD
     // The engine's long-context constants: per = 128 positions at 32k, 256 splits, tails of the 4-way loop.
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16, QF_COL: 8192 }, 32767],
+    [{
+      H_Q: 16,
+      D_H: 256,
+      N_SPLIT: 256,
+      TILE: 16,
+      PER_MIN: 16,
+      WG: 256,
+      CD: 16,
+      QF_COL: 8192,
+      ...ATTN_COMBINE_NO_QX,
+    }, 32767],
     [
-      { H_Q: 16, D_H: 256, N_SPLIT: 256, TILE: 16, PER_MIN: 16, WG: 256, CD: 16, QF_COL: 8192 },
+      {
+        H_Q: 16,
+        D_H: 256,
+        N_SPLIT: 256,
+        TILE: 16,
+        PER_MIN: 16,
+        WG: 256,
+        CD: 16,
+        QF_COL: 8192,
+        ...ATTN_COMBINE_NO_QX,
+      },
       rng.int(0, 5000),
     ],
   ];
@@ -100,6 +124,7 @@ Deno.test("attn_combine merges the used split partials only and applies the gate
       partMl: upload(device, partMl),
       qf: upload(device, qf),
       o: poisoned(device, c.D_H * c.H_Q),
+      xq: poisoned(device, 1),
     };
     const pipeline = await cache.get(ATTN_COMBINE, c);
     const bg = attnCombineBindGroup(device, { pipeline, constants: c, buffers: b });
@@ -121,7 +146,8 @@ Deno.test("attn_combine shape check throws before encoding", async () => {
   const c = unit({ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 256, CD: 16 });
   const pipeline = await new PipelineCache(device).get(ATTN_COMBINE, c);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
-  const b = { params: small, partO: small, partMl: small, qf: small, o: small };
+  const xq = device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE });
+  const b = { params: small, partO: small, partMl: small, qf: small, o: small, xq };
   assert.throws(
     () => attnCombineBindGroup(device, { pipeline, constants: { ...c, QF_COL: 8191 }, buffers: b }),
     /QF_COL \(8191\) must be at least one column of qf/,
@@ -130,7 +156,12 @@ Deno.test("attn_combine shape check throws before encoding", async () => {
     () => attnCombineBindGroup(device, { pipeline, constants: c, buffers: b }),
     /binding partO holds 1024 bytes but ne=\[256, 16, 64\]/,
   );
+  assert.throws(
+    () => attnCombineBindGroup(device, { pipeline, constants: { ...c, QX: true, CD: 64 }, buffers: b }),
+    /QX rounds 32-dim chunks: CD \(64\) must divide 32/,
+  );
   small.destroy();
+  xq.destroy();
 });
 
 Deno.test("attn_combine columns: one dispatch over columns at other positions = reference = solo bits", async () => {
@@ -138,7 +169,17 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
   const cases: [AttnCombineConstants, number[]][] = [
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, TILE: 32, PER_MIN: 32, WG: 256, CD: 16, QF_COL: 8192 }, [
+    [{
+      H_Q: 16,
+      D_H: 256,
+      N_SPLIT: 64,
+      TILE: 32,
+      PER_MIN: 32,
+      WG: 256,
+      CD: 16,
+      QF_COL: 8192,
+      ...ATTN_COMBINE_NO_QX,
+    }, [
       40,
       0,
       rng.int(0, 2047),
@@ -147,7 +188,17 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), [6, rng.int(0, 7)]],
     // qf in a fused in-projection's columns: other words (NaN) between the columns' qf.
     [{ ...unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), QF_COL: 600 + 37 }, [3, 5, rng.int(0, 7)]],
-    [{ H_Q: 16, D_H: 256, N_SPLIT: 64, TILE: 32, PER_MIN: 32, WG: 256, CD: 16, QF_COL: 8192 + 1088 }, [
+    [{
+      H_Q: 16,
+      D_H: 256,
+      N_SPLIT: 64,
+      TILE: 32,
+      PER_MIN: 32,
+      WG: 256,
+      CD: 16,
+      QF_COL: 8192 + 1088,
+      ...ATTN_COMBINE_NO_QX,
+    }, [
       rng.int(0, 2047),
       17,
     ]],
@@ -190,6 +241,7 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
         partMl: upload(device, ml),
         qf: upload(device, qfj),
         o: poisoned(device, c.D_H * c.H_Q),
+        xq: poisoned(device, 1),
       };
       return { used, sb, ref: refCombine(o, ml, qfj, c, used) };
     });
@@ -199,6 +251,7 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
       partMl: upload(device, partMl),
       qf: qfB,
       o: poisoned(device, c.D_H * c.H_Q * nCol),
+      xq: poisoned(device, 1),
     };
     const pipeline = await cache.get(ATTN_COMBINE, c);
     const bg = attnCombineBindGroup(device, { pipeline, constants: c, buffers: b, cols: nCol });
@@ -229,6 +282,82 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
       }
       Object.values(col.sb).forEach((buf) => buf.destroy());
     });
-    [r.b.params, r.b.partO, r.b.partMl, r.b.o].forEach((buf) => buf.destroy());
+    [r.b.params, r.b.partO, r.b.partMl, r.b.o, r.b.xq].forEach((buf) => buf.destroy());
+  }
+});
+
+Deno.test("attn_combine QX: o with the bits of the variant without it, and xq quantize_q8's words of o", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const cases: [AttnCombineConstants, number[]][] = [
+    [{
+      H_Q: 16,
+      D_H: 256,
+      N_SPLIT: 64,
+      TILE: 32,
+      PER_MIN: 32,
+      WG: 256,
+      CD: 16,
+      QF_COL: 8192 + 1088,
+      QX: false,
+      LAYOUT: 0,
+    }, [
+      40,
+      0,
+      rng.int(0, 2047),
+    ]],
+    // CD 8: four groups of dims per chunk.
+    [{ ...unit({ H_Q: 3, D_H: 64, N_SPLIT: 7, WG: 32, CD: 8 }), QF_COL: 384 + 37 }, [6, rng.int(0, 7)]],
+  ];
+  for (const [c0, positions] of cases) {
+    for (const type of ["Q8_0", "IQ4_XS"] as const) {
+      const c = { ...c0, QX: true, LAYOUT: q8Layout(type) };
+      const nCol = positions.length;
+      const w = attnCombineColumnWords(c);
+      const K = c.D_H * c.H_Q;
+      const partO = new Float32Array((nCol - 1) * w.partO + K * c.N_SPLIT).fill(NaN);
+      const partMl = new Float32Array((nCol - 1) * w.partMl + 2 * c.H_Q * c.N_SPLIT).fill(NaN);
+      const table = new Uint32Array(nCol * w.params).fill(0xffffffff);
+      const qf = new Float32Array((nCol - 1) * c.QF_COL + 2 * K).fill(NaN);
+      positions.forEach((pos, j) => {
+        const { used } = attnDecodeSplits({ ...c, P_MAX: pos + 1 }, pos);
+        for (let k = 0; k < used * c.H_Q; k++) {
+          partMl[j * w.partMl + 2 * k] = rng.normal() * 4;
+          partMl[j * w.partMl + 2 * k + 1] = 1 + rng.float() * 60;
+          partO.set(rng.normals(c.D_H, 5), j * w.partO + k * c.D_H);
+        }
+        table.set([pos, 1], j * w.params);
+        qf.set(rng.normals(2 * K, 2), j * c.QF_COL);
+      });
+      const inputs = {
+        params: upload(device, table),
+        partO: upload(device, partO),
+        partMl: upload(device, partMl),
+        qf: upload(device, qf),
+      };
+      const xqWords = nCol * (q8xBytes(K) / 4);
+      const withQx = { ...inputs, o: poisoned(device, K * nCol), xq: poisoned(device, xqWords) };
+      const without = { ...inputs, o: poisoned(device, K * nCol), xq: poisoned(device, 1) };
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      for (const [cc, b] of [[c, withQx], [c0, without]] as const) {
+        const pipeline = await cache.get(ATTN_COMBINE, cc);
+        const bg = attnCombineBindGroup(device, { pipeline, constants: cc, buffers: b, cols: nCol });
+        encodeAttnCombine(pass, { pipeline, bindGroup: bg, constants: cc, cols: nCol });
+      }
+      pass.end();
+      device.queue.submit([enc.finish()]);
+      const [oQx, xq, o] = await readAll(device, [withQx.o, withQx.xq, without.o]);
+      const what = `${variantKey(ATTN_COMBINE, c)} columns at positions [${positions}] (seed ${rng.seed})`;
+      assert.deepEqual(new Uint32Array(oQx!, 0, K * nCol), new Uint32Array(o!, 0, K * nCol), `${what}: o`);
+      for (let j = 0; j < nCol; j++) {
+        const want = await quantizeOnGpu(device, cache, type, new Float32Array(o!, 4 * j * K, K));
+        const got = new Uint32Array(xq!, 4 * j * (q8xBytes(K) / 4), q8xBytes(K) / 4);
+        assert.deepEqual(got, want.words, `${what}: column ${j}'s int8 x`);
+      }
+      assertPoisoned(new Uint32Array(xq!, 4 * xqWords, GUARD_WORDS), POISON_F32, `${what}: past xq`);
+      [...Object.values(inputs), withQx.o, withQx.xq, without.o, without.xq].forEach((buf) => buf.destroy());
+    }
   }
 });

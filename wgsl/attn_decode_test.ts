@@ -5,6 +5,7 @@ import { POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gp
 import { Rng } from "../tests/util/rng.ts";
 import {
   ATTN_COMBINE,
+  ATTN_COMBINE_NO_QX,
   attnCombineBindGroup,
   type AttnCombineConstants,
   encodeAttnCombine,
@@ -104,6 +105,7 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       WG: 256,
       CD: 16,
       QF_COL: 2 * dH * hQ,
+      ...ATTN_COMBINE_NO_QX,
     };
     const q = rng.normals(dH * hQ);
     const qf = rng.normals(2 * dH * hQ, 2); // only the gate halves are read
@@ -121,6 +123,7 @@ Deno.test("attn_decode + attn_combine match the float64 reference at positions 0
       partMl: poisoned(device, 2 * hQ * nSplit),
       qf: upload(device, qf),
       o: poisoned(device, dH * hQ),
+      xq: poisoned(device, 1), // attn_combine without QX writes none
     };
     const pd = await cache.get(ATTN_DECODE, dc);
     const pc = await cache.get(ATTN_COMBINE, cc);
@@ -242,6 +245,7 @@ Deno.test("attn_decode columns: one dispatch over columns at other slots and pos
       WG: 256,
       CD: 16,
       QF_COL: 2 * dH * hQ,
+      ...ATTN_COMBINE_NO_QX,
     };
     const qf = rng.normals(2 * dH * hQ * nCol, 2);
     const pd = await cache.get(ATTN_DECODE, dc);
@@ -288,6 +292,7 @@ Deno.test("attn_decode columns: one dispatch over columns at other slots and pos
       partMl: poisoned(device, nCol * w.partMl + nMl),
       qf: upload(device, qf),
       o: poisoned(device, dH * hQ * nCol),
+      xq: poisoned(device, 1), // attn_combine without QX writes none
     };
     const bg = attnDecodeBindGroup(device, {
       pipeline: pd,

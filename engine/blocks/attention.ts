@@ -19,7 +19,17 @@ import {
   sub,
 } from "../graph/builder.ts";
 import { assert } from "../errors.ts";
-import { columnProjections, fusedMatvec, matvec, matvecColumns, outProj, soloSum } from "./linear.ts";
+import {
+  columnProjections,
+  fusedMatvec,
+  matvec,
+  matvecColumns,
+  outProj,
+  outProjQ8,
+  q8Given,
+  type Q8Target,
+  soloSum,
+} from "./linear.ts";
 import {
   ATTN_QK_ROPE,
   attnQkRopeBindGroup,
@@ -36,6 +46,7 @@ import {
 } from "../../wgsl/attn_decode.ts";
 import {
   ATTN_COMBINE,
+  ATTN_COMBINE_NO_QX,
   attnCombineBindGroup,
   attnCombineColumnWords,
   type AttnCombineConstants,
@@ -178,6 +189,11 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
       });
       dc = await decodeSplits(g, `L${l}.attn_decode.${b}`, cx, { pos, q: qB, kCache, vCache }, b);
     }
+    // attn_output reads o as int8 x of the columns: the combine writes it (QX: a workgroup per 32 dims, o's
+    // bits unchanged) where its chunks are whole, and attn_output skips its own quantize.
+    const qx = hp.headDim % 32 === 0
+      ? outProjQ8(g, `L${l}.attn_output`, lw.t("attn_output"), A.o!)
+      : undefined;
     await combineSplits(
       g,
       `L${l}.attn_combine`,
@@ -190,7 +206,9 @@ export async function attention(g: GraphBuilder, cx: BuildContext, l: number, lw
       },
       nCol,
       inCol || nQf,
+      qx,
     );
+    if (qx) q8Given(g, A.o!, lw.t("attn_output"), qx);
   } else {
     const kCache = cx.states.binding(cx.slot, l, "k_cache");
     const vCache = cx.states.binding(cx.slot, l, "v_cache");
@@ -388,6 +406,7 @@ function combineConstants(dc: AttnDecodeConstants, qfCol = 2 * dc.H_Q * dc.D_H):
     WG: 256,
     CD: 16,
     QF_COL: qfCol,
+    ...ATTN_COMBINE_NO_QX,
   };
 }
 
@@ -404,18 +423,29 @@ async function combineSplits(
   x: { params: Binding; qf: Binding; o: Binding },
   cols = 1,
   qfCol = 2 * dc.H_Q * dc.D_H,
+  qx?: Q8Target,
 ) {
   const A = cx.act;
-  const cc = combineConstants(dc, qfCol);
+  const cc: AttnCombineConstants = {
+    ...combineConstants(dc, qfCol),
+    ...(qx ? { QX: true, LAYOUT: qx.layout } : ATTN_COMBINE_NO_QX),
+  };
   await g.checked(
-    label,
+    qx ? `${label}+q8` : label,
     ATTN_COMBINE,
     cc,
     (pipeline) =>
       attnCombineBindGroup(g.device, {
         pipeline,
         constants: cc,
-        buffers: { params: x.params, partO: A.partO!, partMl: A.partMl!, qf: x.qf, o: x.o },
+        buffers: {
+          params: x.params,
+          partO: A.partO!,
+          partMl: A.partMl!,
+          qf: x.qf,
+          o: x.o,
+          xq: qx?.binding ?? g.scratch(),
+        },
         cols,
       }),
     attnCombineGrid(cc, cols),

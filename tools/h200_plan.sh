@@ -7,9 +7,9 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next call should measure first: `confirm` on an H200 (the thirty-second session ran it on H100s only:
-# 3.98-4.07x / 4.89-4.99x at 8 / 16 slots; one stream's HTTP TTFT +17.4 ms, earlier calls +11.7 to +13.1;
-# docs/PERF.md), and `servelevels` (16 streams over HTTP). Then:
+# What the next call should measure first: `confirm` on an H200 (the thirty-second session measured on H100s
+# only: 4.01-4.02x / 4.92-4.95x at 8 / 16 slots with fec264c; `confirm` on 37030ac gave one stream's HTTP TTFT
+# +17.4 ms, earlier calls +11.7 to +13.1; docs/PERF.md), and `servelevels` (16 streams over HTTP). Then:
 # `bits` after any change to a batched kernel, `batched` against
 # the last tree's (`H200_TREE=.oldtree`), then `serve18`, `split3` and `combine smallchunk` after changes to
 # the batched step or the expert kernels (the twenty-sixth session measured serve18 with the rewind points by

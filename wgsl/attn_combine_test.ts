@@ -50,6 +50,18 @@ function refCombine(
   return out;
 }
 
+/** The engine's shape at a short context: 16 heads of 256 dims, 64 splits of at least 32 positions. */
+const ENGINE_SHAPE = {
+  H_Q: 16,
+  D_H: 256,
+  N_SPLIT: 64,
+  TILE: 32,
+  PER_MIN: 32,
+  WG: 256,
+  CD: 16,
+  ...ATTN_COMBINE_NO_QX,
+} as const;
+
 /** Combine constants whose split formula gives `used` splits at context `used` (TILE = PER_MIN = 1). */
 function unit(
   c: { H_Q: number; D_H: number; N_SPLIT: number; WG: number; CD: number },
@@ -61,6 +73,7 @@ Deno.test("attn_combine merges the used split partials only and applies the gate
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
+  const long = { ...ENGINE_SHAPE, N_SPLIT: 256, TILE: 16, PER_MIN: 16, QF_COL: 8192 };
   // [constants, position]: the splits used follow from the position as in attn_decode.
   const cases: [AttnCombineConstants, number][] = [
     [unit({ H_Q: 2, D_H: 8, N_SPLIT: 1, WG: 64, CD: 16 }), 0], // debug: one split, dims past D_H idle
@@ -69,31 +82,8 @@ Deno.test("attn_combine merges the used split partials only and applies the gate
     [unit({ H_Q: 16, D_H: 256, N_SPLIT: 64, WG: 128, CD: 32 }), 0], // only split 0 used
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), rng.int(0, 7)], // D_H not a multiple of CD
     // The engine's long-context constants: per = 128 positions at 32k, 256 splits, tails of the 4-way loop.
-    [{
-      H_Q: 16,
-      D_H: 256,
-      N_SPLIT: 256,
-      TILE: 16,
-      PER_MIN: 16,
-      WG: 256,
-      CD: 16,
-      QF_COL: 8192,
-      ...ATTN_COMBINE_NO_QX,
-    }, 32767],
-    [
-      {
-        H_Q: 16,
-        D_H: 256,
-        N_SPLIT: 256,
-        TILE: 16,
-        PER_MIN: 16,
-        WG: 256,
-        CD: 16,
-        QF_COL: 8192,
-        ...ATTN_COMBINE_NO_QX,
-      },
-      rng.int(0, 5000),
-    ],
+    [long, 32767],
+    [long, rng.int(0, 5000)],
   ];
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -169,17 +159,7 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
   const cases: [AttnCombineConstants, number[]][] = [
-    [{
-      H_Q: 16,
-      D_H: 256,
-      N_SPLIT: 64,
-      TILE: 32,
-      PER_MIN: 32,
-      WG: 256,
-      CD: 16,
-      QF_COL: 8192,
-      ...ATTN_COMBINE_NO_QX,
-    }, [
+    [{ ...ENGINE_SHAPE, QF_COL: 8192 }, [
       40,
       0,
       rng.int(0, 2047),
@@ -188,17 +168,7 @@ Deno.test("attn_combine columns: one dispatch over columns at other positions = 
     [unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), [6, rng.int(0, 7)]],
     // qf in a fused in-projection's columns: other words (NaN) between the columns' qf.
     [{ ...unit({ H_Q: 3, D_H: 100, N_SPLIT: 7, WG: 32, CD: 8 }), QF_COL: 600 + 37 }, [3, 5, rng.int(0, 7)]],
-    [{
-      H_Q: 16,
-      D_H: 256,
-      N_SPLIT: 64,
-      TILE: 32,
-      PER_MIN: 32,
-      WG: 256,
-      CD: 16,
-      QF_COL: 8192 + 1088,
-      ...ATTN_COMBINE_NO_QX,
-    }, [
+    [{ ...ENGINE_SHAPE, QF_COL: 8192 + 1088 }, [
       rng.int(0, 2047),
       17,
     ]],
@@ -291,18 +261,7 @@ Deno.test("attn_combine QX: o with the bits of the variant without it, and xq qu
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
   const cases: [AttnCombineConstants, number[]][] = [
-    [{
-      H_Q: 16,
-      D_H: 256,
-      N_SPLIT: 64,
-      TILE: 32,
-      PER_MIN: 32,
-      WG: 256,
-      CD: 16,
-      QF_COL: 8192 + 1088,
-      QX: false,
-      LAYOUT: 0,
-    }, [
+    [{ ...ENGINE_SHAPE, QF_COL: 8192 + 1088 }, [
       40,
       0,
       rng.int(0, 2047),

@@ -22,9 +22,12 @@ import {
   prepareMatvecQ8Fused,
   prepareQuantizeQ8,
   q8Layout,
+  type Q8Op,
   q8xBytes,
   QUANTIZE_Q8_PARAMS_BYTES,
+  type QuantizeQ8Bindings,
   quantizeQ8Params,
+  type QuantizeQ8Shape,
 } from "./matvec_q8.ts";
 import assert from "node:assert/strict";
 import { encodeRmsNorm, RMS_NORM, rmsNormBindGroup, type RmsNormConstants } from "./rms_norm.ts";
@@ -233,6 +236,18 @@ Deno.test("quantize_q8 QUADS (an invocation per quad word) gives the per-chunk b
   }
 });
 
+/** quantize_q8 of `shape` over `bindings`, with its params uniform made here (destroy it after the run). */
+async function quantizeOp(
+  device: GPUDevice,
+  cache: PipelineCache,
+  shape: QuantizeQ8Shape,
+  bindings: Omit<QuantizeQ8Bindings, "params">,
+): Promise<{ op: Q8Op; params: GPUBuffer }> {
+  const params = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+  device.queue.writeBuffer(params, 0, quantizeQ8Params(shape));
+  return { op: await prepareQuantizeQ8(cache, { device, shape, bindings: { params, ...bindings } }), params };
+}
+
 Deno.test("quantize_q8 BOTH: the columns in both byte orders, each with the bits of a dispatch in its order", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
@@ -262,21 +277,14 @@ Deno.test("quantize_q8 BOTH: the columns in both byte orders, each with the bits
         const xnBuf = poisoned(device, xAll.length);
         outs.push(xqBuf, xnBuf);
         const shape = { type: t, k, cols, xStride, norm: norm ? { eps: 1e-6 } : undefined, both };
-        const pb = device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-        device.queue.writeBuffer(pb, 0, quantizeQ8Params(shape));
-        params.push(pb);
-        const op = await prepareQuantizeQ8(cache, {
-          device,
-          shape,
-          bindings: {
-            params: pb,
-            x: xBuf,
-            xq: { buffer: xqBuf, offset: 0, size: 4 * ((both ?? 0) + words) },
-            nw: norm ? nwBuf : undefined,
-            xn: norm ? { buffer: xnBuf, offset: 0, size: 4 * xAll.length } : undefined,
-          },
+        const q = await quantizeOp(device, cache, shape, {
+          x: xBuf,
+          xq: { buffer: xqBuf, offset: 0, size: 4 * ((both ?? 0) + words) },
+          nw: norm ? nwBuf : undefined,
+          xn: norm ? { buffer: xnBuf, offset: 0, size: 4 * xAll.length } : undefined,
         });
-        encodeQ8(pass, op);
+        params.push(q.params);
+        encodeQ8(pass, q.op);
       }
       pass.end();
       device.queue.submit([enc.finish()]);

@@ -55,6 +55,30 @@ import {
   type MatvecQ8bShape,
 } from "../../wgsl/matvec_q8b.ts";
 
+/** Options of {@linkcode matvec}. */
+export interface MatvecOptions {
+  rowStart?: number;
+  rows?: number;
+  acc?: boolean;
+  yStride?: number;
+  /** Word of y where column 0's rows start (mat-vecs only; default 0). */
+  yAt?: number;
+  f32?: boolean;
+  /** How the mat-vec sums, where it must sum like another dispatch ({@linkcode soloSum}). */
+  sum?: SoloSum;
+  /**
+   * Mat-vec columns reading a deferred norm's output (f32 x, one weight part): the columns as grid z,
+   * each with the norm in its prologue, the one-token step's dispatch per column (its bits; no norm
+   * dispatch of its own).
+   */
+  zNorm?: boolean;
+  /**
+   * int8 x over 2 to 16 columns: quantize x in both byte orders, for a later mat-vec of the same x whose
+   * weights read the other (attention's v after q and k).
+   */
+  q8Both?: boolean;
+}
+
 /** y[col][r] = W·x[col] for `cols` columns of x (stride K) into y (stride N), rows [rowStart, rowStart+rows). */
 export async function matvec(
   g: GraphBuilder,
@@ -63,28 +87,7 @@ export async function matvec(
   x: GPUBuffer,
   y: GPUBuffer,
   cols: number,
-  opts: {
-    rowStart?: number;
-    rows?: number;
-    acc?: boolean;
-    yStride?: number;
-    /** Word of y where column 0's rows start (mat-vecs only; default 0). */
-    yAt?: number;
-    f32?: boolean;
-    /** How the mat-vec sums, where it must sum like another dispatch ({@linkcode soloSum}). */
-    sum?: SoloSum;
-    /**
-     * Mat-vec columns reading a deferred norm's output (f32 x, one weight part): the columns as grid z,
-     * each with the norm in its prologue, the one-token step's dispatch per column (its bits; no norm
-     * dispatch of its own).
-     */
-    zNorm?: boolean;
-    /**
-     * int8 x over 2 to 16 columns: quantize x in both byte orders, for a later mat-vec of the same x whose
-     * weights read the other (attention's v after q and k).
-     */
-    q8Both?: boolean;
-  } = {},
+  opts: MatvecOptions = {},
 ) {
   if (
     g.opts.int8Activations && !opts.f32 && cols <= g.maxCols && MATVEC_Q8_TYPES.includes(typeName(w))
@@ -218,15 +221,7 @@ export async function matvecQ8(
   x: GPUBuffer,
   y: GPUBuffer,
   cols: number,
-  opts: {
-    rowStart?: number;
-    rows?: number;
-    acc?: boolean;
-    yStride?: number;
-    yAt?: number;
-    sum?: SoloSum;
-    q8Both?: boolean;
-  },
+  opts: Omit<MatvecOptions, "f32" | "zNorm">,
 ) {
   const type = typeName(w);
   const k = w.ne[0]!;

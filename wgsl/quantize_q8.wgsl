@@ -54,22 +54,16 @@ fn quad_word(i: u32, x_off: u32, col: u32, scale: f32) {
     amax = max(amax, q8x_amax4(q8x_quad(xb + j, 8u * c + j, scale)));
   }
   let dv = q8x_d(amax);
-  let wq = q8x_word_quads(LAYOUT, m);
-  let lo = q8x_quad(xb + wq.x, 8u * c + wq.x, scale);
-  let hi = q8x_quad(xb + wq.y, 8u * c + wq.y, scale);
-  let qo = col * (k / 4u + k / 32u);
-  xq[qo + i] = q8x_word(LAYOUT, m, lo, hi, dv.y);
-  if (m == 0u) {
-    xq[qo + k / 4u + c] = bitcast<u32>(dv.x);
-  }
-  if (BOTH == 1u) {
-    let other = 1u - LAYOUT;
-    let wo = q8x_word_quads(other, m);
-    let lo2 = q8x_quad(xb + wo.x, 8u * c + wo.x, scale);
-    let hi2 = q8x_quad(xb + wo.y, 8u * c + wo.y, scale);
-    xq[params.alt + qo + i] = q8x_word(other, m, lo2, hi2, dv.y);
+  // Copy 0 in LAYOUT order at the column's place; with BOTH, copy 1 in the other order params.alt words on.
+  for (var copy = 0u; copy <= BOTH; copy++) {
+    let order = select(LAYOUT, 1u - LAYOUT, copy == 1u);
+    let qo = copy * params.alt + col * (k / 4u + k / 32u);
+    let wq = q8x_word_quads(order, m);
+    let lo = q8x_quad(xb + wq.x, 8u * c + wq.x, scale);
+    let hi = q8x_quad(xb + wq.y, 8u * c + wq.y, scale);
+    xq[qo + i] = q8x_word(order, m, lo, hi, dv.y);
     if (m == 0u) {
-      xq[params.alt + qo + k / 4u + c] = bitcast<u32>(dv.x);
+      xq[qo + k / 4u + c] = bitcast<u32>(dv.x);
     }
   }
   if (NORM == 1u) {

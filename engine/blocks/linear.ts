@@ -396,11 +396,7 @@ async function matvecQ8Cols(
   let first = given;
   let xq = given;
   // The other byte order's copy: a given x's (kept for the mat-vecs after this one), or written here.
-  let alt = given && g.lastQ8?.layout !== layout
-    ? { layout: g.lastQ8!.layout, region: g.lastQ8!.regions[0]! }
-    : given
-    ? g.lastQ8?.alt
-    : undefined;
+  let alt = given ? otherCopy(g.lastQ8!, layout) : undefined;
   if (!xq) {
     const bytes = cols * q8xBytes(k);
     // The copies (both: the other byte order's after the first, a bindable offset on): logged, each under
@@ -450,6 +446,14 @@ async function matvecQ8Cols(
     ]);
   }
   g.lastQ8 = { x: a.x, k, layout, cols, regions: [first!], at: g.ops.length, alt };
+}
+
+/** Of the int8 x copies `last` holds (its regions and `alt`), the one not in byte order `layout`. */
+function otherCopy(
+  last: NonNullable<GraphBuilder["lastQ8"]>,
+  layout: number,
+): { layout: number; region: Binding } | undefined {
+  return last.layout !== layout ? { layout: last.layout, region: last.regions[0]! } : last.alt;
 }
 
 /** Bytes between the columns of the per-column int8 x regions (a bindable offset apart). */

@@ -137,11 +137,50 @@ export function makeInputs(
   };
 }
 
-/** Outputs of a run: y, the final state and the conv history. */
+/** A cut dispatch's taps (gdn_chunk's cut): the state and the conv ring after its first `cut` tokens. */
+export interface Tap {
+  readonly cut: number;
+  readonly state: Float32Array; // ne=[dK, dV, nV]
+  readonly ring: Float32Array; // the whole ring, ne=[C, K]
+}
+
+/** Outputs of a run: y, the final state, the conv history (and the taps of its cut dispatches, in order). */
 export interface Result {
   readonly y: Float64Array | Float32Array; // ne=[nV·dV, T]
   readonly state: Float64Array | Float32Array;
   readonly hist: Float64Array | Float32Array; // last K-1 inputs, oldest first
+  readonly taps?: readonly Tap[];
+}
+
+/** The first `nTokens` tokens of `inp` (same position, history, state and weights). */
+export function prefixInputs(inp: Inputs, nTokens: number): Inputs {
+  const c = inp.m.c;
+  const d = gdnDims(c);
+  const baW = c.BA_GROUPED ? 2 * c.N_V : c.N_V;
+  const b = inp.b.slice(0, baW * nTokens);
+  return {
+    ...inp,
+    nTokens,
+    x: inp.x.slice(0, d.convCh * nTokens),
+    z: inp.z.slice(0, d.inner * nTokens),
+    b,
+    a: c.BA_GROUPED ? b : inp.a.slice(0, baW * nTokens),
+  };
+}
+
+/**
+ * The last K-1 inputs a conv ring holds when the next position is `end`, oldest first (slot s holds the
+ * positions ≡ s mod K): the `hist` of a {@linkcode Result}.
+ */
+export function ringHist(ring: Float32Array, end: number, m: Model): Float32Array {
+  const { convCh } = gdnDims(m.c);
+  const K = m.c.K_CONV;
+  const hist = new Float32Array(convCh * (K - 1));
+  for (let k = 0; k < K - 1; k++) {
+    const slot = (end - (K - 1) + k + K) % K;
+    hist.set(ring.subarray(slot * convCh, (slot + 1) * convCh), k * convCh);
+  }
+  return hist;
 }
 
 /**

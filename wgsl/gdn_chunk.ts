@@ -4,6 +4,12 @@
  * over the blocks, parallel over heads and state columns) and `gdn_chunk_norm.wgsl` (the gated RMSNorm, §8.7).
  * The three dispatches take the bindings of `gdn_step` plus two scratch buffers and compute the same y, state
  * and (with `gdn_conv_ring` after them) conv ring, up to f32 rounding: a drop-in for `gdn_step` when n > 1.
+ *
+ * A cut (params word 2, {@linkcode packGdnChunkParams}): with 0 < cut < n the dispatch runs its tokens as two
+ * runs [0, cut) and [cut, n), each in 64-token blocks from its own start, and the scan copies the state after
+ * token cut − 1 to a `tap` binding; y, state and tap are then bit for bit those of a dispatch of the first cut
+ * tokens followed by one of the rest (the tap: the state between them). `gdn_conv_ring_tap` gives the conv
+ * ring at the same point. A prompt-boundary snapshot at pos0 + cut without splitting the prefill in two.
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, type PipelineCache } from "./kernel.ts";
@@ -11,12 +17,55 @@ import {
   bindingBytes,
   checkGdnStep,
   GDN_STEP,
+  gdnDims,
   type GdnStepBindings,
   type GdnStepConstants,
 } from "./gdn_step.ts";
 
 /** Tokens per block of the chunked form (spec §8.6 chunk size); the kernels hard-wire it. */
 export const GDN_CHUNK_TOKENS = 64;
+
+/**
+ * Words of the chunked prefill's params binding: u32 ne=[3] [pos0, n, cut] (`gdn_step`'s two words and the
+ * cut; `gdn_chunk_norm` reads only n, `gdn_conv_ring` pos0 and n).
+ */
+export const GDN_CHUNK_PARAMS_WORDS = 3;
+
+/**
+ * Packs the chunked prefill's params: [pos0, nTokens, cut]. `cut` 0 (the default) is no cut; 0 < cut < nTokens
+ * splits the dispatch's blocks at token `cut` and has the scan write the state there to its `tap` binding.
+ * @throws {RangeError} on a position that is not a u32, a token count below 1, or a cut outside 0..nTokens-1 (a
+ *   cut at nTokens is the dispatch's end: its final state is that snapshot)
+ */
+export function packGdnChunkParams(pos0: number, nTokens: number, cut = 0): Uint32Array<ArrayBuffer> {
+  if (!Number.isInteger(pos0) || pos0 < 0 || pos0 > 0xffffffff) {
+    throw new RangeError(`gdn_chunk: position must be a u32, got ${pos0}`);
+  }
+  if (!Number.isInteger(nTokens) || nTokens < 1) {
+    throw new RangeError(`gdn_chunk: token count must be a positive integer, got ${nTokens}`);
+  }
+  if (!Number.isInteger(cut) || cut < 0 || cut >= nTokens) {
+    const last = nTokens - 1;
+    const why = cut === nTokens ? ": a cut at the end is the dispatch's final state, no tap needed" : "";
+    throw new RangeError(
+      `gdn_chunk: cut must be an integer in 0..${last} (0: no cut) for ${nTokens} token(s), got ${cut}${why}`,
+    );
+  }
+  return Uint32Array.of(pos0, nTokens, cut);
+}
+
+/**
+ * The token ranges [start, end) of the blocks of a dispatch of `nTokens` tokens cut at `cut` (0: no cut), in
+ * block order: what the kernels compute on the GPU, for tests and tools.
+ */
+export function gdnChunkBlocks(nTokens: number, cut = 0): Array<[number, number]> {
+  const T = GDN_CHUNK_TOKENS;
+  const c1 = cut > 0 && cut < nTokens ? cut : nTokens;
+  const out: Array<[number, number]> = [];
+  for (let s = 0; s < c1; s += T) out.push([s, Math.min(s + T, c1)]);
+  for (let s = c1; s < nTokens; s += T) out.push([s, Math.min(s + T, nTokens)]);
+  return out;
+}
 
 /**
  * Constants of the chunked prefill: the same as `gdn_step`'s, same limits, and K_CONV <= 4 (each kernel takes its
@@ -131,8 +180,11 @@ export const GDN_CHUNK_PREP_BINDINGS = [
   "wsUp",
 ] as const;
 
-/** Binding order of `gdn_chunk` (the scan). */
-export const GDN_CHUNK_BINDINGS = ["params", "wsQkw", "wsUp", "state", "y"] as const;
+/**
+ * Binding order of `gdn_chunk` (the scan); `tap`: the state after the cut (see {@linkcode gdnChunkDispatches}
+ * for what it takes without one).
+ */
+export const GDN_CHUNK_BINDINGS = ["params", "wsQkw", "wsUp", "state", "y", "tap"] as const;
 
 /** Binding order of `gdn_chunk_norm`. */
 export const GDN_CHUNK_NORM_BINDINGS = ["params", "z", "normW", "y", "xq"] as const;
@@ -145,17 +197,21 @@ export interface GdnChunkScratch {
   readonly wsUp: Binding;
 }
 
-/** Scratch bytes of the chunked prefill for dispatches of up to `maxTokens` tokens. */
+/**
+ * Scratch bytes of the chunked prefill for dispatches of up to `maxTokens` tokens, cut or not: NB =
+ * ceil(maxTokens/64) + 1 blocks per head (a cut can add one block: two runs, each with a short last block).
+ */
 export interface GdnChunkScratchBytes {
-  /** Bytes of {@linkcode GdnChunkScratch.wsQkw}: 4·3·64·D_K·N_V·ceil(maxTokens/64). */
+  /** Bytes of {@linkcode GdnChunkScratch.wsQkw}: 4·3·64·D_K·N_V·NB. */
   readonly wsQkw: number;
-  /** Bytes of {@linkcode GdnChunkScratch.wsUp}: 4·(64·D_V + 64·64 + 64)·N_V·ceil(maxTokens/64). */
+  /** Bytes of {@linkcode GdnChunkScratch.wsUp}: 4·(64·D_V + 64·64 + 64)·N_V·NB. */
   readonly wsUp: number;
 }
 
 /**
- * Scratch sizes for dispatches of up to `maxTokens` tokens (the caller allocates them, STORAGE usage; one
- * pair can serve every layer, the dispatches of one layer finish reading them before the next layer's prep).
+ * Scratch sizes for dispatches of up to `maxTokens` tokens with or without a cut, ceil(maxTokens/64) + 1
+ * blocks per head (the caller allocates them, STORAGE usage; one pair can serve every layer, the dispatches of
+ * one layer finish reading them before the next layer's prep).
  * @throws {RangeError} on a token count below 1
  */
 export function gdnChunkScratchBytes(c: GdnChunkConstants, maxTokens: number): GdnChunkScratchBytes {
@@ -163,7 +219,7 @@ export function gdnChunkScratchBytes(c: GdnChunkConstants, maxTokens: number): G
     throw new RangeError(`gdn_chunk: maxTokens must be a positive integer, got ${maxTokens}`);
   }
   const T = GDN_CHUNK_TOKENS;
-  const blocks = Math.ceil(maxTokens / T) * c.N_V;
+  const blocks = gdnChunkMaxBlocks(maxTokens) * c.N_V;
   return {
     wsQkw: 4 * 3 * T * c.D_K * blocks,
     wsUp: 4 * (T * c.D_V + T * T + T) * blocks,
@@ -171,12 +227,21 @@ export function gdnChunkScratchBytes(c: GdnChunkConstants, maxTokens: number): G
 }
 
 /**
- * Checks constants, the `gdn_step` bindings and the scratch sizes for dispatches of up to `maxTokens` tokens.
+ * Blocks per head for dispatches of up to `maxTokens` tokens, cut or not (the prep's grid):
+ * ceil(maxTokens/64) + 1.
+ */
+export function gdnChunkMaxBlocks(maxTokens: number): number {
+  return Math.ceil(maxTokens / GDN_CHUNK_TOKENS) + 1;
+}
+
+/**
+ * Checks constants, the `gdn_step` bindings (params: {@linkcode GDN_CHUNK_PARAMS_WORDS} words), the scratch
+ * sizes for dispatches of up to `maxTokens` tokens and, when given, the state-sized `tap`.
  * @throws {RangeError} naming the constant or binding, what it has and what it needs
  */
 export function checkGdnChunk(
   c: GdnChunkConstants,
-  opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number },
+  opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number; tap?: Binding },
 ): void {
   if (c.K_CONV > 4) {
     throw new RangeError(
@@ -185,6 +250,31 @@ export function checkGdnChunk(
     );
   }
   checkGdnStep(c, opts);
+  const params = bindingBytes(opts.bindings.params);
+  if (params < 4 * GDN_CHUNK_PARAMS_WORDS) {
+    throw new RangeError(
+      `gdn_chunk binding params has ${params} bytes but needs ${4 * GDN_CHUNK_PARAMS_WORDS} ` +
+        `(u32 ne=[3]: [pos0, n, cut], cut 0 for none): pack it with packGdnChunkParams`,
+    );
+  }
+  if (opts.tap !== undefined) {
+    const need = 4 * gdnDims(c).state;
+    const got = bindingBytes(opts.tap);
+    if (got < need) {
+      throw new RangeError(
+        `gdn_chunk binding tap has ${got} bytes but needs ${need} (the state after the cut, ne=[${c.D_K}, ` +
+          `${c.D_V}, ${c.N_V}] f32 as the state binding)`,
+      );
+    }
+    const scan = { ...opts.bindings, ...opts.scratch };
+    for (const name of GDN_CHUNK_BINDINGS.filter((k) => k !== "tap")) {
+      if (bindingsOverlap(opts.tap, scan[name])) {
+        throw new RangeError(
+          `gdn_chunk binding tap overlaps the scan's binding ${name}: the tap is written, give it its own bytes`,
+        );
+      }
+    }
+  }
   if (opts.maxTokens > 65535) {
     throw new RangeError(`gdn_chunk: maxTokens=${opts.maxTokens} exceeds 65535 (norm grid): split the chunk`);
   }
@@ -202,6 +292,14 @@ export function checkGdnChunk(
   }
 }
 
+/** Whether two bindings share bytes of one buffer (a written binding must share none with another). */
+export function bindingsOverlap(a: Binding, b: Binding): boolean {
+  const buf = (x: Binding) => x instanceof GPUBuffer ? x : x.buffer;
+  if (buf(a) !== buf(b)) return false;
+  const start = (x: Binding) => x instanceof GPUBuffer ? 0 : x.offset ?? 0;
+  return start(a) < start(b) + bindingBytes(b) && start(b) < start(a) + bindingBytes(a);
+}
+
 /** One dispatch of the chunked prefill: kernel, its constants, bindings in binding order, grid. */
 export interface GdnChunkDispatch {
   /** The kernel. */
@@ -217,18 +315,31 @@ export interface GdnChunkDispatch {
 /**
  * The three dispatches of one chunked prefill, in recording order: prep, scan, norm (for an engine that
  * records dispatches itself; {@linkcode encodeGdnChunk} records them into a pass). Record `gdn_conv_ring`
- * after them, as after `gdn_step`. The token count and position come from the params buffer (GPU-side);
- * the grids are sized for `maxTokens`.
+ * after them, as after `gdn_step` (and, for a cut, `gdn_conv_ring_tap` before that). The position, token
+ * count and cut come from the params buffer (GPU-side, {@linkcode packGdnChunkParams}); the grids are sized
+ * for `maxTokens`.
+ *
+ * `tap`: the scan's binding 5, written with the state after the cut when params hold one (state-sized, not
+ * aliasing another binding). Without it the scan's tap takes `bindings.z`, which the scan does not otherwise
+ * bind (as the norm's xq takes a scratch buffer) and never writes without a cut: params with a cut need a
+ * `tap`, or the scan overwrites z before the norm reads it.
  * @throws {RangeError} from {@linkcode checkGdnChunk}
  */
 export function gdnChunkDispatches(
   c: GdnChunkConstants,
-  opts: { bindings: GdnStepBindings; scratch: GdnChunkScratch; maxTokens: number; scan?: GdnChunkScan },
+  opts: {
+    bindings: GdnStepBindings;
+    scratch: GdnChunkScratch;
+    maxTokens: number;
+    scan?: GdnChunkScan;
+    tap?: Binding;
+  },
 ): GdnChunkDispatch[] {
   checkGdnChunk(c, opts);
-  // The norm's xq binding (QX only; prefill does not round here) takes a scratch buffer it does not touch.
-  const all = { ...opts.bindings, ...opts.scratch, xq: opts.scratch.wsQkw };
-  const blocks = Math.ceil(opts.maxTokens / GDN_CHUNK_TOKENS);
+  // The norm's xq binding (QX only; prefill does not round here) takes a scratch buffer it does not touch;
+  // the scan's tap without a cut takes z (bound only in the norm).
+  const all = { ...opts.bindings, ...opts.scratch, xq: opts.scratch.wsQkw, tap: opts.tap ?? opts.bindings.z };
+  const blocks = gdnChunkMaxBlocks(opts.maxTokens);
   const s = gdnChunkScan(c, opts.scan);
   return [
     {
@@ -275,8 +386,9 @@ export async function prepareGdnChunk(
 
 /**
  * Records the chunked prefill (three dispatches) into a caller-supplied compute pass: the drop-in for
- * `encodeGdnStep` when n > 1, with the same bindings plus the scratch. Record `encodeGdnConvRing` right after
- * it in the same pass, as after `gdn_step`. A dispatch of n = 1 is correct too, but `gdn_step` is the faster
+ * `encodeGdnStep` when n > 1, with the same bindings (params of {@linkcode GDN_CHUNK_PARAMS_WORDS} words) plus
+ * the scratch. Record `encodeGdnConvRing` right after it in the same pass, as after `gdn_step` (for a cut, its
+ * tap dispatch before that). A dispatch of n = 1 is correct too, but `gdn_step` is the faster
  * decode.
  * @throws {RangeError} from {@linkcode checkGdnChunk}, before anything is recorded
  */
@@ -291,6 +403,8 @@ export function encodeGdnChunk(
     maxTokens: number;
     /** The scan shape the pipelines were prepared with (default {@linkcode GDN_CHUNK_SCAN}). */
     scan?: GdnChunkScan;
+    /** The state after the cut in params, as in {@linkcode gdnChunkDispatches}. */
+    tap?: Binding;
   },
 ): void {
   const dispatches = gdnChunkDispatches(opts.constants, opts);

@@ -6,17 +6,30 @@
 //   O  = diag(e^G)·Q·S[:, J] + P·V'                      (o before the gated norm, into y)
 //   S[:, J] ← e^{G_63}·S[:, J] + (diag(e^{G_63 − G}) K)ᵀ·V'
 // with Q (q̂/√D_K), K (k̂), W, U, P, G from gdn_chunk_prep (definitions in its header). Exactly spec §8.6, with
-// T = (I+M)^{-1} applied by forward substitution in prep; zero rows pad the last block.
+// T = (I+M)^{-1} applied by forward substitution in prep; zero rows pad a short block (no-ops in the scan).
+//
+// Blocks and the cut (params word 2, the same partition as gdn_chunk_prep's): without a cut (cut == 0 or
+// cut >= n) block c covers the dispatch tokens [64·c, min(64·c + 64, n)), NB = ceil(n/64) blocks. With
+// 0 < cut < n the tokens split into two runs [0, cut) and [cut, n), each cut into blocks from its own start:
+// nb1 = ceil(cut/64) blocks cover [0, cut) (the last one possibly short), then ceil((n − cut)/64) cover
+// [cut, n); block c starts at 64·c (c < nb1) or cut + 64·(c − nb1) and ends at min(start + 64, cut or n).
+// Row i of block c is the dispatch token start + i (its y is written there; rows past the block's end are zero
+// padding). Right after block nb1 − 1 (S then the state after the first cut tokens) the workgroup also copies its
+// S columns to `tap`: the result is bit for bit that of a dispatch of tokens [0, cut) followed by one of
+// [cut, n) at pos0 + cut, and tap holds the state between them. Without a cut tap is not touched.
 //
 // Bindings (f32; ne innermost first):
-//   0 params  u32 ne=[2]: [pos0, n]
+//   0 params  u32 ne=[3]: [pos0, n, cut] (cut as above; pos0 is not read here)
 //   1 ws_qkw  ne=[QKW_BLK, N_V, NB] read: block (c, h) at (c·N_V + h)·QKW_BLK words, Q|K|W each ne=[D_K, 64]
 //   2 ws_up   ne=[UP_BLK, N_V, NB] read: block (c, h) at (c·N_V + h)·UP_BLK: U ne=[D_V, 64] | P ne=[64, 64] | G ne=[64]
 //             (P is 0 above the diagonal)
 //   3 state   ne=[D_K, D_V, N_V] read_write, transposed as in gdn_step: state[(h·D_V + j)·D_K + i] = S_h[i][j]
 //   4 y       ne=[N_V·D_V, n] written: o of token t, head h, column j at t·N_V·D_V + h·D_V + j (gdn_chunk_norm
 //             turns it into ô in place)
-// (NB = ceil(n/64); QKW_BLK = 3·64·D_K, UP_BLK = 64·D_V + 64·64 + 64; both multiples of 4, read as vec4.)
+//   5 tap     ne=[D_K, D_V, N_V] written only with a cut: the state after token cut − 1, laid out as `state`
+//             (without a cut the twin binds any buffer not bound elsewhere in the dispatch)
+// (NB <= ceil(n/64) + 1 as above; QKW_BLK = 3·64·D_K, UP_BLK = 64·D_V + 64·64 + 64; both multiples of 4, read
+// as vec4.)
 //
 // Constants: N_V, D_K, D_V: u32; BJ: state columns per workgroup (8, 16 or 32, dividing D_V); CJ: columns per
 // invocation (1 or 2). Limits: D_K % 64 == 0, D_K <= 256; D_V % BJ == 0. Workgroup size 16·BJ/CJ; storage
@@ -27,7 +40,8 @@
 // (jl = lid % LJ, tq = lid / LJ), LJ = BJ/CJ, owns the local columns jl and (CJ = 2) jl + LJ, the four
 // consecutive tokens 4·tq .. 4·tq+3 in V' and O, and the key rows 4·(tq + 16·m) .. +3 (m < D_K/64) of S in the
 // update. Per block: barrier, V' (and Q·S) into workgroup memory, barrier, O and the state update (each
-// invocation rewrites only its own S entries).
+// invocation rewrites only its own S entries); after block nb1 − 1 of a cut dispatch one more barrier and the
+// copy of S to tap (a dispatch without a cut pays a few scalar ops per block for the partition and no barrier).
 //
 // Registers, not arrays: every per-invocation accumulator is a named vec4 or mat4x4 indexed by constants (a
 // function-scope array indexed by a loop counter lives in local memory on the H200, docs/PERF.md), which was
@@ -41,6 +55,7 @@
 @group(0) @binding(2) var<storage, read> ws_up: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> state: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> tap: array<vec4<f32>>;
 
 const BT: u32 = 64u;
 const BT4: u32 = BT / 4u;
@@ -92,18 +107,19 @@ fn u4(ub: u32, tq: u32, j: u32) -> vec4<f32> {
   return vec4<f32>(ws_up[b][e], ws_up[b + DV4][e], ws_up[b + 2u * DV4][e], ws_up[b + 3u * DV4][e]);
 }
 
-// o of tokens t0 .. t0+3 (those < n) of one column, y index base yb for token 0.
-fn put_o(t0: u32, n: u32, yb: u32, o: vec4<f32>) {
-  if (t0 < n) {
+// o of tokens t0 .. t0+3 (those < t_end, the end of the block's run) of one column, y index base yb for token 0
+// (the block's padding rows write nothing: past a cut they are the second run's tokens).
+fn put_o(t0: u32, t_end: u32, yb: u32, o: vec4<f32>) {
+  if (t0 < t_end) {
     y[t0 * Y_W + yb] = o.x;
   }
-  if (t0 + 1u < n) {
+  if (t0 + 1u < t_end) {
     y[(t0 + 1u) * Y_W + yb] = o.y;
   }
-  if (t0 + 2u < n) {
+  if (t0 + 2u < t_end) {
     y[(t0 + 2u) * Y_W + yb] = o.z;
   }
-  if (t0 + 3u < n) {
+  if (t0 + 3u < t_end) {
     y[(t0 + 3u) * Y_W + yb] = o.w;
   }
 }
@@ -131,12 +147,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let jm = jl + LJ; // the second column when CJ = 2
   let tq = lid / LJ;
   let n = params[1];
-  let nb = (n + BT - 1u) / BT;
+  // the partition (header): the first run ends at c1 (n without a cut), its nb1 blocks, then the second run's
+  var c1 = n;
+  if (params[2] > 0u && params[2] < n) {
+    c1 = params[2];
+  }
+  let nb1 = (c1 + BT - 1u) / BT;
+  let nb = nb1 + (n - c1 + BT - 1u) / BT;
 
   for (var e = lid; e < BJ * D4; e += WG) {
     st[(e / D4) * SP + e % D4] = state[(h * D_V + j0 + e / D4) * D4 + e % D4];
   }
   for (var c = 0u; c < nb; c++) {
+    // block c: dispatch tokens [t_lo, min(t_lo + 64, t_hi))
+    var t_lo = c * BT;
+    var t_hi = c1;
+    if (c >= nb1) {
+      t_lo = c1 + (c - nb1) * BT;
+      t_hi = n;
+    }
     let qb = (c * N_V + h) * QKW_BLK4;
     let ub = (c * N_V + h) * UP_BLK4;
     // state-independent loads first, in flight across the barrier
@@ -203,9 +232,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
     let yb = h * D_V + j0;
-    put_o(c * BT + 4u * tq, n, yb + jl, o0);
+    put_o(t_lo + 4u * tq, t_hi, yb + jl, o0);
     if (CJ > 1u) {
-      put_o(c * BT + 4u * tq, n, yb + jm, o1);
+      put_o(t_lo + 4u * tq, t_hi, yb + jm, o1);
     }
 
     // S ← e^{G_63}·S + Kᵀ·(diag(e^{G_63 − G}) V') for key vec4s tq + 16·m, four tokens per step
@@ -230,6 +259,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     update_st(jl, tq, el, a0);
     if (CJ > 1u) {
       update_st(jm, tq, el, a1);
+    }
+    if (c + 1u == nb1 && c1 < n) {
+      // the tap: S after the first run, once every invocation's update is in (uniform: params and c)
+      workgroupBarrier();
+      for (var e = lid; e < BJ * D4; e += WG) {
+        tap[(h * D_V + j0 + e / D4) * D4 + e % D4] = st[(e / D4) * SP + e % D4];
+      }
     }
   }
   workgroupBarrier();

@@ -2,7 +2,8 @@
 // dispatches:  y[t][h] ← RMSNorm(o_{t,h}, ssm_norm) ⊙ silu(z_{t,h})  with o_{t,h} = y[t][h] from gdn_chunk.
 //
 // Bindings (f32 unless noted; ne innermost first):
-//   0 params  u32 ne=[2]: [pos0, n]
+//   0 params  u32 ne=[2] or more: [pos0, n, ...] (only n is read: the chunked prefill's cut word 2 does not
+//             matter here, the norm works per token)
 //   1 z       ne=[N_V·D_V, n]  gate input, token (or column) t at word t·Z_COL
 //   2 norm_w  ne=[D_V]  ssm_norm.weight, shared by all heads
 //   3 y       ne=[N_V·D_V, n] read_write: o in, ô out

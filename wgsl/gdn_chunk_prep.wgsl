@@ -4,10 +4,18 @@
 //   M[t][s] = β_t (k̂_t·k̂_s) e^{G_t−G_s} (s < t):  U = (I+M)^{-1} diag(β) V,  W = (I+M)^{-1} diag(β e^G) K,
 //   P[t][s] = (q_t·k̂_s) e^{G_t−G_s} (s <= t, 0 above the diagonal)
 // into the scratch blocks read by gdn_chunk (the state-dependent scan; algorithm and block layout there).
-// Tokens t >= n of the last block are zero rows (k = v = β = g = 0): no-ops in the scan (§8.6 zero padding).
+// A block's rows past its last token are zero rows (k = v = β = g = 0): no-ops in the scan (§8.6 zero padding).
+//
+// Blocks (params word 2 `cut`; gdn_chunk.wgsl's header says what the scan does with it): without a cut
+// (cut == 0 or cut >= n) block c covers the dispatch tokens [64·c, min(64·c + 64, n)). With 0 < cut < n the
+// runs [0, cut) and [cut, n) are each cut into blocks from their own start: blocks c < nb1 = ceil(cut/64)
+// cover [64·c, min(64·c + 64, cut)), blocks c >= nb1 cover [cut + 64·(c − nb1), min(that + 64, n)); NB =
+// nb1 + ceil((n − cut)/64) <= ceil(n/64) + 1 blocks. Row i of block c is the token start + i. The conv is in
+// dispatch-token coordinates, unaffected by blocks: a window reaching before a block's start reads the
+// dispatch's earlier tokens, or the ring before token 0.
 //
 // Bindings (f32 unless noted; ne innermost first; the first seven as in gdn_step.wgsl):
-//   0 params    u32 ne=[2]: [pos0, n]
+//   0 params    u32 ne=[3]: [pos0, n, cut]
 //   1 x_qkv     ne=[C, n]  pre-conv q|k|v, C = 2·N_K·D_K + N_V·D_V
 //   2 b         ne=[N_V, n]; BA_GROUPED: ne=[2·N_V, n] (raw ssm_ba)
 //   3 a         ne=[N_V, n] from word A_OFF; BA_GROUPED: the same buffer as b
@@ -15,7 +23,7 @@
 //   5 dt_bias   ne=[N_V]
 //   6 ssm_a     ne=[N_V]
 //   7 conv_ring ne=[C, K_CONV]  read only here: slots of positions pos0-K_CONV+1 .. pos0-1
-//   8 ws_qkw    ne=[QKW_BLK, N_V, NB] scratch (NB = ceil(n/64) blocks), written: block (c, h) at (c·N_V + h)·QKW_BLK
+//   8 ws_qkw    ne=[QKW_BLK, N_V, NB] scratch (NB blocks as above), written: block (c, h) at (c·N_V + h)·QKW_BLK
 //   9 ws_up     ne=[UP_BLK, N_V, NB] scratch, written, same block order
 //
 // Constants (as gdn_step): N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32; KAPPA_TILED, BA_GROUPED: bool; A_OFF: u32.
@@ -23,7 +31,7 @@
 // one vec4); the twin checks them.
 // Workgroup storage: 17.25 KiB (M is 64×64 f32).
 //
-// Grid (N_V, ceil(maxTokens/64), 1); a workgroup (h, c) with 64·c >= n returns at once. Phases, each ending in
+// Grid (N_V, ceil(maxTokens/64) + 1, 1); a workgroup (h, c) with c >= NB returns at once. Phases, each ending in
 // a barrier (the block's scratch is also the workgroup's working memory, hence storageBarrier):
 //   1 conv: an invocation owns 16 tokens of a local channel (q, k of κ(h), v of h) per task, 4·LOC_CH tasks;
 //     taps and window in vec4s; β, g of token lid into workgroup memory.
@@ -142,7 +150,8 @@ fn conv_x(ch: u32, t: u32, t0: u32, nt: u32) -> f32 {
 
 // Window component c (1..3) before block token ts: the input at block token ts + c − 4, zero where no tap reaches
 // it (c + K_CONV < 5) or past nt; before dispatch token 0 it is position pos0 + t0 + ts + c − 4, in ring slot
-// (pos0 + t0 + ts + c + K_CONV − 4) mod K_CONV (t0 = ts = 0 there, so no wrap below 0).
+// (pos0 + t0 + ts + c + K_CONV − 4) mod K_CONV (no wrap below 0: c + K_CONV >= 5 there). t0 is the block's first
+// dispatch token: the window of a block starting at a cut reads the first run's last inputs (or the ring).
 fn conv_hist(ch: u32, c: u32, ts: u32, t0: u32, nt: u32, pos0: u32) -> f32 {
   if (c + K_CONV < 5u || ts + c >= nt + 4u) {
     return 0.0;
@@ -215,11 +224,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let c = wid.y;
   let pos0 = params[0];
   let n = params[1];
-  let t0 = c * BT;
-  if (t0 >= n) {
+  // block c: dispatch tokens t0 .. t0 + nt − 1 (the partition in the header; c1 = n without a cut)
+  var c1 = n;
+  if (params[2] > 0u && params[2] < n) {
+    c1 = params[2];
+  }
+  let nb1 = (c1 + BT - 1u) / BT;
+  var t0 = c * BT;
+  var t_hi = c1;
+  if (c >= nb1) {
+    t0 = c1 + (c - nb1) * BT;
+    t_hi = n;
+  }
+  if (t0 >= t_hi) {
     return;
   }
-  let nt = min(BT, n - t0);
+  let nt = min(BT, t_hi - t0);
   var g = h / R;
   if (KAPPA_TILED) {
     g = h % N_K;

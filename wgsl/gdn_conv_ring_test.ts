@@ -7,9 +7,11 @@ import {
   checkGdnConvRing,
   encodeGdnConvRing,
   GDN_CONV_RING,
+  GDN_CONV_RING_TAP,
   type GdnConvRingConstants,
 } from "./gdn_conv_ring.ts";
 import { packGdnParams } from "./gdn_step.ts";
+import { packGdnChunkParams } from "./gdn_chunk.ts";
 
 // The ring holds copies of f32 inputs.
 const TOL = { atol: 0, rtol: 0 };
@@ -81,6 +83,106 @@ Deno.test("gdn_conv_ring: writes exactly the last K-1 inputs into their position
   owned.forEach((b) => b.destroy());
 });
 
+Deno.test("gdn_conv_ring_tap: the ring after the first cut tokens, bit for bit; the ring itself untouched", async () => {
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  const rng = new Rng();
+  const cases: Array<{ c: GdnConvRingConstants; n: number; cut: number }> = [];
+  for (const c of [{ CONV_CH: 1000, K_CONV: 4, T_COL: 0 }, { CONV_CH: 200, K_CONV: 3, T_COL: 0 }]) {
+    const n = 70;
+    for (const cut of [1, 2, c.K_CONV - 1, c.K_CONV, n - 1]) cases.push({ c, n, cut });
+  }
+  cases.push(
+    // A 2-slot ring; tokens T_COL apart; cut 0 (a copy of the ring); a cut word of n or more (the ring after n).
+    { c: { CONV_CH: 130, K_CONV: 2, T_COL: 0 }, n: 5, cut: 1 },
+    { c: { CONV_CH: 200, K_CONV: 4, T_COL: 320 }, n: 6, cut: 5 },
+    { c: { CONV_CH: 200, K_CONV: 4, T_COL: 0 }, n: 6, cut: 0 },
+    { c: { CONV_CH: 200, K_CONV: 4, T_COL: 0 }, n: 6, cut: 9 },
+  );
+  const owned: GPUBuffer[] = [];
+  const reads: GPUBuffer[] = [];
+  const ring0s: Float32Array[] = [];
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  for (const { c, n, cut } of cases) {
+    const ringWords = c.CONV_CH * c.K_CONV;
+    const pos0 = rng.int(1, 1 << 20);
+    const xT = c.T_COL || c.CONV_CH;
+    const xAll = new Float32Array((n - 1) * xT + c.CONV_CH).fill(Number.NaN);
+    for (let t = 0; t < n; t++) xAll.set(rng.normals(c.CONV_CH), t * xT);
+    const ring0 = rng.normals(ringWords);
+    ring0s.push(ring0);
+    const mk = (buf: GPUBuffer) => (owned.push(buf), buf);
+    const xQkv = mk(upload(device, xAll));
+    const ring = mk(upload(device, ring0, "conv_ring"));
+    const tap = mk(poisoned(device, ringWords, POISON_F32, "tap"));
+    // Its tap, then (the engine's order) the ordinary update of all n tokens on the same ring.
+    const params = mk(
+      upload(device, cut < n ? packGdnChunkParams(pos0, n, cut) : Uint32Array.of(pos0, n, cut)),
+    );
+    const ringTap = await cache.get(GDN_CONV_RING_TAP, c);
+    const tapBindings = { params, xQkv, convRing: ring, tap: { buffer: tap, size: ringWords * 4 } };
+    encodeGdnConvRing(pass, {
+      device,
+      pipeline: ringTap,
+      constants: c,
+      bindings: tapBindings,
+      maxTokens: n,
+      tap: true,
+    });
+    const pipeline = await cache.get(GDN_CONV_RING, c);
+    encodeGdnConvRing(pass, {
+      device,
+      pipeline,
+      constants: c,
+      bindings: { params, xQkv, convRing: ring },
+      maxTokens: n,
+    });
+    // Want: an ordinary dispatch of the first min(cut, n) tokens on a copy of the ring (none at cut 0), and the
+    // ordinary dispatch of all n on another.
+    const m = Math.min(cut, n);
+    const want = mk(upload(device, ring0, "want"));
+    const wantParams = mk(upload(device, Uint32Array.of(pos0, m)));
+    const wantBindings = { params: wantParams, xQkv, convRing: want };
+    if (m > 0) {
+      encodeGdnConvRing(pass, { device, pipeline, constants: c, bindings: wantBindings, maxTokens: m });
+    }
+    const after = mk(upload(device, ring0, "after"));
+    encodeGdnConvRing(pass, {
+      device,
+      pipeline,
+      constants: c,
+      bindings: { params, xQkv, convRing: after },
+      maxTokens: n,
+    });
+    // The tap alone leaves its ring as it was.
+    const alone = mk(upload(device, ring0, "alone"));
+    const tap2 = mk(poisoned(device, ringWords, POISON_F32, "tap"));
+    encodeGdnConvRing(pass, {
+      device,
+      pipeline: ringTap,
+      constants: c,
+      bindings: { ...tapBindings, convRing: alone, tap: tap2 },
+      maxTokens: n,
+      tap: true,
+    });
+    reads.push(tap, want, ring, after, alone);
+  }
+  pass.end();
+  device.queue.submit([enc.finish()]);
+  const got = await readAll(device, reads);
+  cases.forEach(({ c, n, cut }, i) => {
+    const ringWords = c.CONV_CH * c.K_CONV;
+    const what = `gdn_conv_ring_tap${JSON.stringify(c)} n ${n} cut ${cut} (seed ${rng.seed})`;
+    const [tap, want, ring, after, alone] = got.slice(5 * i, 5 * i + 5).map((b) => new Uint32Array(b));
+    assert.deepEqual(tap!.subarray(0, ringWords), want!.subarray(0, ringWords), `${what}: tap`);
+    assertPoisoned(tap!.subarray(ringWords), POISON_F32, `${what}: tap guard`);
+    assert.deepEqual(alone, new Uint32Array(ring0s[i]!.buffer), `${what}: the ring after the tap alone`);
+    assert.deepEqual(ring, after, `${what}: the ring after the tap and the update of all n tokens`);
+  });
+  owned.forEach((b) => b.destroy());
+});
+
 Deno.test("gdn_conv_ring: shape checks throw before encoding", async () => {
   const { device } = await testGpu();
   const c = { CONV_CH: 100, K_CONV: 4, T_COL: 0 };
@@ -105,6 +207,37 @@ Deno.test("gdn_conv_ring: shape checks throw before encoding", async () => {
     () => checkGdnConvRing({ ...c, T_COL: 120 }, { bindings: { ...bindings, xQkv: short }, maxTokens: 3 }),
     /binding xQkv has 1356 bytes but needs 1360/,
   );
-  [strided, short].forEach((b) => b.destroy());
+  // The tap: given exactly with `tap`, ring-sized; params then [pos0, n, cut].
+  const tap = buf(400);
+  const params3 = buf(3);
+  checkGdnConvRing(c, { bindings: { ...bindings, params: params3, tap }, maxTokens: 3, tap: true });
+  assert.throws(() => checkGdnConvRing(c, { bindings, maxTokens: 3, tap: true }), /tap binding is missing/);
+  assert.throws(
+    () => checkGdnConvRing(c, { bindings: { ...bindings, tap }, maxTokens: 3 }),
+    /a tap binding is given to the ordinary dispatch/,
+  );
+  assert.throws(
+    () =>
+      checkGdnConvRing(c, {
+        bindings: { ...bindings, params: params3, tap: short },
+        maxTokens: 3,
+        tap: true,
+      }),
+    /gdn_conv_ring_tap binding tap has 1356 bytes but needs 1600/,
+  );
+  assert.throws(
+    () => checkGdnConvRing(c, { bindings: { ...bindings, tap }, maxTokens: 3, tap: true }),
+    /gdn_conv_ring_tap binding params has 8 bytes but needs 12 \(u32 ne=\[3\]: \[pos0, n, cut\]/,
+  );
+  assert.throws(
+    () =>
+      checkGdnConvRing(c, {
+        bindings: { ...bindings, params: params3, tap: bindings.convRing },
+        maxTokens: 3,
+        tap: true,
+      }),
+    /gdn_conv_ring_tap binding tap overlaps binding convRing/,
+  );
+  [strided, short, tap, params3].forEach((b) => b.destroy());
   Object.values(bindings).forEach((b) => b.destroy());
 });

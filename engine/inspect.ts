@@ -46,7 +46,10 @@ export interface InspectLayer {
   readonly weightBytes: number;
   /** f32 K and V for `nCtx` positions × `nSlots` (attention layers), as a stage allocates them. */
   readonly kvBytes: number;
-  /** f32 conv window and recurrent state × `nSlots` (DeltaNet layers). */
+  /**
+   * f32 conv window and recurrent state × (`nSlots` + 1) (DeltaNet layers): one more for the taps a prefill
+   * cut at a prompt-boundary snapshot writes (SlotStates.tap).
+   */
   readonly recurrentBytes: number;
   /** weightBytes + kvBytes + recurrentBytes. */
   readonly totalBytes: number;
@@ -149,7 +152,7 @@ export function inspectModel(
   }
 
   const kvPerLayer = kvBytesPerPosition(hp, opts.kvF16) * nCtx * nSlots;
-  const recPerLayer = recurrentBytesPerSlot(hp) * nSlots;
+  const recPerLayer = recurrentBytesPerSlot(hp) * (nSlots + 1);
   const layers: InspectLayer[] = layerBytes.map((weightBytes, layer) => {
     const kind = layer >= hp.nLayer ? "mtp" : hp.isAttention[layer] ? "attention" : "deltanet";
     const kvBytes = kind === "attention" ? kvPerLayer : 0;

@@ -42,16 +42,16 @@ Deno.test("inspect on the fixtures: pattern, tensor table, bytes per type and pe
     assert.equal(r.globalBytes + r.layers.reduce((a, l) => a + l.weightBytes, 0), all);
     assert.equal(r.totals.weightBytes, all);
     // Attention: K and V f32, 1 KV head × 256 dims → 2048 bytes a position. DeltaNet: conv ring 4 × 1024 f32 plus
-    // state 4 heads × 128 × 128 f32 = 278 528 bytes a slot.
+    // state 4 heads × 128 × 128 f32 = 278 528 bytes a slot, and once more for the taps.
     assert.equal(kvBytesPerPosition(r.hparams), 2048);
     assert.deepEqual(r.layers.map((l) => [l.kind, l.kvBytes, l.recurrentBytes]), [
-      ["deltanet", 0, 278528 * 3],
-      ["deltanet", 0, 278528 * 3],
-      ["deltanet", 0, 278528 * 3],
+      ["deltanet", 0, 278528 * 4],
+      ["deltanet", 0, 278528 * 4],
+      ["deltanet", 0, 278528 * 4],
       ["attention", 2048 * 1000 * 3, 0],
     ]);
     assert.equal(r.layers[0]!.layout, arch === "qwen3next" ? "qkv_ba" : "qkv_beta_alpha");
-    assert.equal(r.totals.totalBytes, all + 2048 * 3000 + 3 * 278528 * 3);
+    assert.equal(r.totals.totalBytes, all + 2048 * 3000 + 3 * 278528 * 4);
     const text = formatReport(r);
     assert.match(text, new RegExp(`architecture ${arch}: 4 layers, ${nTensors} tensors`));
     assert.match(text, /pattern +DDDA/);

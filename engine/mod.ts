@@ -60,7 +60,8 @@ export * from "./exec/stage.ts";
 export { int8ExpertsOf } from "./exec/options.ts";
 export { type PhaseTotal, printProfileOnSignal, RunProfile } from "./exec/_profile.ts";
 export { ARGMAX_RING } from "./exec/_stage_run.ts";
-export { argmaxCpu, DecodeDriver, topCpu } from "./exec/decode.ts";
+export { DecodeDriver } from "./exec/decode.ts";
+export { argmaxCpu, topCpu } from "./sampling.ts";
 export type {
   BatchItem,
   Generated,

@@ -283,8 +283,12 @@ class RangeCosts {
     };
     this.#weights = sums((l) => m.layerWeightBytes[l]!);
     this.#active = sums((l) => m.layerActiveBytes[l]!);
+    // Each slot's state, and each state live whole once more: its tap (SlotStates.tap).
     this.#state = sums((l) =>
-      stateSpecs(hp, [l, l + 1], o.nCtx, o.kvF16).reduce((s, x) => s + x.sizeBytes, 0) * o.nSlots
+      stateSpecs(hp, [l, l + 1], o.nCtx, o.kvF16).reduce(
+        (s, x) => s + x.sizeBytes * (x.liveRanges ? o.nSlots : o.nSlots + 1),
+        0,
+      )
     );
     this.#deltaNet = sums((l) => hp.isAttention[l] ? 0 : 1);
     this.#act = [false, true].map((deltaNet) =>

@@ -231,3 +231,28 @@ export function sampleConstantsFor(nVocab: number): SampleConstants {
   }
   return c;
 }
+
+/** Index of the largest value, ties to the lowest index (as the GPU argmax). */
+export function argmaxCpu(v: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < v.length; i++) if (v[i]! > v[best]!) best = i;
+  return best;
+}
+
+/** The `k` largest `[index, value]` pairs, highest first, ties to the lowest index. */
+export function topCpu(v: ArrayLike<number>, k: number): [number, number][] {
+  const idx = Array.from({ length: v.length }, (_, i) => i);
+  idx.sort((a, b) => (v[b]! - v[a]!) || a - b);
+  return idx.slice(0, k).map((i) => [i, v[i]!]);
+}
+
+/** Step `step`'s `top` [id, logit] pairs of a readback's pair words (logit bits, id), highest first. */
+export function pairsToTop(pairs: Uint32Array, step: number, top: number): [number, number][] {
+  const f = new Float32Array(pairs.buffer, pairs.byteOffset, pairs.length);
+  const out: [number, number][] = [];
+  for (let i = 0; i < top; i++) {
+    const at = (step * top + i) * 2;
+    out.push([pairs[at + 1]!, f[at]!]);
+  }
+  return out;
+}

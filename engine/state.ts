@@ -94,6 +94,8 @@ export class SlotStates {
    */
   readonly #spare = new Map<string, GPUBuffer>();
   #spareBytes = 0;
+  /** Each whole-live state's tap (see {@linkcode SlotStates.tap}). */
+  readonly #taps = new Map<string, GPUBuffer>();
   #nextSnapshot = 1;
   /** Number of slots. */
   readonly nSlots: number;
@@ -148,11 +150,17 @@ export class SlotStates {
       }
     }
     this.#storage = storage;
+    for (const [k, s] of specs) {
+      if (s.liveRanges) continue;
+      this.#taps.set(k, device.createBuffer({ label: `tap.${k}`, size: s.sizeBytes, usage }));
+    }
   }
 
-  /** Bytes held by all slots (snapshots excluded). */
+  /** Bytes held by all slots and the taps (snapshots excluded). */
   get totalBytes(): number {
-    return this.bytesPerSlot * this.nSlots;
+    let taps = 0;
+    for (const b of this.#taps.values()) taps += b.size;
+    return this.bytesPerSlot * this.nSlots + taps;
   }
 
   /** Bytes held by snapshots. */
@@ -182,6 +190,24 @@ export class SlotStates {
     return "pool" in st ? st.pool : undefined;
   }
 
+  /**
+   * The tap of state `name` of `layer` (one live whole: a recurrent state or a conv ring), a buffer of one
+   * slot's size shared by all slots: a prefill chunk cut at a position writes there the state as it stands
+   * after the cut (wgsl/gdn_chunk.wgsl, gdn_conv_ring.wgsl), and {@linkcode SlotStates.snapshot} with
+   * `fromTaps` copies it instead of the slot's own. One chunk at a time uses it.
+   * @throws {RangeError} for a state with live ranges (a KV cache needs no tap: its rows below the cut stay)
+   */
+  tap(layer: number, name: string): StateBinding {
+    this.#storageOf(layer, name);
+    const b = this.#taps.get(key(layer, name));
+    if (!b) {
+      throw new RangeError(
+        `State ${name} of layer ${layer} has live ranges: its rows below a cut need no tap`,
+      );
+    }
+    return { buffer: b, offset: 0, size: b.size };
+  }
+
   /** Records zeroing of every state buffer of `slot` (a sequence restarting at position 0). */
   reset(encoder: GPUCommandEncoder, slot: number): void {
     this.#slotChecked(slot);
@@ -197,11 +223,13 @@ export class SlotStates {
    * With `rewind`, a rewind point of this slot: the states live whole (recurrent state, conv ring) are copied
    * and the KV rows are not, since the steps after it only write rows from `nPos` on (restore clears those):
    * a decode loop's per-batch stop points cost the recurrent state, not the whole context.
+   * With `fromTaps`, the states live whole come from their taps ({@linkcode SlotStates.tap}: a chunk cut at
+   * `nPos` wrote them there) and the KV rows below `nPos` from the slot: the slot's state at the cut.
    */
-  snapshot(encoder: GPUCommandEncoder, slot: number, nPos: number, rewind = false): number {
+  snapshot(encoder: GPUCommandEncoder, slot: number, nPos: number, rewind = false, fromTaps = false): number {
     this.#slotChecked(slot);
     const id = this.#nextSnapshot++;
-    this.#snapshots.set(id, this.#record(encoder, slot, nPos, undefined, rewind));
+    this.#snapshots.set(id, this.#record(encoder, slot, nPos, undefined, rewind, fromTaps));
     return id;
   }
 
@@ -225,6 +253,7 @@ export class SlotStates {
     nPos: number,
     old: Snapshot | undefined,
     rewind: boolean,
+    fromTaps = false,
   ): Snapshot {
     const out = new Map<string, { buffer: GPUBuffer; ranges: Range[] }>();
     let total = 0;
@@ -250,7 +279,8 @@ export class SlotStates {
           ),
           usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
         });
-      const src = this.#region(slot, this.#storage.get(k)!);
+      const tap = fromTaps && !spec.liveRanges ? this.#taps.get(k) : undefined;
+      const src = tap ? { buffer: tap, offset: 0 } : this.#region(slot, this.#storage.get(k)!);
       for (const r of ranges) {
         encoder.copyBufferToBuffer(src.buffer, src.offset + r.offsetBytes, buffer, r.atBytes, r.sizeBytes);
       }
@@ -346,6 +376,8 @@ export class SlotStates {
     for (const id of [...this.#snapshots.keys()]) this.drop(id);
     for (const b of this.#spare.values()) b.destroy();
     this.#spare.clear();
+    for (const b of this.#taps.values()) b.destroy();
+    this.#taps.clear();
     this.#spareBytes = 0;
     for (const st of this.#storage.values()) {
       if ("pool" in st) st.pool.buffer.destroy();

@@ -39,6 +39,8 @@ import {
   checkGdnConvRing,
   GDN_CONV_RING,
   GDN_CONV_RING_BINDINGS,
+  GDN_CONV_RING_TAP,
+  GDN_CONV_RING_TAP_BINDINGS,
   type GdnConvRingConstants,
   gdnConvRingGrid,
 } from "../../wgsl/gdn_conv_ring.ts";
@@ -177,8 +179,11 @@ export async function deltaNet(
     assert(tCol === 0, `L${l}: a prefill chunk's in-projections are the matmul's, one binding each`);
     // Prefill: the chunked (WY) form, parallel within each 64-token block (spec §8.6); equal to the
     // recurrence up to f32 rounding. Short pieces keep the exact recurrence.
+    // A cut in the chunk's params (writeChunkPos) writes the state after it to the layer's taps: the scan's
+    // state here, the conv ring's in a dispatch of its own before the ring's update below.
     const scratch = { wsQkw: A.gdnQkw!, wsUp: A.gdnUp! };
-    for (const dd of gdnChunkDispatches(c, { bindings, scratch, maxTokens: n })) {
+    const tap = cx.states.tap(l, "ssm");
+    for (const dd of gdnChunkDispatches(c, { bindings, scratch, maxTokens: n, tap })) {
       await g.push(`L${l}.${dd.spec.name}`, dd.spec, dd.constants, dd.bindings, dd.grid);
     }
   } else {
@@ -196,6 +201,17 @@ export async function deltaNet(
   if (n > 1) {
     const rc: GdnConvRingConstants = { CONV_CH: d.convCh, K_CONV: c.K_CONV, T_COL: tCol };
     const rb = { params: cx.pos, xQkv, convRing };
+    if (n > MATVEC_MAX_COLS) {
+      const tb = { ...rb, tap: cx.states.tap(l, "conv") };
+      checkGdnConvRing(rc, { bindings: tb, maxTokens: n, tap: true });
+      await g.push(
+        `L${l}.gdn_conv_ring_tap`,
+        GDN_CONV_RING_TAP,
+        rc,
+        GDN_CONV_RING_TAP_BINDINGS.map((k) => tb[k]),
+        gdnConvRingGrid(rc),
+      );
+    }
     checkGdnConvRing(rc, { bindings: rb, maxTokens: n });
     await g.push(
       `L${l}.gdn_conv_ring`,

@@ -16,79 +16,18 @@
  * penalty window, beside sequences that join with a fresh prompt.
  * @module
  */
-import type { PipelineCache } from "../../wgsl/kernel.ts";
-
-import type { Hparams } from "../models/_arch.ts";
-import type { SlotStates } from "../state.ts";
 import { assert, NumericsError } from "../errors.ts";
-import { ReadbackRing, type StagingPool } from "../gpu/readback.ts";
+import { ReadbackRing } from "../gpu/readback.ts";
 import { trace } from "./_trace.ts";
 import { RewindPoints } from "./_rewind.ts";
 import { BATCH_TABLE_WORDS, encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
 import { buildSelector, type Selector } from "./_selector.ts";
-import { PieceParts } from "./_piece_parts.ts";
+import { type ChunkStep, chunkSteps, PieceParts, snapCheck } from "./_piece_parts.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
-import { isGreedy, SAMPLE_HIST, sampleParamWords } from "../sampling.ts";
+import { argmaxCpu, isGreedy, pairsToTop, SAMPLE_HIST, sampleParamWords, topCpu } from "../sampling.ts";
 import { packSampleState } from "../../wgsl/sample.ts";
 import type { BatchItem, GenerateOptions, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
-
-type Layers = readonly [number, number];
-
-/** What the driver needs of its stage: the stage's public face. */
-export interface DecodeStage {
-  readonly hp: Hparams;
-  readonly layers: readonly [number, number];
-  readonly first: boolean;
-  readonly last: boolean;
-  readonly nCtx: number;
-  /** Most tokens per prefill chunk (one compute pass each). */
-  readonly maxChunk: number;
-  readonly canBatch: boolean;
-  readonly states: SlotStates;
-  length(slot: number): number;
-  run(
-    slot: number,
-    input: { readonly tokens: readonly number[] },
-    base: number,
-    opts?: { rows?: "all" | "last" | "none" },
-  ): Promise<{ readonly data: Float32Array<ArrayBuffer> }>;
-  snapshot(slot: number): number;
-  restore(id: number, slot: number): void;
-}
-
-/** And the stage's buffers and graphs the driver encodes with (owned by the stage). */
-export interface DecodeBuffers {
-  readonly device: GPUDevice;
-  readonly cache: PipelineCache;
-  /** Receives the buffers the driver's cached selectors create (destroyed with the stage). */
-  readonly owned: GPUBuffer[];
-  /** The token ids a solo decode graph embeds. */
-  readonly tokens: GPUBuffer;
-  /** The logits rows (batched: each slot's row starts 256-byte aligned); a last stage has them. */
-  readonly logits: GPUBuffer | undefined;
-  /** Per slot: its position params [pos, n] (solo graphs). */
-  readonly posParams: readonly GPUBuffer[];
-  /** Per slot: the id its batched steps embed (written by its selector). */
-  readonly slotTok: readonly GPUBuffer[];
-  /** Sampler mask words (UNUSED token types and padding rows), when the file has token types. */
-  readonly unusedMask: Uint32Array<ArrayBuffer> | undefined;
-  /** The stage's staging buffers (a prompt's first readback, read early: engine/gpu/readback.ts). */
-  readonly stagings: StagingPool;
-  /** The solo graph of `n` tokens on `slot` (of `layers` only: a piece's part). */
-  graph(slot: number, n: number, rows: "all" | "last" | "none", layers?: Layers): Promise<readonly Op[]>;
-  /** The hidden rows (the residual stream) a graph's layers read and write. */
-  readonly hidden: GPUBuffer;
-  /** The batched decode step of `slots` and its column table (column b's [pos, 1] at word 64·b). */
-  batchGraph(slots: readonly number[]): Promise<{ ops: readonly Op[]; table: GPUBuffer }>;
-  /** Sets the tokens `slot` holds after a generation. */
-  setLength(slot: number, n: number): void;
-  /** Throws on a slot that does not exist. */
-  slotCheck(slot: number): void;
-  /** Throws when the GPU reported an error (the step's results are void). */
-  gpuCheck(): void;
-  /** Throws on an input that does not fit the slot (see Stage.run). */
-  inputCheck(slot: number, tokens: readonly number[], base: number): void;
-}
+import type { DecodeBuffers, DecodeStage } from "./_decode_api.ts";
 
 /** What a fresh sequence's one readback brings back: its last logits row and its sampler's first id. */
 interface FirstRead {
@@ -179,12 +118,25 @@ export class DecodeDriver implements SlotDecoder {
    * Feeds `tokens` to `slot` at `base` (0 resets it). Queued without a readback (no logits, no mapping): the
    * next call's readback lands after it, and a GPU error surfaces there. Paced (see #queueChunks): it returns
    * once the work submitted before its last chunk has finished, so a scheduler's progress per piece (and a
-   * message arriving meanwhile) follows the GPU instead of a queue of a whole long prompt.
+   * message arriving meanwhile) follows the GPU instead of a queue of a whole long prompt. With `snapAt`
+   * (base < snapAt <= base + tokens) it also snapshots the slot at that position, inside the chunk holding it
+   * where it can (PieceParts.queue), and returns the snapshot's id.
    */
-  async prefill(slot: number, tokens: readonly number[], base: number): Promise<void> {
+  async prefill(
+    slot: number,
+    tokens: readonly number[],
+    base: number,
+    snapAt?: number,
+  ): Promise<number | undefined> {
     this.#b.slotCheck(slot);
     this.#b.inputCheck(slot, tokens, base);
-    await this.#queueChunks(slot, tokens, base);
+    snapCheck(snapAt, base, tokens.length);
+    return await this.#queueChunks(slot, tokens, base, undefined, snapAt);
+  }
+
+  /** Whether `prefill` and `generate` take a snapshot inside a chunk (`snapAt`): yes, from the states' taps. */
+  get snapInPrefill(): boolean {
+    return true;
   }
 
   /** Pieces run a few layers at a time (`prefillPart`): every layer of the stage, chunks of `maxChunk`. */
@@ -205,22 +157,17 @@ export class DecodeDriver implements SlotDecoder {
    * Deno as `mapAsync`'s does (measured on lavapipe: the call returned after the 220-280 ms of a 64-token
    * chunk), maps nothing, and its promise is not awaited (its 10 ms timer stays off the path). The GPU idles
    * for a submit only, and `onDone(n)` reports the first `n` tokens finished, before each chunk but the first.
+   * With `snapAt`, a snapshot at that position (its id).
    */
-  async #queueChunks(
+  #queueChunks(
     slot: number,
     tokens: readonly number[],
     base: number,
     onDone?: (n: number) => void,
-  ): Promise<void> {
-    const stage = this.#stage;
-    this.#parts ??= new PieceParts(stage, this.#b);
-    for (let at = 0; at < tokens.length; at += stage.maxChunk) {
-      const chunk = tokens.slice(at, at + stage.maxChunk);
-      await this.#parts.run(slot, chunk, base + at, stage.layers, (device) => {
-        blockUntilIdle(device);
-        if (at > 0) onDone?.(at);
-      });
-    }
+    snapAt?: number,
+  ): Promise<number | undefined> {
+    this.#parts ??= new PieceParts(this.#stage, this.#b);
+    return this.#parts.queue(slot, tokens, base, { snapAt, idle: blockUntilIdle, onDone });
   }
 
   /** Saves `slot`'s state to a new snapshot; returns its id. */
@@ -277,6 +224,7 @@ export class DecodeDriver implements SlotDecoder {
     const checked = items.map((it) => {
       const c = genCheck(it.opts);
       this.#b.inputCheck(it.slot, it.prompt, it.opts.base ?? 0);
+      if (!it.opts.resume) snapCheck(it.opts.snapAt, it.opts.base ?? 0, it.prompt.length);
       if (it.opts.resume && (it.prompt.length !== 1 || !(it.opts.base! > 0))) {
         throw new RangeError(
           `Slot ${it.slot}: a resumed sequence continues at its base (> 0) with its last id as the whole prompt, ` +
@@ -289,7 +237,7 @@ export class DecodeDriver implements SlotDecoder {
     // The fresh items' prompts and first ids are queued first and read back together in one round (each
     // its last logits row and its sampler's id): a request's first id costs one readback, not one for its
     // logits and another for its draw.
-    const fresh: { i: number; sel: Selector; tok: GPUBuffer; read: Promise<FirstRead> }[] = [];
+    const fresh: { i: number; sel: Selector; tok: GPUBuffer; read: Promise<FirstRead>; snap?: number }[] = [];
     try {
       for (const [i, it] of items.entries()) {
         const { top, sampling } = checked[i]!;
@@ -305,84 +253,101 @@ export class DecodeDriver implements SlotDecoder {
     } catch (e) {
       // The reads already queued are dropped with this call (their maps may still fail: not unhandled).
       for (const f of fresh) f.read.catch(() => {});
+      this.#dropSnaps(fresh);
       throw e;
     }
-    const firsts = await Promise.all(fresh.map((f) => f.read));
-    this.#b.gpuCheck();
-    for (const [i, it] of items.entries()) {
-      const o = it.opts;
-      const { top, sampling } = checked[i]!;
-      const base = o.base ?? 0;
-      if (o.resume) {
-        seqs.push(await this.#resumed(it, S, top, sampling, solo));
-        continue;
-      }
-      const f = fresh.find((x) => x.i === i)!;
-      const { sel, tok } = f;
-      const first = firsts[fresh.indexOf(f)]!;
-      const start = base + it.prompt.length;
-      const id = this.#firstId(first, sel);
-      if (!sel.sampler) device.queue.writeBuffer(tok, 0, Uint32Array.of(id));
-      o.onTokens?.([id]);
-      const stops = new Set(o.stopIds ?? []);
-      const nNew = Math.min(o.nNew, stage.nCtx - start + 1);
-      const early = stops.has(id) ? "stop" : o.signal?.aborted ? "cancelled" : undefined;
-      seqs.push({
-        slot: it.slot,
-        o,
-        top,
-        sampling,
-        stops,
-        start,
-        skip: 0,
-        steps: early ? 0 : nNew - 1,
-        tokens: [id],
-        tops: top > 0 ? [topCpu(first.logits, top)] : [],
-        reason: early ?? (nNew < o.nNew ? "context" : "length"),
-        ended: early !== undefined,
-        sched: 0,
-        ran: 0,
-        snaps: [],
-        spare: [],
-        sel,
-        tok,
-      });
-    }
-    const maxTop = Math.max(...seqs.map((q) => q.top));
-    const { ring, batchParams } = this.#readback(
-      seqs.length * S * 4 * (1 + 2 * maxTop),
-      S * seqs.length * 16,
-    );
-    this.#rewind ??= await RewindPoints.create(device, stage.states, this.#b.cache);
-    let failed = true;
+    // From here the prompts' snapshots are this call's until its results hand them over.
     try {
-      const tLoop = performance.now();
-      await this.#loop(seqs, S, ring, batchParams, opts.pause);
-      trace("call", { items: seqs.length, fresh: fresh.length, loopMs: performance.now() - tLoop });
-      const out: GenerateResult[] = [];
-      for (const q of seqs) {
-        // Kept tokens are fed up to all but the last; steps past that ran ahead: restore the snapshot at the
-        // start of the batch holding the first unwanted step and re-feed the kept tokens after it.
-        const fed = q.tokens.length - 1;
-        if (q.ran > fed) {
-          const snap = q.snaps.filter((x) => x.at <= fed).at(-1);
-          assert(snap, `slot ${q.slot}: a snapshot before step ${fed}`);
-          this.#b.setLength(q.slot, this.#rewind!.restore(snap.id, q.slot, q.start + q.ran));
-          const refeed = q.tokens.slice(snap.at, fed);
-          if (refeed.length > 0) {
-            await stage.run(q.slot, { tokens: refeed }, q.start + snap.at, { rows: "last" });
-          }
+      const firsts = await Promise.all(fresh.map((f) => f.read));
+      this.#b.gpuCheck();
+      for (const [i, it] of items.entries()) {
+        const o = it.opts;
+        const { top, sampling } = checked[i]!;
+        const base = o.base ?? 0;
+        if (o.resume) {
+          seqs.push(await this.#resumed(it, S, top, sampling, solo));
+          continue;
         }
-        this.#b.setLength(q.slot, q.start + Math.min(fed, q.ran));
-        const paused = !q.ended && q.ran < q.steps;
-        out.push({ tokens: q.tokens.slice(q.skip), top: q.tops, reason: q.reason, steps: q.ran, paused });
+        const f = fresh.find((x) => x.i === i)!;
+        const { sel, tok } = f;
+        const first = firsts[fresh.indexOf(f)]!;
+        const start = base + it.prompt.length;
+        const id = this.#firstId(first, sel);
+        if (!sel.sampler) device.queue.writeBuffer(tok, 0, Uint32Array.of(id));
+        o.onTokens?.([id]);
+        const stops = new Set(o.stopIds ?? []);
+        const nNew = Math.min(o.nNew, stage.nCtx - start + 1);
+        const early = stops.has(id) ? "stop" : o.signal?.aborted ? "cancelled" : undefined;
+        seqs.push({
+          slot: it.slot,
+          o,
+          top,
+          sampling,
+          stops,
+          start,
+          skip: 0,
+          steps: early ? 0 : nNew - 1,
+          tokens: [id],
+          tops: top > 0 ? [topCpu(first.logits, top)] : [],
+          reason: early ?? (nNew < o.nNew ? "context" : "length"),
+          ended: early !== undefined,
+          sched: 0,
+          ran: 0,
+          snaps: [],
+          spare: [],
+          sel,
+          tok,
+        });
       }
-      failed = false;
-      return out;
-    } finally {
-      for (const id of seqs.flatMap((q) => [...q.snaps.map((x) => x.id), ...q.spare])) this.#rewind?.drop(id);
-      // A call that failed may leave ring slots in flight: the next call gets fresh ones.
-      if (failed) this.destroy();
+      const maxTop = Math.max(...seqs.map((q) => q.top));
+      const { ring, batchParams } = this.#readback(
+        seqs.length * S * 4 * (1 + 2 * maxTop),
+        S * seqs.length * 16,
+      );
+      this.#rewind ??= await RewindPoints.create(device, stage.states, this.#b.cache);
+      let failed = true;
+      try {
+        const tLoop = performance.now();
+        await this.#loop(seqs, S, ring, batchParams, opts.pause);
+        trace("call", { items: seqs.length, fresh: fresh.length, loopMs: performance.now() - tLoop });
+        const out: GenerateResult[] = [];
+        for (const q of seqs) {
+          // Kept tokens are fed up to all but the last; steps past that ran ahead: restore the snapshot at the
+          // start of the batch holding the first unwanted step and re-feed the kept tokens after it.
+          const fed = q.tokens.length - 1;
+          if (q.ran > fed) {
+            const snap = q.snaps.filter((x) => x.at <= fed).at(-1);
+            assert(snap, `slot ${q.slot}: a snapshot before step ${fed}`);
+            this.#b.setLength(q.slot, this.#rewind!.restore(snap.id, q.slot, q.start + q.ran));
+            const refeed = q.tokens.slice(snap.at, fed);
+            if (refeed.length > 0) {
+              await stage.run(q.slot, { tokens: refeed }, q.start + snap.at, { rows: "last" });
+            }
+          }
+          this.#b.setLength(q.slot, q.start + Math.min(fed, q.ran));
+          const paused = !q.ended && q.ran < q.steps;
+          const snapshot = fresh.find((f) => items[f.i]!.slot === q.slot)?.snap;
+          out.push({
+            tokens: q.tokens.slice(q.skip),
+            top: q.tops,
+            reason: q.reason,
+            steps: q.ran,
+            paused,
+            snapshot,
+          });
+        }
+        failed = false;
+        return out;
+      } finally {
+        for (const id of seqs.flatMap((q) => [...q.snaps.map((x) => x.id), ...q.spare])) {
+          this.#rewind?.drop(id);
+        }
+        // A call that failed may leave ring slots in flight: the next call gets fresh ones.
+        if (failed) this.destroy();
+      }
+    } catch (e) {
+      this.#dropSnaps(fresh);
+      throw e;
     }
   }
 
@@ -638,23 +603,54 @@ export class DecodeDriver implements SlotDecoder {
    * Queues `it`'s prompt on its slot (all chunks but the last without a readback) and, in the last chunk's
    * submission, the copy of its last logits row and, with a sampler, the draw of `sel` (which first gets the
    * request's settings, a fresh RNG step and penalty history, and writes the id to its next-token buffer
-   * itself) with the id's copy. Resolves once queued, to `read`: both once mapped (`#firstId` reads them).
+   * itself) with the id's copy. Resolves once queued, to `read`: both once mapped (`#firstId` reads them),
+   * and with `snapAt` the snapshot's id (in the last chunk's pass, cut there, or in the chunks before it).
    */
-  async #prefillFirst(it: BatchItem, sel: Selector): Promise<{ read: Promise<FirstRead> }> {
+  async #prefillFirst(it: BatchItem, sel: Selector): Promise<{ read: Promise<FirstRead>; snap?: number }> {
+    const stage = this.#stage;
+    const { slot, prompt } = it;
+    const base = it.opts.base ?? 0;
+    const snapAt = it.opts.snapAt;
+    const last = chunkSteps(prompt.length, stage.maxChunk, snapAt === undefined ? undefined : snapAt - base)
+      .at(-1)!;
+    const lastAt = last.at;
+    const onPrefill = it.opts.onPrefill;
+    // A snapshot point before the last chunk: in the chunks before it (cut inside one, or after one).
+    const early = snapAt !== undefined && snapAt - base <= lastAt ? snapAt : undefined;
+    let snap: number | undefined;
+    if (lastAt > 0 && (onPrefill || early !== undefined)) {
+      this.#parts ??= new PieceParts(stage, this.#b);
+      snap = await this.#parts.queue(slot, prompt.slice(0, lastAt), base, {
+        snapAt: early,
+        idle: onPrefill ? blockUntilIdle : () => {},
+        onDone: onPrefill && ((n) => onPrefill(n, prompt.length)),
+      });
+    } else if (lastAt > 0) await stage.run(slot, { tokens: prompt.slice(0, lastAt) }, base, { rows: "none" });
+    try {
+      const first = await this.#firstChunk(it, sel, last, onPrefill);
+      return { read: first.read, snap: snap ?? first.snap };
+    } catch (e) {
+      if (snap !== undefined) stage.states.drop(snap);
+      throw e;
+    }
+  }
+
+  /** #prefillFirst's last chunk `last` (of `it.prompt`) with its readback, and its cut's snapshot. */
+  async #firstChunk(
+    it: BatchItem,
+    sel: Selector,
+    last: ChunkStep,
+    onPrefill: GenerateOptions["onPrefill"],
+  ): Promise<{ read: Promise<FirstRead>; snap?: number }> {
     const stage = this.#stage;
     const { device } = this.#b;
     const { slot, prompt } = it;
-    const base = it.opts.base ?? 0;
-    const lastAt = Math.floor((prompt.length - 1) / stage.maxChunk) * stage.maxChunk;
-    const onPrefill = it.opts.onPrefill;
-    if (lastAt > 0 && onPrefill) {
-      await this.#queueChunks(slot, prompt.slice(0, lastAt), base, (n) => onPrefill(n, prompt.length));
-    } else if (lastAt > 0) await stage.run(slot, { tokens: prompt.slice(0, lastAt) }, base, { rows: "none" });
-    const at = base + lastAt;
+    const lastAt = last.at;
+    const at = (it.opts.base ?? 0) + lastAt;
     const n = prompt.length - lastAt;
     const ops = await this.#b.graph(slot, n, "last");
     if (sel.sampler) this.#samplerStart(sel.sampler, it.opts, prompt);
-    writeChunkPos(device.queue, this.#b.posParams[slot]!, slot, at, n);
+    writeChunkPos(device.queue, this.#b.posParams[slot]!, slot, at, n, last.cut);
     device.queue.writeBuffer(this.#b.tokens, 0, Uint32Array.from(prompt.slice(lastAt)));
     const enc = device.createCommandEncoder();
     if (at === 0) stage.states.reset(enc, slot);
@@ -664,23 +660,35 @@ export class DecodeDriver implements SlotDecoder {
       encodeOps(pass, list);
       pass.end();
     }
+    // The cut's snapshot: the states' taps and the KV rows below it (the chunk's pass wrote both).
+    const snap = last.cut > 0 ? stage.states.snapshot(enc, slot, at + last.cut, false, true) : undefined;
     const V = stage.hp.nVocab;
     // The logits row, then the sampler's id at byte 4V.
     const read = this.#b.stagings.take(4 * V + 4);
     enc.copyBufferToBuffer(this.#b.logits!, 0, read, 0, 4 * V);
     if (sel.sampler) enc.copyBufferToBuffer(sel.idRing, 0, read, 4 * V, 4);
-    const cb = enc.finish();
-    if (lastAt > 0 && onPrefill) {
-      blockUntilIdle(device); // the chunks before the last have finished (see #queueChunks)
-      onPrefill(lastAt, prompt.length);
+    try {
+      const cb = enc.finish();
+      if (lastAt > 0 && onPrefill) {
+        blockUntilIdle(device); // the chunks before the last have finished (see #queueChunks)
+        onPrefill(lastAt, prompt.length);
+      }
+      device.queue.submit([cb]);
+    } catch (e) {
+      if (snap !== undefined) stage.states.drop(snap);
+      throw e;
     }
-    device.queue.submit([cb]);
     this.#b.setLength(slot, at + n);
     const mapped = this.#b.stagings.read(read).then((bytes) => ({
       logits: new Float32Array(bytes, 0, V),
       id: new Uint32Array(bytes, 4 * V, 1)[0]!,
     }));
-    return { read: mapped };
+    return { read: mapped, snap };
+  }
+
+  /** Drops the prompts' snapshots of a call that failed (no result hands them over). */
+  #dropSnaps(fresh: readonly { snap?: number }[]): void {
+    for (const f of fresh) if (f.snap !== undefined) this.#stage.states.drop(f.snap);
   }
 
   /**
@@ -771,28 +779,4 @@ function genCheck(opts: GenerateOptions): { top: number; sampling: boolean } {
   const sampling = p !== undefined &&
     !(isGreedy(p) && p.repeatPenalty === 1 && p.presencePenalty === 0 && p.frequencyPenalty === 0);
   return { top, sampling };
-}
-
-/** Index of the largest value, ties to the lowest index (as the GPU argmax). */
-export function argmaxCpu(v: ArrayLike<number>): number {
-  let best = 0;
-  for (let i = 1; i < v.length; i++) if (v[i]! > v[best]!) best = i;
-  return best;
-}
-
-/** The `k` largest `[index, value]` pairs, highest first, ties to the lowest index. */
-export function topCpu(v: ArrayLike<number>, k: number): [number, number][] {
-  const idx = Array.from({ length: v.length }, (_, i) => i);
-  idx.sort((a, b) => (v[b]! - v[a]!) || a - b);
-  return idx.slice(0, k).map((i) => [i, v[i]!]);
-}
-
-function pairsToTop(pairs: Uint32Array, step: number, top: number): [number, number][] {
-  const f = new Float32Array(pairs.buffer, pairs.byteOffset, pairs.length);
-  const out: [number, number][] = [];
-  for (let i = 0; i < top; i++) {
-    const at = (step * top + i) * 2;
-    out.push([pairs[at + 1]!, f[at]!]);
-  }
-  return out;
 }

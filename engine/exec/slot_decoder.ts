@@ -47,6 +47,12 @@ export interface GenerateOptions {
    */
   readonly resume?: boolean;
   /**
+   * Snapshot the slot at this position of the prompt's prefill (base < snapAt <= base + prompt length; not
+   * with `resume`): the result's `snapshot` is its id, where the decoder takes one
+   * ({@linkcode SlotDecoder.snapInPrefill}).
+   */
+  readonly snapAt?: number;
+  /**
    * Ends generation after the batch that is landing when it fires (a stop string matched, a client left);
    * the tokens emitted so far are kept and the slot state is rewound to match them exactly.
    */
@@ -83,6 +89,8 @@ export interface GenerateResult extends Generated {
    * slot holds every returned id but the last; continue with `resume`.
    */
   readonly paused?: boolean;
+  /** The id of the snapshot `snapAt` asked for (the caller owns it: `drop` frees it). */
+  readonly snapshot?: number;
 }
 
 /** One slot's request in a generate call. */
@@ -111,8 +119,23 @@ export interface SlotDecoder {
   readonly snapshotBytes: number;
   /** Tokens held by `slot`. */
   length(slot: number): number;
-  /** Feeds `tokens` to `slot` at position `base` (0 resets it); no output. */
-  prefill(slot: number, tokens: readonly number[], base: number): Promise<void>;
+  /**
+   * Feeds `tokens` to `slot` at position `base` (0 resets it); no output. With `snapAt` (base < snapAt <= base
+   * + tokens; a decoder with {@linkcode SlotDecoder.snapInPrefill}) it also snapshots the slot at that
+   * position and returns the snapshot's id.
+   */
+  prefill(
+    slot: number,
+    tokens: readonly number[],
+    base: number,
+    snapAt?: number,
+  ): Promise<number | undefined | void>;
+  /**
+   * Whether `prefill` and `generate` take a snapshot at a position inside the prompt (`snapAt`) in the same
+   * passes (a DeltaNet layer's state at that point comes from its tap). Without it a caller ends a prefill at
+   * the point and calls `snapshot`.
+   */
+  readonly snapInPrefill?: boolean;
   /** Where a prompt piece can run a few layers at a time (`prefillPart`): its layers and widest piece. */
   readonly parts?: { readonly layers: readonly [number, number]; readonly maxTokens: number };
   /**

@@ -155,9 +155,21 @@ export const CHUNK_TABLE_OFFSET = 256;
 /** Bytes of a slot's position params buffer (see {@linkcode CHUNK_TABLE_OFFSET}). */
 export const POS_PARAMS_BYTES = CHUNK_TABLE_OFFSET + 4 * BATCH_TABLE_WORDS * MATVEC_MAX_COLS;
 
-/** Writes a chunk's position params to `buf` (a slot's, {@linkcode POS_PARAMS_BYTES}): [pos, n], and its column table. */
-export function writeChunkPos(queue: GPUQueue, buf: GPUBuffer, slot: number, pos: number, n: number): void {
-  queue.writeBuffer(buf, 0, Uint32Array.of(pos, n));
+/**
+ * Writes a chunk's position params to `buf` (a slot's, {@linkcode POS_PARAMS_BYTES}): [pos, n, cut], and its
+ * column table. `cut` (0: none; else 0 < cut < n, a chunked prefill of n > MATVEC_MAX_COLS tokens): the
+ * DeltaNet layers write their state after the chunk's first `cut` tokens to the states' taps
+ * (SlotStates.tap), for a snapshot at pos + cut taken in the same pass.
+ */
+export function writeChunkPos(
+  queue: GPUQueue,
+  buf: GPUBuffer,
+  slot: number,
+  pos: number,
+  n: number,
+  cut = 0,
+): void {
+  queue.writeBuffer(buf, 0, Uint32Array.of(pos, n, cut));
   if (n < 2 || n > MATVEC_MAX_COLS) return;
   const table = new Uint32Array(BATCH_TABLE_WORDS * n);
   for (let c = 0; c < n; c++) table.set([pos + c, 1, slot], BATCH_TABLE_WORDS * c);

@@ -160,6 +160,8 @@ export class SlotRunner {
   readonly #batchMin: number;
   readonly #pacer: PiecePacer;
   readonly #pieceParts: boolean;
+  /** The decoder snapshots inside a prefill's passes (SlotDecoder.snapInPrefill): no piece ends at the point. */
+  readonly #snapIn: boolean;
   readonly #now: () => number;
   /** Prompt tokens of the current round's pieces (a rest up to this joins the decode call instead). */
   #roundBudget: number;
@@ -192,6 +194,7 @@ export class SlotRunner {
     this.#now = opts.now ?? (() => performance.now());
     this.#pieceParts = (opts.pieceParts ?? false) && stage.prefillPart !== undefined &&
       stage.parts !== undefined;
+    this.#snapIn = stage.snapInPrefill === true;
     this.#pacer = new PiecePacer({
       gap: opts.pieceGap ?? 0,
       minPiece: this.#prefillTurn,
@@ -370,6 +373,8 @@ export class SlotRunner {
   async #turn(group: readonly Active[], rotating: boolean): Promise<{ steps: number; prefilled: number }> {
     const stage = this.#stage;
     let prefilled = 0;
+    // A fresh request's snapshot point, taken in its prefill's passes (snapInPrefill).
+    const snapAts: (number | undefined)[] = [];
     const items: BatchItem[] = group.map((a) => {
       const { job } = a;
       a.running = true;
@@ -392,6 +397,8 @@ export class SlotRunner {
       const resume = a.made.length > 0;
       const base = resume ? seq.length - 1 : a.held;
       if (!resume) prefilled += seq.length - base;
+      const snapAt = !resume && this.#snapIn ? this.#snapPoint(a) : undefined;
+      snapAts.push(snapAt);
       assert(
         base === 0 || stage.length(a.slot) === base,
         `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
@@ -411,6 +418,7 @@ export class SlotRunner {
           sampling: job.sampling,
           samplerStep: a.made.length,
           samplerHistory: seq,
+          snapAt,
         },
       };
     });
@@ -432,6 +440,10 @@ export class SlotRunner {
       const r = rs[i]!;
       const { job } = a;
       a.running = false;
+      const snapAt = snapAts[i];
+      if (r.snapshot !== undefined && snapAt !== undefined) {
+        this.#setSnap(a.slot, r.snapshot, job.prompt, snapAt);
+      }
       // The slot now holds base, the new tokens and every returned id but the last, whatever the reason.
       a.made.push(...r.tokens);
       a.consistent = true;
@@ -516,7 +528,8 @@ export class SlotRunner {
   #pieceDue(a: Active): boolean {
     if (a.made.length > 0) return false;
     if (a.part) return true;
-    return this.#snapPoint(a) !== undefined || a.job.prompt.length - a.held > this.#roundBudget;
+    return (!this.#snapIn && this.#snapPoint(a) !== undefined) ||
+      a.job.prompt.length - a.held > this.#roundBudget;
   }
 
   /**
@@ -529,37 +542,53 @@ export class SlotRunner {
   }
 
   /**
-   * Prefills one piece of a long prompt between the others' decode turns: up to `max` tokens, ending early
-   * at the snapshot point (`snapshotBack` before the prompt's end, when the prompt has more new tokens than
-   * that), where the slot's snapshot is replaced, and before the prompt's last token (SlotDecoder.generate
-   * prefills the rest itself). Returns the tokens prefilled.
+   * Prefills one piece of a long prompt between the others' decode turns: up to `max` tokens, ending before
+   * the prompt's last token (SlotDecoder.generate prefills the rest itself) and, where the decoder cannot
+   * snapshot inside a prefill, at the snapshot point (`snapshotBack` before the prompt's end, when the prompt
+   * has more new tokens than that). The slot's snapshot is replaced at that point. Returns the tokens
+   * prefilled.
    */
   async #prefillPiece(a: Active, max: number): Promise<number> {
     assert(this.#pieceDue(a) && max >= 1, "a piece is due");
     const end = this.#pieceEnd(a, max);
     const n = end - a.held;
+    const at = this.#snapPoint(a);
+    const snapAt = this.#snapIn && at !== undefined && at <= end ? at : undefined;
     a.consistent = false;
-    await this.#stage.prefill(a.slot, a.job.prompt.slice(a.held, end), a.held);
-    this.#pieceDone(a, end);
+    const id = await this.#stage.prefill(a.slot, a.job.prompt.slice(a.held, end), a.held, snapAt);
+    if (snapAt !== undefined && typeof id === "number") this.#setSnap(a.slot, id, a.job.prompt, snapAt);
+    this.#pieceDone(a, end, snapAt !== undefined);
     return n;
   }
 
-  /** Where a piece of at most `max` tokens from `a.held` ends: the snapshot point, or before the last token. */
-  #pieceEnd(a: Active, max: number): number {
-    return Math.min(a.held + max, this.#snapPoint(a) ?? a.job.prompt.length - 1);
+  /**
+   * Where a piece of at most `max` tokens from `a.held` ends: before the last token, and at the snapshot
+   * point where the decoder cannot take it inside the piece (`parts`: a piece run in parts never does).
+   */
+  #pieceEnd(a: Active, max: number, parts = false): number {
+    const stop = this.#snapIn && !parts ? undefined : this.#snapPoint(a);
+    return Math.min(a.held + max, stop ?? a.job.prompt.length - 1);
   }
 
-  /** After a piece up to `end`: the slot holds it; at the snapshot point the slot's snapshot is replaced. */
-  #pieceDone(a: Active, end: number): void {
+  /**
+   * After a piece up to `end`: the slot holds it; a piece ending at the snapshot point replaces the slot's
+   * snapshot there (unless the piece took it, `snapped`).
+   */
+  #pieceDone(a: Active, end: number, snapped = false): void {
     const at = this.#snapPoint(a);
     a.consistent = true;
     a.held = end;
     a.job.onSlot?.(a.slot, end);
-    if (at !== undefined && end === at) {
-      const old = this.#snaps[a.slot];
-      if (old) this.#stage.drop(old.id);
-      this.#snaps[a.slot] = { id: this.#stage.snapshot(a.slot), tokens: a.job.prompt.slice(0, at) };
+    if (!snapped && at !== undefined && end === at) {
+      this.#setSnap(a.slot, this.#stage.snapshot(a.slot), a.job.prompt, at);
     }
+  }
+
+  /** Makes snapshot `id` (of `prompt`'s first `at` tokens) `slot`'s prompt-boundary snapshot, dropping the old. */
+  #setSnap(slot: number, id: number, prompt: readonly number[], at: number): void {
+    const old = this.#snaps[slot];
+    if (old) this.#stage.drop(old.id);
+    this.#snaps[slot] = { id, tokens: prompt.slice(0, at) };
   }
 
   /**
@@ -572,7 +601,7 @@ export class SlotRunner {
     if (!this.#pieceParts) return undefined;
     const { layers: [l0, l1], maxTokens } = this.#stage.parts!;
     if (!a.part) {
-      const end = this.#pieceEnd(a, maxTokens);
+      const end = this.#pieceEnd(a, maxTokens, true);
       const s = Math.min(l1 - l0, Math.ceil((end - a.held) / max));
       if (s < 2) return undefined;
       a.part = {

@@ -18,21 +18,25 @@ import { Rng } from "../../tests/util/rng.ts";
 const GREEDY = samplingParams({ temperature: 0 });
 
 /**
- * `d` with every prefill and generate call logged into `log` (`P<slot>`, `G<slots>`); `split`: like a split
- * chain, it cannot batch and ignores `pause`.
+ * `d` with every prefill and generate call logged into `log` (`P<slot>`, `G<slots>`, and `@<point>` for each
+ * snapshot point asked of it); `split`: like a split chain, it cannot batch and ignores `pause`. Only with
+ * `snapIn` does it take snapshots inside a prefill (SlotDecoder.snapInPrefill): the runner otherwise ends a
+ * piece at the point and snapshots after it.
  */
-function logged(d: SlotDecoder, log: string[], split = false): SlotDecoder {
+function logged(d: SlotDecoder, log: string[], split = false, snapIn = false): SlotDecoder {
+  const at = (p: number | undefined) => p === undefined ? "" : `@${p}`;
   return {
     nCtx: d.nCtx,
     nSlots: d.nSlots,
     canBatch: d.canBatch && !split,
+    snapInPrefill: snapIn && d.snapInPrefill,
     get snapshotBytes() {
       return d.snapshotBytes;
     },
     length: (slot) => d.length(slot),
-    prefill: (slot, tokens, base) => {
-      log.push(`P${slot}`);
-      return d.prefill(slot, tokens, base);
+    prefill: (slot, tokens, base, snapAt) => {
+      log.push(`P${slot}${at(snapAt)}`);
+      return d.prefill(slot, tokens, base, snapAt);
     },
     parts: d.parts,
     prefillPart: (slot, tokens, base, layers) => {
@@ -43,7 +47,7 @@ function logged(d: SlotDecoder, log: string[], split = false): SlotDecoder {
     restore: (id, slot) => d.restore(id, slot),
     drop: (id) => d.drop(id),
     generate: (items: readonly BatchItem[], opts) => {
-      log.push(`G${items.map((it) => it.slot).join("")}`);
+      log.push(`G${items.map((it) => it.slot).join("")}${items.map((it) => at(it.opts.snapAt)).join("")}`);
       return d.generate(items, split ? { batch: opts?.batch } : opts);
     },
   };
@@ -603,6 +607,57 @@ Deno.test("runner: a request joining a stream in flight ends that call at its fi
     assert.deepEqual(call, ["b:1", "b:2", "a:2"], after.join(" "));
     const next = after.slice(join + 1 + call.length);
     assert.ok(next[0]!.startsWith("G") && next.includes("a:4"), after.join(" "));
+  } finally {
+    stage.destroy();
+  }
+});
+
+Deno.test("runner: where the decoder snapshots inside a prefill, prompts go without a piece ending at the point; the burst starts in one call and a regenerate reuses the snapshot", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
+  try {
+    const log: string[] = [];
+    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
+    const solo = async (p: number[]) => (await stage.generate(0, p, { nNew: 10 })).tokens;
+    const want: number[][] = [];
+    for (const p of prompts) want.push(await solo(p));
+    const runner = new SlotRunner(logged(stage.decoder, log, false, true), BURST_OPTS);
+    const got = await Promise.all(prompts.map((p) => runner.submit(runnerJob(p, 10))));
+    const what = `(seed ${rng.seed}) ${log.join(" ")}`;
+    for (const [i, r] of got.entries()) assert.deepEqual(r.tokens, want[i], `request ${i} ${what}`);
+    // One call: every prompt whole, each with its point 8 before its end; no piece.
+    assert.deepEqual(log[0], `G0123${prompts.map((p) => `@${p.length - 8}`).join("")}`, what);
+    assert.ok(!log.some((x) => x.startsWith("P")), what);
+    // A regenerate with another cue: everything before the point is reused (the snapshot seeds a slot).
+    const again = [...prompts[0]!.slice(0, -8), ...Array.from({ length: 8 }, () => rng.int(0, 1021))];
+    const r = await runner.submit(runnerJob(again, 10));
+    assert.equal(r.cachedTokens, again.length - 8, what);
+    assert.deepEqual(r.tokens, await solo(again), `the regenerate ${what}`);
+    // A long prompt alone in pieces of 12: the piece holding the point takes it (P@32, cut inside its chunk),
+    // the rest joins the decode call.
+    log.length = 0;
+    const long = Array.from({ length: 40 }, () => rng.int(0, 1021));
+    const wantLong = await solo(long);
+    const pieces = new SlotRunner(logged(stage.decoder, log, false, true), {
+      ...BURST_OPTS,
+      prefillTurn: 12,
+    });
+    const rl = await pieces.submit(runnerJob(long, 10));
+    assert.deepEqual(rl.tokens, wantLong, `the long prompt (seed ${rng.seed})`);
+    assert.deepEqual(log.filter((x) => !x.startsWith("s")).slice(0, 4), [
+      `P${rl.slot}`,
+      `P${rl.slot}`,
+      `P${rl.slot}@32`,
+      `G${rl.slot}`,
+    ], `(seed ${rng.seed}) ${log.join(" ")}`);
+    const again2 = [...long.slice(0, 32), ...Array.from({ length: 8 }, () => rng.int(0, 1021))];
+    assert.equal(
+      (await pieces.submit(runnerJob(again2, 10))).cachedTokens,
+      32,
+      "the piece's snapshot is reused",
+    );
   } finally {
     stage.destroy();
   }

@@ -4,7 +4,8 @@
  * three together) beside `gdn_step` over the same tokens.
  *
  * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]
- * [--split 1,2,4,8]` (`--split`: `gdn_step` with those SPLIT values, plus `gdn_chunk_norm` above 1).
+ * [--split 1,2,4,8] [--cut 100]` (`--split`: `gdn_step` with those SPLIT values, plus `gdn_chunk_norm` above 1;
+ * `--cut`: the chunked kernels cut at that token, with a state tap, as a prompt-boundary snapshot does).
  * `--scan [--scan-n 512,2048] [--quick]`: instead, `gdn_chunk_prep` beside its version before phase 4's named
  * registers (`bench/_gdn_chunk_prep_v1.wgsl`) and the one before phases 1 and 5's (conv window, substitution
  * column: `bench/_gdn_chunk_prep_v2.wgsl`), then the scan `gdn_chunk` alone in every shape BJ × CJ beside
@@ -27,6 +28,7 @@ import {
   type GdnChunkScan,
   gdnChunkScan,
   gdnChunkScratchBytes,
+  packGdnChunkParams,
   prepareGdnChunk,
   scanConstants,
 } from "../wgsl/gdn_chunk.ts";
@@ -39,7 +41,6 @@ import {
   type GdnStepConstants,
   gdnStepGrid,
   gdnStepNeedsNorm,
-  packGdnParams,
 } from "../wgsl/gdn_step.ts";
 
 const { values: args } = parseArgs({
@@ -52,12 +53,14 @@ const { values: args } = parseArgs({
     scan: { type: "boolean", default: false },
     "scan-n": { type: "string", default: "512,2048" },
     quick: { type: "boolean", default: false },
+    cut: { type: "string", default: "0" },
   },
 });
 const ns = args.n!.split(",").map(Number);
 const reps = args.quick ? 1 : Number(args.reps);
 const stepMax = Number(args["step-max"]);
 const splits = args.split!.split(",").map(Number);
+const cut = Number(args.cut);
 
 const gpu = await acquireGpu();
 const device = gpu.device;
@@ -158,10 +161,12 @@ const state0 = buf(d.state);
   device.queue.submit([e.finish()]);
 }
 if (args.scan) await compareScans();
+const tap = buf(d.state);
 for (const n of args.scan ? [] : ns) {
-  const bindings: GdnStepBindings = { ...base, params: buf(2) };
-  device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
-  const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
+  const bindings: GdnStepBindings = { ...base, params: buf(3) };
+  const nCut = cut < n ? cut : 0;
+  device.queue.writeBuffer(bindings.params as GPUBuffer, 0, packGdnChunkParams(123, n, nCut));
+  const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n, tap: nCut > 0 ? tap : undefined });
   const groups = ds.map((x, i) => bindGroup(device, pipes[i]!, x.bindings));
   const one = (i: number) => (pass: GPUComputePassEncoder) => {
     pass.setPipeline(pipes[i]!);
@@ -172,7 +177,7 @@ for (const n of args.scan ? [] : ns) {
   const parts: Record<string, number> = {};
   for (let i = 0; i < ds.length; i++) parts[ds[i]!.spec.name] = us(await time(one(i)));
   const all = await time((pass) => [0, 1, 2].forEach((i) => one(i)(pass)));
-  line({ what: "gdn_chunk", nTokens: n, us: us(all), usPerToken: us(all / n), parts });
+  line({ what: "gdn_chunk", nTokens: n, cut: nCut, us: us(all), usPerToken: us(all / n), parts });
   for (const split of n <= stepMax ? splits : []) {
     // SPLIT > 1: the step writes o before the gated norm, so gdn_chunk_norm (ds[2]) follows it.
     const cs = { ...c, SPLIT: split };
@@ -242,8 +247,8 @@ async function compareScans(): Promise<void> {
   ];
   const us = (s: number) => Math.round(s * 1e7) / 10;
   for (const n of scanNs) {
-    const bindings: GdnStepBindings = { ...base, params: buf(2) };
-    device.queue.writeBuffer(bindings.params as GPUBuffer, 0, new Uint32Array(packGdnParams(123, n)));
+    const bindings: GdnStepBindings = { ...base, params: buf(3) };
+    device.queue.writeBuffer(bindings.params as GPUBuffer, 0, packGdnChunkParams(123, n));
     const ds = gdnChunkDispatches(c, { bindings, scratch, maxTokens: n });
     // prep, v1, v2 then the engine's (whose output the scans read), each with its difference from v1's scratch
     const nb = gdnChunkScratchBytes(c, n);
@@ -282,7 +287,12 @@ async function compareScans(): Promise<void> {
     let v1Us = 0;
     for (const v of variants) {
       const pipe = await cache.get(v.spec, v.k);
-      const group = bindGroup(device, pipe, ds[1]!.bindings);
+      // v1 predates the tap (binding 5)
+      const group = bindGroup(
+        device,
+        pipe,
+        v.spec === GDN_CHUNK ? ds[1]!.bindings : ds[1]!.bindings.slice(0, 5),
+      );
       const grid = [c.N_V, c.D_V / v.bj, 1] as const;
       const one = (p: GPUComputePassEncoder) => {
         p.setPipeline(pipe);

@@ -167,7 +167,7 @@ async function init(m: Extract<ToWorker, { type: "init" }>): Promise<void> {
 /**
  * Prompt tokens of the warm-up: a piece of more than 8 (prefill's chunked DeltaNet path, as a chat prompt's
  * first piece up to the prompt-boundary snapshot) and a rest of at most 8 (the per-token path, as the
- * snapshot's last tokens).
+ * snapshot's last tokens); a decoder that snapshots inside a prefill runs both as one chunk cut between them.
  */
 const WARM_UP_PIECE = 16;
 const WARM_UP_REST = 4;
@@ -202,6 +202,12 @@ async function warmUp(
     await stage.run(0, { tokens: piece }, 0, { rows: "all" });
     await stage.run(0, { tokens: rest }, WARM_UP_PIECE, { rows: "all" });
     await stage.run(0, { tokens: [0] }, n, { rows: "all" });
+  } else if (decoder.snapInPrefill) {
+    // The whole prompt in one chunk, its snapshot cut inside it (the DeltaNet taps), as the runner runs it.
+    const [r] = await decoder.generate([{ slot: 0, prompt: ids, opts: { nNew: 2, snapAt: WARM_UP_PIECE } }], {
+      batch: m.batch,
+    });
+    if (r!.snapshot !== undefined) decoder.drop(r!.snapshot);
   } else {
     await decoder.prefill(0, piece, 0);
     decoder.drop(decoder.snapshot(0));

@@ -32,10 +32,12 @@
  * - the slot's live state: after a request the slot holds exactly its history (prompt and generated ids but
  *   the last, see {@linkcode SlotDecoder.generate}) and no other request touches it, so a next turn that sends
  *   that history back verbatim continues in place;
- * - a snapshot per slot taken `snapshotBack` tokens before the end of its last long prompt (the prefill
- *   stops there once): a next turn whose template renders the previous reply differently (thinking
- *   dropped) or a regenerate of the same prompt still reuses everything before the generation cue. A
- *   snapshot can seed any free slot.
+ * - a snapshot per slot taken `snapshotBack` tokens before the end of its last long prompt: a next turn
+ *   whose template renders the previous reply differently (thinking dropped) or a regenerate of the same
+ *   prompt still reuses everything before the generation cue. A snapshot can seed any free slot. Where the
+ *   decoder takes it inside a prefill ({@linkcode SlotDecoder.snapInPrefill}: the chunk holding the point
+ *   runs whole, its DeltaNet layers write their state at the point to taps) the prompt runs as if there were
+ *   no snapshot; otherwise the prefill stops at the point once (a piece ends there, then the rest follows).
  * @module
  */
 import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";

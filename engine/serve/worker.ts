@@ -202,13 +202,18 @@ async function warmUp(
     await stage.run(0, { tokens: piece }, 0, { rows: "all" });
     await stage.run(0, { tokens: rest }, WARM_UP_PIECE, { rows: "all" });
     await stage.run(0, { tokens: [0] }, n, { rows: "all" });
-  } else if (decoder.snapInPrefill) {
-    // The whole prompt in one chunk, its snapshot cut inside it (the DeltaNet taps), as the runner runs it.
-    const [r] = await decoder.generate([{ slot: 0, prompt: ids, opts: { nNew: 2, snapAt: WARM_UP_PIECE } }], {
-      batch: m.batch,
-    });
-    if (r!.snapshot !== undefined) decoder.drop(r!.snapshot);
   } else {
+    // A decoder that snapshots inside a prefill runs the whole prompt in one chunk cut at the point (the
+    // DeltaNet taps), as the runner runs it; then the same rest as the others, for the per-token path.
+    if (decoder.snapInPrefill) {
+      const [r] = await decoder.generate(
+        [{ slot: 0, prompt: ids, opts: { nNew: 2, snapAt: WARM_UP_PIECE } }],
+        {
+          batch: m.batch,
+        },
+      );
+      if (r!.snapshot !== undefined) decoder.drop(r!.snapshot);
+    }
     await decoder.prefill(0, piece, 0);
     decoder.drop(decoder.snapshot(0));
     await decoder.generate([{ slot: 0, prompt: rest, opts: { nNew: 2, base: WARM_UP_PIECE } }], {

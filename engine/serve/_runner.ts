@@ -34,10 +34,12 @@
  *   that history back verbatim continues in place;
  * - a snapshot per slot taken `snapshotBack` tokens before the end of its last long prompt: a next turn
  *   whose template renders the previous reply differently (thinking dropped) or a regenerate of the same
- *   prompt still reuses everything before the generation cue. A snapshot can seed any free slot. Where the
- *   decoder takes it inside a prefill ({@linkcode SlotDecoder.snapInPrefill}: the chunk holding the point
- *   runs whole, its DeltaNet layers write their state at the point to taps) the prompt runs as if there were
- *   no snapshot; otherwise the prefill stops at the point once (a piece ends there, then the rest follows).
+ *   prompt still reuses everything before the generation cue. A snapshot can seed any free slot. A prompt
+ *   with such a point ahead goes in pieces (as a long one does) before it joins a decode call. Where the
+ *   decoder takes the snapshot inside a prefill ({@linkcode SlotDecoder.snapInPrefill}: the chunk holding
+ *   the point runs whole, its DeltaNet layers write their state there to taps) the piece goes on to the
+ *   prompt's last token, which joins the call alone; otherwise the piece ends at the point and the rest
+ *   (`snapshotBack` tokens) joins.
  * @module
  */
 import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";
@@ -162,7 +164,10 @@ export class SlotRunner {
   readonly #batchMin: number;
   readonly #pacer: PiecePacer;
   readonly #pieceParts: boolean;
-  /** The decoder snapshots inside a prefill's passes (SlotDecoder.snapInPrefill): no piece ends at the point. */
+  /**
+   * The decoder snapshots inside a prefill's passes (SlotDecoder.snapInPrefill): a piece past the point takes
+   * it, and goes on to the prompt's last token.
+   */
   readonly #snapIn: boolean;
   readonly #now: () => number;
   /** Prompt tokens of the current round's pieces (a rest up to this joins the decode call instead). */
@@ -375,8 +380,6 @@ export class SlotRunner {
   async #turn(group: readonly Active[], rotating: boolean): Promise<{ steps: number; prefilled: number }> {
     const stage = this.#stage;
     let prefilled = 0;
-    // A fresh request's snapshot point, taken in its prefill's passes (snapInPrefill).
-    const snapAts: (number | undefined)[] = [];
     const items: BatchItem[] = group.map((a) => {
       const { job } = a;
       a.running = true;
@@ -399,8 +402,6 @@ export class SlotRunner {
       const resume = a.made.length > 0;
       const base = resume ? seq.length - 1 : a.held;
       if (!resume) prefilled += seq.length - base;
-      const snapAt = !resume && this.#snapIn ? this.#snapPoint(a) : undefined;
-      snapAts.push(snapAt);
       assert(
         base === 0 || stage.length(a.slot) === base,
         `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
@@ -420,7 +421,6 @@ export class SlotRunner {
           sampling: job.sampling,
           samplerStep: a.made.length,
           samplerHistory: seq,
-          snapAt,
         },
       };
     });
@@ -442,10 +442,6 @@ export class SlotRunner {
       const r = rs[i]!;
       const { job } = a;
       a.running = false;
-      const snapAt = snapAts[i];
-      if (r.snapshot !== undefined && snapAt !== undefined) {
-        this.#setSnap(a.slot, r.snapshot, job.prompt, snapAt);
-      }
       // The slot now holds base, the new tokens and every returned id but the last, whatever the reason.
       a.made.push(...r.tokens);
       a.consistent = true;
@@ -530,8 +526,7 @@ export class SlotRunner {
   #pieceDue(a: Active): boolean {
     if (a.made.length > 0) return false;
     if (a.part) return true;
-    return (!this.#snapIn && this.#snapPoint(a) !== undefined) ||
-      a.job.prompt.length - a.held > this.#roundBudget;
+    return this.#snapPoint(a) !== undefined || a.job.prompt.length - a.held > this.#roundBudget;
   }
 
   /**

@@ -203,16 +203,14 @@ async function warmUp(
     await stage.run(0, { tokens: rest }, WARM_UP_PIECE, { rows: "all" });
     await stage.run(0, { tokens: [0] }, n, { rows: "all" });
   } else {
-    // A decoder that snapshots inside a prefill runs the whole prompt in one chunk cut at the point (the
-    // DeltaNet taps), as the runner runs it; then the same rest as the others, for the per-token path.
+    // A decoder that snapshots inside a prefill: a piece up to the last token cut at the point (the DeltaNet
+    // taps) and that token, as the runner runs a prompt; then the same rest as the others (per-token path).
     if (decoder.snapInPrefill) {
-      const [r] = await decoder.generate(
-        [{ slot: 0, prompt: ids, opts: { nNew: 2, snapAt: WARM_UP_PIECE } }],
-        {
-          batch: m.batch,
-        },
-      );
-      if (r!.snapshot !== undefined) decoder.drop(r!.snapshot);
+      const id = await decoder.prefill(0, ids.slice(0, n - 1), 0, WARM_UP_PIECE);
+      if (typeof id === "number") decoder.drop(id);
+      await decoder.generate([{ slot: 0, prompt: ids.slice(n - 1), opts: { nNew: 2, base: n - 1 } }], {
+        batch: m.batch,
+      });
     }
     await decoder.prefill(0, piece, 0);
     decoder.drop(decoder.snapshot(0));

@@ -123,6 +123,17 @@ for (const arch of ["qwen35moe", "qwen3next"] as const) {
         for (const id of [plain, cutPrefill as number, g!.snapshot!]) d.drop(id);
       }
       assert.equal(stage.states.snapshotBytes, 0, "every snapshot dropped");
+      // A point outside the prefill is refused before anything runs, naming the range it must fall in.
+      const p = [1, 2, 3, 4, 5];
+      await assert.rejects(
+        d.prefill(0, p, 0, 0),
+        /outside the prefill of positions 0\.\.4: ask for one in 1\.\.5/,
+      );
+      await assert.rejects(
+        d.generate([{ slot: 0, prompt: p, opts: { nNew: 1, snapAt: 6 } }]),
+        /A snapshot at position 6 is outside/,
+      );
+      assert.equal(stage.states.snapshotBytes, 0, "no snapshot left by a refused call");
     } finally {
       stage.destroy();
     }

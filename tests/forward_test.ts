@@ -288,7 +288,13 @@ Deno.test("int8 activations (all, and the experts' alone): GPU ≡ float64 refer
           const again = [...times].filter(([k, n]) => k.includes("/in/") && n > 1);
           assert.deepEqual(again, [], `${what}: inputs rounded more than once`);
         }
-        const want = ref.forward(chunk);
+        let want: Float64Array[];
+        try {
+          want = ref.forward(chunk);
+        } catch (e) {
+          // The reference's check of a rounding decision: name the case and the seed that reproduces it.
+          throw new Error(`${what}: ${(e as Error).message}`, { cause: e });
+        }
         assert.deepEqual(
           [...logged.keys()].filter((k) => !asked.has(k)),
           [],

@@ -6,7 +6,7 @@
  *
  * Usage: `deno run -A bench/serve.ts [--model F.gguf] [--n 128] [--levels 1,2,4,8,16] [--prompt 64] [--port 8099]
  * [--ctx 2048] [--modes http,direct] [--batch-min N] [--prefill-turn N] [--batch N] [--piece-steps N] [--piece-gap F] [--late 2048]
- * [--head-flags="--cached-only --config C.json"] [--temp 0] [--int8-experts | --f32-experts]`
+ * [--head-flags="--cached-only --config C.json"] [--temp 0] [--int8-experts | --f32-experts] [--solo 5]`
  * - `--int8-experts` (int8 x for the expert passes alone) or `--f32-experts` (f32 x everywhere) in the head, the
  *   direct engine and the engine lines (default: int8 x for every mat-vec, the head's default; every line says
  *   which in `int8Activations` and `int8Experts`).
@@ -39,10 +39,13 @@
  * (`Stage.generate` on one slot, `Stage.generateBatch` at each level ≥ 2, same prompt length and ids per
  * stream) give `decodeTokPerSecond` and `ttftMs` (a warm slot: prefill plus the first id's readback; the
  * one-slot line's `tokPerSecond` is its decode rate, as before, and `wallTokPerSecond` the whole call's), and
- * for one slot also `ttftSplitMs` (the prompt as the service runs it: a piece up to 8 tokens before its end,
- * a snapshot, then the rest; `ttftSplit9Ms` and `ttftSplit16Ms` with a rest of 9 and 16 tokens, wider than
- * the mat-vec's 8 columns) and `ttftColdSlotMs` (a slot whose graphs of that prompt width are not built
- * yet). A `ratio` line per level then sets each mode's decode rate against the engine's and its median TTFT
+ * for one slot also `ttftPieceMs` (the prompt as the service runs it: a piece to the last token that takes the
+ * prompt-boundary snapshot inside, then the one-token rest), `ttftSplitMs` (the order before it: a piece up
+ * to 8 tokens before its end, a snapshot, then the rest; `ttftSplit9Ms` and `ttftSplit16Ms` with a rest of 9
+ * and 16 tokens, wider than the mat-vec's 8 columns) and `ttftColdSlotMs` (a slot whose graphs of that prompt
+ * width are not built yet). One stream (every mode and the engine) runs `--solo` times in turn (default 5):
+ * its line holds each field's median, `ttftMsRuns` every run's TTFT, and over HTTP `serverTtftMsMedian`, the
+ * head's own `ttft_ms` of those runs (admission to first id; the rest of the client's TTFT is HTTP). A `ratio` line per level then sets each mode's decode rate against the engine's and its median TTFT
  * against the engine's warm `ttftMs` (issue #20: one stream >= 0.95x, 8 streams >= 0.9x, TTFT <= prefill +
  * 15 ms).
  *
@@ -79,6 +82,7 @@ const { values: args } = parseArgs({
     temp: { type: "string", default: "0" },
     "f32-experts": { type: "boolean", default: false },
     "int8-experts": { type: "boolean", default: false },
+    solo: { type: "string", default: "5" },
   },
 });
 const conflict = expertsConflict(args);
@@ -93,6 +97,10 @@ const nCtx = Number(args.ctx);
 const modes = new Set(args.modes!.split(","));
 const batchMin = args["batch-min"] === undefined ? undefined : Number(args["batch-min"]);
 const late = Number(args.late);
+const soloRuns = Number(args.solo);
+if (!(Number.isInteger(soloRuns) && soloRuns >= 1 && soloRuns <= 50)) {
+  throw new RangeError(`--solo ${args.solo} must be a whole number of runs in 1..50`);
+}
 const optional = (v: string | undefined) => v === undefined ? undefined : Number(v);
 const prefillTurn = optional(args["prefill-turn"]);
 const batch = optional(args.batch);
@@ -176,6 +184,32 @@ function decodeRate(rs: readonly Timed[]): number {
     (a, r) => a + (r.lastMs > r.ttftMs ? (r.tokens - r.firstIds) / ((r.lastMs - r.ttftMs) / 1000) : 0),
     0,
   );
+}
+
+/**
+ * The level-1 line from `--solo` sequential single-stream runs (one sample of a ~80 ms TTFT is too noisy to
+ * judge a 15 ms goal by): each field the median over the runs, `ttftMsMax` the worst, `ttftMsRuns` each run's.
+ */
+function soloSummary(runs: readonly { wallMs: number; t: Timed }[]): Record<string, unknown> {
+  const lines = runs.map((r) => summary(1, r.wallMs, [r.t]));
+  const out: Record<string, unknown> = { ...lines[0] };
+  for (const [k, v] of Object.entries(out)) {
+    if (typeof v === "number" && k !== "streams") out[k] = median(lines.map((l) => l[k] as number));
+  }
+  out.ttftMsMax = Math.max(...runs.map((r) => r.t.ttftMs));
+  out.ttftMsRuns = runs.map((r) => Math.round(r.t.ttftMs * 10) / 10);
+  return out;
+}
+
+/** `soloRuns` sequential runs of `one(i)`, each timed. */
+async function solo(one: (i: number) => Promise<Timed>): Promise<{ wallMs: number; t: Timed }[]> {
+  const runs: { wallMs: number; t: Timed }[] = [];
+  for (let i = 0; i < soloRuns; i++) {
+    const t0 = performance.now();
+    const t = await one(i);
+    runs.push({ wallMs: performance.now() - t0, t });
+  }
+  return runs;
 }
 
 // ---- over HTTP ----
@@ -271,6 +305,17 @@ async function overHttp(): Promise<string> {
     await stream(prompt(999));
     for (const level of levels) {
       await Promise.all(Array.from({ length: level }, (_, i) => stream(prompt(level * 100 + 50 + i), 4)));
+      if (level === 1) {
+        const from = log.length;
+        const line = soloSummary(await solo((i) => stream(prompt(100 + i * 1000))));
+        // The head's own ttft_ms (admission to first id) of these runs: the rest of the client's is HTTP.
+        await new Promise((r) => setTimeout(r, 100));
+        const server = [...log.slice(from).matchAll(/POST \/completion 200 .*?ttft_ms=([\d.]+)/g)].map((m) =>
+          Number(m[1])
+        );
+        emit("http", { ...line, serverTtftMsMedian: median(server), serverTtftMsRuns: server });
+        continue;
+      }
       const t0 = performance.now();
       const rs = await Promise.all(Array.from({ length: level }, (_, i) => stream(prompt(level * 100 + i))));
       emit("http", summary(level, performance.now() - t0, rs));
@@ -399,6 +444,10 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
     for (const level of levels) {
       // Warm this set size's batched graphs first (built once, on first use).
       await Promise.all(Array.from({ length: level }, (_, i) => direct(e, prompt(level * 100 + 50 + i), 4)));
+      if (level === 1) {
+        emit(what, soloSummary(await solo((i) => direct(e, prompt(101 + i * 1000)))));
+        continue;
+      }
       const t0 = performance.now();
       const rs = await Promise.all(
         Array.from({ length: level }, (_, i) => direct(e, prompt(level * 100 + 1 + i))),
@@ -480,6 +529,19 @@ async function engineBatch(stage: Stage, level: number, seed: number, n: number)
 }
 
 /**
+ * The prompt as the service runs it where the decoder snapshots inside a prefill: a piece to the last token
+ * that takes the snapshot 8 tokens before the end, then the one-token rest and its first id; returns the time
+ * to that id.
+ */
+async function enginePieceTtft(stage: Stage, slot: number, ids: number[]): Promise<number> {
+  const t0 = performance.now();
+  const snap = await stage.decoder.prefill(slot, ids.slice(0, -1), 0, ids.length - 8);
+  const r = await engineOne(stage, slot, ids.slice(-1), 2, ids.length - 1);
+  if (snap !== undefined) stage.decoder.drop(snap);
+  return r.ttftMs + (performance.now() - t0 - r.ms);
+}
+
+/**
  * The prompt as the service runs it with a prompt-boundary snapshot `back` tokens before the end (its default
  * is 8): a piece, the snapshot, the rest and its first id; returns the time to that id.
  */
@@ -500,8 +562,17 @@ if (path && await Deno.stat(path).then(() => true, () => false)) {
   const stage = await Stage.load(gpu, file, { nCtx, nSlots: maxLevel, int8Activations, int8Experts });
   const p = prompt(997);
   await engineOne(stage, 0, p, 16);
-  const one = await engineOne(stage, 0, p, nNew);
-  const split: Record<string, number> = {};
+  const ones = await solo(() => engineOne(stage, 0, p, nNew));
+  const split: Record<string, unknown> = {};
+  // The service's order (engine/serve/_runner.ts): a piece to the last token taking the snapshot inside, then
+  // the one-token rest and its first id.
+  if (nPrompt > 9 && stage.decoder.snapInPrefill) {
+    await enginePieceTtft(stage, 0, prompt(993)); // builds slot 0's graphs of the piece's width
+    const runs: number[] = [];
+    for (let i = 0; i < soloRuns; i++) runs.push(await enginePieceTtft(stage, 0, prompt(993 - 10 * (i + 1))));
+    split.ttftPieceMs = median(runs);
+    split.ttftPieceMsRuns = runs.map((t) => Math.round(t * 10) / 10);
+  }
   // 8: the service's default; 9 and 16: a rest wider than the mat-vec's 8 columns (the tiled matmul path).
   for (const back of [8, 9, 16].filter((b) => b < nPrompt)) {
     await engineSplitTtft(stage, 0, prompt(995), back); // builds slot 0's graphs of the piece's width
@@ -514,7 +585,7 @@ if (path && await Deno.stat(path).then(() => true, () => false)) {
   }
   // A slot not used yet: its graphs of this prompt width and its decode step are built on the way.
   if (maxLevel > 1) split.ttftColdSlotMs = (await engineOne(stage, maxLevel - 1, prompt(996), 2)).ttftMs;
-  const s1 = summary(1, one.ms, [one]);
+  const s1 = soloSummary(ones);
   emit("engine", {
     ...s1,
     tokPerSecond: s1.decodeTokPerSecond,

@@ -30,7 +30,7 @@ export const GDN_CONV_RING: KernelSpec = {
 /**
  * Kernel spec of the tap `gdn_conv_ring_tap` (entry point `main_tap` of `gdn_conv_ring.wgsl`, the same
  * constants): into `tap`, the ring after the dispatch's first min(cut, n) tokens (params word 2, as
- * `gdn_chunk`'s), the ring itself left as it is; a copy of the ring when cut is 0. Record it BEFORE the
+ * `gdn_chunk`'s), the ring itself left as it is; nothing written when cut is 0. Record it BEFORE the
  * ordinary {@linkcode GDN_CONV_RING} dispatch of the same tokens, which updates the ring in place. Its own
  * entry point rather than a constant: WebGPU's automatic layout keeps a binding that code under a false
  * constant names, which would make every ordinary dispatch bind a tap.

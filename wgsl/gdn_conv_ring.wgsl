@@ -7,7 +7,8 @@
 // first m = min(cut, n) tokens of the dispatch, into `tap`, conv_ring left as it is:
 //   tap[r] = conv_ring[r] for every ring word r, then for t in [max(0, m − (K_CONV−1)), m):
 //   tap[((pos0 + t) mod K_CONV)·CONV_CH + ch] = x_qkv[t·CONV_CH + ch]
-// (what conv_ring would hold after a dispatch of only those m tokens; cut == 0: a copy of the ring). Record it
+// (what conv_ring would hold after a dispatch of only those m tokens). cut == 0 (a chunked prefill with no
+// snapshot inside: nothing reads the tap) writes nothing. Record it
 // BEFORE the ordinary gdn_conv_ring dispatch of the same tokens, which updates conv_ring in place. A second
 // entry point, not a constant: WebGPU's automatic layout keeps a binding that code under a false constant
 // names, so one entry point would make every gdn_conv_ring dispatch bind a tap.
@@ -30,6 +31,11 @@ fn x_at(t: u32, ch: u32) -> f32 {
   return x_qkv[t * select(CONV_CH, T_COL, T_COL > 0u) + ch];
 }
 
+// The ring word of channel ch for dispatch token t (positions from pos0).
+fn ring_word(pos0: u32, t: u32, ch: u32) -> u32 {
+  return ((pos0 + t) % K_CONV) * CONV_CH + ch;
+}
+
 // The first of the last K_CONV-1 of m tokens (0 when m < K_CONV).
 fn first_kept(m: u32) -> u32 {
   if (m > K_CONV - 1u) {
@@ -47,7 +53,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let pos0 = params[0];
   let n = params[1];
   for (var t = first_kept(n); t < n; t++) {
-    conv_ring[((pos0 + t) % K_CONV) * CONV_CH + ch] = x_at(t, ch);
+    conv_ring[ring_word(pos0, t, ch)] = x_at(t, ch);
   }
 }
 
@@ -59,10 +65,13 @@ fn main_tap(@builtin(global_invocation_id) gid: vec3<u32>) {
   }
   let pos0 = params[0];
   let m = min(params[2], params[1]);
+  if (m == 0u) {
+    return;
+  }
   for (var r = 0u; r < K_CONV; r++) {
     tap[r * CONV_CH + ch] = conv_ring[r * CONV_CH + ch];
   }
   for (var t = first_kept(m); t < m; t++) {
-    tap[((pos0 + t) % K_CONV) * CONV_CH + ch] = x_at(t, ch);
+    tap[ring_word(pos0, t, ch)] = x_at(t, ch);
   }
 }

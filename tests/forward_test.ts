@@ -313,6 +313,67 @@ Deno.test("int8 activations (all, and the experts' alone): GPU ≡ float64 refer
   }
 });
 
+// The checks above must be able to fail: a scale off by one step or an element rounded one step off, in the row
+// chunk with the largest scale (where the drift INT8_X_DRIFT allows least), is refused by the reference.
+Deno.test("int8 activations: the reference refuses a rounding decision off by a step", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  const path = await synthTiny("qwen35moe", "iq4_xs", "current", rng.u32());
+  using file = await openGguf(path);
+  const stage = await Stage.load(gpu, file, {
+    nCtx: 64,
+    nSlots: 1,
+    maxChunk: 16,
+    int8Activations: true,
+    int8Log: true,
+  });
+  try {
+    const chunk = Array.from({ length: 12 }, () => rng.int(0, stage.hp.nVocab));
+    await stage.run(0, { tokens: chunk }, 0, { rows: "all" });
+    const logged = new Map<string, Int8Logged>();
+    for (const e of await stage.int8Log()) {
+      logged.set(int8Key(e.label, e.col, chunk.length, stage.hp.nExpertUsed), e);
+    }
+    // One decision (layer 0's input, token 3) altered in its largest-scale chunk; every other as logged.
+    const target = "0/in/3";
+    const e = logged.get(target)!;
+    assert.ok(e, `the GPU logged ${target}`);
+    const c = e.d.indexOf(Math.max(...e.d));
+    const alter = (how: "scale" | "element") => {
+      const q = Int8Array.from(e.q);
+      const d = Float32Array.from(e.d);
+      if (how === "scale") d[c] = d[c]! * 128 / 127;
+      else {
+        const i = 32 * c + q.subarray(32 * c, 32 * c + 32).findIndex((v) => Math.abs(v) < 127);
+        q[i] = q[i]! + 1;
+      }
+      return { ...e, q, d };
+    };
+    const refWith = (swap?: Int8Logged) =>
+      RefModel.load(file, {
+        int8Activations: true,
+        int8Decisions: (at) => {
+          const key = `${at.layer}/${at.source}/${at.token}${at.slot === undefined ? "" : `.${at.slot}`}`;
+          return key === target && swap ? swap : logged.get(key)!;
+        },
+      });
+    (await refWith()).forward(chunk); // as logged: accepted
+    const what = `seed ${rng.seed}, chunk ${c}`;
+    await assert.rejects(
+      async () => (await refWith(alter("scale"))).forward(chunk),
+      new RegExp(`layer 0 in token 3 .*chunk ${c} scale`),
+      `${what}: a scale off by a step`,
+    );
+    await assert.rejects(
+      async () => (await refWith(alter("element"))).forward(chunk),
+      /layer 0 in token 3 .*element \d+ is -?\d+ but x\/d = /,
+      `${what}: an element off by a step`,
+    );
+  } finally {
+    stage.destroy();
+  }
+});
+
 Deno.test("chunked prefill (chunks 1, 7, 64) equals token-by-token feeding within f32 summation order", async () => {
   const rng = new Rng();
   const gpu = await testGpu();

@@ -40,6 +40,11 @@
  *   the point runs whole, its DeltaNet layers write their state there to taps) the piece goes on to the
  *   prompt's last token, which joins the call alone; otherwise the piece ends at the point and the rest
  *   (`snapshotBack` tokens) joins.
+ * A request alone in the runner, on such a decoder, whose prompt one idle round holds, skips the piece: its whole
+ * prompt goes to a decode call of its own that takes the snapshot inside the prefill and makes its first id only
+ * (time to first token: the engine's prefill and one readback, not a piece, a rest and a readback). Requests
+ * arriving during that call are a burst: their pieces run and they start together in one call, and the first
+ * one decodes on with them (its first id alone does not make it "generating").
  * @module
  */
 import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";
@@ -150,6 +155,11 @@ interface Active {
   lastRun: number;
   /** A piece in parts (`pieceParts`): its end in the prompt, its layer bounds and the next part's index. */
   part?: { readonly end: number; readonly bounds: readonly number[]; next: number };
+  /**
+   * It started alone (see `#lone`) and has made only that call's first id: a burst that arrived meanwhile
+   * is gathered (its pieces) before it decodes on, as if it had not started.
+   */
+  firstOnly?: boolean;
 }
 
 /** Runs requests on a SlotDecoder's slots with continuous batching and per-slot prefix reuse; see the module doc. */
@@ -380,13 +390,17 @@ export class SlotRunner {
   async #turn(group: readonly Active[], rotating: boolean): Promise<{ steps: number; prefilled: number }> {
     const stage = this.#stage;
     let prefilled = 0;
+    // A lone start's snapshot point, taken inside its prefill.
+    const snapAts: (number | undefined)[] = [];
+    const lone = group.length === 1 && this.#lone(group[0]!);
     const items: BatchItem[] = group.map((a) => {
       const { job } = a;
       a.running = true;
       a.lastRun = ++this.#clock;
+      a.firstOnly = lone;
       // Ids this request can make in all: the context holds the prompt and all of them but the last.
       const rest = limitOf(a, stage.nCtx) - a.made.length;
-      const nNew = !rotating ? rest : a.made.length === 0 ? 1 : Math.min(this.#turnTokens, rest);
+      const nNew = lone ? 1 : !rotating ? rest : a.made.length === 0 ? 1 : Math.min(this.#turnTokens, rest);
       // Batches landing one after another in one call are the streams' steady gap: the pacer's step time.
       let landed: number | undefined;
       const emit = (ids: readonly number[]) => {
@@ -402,6 +416,8 @@ export class SlotRunner {
       const resume = a.made.length > 0;
       const base = resume ? seq.length - 1 : a.held;
       if (!resume) prefilled += seq.length - base;
+      const snapAt = lone ? this.#snapPoint(a) : undefined;
+      snapAts.push(snapAt);
       assert(
         base === 0 || stage.length(a.slot) === base,
         `slot ${a.slot} holds ${stage.length(a.slot)} tokens, not ${base}`,
@@ -421,6 +437,7 @@ export class SlotRunner {
           sampling: job.sampling,
           samplerStep: a.made.length,
           samplerHistory: seq,
+          snapAt,
         },
       };
     });
@@ -442,6 +459,10 @@ export class SlotRunner {
       const r = rs[i]!;
       const { job } = a;
       a.running = false;
+      const snapAt = snapAts[i];
+      if (r.snapshot !== undefined && snapAt !== undefined) {
+        this.#setSnap(a.slot, r.snapshot, job.prompt, snapAt);
+      }
       // The slot now holds base, the new tokens and every returned id but the last, whatever the reason.
       a.made.push(...r.tokens);
       a.consistent = true;
@@ -511,9 +532,24 @@ export class SlotRunner {
     return best;
   }
 
-  /** Whether some request (slot assigned, not cancelled) has made ids and so waits for decode turns. */
+  /**
+   * Whether some request (slot assigned, not cancelled) has made ids and so waits for decode turns (a lone
+   * start's first id alone does not count: `firstOnly`).
+   */
   #generating(): boolean {
-    return this.#jobs.some((a) => a.slot >= 0 && !a.job.signal.aborted && a.made.length > 0);
+    return this.#jobs.some((a) => a.slot >= 0 && !a.job.signal.aborted && a.made.length > 0 && !a.firstOnly);
+  }
+
+  /**
+   * Whether `a` starts alone: the only request the runner holds, new, its whole rest within what an idle
+   * round prefills, on a decoder that snapshots inside a prefill. Its whole prompt then goes to one decode
+   * call that makes its first id only (the snapshot taken inside that prefill): its time to first token is the
+   * engine's, not a piece's and a one-token rest's with a readback between. A request arriving meanwhile is
+   * pieced and gathered as in a burst (`firstOnly`).
+   */
+  #lone(a: Active): boolean {
+    return this.#snapIn && this.#jobs.length === 1 && a.made.length === 0 && !a.part &&
+      a.job.prompt.length - a.held <= this.#prefillAlone;
   }
 
   /** The request with a piece in parts, else the oldest (slot assigned, not cancelled) with a piece due. */
@@ -526,6 +562,7 @@ export class SlotRunner {
   #pieceDue(a: Active): boolean {
     if (a.made.length > 0) return false;
     if (a.part) return true;
+    if (this.#lone(a)) return false;
     return this.#snapPoint(a) !== undefined || a.job.prompt.length - a.held > this.#roundBudget;
   }
 

@@ -661,3 +661,50 @@ Deno.test("runner: where the decoder snapshots inside a prefill, a prompt's piec
     stage.destroy();
   }
 });
+
+Deno.test("runner: a lone request's whole prompt goes to one call that snapshots inside it and makes its first id; a burst arriving meanwhile is gathered before it decodes on", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
+  try {
+    const log: string[] = [];
+    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
+    const solo = async (p: number[]) => (await stage.generate(0, p, { nNew: 10 })).tokens;
+    const want: number[][] = [];
+    for (const p of prompts) want.push(await solo(p));
+    const inner = logged(stage.decoder, log, false, true);
+    // Alone: one call of the whole prompt, its snapshot point inside, that makes the first id; then the rest.
+    const runner = new SlotRunner(inner, BURST_OPTS);
+    const first = await runner.submit(runnerJob(prompts[0]!, 10));
+    let what = `(seed ${rng.seed}) ${log.join(" ")}`;
+    assert.deepEqual(first.tokens, want[0], what);
+    assert.deepEqual(log, [`G${first.slot}@${prompts[0]!.length - 8}`, `G${first.slot}`], what);
+    // Its snapshot serves a regenerate with another cue.
+    const again = [...prompts[0]!.slice(0, -8), ...Array.from({ length: 8 }, () => rng.int(0, 1021))];
+    const r = await runner.submit(runnerJob(again, 10));
+    assert.equal(r.cachedTokens, again.length - 8, what);
+    assert.deepEqual(r.tokens, await solo(again), `the regenerate ${what}`);
+    // Three more arrive during a lone request's first call: their pieces, then one call of all four.
+    log.length = 0;
+    let later: Promise<JobResult>[] | undefined;
+    // (Pieces of 8 while others stream, 128 while none does: the lone start's first id must not count.)
+    const burst: SlotRunner = new SlotRunner({
+      ...inner,
+      generate: (items, opts) => {
+        later ??= prompts.slice(1).map((p) => burst.submit(runnerJob(p, 10)));
+        return inner.generate(items, opts);
+      },
+    }, { ...BURST_OPTS, prefillTurn: 8, prefillAlone: 128 });
+    const got = [await burst.submit(runnerJob(prompts[0]!, 10)), ...await Promise.all(later!)];
+    what = `(seed ${rng.seed}) ${log.join(" ")}`;
+    for (const [i, g] of got.entries()) assert.deepEqual(g.tokens, want[i], `request ${i} ${what}`);
+    assert.deepEqual(log.slice(0, 5), [
+      `G0@${prompts[0]!.length - 8}`,
+      ...prompts.slice(1).map((p, i) => `P${i + 1}@${p.length - 8}`),
+      "G1230",
+    ], what);
+  } finally {
+    stage.destroy();
+  }
+});

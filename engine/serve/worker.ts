@@ -175,7 +175,8 @@ const WARM_UP_REST = 4;
 /**
  * Builds the GPU pipelines a first request would otherwise wait for (compiling them is most of a cold first
  * request: 5 s against 0.8 s after on lavapipe with the tiny model, 20 s under load). It runs what a chat
- * request runs: a prompt piece, a snapshot, the prompt's rest and two greedy ids on slot 0 (argmax), then,
+ * request runs: a prompt piece, a snapshot, the prompt's rest and two greedy ids on slot 0 (argmax; where the
+ * decoder snapshots inside a prefill, also the whole prompt in one call and a piece to its last token), then,
  * when the stage batches, a batched step of slots 0 and 1 with one of them sampled (the sampler) and one of
  * each slot count from 9 to nSlots (steps wider than a chunk's 8 columns have mat-vec variants of their own;
  * narrower ones share the chunk widths' that buildWidthClasses builds). A split
@@ -203,9 +204,14 @@ async function warmUp(
     await stage.run(0, { tokens: rest }, WARM_UP_PIECE, { rows: "all" });
     await stage.run(0, { tokens: [0] }, n, { rows: "all" });
   } else {
-    // A decoder that snapshots inside a prefill: a piece up to the last token cut at the point (the DeltaNet
-    // taps) and that token, as the runner runs a prompt; then the same rest as the others (per-token path).
+    // A decoder that snapshots inside a prefill: the whole prompt in one call cut at the point (the DeltaNet
+    // taps), as the runner runs a lone request; a piece up to the last token cut there and that token, as it
+    // runs a burst's; then the same rest as the others (per-token path).
     if (decoder.snapInPrefill) {
+      const [whole] = await decoder.generate([
+        { slot: 0, prompt: ids, opts: { nNew: 2, snapAt: WARM_UP_PIECE } },
+      ], { batch: m.batch });
+      if (whole?.snapshot !== undefined) decoder.drop(whole.snapshot);
       const id = await decoder.prefill(0, ids.slice(0, n - 1), 0, WARM_UP_PIECE);
       if (typeof id === "number") decoder.drop(id);
       await decoder.generate([{ slot: 0, prompt: ids.slice(n - 1), opts: { nNew: 2, base: n - 1 } }], {

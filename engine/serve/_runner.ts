@@ -438,6 +438,8 @@ export class SlotRunner {
           samplerStep: a.made.length,
           samplerHistory: seq,
           snapAt,
+          // A lone start's prompt is prefilled in this call: its progress, chunk by chunk, as a piece's.
+          onPrefill: lone && job.onSlot ? (done: number) => job.onSlot!(a.slot, base + done) : undefined,
         },
       };
     });

@@ -63,3 +63,30 @@ for (const name of ["tiny-qwen35moe", "tiny-qwen3next"]) {
     }
   });
 }
+
+Deno.test("warmIdle prepares every slot as the last request's was: a request on another slot then builds no graph, with the same ids", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen35moe.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 3, maxChunk: 16 });
+  try {
+    const d = stage.decoder;
+    const prompt = Array.from({ length: 12 }, () => rng.int(0, 1021));
+    const gen = async (slot: number) =>
+      (await d.generate([{ slot, prompt, opts: { nNew: 6 } }], { batch: 4 }))[0]!.tokens;
+    const want = await gen(0);
+    // Slots 1 and 2 lack slot 0's solo step and its graphs of width 12 (prompt) and 1 (decode step).
+    let steps = 0;
+    while (await d.warmIdle()) assert.ok(++steps <= 8, `warmIdle ends (seed ${rng.seed})`);
+    // Two solo steps (each clones its slot's decode graph), then the width-12 graph for each.
+    assert.equal(steps, 4, `seed ${rng.seed}`);
+    const before = stage.graphsBuilt;
+    assert.deepEqual(await gen(2), want, `slot 2's ids (seed ${rng.seed})`);
+    assert.equal(stage.graphsBuilt, before, `slot 2 built no graph in its request (seed ${rng.seed})`);
+    // A cold slot's first request builds (so the count above could fail): a width no slot has used.
+    await d.generate([{ slot: 1, prompt: prompt.slice(0, 7), opts: { nNew: 2 } }], { batch: 4 });
+    assert.ok(stage.graphsBuilt > before, "a new width is built");
+  } finally {
+    stage.destroy();
+  }
+});

@@ -30,6 +30,8 @@ export interface DecodeStage {
   ): Promise<{ readonly data: Float32Array<ArrayBuffer> }>;
   snapshot(slot: number): number;
   restore(id: number, slot: number): void;
+  /** Idle-time work: one slot's clone of a recent width's graph; whether it made one. */
+  spreadGraph(): boolean;
 }
 
 /** And the stage's buffers and graphs the driver encodes with (owned by the stage). */

@@ -33,6 +33,10 @@ export class SlotGraphs {
   /** The latest slot built fresh per width and rows, and its graph (as many widths as graphs are kept). */
   readonly #donors = new LruMap<string, { slot: number; ops: Op[] }>(GRAPHS_KEPT);
   readonly #b: SlotBuffers;
+  /** The widths (`n/rows`, whole stage) used last by any slot, newest first: what `spread` copies. */
+  readonly #recent: string[] = [];
+  /** Graphs built fresh or cloned so far (tests: a warm slot builds none). */
+  built = 0;
 
   /** @param owned the stage's owned buffers (their bind group cache serves the clones) */
   constructor(device: GPUDevice, posParams: readonly GPUBuffer[], states: SlotStates, owned: GPUBuffer[]) {
@@ -42,19 +46,59 @@ export class SlotGraphs {
   /** `slot`'s graph of `n` tokens and `rows`: cached, else cloned from another slot's (`clone`), else none. */
   get(slot: number, n: number, rows: Rows, clone: boolean): Op[] | undefined {
     const hit = this.#graphs.get(`${slot}/${n}/${rows}`);
-    if (hit || !clone) return hit;
-    const d = this.#donors.get(`${n}/${rows}`);
-    const ops = d && d.slot !== slot ? cloneForSlot(d.ops, d.slot, slot, this.#b) : undefined;
-    if (ops) this.#graphs.set(`${slot}/${n}/${rows}`, ops);
-    return ops;
+    if (hit || !clone) {
+      if (hit) this.#touch(`${n}/${rows}`);
+      return hit;
+    }
+    return this.#clone(slot, `${n}/${rows}`);
   }
 
   /** Keeps `slot`'s freshly built graph (and offers it to other slots). */
   set(slot: number, n: number, rows: Rows, ops: Op[]): void {
+    this.built++;
     this.#graphs.set(`${slot}/${n}/${rows}`, ops);
     if (ops.every((op) => op.bindings)) this.#donors.set(`${n}/${rows}`, { slot, ops });
+    this.#touch(`${n}/${rows}`);
+  }
+
+  /**
+   * Clones, for one of slots 0..nSlots-1 that lacks it, a graph of a width used last ({@linkcode RECENT_WIDTHS}
+   * of them) from the slot that built it; returns whether it did. Idle-time work: the next request on that slot
+   * then builds nothing before its prefill (a clone of a 40-layer graph takes milliseconds).
+   */
+  spread(nSlots: number): boolean {
+    for (const key of this.#recent) {
+      for (let slot = 0; slot < nSlots; slot++) {
+        if (!this.#graphs.has(`${slot}/${key}`) && this.#clone(slot, key)) return true;
+      }
+    }
+    return false;
+  }
+
+  #clone(slot: number, key: string): Op[] | undefined {
+    const d = this.#donors.get(key);
+    const ops = d && d.slot !== slot ? cloneForSlot(d.ops, d.slot, slot, this.#b) : undefined;
+    if (ops) {
+      this.built++;
+      this.#graphs.set(`${slot}/${key}`, ops);
+      this.#touch(key);
+    }
+    return ops;
+  }
+
+  /** Marks width `key` used (whole-stage graphs only: a layer sub-range is a piece's part). */
+  #touch(key: string): void {
+    if (key.includes("@")) return;
+    const at = this.#recent.indexOf(key);
+    if (at === 0) return;
+    if (at > 0) this.#recent.splice(at, 1);
+    this.#recent.unshift(key);
+    this.#recent.length = Math.min(this.#recent.length, RECENT_WIDTHS);
   }
 }
+
+/** Widths `SlotGraphs.spread` copies to every slot: a lone request's prompt and decode step, a piece's. */
+export const RECENT_WIDTHS = 3;
 
 /**
  * `ops` (built for slot `from`) with `from`'s buffers swapped for slot `to`'s; undefined where an op's

@@ -76,6 +76,8 @@ export class DecodeDriver implements SlotDecoder {
   readonly #stage: DecodeStage;
   readonly #b: DecodeBuffers;
   readonly #solo = new Map<string, SoloStep>();
+  /** The settings of the latest solo step (what `warmIdle` prepares for the other slots). */
+  #lastSolo: { S: number; top: number; sampling: boolean } | undefined;
   readonly #selectors = new Map<string, Selector>();
   /** The readback ring and params buffers kept across calls (see #readback). */
   #rb: { ring: ReadbackRing; batchParams: GPUBuffer[] } | undefined;
@@ -168,6 +170,17 @@ export class DecodeDriver implements SlotDecoder {
   ): Promise<number | undefined> {
     this.#parts ??= new PieceParts(this.#stage, this.#b);
     return this.#parts.queue(slot, tokens, base, { snapAt, idle: blockUntilIdle, onDone });
+  }
+
+  /** Idle-time work (SlotDecoder.warmIdle): a slot's solo step as the latest one's, else a recent graph. */
+  async warmIdle(): Promise<boolean> {
+    const t = this.#lastSolo;
+    for (let slot = 0; t && slot < this.nSlots; slot++) {
+      if (this.#solo.has(`${slot}/${t.S}/${t.top}/${t.sampling}`)) continue;
+      await this.#soloStep(slot, t.S, t.top, t.sampling);
+      return true;
+    }
+    return this.#stage.spreadGraph();
   }
 
   /** Saves `slot`'s state to a new snapshot; returns its id. */
@@ -708,6 +721,7 @@ export class DecodeDriver implements SlotDecoder {
   /** A lone slot's decode step: its solo graph and a selector writing the graph's token buffer (cached). */
   async #soloStep(slot: number, S: number, top: number, sampling: boolean): Promise<SoloStep> {
     const key = `${slot}/${S}/${top}/${sampling}`;
+    this.#lastSolo = { S, top, sampling };
     const hit = this.#solo.get(key);
     if (hit) return hit;
     const graph = await this.#b.graph(slot, 1, "last");

@@ -149,6 +149,12 @@ export interface SlotDecoder {
     base: number,
     layers: readonly [number, number],
   ): Promise<void>;
+  /**
+   * Idle-time work, asked while the scheduler holds no request: prepares one slot the way another was
+   * prepared for its last request (its chunk graph of a recent width, its solo decode step), so that the next
+   * request there builds nothing before its prefill. Returns whether it did any (false: nothing left).
+   */
+  warmIdle?(): Promise<boolean>;
   /** Saves `slot`'s state to a new snapshot; returns its id. */
   snapshot(slot: number): number;
   /** Restores snapshot `id` into `slot`. */

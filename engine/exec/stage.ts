@@ -438,6 +438,19 @@ export class Stage {
     this.#length[slot] = this.states.snapshotLength(id);
   }
 
+  /**
+   * Idle-time work: clones for one slot a graph of a width another slot used last (SlotGraphs.spread); returns
+   * whether it did. Off while logging int8 decisions (each graph logs its own).
+   */
+  spreadGraph(): boolean {
+    return !this.#int8Log && this.#graphs.spread(this.#length.length);
+  }
+
+  /** Chunk graphs built or cloned so far (tests: a slot warmed by `spreadGraph` builds none). */
+  get graphsBuilt(): number {
+    return this.#graphs.built;
+  }
+
   /** Dispatches of one chunk of `n` tokens (for counting and benchmarks). */
   graph(slot: number, n: number, rows: "all" | "last" | "none"): Promise<readonly Op[]> {
     this.#slotCheck(slot);

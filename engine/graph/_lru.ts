@@ -36,6 +36,11 @@ export class LruMap<K, V> {
     return v;
   }
 
+  /** Whether `key` is held (not a use). */
+  has(key: K): boolean {
+    return this.#map.has(key);
+  }
+
   /** Sets `key` as the most recently used entry, evicting the least recently used ones beyond the limit. */
   set(key: K, value: V): this {
     this.#map.delete(key);

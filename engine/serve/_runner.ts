@@ -193,6 +193,8 @@ export class SlotRunner {
   readonly #jobs: Active[] = [];
   #clock = 0;
   #looping = false;
+  /** The idle work's current step (SlotDecoder.warmIdle): a loop starting meanwhile waits for it. */
+  #idleStep: Promise<unknown> | undefined;
 
   /**
    * Wraps the slots of a whole model (a local stage's decode driver, or a split chain).
@@ -267,6 +269,7 @@ export class SlotRunner {
     try {
       // Requests submitted in the same task (the worker hands over all that waited) start in one call.
       await Promise.resolve();
+      await this.#idleStep; // one slot's preparation, milliseconds: the decoder is not shared mid-step
       while (this.#sweep()) {
         // Prompt pieces of the new requests, oldest first, up to the round's budget in all (short pieces up to
         // a snapshot point of several requests share one), then one decode turn of everything generating: a
@@ -319,6 +322,27 @@ export class SlotRunner {
       }
     } finally {
       this.#looping = false;
+    }
+    void this.#idle();
+  }
+
+  /**
+   * While no request is held: the decoder's idle work (SlotDecoder.warmIdle), one step per event-loop task, so
+   * that a request arriving meanwhile waits for one step at most. A failure only leaves that work undone.
+   */
+  async #idle(): Promise<void> {
+    const warm = this.#stage.warmIdle?.bind(this.#stage);
+    if (!warm || this.#idleStep) return;
+    try {
+      while (this.#jobs.length === 0 && !this.#looping) {
+        this.#idleStep = warm();
+        if (!await this.#idleStep) break;
+        await nextTask();
+      }
+    } catch {
+      // Idle work is optional: the next request on that slot prepares it itself.
+    } finally {
+      this.#idleStep = undefined;
     }
   }
 

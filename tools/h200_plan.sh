@@ -83,6 +83,7 @@
 #   servelevels  #20: the service at the levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
 #   servelate  servelevels, then the late 2,048-token prompt among 7 streams (direct)
 #   servequick HTTP alone at 1, 2, 4 and 8 streams against the engine (a short call)
+#   latequick  the late 2,048-token prompt among 7 streams alone (direct)
 #   servesolo  one stream 7 times in turn over HTTP, directly and in the engine (medians; the service's piece
 #              order timed in the engine), then 2 and 8 streams
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
@@ -327,6 +328,11 @@ for step in "$@"; do
       ensure_model
       run servesolo 150 $D bench/serve.ts --model "$model" --levels 1,2,8 --n 128 --prompt 64 --ctx 4096 \
         --modes http,direct --solo 7 --head-flags="--cached-only"
+      ;;
+    latequick)
+      ensure_model
+      run latequick 90 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
+        --late 2048 --solo 3
       ;;
     servelate)
       ensure_model

@@ -7,12 +7,11 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next call should measure first: `servelate` (the thirty-third session's runner order, 034cafb: a
-# prompt's piece takes the prompt-boundary snapshot inside its chunk and goes on to the last token; unmeasured:
-# one stream's TTFT against the engine's, and 2-8 streams' decode ratios, which regressed with the whole prompt
-# in one call, docs/PERF.md). Then `confirm` on an H200 (the thirty-second session measured on H100s
-# only: 4.01-4.02x / 4.92-4.95x at 8 / 16 slots with fec264c; `confirm` on 37030ac gave one stream's HTTP TTFT
-# +17.4 ms, earlier calls +11.7 to +13.1; docs/PERF.md), and `servelevels` (16 streams over HTTP). Then:
+# What the next call should measure first: `confirm` and `servelevels` on an H200 (every call since the
+# thirty-second session came on an H100; the thirty-fourth session's `servesolo` on 30627f9 gave one stream's
+# HTTP TTFT +8.1 ms over the engine's, medians of 7, and 8 streams 0.94x with the lone path, docs/PERF.md).
+# `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.
+# Then:
 # `bits` after any change to a batched kernel, `batched` against
 # the last tree's (`H200_TREE=.oldtree`), then `serve18`, `split3` and `combine smallchunk` after changes to
 # the batched step or the expert kernels (the twenty-sixth session measured serve18 with the rewind points by

@@ -45,6 +45,8 @@
  * (time to first token: the engine's prefill and one readback, not a piece, a rest and a readback). Requests
  * arriving during that call are a burst: their pieces run and they start together in one call, and the first
  * one decodes on with them (its first id alone does not make it "generating").
+ * While it holds no request the runner gives the decoder's idle work (SlotDecoder.warmIdle) one step per
+ * event-loop task: a slot prepared like the last request's, so its next request builds nothing first.
  * @module
  */
 import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";

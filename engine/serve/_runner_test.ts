@@ -612,6 +612,15 @@ Deno.test("runner: a request joining a stream in flight ends that call at its fi
   }
 });
 
+/** Four prompts of 12-19 tokens, `solo` (10 greedy ids of a prompt on slot 0) and each prompt's solo ids. */
+async function fourPrompts(stage: Stage, rng: Rng) {
+  const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
+  const solo = async (p: number[]) => (await stage.generate(0, p, { nNew: 10 })).tokens;
+  const want: number[][] = [];
+  for (const p of prompts) want.push(await solo(p));
+  return { prompts, solo, want };
+}
+
 Deno.test("runner: where the decoder snapshots inside a prefill, a prompt's piece takes it and goes on to the last token; the burst starts in one call and a regenerate reuses the snapshot", async () => {
   const rng = new Rng();
   const gpu = await testGpu();
@@ -619,10 +628,7 @@ Deno.test("runner: where the decoder snapshots inside a prefill, a prompt's piec
   const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
   try {
     const log: string[] = [];
-    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
-    const solo = async (p: number[]) => (await stage.generate(0, p, { nNew: 10 })).tokens;
-    const want: number[][] = [];
-    for (const p of prompts) want.push(await solo(p));
+    const { prompts, solo, want } = await fourPrompts(stage, rng);
     const runner = new SlotRunner(logged(stage.decoder, log, false, true), BURST_OPTS);
     const got = await Promise.all(prompts.map((p) => runner.submit(runnerJob(p, 10))));
     const what = `(seed ${rng.seed}) ${log.join(" ")}`;
@@ -669,10 +675,7 @@ Deno.test("runner: a lone request's whole prompt goes to one call that snapshots
   const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
   try {
     const log: string[] = [];
-    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
-    const solo = async (p: number[]) => (await stage.generate(0, p, { nNew: 10 })).tokens;
-    const want: number[][] = [];
-    for (const p of prompts) want.push(await solo(p));
+    const { prompts, solo, want } = await fourPrompts(stage, rng);
     const inner = logged(stage.decoder, log, false, true);
     // Alone: one call of the whole prompt, its snapshot point inside, that makes the first id; then the rest.
     const runner = new SlotRunner(inner, BURST_OPTS);

@@ -231,6 +231,8 @@ export class SlotRunner {
     this.#snaps = new Array(stage.nSlots).fill(undefined);
     this.#history = Array.from({ length: stage.nSlots }, () => []);
     this.#lastUsed = new Array(stage.nSlots).fill(0);
+    // The decoder's warm-up prepared one slot: the others while no request is here yet.
+    void this.#idle();
   }
 
   /** Tokens slot `slot`'s state holds (a copy; empty when it holds nothing reusable). */

@@ -30,8 +30,6 @@ export interface DecodeStage {
   ): Promise<{ readonly data: Float32Array<ArrayBuffer> }>;
   snapshot(slot: number): number;
   restore(id: number, slot: number): void;
-  /** Idle-time work: one slot's clone of a recent width's graph; whether it made one. */
-  spreadGraph(): boolean;
 }
 
 /** And the stage's buffers and graphs the driver encodes with (owned by the stage). */
@@ -52,6 +50,11 @@ export interface DecodeBuffers {
   readonly unusedMask: Uint32Array<ArrayBuffer> | undefined;
   /** The stage's staging buffers (a prompt's first readback, read early: engine/gpu/readback.ts). */
   readonly stagings: StagingPool;
+  /**
+   * Idle-time work: clones for one slot a graph of a width another slot used last (SlotGraphs.spread); whether
+   * it did. Off while logging int8 decisions (each graph logs its own).
+   */
+  spreadGraph(): boolean;
   /** The solo graph of `n` tokens on `slot` (of `layers` only: a piece's part). */
   graph(slot: number, n: number, rows: "all" | "last" | "none", layers?: Layers): Promise<readonly Op[]>;
   /** The hidden rows (the residual stream) a graph's layers read and write. */

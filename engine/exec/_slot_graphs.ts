@@ -35,7 +35,7 @@ export class SlotGraphs {
   readonly #b: SlotBuffers;
   /** The widths (`n/rows`, whole stage) used last by any slot, newest first: what `spread` copies. */
   readonly #recent: string[] = [];
-  /** Graphs built fresh or cloned so far (tests: a warm slot builds none). */
+  /** Graphs built fresh or cloned so far (tests: a slot that `spread` prepared builds none). */
   built = 0;
 
   /** @param owned the stage's owned buffers (their bind group cache serves the clones) */

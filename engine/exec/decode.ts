@@ -180,7 +180,7 @@ export class DecodeDriver implements SlotDecoder {
       await this.#soloStep(slot, t.S, t.top, t.sampling);
       return true;
     }
-    return this.#stage.spreadGraph();
+    return this.#b.spreadGraph();
   }
 
   /** Saves `slot`'s state to a new snapshot; returns its id. */

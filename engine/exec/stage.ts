@@ -235,6 +235,7 @@ export class Stage {
       unusedMask: this.#unusedMask,
       stagings: this.#spares.stagings,
       graph: (slot, n, rows, layers) => this.#graph(slot, n, rows, layers),
+      spreadGraph: () => !this.#int8Log && this.#graphs.spread(this.#length.length),
       batchGraph: (slots) => this.#batchGraph(slots),
       setLength: (slot, n) => this.#length[slot] = n,
       slotCheck: (slot) => this.#slotCheck(slot),
@@ -436,19 +437,6 @@ export class Stage {
     this.states.restore(enc, id, slot);
     this.#gpu.device.queue.submit([enc.finish()]);
     this.#length[slot] = this.states.snapshotLength(id);
-  }
-
-  /**
-   * Idle-time work: clones for one slot a graph of a width another slot used last (SlotGraphs.spread); returns
-   * whether it did. Off while logging int8 decisions (each graph logs its own).
-   */
-  spreadGraph(): boolean {
-    return !this.#int8Log && this.#graphs.spread(this.#length.length);
-  }
-
-  /** Chunk graphs built or cloned so far (tests: a slot warmed by `spreadGraph` builds none). */
-  get graphsBuilt(): number {
-    return this.#graphs.built;
   }
 
   /** Dispatches of one chunk of `n` tokens (for counting and benchmarks). */

@@ -8,8 +8,8 @@
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
 # What the next call should measure first: `confirm` and `servelevels` on an H200 (every call since the
-# thirty-second session came on an H100; the thirty-fourth session's `servesolo` on 30627f9 gave one stream's
-# HTTP TTFT +8.1 ms over the engine's, medians of 7, and 8 streams 0.94x with the lone path, docs/PERF.md).
+# thirty-second session came on an H100; the thirty-fourth session's `servelevels` on 4af5761 gave one
+# stream's HTTP TTFT +5.0 ms over the engine's, medians of 5, and 8 / 16 streams 0.94x / 0.96x, docs/PERF.md).
 # `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.
 # Then:
 # `bits` after any change to a batched kernel, `batched` against

@@ -219,3 +219,12 @@ for (const name of ["tiny-qwen35moe.q8_0.gguf", "tiny-qwen3next.q8_0.gguf"]) {
     }
   });
 }
+
+Deno.test("drafting: the decoder passes the runner's idle work to the decoder it wraps", async () => {
+  const calls: string[] = [];
+  const inner = { warmIdle: () => (calls.push("inner"), Promise.resolve(calls.length < 2)) };
+  const dec = new DraftingDecoder(inner as unknown as Stage["decoder"], {} as unknown as Stage, { draft: 4 });
+  assert.equal(await dec.warmIdle(), true);
+  assert.equal(await dec.warmIdle(), false);
+  assert.deepEqual(calls, ["inner", "inner"]);
+});

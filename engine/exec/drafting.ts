@@ -214,6 +214,11 @@ export class DraftingDecoder implements SlotDecoder {
     this.#snaps.delete(id);
   }
 
+  /** Idle-time work (SlotDecoder.warmIdle): the inner decoder's; it prepares the slots frames run on too. */
+  warmIdle(): Promise<boolean> {
+    return this.#inner.warmIdle?.() ?? Promise.resolve(false);
+  }
+
   /**
    * Generation as the inner decoder's `generate` (the same ids, stops, reasons and slot contents); one item
    * without top-k pairs may run drafted frames (see the module doc). With `pause`, asked before every frame

@@ -273,7 +273,8 @@ export class SlotRunner {
     try {
       // Requests submitted in the same task (the worker hands over all that waited) start in one call.
       await Promise.resolve();
-      await this.#idleStep; // one slot's preparation, milliseconds: the decoder is not shared mid-step
+      // One slot's preparation (milliseconds): the decoder is not shared mid-step. Its failure is #idle's.
+      await this.#idleStep?.catch(() => {});
       while (this.#sweep()) {
         // Prompt pieces of the new requests, oldest first, up to the round's budget in all (short pieces up to
         // a snapshot point of several requests share one), then one decode turn of everything generating: a

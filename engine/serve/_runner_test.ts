@@ -711,3 +711,41 @@ Deno.test("runner: a lone request's whole prompt goes to one call that snapshots
     stage.destroy();
   }
 });
+
+Deno.test("runner: the decoder's idle work runs while no request is held, never inside a request's calls, and its failure harms no request", async () => {
+  const rng = new Rng();
+  const gpu = await testGpu();
+  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
+  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
+  try {
+    const { prompts, want } = await fourPrompts(stage, rng);
+    const log: string[] = [];
+    const inner = logged(stage.decoder, log, false, true);
+    let calls = 0;
+    // Each step takes a few ms; the fourth says nothing is left.
+    const warmIdle = async () => {
+      log.push("W");
+      await new Promise((r) => setTimeout(r, 5));
+      return ++calls < 4;
+    };
+    const runner = new SlotRunner({ ...inner, warmIdle }, BURST_OPTS);
+    // Submitted while the first step (started by the constructor) runs: the request waits for that step only.
+    const r = await runner.submit(runnerJob(prompts[0]!, 10));
+    assert.deepEqual(r.tokens, want[0], `(seed ${rng.seed}) ${log.join(" ")}`);
+    for (let i = 0; i < 100 && calls < 4; i++) await new Promise((r) => setTimeout(r, 5));
+    const n = prompts[0]!.length - 8;
+    assert.deepEqual(log, ["W", `G0@${n}`, "G0", "W", "W", "W"], `(seed ${rng.seed}) ${log.join(" ")}`);
+    // A failing step: the idle work stops, and a request arriving during it runs as usual.
+    const failing = new SlotRunner({
+      ...inner,
+      warmIdle: async () => {
+        await new Promise((r) => setTimeout(r, 5));
+        throw new Error("an idle step failed");
+      },
+    }, BURST_OPTS);
+    const f = await failing.submit(runnerJob(prompts[1]!, 10));
+    assert.deepEqual(f.tokens, want[1], `after a failed idle step (seed ${rng.seed})`);
+  } finally {
+    stage.destroy();
+  }
+});

@@ -41,6 +41,10 @@ interface SoloStep extends Selector {
   readonly ops: readonly Op[];
 }
 
+/** A solo step's settings: steps per readback, top-k pairs, whether it samples. */
+type SoloKind = { readonly S: number; readonly top: number; readonly sampling: boolean };
+const soloKey = (slot: number, k: SoloKind) => `${slot}/${k.S}/${k.top}/${k.sampling}`;
+
 /** A sequence in flight. */
 interface Seq {
   readonly slot: number;
@@ -77,7 +81,7 @@ export class DecodeDriver implements SlotDecoder {
   readonly #b: DecodeBuffers;
   readonly #solo = new Map<string, SoloStep>();
   /** The settings of the latest solo step (what `warmIdle` prepares for the other slots). */
-  #lastSolo: { S: number; top: number; sampling: boolean } | undefined;
+  #lastSolo: SoloKind | undefined;
   readonly #selectors = new Map<string, Selector>();
   /** The readback ring and params buffers kept across calls (see #readback). */
   #rb: { ring: ReadbackRing; batchParams: GPUBuffer[] } | undefined;
@@ -176,9 +180,8 @@ export class DecodeDriver implements SlotDecoder {
   async warmIdle(): Promise<boolean> {
     const t = this.#lastSolo;
     for (let slot = 0; t && slot < this.nSlots; slot++) {
-      if (this.#solo.has(`${slot}/${t.S}/${t.top}/${t.sampling}`)) continue;
-      await this.#soloStep(slot, t.S, t.top, t.sampling);
-      return true;
+      if (this.#solo.has(soloKey(slot, t))) continue;
+      return await this.#soloStep(slot, t.S, t.top, t.sampling) !== undefined; // built: true
     }
     return this.#b.spreadGraph();
   }
@@ -720,8 +723,9 @@ export class DecodeDriver implements SlotDecoder {
 
   /** A lone slot's decode step: its solo graph and a selector writing the graph's token buffer (cached). */
   async #soloStep(slot: number, S: number, top: number, sampling: boolean): Promise<SoloStep> {
-    const key = `${slot}/${S}/${top}/${sampling}`;
-    this.#lastSolo = { S, top, sampling };
+    const l = this.#lastSolo; // replaced only when the settings change: no object per batch
+    if (l?.S !== S || l.top !== top || l.sampling !== sampling) this.#lastSolo = { S, top, sampling };
+    const key = soloKey(slot, this.#lastSolo!);
     const hit = this.#solo.get(key);
     if (hit) return hit;
     const graph = await this.#b.graph(slot, 1, "last");

@@ -612,23 +612,35 @@ Deno.test("runner: a request joining a stream in flight ends that call at its fi
   }
 });
 
-/** Four prompts of 12-19 tokens, `solo` (10 greedy ids of a prompt on slot 0) and each prompt's solo ids. */
-async function fourPrompts(stage: Stage, rng: Rng) {
-  const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
-  const solo = async (p: number[]) => (await stage.generate(0, p, { nNew: 10 })).tokens;
-  const want: number[][] = [];
-  for (const p of prompts) want.push(await solo(p));
-  return { prompts, solo, want };
-}
-
-Deno.test("runner: where the decoder snapshots inside a prefill, a prompt's piece takes it and goes on to the last token; the burst starts in one call and a regenerate reuses the snapshot", async () => {
+/**
+ * Runs `body` on tiny-qwen3next (4 slots, chunks of 16) with four prompts of 12-19 tokens, `solo` (10 greedy
+ * ids of a prompt on slot 0) and each prompt's solo ids.
+ */
+async function onFour(
+  body: (
+    stage: Stage,
+    rng: Rng,
+    four: { prompts: number[][]; solo: (p: number[]) => Promise<number[]>; want: number[][] },
+  ) => Promise<void>,
+): Promise<void> {
   const rng = new Rng();
   const gpu = await testGpu();
   using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
   const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
   try {
+    const prompts = [0, 1, 2, 3].map(() => Array.from({ length: rng.int(12, 20) }, () => rng.int(0, 1021)));
+    const solo = async (p: number[]) => (await stage.generate(0, p, { nNew: 10 })).tokens;
+    const want: number[][] = [];
+    for (const p of prompts) want.push(await solo(p));
+    await body(stage, rng, { prompts, solo, want });
+  } finally {
+    stage.destroy();
+  }
+}
+
+Deno.test("runner: where the decoder snapshots inside a prefill, a prompt's piece takes it and goes on to the last token; the burst starts in one call and a regenerate reuses the snapshot", async () => {
+  await onFour(async (stage, rng, { prompts, solo, want }) => {
     const log: string[] = [];
-    const { prompts, solo, want } = await fourPrompts(stage, rng);
     const runner = new SlotRunner(logged(stage.decoder, log, false, true), BURST_OPTS);
     const got = await Promise.all(prompts.map((p) => runner.submit(runnerJob(p, 10))));
     const what = `(seed ${rng.seed}) ${log.join(" ")}`;
@@ -663,19 +675,12 @@ Deno.test("runner: where the decoder snapshots inside a prefill, a prompt's piec
       32,
       "the piece's snapshot is reused",
     );
-  } finally {
-    stage.destroy();
-  }
+  });
 });
 
 Deno.test("runner: a lone request's whole prompt goes to one call that snapshots inside it and makes its first id; a burst arriving meanwhile is gathered before it decodes on", async () => {
-  const rng = new Rng();
-  const gpu = await testGpu();
-  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
-  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
-  try {
+  await onFour(async (stage, rng, { prompts, solo, want }) => {
     const log: string[] = [];
-    const { prompts, solo, want } = await fourPrompts(stage, rng);
     const inner = logged(stage.decoder, log, false, true);
     // Alone: one call of the whole prompt, its snapshot point inside, that makes the first id; then the rest.
     const runner = new SlotRunner(inner, BURST_OPTS);
@@ -707,18 +712,11 @@ Deno.test("runner: a lone request's whole prompt goes to one call that snapshots
       ...prompts.slice(1).map((p, i) => `P${i + 1}@${p.length - 8}`),
       "G1230",
     ], what);
-  } finally {
-    stage.destroy();
-  }
+  });
 });
 
 Deno.test("runner: the decoder's idle work runs while no request is held, never inside a request's calls, and its failure harms no request", async () => {
-  const rng = new Rng();
-  const gpu = await testGpu();
-  using file = await openGguf(fixturePath("tiny-qwen3next.q8_0.gguf"));
-  const stage = await Stage.load(gpu, file, { nCtx: 64, nSlots: 4, maxChunk: 16 });
-  try {
-    const { prompts, want } = await fourPrompts(stage, rng);
+  await onFour(async (stage, rng, { prompts, want }) => {
     const log: string[] = [];
     const inner = logged(stage.decoder, log, false, true);
     let calls = 0;
@@ -745,7 +743,5 @@ Deno.test("runner: the decoder's idle work runs while no request is held, never 
     }, BURST_OPTS);
     const f = await failing.submit(runnerJob(prompts[1]!, 10));
     assert.deepEqual(f.tokens, want[1], `after a failed idle step (seed ${rng.seed})`);
-  } finally {
-    stage.destroy();
-  }
+  });
 });

@@ -39,8 +39,9 @@
  * (`Stage.generate` on one slot, `Stage.generateBatch` at each level ≥ 2, same prompt length and ids per
  * stream) give `decodeTokPerSecond` and `ttftMs` (a warm slot: prefill plus the first id's readback; the
  * one-slot line's `tokPerSecond` is its decode rate, as before, and `wallTokPerSecond` the whole call's), and
- * for one slot also `ttftPieceMs` (the prompt as the service runs it: a piece to the last token that takes the
- * prompt-boundary snapshot inside, then the one-token rest), `ttftSplitMs` (the order before it: a piece up
+ * for one slot also `ttftPieceMs` (the prompt as the service runs a burst's request: a piece to the last token
+ * that takes the prompt-boundary snapshot inside, then the one-token rest; a lone request's prompt goes whole
+ * to one call, as `ttftMs`), `ttftSplitMs` (the order before both: a piece up
  * to 8 tokens before its end, a snapshot, then the rest; `ttftSplit9Ms` and `ttftSplit16Ms` with a rest of 9
  * and 16 tokens, wider than the mat-vec's 8 columns) and `ttftColdSlotMs` (a slot whose graphs of that prompt
  * width are not built yet). One stream (every mode and the engine) runs `--solo` times in turn (default 5):
@@ -529,9 +530,9 @@ async function engineBatch(stage: Stage, level: number, seed: number, n: number)
 }
 
 /**
- * The prompt as the service runs it where the decoder snapshots inside a prefill: a piece to the last token
- * that takes the snapshot 8 tokens before the end, then the one-token rest and its first id; returns the time
- * to that id.
+ * The prompt as the service runs a burst's request where the decoder snapshots inside a prefill: a piece to
+ * the last token that takes the snapshot 8 tokens before the end, then the one-token rest and its first id;
+ * returns the time to that id.
  */
 async function enginePieceTtft(stage: Stage, slot: number, ids: number[]): Promise<number> {
   const t0 = performance.now();
@@ -542,8 +543,9 @@ async function enginePieceTtft(stage: Stage, slot: number, ids: number[]): Promi
 }
 
 /**
- * The prompt as the service runs it with a prompt-boundary snapshot `back` tokens before the end (its default
- * is 8): a piece, the snapshot, the rest and its first id; returns the time to that id.
+ * The prompt as the service runs it where the decoder cannot snapshot inside a prefill, the snapshot `back`
+ * tokens before the end (its default is 8): a piece, the snapshot, the rest and its first id; returns the time
+ * to that id.
  */
 async function engineSplitTtft(stage: Stage, slot: number, ids: number[], back: number): Promise<number> {
   const at = ids.length - back;
@@ -564,8 +566,8 @@ if (path && await Deno.stat(path).then(() => true, () => false)) {
   await engineOne(stage, 0, p, 16);
   const ones = await solo(() => engineOne(stage, 0, p, nNew));
   const split: Record<string, unknown> = {};
-  // The service's order (engine/serve/_runner.ts): a piece to the last token taking the snapshot inside, then
-  // the one-token rest and its first id.
+  // The service's order for a burst's request (engine/serve/_runner.ts): a piece to the last token taking the
+  // snapshot inside, then the one-token rest and its first id.
   if (nPrompt > 9 && stage.decoder.snapInPrefill) {
     await enginePieceTtft(stage, 0, prompt(993)); // builds slot 0's graphs of the piece's width
     const runs: number[] = [];

@@ -39,16 +39,16 @@
  * (`Stage.generate` on one slot, `Stage.generateBatch` at each level ≥ 2, same prompt length and ids per
  * stream) give `decodeTokPerSecond` and `ttftMs` (a warm slot: prefill plus the first id's readback; the
  * one-slot line's `tokPerSecond` is its decode rate, as before, and `wallTokPerSecond` the whole call's), and
- * for one slot also `ttftPieceMs` (the prompt as the service runs a burst's request: a piece to the last token
- * that takes the prompt-boundary snapshot inside, then the one-token rest; a lone request's prompt goes whole
- * to one call, as `ttftMs`), `ttftSplitMs` (the order before both: a piece up
- * to 8 tokens before its end, a snapshot, then the rest; `ttftSplit9Ms` and `ttftSplit16Ms` with a rest of 9
- * and 16 tokens, wider than the mat-vec's 8 columns) and `ttftColdSlotMs` (a slot whose graphs of that prompt
- * width are not built yet). One stream (every mode and the engine) runs `--solo` times in turn (default 5):
- * its line holds each field's median, `ttftMsRuns` every run's TTFT, and over HTTP `serverTtftMsMedian`, the
- * head's own `ttft_ms` of those runs (admission to first id; the rest of the client's TTFT is HTTP). A `ratio` line per level then sets each mode's decode rate against the engine's and its median TTFT
- * against the engine's warm `ttftMs` (issue #20: one stream >= 0.95x, 8 streams >= 0.9x, TTFT <= prefill +
- * 15 ms).
+ * for one slot also `ttftPieceMs` (the prompt as the service runs a burst's request: a piece to the last
+ * token that takes the prompt-boundary snapshot inside, then the one-token rest; a lone request's prompt goes
+ * whole to one call, as `ttftMs`), `ttftSplitMs` (the order before both: a piece up to 8 tokens before its
+ * end, a snapshot, then the rest; `ttftSplit9Ms` and `ttftSplit16Ms` with a rest of 9 and 16 tokens, wider
+ * than the mat-vec's 8 columns) and `ttftColdSlotMs` (a slot whose graphs of that prompt width are not built
+ * yet). One stream (every mode and the engine) runs `--solo` times in turn (default 5): its line holds each
+ * field's median, `ttftMsRuns` every run's TTFT, and over HTTP `serverTtftMsMedian`, the head's own `ttft_ms`
+ * of those runs (admission to first id; the rest of the client's TTFT is HTTP). A `ratio` line per level then
+ * sets each mode's decode rate against the engine's and its median TTFT against the engine's warm `ttftMs`
+ * (issue #20: one stream >= 0.95x, 8 streams >= 0.9x, TTFT <= prefill + 15 ms).
  *
  * Each level uses fresh prompts (no prefix reuse between levels). Without `--model` the head and the direct
  * engine each serve their embedded tiny model. Prints one JSON line per measurement; never asserts.
@@ -189,7 +189,8 @@ function decodeRate(rs: readonly Timed[]): number {
 
 /**
  * The level-1 line from `--solo` sequential single-stream runs (one sample of a ~80 ms TTFT is too noisy to
- * judge a 15 ms goal by): each field the median over the runs, `ttftMsMax` the worst, `ttftMsRuns` each run's.
+ * judge a 15 ms goal by): each field the median over the runs, `ttftMsMax` the worst, `ttftMsRuns` each
+ * run's.
  */
 function soloSummary(runs: readonly { wallMs: number; t: Timed }[]): Record<string, unknown> {
   const lines = runs.map((r) => summary(1, r.wallMs, [r.t]));

@@ -40,13 +40,13 @@
  *   the point runs whole, its DeltaNet layers write their state there to taps) the piece goes on to the
  *   prompt's last token, which joins the call alone; otherwise the piece ends at the point and the rest
  *   (`snapshotBack` tokens) joins.
- * A request alone in the runner, on such a decoder, whose prompt one idle round holds, skips the piece: its whole
- * prompt goes to a decode call of its own that takes the snapshot inside the prefill and makes its first id only
- * (time to first token: the engine's prefill and one readback, not a piece, a rest and a readback). Requests
- * arriving during that call are a burst: their pieces run and they start together in one call, and the first
- * one decodes on with them (its first id alone does not make it "generating").
- * While it holds no request the runner gives the decoder's idle work (SlotDecoder.warmIdle) one step per
- * event-loop task: a slot prepared like the last request's, so its next request builds nothing first.
+ * A request alone in the runner, on such a decoder, whose prompt one idle round holds, skips the piece: its
+ * whole prompt goes to a decode call of its own that takes the snapshot inside the prefill and makes its
+ * first id only (time to first token: the engine's prefill and one readback, not a piece, a rest and a
+ * readback). Requests arriving during that call are a burst: their pieces run and they start together in one
+ * call, and the first one decodes on with them (its first id alone does not make it "generating"). While it
+ * holds no request the runner gives the decoder's idle work (SlotDecoder.warmIdle) one step per event-loop
+ * task: a slot prepared like the last request's, so its next request builds nothing first.
  * @module
  */
 import type { BatchItem, SlotDecoder } from "../exec/slot_decoder.ts";

@@ -133,15 +133,16 @@ export interface Int8At {
 
 /**
  * How far an engine's x may drift from this model's in f32 rounding, as a fraction of the row's max|x| (the
- * whole row the mat-vec reads, not one 32-element chunk): a few times the drift of a DeltaNet output after four
- * layers. The checks of a rounding decision follow from it: an element's q within ½ + INT8_X_DRIFT·max|row|/d
- * steps of x/d, a chunk's d within {@linkcode INT8_D_RTOL} of max|x|/127 plus INT8_X_DRIFT·max|row|/127. History:
- * a slack of 1e-3 steps (8e-6 of the chunk's max|x|) failed once in a clean-clone run on a random tiny model
- * (2026-12-05: layer 2's ssm_out input, x/d = 66.501 rounded to 66, 8.2e-6 of max|x| past the half); a scale
- * tolerance relative to the chunk alone failed once (2026-12-06, clean-clone run at 7c1bab6: layer 2's ssm_out
- * input, a chunk of values near zero, d 1.10906e-6 against 1.10958e-6, relative 4.7e-4): the drift of a small
- * element is set by the row's scale, not its own. A wrong rounding rule (floor, a scale off by one step, the
- * wrong chunk's max) is off by up to a whole step in every chunk, and most chunks' max|x| is near the row's.
+ * whole row the mat-vec reads, not one 32-element chunk): a few times the drift of a DeltaNet output after
+ * four layers. The checks of a rounding decision follow from it: an element's q within ½ +
+ * INT8_X_DRIFT·max|row|/d steps of x/d, a chunk's d within {@linkcode INT8_D_RTOL} of max|x|/127 plus
+ * INT8_X_DRIFT·max|row|/127. History: a slack of 1e-3 steps (8e-6 of the chunk's max|x|) failed once in a
+ * clean-clone run on a random tiny model (2026-12-05: layer 2's ssm_out input, x/d = 66.501 rounded to 66,
+ * 8.2e-6 of max|x| past the half); a scale tolerance relative to the chunk alone failed once (2026-12-06,
+ * clean-clone run at 7c1bab6: layer 2's ssm_out input, a chunk of values near zero, d 1.10906e-6 against
+ * 1.10958e-6, relative 4.7e-4): the drift of a small element is set by the row's scale, not its own. A wrong
+ * rounding rule (floor, a scale off by one step, the wrong chunk's max) is off by up to a whole step in every
+ * chunk, and most chunks' max|x| is near the row's.
  */
 export const INT8_X_DRIFT = 2e-5;
 /** Relative tolerance of an engine's chunk scale against this model's max|x|/127 (beside the row's drift). */

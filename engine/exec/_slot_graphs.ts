@@ -35,12 +35,16 @@ export class SlotGraphs {
   readonly #b: SlotBuffers;
   /** The widths (`n/rows`, whole stage) used last by any slot, newest first: what `spread` copies. */
   readonly #recent: string[] = [];
-  /** Graphs built fresh or cloned so far (tests: a slot that `spread` prepared builds none). */
-  built = 0;
+  #built = 0;
 
   /** @param owned the stage's owned buffers (their bind group cache serves the clones) */
   constructor(device: GPUDevice, posParams: readonly GPUBuffer[], states: SlotStates, owned: GPUBuffer[]) {
     this.#b = { device, posParams, states, groups: ownerBindGroups(owned) };
+  }
+
+  /** Graphs built fresh or cloned so far (tests: a slot that `spread` prepared builds none). */
+  get built(): number {
+    return this.#built;
   }
 
   /** `slot`'s graph of `n` tokens and `rows`: cached, else cloned from another slot's (`clone`), else none. */
@@ -55,7 +59,7 @@ export class SlotGraphs {
 
   /** Keeps `slot`'s freshly built graph (and offers it to other slots). */
   set(slot: number, n: number, rows: Rows, ops: Op[]): void {
-    this.built++;
+    this.#built++;
     this.#graphs.set(`${slot}/${n}/${rows}`, ops);
     if (ops.every((op) => op.bindings)) this.#donors.set(`${n}/${rows}`, { slot, ops });
     this.#touch(`${n}/${rows}`);
@@ -79,7 +83,7 @@ export class SlotGraphs {
     const d = this.#donors.get(key);
     const ops = d && d.slot !== slot ? cloneForSlot(d.ops, d.slot, slot, this.#b) : undefined;
     if (ops) {
-      this.built++;
+      this.#built++;
       this.#graphs.set(`${slot}/${key}`, ops);
       this.#touch(key);
     }

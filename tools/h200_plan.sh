@@ -78,6 +78,8 @@
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
+#   servewidth #20: one stream over HTTP, direct and the engine, with prompts of widths no graph has yet
+#              (`ttftNewWidthMsMedian`: the chunk graph built on the way, sent to the GPU layer by layer)
 #   q8c        #20: batch_bits at 8 and 16 slots, then 1, 8 and 16 slots
 #   servelevels  #20: the service at the levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
 #   servelate  servelevels, then the late 2,048-token prompt among 7 streams (direct)
@@ -328,6 +330,11 @@ for step in "$@"; do
       run servesolo 150 $D bench/serve.ts --model "$model" --levels 1,2,8 --n 128 --prompt 64 --ctx 4096 \
         --modes http,direct --solo 7 --head-flags="--cached-only"
       ;;
+    servewidth)
+      ensure_model
+      run servewidth 100 $D bench/serve.ts --model "$model" --levels 1 --n 64 --prompt 64 --ctx 4096 \
+        --modes http,direct --solo 5 --head-flags="--cached-only"
+      ;;
     latequick)
       ensure_model
       run latequick 90 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct \
@@ -422,7 +429,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace serve18 stoppoints late1)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace serve18 stoppoints late1 servesolo servewidth latequick servelevels servelate confirm)" >&2
       exit 2
       ;;
   esac

@@ -5,7 +5,7 @@
 import type { PipelineCache } from "../../wgsl/kernel.ts";
 import type { Hparams } from "../models/_arch.ts";
 import type { SlotStates } from "../state.ts";
-import type { Op } from "../graph/builder.ts";
+import type { OnLayer, Op } from "../graph/builder.ts";
 import type { StagingPool } from "../gpu/readback.ts";
 
 type Layers = readonly [number, number];
@@ -55,8 +55,14 @@ export interface DecodeBuffers {
    * it did. Off while logging int8 decisions (each graph logs its own).
    */
   spreadGraph(): boolean;
-  /** The solo graph of `n` tokens on `slot` (of `layers` only: a piece's part). */
-  graph(slot: number, n: number, rows: "all" | "last" | "none", layers?: Layers): Promise<readonly Op[]>;
+  /** The solo graph of `n` tokens on `slot` (of `layers` only: a piece's part); `onLayer` while built fresh. */
+  graph(
+    slot: number,
+    n: number,
+    rows: "all" | "last" | "none",
+    layers?: Layers,
+    onLayer?: OnLayer,
+  ): Promise<readonly Op[]>;
   /** The hidden rows (the residual stream) a graph's layers read and write. */
   readonly hidden: GPUBuffer;
   /** The batched decode step of `slots` and its column table (column b's [pos, 1] at word 64·b). */

@@ -6,6 +6,7 @@
  * @module
  */
 import type { Hparams } from "../models/_arch.ts";
+import type { GpuTensor } from "../gpu/weights.ts";
 import { GpuError } from "../errors.ts";
 import { checkStageFits, stateSpecs } from "./activations.ts";
 import {
@@ -217,4 +218,11 @@ export function stageVoidError(error: string): GpuError {
 /** Vocabulary-wide rows the logits buffer holds (activations.ts LOGITS_ROWS, or a batched step's columns). */
 export function logitsRows(logits: GPUBuffer, hp: Pick<Hparams, "nVocab">): number {
   return Math.floor(logits.size / 4 / hp.nVocab);
+}
+
+/** Bytes of the GPU buffers holding `weights` (a buffer several tensors share counted once). */
+export function weightBytes(weights: ReadonlyMap<string, GpuTensor>): number {
+  const seen = new Set<GPUBuffer>();
+  for (const t of weights.values()) for (const p of t.parts) seen.add(p.buffer);
+  return [...seen].reduce((s, b) => s + b.size, 0);
 }

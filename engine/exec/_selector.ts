@@ -9,7 +9,8 @@ import type { Binding } from "../../wgsl/kernel.ts";
 import { assert } from "../errors.ts";
 import { type Op, padWords } from "../graph/builder.ts";
 import { STORAGE } from "./activations.ts";
-import { sampleConstantsFor } from "../sampling.ts";
+import { SAMPLE_HIST, sampleConstantsFor, sampleParamWords } from "../sampling.ts";
+import type { GenerateOptions } from "./slot_decoder.ts";
 import { packSampleState, SAMPLE, sampleBindGroups, sampleGrids, sampleVariants } from "../../wgsl/sample.ts";
 import {
   ARGMAX,
@@ -181,4 +182,19 @@ export async function buildSelector(
     stepOps.push({ label: "topk.final", pipeline: tp.final, bindGroup: tb.final, grid: tg.final });
   }
   return { stepOps, firstOps: firstOps.slice(0, 2), idRing, argmaxParams, topResult, topBatch, sampler };
+}
+
+/**
+ * Writes a sequence's sampler settings, RNG step and penalty history into `s` (before its next draw): the
+ * request's `sampling`, `samplerStep` (default 0) and `samplerHistory` (default: the prompt).
+ */
+export function samplerStart(
+  b: { readonly device: GPUDevice; readonly unusedMask: Uint32Array | undefined },
+  s: NonNullable<Selector["sampler"]>,
+  o: Pick<GenerateOptions, "sampling" | "samplerStep" | "samplerHistory">,
+  prompt: readonly number[],
+): void {
+  b.device.queue.writeBuffer(s.params, 0, sampleParamWords(o.sampling!, { maskUnused: !!b.unusedMask }));
+  const history = (o.samplerHistory ?? prompt).slice(-SAMPLE_HIST);
+  b.device.queue.writeBuffer(s.state, 0, packSampleState(SAMPLE_HIST, { step: o.samplerStep ?? 0, history }));
 }

@@ -6,7 +6,14 @@
  * buffers runs after this frame's copy out.
  * @module
  */
-import { encodeOps, MATVEC_MAX_COLS, type Op, writeChunkPos } from "../graph/builder.ts";
+import {
+  encodeOps,
+  MATVEC_MAX_COLS,
+  type OnLayer,
+  type Op,
+  OpStream,
+  writeChunkPos,
+} from "../graph/builder.ts";
 import type { Hparams } from "../models/mod.ts";
 import type { SlotStates } from "../state.ts";
 import type { RunProfile } from "./_profile.ts";
@@ -61,7 +68,8 @@ export interface RunParts {
   readonly length: number[];
   /** Rows the logits buffer holds (every-row logits go in pieces of it). */
   readonly logitsRows: number;
-  readonly graph: (n: number, rows: "all" | "last" | "none") => Promise<readonly Op[]>;
+  /** A chunk graph; `onLayer` while it is built fresh (OpStream). */
+  readonly graph: (n: number, rows: "all" | "last" | "none", onLayer?: OnLayer) => Promise<readonly Op[]>;
   readonly gpuCheck: () => void;
   readonly profile: RunProfile;
   /** Staging buffers, reused so that readbacks are read early (engine/gpu/readback.ts). */
@@ -159,8 +167,8 @@ export async function submitRun(
     n: number,
     outRows: "all" | "last" | "none",
     to?: GPUBuffer,
+    enc = device.createCommandEncoder(),
   ) => {
-    const enc = device.createCommandEncoder();
     const pass = enc.beginComputePass();
     const chained = sample !== undefined && argmax !== undefined && argmax.length > 1 && outRows !== "none";
     const selects = chained ? argmax.slice(0, 1) : argmax && outRows !== "none" ? argmax : [];
@@ -203,7 +211,10 @@ export async function submitRun(
       device.queue.writeBuffer(p.act.h!, 0, input.hidden, at * hp.nEmbd, n * hp.nEmbd);
     }
     prof.lap("run.writeBuffer");
-    const ops = spare ? [] : await p.graph(n, outRows);
+    // The run's first chunk: a graph built fresh goes to the GPU layer by layer as it is built.
+    const stream = at === 0 && !spare ? new OpStream(device, device.createCommandEncoder()) : undefined;
+    const graph = spare ? [] : await p.graph(n, outRows, stream?.onLayer);
+    const { enc, ops } = stream?.rest(graph) ?? { enc: undefined, ops: graph };
     prof.lap("run.graph");
     if (argmax && outRows !== "none") {
       const ringSlot = argmax.length > 1 ? 0 : rows === "all" ? at : 0;
@@ -212,7 +223,7 @@ export async function submitRun(
       else for (const a of argmax) device.queue.writeBuffer(a.params, 0, Uint32Array.of(ringSlot));
       sampling = sample !== undefined;
     }
-    const cmd = spare?.cmd ?? encode(ops, at, n, outRows, staging);
+    const cmd = spare?.cmd ?? encode(ops, at, n, outRows, staging, enc);
     prof.lap("run.encode");
     device.queue.submit([cmd]);
     prof.lap("run.submit");

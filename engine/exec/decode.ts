@@ -20,12 +20,11 @@ import { assert, NumericsError } from "../errors.ts";
 import { ReadbackRing } from "../gpu/readback.ts";
 import { trace } from "./_trace.ts";
 import { RewindPoints } from "./_rewind.ts";
-import { BATCH_TABLE_WORDS, encodeOps, type Op, writeChunkPos } from "../graph/builder.ts";
-import { buildSelector, type Selector } from "./_selector.ts";
+import { BATCH_TABLE_WORDS, encodeOps, type Op, OpStream, writeChunkPos } from "../graph/builder.ts";
+import { buildSelector, samplerStart, type Selector } from "./_selector.ts";
 import { type ChunkStep, chunkSteps, PieceParts, snapCheck } from "./_piece_parts.ts";
 import { MAX_BATCH_SLOTS } from "./activations.ts";
-import { argmaxCpu, isGreedy, pairsToTop, SAMPLE_HIST, sampleParamWords, topCpu } from "../sampling.ts";
-import { packSampleState } from "../../wgsl/sample.ts";
+import { argmaxCpu, isGreedy, pairsToTop, topCpu } from "../sampling.ts";
 import type { BatchItem, GenerateOptions, GenerateResult, SlotDecoder } from "./slot_decoder.ts";
 import type { DecodeBuffers, DecodeStage } from "./_decode_api.ts";
 
@@ -413,7 +412,7 @@ export class DecodeDriver implements SlotDecoder {
     const tok = solo ? this.#b.tokens : this.#b.slotTok[it.slot]!;
     const id = it.prompt[0]!;
     device.queue.writeBuffer(tok, 0, Uint32Array.of(id));
-    if (sel.sampler) this.#samplerStart(sel.sampler, o, it.prompt);
+    if (sel.sampler) samplerStart(this.#b, sel.sampler, o, it.prompt);
     const start = o.base!;
     const nNew = Math.min(o.nNew, this.#stage.nCtx - start);
     const cancelled = o.signal?.aborted === true;
@@ -437,24 +436,6 @@ export class DecodeDriver implements SlotDecoder {
       sel,
       tok,
     };
-  }
-
-  /** Writes a sequence's sampler settings, RNG step and penalty history into `s` (before its next draw). */
-  #samplerStart(s: NonNullable<Selector["sampler"]>, o: GenerateOptions, prompt: readonly number[]): void {
-    const { device } = this.#b;
-    device.queue.writeBuffer(
-      s.params,
-      0,
-      sampleParamWords(o.sampling!, { maskUnused: !!this.#b.unusedMask }),
-    );
-    device.queue.writeBuffer(
-      s.state,
-      0,
-      packSampleState(SAMPLE_HIST, {
-        step: o.samplerStep ?? 0,
-        history: (o.samplerHistory ?? prompt).slice(-SAMPLE_HIST),
-      }),
-    );
   }
 
   /**
@@ -664,12 +645,15 @@ export class DecodeDriver implements SlotDecoder {
     const lastAt = last.at;
     const at = (it.opts.base ?? 0) + lastAt;
     const n = prompt.length - lastAt;
-    const ops = await this.#b.graph(slot, n, "last");
-    if (sel.sampler) this.#samplerStart(sel.sampler, it.opts, prompt);
+    if (sel.sampler) samplerStart(this.#b, sel.sampler, it.opts, prompt);
     writeChunkPos(device.queue, this.#b.posParams[slot]!, slot, at, n, last.cut);
     device.queue.writeBuffer(this.#b.tokens, 0, Uint32Array.from(prompt.slice(lastAt)));
-    const enc = device.createCommandEncoder();
-    if (at === 0) stage.states.reset(enc, slot);
+    const enc0 = device.createCommandEncoder();
+    if (at === 0) stage.states.reset(enc0, slot);
+    // Nothing of the prompt runs before it: a graph built fresh goes to the GPU layer by layer as it is built.
+    const stream = lastAt === 0 ? new OpStream(device, enc0) : undefined;
+    const graph = await this.#b.graph(slot, n, "last", undefined, stream?.onLayer);
+    const { enc, ops } = stream?.rest(graph) ?? { enc: enc0, ops: graph };
     // The chunk's pass, then the draw's (a pass of its own, as the selector's first dispatches always ran).
     for (const list of sel.sampler ? [ops, sel.firstOps] : [ops]) {
       const pass = enc.beginComputePass();

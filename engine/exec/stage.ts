@@ -34,6 +34,7 @@ import {
   type GraphOptions,
   type Int8LogEntry,
   type LayerWeights,
+  type OnLayer,
   type Op,
   POS_PARAMS_BYTES,
 } from "../graph/builder.ts";
@@ -66,6 +67,7 @@ import { RunProfile } from "./_profile.ts";
 export type { Int8Logged, PendingRun, RowSampleOptions, RunOptions, StageInput, StageOptions, StageOutput };
 
 type Rows = "all" | "last" | "none";
+type Layers = readonly [number, number];
 /** Size of the int8Log buffer (the tiny test models log a few hundred KiB per chunk). */
 const INT8_LOG_BYTES = 16 << 20;
 
@@ -178,9 +180,7 @@ export class Stage {
     if (this.#int8Log) this.#owned.push(this.#int8Log.buffer);
     this.#weights = init.weights;
     this.#tiedOutput = init.tiedOutput;
-    const seen = new Set<GPUBuffer>();
-    for (const t of init.weights.values()) for (const p of t.parts) seen.add(p.buffer);
-    this.weightBytes = [...seen].reduce((s, b) => s + b.size, 0);
+    this.weightBytes = load.weightBytes(init.weights);
     const ls: LayerWeights[] = [];
     for (let l = init.layers[0]; l < init.layers[1]; l++) {
       ls.push({
@@ -206,18 +206,15 @@ export class Stage {
         gpu.device.createBuffer({ label: name, size: Math.max(16, w * 4), usage: STORAGE }),
       ]),
     );
-    this.#posParams = Array.from(
-      { length: init.nSlots },
-      (_, s) => gpu.device.createBuffer({ label: `slot${s}.pos`, size: POS_PARAMS_BYTES, usage: STORAGE }),
-    );
+    const slots = Array.from({ length: init.nSlots }, (_, s) => s);
+    const perSlot = (name: string, size: number) =>
+      slots.map((s) => gpu.device.createBuffer({ label: `slot${s}.${name}`, size, usage: STORAGE }));
+    this.#posParams = perSlot("pos", POS_PARAMS_BYTES);
     this.#graphs = new SlotGraphs(gpu.device, this.#posParams, this.states, this.#owned);
     const zeroIdsBytes = 4 * Math.max(this.maxChunk, MAX_BATCH_SLOTS);
     this.#zeroIds = gpu.device.createBuffer({ label: "zero_ids", size: zeroIdsBytes, usage: STORAGE });
     this.#spares = spareCache(new StagingPool(gpu.device));
-    this.#slotTok = Array.from(
-      { length: init.nSlots },
-      (_, s) => gpu.device.createBuffer({ label: `slot${s}.tok`, size: 16, usage: STORAGE }),
-    );
+    this.#slotTok = perSlot("tok", 16);
     this.canBatch = batchable(hp, init.layers);
     this.#length = new Array(init.nSlots).fill(0);
     gpu.device.addEventListener("uncapturederror", this.#onGpuError);
@@ -234,7 +231,7 @@ export class Stage {
       slotTok: this.#slotTok,
       unusedMask: this.#unusedMask,
       stagings: this.#spares.stagings,
-      graph: (slot, n, rows, layers) => this.#graph(slot, n, rows, layers),
+      graph: (slot, n, rows, layers, onLayer) => this.#graph(slot, n, rows, layers, onLayer),
       spreadGraph: () => !this.#int8Log && this.#graphs.spread(this.#length.length),
       batchGraph: (slots) => this.#batchGraph(slots),
       setLength: (slot, n) => this.#length[slot] = n,
@@ -360,7 +357,7 @@ export class Stage {
       states: this.states,
       length: this.#length,
       logitsRows: this.last ? load.logitsRows(this.#act.logits!, this.hp) : 1,
-      graph: (n: number, rows: "all" | "last" | "none") => this.#graph(slot, n, rows),
+      graph: (n: number, rows: Rows, onLayer?: OnLayer) => this.#graph(slot, n, rows, undefined, onLayer),
       gpuCheck: () => this.#gpuCheck(),
       profile: this.profile,
       argmax: (r: number, sampled?: boolean) => this.#argmax(r, sampled),
@@ -554,7 +551,8 @@ export class Stage {
     return out;
   }
 
-  async #graph(slot: number, n: number, rows: Rows, layers?: readonly [number, number]): Promise<Op[]> {
+  /** `onLayer`: the builder's hook, when the graph is built fresh (OpStream). */
+  async #graph(slot: number, n: number, rows: Rows, layers?: Layers, onLayer?: OnLayer): Promise<Op[]> {
     const part = layers && layers.join() !== this.layers.join() ? layers : undefined;
     const rk = part ? `${rows}@${part[0]}:${part[1]}` : rows;
     const key = `${slot}/${n}/${rk}`;
@@ -568,6 +566,7 @@ export class Stage {
       int8Log: this.#int8Log ? { buffer: this.#int8Log.buffer, entries } : undefined,
     });
     const cx = this.#context(slot, rows, this.#posParams[slot]!, undefined, part);
+    g.onLayer = onLayer;
     const ops = await buildHybrid(g, cx, this.#model);
     this.#graphs.set(slot, n, rk, ops);
     return ops;

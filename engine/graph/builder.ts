@@ -53,6 +53,53 @@ export function encodeOps(pass: GPUComputePassEncoder, ops: readonly Op[]): void
   }
 }
 
+/** A graph builder's hook at each layer's end, given the ops so far (see {@linkcode OpStream}). */
+export type OnLayer = (ops: readonly Op[]) => void;
+
+/** Fewest new dispatches an {@linkcode OpStream} sends at a layer's end (about three layers of a chunk). */
+export const OP_STREAM_MIN = 64;
+
+/**
+ * A chunk graph's dispatches sent to the GPU while the graph is still being built (its builder's `onLayer`):
+ * a width no slot has built costs a 40-layer stage about 15 ms of CPU, which an idle GPU would otherwise wait
+ * for inside the request's time to first token. Sent in parts of at least `minOps` dispatches at layers' ends
+ * (a command buffer and pass each), the first layers run while the next ones are built. The queue keeps the
+ * parts in order and every dispatch is the one the whole graph holds, so the results keep their bits.
+ */
+export class OpStream {
+  readonly #device: GPUDevice;
+  readonly #minOps: number;
+  #enc: GPUCommandEncoder;
+  #sent = 0;
+  #parts = 0;
+
+  /** @param enc where the run's first commands are (a slot's reset): the first part goes after them */
+  constructor(device: GPUDevice, enc: GPUCommandEncoder, minOps = OP_STREAM_MIN) {
+    [this.#device, this.#enc, this.#minOps] = [device, enc, minOps];
+  }
+
+  /** The hook for GraphBuilder.onLayer: sends the dispatches built since the last part, when enough. */
+  readonly onLayer = (ops: readonly Op[]): void => {
+    if (ops.length - this.#sent < this.#minOps) return;
+    const pass = this.#enc.beginComputePass();
+    encodeOps(pass, ops.slice(this.#sent));
+    pass.end();
+    this.#device.queue.submit([this.#enc.finish()]);
+    [this.#sent, this.#enc] = [ops.length, this.#device.createCommandEncoder()];
+    this.#parts++;
+  };
+
+  /** Parts sent so far. */
+  get parts(): number {
+    return this.#parts;
+  }
+
+  /** The encoder the run goes on in (the one given when nothing was sent) and the graph's dispatches left. */
+  rest(ops: readonly Op[]): { enc: GPUCommandEncoder; ops: readonly Op[] } {
+    return { enc: this.#enc, ops: ops.slice(this.#sent) };
+  }
+}
+
 /**
  * Widest prefill chunk whose tokens run as mat-vec columns (the decode kernels, one token each: the bits of
  * one-token steps); wider chunks use the tiled matmul, the grouped experts and the chunked DeltaNet.
@@ -277,6 +324,8 @@ export class GraphBuilder {
     | undefined;
   /** int8 x buffers (quantize_q8's output) by K, created on first use (shared by the owner's graphs). */
   readonly xq: Map<number, GPUBuffer>;
+  /** Called with the ops so far at each layer's end (an {@linkcode OpStream} sends them while building). */
+  onLayer?: OnLayer;
 
   /**
    * @param owned receives every buffer the graph creates (its owner destroys them)

@@ -102,6 +102,7 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
       ? { w: cx.outNorm!, y: A.a! }
       : undefined;
     await moe(g, cx, l, lw, nextNorm);
+    g.onLayer?.(g.ops);
   }
   // Every row (decode, a batched step): the output norm as every block's, deferred where the LM head's
   // mat-vec (or its int8 quantize over the columns) takes it.

@@ -57,6 +57,7 @@ const { values: args } = parseArgs({
     "moe-down": { type: "string" },
     "batched-q8-rows": { type: "string" },
     "q8b-rows": { type: "string" },
+    "q8b-xsum": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
     "combine-norm-min-rows": { type: "string" },
@@ -119,9 +120,15 @@ const tuning = (v: string | undefined) => {
   return { team: team!, rows: rows!, blocks, unroll, wg };
 };
 const q8Rows = args["batched-q8-rows"]?.split(",").map(Number);
-const matvecTuning = args["q8b-rows"] === undefined
-  ? tuning(args.matvec)
-  : { ...tuning(args.matvec), q8bRows: Number(args["q8b-rows"]) };
+const xsumArg = args["q8b-xsum"];
+if (xsumArg !== undefined && xsumArg !== "0" && xsumArg !== "1") {
+  throw new RangeError(`--q8b-xsum ${xsumArg} must be 0 or 1`);
+}
+const matvecTuning = args["q8b-rows"] === undefined && xsumArg === undefined ? tuning(args.matvec) : {
+  ...tuning(args.matvec),
+  ...(args["q8b-rows"] === undefined ? {} : { q8bRows: Number(args["q8b-rows"]) }),
+  ...(xsumArg === undefined ? {} : { q8bXsum: xsumArg === "1" }),
+};
 const moeTuning = {
   gateUp: tuning(args["moe-gate-up"]),
   down: tuning(args["moe-down"]),

@@ -25,7 +25,7 @@ export const MATVEC_Q8B: KernelSpec = {
   name: "matvec_q8b",
   url: new URL("./matvec_q8b.wgsl", import.meta.url),
   lib: ["common", "iq4_xs", "q4_k", "q8chunk"],
-  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", ACC: "u32", RED: "u32" },
+  constants: { TYPE: "u32", TEAM: "u32", ROWS: "u32", BATCH: "u32", ACC: "u32", RED: "u32", XSUM: "u32" },
 };
 
 /** Most columns of one matvec_q8b dispatch. */
@@ -59,6 +59,8 @@ export interface MatvecQ8bConstants {
   readonly ACC: number;
   /** Team reduction, as matvec_q8's RED. */
   readonly RED: number;
+  /** K-quants: 0, or K/32 (each column's x sums per chunk, once per workgroup; the same bits). */
+  readonly XSUM: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
 }
@@ -81,28 +83,47 @@ export interface MatvecQ8bBindings {
  */
 export const MATVEC_Q8B_ROWS = 2;
 
+/** The ggml type ids whose chunks' dot products take x's sums (Q4_K, Q5_K, Q6_K): XSUM applies. */
+const XSUM_TYPES = [12, 13, 14];
+
 /**
  * The variant whose columns have matvec_q8's bits: TEAM and RED of matvec_q8's default for the same rows
- * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS {@linkcode MATVEC_Q8B_ROWS} unless asked.
+ * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS {@linkcode MATVEC_Q8B_ROWS} unless asked,
+ * and for the K-quants XSUM where its sums fit `opts.maxWorkgroupBytes` (the device's limit; default the
+ * WebGPU default, 16,384) or as `opts.xsum` says.
  */
 export function matvecQ8bConstants(
   shape: MatvecQ8bShape,
-  opts: { acc?: boolean; team?: number; red?: number; rows?: number } = {},
+  opts: {
+    acc?: boolean;
+    team?: number;
+    red?: number;
+    rows?: number;
+    xsum?: boolean;
+    maxWorkgroupBytes?: number;
+  } = {},
 ): MatvecQ8bConstants {
   const solo = matvecQ8Constants(shape, { team: opts.team, red: opts.red });
-  return {
+  const c = {
     TYPE: solo.TYPE,
     TEAM: solo.TEAM,
     ROWS: opts.rows ?? MATVEC_Q8B_ROWS,
     BATCH: shape.cols,
     ACC: opts.acc ? 1 : 0,
     RED: solo.RED,
+    XSUM: 0,
   };
+  const xsum = { ...c, XSUM: shape.k / 32 };
+  const fits = matvecQ8bWorkgroupBytes(xsum) <= (opts.maxWorkgroupBytes ?? 16384);
+  return XSUM_TYPES.includes(c.TYPE) && (opts.xsum ?? fits) ? xsum : c;
 }
 
-/** Workgroup memory of a matvec_q8b variant in bytes (the codebook table and four columns' partials). */
+/**
+ * Workgroup memory of a matvec_q8b variant in bytes (the codebook table, four columns' partials and the
+ * columns' x sums).
+ */
 export function matvecQ8bWorkgroupBytes(c: MatvecQ8bConstants): number {
-  return 1024 + 4096 * c.ROWS;
+  return 1024 + 4096 * c.ROWS + 8 * (c.XSUM * c.BATCH + 1);
 }
 
 /** The uniform params of a matvec_q8b shape. */
@@ -137,6 +158,10 @@ export function checkMatvecQ8b(shape: MatvecQ8bShape, c: MatvecQ8bConstants, b: 
   const wOff = shape.wOffsetBytes ?? 0;
   checkInt(`Kernel ${kernel}: ROWS`, c.ROWS, 1, 4);
   checkInt(`Kernel ${kernel}: BATCH`, c.BATCH, 1, MATVEC_Q8B_MAX_BATCH);
+  checkShape(
+    c.XSUM === 0 || (XSUM_TYPES.includes(c.TYPE) && c.XSUM === shape.k / 32),
+    `Kernel ${kernel}: XSUM=${c.XSUM} must be 0, or K/32 = ${shape.k / 32} with Q4_K, Q5_K or Q6_K weights`,
+  );
   checkShape(
     c.BATCH === shape.cols,
     `Kernel ${kernel}: BATCH=${c.BATCH} but the shape has ${shape.cols} columns`,
@@ -192,7 +217,7 @@ export async function prepareMatvecQ8b(
     opts.device,
     `Kernel matvec_q8b: ROWS=${c.ROWS}`,
     matvecQ8bWorkgroupBytes(c),
-    "use ROWS 1",
+    "use ROWS 1, or XSUM 0",
   );
   const pipeline = await cache.get(MATVEC_Q8B, c);
   const b = opts.bindings;

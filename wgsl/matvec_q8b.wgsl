@@ -18,9 +18,13 @@
 // w·WG_ROWS.., WG_ROWS = (256 / TEAM)·ROWS; a team of TEAM invocations owns ROWS rows and keeps ROWS·BATCH
 // sums in named vec4s (a<r><g>: row r, columns 4g..4g+3; no function-scope arrays, which some drivers put in
 // local memory). The partials go through workgroup memory four columns at a time.
+// XSUM (the K-quants, 12, 13, 14): the workgroup first sums each column's x over each chunk's two halves
+// (K/32 chunks, dec_dot's Σ q_i, which depends on x alone) into workgroup memory, and every row takes them
+// from there (dec_dot_sums: the same integers) instead of summing them again.
 // Constants: const TYPE: u32 (8, 12, 13, 14 or 23), const TEAM: u32 (power of two, 1..256), const ROWS: u32
-//   (1..4), const BATCH: u32 (1..16), const ACC: u32 (1: y += W·x̂), const RED: u32 (0 or 1, as matvec_q8).
-// Workgroup memory: 1024 (IQ4_XS table) + 4096·ROWS bytes.
+//   (1..4), const BATCH: u32 (1..16), const ACC: u32 (1: y += W·x̂), const RED: u32 (0 or 1, as matvec_q8),
+//   const XSUM: u32 (0, or K/32 with a K-quant TYPE).
+// Workgroup memory: 1024 (IQ4_XS table) + 4096·ROWS + 8·XSUM·BATCH bytes.
 
 struct Params {
   k: u32,
@@ -47,6 +51,9 @@ const WG_ROWS: u32 = (WG / TEAM) * ROWS;
 const NG: u32 = (BATCH + 3u) / 4u;
 const RUN: u32 = select(1u, 8u, TEAM >= 8u);
 
+// xsum[j · XSUM + c]: column j's (Σ q_i of x0, of x1) over chunk c (XSUM > 0).
+var<workgroup> xsum: array<vec2<i32>, XSUM * BATCH + 1u>;
+
 // partial[r · WG + lid] (RED 1) or [(team · ROWS + r) · TEAM + t] (RED 0): four columns' partials.
 var<workgroup> partial: array<vec4<f32>, WG * ROWS>;
 
@@ -56,6 +63,9 @@ fn acc_col(a: f32, d: Dec, j: u32, c: u32) -> f32 {
   let x0 = xq[(b >> 2u) + 2u * c];
   let x1 = xq[(b >> 2u) + 2u * c + 1u];
   let dx = bitcast<f32>(xs[b + params.k / 4u + c]);
+  if (XSUM > 0u) {
+    return a + dx * dec_dot_sums(d, x0, x1, xsum[j * XSUM + c]);
+  }
   return a + dx * dec_dot(d, x0, x1);
 }
 
@@ -162,6 +172,14 @@ fn main(
   @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
   q8dot_table(lid);
+  if (XSUM > 0u) {
+    for (var e = lid; e < XSUM * BATCH; e += WG) {
+      let b = (e / XSUM) * params.x_stride;
+      let c = e % XSUM;
+      xsum[e] = vec2<i32>(qsum16(xq[(b >> 2u) + 2u * c]), qsum16(xq[(b >> 2u) + 2u * c + 1u]));
+    }
+    workgroupBarrier();
+  }
   let wg = wid.y * nwg.x + wid.x;
   let team = lid / TEAM;
   let t = lid % TEAM;

@@ -21,6 +21,7 @@ import {
   matvecQ8bConstants,
   matvecQ8bParams,
   type MatvecQ8bShape,
+  matvecQ8bWorkgroupBytes,
   prepareMatvecQ8b,
 } from "./matvec_q8b.ts";
 
@@ -79,9 +80,20 @@ Deno.test("matvec_q8b: each column equals the float64 product and matvec_q8's bi
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
   const failures: string[] = [];
+  let xsumRuns = 0;
+  const cases2 = (type: GgmlTypeName) =>
+    cases(rng, type).flatMap(({ shape, opts }) =>
+      // The K-quants with and without XSUM (each column's x sums once per workgroup), where it fits.
+      type.endsWith("_K")
+        ? [false, true].map((xsum) => ({ shape, opts: { ...opts, xsum } }))
+        : [{ shape, opts }]
+    ).filter(({ shape, opts }) =>
+      matvecQ8bWorkgroupBytes(matvecQ8bConstants(shape, opts)) <= device.limits.maxComputeWorkgroupStorageSize
+    );
   for (const type of ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"] as const) {
-    for (const { shape: s, opts } of cases(rng, type)) {
+    for (const { shape: s, opts } of cases2(type)) {
       const c = matvecQ8bConstants(s, opts);
+      if (c.XSUM > 0) xsumRuns++;
       const what = `matvec_q8b ${type} ne=[${s.k}, ${s.n}] × ${s.cols} ${JSON.stringify(c)}`;
       const xStride = s.xStrideBytes ?? q8xBytes(s.k);
       // Each column's int8 x (quantize_q8's bits, tested column by column elsewhere), at its stride.
@@ -196,6 +208,7 @@ Deno.test("matvec_q8b: each column equals the float64 product and matvec_q8's bi
     }
   }
   if (failures.length > 0) throw new Error(`${failures.length} cases failed:\n${failures.join("\n")}`);
+  assert.ok(xsumRuns >= 15, `the K-quants ran with XSUM (${xsumRuns} cases)`);
 });
 
 Deno.test("matvec_q8b checks throw before encoding", () => {
@@ -208,6 +221,15 @@ Deno.test("matvec_q8b checks throw before encoding", () => {
   assert.throws(() => checkMatvecQ8b(shape, { ...c, BATCH: 5 }, ok), /BATCH=5 but the shape has 4 columns/);
   assert.throws(() => checkMatvecQ8b({ ...shape, cols: 17 }, { ...c, BATCH: 17 }, ok), /BATCH must be/);
   assert.throws(() => checkMatvecQ8b(shape, { ...c, ROWS: 5 }, ok), /ROWS must be/);
+  assert.throws(
+    () => checkMatvecQ8b(shape, { ...c, XSUM: 4 }, ok),
+    /XSUM=4 must be 0, or K\/32 = 4 with Q4_K/,
+  );
+  const q6: MatvecQ8bShape = { ...shape, type: "Q6_K", k: 256 };
+  assert.equal(matvecQ8bConstants(q6).XSUM, 8, "Q6_K: XSUM K/32 where it fits");
+  assert.equal(matvecQ8bConstants(q6, { xsum: false }).XSUM, 0);
+  assert.equal(matvecQ8bConstants({ ...q6, k: 4096, cols: 16 }).XSUM, 0, "not where it does not fit 16 KiB");
+  assert.equal(matvecQ8bConstants(shape, { xsum: true }).XSUM, 0, "Q8_0 has no x sums");
   assert.throws(() => checkMatvecQ8b({ ...shape, type: "F32" }, c, ok), /not F32: use matvec/);
   assert.throws(
     () => checkMatvecQ8b(shape, c, { ...ok, xq: slice(4 * 143) }),

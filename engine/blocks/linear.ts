@@ -432,7 +432,13 @@ async function matvecQ8Cols(
   }
   for (const mv of mvs) {
     const shape: MatvecQ8bShape = { ...mv.shape, cols, yStride };
-    const c = matvecQ8bConstants(shape, { acc: a.acc, ...a.sum, rows: g.opts.matvecTuning?.q8bRows });
+    const c = matvecQ8bConstants(shape, {
+      acc: a.acc,
+      ...a.sum,
+      rows: g.opts.matvecTuning?.q8bRows,
+      xsum: g.opts.matvecTuning?.q8bXsum,
+      maxWorkgroupBytes: g.device.limits.maxComputeWorkgroupStorageSize,
+    });
     const b: MatvecQ8bBindings = {
       params: g.storage(matvecQ8bParams(shape)),
       weights: mv.weights,

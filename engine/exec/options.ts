@@ -78,8 +78,15 @@ export interface StageOptions {
    * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
    * `q8bRows`: ROWS of the batched int8 mat-vecs (matvec_q8b, 1 to 4; default `MATVEC_Q8B_ROWS`, 2: the
    * same bits at any ROWS), bench/decode.ts --q8b-rows (bench/batch_bits.ts --q8b-rows checks the bits).
+   * `q8bXsum`: whether matvec_q8b sums each column's int8 x per chunk once per workgroup for the K-quants
+   * (XSUM; default: where it fits the device's workgroup memory; the same bits either way).
    */
-  readonly matvecTuning?: { readonly team?: number; readonly rows?: number; readonly q8bRows?: number };
+  readonly matvecTuning?: {
+    readonly team?: number;
+    readonly rows?: number;
+    readonly q8bRows?: number;
+    readonly q8bXsum?: boolean;
+  };
   /**
    * Decode (one token) routes the experts in the prologue of the routed gate·up pass (moe_matvec ROUTE)
    * instead of in a moe_route dispatch of its own. Default off: every gate·up workgroup then repeats the

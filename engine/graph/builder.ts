@@ -131,7 +131,12 @@ export interface GraphOptions {
     readonly down?: MoeMatvecTuning;
     readonly batchedQ8Rows?: { readonly gateUp?: number; readonly down?: number };
   };
-  readonly matvecTuning?: { readonly team?: number; readonly rows?: number; readonly q8bRows?: number };
+  readonly matvecTuning?: {
+    readonly team?: number;
+    readonly rows?: number;
+    readonly q8bRows?: number;
+    readonly q8bXsum?: boolean;
+  };
   readonly fuseDecodeRoute: boolean;
   readonly groupedExperts: boolean;
   /** StageOptions.groupedMinTokensPerExpert. */

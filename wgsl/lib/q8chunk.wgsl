@@ -260,6 +260,30 @@ fn dec_dot(d: Dec, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
   return d.f.x * f32(s);
 }
 
+// Σ_i v_i·q_i over 16 elements: dot16's first half.
+fn dot16v(v: vec4<u32>, x: vec4<u32>) -> i32 {
+  return dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w);
+}
+
+// Σ_i q_i over x's 16 elements: dot16's second half (the same integer).
+fn qsum16(x: vec4<u32>) -> i32 {
+  let ones = 0x01010101u;
+  return dot4I8Packed(ones, x.x) + dot4I8Packed(ones, x.y) + dot4I8Packed(ones, x.z) + dot4I8Packed(ones, x.w);
+}
+
+// dec_dot given x's sums s = (qsum16(x0), qsum16(x1)), which depend on x alone: a batched kernel sums each
+// column's chunk once for all its rows. The same integers as dec_dot's, so the same f32.
+fn dec_dot_sums(d: Dec, x0: vec4<u32>, x1: vec4<u32>, s: vec2<i32>) -> f32 {
+  if (TYPE == 12u || TYPE == 13u) {
+    let v = vec2<i32>(dot16v(d.v0, x0) + dot16v(d.v1, x1), s.x + s.y);
+    return d.f.x * f32(d.s.x) * f32(v.x) - d.f.y * f32(d.s.y) * f32(v.y);
+  }
+  if (TYPE == 14u) {
+    return d.f.x * f32(d.s.x * (dot16v(d.v0, x0) - 32 * s.x) + d.s.y * (dot16v(d.v1, x1) - 32 * s.y));
+  }
+  return dec_dot(d, x0, x1);
+}
+
 // Σ_i w_i·q_i of the chunk times its weight scale, against the x quads x0, x1.
 fn chunk_dot(rb: u32, c: u32, l: Chunk, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
   return dec_dot(chunk_dec(rb, c, l), x0, x1);

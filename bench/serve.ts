@@ -60,6 +60,7 @@ import { expertsConflict, int8ActivationsFlag, int8ExpertsFlag, numericsFlag } f
 import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
+import { buildWidthClasses } from "../engine/exec/_widths.ts";
 import { Stage } from "../engine/exec/stage.ts";
 import { type EngineService, startEngine } from "../engine/serve/service.ts";
 import { GREEDY_SAMPLING, samplingParams } from "../engine/sampling.ts";
@@ -207,11 +208,16 @@ function soloSummary(runs: readonly { wallMs: number; t: Timed }[]): Record<stri
 
 /**
  * The TTFT of `soloRuns` prompts in turn whose widths no graph has yet (`nPrompt` + 3, + 5, ...: none of the
- * warm-up's width classes), as most prompts a server meets: their chunk graph is built on the way.
+ * warm-up's width classes), as most prompts a server meets: their chunk graph is built on the way. `one(i,
+ * n)` gets prompt i's tokens; each starts with an id no other prompt of this bench starts with (901 + i), so
+ * no slot's cached prefix serves it (`prompt`'s ids repeat for seeds equal modulo 900).
  */
-async function freshWidths(one: (i: number, n: number) => Promise<Timed>): Promise<Record<string, unknown>> {
+async function freshWidths(one: (ids: number[]) => Promise<Timed>): Promise<Record<string, unknown>> {
   const runs: number[] = [];
-  for (let i = 0; i < soloRuns; i++) runs.push((await one(i, nPrompt + 3 + 2 * i)).ttftMs);
+  for (let i = 0; i < soloRuns; i++) {
+    const n = nPrompt + 3 + 2 * i;
+    runs.push((await one([901 + i, ...prompt(300 + i * 1000, n - 1)])).ttftMs);
+  }
   return { ttftNewWidthMsMedian: median(runs), ttftNewWidthMsRuns: runs.map((t) => Math.round(t * 10) / 10) };
 }
 
@@ -327,7 +333,7 @@ async function overHttp(): Promise<string> {
         const server = [...log.slice(from).matchAll(/POST \/completion 200 .*?ttft_ms=([\d.]+)/g)].map((m) =>
           Number(m[1])
         );
-        const fresh = await freshWidths((i, n) => stream(prompt(300 + i * 1000, n)));
+        const fresh = await freshWidths((ids) => stream(ids));
         emit("http", { ...line, ...fresh, serverTtftMsMedian: median(server), serverTtftMsRuns: server });
         continue;
       }
@@ -461,7 +467,7 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
       await Promise.all(Array.from({ length: level }, (_, i) => direct(e, prompt(level * 100 + 50 + i), 4)));
       if (level === 1) {
         const line = soloSummary(await solo((i) => direct(e, prompt(101 + i * 1000))));
-        emit(what, { ...line, ...await freshWidths((i, n) => direct(e, prompt(301 + i * 1000, n))) });
+        emit(what, { ...line, ...await freshWidths((ids) => direct(e, ids)) });
         continue;
       }
       const t0 = performance.now();
@@ -580,9 +586,10 @@ if (path && await Deno.stat(path).then(() => true, () => false)) {
   const p = prompt(997);
   await engineOne(stage, 0, p, 16);
   const ones = await solo(() => engineOne(stage, 0, p, nNew));
-  const split: Record<string, unknown> = await freshWidths((i, n) =>
-    engineOne(stage, 0, prompt(302 + i * 1000, n), 2)
-  );
+  // As the service's warm-up: a graph of each width class on slot 0 (their pipelines compiled), so a fresh
+  // width's TTFT holds its graph's build, not compiles.
+  await buildWidthClasses(stage, 0);
+  const split: Record<string, unknown> = await freshWidths((ids) => engineOne(stage, 0, ids, 2));
   // The service's order for a burst's request (engine/serve/_runner.ts): a piece to the last token taking the
   // snapshot inside, then the one-token rest and its first id.
   if (nPrompt > 9 && stage.decoder.snapInPrefill) {

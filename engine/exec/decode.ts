@@ -652,7 +652,9 @@ export class DecodeDriver implements SlotDecoder {
     if (at === 0) stage.states.reset(enc0, slot);
     // Nothing of the prompt runs before it: a graph built fresh goes to the GPU layer by layer as it is built.
     const stream = lastAt === 0 ? new OpStream(device, enc0) : undefined;
+    const t0 = performance.now();
     const graph = await this.#b.graph(slot, n, "last", undefined, stream?.onLayer);
+    trace("first-chunk", { slot, n, graphMs: performance.now() - t0, parts: stream?.parts ?? 0 });
     const { enc, ops } = stream?.rest(graph) ?? { enc: enc0, ops: graph };
     // The chunk's pass, then the draw's (a pass of its own, as the selector's first dispatches always ran).
     for (const list of sel.sampler ? [ops, sel.firstOps] : [ops]) {

@@ -56,8 +56,18 @@ export function encodeOps(pass: GPUComputePassEncoder, ops: readonly Op[]): void
 /** A graph builder's hook at each layer's end, given the ops so far (see {@linkcode OpStream}). */
 export type OnLayer = (ops: readonly Op[]) => void;
 
-/** Fewest new dispatches an {@linkcode OpStream} sends at a layer's end (about three layers of a chunk). */
-export const OP_STREAM_MIN = 64;
+/**
+ * Fewest new dispatches an {@linkcode OpStream} sends at a layer's end: about three layers of a chunk, or
+ * `LLM_OP_STREAM_MIN` (a benchmark knob: bench/serve.ts's `ttftNewWidthMsMedian` by part size).
+ */
+export const OP_STREAM_MIN: number = (() => {
+  try {
+    const v = Number(Deno.env.get("LLM_OP_STREAM_MIN") ?? "64");
+    return Number.isInteger(v) && v >= 1 ? v : 64;
+  } catch {
+    return 64;
+  }
+})();
 
 /**
  * A chunk graph's dispatches sent to the GPU while the graph is still being built (its builder's `onLayer`):

@@ -13,7 +13,8 @@
  * int8 mat-vec; `--batch-sweep`: only batched decode shapes at 8 and 16 columns, the old default (XR 1, ROWS 1,
  * UNROLL 1; 16 columns as two 8-column dispatches, as the engine runs them) beside the named path XR 2 at
  * ROWS 1, 2, 4 and UNROLL 1, 2, each line with `vsOld`, the old time over its own; and the int8-x path of
- * `--int8`: quantize_q8 over the columns, then matvec_q8b at ROWS 1 and 2, and over one column alone). No npm
+ * `--int8`: quantize_q8 over the columns, then matvec_q8b at ROWS 1 and 2, and over one column alone; with
+ * `--q8b-only` matvec_q8b alone at ROWS 1 to 4, the K-quants with and without XSUM). No npm
  * imports: it runs on the lent GPU machine with nothing but Deno.
  * @module
  */
@@ -84,6 +85,7 @@ const { values: args } = parseArgs({
     q8: { type: "boolean", default: false },
     tables: { type: "boolean", default: false },
     "batch-sweep": { type: "boolean", default: false },
+    "q8b-only": { type: "boolean", default: false },
     type: { type: "string" },
   },
 });
@@ -142,6 +144,8 @@ for (const batch of Q8 ? [] : [2, 4, 8]) CASES.push({ ...SHAPES[QUICK ? 0 : 2]!,
 // XR 2 over ROWS and UNROLL at the default TEAM (TEAM fixes each row's summation order: a batched step must keep
 // its slots' solo bits). attn_q (full-attention layers: q and its gate) has attn_qkv's shape.
 const BATCH_SWEEP = args["batch-sweep"] ?? false;
+/** `--batch-sweep --q8b-only`: matvec_q8b alone, at ROWS 1 to 4 and, for the K-quants, with XSUM off too. */
+const Q8B_ONLY = BATCH_SWEEP && (args["q8b-only"] ?? false);
 if (BATCH_SWEEP) {
   const dense: Omit<Case, "batch">[] = QUICK ? [{ ...SHAPES[0]!, type: "IQ4_XS" }] : [
     { name: "attn_qkv", k: 2048, n: 8192, type: "IQ4_XS" },
@@ -150,6 +154,7 @@ if (BATCH_SWEEP) {
     { name: "attn_q", k: 2048, n: 8192, type: "IQ4_XS" },
     { name: "shexp_gate_up", k: 2048, n: 1024, type: "IQ4_XS" },
     { name: "output", k: 2048, n: 248320, type: "Q6_K" },
+    { name: "attn_v", k: 2048, n: 512, type: "Q5_K" },
   ];
   CASES.splice(0, CASES.length, ...[8, 16].flatMap((batch) => dense.map((s) => ({ ...s, batch }))));
 }
@@ -381,7 +386,7 @@ for (const c of CASES) {
       for (const unroll of [1, 2, 4, 8]) variants.push(matvecConstants(shape, { team, unroll, sr: true }));
     }
   }
-  if (BATCH_SWEEP) {
+  if (BATCH_SWEEP && !Q8B_ONLY) {
     // The old default, pinned (XR 1, ROWS 1, UNROLL 1: the default at 2..8 columns before XR 2), 8 columns per
     // dispatch as the engine runs it: 16 columns are two dispatches (x and y at the second half's offsets).
     const halves = Math.ceil(c.batch / 8);
@@ -465,12 +470,19 @@ for (const c of CASES) {
     await timeQuantize(c, c.batch);
     // The last variant runs one column: a column's own decode and dot (matvec_q8's work), so batch times it
     // is what the columns cost without decoding once for all.
-    for (const [rows, cols] of [[1, c.batch], [2, c.batch], [1, 1]] as const) {
+    const maxWorkgroupBytes = device.limits.maxComputeWorkgroupStorageSize;
+    const q8bRuns: { rows: number; cols: number; xsum?: boolean }[] = Q8B_ONLY
+      ? [1, 2, 3, 4].flatMap((rows) => [
+        { rows, cols: c.batch },
+        ...(c.type.endsWith("_K") ? [{ rows, cols: c.batch, xsum: false }] : []),
+      ])
+      : [{ rows: 1, cols: c.batch }, { rows: 2, cols: c.batch }];
+    for (const { rows, cols, xsum } of [...q8bRuns, { rows: 1, cols: 1 }]) {
       const ops: Q8Op[] = [];
       let constants: MatvecQ8bConstants | undefined;
       for (let i = 0; i < copies; i++) {
         const shape: MatvecQ8bShape = { type: c.type, k: c.k, n: c.n, cols, wOffsetBytes: i * slot };
-        constants = matvecQ8bConstants(shape, { rows });
+        constants = matvecQ8bConstants(shape, { rows, xsum, maxWorkgroupBytes });
         device.queue.writeBuffer(q8params, 256 * i, matvecQ8bParams(shape));
         ops.push(
           await prepareMatvecQ8b(cache, {
@@ -489,7 +501,7 @@ for (const c of CASES) {
       jobs.push(
         kernelJob("matvec_q8b", (p, i) => encodeQ8(p, ops[i % copies]!), {
           batch: c.batch,
-          variant: cols === 1 ? "q8b one column" : `q8b rows ${rows}`,
+          variant: cols === 1 ? "q8b one column" : `q8b rows ${rows}${constants!.XSUM > 0 ? " xsum" : ""}`,
           constants,
         }),
       );
@@ -629,7 +641,7 @@ for (const c of CASES) {
   }
   const secs = await timeJobs(jobs, reps);
   const ceiling = tBytes / secs[0]! / 1e9;
-  if (BATCH_SWEEP) oldSecs = secs[1];
+  if (BATCH_SWEEP && !Q8B_ONLY) oldSecs = secs[1];
   jobs.forEach((j, i) => j.emit(secs[i]!, ceiling));
 }
 // Prefill matmul: attn_qkv-shaped weights times M tokens (not bandwidth-bound: GFLOP/s = 2·K·N·M / time).

@@ -78,6 +78,8 @@
 #              per slot and readback batch, as the service's steps take them)
 #   late1      #20: the late 2,048-token prompt among 7 streams, the service's defaults (pieces in parts)
 #   serve18    #20: HTTP and direct at 1 and 8 streams against the engine, no late prompt
+#   q8bsweep   #20: matvec_q8b alone on the batched step's dense shapes at 8 and 16 columns, ROWS 1 to 4, the
+#              K-quants with and without XSUM (which ROWS per shape; the bits do not depend on ROWS or XSUM)
 #   servewidth #20: one stream over HTTP, direct and the engine, with prompts of widths no graph has yet
 #              (`ttftNewWidthMsMedian`: the chunk graph built on the way, sent to the GPU layer by layer)
 #   q8c        #20: batch_bits at 8 and 16 slots, then 1, 8 and 16 slots
@@ -330,6 +332,9 @@ for step in "$@"; do
       run servesolo 150 $D bench/serve.ts --model "$model" --levels 1,2,8 --n 128 --prompt 64 --ctx 4096 \
         --modes http,direct --solo 7 --head-flags="--cached-only"
       ;;
+    q8bsweep)
+      run q8bsweep 200 $D bench/matvec.ts --batch-sweep --q8b-only
+      ;;
     servewidth)
       ensure_model
       run servewidth 100 $D bench/serve.ts --model "$model" --levels 1 --n 64 --prompt 64 --ctx 4096 \
@@ -429,7 +434,7 @@ for step in "$@"; do
         --draft-cache 1000000
       ;;
     *)
-      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace serve18 stoppoints late1 servesolo servewidth latequick servelevels servelate confirm)" >&2
+      echo "h200_plan: unknown step $step (tests attention decode knobs split sampled serve servesampled graphs draft combine smallchunk split3 int8experts late gmv gmvq bits pieces msplit lateparts batched rows moeq8 serve8 trace serve18 stoppoints late1 servesolo servewidth q8bsweep latequick servelevels servelate confirm)" >&2
       exit 2
       ;;
   esac

@@ -18,7 +18,6 @@ import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { openGguf } from "../engine/gguf.ts";
 import { Stage } from "../engine/exec/stage.ts";
-import { MATVEC_Q8B_ROWS } from "../wgsl/matvec_q8b.ts";
 
 const { values: args } = parseArgs({
   options: {
@@ -81,7 +80,7 @@ console.log(JSON.stringify({
   newTokens: nNew,
   int8Experts: stage.int8Experts,
   int8Activations: stage.int8Activations,
-  q8bRows: args["q8b-rows"] ?? String(MATVEC_Q8B_ROWS),
+  q8bRows: args["q8b-rows"] ?? "by shape",
   equal: diffs.length === 0,
   diffs,
   soloDigest: fnv1a(JSON.stringify(solo.map((r) => [r.tokens, r.top]))),

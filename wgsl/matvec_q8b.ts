@@ -78,17 +78,31 @@ export interface MatvecQ8bBindings {
 }
 
 /**
- * Default ROWS: 2 (H100, 2026-12-06, docs/PERF.md: 8 / 16 slots 924.4 / 1,163.5 tok/s against 866.6 / 1,076.3
- * at ROWS 1, the same bits).
+ * ROWS where no shape rule below applies: 2 (H100, 2026-12-06, docs/PERF.md: 8 / 16 slots 924.4 / 1,163.5
+ * tok/s against 866.6 / 1,076.3 at ROWS 1, the same bits).
  */
 export const MATVEC_Q8B_ROWS = 2;
+
+/**
+ * Default ROWS of a shape (the bits do not depend on ROWS). `bench/matvec.ts --batch-sweep --q8b-only` on an
+ * H100 (2026-12-06, docs/PERF.md, µs a dispatch at 8 / 16 columns): up to 1,024 rows ROWS 1 (attn_v's Q5_K 512
+ * rows 8.7 / 13.0 against 10.9 / 16.6 at ROWS 2; the shared expert's 1,024 rows 8.9 / 14.2 against 9.6 / 15.5),
+ * 8,192 to 65,535 rows ROWS 4 (the 8,192-row in-projection 15.0 / 24.4 against 16.2 / 25.6), the LM head over
+ * more than 8 columns ROWS 3 (494 against 572 µs at 16 columns; 315 at both at 8), else
+ * {@linkcode MATVEC_Q8B_ROWS}.
+ */
+export function matvecQ8bRows(shape: Pick<MatvecQ8bShape, "n" | "cols">): number {
+  if (shape.n <= 1024) return 1;
+  if (shape.n >= 65536) return shape.cols > 8 ? 3 : MATVEC_Q8B_ROWS;
+  return shape.n >= 8192 ? 4 : MATVEC_Q8B_ROWS;
+}
 
 /** The ggml type ids whose chunks' dot products take x's sums (Q4_K, Q5_K, Q6_K): XSUM applies. */
 const XSUM_TYPES = [12, 13, 14];
 
 /**
  * The variant whose columns have matvec_q8's bits: TEAM and RED of matvec_q8's default for the same rows
- * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS {@linkcode MATVEC_Q8B_ROWS} unless asked,
+ * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS {@linkcode matvecQ8bRows} unless asked,
  * and for the K-quants XSUM where its sums fit `opts.maxWorkgroupBytes` (the device's limit; default the
  * WebGPU default, 16,384) or as `opts.xsum` says.
  */
@@ -107,7 +121,7 @@ export function matvecQ8bConstants(
   const c = {
     TYPE: solo.TYPE,
     TEAM: solo.TEAM,
-    ROWS: opts.rows ?? MATVEC_Q8B_ROWS,
+    ROWS: opts.rows ?? matvecQ8bRows(shape),
     BATCH: shape.cols,
     ACC: opts.acc ? 1 : 0,
     RED: solo.RED,

@@ -230,6 +230,22 @@ Deno.test("matvec_q8b checks throw before encoding", () => {
   assert.equal(matvecQ8bConstants(q6, { xsum: false }).XSUM, 0);
   assert.equal(matvecQ8bConstants({ ...q6, k: 4096, cols: 16 }).XSUM, 0, "not where it does not fit 16 KiB");
   assert.equal(matvecQ8bConstants(shape, { xsum: true }).XSUM, 0, "Q8_0 has no x sums");
+  // ROWS by shape (the bits do not depend on it): small, middling, tall, and the LM head by columns.
+  const rowsOf = (n: number, cols: number) => matvecQ8bConstants({ ...shape, n, cols }).ROWS;
+  assert.deepEqual([
+    rowsOf(512, 16),
+    rowsOf(4096, 16),
+    rowsOf(12352, 8),
+    rowsOf(248320, 8),
+    rowsOf(248320, 16),
+  ], [
+    1,
+    2,
+    4,
+    2,
+    3,
+  ]);
+  assert.equal(matvecQ8bConstants({ ...shape, n: 512 }, { rows: 2 }).ROWS, 2, "an asked ROWS wins");
   assert.throws(() => checkMatvecQ8b({ ...shape, type: "F32" }, c, ok), /not F32: use matvec/);
   assert.throws(
     () => checkMatvecQ8b(shape, c, { ...ok, xq: slice(4 * 143) }),

@@ -76,7 +76,7 @@ export interface StageOptions {
    * TEAM/ROWS of the batch-1 (decode) mat-vecs, overriding `matvecConstants`' defaults: a benchmark knob
    * (bench/matvec.ts finds candidates, bench/decode.ts --matvec measures them in a whole step). A TEAM other
    * than the default changes the rows' summation order, so batched steps no longer give their solo bits.
-   * `q8bRows`: ROWS of the batched int8 mat-vecs (matvec_q8b, 1 to 4; default `MATVEC_Q8B_ROWS`, 2: the
+   * `q8bRows`: ROWS of the batched int8 mat-vecs (matvec_q8b, 1 to 4; default `matvecQ8bRows` by shape: the
    * same bits at any ROWS), bench/decode.ts --q8b-rows (bench/batch_bits.ts --q8b-rows checks the bits).
    * `q8bXsum`: whether matvec_q8b sums each column's int8 x per chunk once per workgroup for the K-quants
    * (XSUM; default: where it fits the device's workgroup memory; the same bits either way).

@@ -7,9 +7,11 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next call should measure first: `confirm` and `servelevels` on an H200 (every call since the
-# thirty-second session came on an H100; the thirty-fourth session's `servelevels` on 4af5761 gave one
-# stream's HTTP TTFT +5.0 ms over the engine's, medians of 5, and 8 / 16 streams 0.94x / 0.96x, docs/PERF.md).
+# What the next call should measure first: `rowsq` against `DECODE_FLAGS="--q8b-rows 2"` and `q8c` (6a259c8's
+# matvec_q8b ROWS by shape, chosen from the thirty-fifth session's `q8bsweep` but not yet measured in whole
+# steps; the bits do not depend on ROWS), then `confirm` and `servelevels` on an H200 (every call since the
+# thirty-second session came on an H100; the thirty-fifth session's `servewidth`: a fresh prompt width's TTFT
+# over HTTP 92-94 ms against 126-131 before OpStream, as the engine's own; docs/PERF.md).
 # `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.
 # Then:
 # `bits` after any change to a batched kernel, `batched` against

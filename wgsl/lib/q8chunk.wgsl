@@ -148,11 +148,18 @@ fn k_quad(w: u32, s: u32, h: u32, t: u32, m: u32) -> u32 {
 
 // Σ_i v_i·q_i and Σ_i q_i over 16 elements: four packed value words against four x words.
 fn dot16(v: vec4<u32>, x: vec4<u32>) -> vec2<i32> {
+  return vec2<i32>(dot16v(v, x), qsum16(x));
+}
+
+// Σ_i v_i·q_i over 16 elements: dot16's first half.
+fn dot16v(v: vec4<u32>, x: vec4<u32>) -> i32 {
+  return dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w);
+}
+
+// Σ_i q_i over x's 16 elements: dot16's second half.
+fn qsum16(x: vec4<u32>) -> i32 {
   let ones = 0x01010101u;
-  return vec2<i32>(
-    dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w),
-    dot4I8Packed(ones, x.x) + dot4I8Packed(ones, x.y) + dot4I8Packed(ones, x.z) + dot4I8Packed(ones, x.w),
-  );
+  return dot4I8Packed(ones, x.x) + dot4I8Packed(ones, x.y) + dot4I8Packed(ones, x.z) + dot4I8Packed(ones, x.w);
 }
 
 // One chunk decoded (the integer work that does not depend on x): its 32 weights as eight quad words, v0 for
@@ -258,17 +265,6 @@ fn dec_dot(d: Dec, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
     dot4I8Packed(d.v0.w, x0.w) + dot4I8Packed(d.v1.x, x1.x) + dot4I8Packed(d.v1.y, x1.y) +
     dot4I8Packed(d.v1.z, x1.z) + dot4I8Packed(d.v1.w, x1.w);
   return d.f.x * f32(s);
-}
-
-// Σ_i v_i·q_i over 16 elements: dot16's first half.
-fn dot16v(v: vec4<u32>, x: vec4<u32>) -> i32 {
-  return dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w);
-}
-
-// Σ_i q_i over x's 16 elements: dot16's second half (the same integer).
-fn qsum16(x: vec4<u32>) -> i32 {
-  let ones = 0x01010101u;
-  return dot4I8Packed(ones, x.x) + dot4I8Packed(ones, x.y) + dot4I8Packed(ones, x.z) + dot4I8Packed(ones, x.w);
 }
 
 // dec_dot given x's sums s = (qsum16(x0), qsum16(x1)), which depend on x alone: a batched kernel sums each

@@ -102,9 +102,9 @@ const XSUM_TYPES = [12, 13, 14];
 
 /**
  * The variant whose columns have matvec_q8's bits: TEAM and RED of matvec_q8's default for the same rows
- * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS {@linkcode matvecQ8bRows} unless asked,
- * and for the K-quants XSUM where its sums fit `opts.maxWorkgroupBytes` (the device's limit; default the
- * WebGPU default, 16,384) or as `opts.xsum` says.
+ * (or `opts.team`, `opts.red`, the ones the solo dispatch took), ROWS {@linkcode matvecQ8bRows} unless asked
+ * (fewer where its partials would not fit `opts.maxWorkgroupBytes`, the device's limit; default the WebGPU
+ * default, 16,384), and for the K-quants XSUM where its sums fit too, or as `opts.xsum` says.
  */
 export function matvecQ8bConstants(
   shape: MatvecQ8bShape,
@@ -118,6 +118,7 @@ export function matvecQ8bConstants(
   } = {},
 ): MatvecQ8bConstants {
   const solo = matvecQ8Constants(shape, { team: opts.team, red: opts.red });
+  const limit = opts.maxWorkgroupBytes ?? 16384;
   const c = {
     TYPE: solo.TYPE,
     TEAM: solo.TEAM,
@@ -127,8 +128,10 @@ export function matvecQ8bConstants(
     RED: solo.RED,
     XSUM: 0,
   };
+  // The bits do not depend on ROWS: a device with less workgroup memory takes fewer.
+  while (opts.rows === undefined && c.ROWS > 1 && matvecQ8bWorkgroupBytes(c) > limit) c.ROWS--;
   const xsum = { ...c, XSUM: shape.k / 32 };
-  const fits = matvecQ8bWorkgroupBytes(xsum) <= (opts.maxWorkgroupBytes ?? 16384);
+  const fits = matvecQ8bWorkgroupBytes(xsum) <= limit;
   return XSUM_TYPES.includes(c.TYPE) && (opts.xsum ?? fits) ? xsum : c;
 }
 

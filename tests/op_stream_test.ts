@@ -47,6 +47,7 @@ Deno.test("OpStream sends a part at a layer's end once enough ops are new, and l
     "submit cb1",
   ]);
   assert.equal(s.parts, 2);
+  assert.ok(s.firstAt !== undefined && s.firstAt <= performance.now(), "the first part's time");
   const rest = s.rest(ops);
   assert.deepEqual(rest.ops, ops.slice(9));
   assert.equal(
@@ -55,6 +56,7 @@ Deno.test("OpStream sends a part at a layer's end once enough ops are new, and l
     "the rest goes in a fresh encoder",
   );
   const idle = new OpStream(device, first, 4);
+  assert.equal(idle.firstAt, undefined, "no part, no time");
   assert.deepEqual(
     idle.rest(ops.slice(0, 3)),
     { enc: first, ops: ops.slice(0, 3) },

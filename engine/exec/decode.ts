@@ -654,7 +654,14 @@ export class DecodeDriver implements SlotDecoder {
     const stream = lastAt === 0 ? new OpStream(device, enc0) : undefined;
     const t0 = performance.now();
     const graph = await this.#b.graph(slot, n, "last", undefined, stream?.onLayer);
-    trace("first-chunk", { slot, n, graphMs: performance.now() - t0, parts: stream?.parts ?? 0 });
+    const firstPartMs = stream?.firstAt === undefined ? undefined : stream.firstAt - t0;
+    trace("first-chunk", {
+      slot,
+      n,
+      graphMs: performance.now() - t0,
+      parts: stream?.parts ?? 0,
+      firstPartMs,
+    });
     const { enc, ops } = stream?.rest(graph) ?? { enc: enc0, ops: graph };
     // The chunk's pass, then the draw's (a pass of its own, as the selector's first dispatches always ran).
     for (const list of sel.sampler ? [ops, sel.firstOps] : [ops]) {

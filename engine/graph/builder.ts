@@ -82,6 +82,7 @@ export class OpStream {
   #enc: GPUCommandEncoder;
   #sent = 0;
   #parts = 0;
+  #firstAt: number | undefined;
 
   /** @param enc where the run's first commands are (a slot's reset): the first part goes after them */
   constructor(device: GPUDevice, enc: GPUCommandEncoder, minOps = OP_STREAM_MIN) {
@@ -97,11 +98,17 @@ export class OpStream {
     this.#device.queue.submit([this.#enc.finish()]);
     [this.#sent, this.#enc] = [ops.length, this.#device.createCommandEncoder()];
     this.#parts++;
+    this.#firstAt ??= performance.now();
   };
 
   /** Parts sent so far. */
   get parts(): number {
     return this.#parts;
+  }
+
+  /** When the first part was sent (`performance.now()`), if one was. */
+  get firstAt(): number | undefined {
+    return this.#firstAt;
   }
 
   /** The encoder the run goes on in (the one given when nothing was sent) and the graph's dispatches left. */

@@ -11,7 +11,9 @@
 # matvec_q8b ROWS by shape, chosen from the thirty-fifth session's `q8bsweep` but not yet measured in whole
 # steps; the bits do not depend on ROWS), then `confirm` and `servelevels` on an H200 (every call since the
 # thirty-second session came on an H100; the thirty-fifth session's `servewidth`: a fresh prompt width's TTFT
-# over HTTP 92-94 ms against 126-131 before OpStream, as the engine's own; docs/PERF.md).
+# over HTTP 92-94 ms against 126-131 before OpStream, as the engine's own; docs/PERF.md). Where the engine's
+# remaining ~17 ms for a fresh width go: `LLM_TRACE_DECODE=1` with `servewidth` (the `first-chunk` lines:
+# graphMs, parts, firstPartMs).
 # `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.
 # Then:
 # `bits` after any change to a batched kernel, `batched` against

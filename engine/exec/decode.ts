@@ -180,7 +180,8 @@ export class DecodeDriver implements SlotDecoder {
     const t = this.#lastSolo;
     for (let slot = 0; t && slot < this.nSlots; slot++) {
       if (this.#solo.has(soloKey(slot, t))) continue;
-      return await this.#soloStep(slot, t.S, t.top, t.sampling) !== undefined; // built: true
+      await this.#soloStep(slot, t.S, t.top, t.sampling);
+      return true;
     }
     return this.#b.spreadGraph();
   }

@@ -87,14 +87,15 @@ export const MATVEC_Q8B_ROWS = 2;
  * Default ROWS of a shape (the bits do not depend on ROWS). `bench/matvec.ts --batch-sweep --q8b-only` on an
  * H100 (2026-12-06, docs/PERF.md, µs a dispatch at 8 / 16 columns): up to 1,024 rows ROWS 1 (attn_v's Q5_K 512
  * rows 8.7 / 13.0 against 10.9 / 16.6 at ROWS 2; the shared expert's 1,024 rows 8.9 / 14.2 against 9.6 / 15.5),
- * 8,192 to 65,535 rows ROWS 4 (the 8,192-row in-projection 15.0 / 24.4 against 16.2 / 25.6), the LM head over
- * more than 8 columns ROWS 3 (494 against 572 µs at 16 columns; 315 at both at 8), else
- * {@linkcode MATVEC_Q8B_ROWS}.
+ * the LM head over more than 8 columns ROWS 3 (494 against 572 µs at 16 columns; 315 at both at 8), else
+ * {@linkcode MATVEC_Q8B_ROWS}. Not ROWS 4 for the 8,192-row in-projections, though the H100's sweep of the
+ * kernel alone favoured it (24.4 against 25.6 µs at 16 columns): in whole steps on an H200 (2026-12-06) it
+ * cost 16 slots 1,153-1,163 tok/s against 1,222-1,232 at ROWS 2 (in_proj 1.65 against 1.03 ms a step).
  */
 export function matvecQ8bRows(shape: Pick<MatvecQ8bShape, "n" | "cols">): number {
   if (shape.n <= 1024) return 1;
-  if (shape.n >= 65536) return shape.cols > 8 ? 3 : MATVEC_Q8B_ROWS;
-  return shape.n >= 8192 ? 4 : MATVEC_Q8B_ROWS;
+  if (shape.n >= 65536 && shape.cols > 8) return 3;
+  return MATVEC_Q8B_ROWS;
 }
 
 /** The ggml type ids whose chunks' dot products take x's sums (Q4_K, Q5_K, Q6_K): XSUM applies. */

@@ -7,13 +7,10 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next call should measure first: `rowsq` against `DECODE_FLAGS="--q8b-rows 2"` and `q8c` (6a259c8's
-# matvec_q8b ROWS by shape, chosen from the thirty-fifth session's `q8bsweep` but not yet measured in whole
-# steps; the bits do not depend on ROWS), then `confirm` and `servelevels` on an H200 (every call since the
-# thirty-second session came on an H100; the thirty-fifth session's `servewidth`: a fresh prompt width's TTFT
-# over HTTP 92-94 ms against 126-131 before OpStream, as the engine's own; docs/PERF.md). Where the engine's
-# remaining ~17 ms for a fresh width go: `LLM_TRACE_DECODE=1` with `servewidth` (the `first-chunk` lines:
-# graphMs, parts, firstPartMs).
+# What the next call should measure first: the H200 table is in docs/PERF.md (the thirty-sixth session: 8 / 16
+# slots 1,006-1,008 / 1,249-1,250 tok/s, 4.0x / 5.0x; `confirm`, `servelevels`, `rowsq`, `q8c`). Where the
+# engine's remaining ~17 ms for a fresh width go: `LLM_TRACE_DECODE=1` with `servewidth` (the `first-chunk`
+# lines: graphMs, parts, firstPartMs).
 # `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.
 # Then:
 # `bits` after any change to a batched kernel, `batched` against

@@ -249,12 +249,12 @@ Deno.test("matvec_q8b checks throw before encoding", () => {
   ], [
     1,
     2,
-    4,
+    2,
     2,
     3,
   ]);
   assert.equal(matvecQ8bConstants({ ...shape, n: 512 }, { rows: 2 }).ROWS, 2, "an asked ROWS wins");
-  assert.equal(rowsOf(12352, 8, 16384), 3, "ROWS 4's partials (17,408 bytes) do not fit 16 KiB: 3");
+  assert.equal(rowsOf(248320, 16, 12288), 2, "ROWS 3's partials (13,320 bytes) do not fit 12 KiB: 2");
   assert.throws(() => checkMatvecQ8b({ ...shape, type: "F32" }, c, ok), /not F32: use matvec/);
   assert.throws(
     () => checkMatvecQ8b(shape, c, { ...ok, xq: slice(4 * 143) }),

@@ -7,7 +7,8 @@
  * also measures batched decode (Stage.generateBatch) of that many slots at once; `--moe-*` overrides the expert
  * mat-vecs' constants, `--batched-q8-rows G[,D]` the ROWS of the int8-x expert passes (gate·up, down) of
  * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--q8b-rows R` the
- * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits),
+ * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits), `--gdn-split S` the
+ * SPLIT of the batched steps' gdn_step (StageOptions.gdnBatchedSplit: 2, 4 or 8, the same bits),
  * `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
@@ -57,6 +58,7 @@ const { values: args } = parseArgs({
     "moe-down": { type: "string" },
     "batched-q8-rows": { type: "string" },
     "q8b-rows": { type: "string" },
+    "gdn-split": { type: "string" },
     "q8b-xsum": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
@@ -154,6 +156,7 @@ const stage = await Stage.load(gpu, file, {
     ? undefined
     : Number(args["combine-norm-min-rows"]),
   maxStatePoolBytes: statePoolMax,
+  gdnBatchedSplit: args["gdn-split"] === undefined ? undefined : Number(args["gdn-split"]),
 });
 emit("load", {
   path,

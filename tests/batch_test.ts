@@ -148,6 +148,8 @@ for (
 // "tiny-qwen35moe, 64 experts" is synthesized with 64 routed experts instead of 8: the router's rows for the
 // shared expert's gate then start 256-byte aligned, so the router and the shared gate run as ONE mat-vec
 // (in a batched step too, each column's logits at a stride of 65 words), as on the real models.
+// The batched steps' gdn_step runs at SPLIT 8 on tiny-qwen3next, SPLIT 2 on the 64-expert model and the solo
+// step's SPLIT 4 on the 16 slots (StageOptions.gdnBatchedSplit; the gated norm after it in each).
 const WIDE = [
   ["tiny-qwen35moe", MAX_BATCH_SLOTS, false],
   ["tiny-qwen3next", 11, true],
@@ -177,11 +179,19 @@ for (const [name, width, int8] of WIDE) {
       maxChunk: 8,
       int8Activations: int8,
       combineNormMinRows: int8 ? undefined : 2,
+      gdnBatchedSplit: name === "tiny-qwen3next" ? 8 : e64 ? 2 : undefined,
     });
     try {
       assert.equal(MAX_BATCH_SLOTS, 16);
       const fusedNorms = (await stage.batchGraph([0, 1])).filter((op) => op.label.includes("+norm")).length;
       assert.equal(fusedNorms > 0, !int8, `residual adds that write a norm: ${fusedNorms}`);
+      const gdnSplits = (await stage.batchGraph([0, 1])).filter((op) => op.label.endsWith(".gdn_step"))
+        .map((op) => op.grid[1]);
+      assert.deepEqual(
+        new Set(gdnSplits),
+        new Set([name === "tiny-qwen3next" ? 8 : e64 ? 2 : 4]),
+        "gdn_step SPLIT",
+      );
       const routers = (await stage.batchGraph([0, 1])).filter((op) => op.label.includes("ffn_gate_inp"));
       assert.deepEqual(
         routers.map((op) => op.label.replace(/^L\d+\./, "")),

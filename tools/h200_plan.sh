@@ -84,6 +84,9 @@
 #   servewidth #20: one stream over HTTP, direct and the engine, with prompts of widths no graph has yet
 #              (`ttftNewWidthMsMedian`: the chunk graph built on the way, sent to the GPU layer by layer)
 #   q8c        #20: batch_bits at 8 and 16 slots, then 1, 8 and 16 slots
+#   gdnsplit   #20: the batched steps' gdn_step SPLIT (StageOptions.gdnBatchedSplit; 4, the solo step's, by
+#              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
+#              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
 #   servelevels  #20: the service at the issue's levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
 #   servelate  servelevels, then the late 2,048-token prompt among 7 streams (direct)
 #   servequick HTTP alone at 1, 2, 4 and 8 streams against the engine (a short call)
@@ -256,6 +259,17 @@ for step in "$@"; do
       # shellcheck disable=SC2086 # DECODE_FLAGS: more flags, split on spaces (an older tree's knobs)
       run rowsq 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16 \
         ${DECODE_FLAGS:-}
+      ;;
+    gdnsplit)
+      ensure_model
+      run gdnsplit 60 $D bench/gdn_step.ts --cols 8,16 --split 8,4,2
+      for s in 2 8 4 2 8; do
+        run gdnsplit 80 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
+          --gdn-split $s
+      done
+      for s in 2 8; do
+        run gdnsplit 60 $D bench/batch_bits.ts --model "$model" --slots 16 --gdn-split $s
+      done
       ;;
     q8c)
       ensure_model

@@ -126,7 +126,10 @@ export async function deltaNet(
   const { xQkv, z, b, a, aOff } = inp;
   // A short chunk's fused in-projections: one [qkv | z | b | a] output per token, colStride words apart.
   const tCol = cx.batch ? 0 : inp.colStride ?? 0;
-  const c: GdnStepConstants = { ...c0, A_OFF: aOff, T_COL: tCol };
+  // A batched step's SPLIT may differ from the solo step's (StageOptions.gdnBatchedSplit, always > 1: the
+  // same sums, the gated norm after it).
+  const split = cx.batch ? g.opts.gdnBatchedSplit ?? c0.SPLIT : c0.SPLIT;
+  const c: GdnStepConstants = { ...c0, A_OFF: aOff, T_COL: tCol, SPLIT: split };
   // Where the gated norm runs as a dispatch of its own, it also writes ssm_out's int8 x (QX) when ssm_out
   // would round it in a quantize_q8 of its own (a batched step, a short chunk).
   const ssmOutQ8 = () =>

@@ -25,6 +25,8 @@ import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 export interface GraphSettings {
   readonly normPrologueMaxRows: number;
   readonly combineNormMinRows: number;
+  /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
+  readonly gdnBatchedSplit?: number;
   readonly groupedMinTokensPerExpert: number;
   readonly groupedMatvecMaxTokensPerExpert: number;
   readonly int8Activations: boolean;
@@ -64,6 +66,13 @@ export function checkLoadOptions(
   if (cnr !== undefined && !(Number.isInteger(cnr) && cnr >= 2)) {
     throw new RangeError(`combineNormMinRows must be an integer ≥ 2, got ${cnr}`);
   }
+  const gs = opts.gdnBatchedSplit;
+  const dV = hp.ssmDtRank > 0 ? hp.ssmInner / hp.ssmDtRank : 0;
+  if (gs !== undefined && !([2, 4, 8].includes(gs) && dV % (16 * gs) === 0)) {
+    throw new RangeError(
+      `gdnBatchedSplit must be 2, 4 or 8 and divide the DeltaNet head dim ${dV} / 16, got ${gs}`,
+    );
+  }
   const gmt = opts.groupedMinTokensPerExpert;
   if (gmt !== undefined && !(Number.isFinite(gmt) && gmt >= 0)) {
     throw new RangeError(`groupedMinTokensPerExpert must be a number ≥ 0, got ${gmt}`);
@@ -83,6 +92,7 @@ export function checkLoadOptions(
   const graphSettings = {
     normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
+    gdnBatchedSplit: gs,
     groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
     groupedMatvecMaxTokensPerExpert: gmv ?? GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT,
     int8Activations: opts.int8Activations ?? false,

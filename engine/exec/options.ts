@@ -59,6 +59,14 @@ export interface StageOptions {
    */
   readonly combineNormMinRows?: number;
   /**
+   * SPLIT of the batched steps' `gdn_step` (workgroups per v-head: 2, 4 or 8, dividing D_V / 16; default the
+   * solo step's, 4 at D_V = 128). Each leaves the gated norm to a `gdn_chunk_norm` dispatch after it, and the
+   * recurrence's sums do not depend on SPLIT, so the bits stay the solo step's (SPLIT 1, the norm inside the
+   * step, sums the norm in another order: not offered). A benchmark knob (bench/decode.ts `--gdn-split`,
+   * bench/batch_bits.ts `--gdn-split` checks the bits).
+   */
+  readonly gdnBatchedSplit?: number;
+  /**
    * TEAM/ROWS (and optionally BLOCKS/UNROLL/WG) of the expert mat-vecs (gate·up and down), overriding
    * `moeMatvecConstants`' defaults: a benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-*
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).

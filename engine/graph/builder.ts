@@ -143,6 +143,8 @@ export interface GraphOptions {
   readonly normPrologueMaxRows: number;
   /** StageOptions.combineNormMinRows (≥ 2). */
   readonly combineNormMinRows: number;
+  /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
+  readonly gdnBatchedSplit?: number;
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;

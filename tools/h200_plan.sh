@@ -87,6 +87,7 @@
 #   gdnsplit   #20: the batched steps' gdn_step SPLIT (StageOptions.gdnBatchedSplit; 4, the solo step's, by
 #              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
 #              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
+#   gdnquick   gdnsplit's whole steps once (SPLIT 2, 8, 4) and its bits, for a short call
 #   servelevels  #20: the service at the issue's levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
 #   servelate  servelevels, then the late 2,048-token prompt among 7 streams (direct)
 #   servequick HTTP alone at 1, 2, 4 and 8 streams against the engine (a short call)
@@ -269,6 +270,16 @@ for step in "$@"; do
       done
       for s in 2 8; do
         run gdnsplit 60 $D bench/batch_bits.ts --model "$model" --slots 16 --gdn-split $s
+      done
+      ;;
+    gdnquick)
+      ensure_model
+      for s in 2 8 4; do
+        run gdnquick 60 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
+          --gdn-split $s
+      done
+      for s in 2 8; do
+        run gdnquick 40 $D bench/batch_bits.ts --model "$model" --slots 16 --gdn-split $s
       done
       ;;
     q8c)

@@ -108,41 +108,7 @@ export function buildSource(spec: KernelSpec, values: ConstValues, opts: { f16?:
   }
   for (const lib of spec.lib) lines.push(readSource(new URL(`${lib}.wgsl`, LIB_DIR)));
   lines.push(readSource(spec.url));
-  const source = lines.join("\n");
-  return typeof values.TYPE === "number" ? foldTypeChains(source, values.TYPE) : source;
-}
-
-/** One link of a type chain: `if (TYPE == 12u) { return q4k_pos(c, j); }` (indent, type id, the return). */
-const TYPE_LINK = /^(\s*)if \(TYPE == (\d+)u\) \{ (return [^;]*;) \}\s*$/;
-
-/**
- * The source with each chain of one-line type branches (lib/quant.wgsl's dispatch on TYPE: consecutive
- * {@linkcode TYPE_LINK} lines, then a plain `return ...;` for the other types) cut to the one return that
- * `type` takes. The compiler would drop the untaken branches too, but only after inlining every type's
- * decoder at each call: on lavapipe that made a pipeline 4-10x slower to create (a mat-vec 0.3 s against 0.07,
- * an expert mat-vec 0.7 against 0.07 s; most of the test suite's time). The code that runs is the same.
- * @throws {Error} on a chain that does not end in a plain return (a source this function would misread)
- */
-export function foldTypeChains(source: string, type: number): string {
-  const lines = source.split("\n");
-  const out: string[] = [];
-  for (let i = 0; i < lines.length; i++) {
-    if (!TYPE_LINK.test(lines[i]!)) {
-      out.push(lines[i]!);
-      continue;
-    }
-    let taken: string | undefined;
-    for (; i < lines.length && TYPE_LINK.test(lines[i]!); i++) {
-      const [, indent, id, ret] = TYPE_LINK.exec(lines[i]!)!;
-      if (taken === undefined && Number(id) === type) taken = `${indent}${ret}`;
-    }
-    const last = lines[i] ?? "";
-    if (!/^\s*return [^;]*;\s*$/.test(last)) {
-      throw new Error(`Internal error: a TYPE chain ends in "${last.trim()}", not a plain return`);
-    }
-    out.push(taken ?? last);
-  }
-  return out.join("\n");
+  return lines.join("\n");
 }
 
 /** Compiles and caches compute pipelines per variant key on one device. */

@@ -1,13 +1,5 @@
 import assert from "node:assert/strict";
-import {
-  bindGroup,
-  buildSource,
-  foldTypeChains,
-  type KernelSpec,
-  PipelineCache,
-  variantKey,
-} from "./kernel.ts";
-import { MATVEC } from "./matvec.ts";
+import { bindGroup, buildSource, type KernelSpec, PipelineCache, variantKey } from "./kernel.ts";
 import { poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 
 const PROBE: KernelSpec = {
@@ -37,30 +29,6 @@ Deno.test("buildSource rejects missing, unlisted and ill-typed constants", () =>
 });
 
 // Guards against a runtime whose f16 shaders return zeros (seen in an older Deno, PLATFORM.md).
-Deno.test("foldTypeChains keeps the one return of TYPE's branch, or the chain's last; buildSource folds", () => {
-  const chain = [
-    "fn pos(c: u32) -> u32 {",
-    "  if (TYPE == 12u) { return k4(c); }",
-    "  if (TYPE == 8u) { return q8(c); }",
-    "  return f32p(c);",
-    "}",
-    "if (TYPE == 8u) {",
-    "  x = 1u;",
-    "}",
-  ].join("\n");
-  const body = (ret: string) => ["fn pos(c: u32) -> u32 {", ret, "}", "if (TYPE == 8u) {", "  x = 1u;", "}"];
-  assert.equal(foldTypeChains(chain, 8), body("  return q8(c);").join("\n"));
-  assert.equal(foldTypeChains(chain, 12), body("  return k4(c);").join("\n"));
-  assert.equal(foldTypeChains(chain, 0), body("  return f32p(c);").join("\n"), "no branch: the last return");
-  assert.throws(() => foldTypeChains("  if (TYPE == 8u) { return a; }\n  x = 2u;", 8), /not a plain return/);
-  // A real kernel: lib/quant.wgsl's chains are gone, the taken decoder stays, the others are not called.
-  const values = { TYPE: 23, TEAM: 32, ROWS: 4, BATCH: 1, ACC: 0, NORM: 0, EPS: 0, UNROLL: 2, XR: 0, SR: 0 };
-  const src = buildSource(MATVEC, values);
-  assert.doesNotMatch(src, /if \(TYPE == \d+u\) \{ return/);
-  assert.match(src, /^\s*return iq4xs_q\(rb, c, j\);$/m);
-  assert.doesNotMatch(src, /return q4k_q\(/);
-});
-
 Deno.test("specialised kernels compute on the adapter, f32 and f16 variants", async () => {
   const { device, f16 } = await testGpu();
   const cache = new PipelineCache(device, { f16 });

@@ -8,7 +8,9 @@
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
 # What the next call should measure first: the H200 table is in docs/PERF.md (the thirty-sixth session: 8 / 16
-# slots 1,006-1,008 / 1,249-1,250 tok/s, 4.0x / 5.0x; `confirm`, `servelevels`, `rowsq`, `q8c`). Where the
+# slots 1,006-1,008 / 1,249-1,250 tok/s, 4.0x / 5.0x; `confirm`, `servelevels`, `rowsq`, `q8c`). Next:
+# `gdnsplit` (or `gdnquick`): the batched steps' gdn_step at SPLIT 2 and 8 against the default 4 (8d4c794's
+# StageOptions.gdnBatchedSplit, not yet measured: the device would not start). Where the
 # engine's remaining ~17 ms for a fresh width go: `LLM_TRACE_DECODE=1` with `servewidth` (the `first-chunk`
 # lines: graphMs, parts, firstPartMs).
 # `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.

@@ -179,6 +179,19 @@ ensure_model() {
     --out "$model"
 }
 
+# gdn_splits STEP LIMIT "SPLITS": 8 and 16 slots at each gdn_step SPLIT in turn (StageOptions.gdnBatchedSplit),
+# then batch_bits at 16 slots with SPLIT 2 and 8.
+gdn_splits() {
+  local step=$1 limit=$2 s
+  for s in $3; do
+    run "$step" "$limit" $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
+      --slots 8,16 --gdn-split "$s"
+  done
+  for s in 2 8; do
+    run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 16 --gdn-split "$s"
+  done
+}
+
 for step in "$@"; do
   case $step in
     tests)
@@ -266,23 +279,11 @@ for step in "$@"; do
     gdnsplit)
       ensure_model
       run gdnsplit 60 $D bench/gdn_step.ts --cols 8,16 --split 8,4,2
-      for s in 2 8 4 2 8; do
-        run gdnsplit 80 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
-          --gdn-split $s
-      done
-      for s in 2 8; do
-        run gdnsplit 60 $D bench/batch_bits.ts --model "$model" --slots 16 --gdn-split $s
-      done
+      gdn_splits gdnsplit 80 "2 8 4 2 8"
       ;;
     gdnquick)
       ensure_model
-      for s in 2 8 4; do
-        run gdnquick 60 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 8,16 \
-          --gdn-split $s
-      done
-      for s in 2 8; do
-        run gdnquick 40 $D bench/batch_bits.ts --model "$model" --slots 16 --gdn-split $s
-      done
+      gdn_splits gdnquick 60 "2 8 4"
       ;;
     q8c)
       ensure_model

@@ -130,8 +130,8 @@ Deno.test("moe_group + grouped matmul and grouped mat-vec: experts' tokens group
     makeCase(rng, "IQ4_XS", false, false, rng.int(20, 60), rng.int(257, 700)),
   );
   // Both step widths where the device holds them (lavapipe: UNITS 2 only; else the check must refuse), and
-  // the token-tile widths (UNITS 2) in turn over the cases, so each type meets one and each width about seven
-  // cases (every width on every case cost this test a minute of lavapipe's shader compiles).
+  // the token-tile widths (UNITS 2) in turn over the cases, so each type's two cases meet two widths and each
+  // width about seven cases (every width on every case cost this test a minute of lavapipe's shader compiles).
   const tiles = GROUPED_MATMUL_TILE_TOKENS;
   const variants = (s: GroupedMatmulShape, i: number): GroupedMatmulConstants[] =>
     [

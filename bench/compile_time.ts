@@ -1,7 +1,8 @@
 /**
  * Benchmark: how long a kernel variant's first dispatch takes against a second one, where a driver compiles at
  * first use (lavapipe: LLVM at the first dispatch, most of the test suite's time; docs/PERF.md). Kernels: the
- * chunked DeltaNet prefill's `gdn_chunk_prep` and scan, and `gdn_step`, at tiny, real and odd dims. Run with
+ * chunked DeltaNet prefill's `gdn_chunk_prep` (its forward substitution written out and as loops, COMPACT_SOLVE)
+ * and scan, and `gdn_step`, at tiny, real and odd dims. Run with
  * `MESA_SHADER_CACHE_DISABLE=true` on lavapipe, or Mesa's shader cache answers a variant seen before.
  *
  * Usage: `deno run -A bench/compile_time.ts`. Prints one JSON line per variant (ms to create the pipeline, for
@@ -84,7 +85,15 @@ const dims: [string, GdnStepConstants][] = [
 const emit = (what: Record<string, unknown>) =>
   console.log(JSON.stringify({ bench: "compile_time", commit, adapter: gpu.summary, ...what }));
 for (const [name, c] of dims) {
-  emit({ kernel: "gdn_chunk_prep", dims: name, ...(await time(GDN_CHUNK_PREP, c, [c.N_V, 1, 1])) });
+  for (const compact of [false, true]) {
+    const pc = { ...c, COMPACT_SOLVE: compact };
+    emit({
+      kernel: "gdn_chunk_prep",
+      dims: name,
+      compact,
+      ...(await time(GDN_CHUNK_PREP, pc, [c.N_V, 1, 1])),
+    });
+  }
   const s = gdnChunkScan(c, { BJ: 16, CJ: 2 });
   const scan = { N_V: c.N_V, D_K: c.D_K, D_V: c.D_V, ...s };
   emit({ kernel: "gdn_chunk", dims: name, ...(await time(GDN_CHUNK, scan, [c.N_V, c.D_V / s.BJ, 1])) });

@@ -4,11 +4,12 @@
  * three together) beside `gdn_step` over the same tokens.
  *
  * Usage: `deno run -A bench/gdn_chunk.ts [--n 256,512,1024,2048] [--reps 5] [--step-max 2048] [--tiled]
- * [--split 1,2,4,8] [--cut 100]` (`--split`: `gdn_step` with those SPLIT values, plus `gdn_chunk_norm` above 1;
- * `--cut`: the chunked kernels cut at that token, with a state tap, as a prompt-boundary snapshot does).
- * `--scan [--scan-n 512,2048] [--quick]`: instead, `gdn_chunk_prep` beside its version before phase 4's named
- * registers (`bench/_gdn_chunk_prep_v1.wgsl`) and the one before phases 1 and 5's (conv window, substitution
- * column: `bench/_gdn_chunk_prep_v2.wgsl`), then the scan `gdn_chunk` alone in every shape BJ × CJ beside
+ * [--split 1,2,4,8] [--cut 100] [--compact-solve]` (`--split`: `gdn_step` with those SPLIT values, plus
+ * `gdn_chunk_norm` above 1; `--cut`: the chunked kernels cut at that token, with a state tap, as a
+ * prompt-boundary snapshot does; `--compact-solve`: the prep's forward substitution as loops, COMPACT_SOLVE,
+ * what CPU adapters run). `--scan [--scan-n 512,2048] [--quick]`: instead, `gdn_chunk_prep` beside its version
+ * before phase 4's named registers (`bench/_gdn_chunk_prep_v1.wgsl`), the one before phases 1 and 5's (conv
+ * window, substitution column: `bench/_gdn_chunk_prep_v2.wgsl`) and its other COMPACT_SOLVE, then the scan `gdn_chunk` alone in every shape BJ × CJ beside
  * the kernel before its rewrite (`bench/_gdn_chunk_v1.wgsl`, "v1"), µs per dispatch (the scans on the same prep
  * output), each line with its max |difference| from v1's output after one dispatch from the same state
  * (`--quick`: n = 64, one repetition, for a check on lavapipe).
@@ -54,6 +55,7 @@ const { values: args } = parseArgs({
     "scan-n": { type: "string", default: "512,2048" },
     quick: { type: "boolean", default: false },
     cut: { type: "string", default: "0" },
+    "compact-solve": { type: "boolean", default: false },
   },
 });
 const ns = args.n!.split(",").map(Number);
@@ -142,6 +144,7 @@ const GDN_CHUNK_V1: KernelSpec = {
 /** The prep before phase 4's named registers, its header as it was. */
 const GDN_CHUNK_PREP_V1: KernelSpec = {
   ...GDN_CHUNK_PREP,
+  constants: GDN_STEP.constants,
   name: "gdn_chunk_prep_v1",
   url: new URL("./_gdn_chunk_prep_v1.wgsl", import.meta.url),
 };
@@ -149,11 +152,12 @@ const GDN_CHUNK_PREP_V1: KernelSpec = {
 /** The prep before phases 1 and 5 left their loop-indexed private arrays, its header as it was. */
 const GDN_CHUNK_PREP_V2: KernelSpec = {
   ...GDN_CHUNK_PREP,
+  constants: GDN_STEP.constants,
   name: "gdn_chunk_prep_v2",
   url: new URL("./_gdn_chunk_prep_v2.wgsl", import.meta.url),
 };
 
-const pipes = await prepareGdnChunk(cache, c);
+const pipes = await prepareGdnChunk(cache, c, { compactSolve: args["compact-solve"] });
 const state0 = buf(d.state);
 {
   const e = device.createCommandEncoder();
@@ -177,7 +181,15 @@ for (const n of args.scan ? [] : ns) {
   const parts: Record<string, number> = {};
   for (let i = 0; i < ds.length; i++) parts[ds[i]!.spec.name] = us(await time(one(i)));
   const all = await time((pass) => [0, 1, 2].forEach((i) => one(i)(pass)));
-  line({ what: "gdn_chunk", nTokens: n, cut: nCut, us: us(all), usPerToken: us(all / n), parts });
+  line({
+    what: "gdn_chunk",
+    compactSolve: args["compact-solve"],
+    nTokens: n,
+    cut: nCut,
+    us: us(all),
+    usPerToken: us(all / n),
+    parts,
+  });
   for (const split of n <= stepMax ? splits : []) {
     // SPLIT > 1: the step writes o before the gated norm, so gdn_chunk_norm (ds[2]) follows it.
     const cs = { ...c, SPLIT: split };
@@ -259,6 +271,11 @@ async function compareScans(): Promise<void> {
       ["v1", await cache.get(GDN_CHUNK_PREP_V1, c)],
       ["v2", await cache.get(GDN_CHUNK_PREP_V2, c)],
       ["engine", pipes[0]],
+      // the engine's other form of the forward substitution (StageOptions.gdnCompactSolve)
+      [
+        args["compact-solve"] ? "unrolled" : "compact",
+        await cache.get(GDN_CHUNK_PREP, { ...c, COMPACT_SOLVE: !args["compact-solve"] }),
+      ],
     ] as const;
     for (const [variant, pipe] of preps) {
       const group = bindGroup(device, pipe, ds[0]!.bindings);

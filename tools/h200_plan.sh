@@ -90,6 +90,8 @@
 #              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
 #              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
 #   gdnquick   gdnsplit's whole steps once (SPLIT 2, 8, 4) and its bits, for a short call
+#   prepsolve  gdn_chunk_prep's forward substitution written out (GPUs' default) against COMPACT_SOLVE's loops
+#              (CPU adapters' default): the prep variants at 512 and 2,048 tokens, and the chunked layer both ways
 #   servelevels  #20: the service at the issue's levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
 #   servelate  servelevels, then the late 2,048-token prompt among 7 streams (direct)
 #   servequick HTTP alone at 1, 2, 4 and 8 streams against the engine (a short call)
@@ -280,6 +282,11 @@ for step in "$@"; do
       ensure_model
       run gdnsplit 60 $D bench/gdn_step.ts --cols 8,16 --split 8,4,2
       gdn_splits gdnsplit 80 "2 8 4 2 8"
+      ;;
+    prepsolve)
+      run prepsolve 90 $D bench/gdn_chunk.ts --scan --scan-n 512,2048
+      run prepsolve 60 $D bench/gdn_chunk.ts --n 512,2048 --step-max 0
+      run prepsolve 60 $D bench/gdn_chunk.ts --n 512,2048 --step-max 0 --compact-solve
       ;;
     gdnquick)
       ensure_model

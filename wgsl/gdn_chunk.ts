@@ -73,13 +73,26 @@ export function gdnChunkBlocks(nTokens: number, cut = 0): Array<[number, number]
  */
 export type GdnChunkConstants = GdnStepConstants;
 
-/** Kernel spec of `gdn_chunk_prep` (constants: all of {@linkcode GdnChunkConstants}). */
+/**
+ * Kernel spec of `gdn_chunk_prep` (constants: all of {@linkcode GdnChunkConstants}, and `COMPACT_SOLVE`: its
+ * forward substitution as loops, see {@linkcode gdnCompactSolve}).
+ */
 export const GDN_CHUNK_PREP: KernelSpec = {
   name: "gdn_chunk_prep",
   url: new URL("./gdn_chunk_prep.wgsl", import.meta.url),
   lib: ["gdn"],
-  constants: GDN_STEP.constants,
+  constants: { ...GDN_STEP.constants, COMPACT_SOLVE: "bool" },
 };
+
+/**
+ * Whether the prep's forward substitution should run as loops (`COMPACT_SOLVE`) on this adapter: on CPU
+ * adapters (lavapipe), where LLVM takes about 30 s to compile the written-out form at its first dispatch and
+ * under 2 s the loops (docs/PERF.md). GPUs keep the written-out form, whose 16 row blocks stay in registers.
+ * Both forms sum in the same order.
+ */
+export function gdnCompactSolve(info: Pick<GPUAdapterInfo, "isFallbackAdapter"> | undefined): boolean {
+  return info?.isFallbackAdapter === true;
+}
 
 /** Kernel spec of `gdn_chunk`, the scan (constants N_V, D_K, D_V and the {@linkcode GdnChunkScan} BJ, CJ). */
 export const GDN_CHUNK: KernelSpec = {
@@ -333,6 +346,8 @@ export function gdnChunkDispatches(
     maxTokens: number;
     scan?: GdnChunkScan;
     tap?: Binding;
+    /** The prep's COMPACT_SOLVE ({@linkcode gdnCompactSolve}; default false). */
+    compactSolve?: boolean;
   },
 ): GdnChunkDispatch[] {
   checkGdnChunk(c, opts);
@@ -344,7 +359,7 @@ export function gdnChunkDispatches(
   return [
     {
       spec: GDN_CHUNK_PREP,
-      constants: { ...c },
+      constants: { ...c, COMPACT_SOLVE: opts.compactSolve ?? false },
       bindings: GDN_CHUNK_PREP_BINDINGS.map((k) => all[k]),
       grid: [c.N_V, blocks, 1],
     },
@@ -375,10 +390,10 @@ export type GdnChunkPipelines = readonly [GPUComputePipeline, GPUComputePipeline
 export async function prepareGdnChunk(
   cache: PipelineCache,
   c: GdnChunkConstants,
-  opts: { scan?: GdnChunkScan } = {},
+  opts: { scan?: GdnChunkScan; compactSolve?: boolean } = {},
 ): Promise<GdnChunkPipelines> {
   return [
-    await cache.get(GDN_CHUNK_PREP, { ...c }),
+    await cache.get(GDN_CHUNK_PREP, { ...c, COMPACT_SOLVE: opts.compactSolve ?? false }),
     await cache.get(GDN_CHUNK, scanConstants(c, gdnChunkScan(c, opts.scan))),
     await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c)),
   ];

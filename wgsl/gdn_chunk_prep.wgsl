@@ -26,7 +26,8 @@
 //   8 ws_qkw    ne=[QKW_BLK, N_V, NB] scratch (NB blocks as above), written: block (c, h) at (c·N_V + h)·QKW_BLK
 //   9 ws_up     ne=[UP_BLK, N_V, NB] scratch, written, same block order
 //
-// Constants (as gdn_step): N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32; KAPPA_TILED, BA_GROUPED: bool; A_OFF: u32.
+// Constants (as gdn_step): N_K, N_V, D_K, D_V, K_CONV: u32; EPS: f32; KAPPA_TILED, BA_GROUPED: bool; A_OFF: u32;
+// and COMPACT_SOLVE: bool, phase 5's form (below).
 // Limits: N_V % N_K == 0; D_K % 64 == 0, D_K <= 256; D_V % 16 == 0, D_V <= 128; K_CONV <= 4 (taps and window in
 // one vec4); the twin checks them.
 // Workgroup storage: 17.25 KiB (M is 64×64 f32).
@@ -40,7 +41,10 @@
 //   4 a 4×4 tile of (t, s) per invocation: k̂_t·k̂_s and q_t·k̂_s → M (workgroup) and P (scratch), over key
 //     slices of 32 staged in workgroup memory (M's array) by coalesced loads; the tile in named vec4s.
 //   5 forward substitution (I+M) x = rhs, one column of [U | W] per invocation (D_V + D_K columns), held in 16
-//     named vec4s (BT = 64 written out): 4×4 blocks of M as mat4x4 from workgroup memory.
+//     named vec4s (BT = 64 written out): 4×4 blocks of M as mat4x4 from workgroup memory. COMPACT_SOLVE: the
+//     same sums in the same order as loops over the row blocks, each solved block read back from where it
+//     was written. Written out, LLVM on a CPU adapter (lavapipe) takes about 30 s to compile the kernel at its
+//     first dispatch, against under 2 s as loops (docs/PERF.md); the engine takes the loops on CPU adapters.
 // Hot per-invocation values are named scalars/vec4s indexed by constants only: a private array indexed by a loop
 // counter lives in local memory on the H200 (docs/PERF.md).
 
@@ -129,6 +133,17 @@ fn out4(t4: u32, col: u32, qb: u32, ub: u32, y: vec4<f32>) {
     ws_qkw[at + 2u * D_K] = y.z;
     ws_qkw[at + 3u * D_K] = y.w;
   }
+}
+
+// Rows 4·t4 .. 4·t4+3 of column col of U or W as out4 wrote them.
+fn in4(t4: u32, col: u32, qb: u32, ub: u32) -> vec4<f32> {
+  let t = 4u * t4;
+  if (col < D_V) {
+    let at = ub + t * D_V + col;
+    return vec4<f32>(ws_up[at], ws_up[at + D_V], ws_up[at + 2u * D_V], ws_up[at + 3u * D_V]);
+  }
+  let at = qb + OFF_W + t * D_K + (col - D_V);
+  return vec4<f32>(ws_qkw[at], ws_qkw[at + D_K], ws_qkw[at + 2u * D_K], ws_qkw[at + 3u * D_K]);
 }
 
 // Conv tap of channel ch in window component c (tap c + K_CONV − 4: the current token's in component 3; zero
@@ -376,6 +391,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // 5: U = (I+M)^{-1} diag(β) V in place of V, W = (I+M)^{-1} diag(β e^G) K, one column per invocation: the
   // column's 16 row blocks r0..r15 (all 64 loads in flight at once), solved block by block into y0..y15, each
   // block's off-diagonal terms as vec4·mat4x4 (named values only: BT = 64 is written out here)
+  if (COMPACT_SOLVE) {
+    // Row block j: r_j − (mx(j, 0, y_0) + … + mx(j, j−1, y_{j−1})) summed left to right, as written out below;
+    // y_i read back from the column (block j's rows of U overwrite rows of V that no later rhs4 reads)
+    for (var col = lid; col < D_V + D_K; col += WG) {
+      for (var j = 0u; j < BT / 4u; j++) {
+        var r = rhs4(j, col, qb, ub);
+        if (j > 0u) {
+          var acc = mx(j, 0u, in4(0u, col, qb, ub));
+          for (var i = 1u; i < j; i++) {
+            acc += mx(j, i, in4(i, col, qb, ub));
+          }
+          r -= acc;
+        }
+        out4(j, col, qb, ub, solve4(j, r));
+      }
+    }
+    return;
+  }
   for (var col = lid; col < D_V + D_K; col += WG) {
     let r0 = rhs4(0u, col, qb, ub);
     let r1 = rhs4(1u, col, qb, ub);

@@ -52,12 +52,16 @@ const RING_TOL: Tolerance = { atol: 0, rtol: 0 };
  * One dispatch of a schedule: `n` tokens through the chunked kernels (scan shape `scan`), or `gdn_step`. A
  * chunk's `cut` is its params word 2 as written (0 by default); with 0 < cut < n the dispatch also gets a
  * poisoned state tap and records `gdn_conv_ring_tap` (into a poisoned ring tap) before its ring update.
+ * `unrolled`: the prep's written-out forward substitution (COMPACT_SOLVE false, what GPUs run); by default the
+ * loops, as the engine takes on this CPU adapter: written out, each variant costs lavapipe about 30 s of
+ * compile (docs/PERF.md), so one test runs that form.
  */
 interface Part {
   readonly n: number;
   readonly kernel: "chunk" | "step";
   readonly scan?: GdnChunkScan;
   readonly cut?: number;
+  readonly unrolled?: boolean;
 }
 
 const chunks = (...ns: number[]): Part[] => ns.map((n) => ({ n, kernel: "chunk" }));
@@ -92,7 +96,7 @@ async function record(
   const ys: GPUBuffer[] = [];
   const taps: { cut: number; state: GPUBuffer; ring: GPUBuffer }[] = [];
   let t0 = 0;
-  for (const { n, kernel, scan, cut = 0 } of schedule) {
+  for (const { n, kernel, scan, cut = 0, unrolled = false } of schedule) {
     assert.ok(kernel === "chunk" || cut === 0, "only chunks are cut");
     // A cut of n or more is no cut: written as is (packGdnChunkParams refuses it).
     const words = kernel === "step"
@@ -141,7 +145,7 @@ async function record(
       }
       : undefined;
     if (kernel === "chunk") {
-      const pipelines = await prepareGdnChunk(cache, c, { scan });
+      const pipelines = await prepareGdnChunk(cache, c, { scan, compactSolve: !unrolled });
       const stateTap = tap && { buffer: tap.state, size: d.state * 4 };
       encodeGdnChunk(pass, {
         device,
@@ -257,7 +261,7 @@ function checkAgainstRef(got: Result, r: Run, seed: number): void {
   assertClose(got.hist, ref.hist, RING_TOL, { what: `gdn_chunk conv ring ${key}`, seed });
 }
 
-Deno.test("gdn_chunk: tiny dims, both κ and b/a layouts, n = 1, 7, 64, 100, 130, fresh and carried", async () => {
+Deno.test("gdn_chunk: tiny dims, both κ and b/a layouts, n = 1, 7, 64, 100, 130, fresh and carried, both solves", async () => {
   const rng = new Rng();
   const runs: Run[] = [];
   for (const m of [TINY_NEXT, TINY_35]) {
@@ -267,6 +271,11 @@ Deno.test("gdn_chunk: tiny dims, both κ and b/a layouts, n = 1, 7, 64, 100, 130
       runs.push({ inp: makeInputs(rng, m, { nTokens: n, pos0, fresh }), schedule: chunks(n) });
     }
   }
+  // The written-out solve (one variant: its phase 5 does not depend on the model's κ or b/a layout): three
+  // blocks, the last short, then a short dispatch and a cut one after it
+  const inp = makeInputs(rng, TINY_35, { nTokens: 250, pos0: rng.int(1, 1_000_000), fresh: false });
+  const unrolled = (n: number, cut = 0): Part => ({ n, kernel: "chunk", cut, unrolled: true });
+  runs.push({ inp, schedule: [unrolled(130), unrolled(20), unrolled(100, 37)] });
   const got = await runAll(runs, record);
   runs.forEach((r, i) => checkAgainstRef(got[i]!, r, rng.seed));
 });

@@ -186,7 +186,8 @@ export async function deltaNet(
     // state here, the conv ring's in a dispatch of its own before the ring's update below.
     const scratch = { wsQkw: A.gdnQkw!, wsUp: A.gdnUp! };
     const tap = cx.states.tap(l, "ssm");
-    for (const dd of gdnChunkDispatches(c, { bindings, scratch, maxTokens: n, tap })) {
+    const compactSolve = g.opts.gdnCompactSolve;
+    for (const dd of gdnChunkDispatches(c, { bindings, scratch, maxTokens: n, tap, compactSolve })) {
       await g.push(`L${l}.${dd.spec.name}`, dd.spec, dd.constants, dd.bindings, dd.grid);
     }
   } else {

@@ -20,6 +20,7 @@ import {
 } from "./options.ts";
 import { type Int8LogEntry, NORM_PROLOGUE_MAX_ROWS } from "../graph/builder.ts";
 import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
+import { gdnCompactSolve } from "../../wgsl/gdn_chunk.ts";
 
 /** The norm fusion and expert grouping limits and int8 x of a stage's graphs, defaults applied (StageOptions). */
 export interface GraphSettings {
@@ -27,6 +28,8 @@ export interface GraphSettings {
   readonly combineNormMinRows: number;
   /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
   readonly gdnBatchedSplit?: number;
+  /** StageOptions.gdnCompactSolve, by default whether the adapter is a CPU one (gdnCompactSolve). */
+  readonly gdnCompactSolve: boolean;
   readonly groupedMinTokensPerExpert: number;
   readonly groupedMatvecMaxTokensPerExpert: number;
   readonly int8Activations: boolean;
@@ -43,7 +46,10 @@ export function checkLoadOptions(
   hp: Hparams,
   path: string,
   opts: StageOptions,
-  limits: Pick<GPUSupportedLimits, "maxStorageBufferBindingSize" | "maxBufferSize">,
+  device: {
+    readonly limits: Pick<GPUSupportedLimits, "maxStorageBufferBindingSize" | "maxBufferSize">;
+    readonly adapterInfo?: Pick<GPUAdapterInfo, "isFallbackAdapter">;
+  },
 ): { layers: readonly [number, number]; maxChunk: number; graphSettings: GraphSettings } {
   const [a, b] = opts.layers ?? [0, hp.nLayer];
   if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b > hp.nLayer || a >= b) {
@@ -82,7 +88,11 @@ export function checkLoadOptions(
     throw new RangeError(`groupedMatvecMaxTokensPerExpert must be a number ≥ 0, got ${gmv}`);
   }
   const kvF16 = opts.kvF16 ?? false;
-  checkStageFits(hp, { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 }, limits);
+  checkStageFits(
+    hp,
+    { layers: [a, b], nCtx: opts.nCtx, nSlots: opts.nSlots, maxChunk, kvF16 },
+    device.limits,
+  );
   if (opts.nCtx > hp.nCtxTrain) {
     (opts.onLog ?? ((line: string) => console.error(line)))(
       `Warning: --ctx ${opts.nCtx} exceeds the model's training context of ${hp.nCtxTrain} positions: ` +
@@ -93,6 +103,7 @@ export function checkLoadOptions(
     normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
     gdnBatchedSplit: gs,
+    gdnCompactSolve: opts.gdnCompactSolve ?? gdnCompactSolve(device.adapterInfo),
     groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
     groupedMatvecMaxTokensPerExpert: gmv ?? GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT,
     int8Activations: opts.int8Activations ?? false,

@@ -67,6 +67,13 @@ export interface StageOptions {
    */
   readonly gdnBatchedSplit?: number;
   /**
+   * The chunked DeltaNet prefill's forward substitution (`gdn_chunk_prep`) as loops instead of written out:
+   * the same sums in the same order, compiled in under 2 s instead of about 30 s by LLVM on a CPU adapter
+   * (lavapipe). Default: true on CPU (fallback) adapters, false on GPUs. A benchmark knob elsewhere
+   * (bench/gdn_chunk.ts `--compact-solve`).
+   */
+  readonly gdnCompactSolve?: boolean;
+  /**
    * TEAM/ROWS (and optionally BLOCKS/UNROLL/WG) of the expert mat-vecs (gate·up and down), overriding
    * `moeMatvecConstants`' defaults: a benchmark knob (bench/moe.ts finds candidates, bench/decode.ts --moe-*
    * measures them in a whole step). Only TEAM changes the sums' bits (and WG where `moeMatvecSameBits` fails).

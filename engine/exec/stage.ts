@@ -251,7 +251,7 @@ export class Stage {
     const hp = arch.readHparams(file.metadata);
     const check = arch.checkTensors(file, hp);
     const model = GRAPHS[arch.name];
-    const { layers, maxChunk, graphSettings } = load.checkLoadOptions(hp, file.path, opts, gpu.device.limits);
+    const { layers, maxChunk, graphSettings } = load.checkLoadOptions(hp, file.path, opts, gpu.device);
     return await load.underLoadScopes(
       gpu.device,
       { hp, layers, nCtx: opts.nCtx, nSlots: opts.nSlots, kvF16: opts.kvF16 ?? false },

@@ -145,6 +145,8 @@ export interface GraphOptions {
   readonly combineNormMinRows: number;
   /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
   readonly gdnBatchedSplit?: number;
+  /** The chunked prefill's prep solves by loops (StageOptions.gdnCompactSolve). */
+  readonly gdnCompactSolve: boolean;
   readonly moeTuning?: {
     readonly gateUp?: MoeMatvecTuning;
     readonly down?: MoeMatvecTuning;

@@ -7,8 +7,9 @@
  * Usage:
  * ```
  * SHADER_DUMP_DIR=/tmp/shaders deno test -A --preload bench/_shader_dump.ts
- * MESA_SHADER_CACHE_DISABLE=true deno run -A bench/compile_all.ts /tmp/shaders [--top 40]
+ * MESA_SHADER_CACHE_DISABLE=true deno run -A bench/compile_all.ts /tmp/shaders [--top 40] [--shard 0/2]
  * ```
+ * (`--shard i/n`: every n-th module from the i-th, for n processes side by side.)
  * Prints one JSON line per module (ms of the first dispatch, of the pipeline's creation, the label of its first
  * creation and how many creations the index counts), then a total line; never asserts.
  * @module
@@ -17,7 +18,7 @@ import { parseArgs } from "node:util";
 import { acquireGpu } from "../engine/gpu/device.ts";
 
 const { values: args, positionals } = parseArgs({
-  options: { top: { type: "string", default: "1000000" } },
+  options: { top: { type: "string", default: "1000000" }, shard: { type: "string", default: "0/1" } },
   allowPositionals: true,
 });
 const dir = positionals[0];
@@ -56,7 +57,9 @@ const rows: {
   createMs: number;
   firstMs: number;
 }[] = [];
-for (const [hash, e] of index) {
+const [shard, shards] = args.shard!.split("/").map(Number) as [number, number];
+for (const [k, [hash, e]] of [...index].entries()) {
+  if (k % shards !== shard) continue;
   const code = Deno.readTextFileSync(`${dir}/${hash}.wgsl`);
   // every entry point (a module may hold two), each its own pipeline and compile
   for (const [, entryPoint] of code.matchAll(/@compute[\s\S]{0,200}?fn\s+(\w+)/g)) {

@@ -11,7 +11,8 @@
  */
 import { acquireGpu } from "../engine/gpu/device.ts";
 import { type KernelSpec, PipelineCache } from "../wgsl/kernel.ts";
-import { GDN_ONE_COLUMN, GDN_STEP, type GdnStepConstants } from "../wgsl/gdn_step.ts";
+import { GDN_STEP, type GdnStepConstants } from "../wgsl/gdn_step.ts";
+import { ODD_A, REAL_35, TINY_35 } from "../wgsl/_gdn_testing.ts";
 import { GDN_CHUNK, GDN_CHUNK_PREP, gdnChunkScan } from "../wgsl/gdn_chunk.ts";
 import { buildInfo } from "../version.ts";
 
@@ -64,24 +65,8 @@ async function bindingCount(layout: GPUBindGroupLayout): Promise<number> {
   return 0;
 }
 
-const tiny: GdnStepConstants = {
-  N_K: 2,
-  N_V: 4,
-  D_K: 128,
-  D_V: 128,
-  K_CONV: 4,
-  EPS: 1e-6,
-  KAPPA_TILED: true,
-  BA_GROUPED: false,
-  A_OFF: 0,
-  SPLIT: 1,
-  ...GDN_ONE_COLUMN,
-};
-const dims: [string, GdnStepConstants][] = [
-  ["tiny", tiny],
-  ["real", { ...tiny, N_K: 16, N_V: 32 }],
-  ["odd", { ...tiny, N_K: 1, N_V: 2, D_K: 256, D_V: 16, K_CONV: 2, KAPPA_TILED: false, BA_GROUPED: true }],
-];
+// The test models' dims: tiny and real qwen35moe, and odd (D_K 256, D_V 16, a 2-slot ring, grouped b/a).
+const dims: [string, GdnStepConstants][] = [["tiny", TINY_35.c], ["real", REAL_35.c], ["odd", ODD_A.c]];
 const emit = (what: Record<string, unknown>) =>
   console.log(JSON.stringify({ bench: "compile_time", commit, adapter: gpu.summary, ...what }));
 for (const [name, c] of dims) {

@@ -9,7 +9,8 @@
  * prompt-boundary snapshot does; `--compact-solve`: the prep's forward substitution as loops, COMPACT_SOLVE,
  * what CPU adapters run). `--scan [--scan-n 512,2048] [--quick]`: instead, `gdn_chunk_prep` beside its version
  * before phase 4's named registers (`bench/_gdn_chunk_prep_v1.wgsl`), the one before phases 1 and 5's (conv
- * window, substitution column: `bench/_gdn_chunk_prep_v2.wgsl`) and its other COMPACT_SOLVE, then the scan `gdn_chunk` alone in every shape BJ × CJ beside
+ * window, substitution column: `bench/_gdn_chunk_prep_v2.wgsl`) and its other COMPACT_SOLVE, then the scan
+ * `gdn_chunk` alone in every shape BJ × CJ beside
  * the kernel before its rewrite (`bench/_gdn_chunk_v1.wgsl`, "v1"), µs per dispatch (the scans on the same prep
  * output), each line with its max |difference| from v1's output after one dispatch from the same state
  * (`--quick`: n = 64, one repetition, for a check on lavapipe).

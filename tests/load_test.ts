@@ -223,15 +223,11 @@ Deno.test("load: 64 concurrent streams, a third hanging up: completed ones equal
       }
       const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
       const steps = rss.slice(1).map((b, i) => b - rss[i]!);
+      const grew = `the head grew by ${steps.map(mib).join(", then ")} (${rss.map(mib).join(" -> ")})`;
       assert.ok(
         Math.min(...steps) < RSS_GROWTH_MAX_BYTES,
-        `the head grew by ${steps.map(mib).join(", then ")} (${
-          rss.map(mib).join(" -> ")
-        }) over ${steps.length} ` +
-          `rounds of ${CLIENTS} streams, more than ${
-            mib(RSS_GROWTH_MAX_BYTES)
-          } in each: something is kept per ` +
-          `request`,
+        `${grew} over ${steps.length} rounds of ${CLIENTS} streams, more than ${mib(RSS_GROWTH_MAX_BYTES)} ` +
+          `in each: something is kept per request`,
       );
     } finally {
       await head.stop();

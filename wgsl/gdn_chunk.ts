@@ -94,6 +94,11 @@ export function gdnCompactSolve(info: Pick<GPUAdapterInfo, "isFallbackAdapter"> 
   return info?.isFallbackAdapter === true;
 }
 
+/** The prep's constants: `c` and COMPACT_SOLVE (default false), for its dispatch and its pipeline alike. */
+function prepConstants(c: GdnChunkConstants, compactSolve = false): Record<string, number | boolean> {
+  return { ...c, COMPACT_SOLVE: compactSolve };
+}
+
 /** Kernel spec of `gdn_chunk`, the scan (constants N_V, D_K, D_V and the {@linkcode GdnChunkScan} BJ, CJ). */
 export const GDN_CHUNK: KernelSpec = {
   name: "gdn_chunk",
@@ -359,7 +364,7 @@ export function gdnChunkDispatches(
   return [
     {
       spec: GDN_CHUNK_PREP,
-      constants: { ...c, COMPACT_SOLVE: opts.compactSolve ?? false },
+      constants: prepConstants(c, opts.compactSolve),
       bindings: GDN_CHUNK_PREP_BINDINGS.map((k) => all[k]),
       grid: [c.N_V, blocks, 1],
     },
@@ -393,7 +398,7 @@ export async function prepareGdnChunk(
   opts: { scan?: GdnChunkScan; compactSolve?: boolean } = {},
 ): Promise<GdnChunkPipelines> {
   return [
-    await cache.get(GDN_CHUNK_PREP, { ...c, COMPACT_SOLVE: opts.compactSolve ?? false }),
+    await cache.get(GDN_CHUNK_PREP, prepConstants(c, opts.compactSolve)),
     await cache.get(GDN_CHUNK, scanConstants(c, gdnChunkScan(c, opts.scan))),
     await cache.get(GDN_CHUNK_NORM, gdnNormConstants(c)),
   ];

@@ -90,6 +90,9 @@
 #              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
 #              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
 #   gdnquick   gdnsplit's whole steps once (SPLIT 2, 8, 4) and its bits, for a short call
+#   llamaref   #20: llama.cpp's llama-batched-bench (CUDA, built here from the carried .llama: tools/llama_ref.sh)
+#              and bench/decode.ts at 1, 2, 4, 8 and 16 slots on the same file; a call that ends before the build
+#              does leaves it running for the next call (carry .llama too)
 #   prepsolve  gdn_chunk_prep's forward substitution written out (GPUs' default) against COMPACT_SOLVE's loops
 #              (CPU adapters' default): the prep variants at 512 and 2,048 tokens, and the chunked layer both ways
 #   servelevels  #20: the service at the issue's levels: HTTP and direct at 1, 2, 4, 8 and 16 streams against the engine
@@ -282,6 +285,20 @@ for step in "$@"; do
       ensure_model
       run gdnsplit 60 $D bench/gdn_step.ts --cols 8,16 --split 8,4,2
       gdn_splits gdnsplit 80 "2 8 4 2 8"
+      ;;
+    llamaref)
+      # llama.cpp's CUDA build starts in the background (a fresh machine: 16 cores, several minutes) while the
+      # model is written; then its batched bench and this engine's at the issue's levels, on the same file.
+      bash "$root/tools/llama_ref.sh" build 0 2>&1 | tee -a "$out/llamaref.log"
+      ensure_model
+      w=$((budget - SECONDS - 240))
+      [ "$w" -lt 10 ] && w=10
+      run llamaref $((w + 10)) bash "$root/tools/llama_ref.sh" build "$w"
+      if [ -x /tmp/llama.cpp/build/bin/llama-batched-bench ]; then
+        run llamaref 120 bash "$root/tools/llama_ref.sh" bench "$model"
+        run llamaref 110 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
+          --slots 1,2,4,8,16
+      fi
       ;;
     prepsolve)
       run prepsolve 90 $D bench/gdn_chunk.ts --scan --scan-n 512,2048

@@ -7,10 +7,11 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next call should measure first: the H200 table is in docs/PERF.md (the thirty-sixth session: 8 / 16
-# slots 1,006-1,008 / 1,249-1,250 tok/s, 4.0x / 5.0x; `confirm`, `servelevels`, `rowsq`, `q8c`). Next:
-# `gdnsplit` (or `gdnquick`): the batched steps' gdn_step at SPLIT 2 and 8 against the default 4 (8d4c794's
-# StageOptions.gdnBatchedSplit, not yet measured: the device would not start). Where the
+# What the next call should measure first: the thirty-eighth session's H100 call (docs/PERF.md) put llama.cpp's
+# CUDA batched bench and this engine on one file in one call (`llamaref`: 8 / 16 slots 4.08x / 5.02x, 1.20x /
+# 1.31x llama.cpp), kept gdn_step's batched SPLIT 4 (`gdnquick`) and the prep's written-out solve on GPUs
+# (`prepsolve`). The tree with .bin is at the carry limit: a fresh machine builds llama.cpp in a call of its own
+# (`bash tools/llama_ref.sh build 560`, carry .devcfg .llama, ~221 s), then `llamaref` in the next. Where the
 # engine's remaining ~17 ms for a fresh width go: `LLM_TRACE_DECODE=1` with `servewidth` (the `first-chunk`
 # lines: graphMs, parts, firstPartMs).
 # `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.

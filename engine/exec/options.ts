@@ -63,7 +63,8 @@ export interface StageOptions {
    * solo step's, 4 at D_V = 128). Each leaves the gated norm to a `gdn_chunk_norm` dispatch after it, and the
    * recurrence's sums do not depend on SPLIT, so the bits stay the solo step's (SPLIT 1, the norm inside the
    * step, sums the norm in another order: not offered). A benchmark knob (bench/decode.ts `--gdn-split`,
-   * bench/batch_bits.ts `--gdn-split` checks the bits).
+   * bench/batch_bits.ts `--gdn-split` checks the bits). On an H100, 8 / 16 slots ran at 996 / 1,225 tok/s with 4
+   * against 989 / 1,212 with 2 and 973 / 1,193 with 8 (docs/PERF.md, 2026-12-07).
    */
   readonly gdnBatchedSplit?: number;
   /**

@@ -289,7 +289,8 @@ export class EngineService implements Engine {
     if (this.#closing) {
       throw new QueueFullError("The engine is shutting down and admits no new requests: retry elsewhere", 1);
     }
-    if (this.#state === "failed") throw new Error(`The model failed to load: ${this.#failure?.message}`);
+    // The failure names itself ("The model failed to load: ..." or "The engine worker crashed: ...").
+    if (this.#state === "failed") throw new Error(this.#failure?.message ?? "The model failed to load");
     this.#validate(req);
     if (this.#chain && this.#state === "ready") {
       try {

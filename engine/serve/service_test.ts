@@ -555,9 +555,10 @@ Deno.test("a model that fails to load: status failed, requests rejected with the
   const early = e.generate({ prompt: [1], maxTokens: 1, sampling: GREEDY, stopIds: [] });
   await assert.rejects(early, /The model failed to load: .*missing\.gguf/);
   assert.equal(e.status().state, "failed");
+  // Once failed, a request names the cause once (not "The model failed to load: The model failed to load").
   await assert.rejects(
     e.generate({ prompt: [1], maxTokens: 1, sampling: GREEDY, stopIds: [] }),
-    /The model failed to load/,
+    /^Error: The model failed to load: GGUF file \S*missing\.gguf does not exist/,
   );
   await assert.rejects(e.modelPath(), /The model failed to load/);
   await e.close();

@@ -10,9 +10,11 @@
 # What the next call should measure first: the thirty-eighth session's H100 call (docs/PERF.md) put llama.cpp's
 # CUDA batched bench and this engine on one file in one call (`llamaref`: 8 / 16 slots 4.08x / 5.02x, 1.20x /
 # 1.31x llama.cpp), kept gdn_step's batched SPLIT 4 (`gdnquick`) and the prep's written-out solve on GPUs
-# (`prepsolve`). The tree with .bin is at the carry limit: a fresh machine builds llama.cpp in a call of its own
-# (`bash tools/llama_ref.sh build 560`, carry .devcfg .llama, ~221 s), then `llamaref` in the next. Where the
-# engine's remaining ~17 ms for a fresh width go: `LLM_TRACE_DECODE=1` with `servewidth` (the `first-chunk`
+# (`prepsolve`). That session built llama.cpp from the 4.5 MB .llama of the time in a call of its own (`bash
+# tools/llama_ref.sh build 560`, carry .devcfg .llama, 221 s); `llama_ref.sh pack` now writes 1.5 MB, and the
+# tree, .bin and .llama come to about 66.3 MB of the 67.1 MB (64 MiB) limit, so `llamaref` should build and
+# bench in one call with carry [".gl", ".bin", ".denodir", ".devcfg", ".llama"] (not yet tried on a device).
+# Where the engine's remaining ~17 ms for a fresh width go: `LLM_TRACE_DECODE=1` with `servewidth` (the `first-chunk`
 # lines: graphMs, parts, firstPartMs).
 # `servesolo` with `H200_TREE=.oldtree` (the same tree with the runner's `#lone` off) for the lone path's A/B.
 # Then:

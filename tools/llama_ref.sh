@@ -8,7 +8,7 @@
 #
 # which takes llama.cpp's source from the npm package node-llama-cpp (its llama/gitRelease.bundle, a git bundle
 # of the llama.cpp release it binds; npm is the one registry reachable here) and writes .llama/llama.cpp.tar.xz
-# (about 4.5 MB: the files a CUDA build of the tools needs).
+# (about 1.5 MB: the files a CUDA build of llama-batched-bench needs).
 #
 # On the device:
 #   bash tools/llama_ref.sh build WAIT_S   builds llama-batched-bench under /tmp/llama.cpp (a warm machine keeps
@@ -42,10 +42,26 @@ case ${1:-} in
       package/llama/gitRelease.bundle package/llama/llama.cpp.info.json)
     git clone -q "$tmp/package/llama/gitRelease.bundle" "$tmp/src" 2>/dev/null
     mkdir -p "$root/.llama"
-    (cd "$tmp/src" && git rev-parse HEAD >"$root/.llama/commit" && tar cJf "$root/.llama/llama.cpp.tar.xz" \
-      --exclude=tools/ui --exclude=ggml/src/ggml-sycl --exclude=ggml/src/ggml-hexagon \
-      --exclude=ggml/src/ggml-opencl --exclude=ggml/src/ggml-et \
-      CMakeLists.txt cmake ggml src include common tools vendor LICENSE licenses)
+    # The files a CUDA build of llama-batched-bench reads: the CPU and CUDA backends (x86 only), the library,
+    # common and its vendored headers, the one tool; tools/ and vendor/ get CMake lists of just those, so that
+    # .llama (about 1.5 MB) travels beside .bin within the carry limit and one call builds and benches.
+    src=$tmp/src
+    (cd "$src" && git rev-parse HEAD >"$root/.llama/commit")
+    printf '%s\n' '# Written by tools/llama_ref.sh pack: the one tool the comparison builds.' \
+      'find_package(Threads REQUIRED)' 'llama_add_compile_flags()' 'add_subdirectory(batched-bench)' \
+      >"$src/tools/CMakeLists.txt"
+    printf '%s\n' '# Written by tools/llama_ref.sh pack: what common links.' 'add_subdirectory(nlohmann)' \
+      'add_subdirectory(sheredom)' 'add_subdirectory(cpp-httplib)' >"$src/vendor/CMakeLists.txt"
+    ex=()
+    for d in sycl hexagon opencl et vulkan metal cann openvino webgpu musa rpc zdnn blas hip virtgpu zendnn; do
+      ex+=("--exclude=ggml/src/ggml-$d")
+    done
+    for d in arch/arm arch/loongarch arch/powerpc arch/riscv arch/s390 arch/wasm spacemit kleidiai; do
+      ex+=("--exclude=ggml/src/ggml-cpu/$d")
+    done
+    (cd "$src" && tar cJf "$root/.llama/llama.cpp.tar.xz" "${ex[@]}" CMakeLists.txt cmake ggml src include \
+      common tools/CMakeLists.txt tools/batched-bench vendor/CMakeLists.txt vendor/nlohmann vendor/sheredom \
+      vendor/cpp-httplib LICENSE)
     cp "$tmp/package/llama/llama.cpp.info.json" "$root/.llama/"
     rm -rf "$tmp"
     ls -l "$root/.llama"

@@ -280,14 +280,16 @@ async function stream(ids: number[], maxTokens = nNew): Promise<Timed> {
   return { ttftMs: ttft, tokens, ms: performance.now() - t0, gaps, firstIds, lastMs: last };
 }
 
-/** Polls the head's /health until it answers ok; throws with its log at once if the head exits first. */
-async function waitReady(head: Deno.ChildProcess, log: () => string): Promise<void> {
+/**
+ * Polls the head's /health until it answers ok; throws with its log at once if the head exits first (`logDone`:
+ * its stderr read to the end).
+ */
+async function waitReady(head: Deno.ChildProcess, logDone: Promise<void>, log: () => string): Promise<void> {
   let exited: Deno.CommandStatus | undefined;
   head.status.then((s) => exited = s, () => {});
   for (let i = 0; i < 600; i++) {
     if (exited) {
-      // Let the stderr reader take the last lines before quoting them.
-      await new Promise((r) => setTimeout(r, 100));
+      await logDone;
       throw new Error(`The head exited with code ${exited.code} before it was ready: ${log().slice(-2000)}`);
     }
     try {
@@ -329,7 +331,7 @@ async function overHttp(): Promise<string> {
     for await (const chunk of head.stderr.pipeThrough(new TextDecoderStream())) log += chunk;
   })();
   try {
-    await waitReady(head, () => log);
+    await waitReady(head, logDone, () => log);
     await stream(prompt(999));
     for (const level of levels) {
       await Promise.all(Array.from({ length: level }, (_, i) => stream(prompt(level * 100 + 50 + i), 4)));
@@ -472,11 +474,8 @@ async function overDirect(what: "direct" | "direct-nosnap"): Promise<void> {
   });
   try {
     while (e.status().state === "loading") await new Promise((r) => setTimeout(r, 100));
-    if (e.status().state !== "ready") {
-      // A request names the load's failure (the service keeps its reason).
-      const why = await direct(e, prompt(998)).then(() => "", (err: Error) => err.message);
-      throw new Error(`The direct engine did not load: ${why || e.status().state}`);
-    }
+    const st = e.status();
+    if (st.state !== "ready") throw new Error(`The direct engine did not load: ${st.error ?? st.state}`);
     await direct(e, prompt(998));
     for (const level of levels) {
       // Warm this set size's batched graphs first (built once, on first use).

@@ -52,6 +52,8 @@ export interface GenerateResult extends Generated {
 export interface EngineStatus {
   /** `loading` until the weights are on the GPU. */
   readonly state: "loading" | "ready" | "failed";
+  /** Why it failed (`state` failed): the load's error or the worker's crash. */
+  readonly error?: string;
   /** Load progress in bytes (when loading). */
   readonly loadedBytes: number;
   /** Bytes to load in all. */

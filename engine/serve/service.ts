@@ -196,6 +196,7 @@ export class EngineService implements Engine {
   status(): EngineStatus {
     return {
       state: this.#state,
+      ...(this.#failure ? { error: this.#failure.message } : {}),
       loadedBytes: this.#loadedBytes,
       totalBytes: this.#totalBytes,
       model: this.#model,

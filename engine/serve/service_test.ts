@@ -555,6 +555,10 @@ Deno.test("a model that fails to load: status failed, requests rejected with the
   const early = e.generate({ prompt: [1], maxTokens: 1, sampling: GREEDY, stopIds: [] });
   await assert.rejects(early, /The model failed to load: .*missing\.gguf/);
   assert.equal(e.status().state, "failed");
+  assert.match(
+    e.status().error ?? "",
+    /^The model failed to load: GGUF file \S*missing\.gguf does not exist/,
+  );
   // Once failed, a request names the cause once (not "The model failed to load: The model failed to load").
   await assert.rejects(
     e.generate({ prompt: [1], maxTokens: 1, sampling: GREEDY, stopIds: [] }),

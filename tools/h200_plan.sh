@@ -93,6 +93,10 @@
 #              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
 #              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
 #   gdnquick   gdnsplit's whole steps once (SPLIT 2, 8, 4) and its bits, for a short call
+#   routernorm #20: 8 and 16 slots with StageOptions.routerNormCols 9 (the default: from 9 columns the router
+#              norms its columns and moe_route writes the post-attention norm), 17 (never: the norm's own
+#              dispatch above 8 columns) and 2 (below 9 too, instead of grid z), twice in turn; then batch_bits
+#              at 16 slots (default) and 8 (2)
 #   llamaref   #20: llama.cpp's llama-batched-bench (CUDA, built here from the carried .llama: tools/llama_ref.sh)
 #              and bench/decode.ts at 1, 2, 4, 8 and 16 slots on the same file; a call that ends before the build
 #              does leaves it running for the next call (carry .llama too)
@@ -201,6 +205,18 @@ gdn_splits() {
   done
 }
 
+# router_norms STEP LIMIT "COLS": 8 and 16 slots at each routerNormCols in turn, then batch_bits at 16 slots
+# (the default) and at 8 with routerNormCols 2.
+router_norms() {
+  local step=$1 limit=$2 c
+  for c in $3; do
+    run "$step" "$limit" $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
+      --slots 8,16 --router-norm-cols "$c"
+  done
+  run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 16
+  run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 8 --router-norm-cols 2
+}
+
 for step in "$@"; do
   case $step in
     tests)
@@ -289,6 +305,10 @@ for step in "$@"; do
       ensure_model
       run gdnsplit 60 $D bench/gdn_step.ts --cols 8,16 --split 8,4,2
       gdn_splits gdnsplit 80 "2 8 4 2 8"
+      ;;
+    routernorm)
+      ensure_model
+      router_norms routernorm 80 "9 17 2 9 17"
       ;;
     llamaref)
       # llama.cpp's CUDA build starts in the background (a fresh machine: 16 cores, several minutes) while the

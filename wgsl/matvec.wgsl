@@ -37,13 +37,17 @@
 // (row, column) still adds its units one by one in the order t, t + TEAM, ... through rows_dot, and the
 // reduction is the same two levels, so every column equals its solo step bit for bit (same TEAM). The partials
 // of NB_P columns (whole groups within 30 KiB) are reduced per pass, reusing the workgroup memory.
+// NORM = 2 (XR = 2, batches): every column's x is RMSNorm-ed first, each with its own scale, summed in the
+// order of rms_norm.wgsl (invocation i takes k = i, i + 256, ...; the halving of lib/rms.wgsl, all columns'
+// trees at once in `partial`), so each column's normed x quads equal its solo step's (NORM = 1) bit for bit.
+// xn is not written: the kernel that reads the norm's output next writes it (moe_route NORM).
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8; XR 2:
 //   1..4), const BATCH: u32 (1..8; XR 2: 1..16), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2,
 //   4 or 8), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1 reloads them
-//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1),
+//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0, 1 or 2), const ACC: u32 (0 or 1),
 //   const EPS: f32 (the norm's epsilon).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB
-// (PART_COLS: BATCH, or NB_P with XR 2).
+// (PART_COLS: BATCH, or NB_P with XR 2); NORM 2: XR 2 and ROWS·NB_P ≥ BATCH.
 
 struct Params {
   k: u32,
@@ -76,6 +80,15 @@ fn x_quad(xb: u32, e: u32) -> vec4<f32> {
     return v * nscale * nw[e >> 2u];
   }
   return v;
+}
+
+// The x quad at element offset `e` of column b (starting at `xb`): NORM 2 normed with the column's own scale,
+// in NORM 1's expression.
+fn x_quad_col(b: u32, xb: u32, e: u32) -> vec4<f32> {
+  if (NORM == 2u) {
+    return x[(xb + e) >> 2u] * rms_red[b] * nw[e >> 2u];
+  }
+  return x_quad(xb, e);
 }
 
 const WG: u32 = 256u;
@@ -186,19 +199,19 @@ fn nb_x(g: u32, pos: vec2<u32>) -> NbX {
   var v: NbX;
   let b = 4u * g;
   let xb = x_off + b * params.x_stride;
-  v.l0 = x_quad(xb, pos.x);
-  v.h0 = x_quad(xb, pos.y);
+  v.l0 = x_quad_col(b, xb, pos.x);
+  v.h0 = x_quad_col(b, xb, pos.y);
   if (b + 1u < BATCH) {
-    v.l1 = x_quad(xb + params.x_stride, pos.x);
-    v.h1 = x_quad(xb + params.x_stride, pos.y);
+    v.l1 = x_quad_col(b + 1u, xb + params.x_stride, pos.x);
+    v.h1 = x_quad_col(b + 1u, xb + params.x_stride, pos.y);
   }
   if (b + 2u < BATCH) {
-    v.l2 = x_quad(xb + 2u * params.x_stride, pos.x);
-    v.h2 = x_quad(xb + 2u * params.x_stride, pos.y);
+    v.l2 = x_quad_col(b + 2u, xb + 2u * params.x_stride, pos.x);
+    v.h2 = x_quad_col(b + 2u, xb + 2u * params.x_stride, pos.y);
   }
   if (b + 3u < BATCH) {
-    v.l3 = x_quad(xb + 3u * params.x_stride, pos.x);
-    v.h3 = x_quad(xb + 3u * params.x_stride, pos.y);
+    v.l3 = x_quad_col(b + 3u, xb + 3u * params.x_stride, pos.x);
+    v.h3 = x_quad_col(b + 3u, xb + 3u * params.x_stride, pos.y);
   }
   let one = vec4<f32>(1.0);
   v.sl = vec4<f32>(dot(v.l0, one), dot(v.l1, one), dot(v.l2, one), dot(v.l3, one));
@@ -563,6 +576,32 @@ fn main(
         xn[(x_off >> 2u) + q] = x_quad(x_off, 4u * q);
       }
     }
+  }
+  if (NORM == 2u) {
+    // Each column's x² partials in rms_norm's order, then the halving of lib/rms.wgsl for all columns at
+    // once (the same pairs added, column by column), in the partials' memory (≥ 256 · BATCH words).
+    for (var b = 0u; b < BATCH; b++) {
+      let xb = x_off + b * params.x_stride;
+      var ss = 0.0;
+      for (var i = lid; i < params.k; i += WG) {
+        let v = x[(xb + i) >> 2u][(xb + i) & 3u];
+        ss += v * v;
+      }
+      partial[b * WG + lid] = ss;
+    }
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+      for (var i = lid; i < BATCH * o; i += WG) {
+        let at = (i / o) * WG + i % o;
+        partial[at] += partial[at + o];
+      }
+      workgroupBarrier();
+    }
+    if (lid < BATCH) {
+      rms_red[lid] = 1.0 / sqrt(partial[lid * WG] / f32(params.k) + EPS);
+    }
+    // The scales are read below, and the partials are written again.
+    workgroupBarrier();
   }
 
   // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.

@@ -7,6 +7,13 @@ import type { GpuTensor } from "../gpu/weights.ts";
 import { type FusedNorm, GraphBuilder, part0 } from "../graph/builder.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../wgsl/residual_add.ts";
 import { MATVEC_Q8B_MAX_BATCH } from "../../wgsl/matvec_q8b.ts";
+import { MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
+
+/**
+ * Default StageOptions.routerNormCols: from this many mat-vec columns (int8 experts) the router norms its
+ * columns itself (matvec NORM 2) and moe_route writes the post-attention norm's rows (blocks/moe.ts).
+ */
+export const ROUTER_NORM_COLS = 9;
 
 /**
  * y = RMSNorm(x)·w, one row per token. Decode defers it: the next mat-vec that reads y computes it in its
@@ -19,7 +26,11 @@ export async function norm(g: GraphBuilder, label: string, x: GPUBuffer, w: GpuT
   // A deferred norm writes y later without an op now: no int8 x quantized before it may be reused.
   g.lastQ8 = undefined;
   const int8Cols = g.opts.int8Activations && g.n <= Math.min(g.maxCols, MATVEC_Q8B_MAX_BATCH);
-  if (g.n === 1 || int8Cols) g.pending = { label, x, w, y };
+  // Under int8 experts, from routerNormCols columns the post-attention norm rides on the router and
+  // moe_route (blocks/moe.ts); a mat-vec that cannot take a deferred norm pushes it first, where it stood.
+  const routerCols = g.opts.int8Experts && g.n >= (g.opts.routerNormCols ?? ROUTER_NORM_COLS) &&
+    g.n <= Math.min(g.maxCols, MATVEC_MAX_BATCH);
+  if (g.n === 1 || int8Cols || routerCols) g.pending = { label, x, w, y };
   else await g.rmsNorm(label, x, w, y, g.n);
 }
 

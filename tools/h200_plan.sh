@@ -97,6 +97,7 @@
 #              norms its columns and moe_route writes the post-attention norm), 17 (never: the norm's own
 #              dispatch above 8 columns) and 2 (below 9 too, instead of grid z), twice in turn; then batch_bits
 #              at 16 slots (default) and 8 (2)
+#   routerquick routernorm's 9 and 17 twice in turn and batch_bits at 16 slots, for a short call
 #   llamaref   #20: llama.cpp's llama-batched-bench (CUDA, built here from the carried .llama: tools/llama_ref.sh)
 #              and bench/decode.ts at 1, 2, 4, 8 and 16 slots on the same file; a call that ends before the build
 #              does leaves it running for the next call (carry .llama too)
@@ -214,6 +215,7 @@ router_norms() {
       --slots 8,16 --router-norm-cols "$c"
   done
   run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 16
+  [ "$step" = routerquick ] && return 0
   run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 8 --router-norm-cols 2
 }
 
@@ -309,6 +311,10 @@ for step in "$@"; do
     routernorm)
       ensure_model
       router_norms routernorm 80 "9 17 2 9 17"
+      ;;
+    routerquick)
+      ensure_model
+      router_norms routerquick 80 "9 17 9 17"
       ;;
     llamaref)
       # llama.cpp's CUDA build starts in the background (a fresh machine: 16 cores, several minutes) while the

@@ -98,6 +98,7 @@
 #              dispatch above 8 columns) and 2 (below 9 too, instead of grid z), twice in turn; then batch_bits
 #              at 16 slots (default) and 8 (2)
 #   routerquick routernorm's 9 and 17 twice in turn and batch_bits at 16 slots, for a short call
+#   routerbits routernorm's batch_bits alone (16 slots at the default, 8 at routerNormCols 2)
 #   llamaref   #20: llama.cpp's llama-batched-bench (CUDA, built here from the carried .llama: tools/llama_ref.sh)
 #              and bench/decode.ts at 1, 2, 4, 8 and 16 slots on the same file; a call that ends before the build
 #              does leaves it running for the next call (carry .llama too)
@@ -315,6 +316,10 @@ for step in "$@"; do
     routerquick)
       ensure_model
       router_norms routerquick 80 "9 17 9 17"
+      ;;
+    routerbits)
+      ensure_model
+      router_norms routerbits 80 ""
       ;;
     llamaref)
       # llama.cpp's CUDA build starts in the background (a fresh machine: 16 cores, several minutes) while the

@@ -137,7 +137,8 @@ export function moeRouteBindGroup(
     checkBinding("moe_route", "m", b.m!, [32 * c.KC, n]);
   }
   const [nw, m] = normBindings(device, { x: b.x, nw: b.nw, xn: b.m });
-  return bindGroup(device, opts.pipeline, [b.logits, b.ids, b.weights, b.x, b.xq, nw, m]);
+  const all = { ...b, nw, m };
+  return bindGroup(device, opts.pipeline, MOE_ROUTE_BINDINGS.map((name) => all[name]));
 }
 
 /**

@@ -20,7 +20,7 @@ import {
   typeName,
 } from "../graph/builder.ts";
 import { fusedMatvec, matvec, roundX } from "./linear.ts";
-import { normConstants, ROUTER_NORM_COLS } from "./norm.ts";
+import { normConstants, routerNormsCols } from "./norm.ts";
 import {
   checkGroupedMatmul,
   groupedMatmulConstants,
@@ -45,7 +45,6 @@ import {
   moeGroupWords,
 } from "../../wgsl/moe_group.ts";
 import { MATVEC_Q8_TYPES, q8Layout } from "../../wgsl/matvec_q8.ts";
-import { MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
 import {
   MOE_MATVEC,
   moeMatvecConstants,
@@ -117,9 +116,11 @@ export async function moe(
   const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
   // int8Experts: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
   // instead of in every gate·up workgroup's prologue), where its workgroup memory holds the token's x.
-  const xqBytes = moeRouteWorkgroupBytes({ N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32 });
-  const xq8 = g.opts.int8Experts && n <= g.maxCols && !fuseRoute &&
-      xqBytes <= g.device.limits.maxComputeWorkgroupStorageSize &&
+  // moe_route's workgroup memory with XQ, and with NORM too, fits the device.
+  const route0 = { N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32, WG: 256 };
+  const wgLimit = g.device.limits.maxComputeWorkgroupStorageSize;
+  const routeFits = (norm: boolean) => moeRouteWorkgroupBytes({ ...route0, NORM: norm }) <= wgLimit;
+  const xq8 = g.opts.int8Experts && n <= g.maxCols && !fuseRoute && routeFits(false) &&
       moeMatvecQ8Fits(gateUpShape(g, exps, K, n, hp.nExpert, false))
     ? {
       type: typeName(exps.gate),
@@ -132,17 +133,8 @@ export async function moe(
   // stream, in rms_norm's order, as it rounds them: no norm dispatch. Both keep the bits of the norm's own
   // dispatch, so every column keeps its solo step's.
   const pn = g.pending;
-  const colsNorm = pn !== undefined && pn.y === A.m && xq8 !== undefined && n >= 2 &&
-    n >= (g.opts.routerNormCols ?? ROUTER_NORM_COLS) && n <= Math.min(g.maxCols, MATVEC_MAX_BATCH) &&
-    col <= g.opts.normPrologueMaxRows &&
-    moeRouteWorkgroupBytes({
-        N_EXPERT: hp.nExpert,
-        N_EXPERT_USED: K,
-        KC: hp.nEmbd / 32,
-        NORM: true,
-        WG: 256,
-      }) <=
-      g.device.limits.maxComputeWorkgroupStorageSize;
+  const colsNorm = pn !== undefined && pn.y === A.m && xq8 !== undefined && routerNormsCols(g) &&
+    col <= g.opts.normPrologueMaxRows && routeFits(true);
   const zNorm = !colsNorm && n <= ROUTER_Z_NORM_MAX_COLS;
   const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
     f32: true,

@@ -16,6 +16,15 @@ import { MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
 export const ROUTER_NORM_COLS = 9;
 
 /**
+ * Whether the graph's post-attention norm may ride on the router and moe_route: int8 experts and a width from
+ * routerNormCols up to the mat-vec's columns. The router (blocks/moe.ts) adds what the routing must allow.
+ */
+export function routerNormsCols(g: GraphBuilder): boolean {
+  return g.opts.int8Experts && g.n >= (g.opts.routerNormCols ?? ROUTER_NORM_COLS) &&
+    g.n <= Math.min(g.maxCols, MATVEC_MAX_BATCH);
+}
+
+/**
  * y = RMSNorm(x)·w, one row per token. Decode defers it: the next mat-vec that reads y computes it in its
  * prologue (matvec NORM) and writes y; any other kernel pushed first gets it as its own dispatch. Under
  * int8Activations the columns of a batched step (or a short chunk) defer it too: the int8 mat-vec that reads
@@ -28,9 +37,7 @@ export async function norm(g: GraphBuilder, label: string, x: GPUBuffer, w: GpuT
   const int8Cols = g.opts.int8Activations && g.n <= Math.min(g.maxCols, MATVEC_Q8B_MAX_BATCH);
   // Under int8 experts, from routerNormCols columns the post-attention norm rides on the router and
   // moe_route (blocks/moe.ts); a mat-vec that cannot take a deferred norm pushes it first, where it stood.
-  const routerCols = g.opts.int8Experts && g.n >= (g.opts.routerNormCols ?? ROUTER_NORM_COLS) &&
-    g.n <= Math.min(g.maxCols, MATVEC_MAX_BATCH);
-  if (g.n === 1 || int8Cols || routerCols) g.pending = { label, x, w, y };
+  if (g.n === 1 || int8Cols || routerNormsCols(g)) g.pending = { label, x, w, y };
   else await g.rmsNorm(label, x, w, y, g.n);
 }
 

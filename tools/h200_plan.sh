@@ -93,7 +93,7 @@
 #              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
 #              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
 #   gdnquick   gdnsplit's whole steps once (SPLIT 2, 8, 4) and its bits, for a short call
-#   routernorm #20: 8 and 16 slots with StageOptions.routerNormCols 9 (the default: from 9 columns the router
+#   routernorm #20: 8 and 16 slots (and 1 in the first run, for the ratios) with StageOptions.routerNormCols 9 (the default: from 9 columns the router
 #              norms its columns and moe_route writes the post-attention norm), 17 (never: the norm's own
 #              dispatch above 8 columns) and 2 (below 9 too, instead of grid z), twice in turn; then batch_bits
 #              at 16 slots (default) and 8 (2)
@@ -207,13 +207,14 @@ gdn_splits() {
   done
 }
 
-# router_norms STEP LIMIT "COLS": 8 and 16 slots at each routerNormCols in turn, then batch_bits at 16 slots
+# router_norms STEP LIMIT "COLS": 8 and 16 slots (1 too in the first run) at each routerNormCols in turn, then batch_bits at 16 slots
 # (the default) and at 8 with routerNormCols 2.
 router_norms() {
-  local step=$1 limit=$2 c
+  local step=$1 limit=$2 c slots=1,8,16 lim=$(($2 + 20))
   for c in $3; do
-    run "$step" "$limit" $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
-      --slots 8,16 --router-norm-cols "$c"
+    run "$step" "$lim" $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
+      --slots "$slots" --router-norm-cols "$c"
+    slots=8,16 lim=$limit
   done
   run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 16
   [ "$step" = routerquick ] && return 0

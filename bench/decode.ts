@@ -10,7 +10,7 @@
  * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits), `--gdn-split S` the
  * SPLIT of the batched steps' gdn_step (StageOptions.gdnBatchedSplit: 2, 4 or 8, the same bits),
  * `--router-norm-cols N` StageOptions.routerNormCols (from N columns the router norms its columns itself and
- * moe_route writes the post-attention norm's rows; default 9, 17 never: the same bits),
+ * moe_route writes the post-attention norm's rows; default 17, never: the same bits),
  * `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched

@@ -145,9 +145,9 @@ for (
 // with the default StageOptions.combineNormMinRows (17) its residual adds write no norm: each norm is a
 // dispatch of its own, but the post-attention norm's, which the router's columns (grid z) compute in their
 // prologues; the 16-slot step takes 2, so its residual adds write the next norm.
-// From 9 columns (StageOptions.routerNormCols, default 9) a router under int8 experts norms its columns in
-// one dispatch (matvec NORM 2) and moe_route writes the norm's rows: the 11-slot step until it narrows below
-// 9 columns, then grid z.
+// The 11-slot step takes StageOptions.routerNormCols 9 (the default is never): from 9 columns a router under
+// int8 experts norms its columns in one dispatch (matvec NORM 2) and moe_route writes the norm's rows, until
+// the step narrows below 9 columns, then grid z.
 // "tiny-qwen35moe, 64 experts" is synthesized with 64 routed experts instead of 8: the router's rows for the
 // shared expert's gate then start 256-byte aligned, so the router and the shared gate run as ONE mat-vec
 // (in a batched step too, each column's logits at a stride of 65 words), as on the real models. It runs the
@@ -184,7 +184,7 @@ for (const [name, width, int8] of WIDE) {
       maxChunk: 8,
       int8Activations: int8,
       int8Experts: e64,
-      routerNormCols: e64 ? 2 : undefined,
+      routerNormCols: e64 ? 2 : int8 ? 9 : undefined,
       combineNormMinRows: int8 || e64 ? undefined : 2,
       gdnBatchedSplit: name === "tiny-qwen3next" ? 8 : e64 ? 2 : undefined,
     });

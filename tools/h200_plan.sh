@@ -93,12 +93,13 @@
 #              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
 #              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
 #   gdnquick   gdnsplit's whole steps once (SPLIT 2, 8, 4) and its bits, for a short call
-#   routernorm #20: 8 and 16 slots (and 1 in the first run, for the ratios) with StageOptions.routerNormCols 9 (the default: from 9 columns the router
-#              norms its columns and moe_route writes the post-attention norm), 17 (never: the norm's own
-#              dispatch above 8 columns) and 2 (below 9 too, instead of grid z), twice in turn; then batch_bits
-#              at 16 slots (default) and 8 (2)
+#   routernorm #20: 8 and 16 slots (and 1 in the first run, for the ratios) with StageOptions.routerNormCols 9
+#              (from 9 columns the router norms its columns and moe_route writes the post-attention norm), 17
+#              (the default, never: the norm's own dispatch above 8 columns) and 2 (below 9 too, instead of grid
+#              z), twice in turn; then batch_bits at 16 slots (9) and 8 (2). The fortieth session's H100 call:
+#              16 slots 1,146 tok/s at 9 against 1,233 at 17 (docs/PERF.md)
 #   routerquick routernorm's 9 and 17 twice in turn and batch_bits at 16 slots, for a short call
-#   routerbits routernorm's batch_bits alone (16 slots at the default, 8 at routerNormCols 2)
+#   routerbits routernorm's batch_bits alone (16 slots at routerNormCols 9, 8 at 2)
 #   llamaref   #20: llama.cpp's llama-batched-bench (CUDA, built here from the carried .llama: tools/llama_ref.sh)
 #              and bench/decode.ts at 1, 2, 4, 8 and 16 slots on the same file; a call that ends before the build
 #              does leaves it running for the next call (carry .llama too)
@@ -207,8 +208,8 @@ gdn_splits() {
   done
 }
 
-# router_norms STEP LIMIT "COLS": 8 and 16 slots (1 too in the first run) at each routerNormCols in turn, then batch_bits at 16 slots
-# (the default) and at 8 with routerNormCols 2.
+# router_norms STEP LIMIT "COLS": 8 and 16 slots (1 too in the first run) at each routerNormCols in turn, then
+# batch_bits at 16 slots with routerNormCols 9 and at 8 with 2.
 router_norms() {
   local step=$1 limit=$2 c slots=1,8,16 lim=$(($2 + 20))
   for c in $3; do
@@ -216,7 +217,7 @@ router_norms() {
       --slots "$slots" --router-norm-cols "$c"
     slots=8,16 lim=$limit
   done
-  run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 16
+  run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 16 --router-norm-cols 9
   [ "$step" = routerquick ] && return 0
   run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 8 --router-norm-cols 2
 }

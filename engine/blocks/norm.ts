@@ -11,9 +11,12 @@ import { MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
 
 /**
  * Default StageOptions.routerNormCols: from this many mat-vec columns (int8 experts) the router norms its
- * columns itself (matvec NORM 2) and moe_route writes the post-attention norm's rows (blocks/moe.ts).
+ * columns itself (matvec NORM 2) and moe_route writes the post-attention norm's rows (blocks/moe.ts). Above
+ * MATVEC_MAX_BATCH: never. On an H100 (docs/PERF.md, fortieth session) NORM 2 cost the 16-slot step 1.0 ms
+ * (the router 1.93 ms against 0.71 with the norm's own dispatch: every workgroup norms all 16 columns before
+ * its rows) for 0.38 ms of norms saved, so batched steps keep the norm's own dispatch above grid z's widths.
  */
-export const ROUTER_NORM_COLS = 9;
+export const ROUTER_NORM_COLS = MATVEC_MAX_BATCH + 1;
 
 /**
  * Whether the graph's post-attention norm may ride on the router and moe_route: int8 experts and a width from

@@ -72,7 +72,7 @@ export interface StageOptions {
    * writes the post-attention norm's rows and rounds them for the int8 experts: no norm dispatch and one
    * router dispatch. Fewer columns take the norm in grid z (ROUTER_Z_NORM_MAX_COLS in engine/blocks/moe.ts).
    * The bits are the norm's own dispatch's either way. A benchmark knob (bench/decode.ts
-   * `--router-norm-cols`); default ROUTER_NORM_COLS in engine/blocks/norm.ts.
+   * `--router-norm-cols`); default ROUTER_NORM_COLS in engine/blocks/norm.ts (17: never, measured slower).
    */
   readonly routerNormCols?: number;
   /**

@@ -40,7 +40,8 @@
 // NORM = 2 (XR = 2, batches): every column's x is RMSNorm-ed first, each with its own scale, summed in the
 // order of rms_norm.wgsl (invocation i takes k = i, i + 256, ...; the halving of lib/rms.wgsl, all columns'
 // trees at once in `partial`), so each column's normed x quads equal its solo step's (NORM = 1) bit for bit.
-// xn is not written: the kernel that reads the norm's output next writes it (moe_route NORM).
+// xn is not written: the kernel that reads the norm's output next writes it (moe_route NORM). The unit loop
+// holds the scales in registers (ncs<g>) and loads the norm weight's quads once per unit for all columns.
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8; XR 2:
 //   1..4), const BATCH: u32 (1..8; XR 2: 1..16), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2,
 //   4 or 8), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1 reloads them
@@ -82,11 +83,32 @@ fn x_quad(xb: u32, e: u32) -> vec4<f32> {
   return v;
 }
 
-// The x quad at element offset `e` of column b (starting at `xb`): NORM 2 normed with the column's own scale,
-// in NORM 1's expression.
-fn x_quad_col(b: u32, xb: u32, e: u32) -> vec4<f32> {
+// NORM 2: the columns' scales (rms_red after the prologue) in registers, four columns a vec4 (ncs<g>: columns
+// 4g..4g+3), so that the unit loop reads no workgroup memory for them.
+var<private> ncs0: vec4<f32>;
+var<private> ncs1: vec4<f32>;
+var<private> ncs2: vec4<f32>;
+var<private> ncs3: vec4<f32>;
+
+// NORM 2: the scales of column group g (a constant at every call).
+fn nb_scales(g: u32) -> vec4<f32> {
+  if (g == 0u) {
+    return ncs0;
+  }
+  if (g == 1u) {
+    return ncs1;
+  }
+  if (g == 2u) {
+    return ncs2;
+  }
+  return ncs3;
+}
+
+// The x quad at element offset `e` of the column starting at `xb`: NORM 2 normed with the column's scale `s`
+// and the norm weight's quad `n` at e (loaded once per unit for all columns), in NORM 1's expression.
+fn nb_xq(xb: u32, e: u32, s: f32, n: vec4<f32>) -> vec4<f32> {
   if (NORM == 2u) {
-    return x[(xb + e) >> 2u] * rms_red[b] * nw[e >> 2u];
+    return x[(xb + e) >> 2u] * s * n;
   }
   return x_quad(xb, e);
 }
@@ -194,24 +216,26 @@ struct NbX {
   sh: vec4<f32>,
 }
 
-// XR = 2: the x quads of unit position `pos` of columns 4g..4g+3 (g is a constant at every call).
-fn nb_x(g: u32, pos: vec2<u32>) -> NbX {
+// XR = 2: the x quads of unit position `pos` of columns 4g..4g+3 (g is a constant at every call); NORM 2
+// norms them with the norm weight's quads nl, nh at pos.
+fn nb_x(g: u32, pos: vec2<u32>, nl: vec4<f32>, nh: vec4<f32>) -> NbX {
   var v: NbX;
   let b = 4u * g;
   let xb = x_off + b * params.x_stride;
-  v.l0 = x_quad_col(b, xb, pos.x);
-  v.h0 = x_quad_col(b, xb, pos.y);
+  let sc = nb_scales(g);
+  v.l0 = nb_xq(xb, pos.x, sc.x, nl);
+  v.h0 = nb_xq(xb, pos.y, sc.x, nh);
   if (b + 1u < BATCH) {
-    v.l1 = x_quad_col(b + 1u, xb + params.x_stride, pos.x);
-    v.h1 = x_quad_col(b + 1u, xb + params.x_stride, pos.y);
+    v.l1 = nb_xq(xb + params.x_stride, pos.x, sc.y, nl);
+    v.h1 = nb_xq(xb + params.x_stride, pos.y, sc.y, nh);
   }
   if (b + 2u < BATCH) {
-    v.l2 = x_quad_col(b + 2u, xb + 2u * params.x_stride, pos.x);
-    v.h2 = x_quad_col(b + 2u, xb + 2u * params.x_stride, pos.y);
+    v.l2 = nb_xq(xb + 2u * params.x_stride, pos.x, sc.z, nl);
+    v.h2 = nb_xq(xb + 2u * params.x_stride, pos.y, sc.z, nh);
   }
   if (b + 3u < BATCH) {
-    v.l3 = x_quad_col(b + 3u, xb + 3u * params.x_stride, pos.x);
-    v.h3 = x_quad_col(b + 3u, xb + 3u * params.x_stride, pos.y);
+    v.l3 = nb_xq(xb + 3u * params.x_stride, pos.x, sc.w, nl);
+    v.h3 = nb_xq(xb + 3u * params.x_stride, pos.y, sc.w, nh);
   }
   let one = vec4<f32>(1.0);
   v.sl = vec4<f32>(dot(v.l0, one), dot(v.l1, one), dot(v.l2, one), dot(v.l3, one));
@@ -279,8 +303,15 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
   if (ROWS >= 4u) {
     d3 = nb_row(rb.w, c, j);
   }
+  // NORM 2: the norm weight's quads at this unit, once for every column.
+  var nl = vec4<f32>(0.0);
+  var nh = vec4<f32>(0.0);
+  if (NORM == 2u) {
+    nl = nw[pos.x >> 2u];
+    nh = nw[pos.y >> 2u];
+  }
   {
-    let x4 = nb_x(0u, pos);
+    let x4 = nb_x(0u, pos, nl, nh);
     (*acc).a00 = nb_add((*acc).a00, d0, x4, 0u);
     if (ROWS >= 2u) {
       (*acc).a10 = nb_add((*acc).a10, d1, x4, 0u);
@@ -293,7 +324,7 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
     }
   }
   if (BATCH > 4u) {
-    let x4 = nb_x(1u, pos);
+    let x4 = nb_x(1u, pos, nl, nh);
     (*acc).a01 = nb_add((*acc).a01, d0, x4, 1u);
     if (ROWS >= 2u) {
       (*acc).a11 = nb_add((*acc).a11, d1, x4, 1u);
@@ -306,7 +337,7 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
     }
   }
   if (BATCH > 8u) {
-    let x4 = nb_x(2u, pos);
+    let x4 = nb_x(2u, pos, nl, nh);
     (*acc).a02 = nb_add((*acc).a02, d0, x4, 2u);
     if (ROWS >= 2u) {
       (*acc).a12 = nb_add((*acc).a12, d1, x4, 2u);
@@ -319,7 +350,7 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
     }
   }
   if (BATCH > 12u) {
-    let x4 = nb_x(3u, pos);
+    let x4 = nb_x(3u, pos, nl, nh);
     (*acc).a03 = nb_add((*acc).a03, d0, x4, 3u);
     if (ROWS >= 2u) {
       (*acc).a13 = nb_add((*acc).a13, d1, x4, 3u);
@@ -602,6 +633,10 @@ fn main(
     }
     // The scales are read below, and the partials are written again.
     workgroupBarrier();
+    ncs0 = vec4<f32>(rms_red[0], rms_red[1], rms_red[2], rms_red[3]);
+    ncs1 = vec4<f32>(rms_red[4], rms_red[5], rms_red[6], rms_red[7]);
+    ncs2 = vec4<f32>(rms_red[8], rms_red[9], rms_red[10], rms_red[11]);
+    ncs3 = vec4<f32>(rms_red[12], rms_red[13], rms_red[14], rms_red[15]);
   }
 
   // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.

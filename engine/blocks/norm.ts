@@ -12,9 +12,11 @@ import { MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
 /**
  * Default StageOptions.routerNormCols: from this many mat-vec columns (int8 experts) the router norms its
  * columns itself (matvec NORM 2) and moe_route writes the post-attention norm's rows (blocks/moe.ts). Above
- * MATVEC_MAX_BATCH: never. On an H100 (docs/PERF.md, fortieth session) NORM 2 cost the 16-slot step 1.0 ms
- * (the router 1.93 ms against 0.71 with the norm's own dispatch: every workgroup norms all 16 columns before
- * its rows) for 0.38 ms of norms saved, so batched steps keep the norm's own dispatch above grid z's widths.
+ * MATVEC_MAX_BATCH: never. On an H100 (docs/PERF.md, fortieth session) the 16-slot step's 40 routers with
+ * NORM 2 took 1.02 GPU-ms (every workgroup norms all 16 columns before its rows; 1.93 before its prologue
+ * loaded all columns at once) against 0.70 plus 0.41 for the norm's own dispatches, and moe_route's NORM
+ * 0.05 more: 1,217-1,219 tok/s against 1,230-1,231. Batched steps keep the norm's own dispatch above grid z's
+ * widths.
  */
 export const ROUTER_NORM_COLS = MATVEC_MAX_BATCH + 1;
 

@@ -7,7 +7,10 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# What the next call should measure first: the thirty-eighth session's H100 call (docs/PERF.md) put llama.cpp's
+# The fortieth session's H100 calls (`routernorm`, `routerquick`) kept the post-attention norm's own dispatch in
+# batched steps (routerNormCols 17: NORM 2's router cost more than the norm it saved; bits equal on NVIDIA).
+# What the next call should measure first: `rowsq rowsq` on an H200 (the 16-slot ratio at the default, 5.01-5.03x
+# on the H100s). The thirty-eighth session's H100 call (docs/PERF.md) put llama.cpp's
 # CUDA batched bench and this engine on one file in one call (`llamaref`: 8 / 16 slots 4.08x / 5.02x, 1.20x /
 # 1.31x llama.cpp), kept gdn_step's batched SPLIT 4 (`gdnquick`) and the prep's written-out solve on GPUs
 # (`prepsolve`). That session built llama.cpp from the 4.5 MB .llama of the time in a call of its own (`bash

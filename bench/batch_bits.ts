@@ -6,10 +6,10 @@
  * and logits are equal, and where the first difference is. Exit code 1 on a difference.
  *
  * Usage: `deno run -A bench/batch_bits.ts --model F.gguf [--slots 4] [--n 24] [--prompt 12] [--int8-experts]
- * [--f32-experts] [--q8b-rows R] [--gdn-split S] [--router-norm-cols N]` (the serving commands' numerics, cli/experts.ts: int8 x for every mat-vec
+ * [--f32-experts] [--q8b-rows R] [--gdn-split S]` (the serving commands' numerics, cli/experts.ts: int8 x for every mat-vec
  * by default, whose batched steps run matvec_q8b; `--int8-experts` for the experts alone; `--f32-experts` f32
  * x everywhere; `--int8` names the default; `--q8b-rows` StageOptions.matvecTuning.q8bRows and `--gdn-split`
- * StageOptions.gdnBatchedSplit and `--router-norm-cols` StageOptions.routerNormCols, as bench/decode.ts). The line's `soloDigest` (FNV-1a of the solo runs' ids and logits) tells two runs' solo
+ * StageOptions.gdnBatchedSplit, as bench/decode.ts). The line's `soloDigest` (FNV-1a of the solo runs' ids and logits) tells two runs' solo
  * bits apart: equal digests with and without a knob say it kept the default's bits. No npm imports.
  * @module
  */
@@ -30,7 +30,6 @@ const { values: args } = parseArgs({
     int8: { type: "boolean", default: false },
     "q8b-rows": { type: "string" },
     "gdn-split": { type: "string" },
-    "router-norm-cols": { type: "string" },
   },
   strict: true,
 });
@@ -50,7 +49,6 @@ const stage = await Stage.load(gpu, file, {
   int8Activations: int8ActivationsFlag(args),
   matvecTuning: args["q8b-rows"] === undefined ? undefined : { q8bRows: Number(args["q8b-rows"]) },
   gdnBatchedSplit: args["gdn-split"] === undefined ? undefined : Number(args["gdn-split"]),
-  routerNormCols: args["router-norm-cols"] === undefined ? undefined : Number(args["router-norm-cols"]),
 });
 let seed = 12345;
 const rand = (n: number) => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
@@ -86,7 +84,6 @@ console.log(JSON.stringify({
   int8Activations: stage.int8Activations,
   q8bRows: args["q8b-rows"] ?? "by shape",
   gdnSplit: args["gdn-split"] ?? "default",
-  routerNormCols: args["router-norm-cols"] ?? "default",
   equal: diffs.length === 0,
   diffs,
   soloDigest: fnv1a(JSON.stringify(solo.map((r) => [r.tokens, r.top]))),

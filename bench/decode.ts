@@ -9,8 +9,6 @@
  * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--q8b-rows R` the
  * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits), `--gdn-split S` the
  * SPLIT of the batched steps' gdn_step (StageOptions.gdnBatchedSplit: 2, 4 or 8, the same bits),
- * `--router-norm-cols N` StageOptions.routerNormCols (from N columns the router norms its columns itself and
- * moe_route writes the post-attention norm's rows; default 17, never: the same bits),
  * `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
@@ -61,7 +59,6 @@ const { values: args } = parseArgs({
     "batched-q8-rows": { type: "string" },
     "q8b-rows": { type: "string" },
     "gdn-split": { type: "string" },
-    "router-norm-cols": { type: "string" },
     "q8b-xsum": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
@@ -160,7 +157,6 @@ const stage = await Stage.load(gpu, file, {
     : Number(args["combine-norm-min-rows"]),
   maxStatePoolBytes: statePoolMax,
   gdnBatchedSplit: args["gdn-split"] === undefined ? undefined : Number(args["gdn-split"]),
-  routerNormCols: args["router-norm-cols"] === undefined ? undefined : Number(args["router-norm-cols"]),
 });
 emit("load", {
   path,

@@ -155,7 +155,6 @@ Deno.test("Stage.load refuses norm fusion and expert grouping limits out of rang
     const [opts, msg] of [
       [{ combineNormMinRows: 1 }, /combineNormMinRows must be an integer ≥ 2, got 1/],
       [{ combineNormMinRows: 2.5 }, /combineNormMinRows must be an integer ≥ 2, got 2\.5/],
-      [{ routerNormCols: 1 }, /routerNormCols must be an integer ≥ 2 \(above 16: never\), got 1/],
       [{ normPrologueMaxRows: -1 }, /normPrologueMaxRows must be an integer ≥ 0 \(0: never fuse\), got -1/],
       [{ groupedMinTokensPerExpert: -1 }, /groupedMinTokensPerExpert must be a number ≥ 0, got -1/],
       [{ groupedMinTokensPerExpert: NaN }, /groupedMinTokensPerExpert must be a number ≥ 0, got NaN/],

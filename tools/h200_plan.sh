@@ -7,8 +7,8 @@
 #   bash tools/h200_plan.sh tests attention decode
 #
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
-# The fortieth session's H100 calls (`routernorm`, `routerquick`) kept the post-attention norm's own dispatch in
-# batched steps (routerNormCols 17: NORM 2's router cost more than the norm it saved; bits equal on NVIDIA).
+# The fortieth session's H100 calls (the then `routernorm` / `routerquick` steps) measured the router's column
+# norms (matvec NORM 2) slower than the norm's own dispatch, and the path was removed (docs/PERF.md).
 # What the next call should measure first: `rowsq rowsq` on an H200 (the 16-slot ratio at the default, 5.01-5.03x
 # on the H100s). The thirty-eighth session's H100 call (docs/PERF.md) put llama.cpp's
 # CUDA batched bench and this engine on one file in one call (`llamaref`: 8 / 16 slots 4.08x / 5.02x, 1.20x /
@@ -96,13 +96,6 @@
 #              default): the kernel alone at 8 and 16 columns (without its gated-norm dispatch), 8 and 16
 #              slots at SPLIT 2, 8, 4, 2, 8, and batch_bits at 16 slots with SPLIT 2 and 8
 #   gdnquick   gdnsplit's whole steps once (SPLIT 2, 8, 4) and its bits, for a short call
-#   routernorm #20: 8 and 16 slots (and 1 in the first run, for the ratios) with StageOptions.routerNormCols 9
-#              (from 9 columns the router norms its columns and moe_route writes the post-attention norm), 17
-#              (the default, never: the norm's own dispatch above 8 columns) and 2 (below 9 too, instead of grid
-#              z), twice in turn; then batch_bits at 16 slots (9) and 8 (2). The fortieth session's H100 call:
-#              16 slots 1,146 tok/s at 9 against 1,233 at 17 (docs/PERF.md)
-#   routerquick routernorm's 9 and 17 twice in turn and batch_bits at 16 slots, for a short call
-#   routerbits routernorm's batch_bits alone (16 slots at routerNormCols 9, 8 at 2)
 #   llamaref   #20: llama.cpp's llama-batched-bench (CUDA, built here from the carried .llama: tools/llama_ref.sh)
 #              and bench/decode.ts at 1, 2, 4, 8 and 16 slots on the same file; a call that ends before the build
 #              does leaves it running for the next call (carry .llama too)
@@ -211,20 +204,6 @@ gdn_splits() {
   done
 }
 
-# router_norms STEP LIMIT "COLS": 8 and 16 slots (1 too in the first run) at each routerNormCols in turn, then
-# batch_bits at 16 slots with routerNormCols 9 and at 8 with 2.
-router_norms() {
-  local step=$1 limit=$2 c slots=1,8,16 lim=$(($2 + 20))
-  for c in $3; do
-    run "$step" "$lim" $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
-      --slots "$slots" --router-norm-cols "$c"
-    slots=8,16 lim=$limit
-  done
-  run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 16 --router-norm-cols 9
-  [ "$step" = routerquick ] && return 0
-  run "$step" 50 $D bench/batch_bits.ts --model "$model" --slots 8 --router-norm-cols 2
-}
-
 for step in "$@"; do
   case $step in
     tests)
@@ -313,18 +292,6 @@ for step in "$@"; do
       ensure_model
       run gdnsplit 60 $D bench/gdn_step.ts --cols 8,16 --split 8,4,2
       gdn_splits gdnsplit 80 "2 8 4 2 8"
-      ;;
-    routernorm)
-      ensure_model
-      router_norms routernorm 80 "9 17 2 9 17"
-      ;;
-    routerquick)
-      ensure_model
-      router_norms routerquick 80 "9 17 9 17"
-      ;;
-    routerbits)
-      ensure_model
-      router_norms routerbits 80 ""
       ;;
     llamaref)
       # llama.cpp's CUDA build starts in the background (a fresh machine: 16 cores, several minutes) while the

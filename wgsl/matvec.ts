@@ -10,7 +10,7 @@
  *
  * Uniform `Params` (32 bytes, 8 × u32, in struct order): 0 k, 4 n, 8 row_bytes, 12 w_off (bytes),
  * 16 x_off, 20 y_off, 24 x_stride, 28 y_stride (elements). Bindings: 0 params, 1 weights, 2 x, 3 y, 4 nw
- * (norm weight), 5 xn (normed x out, NORM 1); 4 and 5 matter only with NORM.
+ * (norm weight), 5 xn (normed x out); 4 and 5 matter only with NORM.
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec, PipelineCache } from "./kernel.ts";
@@ -62,11 +62,7 @@ export interface MatvecConstants {
    * ROWS = BATCH = 1. Equal to SR = 0 bit for bit at the same TEAM. 0: the general code.
    */
   readonly SR: number;
-  /**
-   * 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 2 (XR = 2, batches):
-   * every column is RMSNorm-ed first with its own scale, each column's normed x the bits of NORM 1's, and
-   * `xn` is not written (a later kernel writes the normed rows); 0: x as it is.
-   */
+  /** 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 0: x as it is. */
   readonly NORM: number;
   /** 1: y += W·x (a residual add); 0: y = W·x. */
   readonly ACC: number;
@@ -161,7 +157,6 @@ export function matvecConstants(
     sr?: boolean;
     /** The batched path's x handling ({@linkcode MatvecConstants.XR}): 0, 1 or 2 (named). */
     xr?: number;
-    /** A deferred norm of x in the prologue: NORM 1 at batch 1, NORM 2 (no xn written) for batches. */
     norm?: { eps: number };
     acc?: boolean;
   } = {},
@@ -206,7 +201,7 @@ export function matvecConstants(
     UNROLL: opts.unroll ?? (tall || batched ? 1 : 2),
     XR: xr,
     SR: opts.sr ? 1 : 0,
-    NORM: opts.norm ? (batched ? 2 : 1) : 0,
+    NORM: opts.norm ? 1 : 0,
     ACC: opts.acc ? 1 : 0,
     EPS: opts.norm?.eps ?? 0,
   };
@@ -307,21 +302,10 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   );
   checkShape(c.XR !== 2 || c.ROWS <= 4, `Kernel matvec: XR=2 takes ROWS 1..4, not ROWS=${c.ROWS}`);
   checkMatvecSr(c);
-  checkInt("Kernel matvec: NORM", c.NORM, 0, 2);
+  checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
-  checkShape(
-    c.NORM !== 1 || c.BATCH === 1,
-    `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}: use NORM=2`,
-  );
-  checkShape(
-    c.NORM !== 2 || (c.XR === 2 && c.BATCH > 1 && c.ROWS * matvecPassColumns(c) >= c.BATCH),
-    `Kernel matvec: NORM=2 takes batches (BATCH=${c.BATCH}) on the named path (XR=${c.XR}: use XR=2) whose ` +
-      `partials hold 256 words per column (ROWS=${c.ROWS})`,
-  );
-  checkShape(
-    c.NORM === 0 || c.EPS > 0,
-    `Kernel matvec: NORM=${c.NORM} needs the norm's EPS > 0, got ${c.EPS}`,
-  );
+  checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
+  checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(
     matvecWorkgroupBytes(c) <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS ` +
@@ -365,17 +349,13 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   const cols = Math.max(shape.batch, z);
   need("x", b.x, 4 * (xOff + (cols - 1) * xStride + shape.k));
   need("y", b.y, 4 * (yOff + (cols - 1) * yStride + shape.n));
-  if (c.NORM === 1) {
+  if (c.NORM) {
     checkShape(
       b.nw !== undefined && b.xn !== undefined,
       "Kernel matvec: NORM=1 needs the nw and xn bindings",
     );
     need("nw", b.nw!, 4 * shape.k);
     need("xn", b.xn!, 4 * (xOff + (cols - 1) * xStride + shape.k));
-  }
-  if (c.NORM === 2) {
-    checkShape(b.nw !== undefined, "Kernel matvec: NORM=2 needs the nw binding");
-    need("nw", b.nw!, 4 * shape.k);
   }
 }
 

@@ -37,18 +37,13 @@
 // (row, column) still adds its units one by one in the order t, t + TEAM, ... through rows_dot, and the
 // reduction is the same two levels, so every column equals its solo step bit for bit (same TEAM). The partials
 // of NB_P columns (whole groups within 30 KiB) are reduced per pass, reusing the workgroup memory.
-// NORM = 2 (XR = 2, batches): every column's x is RMSNorm-ed first, each with its own scale, summed in the
-// order of rms_norm.wgsl (invocation i takes k = i, i + 256, ...; the halving of lib/rms.wgsl, all columns'
-// trees at once in `partial`), so each column's normed x quads equal its solo step's (NORM = 1) bit for bit.
-// xn is not written: the kernel that reads the norm's output next writes it (moe_route NORM). The unit loop
-// holds the scales in registers (ncs<g>) and loads the norm weight's quads once per unit for all columns.
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8; XR 2:
 //   1..4), const BATCH: u32 (1..8; XR 2: 1..16), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2,
 //   4 or 8), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1 reloads them
-//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0, 1 or 2), const ACC: u32 (0 or 1),
+//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1),
 //   const EPS: f32 (the norm's epsilon).
 // Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB
-// (PART_COLS: BATCH, or NB_P with XR 2); NORM 2: XR 2 and ROWS·NB_P ≥ BATCH.
+// (PART_COLS: BATCH, or NB_P with XR 2).
 
 struct Params {
   k: u32,
@@ -81,87 +76,6 @@ fn x_quad(xb: u32, e: u32) -> vec4<f32> {
     return v * nscale * nw[e >> 2u];
   }
   return v;
-}
-
-// NORM 2: element i of column b's x.
-fn nb_elem(b: u32, i: u32) -> f32 {
-  let e = x_off + b * params.x_stride + i;
-  return x[e >> 2u][e & 3u];
-}
-
-// NORM 2: `q` (the x² sums of columns 4g..4g+3 in its components) plus element i of each column squared, each
-// sum in rms_norm's expression (ss += v · v); the loads first. Columns ≥ BATCH are not loaded.
-fn nb_sq(q: vec4<f32>, g: u32, i: u32) -> vec4<f32> {
-  let b = 4u * g;
-  let v0 = nb_elem(b, i);
-  var v1 = 0.0;
-  var v2 = 0.0;
-  var v3 = 0.0;
-  if (b + 1u < BATCH) {
-    v1 = nb_elem(b + 1u, i);
-  }
-  if (b + 2u < BATCH) {
-    v2 = nb_elem(b + 2u, i);
-  }
-  if (b + 3u < BATCH) {
-    v3 = nb_elem(b + 3u, i);
-  }
-  var s0 = q.x;
-  var s1 = q.y;
-  var s2 = q.z;
-  var s3 = q.w;
-  s0 += v0 * v0;
-  s1 += v1 * v1;
-  s2 += v2 * v2;
-  s3 += v3 * v3;
-  return vec4<f32>(s0, s1, s2, s3);
-}
-
-// NORM 2: column group g's x² partials of invocation lid into the partials (columns < BATCH).
-fn nb_sq_put(q: vec4<f32>, g: u32, lid: u32) {
-  let b = 4u * g;
-  if (b < BATCH) {
-    partial[b * WG + lid] = q.x;
-  }
-  if (b + 1u < BATCH) {
-    partial[(b + 1u) * WG + lid] = q.y;
-  }
-  if (b + 2u < BATCH) {
-    partial[(b + 2u) * WG + lid] = q.z;
-  }
-  if (b + 3u < BATCH) {
-    partial[(b + 3u) * WG + lid] = q.w;
-  }
-}
-
-// NORM 2: the columns' scales (rms_red after the prologue) in registers, four columns a vec4 (ncs<g>: columns
-// 4g..4g+3), so that the unit loop reads no workgroup memory for them.
-var<private> ncs0: vec4<f32>;
-var<private> ncs1: vec4<f32>;
-var<private> ncs2: vec4<f32>;
-var<private> ncs3: vec4<f32>;
-
-// NORM 2: the scales of column group g (a constant at every call).
-fn nb_scales(g: u32) -> vec4<f32> {
-  if (g == 0u) {
-    return ncs0;
-  }
-  if (g == 1u) {
-    return ncs1;
-  }
-  if (g == 2u) {
-    return ncs2;
-  }
-  return ncs3;
-}
-
-// The x quad at element offset `e` of the column starting at `xb`: NORM 2 normed with the column's scale `s`
-// and the norm weight's quad `n` at e (loaded once per unit for all columns), in NORM 1's expression.
-fn nb_xq(xb: u32, e: u32, s: f32, n: vec4<f32>) -> vec4<f32> {
-  if (NORM == 2u) {
-    return x[(xb + e) >> 2u] * s * n;
-  }
-  return x_quad(xb, e);
 }
 
 const WG: u32 = 256u;
@@ -267,26 +181,24 @@ struct NbX {
   sh: vec4<f32>,
 }
 
-// XR = 2: the x quads of unit position `pos` of columns 4g..4g+3 (g is a constant at every call); NORM 2
-// norms them with the norm weight's quads nl, nh at pos.
-fn nb_x(g: u32, pos: vec2<u32>, nl: vec4<f32>, nh: vec4<f32>) -> NbX {
+// XR = 2: the x quads of unit position `pos` of columns 4g..4g+3 (g is a constant at every call).
+fn nb_x(g: u32, pos: vec2<u32>) -> NbX {
   var v: NbX;
   let b = 4u * g;
   let xb = x_off + b * params.x_stride;
-  let sc = nb_scales(g);
-  v.l0 = nb_xq(xb, pos.x, sc.x, nl);
-  v.h0 = nb_xq(xb, pos.y, sc.x, nh);
+  v.l0 = x_quad(xb, pos.x);
+  v.h0 = x_quad(xb, pos.y);
   if (b + 1u < BATCH) {
-    v.l1 = nb_xq(xb + params.x_stride, pos.x, sc.y, nl);
-    v.h1 = nb_xq(xb + params.x_stride, pos.y, sc.y, nh);
+    v.l1 = x_quad(xb + params.x_stride, pos.x);
+    v.h1 = x_quad(xb + params.x_stride, pos.y);
   }
   if (b + 2u < BATCH) {
-    v.l2 = nb_xq(xb + 2u * params.x_stride, pos.x, sc.z, nl);
-    v.h2 = nb_xq(xb + 2u * params.x_stride, pos.y, sc.z, nh);
+    v.l2 = x_quad(xb + 2u * params.x_stride, pos.x);
+    v.h2 = x_quad(xb + 2u * params.x_stride, pos.y);
   }
   if (b + 3u < BATCH) {
-    v.l3 = nb_xq(xb + 3u * params.x_stride, pos.x, sc.w, nl);
-    v.h3 = nb_xq(xb + 3u * params.x_stride, pos.y, sc.w, nh);
+    v.l3 = x_quad(xb + 3u * params.x_stride, pos.x);
+    v.h3 = x_quad(xb + 3u * params.x_stride, pos.y);
   }
   let one = vec4<f32>(1.0);
   v.sl = vec4<f32>(dot(v.l0, one), dot(v.l1, one), dot(v.l2, one), dot(v.l3, one));
@@ -354,15 +266,8 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
   if (ROWS >= 4u) {
     d3 = nb_row(rb.w, c, j);
   }
-  // NORM 2: the norm weight's quads at this unit, once for every column.
-  var nl = vec4<f32>(0.0);
-  var nh = vec4<f32>(0.0);
-  if (NORM == 2u) {
-    nl = nw[pos.x >> 2u];
-    nh = nw[pos.y >> 2u];
-  }
   {
-    let x4 = nb_x(0u, pos, nl, nh);
+    let x4 = nb_x(0u, pos);
     (*acc).a00 = nb_add((*acc).a00, d0, x4, 0u);
     if (ROWS >= 2u) {
       (*acc).a10 = nb_add((*acc).a10, d1, x4, 0u);
@@ -375,7 +280,7 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
     }
   }
   if (BATCH > 4u) {
-    let x4 = nb_x(1u, pos, nl, nh);
+    let x4 = nb_x(1u, pos);
     (*acc).a01 = nb_add((*acc).a01, d0, x4, 1u);
     if (ROWS >= 2u) {
       (*acc).a11 = nb_add((*acc).a11, d1, x4, 1u);
@@ -388,7 +293,7 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
     }
   }
   if (BATCH > 8u) {
-    let x4 = nb_x(2u, pos, nl, nh);
+    let x4 = nb_x(2u, pos);
     (*acc).a02 = nb_add((*acc).a02, d0, x4, 2u);
     if (ROWS >= 2u) {
       (*acc).a12 = nb_add((*acc).a12, d1, x4, 2u);
@@ -401,7 +306,7 @@ fn nb_unit(u: u32, rb: vec4<u32>, acc: ptr<function, NbAcc>) {
     }
   }
   if (BATCH > 12u) {
-    let x4 = nb_x(3u, pos, nl, nh);
+    let x4 = nb_x(3u, pos);
     (*acc).a03 = nb_add((*acc).a03, d0, x4, 3u);
     if (ROWS >= 2u) {
       (*acc).a13 = nb_add((*acc).a13, d1, x4, 3u);
@@ -658,50 +563,6 @@ fn main(
         xn[(x_off >> 2u) + q] = x_quad(x_off, 4u * q);
       }
     }
-  }
-  if (NORM == 2u) {
-    // Each column's x² partials in rms_norm's order, then the halving of lib/rms.wgsl for all columns at
-    // once (the same pairs added, column by column), in the partials' memory (≥ 256 · BATCH words). Each
-    // element step loads every column's element before adding any (nb_sq): one memory latency a step for all
-    // columns, not one a column (H100, 16 columns: the router 25.6 µs against 48.1 column after column; four
-    // steps' loads at a time, 27.6).
-    var q0 = vec4<f32>(0.0);
-    var q1 = vec4<f32>(0.0);
-    var q2 = vec4<f32>(0.0);
-    var q3 = vec4<f32>(0.0);
-    for (var i = lid; i < params.k; i += WG) {
-      q0 = nb_sq(q0, 0u, i);
-      if (BATCH > 4u) {
-        q1 = nb_sq(q1, 1u, i);
-      }
-      if (BATCH > 8u) {
-        q2 = nb_sq(q2, 2u, i);
-      }
-      if (BATCH > 12u) {
-        q3 = nb_sq(q3, 3u, i);
-      }
-    }
-    nb_sq_put(q0, 0u, lid);
-    nb_sq_put(q1, 1u, lid);
-    nb_sq_put(q2, 2u, lid);
-    nb_sq_put(q3, 3u, lid);
-    workgroupBarrier();
-    for (var o = WG / 2u; o > 0u; o >>= 1u) {
-      for (var i = lid; i < BATCH * o; i += WG) {
-        let at = (i / o) * WG + i % o;
-        partial[at] += partial[at + o];
-      }
-      workgroupBarrier();
-    }
-    if (lid < BATCH) {
-      rms_red[lid] = 1.0 / sqrt(partial[lid * WG] / f32(params.k) + EPS);
-    }
-    // The scales are read below, and the partials are written again.
-    workgroupBarrier();
-    ncs0 = vec4<f32>(rms_red[0], rms_red[1], rms_red[2], rms_red[3]);
-    ncs1 = vec4<f32>(rms_red[4], rms_red[5], rms_red[6], rms_red[7]);
-    ncs2 = vec4<f32>(rms_red[8], rms_red[9], rms_red[10], rms_red[11]);
-    ncs3 = vec4<f32>(rms_red[12], rms_red[13], rms_red[14], rms_red[15]);
   }
 
   // Rows past N read row N-1 (in bounds) and are never stored: no early return before the barrier.

@@ -283,7 +283,7 @@ Deno.test("matvec NORM (x RMSNorm-ed in the prologue, xn written) and ACC (y += 
   }
 });
 
-Deno.test("matvec columns with NORM (in grid z, or NORM 2 in one batched dispatch): each column its own batch-1 dispatch's bits, the reference, its xn", async () => {
+Deno.test("matvec columns in grid z with NORM: each column its own batch-1 dispatch's bits, the reference, its xn", async () => {
   const rng = new Rng();
   const { device } = await testGpu();
   const cache = new PipelineCache(device);
@@ -291,7 +291,7 @@ Deno.test("matvec columns with NORM (in grid z, or NORM 2 in one batched dispatc
   // A batched step's router: f32 rows (one dispatch, several columns) and a quantized type; y columns at a
   // padded stride (the fused router's nExpert + 1), x columns back to back.
   for (
-    const c of [{ type: "F32", k: 256, n: 9, cols: 3 }, { type: "Q8_0", k: 2048, n: 37, cols: 11 }] as const
+    const c of [{ type: "F32", k: 256, n: 9, cols: 3 }, { type: "Q8_0", k: 2048, n: 37, cols: 5 }] as const
   ) {
     const what = `matvec zCols ${JSON.stringify(c)} (seed ${rng.seed})`;
     const bytes = randomWeights(rng, c.type, c.k, c.n);
@@ -351,30 +351,8 @@ Deno.test("matvec columns with NORM (in grid z, or NORM 2 in one batched dispatc
       );
       solo.push(one);
     }
-    // All columns in one batched dispatch (NORM 2): each column normed with its own scale; xn not written.
-    const bShape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.cols, yStride };
-    const bConstants = matvecConstants(bShape, { norm: { eps } });
-    assert.equal(bConstants.NORM, 2, `${what}: a batch's norm is NORM 2`);
-    const yb = poisoned(device, (c.cols - 1) * yStride + c.n);
-    const xnb = poisoned(device, c.cols * c.k);
-    const bParams = device.createBuffer({
-      size: 256,
-      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
-    });
-    device.queue.writeBuffer(bParams, 0, matvecParams(bShape));
-    encodeMatvec(
-      pass,
-      await prepareMatvec(cache, {
-        device,
-        shape: bShape,
-        constants: bConstants,
-        bindings: { params: bParams, weights, x: xBuf, y: yb, nw: nwBuf, xn: xnb },
-      }),
-    );
     pass.end();
     device.queue.submit([enc.finish()]);
-    const [ybOut, xnbOut] = await readAll(device, [yb, xnb]);
-    assertPoisoned(new Uint32Array(xnbOut!), POISON_F32, `${what}: NORM 2 leaves xn untouched`);
     const [yz, xnz, ...rest] = await readAll(device, [y, xn, ...solo.flatMap((o) => [o.y, o.xn])]);
     const yGot = new Float32Array(yz!);
     const xnGot = new Float32Array(xnz!);
@@ -394,11 +372,6 @@ Deno.test("matvec columns with NORM (in grid z, or NORM 2 in one batched dispatc
         new Uint32Array(col.slice().buffer),
         new Uint32Array(soloY.slice().buffer),
         `${what}: y of column ${j} ≢ its solo dispatch`,
-      );
-      assert.deepEqual(
-        new Uint32Array(ybOut!, 4 * j * yStride, c.n),
-        new Uint32Array(soloY.slice().buffer),
-        `${what}: y of column ${j} in the batched NORM 2 dispatch ≢ its solo dispatch`,
       );
       const xnCol = xnGot.subarray(j * c.k, (j + 1) * c.k);
       assert.deepEqual(

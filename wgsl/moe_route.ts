@@ -4,7 +4,6 @@
  * @module
  */
 import { bindGroup, type Binding, type KernelSpec } from "./kernel.ts";
-import { normBindings } from "./matvec.ts";
 import {
   checkBinding,
   checkInt,
@@ -34,21 +33,13 @@ export type MoeRouteConstants = {
    * logits and the shared expert's gate logit after them.
    */
   readonly LOGITS_COL: number;
-  /**
-   * With XQ: x is the norm's input, RMSNorm-ed per token first in rms_norm's order (with WG 256, rms_norm's
-   * bits), the normed rows written to `m` and rounded from them: the deferred norm of a batched step whose
-   * router normed its own columns (matvec NORM 2).
-   */
-  readonly NORM: boolean;
-  /** NORM: the norm's epsilon; 0 otherwise. */
-  readonly EPS: number;
 };
 
 /** Kernel spec of `moe_route.wgsl`. */
 export const MOE_ROUTE: KernelSpec = {
   name: "moe_route",
   url: new URL("./moe_route.wgsl", import.meta.url),
-  lib: ["route", "q8pack", "rms"],
+  lib: ["route", "q8pack"],
   constants: {
     N_EXPERT: "u32",
     N_EXPERT_USED: "u32",
@@ -58,23 +49,18 @@ export const MOE_ROUTE: KernelSpec = {
     KC: "u32",
     LAYOUT: "u32",
     LOGITS_COL: "u32",
-    NORM: "bool",
-    EPS: "f32",
   },
 };
 
 /**
  * Binding order: logits f32 ne=[LOGITS_COL, nTokens]; ids u32 ne=[N_EXPERT_USED, nTokens];
  * weights f32 ne=[N_EXPERT_USED, nTokens]; x f32 ne=[32·KC, nTokens] and xq u32 ne=[9·KC, nTokens] (XQ;
- * otherwise any buffer, and for xq one not bound elsewhere); nw f32 ne=[32·KC] and m f32 ne=[32·KC, nTokens]
- * (NORM; otherwise stand-ins).
+ * otherwise any buffer, and for xq one not bound elsewhere).
  */
-export const MOE_ROUTE_BINDINGS = ["logits", "ids", "weights", "x", "xq", "nw", "m"] as const;
+export const MOE_ROUTE_BINDINGS = ["logits", "ids", "weights", "x", "xq"] as const;
 
-/** Buffers of one `moe_route` dispatch, by binding name (nw and m only with NORM). */
-export type MoeRouteBuffers =
-  & Readonly<Record<Exclude<(typeof MOE_ROUTE_BINDINGS)[number], "nw" | "m">, Binding>>
-  & { readonly nw?: Binding; readonly m?: Binding };
+/** Buffers of one `moe_route` dispatch, by binding name. */
+export type MoeRouteBuffers = Readonly<Record<(typeof MOE_ROUTE_BINDINGS)[number], Binding>>;
 
 /** The W_SCALE constant for a model's optional `expert_weights_scale` (absent or 0 means no scaling). */
 export function moeWeightsScale(expertWeightsScale: number | undefined): number {
@@ -96,11 +82,6 @@ export function checkMoeRoute(c: MoeRouteConstants, nTokens: number): void {
     checkInt("moe_route: KC (K / 32 with XQ)", c.KC, 1, 1 << 20);
     checkInt("moe_route: LAYOUT", c.LAYOUT, 0, 1);
   }
-  checkShape(!c.NORM || c.XQ, "moe_route: NORM writes the normed x beside the int8 x: it needs XQ");
-  checkShape(
-    !c.NORM || (Number.isFinite(c.EPS) && c.EPS > 0),
-    `moe_route: NORM needs the norm's EPS > 0, got ${c.EPS}`,
-  );
 }
 
 /**
@@ -131,24 +112,14 @@ export function moeRouteBindGroup(
     checkBinding("moe_route", "x", b.x, [32 * c.KC, n]);
     checkBinding("moe_route", "xq", b.xq, [9 * c.KC, n]);
   }
-  if (c.NORM) {
-    checkShape(b.nw !== undefined && b.m !== undefined, "moe_route: NORM needs the nw and m bindings");
-    checkBinding("moe_route", "nw", b.nw!, [32 * c.KC]);
-    checkBinding("moe_route", "m", b.m!, [32 * c.KC, n]);
-  }
-  const [nw, m] = normBindings(device, { x: b.x, nw: b.nw, xn: b.m });
-  const all = { ...b, nw, m };
-  return bindGroup(device, opts.pipeline, MOE_ROUTE_BINDINGS.map((name) => all[name]));
+  return bindGroup(device, opts.pipeline, MOE_ROUTE_BINDINGS.map((name) => b[name]));
 }
 
-/**
- * Workgroup memory of a moe_route variant in bytes: the logits, the selection, (XQ) the token's x and (NORM)
- * the norm's partials.
- */
+/** Workgroup memory of a moe_route variant in bytes: the logits, the selection and (XQ) the token's x. */
 export function moeRouteWorkgroupBytes(
-  c: Pick<MoeRouteConstants, "N_EXPERT" | "N_EXPERT_USED" | "KC"> & { NORM?: boolean; WG?: number },
+  c: Pick<MoeRouteConstants, "N_EXPERT" | "N_EXPERT_USED" | "KC">,
 ): number {
-  return 4 * c.N_EXPERT + 8 * c.N_EXPERT_USED + 128 * c.KC + (c.NORM ? 4 * (c.WG ?? 256) : 0);
+  return 4 * c.N_EXPERT + 8 * c.N_EXPERT_USED + 128 * c.KC;
 }
 
 /** Dispatch grid: one workgroup per token. */

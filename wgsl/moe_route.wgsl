@@ -8,29 +8,19 @@
 //   xq       u32 read_write: token t's x rounded to int8 at word t·9·KC in quantize_q8's format and byte order
 //            LAYOUT (lib/q8pack.wgsl, the same bits), the gate·up pass's int8 x (XQ; otherwise any buffer not
 //            bound elsewhere)
-//   nw       f32 ne=[32·KC]           NORM: the norm weight (otherwise any buffer of ≥ 16 bytes)
-//   m        f32 ne=[32·KC, nTokens]  read_write: NORM: the normed x written (otherwise any buffer not bound
-//            elsewhere)
-// NORM (with XQ): x is the norm's input (the residual stream); each token's row is RMSNorm-ed first in
-// rms_norm.wgsl's order (invocation i takes elements i, i + WG, ..., then lib/rms.wgsl), so with WG = 256
-// (rms_norm's) m holds rms_norm's bits, and the int8 x is rounded from them. This takes the post-attention
-// norm of a batched step whose router normed its columns itself (matvec NORM 2): no norm dispatch.
 // Grid (nTokens): workgroup t owns token t.
 // Constants: const N_EXPERT, N_EXPERT_USED, WG: u32 (WG power of two <= 256); const W_SCALE: f32 (1 when
 // the model has no expert_weights_scale); const XQ: bool, const KC, LAYOUT: u32 (XQ: the chunks of x and the
 // byte order of the experts' weight type; 1 and 0 otherwise); const LOGITS_COL: u32 (>= N_EXPERT: the logits'
-// stride per token; N_EXPERT + 1 where the router's mat-vec also wrote the shared expert's gate logit); const
-// NORM: bool (needs XQ), const EPS: f32 (NORM: the norm's epsilon).
+// stride per token; N_EXPERT + 1 where the router's mat-vec also wrote the shared expert's gate logit).
 // Limits: N_EXPERT <= 4096; N_EXPERT_USED <= min(N_EXPERT, 256). Workgroup memory: 4·N_EXPERT + 8·N_EXPERT_USED
-// + 128·KC (+ 4·WG with NORM) bytes.
+// + 128·KC bytes.
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> weights: array<f32>;
 @group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
-@group(0) @binding(5) var<storage, read> nw: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> m: array<vec4<f32>>;
 
 fn route_logit(t: u32, e: u32) -> f32 {
   return logits[t * LOGITS_COL + e];
@@ -46,21 +36,6 @@ fn main(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid:
   if (XQ) {
     for (var i = lid; i < 8u * KC; i += WG) {
       xs[i] = x[t * 8u * KC + i];
-    }
-  }
-  if (NORM) {
-    workgroupBarrier();
-    var ss = 0.0;
-    for (var i = lid; i < 32u * KC; i += WG) {
-      let v = xs[i >> 2u][i & 3u];
-      ss += v * v;
-    }
-    // rms_scale's barriers follow every read of xs above.
-    let scale = rms_scale(lid, ss, 32u * KC, EPS);
-    for (var i = lid; i < 8u * KC; i += WG) {
-      let v = xs[i] * scale * nw[i];
-      xs[i] = v;
-      m[t * 8u * KC + i] = v;
     }
   }
   route_token(t, lid);

@@ -1,7 +1,6 @@
 import assert from "node:assert/strict";
 import { PipelineCache } from "./kernel.ts";
-import { moeRoute, rmsNorm as refRmsNorm } from "../tests/ref/ops.ts";
-import { encodeRmsNorm, RMS_NORM, rmsNormBindGroup, type RmsNormConstants } from "./rms_norm.ts";
+import { moeRoute } from "../tests/ref/ops.ts";
 import { assertPoisoned } from "../tests/util/close.ts";
 import { GUARD_WORDS, POISON_F32, poisoned, readAll, testGpu, upload } from "../tests/util/gpu.ts";
 import { Rng } from "../tests/util/rng.ts";
@@ -76,8 +75,6 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
       KC: xType ? kc : 1,
       LAYOUT: xType ? q8Layout(xType) : 0,
       LOGITS_COL: col,
-      NORM: false,
-      EPS: 0,
     };
     const x = rng.normals(32 * kc * k.nTokens, 10 ** rng.int(-2, 3));
     x.fill(0, 0, 32); // an all-zero chunk
@@ -145,93 +142,6 @@ Deno.test("moe_route: ids and weights match the reference, ties to the lower ind
   }
 });
 
-Deno.test("moe_route NORM: each token's normed x has rms_norm's bits, and its int8 x is rounded from them", async () => {
-  const rng = new Rng();
-  const { device } = await testGpu();
-  const cache = new PipelineCache(device);
-  const eps = 1e-6;
-  // A batched step's post-attention norm (KC 64 = nEmbd 2,048, WG 256 as the engine's) and an odd one.
-  const cases = [
-    { nExpert: 256, nUsed: 8, nTokens: 3, wg: 256, kc: 64, type: "Q8_0" as GgmlTypeName },
-    { nExpert: 37, nUsed: 3, nTokens: 2, wg: 64, kc: rng.int(1, 20), type: "IQ4_XS" as GgmlTypeName },
-  ];
-  for (const k of cases) {
-    const what = `moe_route NORM ${JSON.stringify(k)} (seed ${rng.seed})`;
-    const n = 32 * k.kc;
-    const c: MoeRouteConstants = {
-      N_EXPERT: k.nExpert,
-      N_EXPERT_USED: k.nUsed,
-      WG: k.wg,
-      W_SCALE: 1,
-      XQ: true,
-      KC: k.kc,
-      LAYOUT: q8Layout(k.type),
-      LOGITS_COL: k.nExpert,
-      NORM: true,
-      EPS: eps,
-    };
-    const h = rng.normals(n * k.nTokens, 10 ** rng.int(-1, 2));
-    const nw = rng.normals(n, 1);
-    const logits = rng.normals(k.nExpert * k.nTokens, 3);
-    const b = {
-      logits: upload(device, logits),
-      ids: poisoned(device, k.nUsed * k.nTokens, POISON_U32),
-      weights: poisoned(device, k.nUsed * k.nTokens),
-      x: upload(device, h),
-      xq: poisoned(device, 9 * k.kc * k.nTokens),
-      nw: upload(device, nw),
-      m: poisoned(device, n * k.nTokens),
-    };
-    // rms_norm's own dispatch on the same rows, with the same WG: the bits the norm must keep.
-    const rc: RmsNormConstants = { N: n, EPS: eps, WG: k.wg };
-    const normY = poisoned(device, n * k.nTokens);
-    const enc = device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    const pipeline = await cache.get(MOE_ROUTE, c);
-    const bg = moeRouteBindGroup(device, { pipeline, constants: c, nTokens: k.nTokens, buffers: b });
-    encodeMoeRoute(pass, { pipeline, bindGroup: bg, constants: c, nTokens: k.nTokens });
-    const rp = await cache.get(RMS_NORM, rc);
-    const rbg = rmsNormBindGroup(device, {
-      pipeline: rp,
-      constants: rc,
-      nRows: k.nTokens,
-      buffers: { x: b.x, w: b.nw, y: normY },
-    });
-    encodeRmsNorm(pass, { pipeline: rp, bindGroup: rbg, constants: rc, nRows: k.nTokens });
-    pass.end();
-    device.queue.submit([enc.finish()]);
-    const [mOut, normOut, xqOut, idsOut] = await readAll(device, [b.m, normY, b.xq, b.ids]);
-    const m = new Float32Array(mOut!);
-    checkF32(mOut!, refRmsNorm(h, nw, { eps, n }), { atol: 1e-6, rtol: 4e-6 }, {
-      what: `${what} m`,
-      seed: rng.seed,
-    });
-    assert.deepEqual(
-      new Uint32Array(mOut!, 0, n * k.nTokens),
-      new Uint32Array(normOut!, 0, n * k.nTokens),
-      `${what}: m ≢ rms_norm's output`,
-    );
-    assertPoisoned(new Uint32Array(mOut!, 4 * n * k.nTokens, GUARD_WORDS), POISON_F32, `${what} m`);
-    const words = 9 * k.kc;
-    const xq = new Uint32Array(xqOut!);
-    for (let t = 0; t < k.nTokens; t++) {
-      const { words: want } = await quantizeOnGpu(device, cache, k.type, m.subarray(n * t, n * (t + 1)));
-      assert.deepEqual(
-        [...xq.subarray(words * t, words * (t + 1))],
-        [...want],
-        `${what}: token ${t}'s int8 x is not quantize_q8's of its normed x`,
-      );
-    }
-    const refIds: number[] = [];
-    for (let t = 0; t < k.nTokens; t++) {
-      refIds.push(...moeRoute(logits.subarray(t * k.nExpert, (t + 1) * k.nExpert), { nUsed: k.nUsed }).ids);
-    }
-    assert.deepEqual([...new Uint32Array(idsOut!, 0, refIds.length)], refIds, `${what}: ids`);
-    Object.values(b).forEach((buf) => buf.destroy());
-    normY.destroy();
-  }
-});
-
 Deno.test("moe_route shape check throws before encoding", async () => {
   const { device } = await testGpu();
   const c: MoeRouteConstants = {
@@ -243,8 +153,6 @@ Deno.test("moe_route shape check throws before encoding", async () => {
     KC: 1,
     LAYOUT: 0,
     LOGITS_COL: 256,
-    NORM: false,
-    EPS: 0,
   };
   const pipeline = await new PipelineCache(device).get(MOE_ROUTE, c);
   const small = device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
@@ -289,26 +197,6 @@ Deno.test("moe_route shape check throws before encoding", async () => {
         buffers: { logits: small, ids: small, weights: small, x: small, xq: small },
       }),
     /LOGITS_COL must be an integer in \[256, /,
-  );
-  assert.throws(
-    () =>
-      moeRouteBindGroup(device, {
-        pipeline,
-        constants: { ...c, NORM: true, EPS: 1e-6 },
-        nTokens: 1,
-        buffers: { logits: small, ids: small, weights: small, x: small, xq: small },
-      }),
-    /NORM writes the normed x beside the int8 x: it needs XQ/,
-  );
-  assert.throws(
-    () =>
-      moeRouteBindGroup(device, {
-        pipeline,
-        constants: { ...c, XQ: true, KC: 2, LAYOUT: 0, NORM: true, EPS: 1e-6 },
-        nTokens: 1,
-        buffers: { logits: small, ids: small, weights: small, x: small, xq: small },
-      }),
-    /NORM needs the nw and m bindings/,
   );
   assert.equal(moeWeightsScale(undefined), 1);
   assert.equal(moeWeightsScale(0), 1);

@@ -73,12 +73,6 @@ export interface MatvecOptions {
    */
   zNorm?: boolean;
   /**
-   * Mat-vec columns (2 to 16, f32 x, one weight part) reading a deferred norm's output: each column normed in
-   * the prologue of one dispatch (matvec NORM 2, each column the bits of its solo step's). The norm's rows
-   * are NOT written: the caller takes `g.pending` before and writes them (moe_route NORM).
-   */
-  colsNorm?: boolean;
-  /**
    * int8 x over 2 to 16 columns: quantize x in both byte orders, for a later mat-vec of the same x whose
    * weights read the other (attention's v after q and k).
    */
@@ -103,15 +97,10 @@ export async function matvec(
   // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
   // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
   const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
-  const colsOk = opts.colsNorm === true && cols >= 2 && cols <= Math.min(g.maxCols, MATVEC_MAX_BATCH) &&
-    w.parts.length === 1 && !opts.acc;
-  const zOk = !colsOk && opts.zNorm === true && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 &&
-    !opts.acc;
-  const norm =
-    g.pending && g.pending.y === x && (cols === 1 || zOk || colsOk) && allRows <= g.opts.normPrologueMaxRows
-      ? g.pending
-      : undefined;
-  assert(!colsOk || norm !== undefined, `${label}: the columns' norm (colsNorm) is not the pending one`);
+  const zOk = opts.zNorm === true && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 && !opts.acc;
+  const norm = g.pending && g.pending.y === x && (cols === 1 || zOk) && allRows <= g.opts.normPrologueMaxRows
+    ? g.pending
+    : undefined;
   // The columns in grid z, each a batch-1 dispatch's code with the norm in its prologue.
   const inZ = norm !== undefined && zOk;
   // A mat-vec that writes the deferred norm's input or output (or reads its output with several columns)
@@ -211,7 +200,7 @@ export async function matvec(
         x,
         y,
         norm ? part0(norm.w) : x,
-        norm && !colsOk ? norm.y : g.scratch(),
+        norm ? norm.y : g.scratch(),
       ], matvecGrid(shape, c));
     }
   }
@@ -232,7 +221,7 @@ export async function matvecQ8(
   x: GPUBuffer,
   y: GPUBuffer,
   cols: number,
-  opts: Omit<MatvecOptions, "f32" | "zNorm" | "colsNorm">,
+  opts: Omit<MatvecOptions, "f32" | "zNorm">,
 ) {
   const type = typeName(w);
   const k = w.ne[0]!;
@@ -510,14 +499,7 @@ export async function fusedMatvec(
   ws: readonly GpuTensor[],
   x: GPUBuffer,
   out: GPUBuffer,
-  opts: {
-    joined?: GpuTensor;
-    f32?: boolean;
-    yStride?: number;
-    zNorm?: boolean;
-    colsNorm?: boolean;
-    q8Both?: boolean;
-  } = {},
+  opts: { joined?: GpuTensor; f32?: boolean; yStride?: number; zNorm?: boolean; q8Both?: boolean } = {},
 ): Promise<number[]> {
   const cols = g.n;
   if (cols !== 1 && (opts.yStride === undefined || cols > g.maxCols)) return [];
@@ -542,7 +524,6 @@ export async function fusedMatvec(
     f32: opts.f32,
     yStride: cols > 1 ? opts.yStride : undefined,
     zNorm: opts.zNorm,
-    colsNorm: opts.colsNorm,
     q8Both: opts.q8Both,
   });
   return offsets;

@@ -20,7 +20,7 @@ import {
   typeName,
 } from "../graph/builder.ts";
 import { fusedMatvec, matvec, roundX } from "./linear.ts";
-import { normConstants, routerNormsCols } from "./norm.ts";
+import { normConstants } from "./norm.ts";
 import {
   checkGroupedMatmul,
   groupedMatmulConstants,
@@ -98,8 +98,25 @@ export async function moe(
   // passes round A.m themselves (moe_matvec_q8 XIN). Mat-vec columns (a batched step, a short chunk) fuse
   // too: each column's nExpert logits and then its shared expert's gate logit (one dispatch less per layer;
   // TEAM follows K and N, 257 rows either way, so every column keeps the bits of a one-token step). A
-  // deferred norm rides on it for up to ROUTER_Z_NORM_MAX_COLS mat-vec columns too (below routerNormCols):
-  // the columns in grid z, each a one-token step's dispatch with the norm in its prologue.
+  // deferred norm rides on it for up to ROUTER_Z_NORM_MAX_COLS mat-vec columns too: the columns in grid z,
+  // each a one-token step's dispatch with the norm in its prologue, instead of a norm dispatch of its own
+  // and one mat-vec reading the router's weights once for all columns.
+  const col = hp.nExpert + 1;
+  const zNorm = n <= ROUTER_Z_NORM_MAX_COLS;
+  const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
+    f32: true,
+    yStride: col,
+    zNorm,
+  });
+  if (routerFused.length === 0) {
+    await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true, zNorm });
+  }
+  // The shared expert's gate logit: row nExpert of each column of the fused router output (stride col), or
+  // its own mat-vec's.
+  const fusedGam = routerFused.length === 2;
+  const logitsCol = fusedGam ? col : hp.nExpert;
+  const gam: Binding = fusedGam ? sub(A.router!, hp.nExpert, (n - 1) * col + 1) : A.gam!;
+  const gCol = fusedGam ? col : 1;
   // The routing (softmax, top-k, weights) runs in a moe_route dispatch of its own. With fuseDecodeRoute,
   // decode runs it in the prologue of the routed gate·up pass instead (moe_matvec ROUTE, which writes ids and
   // weights for the down pass and the combine): one dispatch less, but every gate·up workgroup repeats the
@@ -116,41 +133,15 @@ export async function moe(
   const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
   // int8Experts: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
   // instead of in every gate·up workgroup's prologue), where its workgroup memory holds the token's x.
-  // moe_route's workgroup memory with XQ, and with NORM too, fits the device.
-  const route0 = { N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32, WG: 256 };
-  const wgLimit = g.device.limits.maxComputeWorkgroupStorageSize;
-  const routeFits = (norm: boolean) => moeRouteWorkgroupBytes({ ...route0, NORM: norm }) <= wgLimit;
-  const xq8 = g.opts.int8Experts && n <= g.maxCols && !fuseRoute && routeFits(false) &&
+  const xqBytes = moeRouteWorkgroupBytes({ N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32 });
+  const xq8 = g.opts.int8Experts && n <= g.maxCols && !fuseRoute &&
+      xqBytes <= g.device.limits.maxComputeWorkgroupStorageSize &&
       moeMatvecQ8Fits(gateUpShape(g, exps, K, n, hp.nExpert, false))
     ? {
       type: typeName(exps.gate),
       binding: g.q8Region(`L${l}.ffn_exps.gate_up`, hp.nEmbd, typeName(exps.gate), n, "in"),
     }
     : undefined;
-  const col = hp.nExpert + 1;
-  // From routerNormCols columns (int8 experts) the router norms every column itself (matvec NORM 2, one
-  // dispatch reading the router's weights once) and moe_route writes the norm's rows from the residual
-  // stream, in rms_norm's order, as it rounds them: no norm dispatch. Both keep the bits of the norm's own
-  // dispatch, so every column keeps its solo step's.
-  const pn = g.pending;
-  const colsNorm = pn !== undefined && pn.y === A.m && xq8 !== undefined && routerNormsCols(g) &&
-    col <= g.opts.normPrologueMaxRows && routeFits(true);
-  const zNorm = !colsNorm && n <= ROUTER_Z_NORM_MAX_COLS;
-  const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
-    f32: true,
-    yStride: col,
-    zNorm,
-    colsNorm,
-  });
-  if (routerFused.length === 0) {
-    await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true, zNorm, colsNorm });
-  }
-  // The shared expert's gate logit: row nExpert of each column of the fused router output (stride col), or
-  // its own mat-vec's.
-  const fusedGam = routerFused.length === 2;
-  const logitsCol = fusedGam ? col : hp.nExpert;
-  const gam: Binding = fusedGam ? sub(A.router!, hp.nExpert, (n - 1) * col + 1) : A.gam!;
-  const gCol = fusedGam ? col : 1;
   if (!fuseRoute) {
     const rc: MoeRouteConstants = {
       N_EXPERT: hp.nExpert,
@@ -161,8 +152,6 @@ export async function moe(
       KC: xq8 ? hp.nEmbd / 32 : 1,
       LAYOUT: xq8 ? q8Layout(xq8.type) : 0,
       LOGITS_COL: logitsCol,
-      NORM: colsNorm,
-      EPS: colsNorm ? hp.rmsEps : 0,
     };
     await g.checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
       moeRouteBindGroup(g.device, {
@@ -173,9 +162,8 @@ export async function moe(
           logits: A.router!,
           ids: A.ids!,
           weights: A.wts!,
-          x: colsNorm ? pn.x : xq8 ? A.m! : A.router!,
+          x: xq8 ? A.m! : A.router!,
           xq: xq8?.binding ?? g.scratch(),
-          ...(colsNorm ? { nw: part0(pn.w), m: A.m! } : undefined),
         },
       }), moeRouteGrid(n));
   }

@@ -7,27 +7,6 @@ import type { GpuTensor } from "../gpu/weights.ts";
 import { type FusedNorm, GraphBuilder, part0 } from "../graph/builder.ts";
 import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../wgsl/residual_add.ts";
 import { MATVEC_Q8B_MAX_BATCH } from "../../wgsl/matvec_q8b.ts";
-import { MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
-
-/**
- * Default StageOptions.routerNormCols: from this many mat-vec columns (int8 experts) the router norms its
- * columns itself (matvec NORM 2) and moe_route writes the post-attention norm's rows (blocks/moe.ts). Above
- * MATVEC_MAX_BATCH: never. On an H100 (docs/PERF.md, fortieth session) the 16-slot step's 40 routers with
- * NORM 2 took 1.02 GPU-ms (every workgroup norms all 16 columns before its rows; 1.93 before its prologue
- * loaded all columns at once) against 0.70 plus 0.41 for the norm's own dispatches, and moe_route's NORM
- * 0.05 more: 1,217-1,219 tok/s against 1,230-1,231. Batched steps keep the norm's own dispatch above grid z's
- * widths.
- */
-export const ROUTER_NORM_COLS = MATVEC_MAX_BATCH + 1;
-
-/**
- * Whether the graph's post-attention norm may ride on the router and moe_route: int8 experts and a width from
- * routerNormCols up to the mat-vec's columns. The router (blocks/moe.ts) adds what the routing must allow.
- */
-export function routerNormsCols(g: GraphBuilder): boolean {
-  return g.opts.int8Experts && g.n >= (g.opts.routerNormCols ?? ROUTER_NORM_COLS) &&
-    g.n <= Math.min(g.maxCols, MATVEC_MAX_BATCH);
-}
 
 /**
  * y = RMSNorm(x)·w, one row per token. Decode defers it: the next mat-vec that reads y computes it in its
@@ -40,9 +19,7 @@ export async function norm(g: GraphBuilder, label: string, x: GPUBuffer, w: GpuT
   // A deferred norm writes y later without an op now: no int8 x quantized before it may be reused.
   g.lastQ8 = undefined;
   const int8Cols = g.opts.int8Activations && g.n <= Math.min(g.maxCols, MATVEC_Q8B_MAX_BATCH);
-  // Under int8 experts, from routerNormCols columns the post-attention norm rides on the router and
-  // moe_route (blocks/moe.ts); a mat-vec that cannot take a deferred norm pushes it first, where it stood.
-  if (g.n === 1 || int8Cols || routerNormsCols(g)) g.pending = { label, x, w, y };
+  if (g.n === 1 || int8Cols) g.pending = { label, x, w, y };
   else await g.rmsNorm(label, x, w, y, g.n);
 }
 

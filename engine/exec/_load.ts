@@ -21,7 +21,6 @@ import {
 import { type Int8LogEntry, NORM_PROLOGUE_MAX_ROWS } from "../graph/builder.ts";
 import { decodeQ8x, q8xBytes } from "../../wgsl/matvec_q8.ts";
 import { gdnCompactSolve } from "../../wgsl/gdn_chunk.ts";
-import { MATVEC_MAX_BATCH } from "../../wgsl/matvec.ts";
 
 /** The norm fusion and expert grouping limits and int8 x of a stage's graphs, defaults applied (StageOptions). */
 export interface GraphSettings {
@@ -29,8 +28,6 @@ export interface GraphSettings {
   readonly combineNormMinRows: number;
   /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
   readonly gdnBatchedSplit?: number;
-  /** StageOptions.routerNormCols (undefined: ROUTER_NORM_COLS). */
-  readonly routerNormCols?: number;
   /** StageOptions.gdnCompactSolve, by default whether the adapter is a CPU one (gdnCompactSolve). */
   readonly gdnCompactSolve: boolean;
   readonly groupedMinTokensPerExpert: number;
@@ -82,12 +79,6 @@ export function checkLoadOptions(
       `gdnBatchedSplit must be 2, 4 or 8 and divide the DeltaNet head dim ${dV} / 16, got ${gs}`,
     );
   }
-  const rnc = opts.routerNormCols;
-  if (rnc !== undefined && !(Number.isInteger(rnc) && rnc >= 2)) {
-    throw new RangeError(
-      `routerNormCols must be an integer ≥ 2 (above ${MATVEC_MAX_BATCH}: never), got ${rnc}`,
-    );
-  }
   const gmt = opts.groupedMinTokensPerExpert;
   if (gmt !== undefined && !(Number.isFinite(gmt) && gmt >= 0)) {
     throw new RangeError(`groupedMinTokensPerExpert must be a number ≥ 0, got ${gmt}`);
@@ -112,7 +103,6 @@ export function checkLoadOptions(
     normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
     gdnBatchedSplit: gs,
-    routerNormCols: rnc,
     gdnCompactSolve: opts.gdnCompactSolve ?? gdnCompactSolve(device.adapterInfo),
     groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
     groupedMatvecMaxTokensPerExpert: gmv ?? GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT,

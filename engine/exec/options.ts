@@ -68,14 +68,6 @@ export interface StageOptions {
    */
   readonly gdnBatchedSplit?: number;
   /**
-   * Fewest mat-vec columns (2..16) whose router norms every column itself (matvec NORM 2) while moe_route
-   * writes the post-attention norm's rows and rounds them for the int8 experts: no norm dispatch and one
-   * router dispatch. Fewer columns take the norm in grid z (ROUTER_Z_NORM_MAX_COLS in engine/blocks/moe.ts).
-   * The bits are the norm's own dispatch's either way. A benchmark knob (bench/decode.ts
-   * `--router-norm-cols`); default ROUTER_NORM_COLS in engine/blocks/norm.ts (17: never, measured slower).
-   */
-  readonly routerNormCols?: number;
-  /**
    * The chunked DeltaNet prefill's forward substitution (`gdn_chunk_prep`) as loops instead of written out:
    * the same sums in the same order, compiled in under 2 s instead of about 30 s by LLVM on a CPU adapter
    * (lavapipe). Default: true on CPU (fallback) adapters, false on GPUs. A benchmark knob elsewhere

@@ -145,8 +145,6 @@ export interface GraphOptions {
   readonly combineNormMinRows: number;
   /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
   readonly gdnBatchedSplit?: number;
-  /** StageOptions.routerNormCols (undefined: ROUTER_NORM_COLS in blocks/norm.ts). */
-  readonly routerNormCols?: number;
   /** The chunked prefill's prep solves by loops (StageOptions.gdnCompactSolve). */
   readonly gdnCompactSolve: boolean;
   readonly moeTuning?: {

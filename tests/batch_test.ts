@@ -148,15 +148,22 @@ for (
 // "tiny-qwen35moe, 64 experts" is synthesized with 64 routed experts instead of 8: the router's rows for the
 // shared expert's gate then start 256-byte aligned, so the router and the shared gate run as ONE mat-vec
 // (in a batched step too, each column's logits at a stride of 65 words), as on the real models.
+// Under int8 activations the 64-expert model's router takes the post-attention norm itself (the norm's weight in
+// its mat-vec, the scale in moe_route: moeTakesNorm), in the 13-slot step and the solo steps alike.
 // The batched steps' gdn_step runs at SPLIT 8 on tiny-qwen3next, SPLIT 2 on the 64-expert model and the solo
 // step's SPLIT 4 on the 16 slots (StageOptions.gdnBatchedSplit; the gated norm after it in each).
 const WIDE = [
   ["tiny-qwen35moe", MAX_BATCH_SLOTS, false],
   ["tiny-qwen3next", 11, true],
   ["tiny-qwen35moe, 64 experts", 8, false],
+  ["tiny-qwen35moe, 64 experts", 13, true],
 ] as const;
 for (const [name, width, int8] of WIDE) {
-  const variant = int8 ? " (int8 activations, norms on their own)" : "";
+  const variant = !int8
+    ? ""
+    : name.endsWith("64 experts")
+    ? " (int8 activations, the router takes the norm)"
+    : " (int8 activations, norms on their own)";
   Deno.test(`${name}: ${width} slots decoded together equal their solo runs bit for bit${variant}`, async () => {
     const rng = new Rng();
     const gpu = await testGpu();
@@ -197,7 +204,13 @@ for (const [name, width, int8] of WIDE) {
         routers.map((op) => op.label.replace(/^L\d+\./, "")),
         // Norms on their own: the post-attention norm rides on the router, the columns in grid z.
         Array(stage.hp.nLayer).fill(
-          e64 ? "ffn_gate_inp+shexp" : int8 ? "ffn_gate_inp+post_attention_norm" : "ffn_gate_inp",
+          e64 && int8
+            ? "ffn_gate_inp+shexp+post_attention_norm"
+            : e64
+            ? "ffn_gate_inp+shexp"
+            : int8
+            ? "ffn_gate_inp+post_attention_norm"
+            : "ffn_gate_inp",
         ).flatMap((r) => e64 ? [r] : [r, "ffn_gate_inp_shexp"]),
         "the router's mat-vecs per layer",
       );

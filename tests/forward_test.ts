@@ -215,13 +215,16 @@ Deno.test("int8 activations (all, and the experts' alone): GPU ≡ float64 refer
   // groupedExperts (with groupedMinTokensPerExpert 0): the 12-token chunk's experts read their rounded x
   // through the grouped matmul; experts: int8Experts alone (the projections keep f32 x, and only the experts'
   // x is rounded and logged).
+  // 64 experts: the router fuses with the shared expert's gate, so the mat-vec chunks and one-token steps
+  // take the post-attention norm into the router and moe_route (moeTakesNorm; checked below).
   const models = [
-    ["qwen35moe", "iq4_xs", "current", undefined, false, false],
-    ["qwen3next", "q8_0", "legacy", 0, true, false],
-    ["qwen35moe", "iq4_xs", "current", undefined, false, true],
+    ["qwen35moe", "iq4_xs", "current", undefined, false, false, undefined],
+    ["qwen3next", "q8_0", "legacy", 0, true, false, undefined],
+    ["qwen35moe", "iq4_xs", "current", undefined, false, true, undefined],
+    ["qwen35moe", "q8_0", "current", undefined, false, false, 64],
   ] as const;
-  for (const [arch, quant, layout, normPrologueMaxRows, groupedExperts, experts] of models) {
-    const path = await synthTiny(arch, quant, layout, rng.u32());
+  for (const [arch, quant, layout, normPrologueMaxRows, groupedExperts, experts, nExpert] of models) {
+    const path = await synthTiny(arch, quant, layout, rng.u32(), nExpert);
     using file = await openGguf(path);
     const stage = await Stage.load(gpu, file, {
       nCtx: 64,
@@ -262,10 +265,21 @@ Deno.test("int8 activations (all, and the experts' alone): GPU ≡ float64 refer
       for (const chunk of chunks) {
         const what =
           `${arch} ${quant} ${layout} normPrologueMaxRows ${normPrologueMaxRows} grouped ${groupedExperts} ` +
-          `experts alone ${experts} ` +
+          `experts alone ${experts} nExpert ${nExpert ?? 8} ` +
           `tokens ${base}..` +
           `${base + chunk.length} (seed ${rng.seed})`;
         const got = await stage.run(0, { tokens: chunk }, base, { rows: "all" });
+        if (chunk.length <= 8) {
+          // Mat-vec columns: the router takes the norm (matvec NORM 2, moe_route NORM) exactly where it fuses
+          // with the shared expert's gate, and no post-attention norm has a dispatch of its own then.
+          const labels = (await stage.graph(0, chunk.length, "all")).map((op) => op.label);
+          const taken = labels.filter((l) => l.endsWith("moe_route+post_attention_norm")).length;
+          assert.equal(taken, nExpert === 64 ? stage.hp.nLayer : 0, `${what}: routings that take the norm`);
+          if (nExpert === 64) {
+            const own = labels.filter((l) => /^L\d+\.post_attention_norm$/.test(l));
+            assert.deepEqual(own, [], `${what}: post-attention norms of their own`);
+          }
+        }
         logged.clear();
         asked.clear();
         const times = new Map<string, number>();

@@ -62,11 +62,14 @@ export interface MatvecConstants {
    * ROWS = BATCH = 1. Equal to SR = 0 bit for bit at the same TEAM. 0: the general code.
    */
   readonly SR: number;
-  /** 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 0: x as it is. */
+  /**
+   * 1: x is RMSNorm-ed first (batch 1) and workgroup 0 writes the normed x to `xn`; 2 (any batch): x times the
+   * norm weight alone (y = W·(x ⊙ nw)), the norm's scale left to the reader of y; 0: x as it is.
+   */
   readonly NORM: number;
   /** 1: y += W·x (a residual add); 0: y = W·x. */
   readonly ACC: number;
-  /** The norm's epsilon (0 without NORM). */
+  /** The norm's epsilon (0 unless NORM 1). */
   readonly EPS: number;
   /** Index signature: the constants object is a `ConstValues` for the kernel loader. */
   [key: string]: number;
@@ -122,9 +125,9 @@ export interface MatvecBindings {
   readonly x: Binding;
   /** Output columns, f32 (storage, read_write). */
   readonly y: Binding;
-  /** NORM: the norm weight, K f32 (storage, read). Without NORM any buffer (default: x). */
+  /** NORM 1 or 2: the norm weight, K f32 (storage, read). Without NORM any buffer (default: x). */
   readonly nw?: Binding;
-  /** NORM: receives the normed x at x's offset (storage, read_write); without NORM any buffer not bound
+  /** NORM 1: receives the normed x at x's offset (storage, read_write); without NORM any buffer not bound
    * elsewhere (default: a 16-byte scratch buffer). */
   readonly xn?: Binding;
 }
@@ -158,6 +161,8 @@ export function matvecConstants(
     /** The batched path's x handling ({@linkcode MatvecConstants.XR}): 0, 1 or 2 (named). */
     xr?: number;
     norm?: { eps: number };
+    /** NORM 2: x times the norm weight alone (not with `norm`). */
+    weightNorm?: boolean;
     acc?: boolean;
   } = {},
 ): MatvecConstants {
@@ -201,7 +206,7 @@ export function matvecConstants(
     UNROLL: opts.unroll ?? (tall || batched ? 1 : 2),
     XR: xr,
     SR: opts.sr ? 1 : 0,
-    NORM: opts.norm ? 1 : 0,
+    NORM: opts.norm ? 1 : opts.weightNorm ? 2 : 0,
     ACC: opts.acc ? 1 : 0,
     EPS: opts.norm?.eps ?? 0,
   };
@@ -252,7 +257,7 @@ export function matvecPassColumns(c: MatvecConstants): number {
 
 /** Workgroup memory of a variant in bytes (partials, the IQ4 table's 2 KiB, the norm's 1 KiB). */
 export function matvecWorkgroupBytes(c: MatvecConstants): number {
-  return 4 * 256 * c.ROWS * matvecPassColumns(c) + 2048 + (c.NORM ? 1024 : 0);
+  return 4 * 256 * c.ROWS * matvecPassColumns(c) + 2048 + (c.NORM === 1 ? 1024 : 0);
 }
 
 /** Rows one workgroup owns. */
@@ -302,10 +307,10 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   );
   checkShape(c.XR !== 2 || c.ROWS <= 4, `Kernel matvec: XR=2 takes ROWS 1..4, not ROWS=${c.ROWS}`);
   checkMatvecSr(c);
-  checkInt("Kernel matvec: NORM", c.NORM, 0, 1);
+  checkInt("Kernel matvec: NORM", c.NORM, 0, 2);
   checkInt("Kernel matvec: ACC", c.ACC, 0, 1);
-  checkShape(c.NORM === 0 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
-  checkShape(c.NORM === 0 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
+  checkShape(c.NORM !== 1 || c.BATCH === 1, `Kernel matvec: NORM=1 takes batch 1, not BATCH=${c.BATCH}`);
+  checkShape(c.NORM !== 1 || c.EPS > 0, `Kernel matvec: NORM=1 needs the norm's EPS > 0, got ${c.EPS}`);
   checkShape(
     matvecWorkgroupBytes(c) <= 32768,
     `Kernel matvec: ROWS·BATCH=${c.ROWS * c.BATCH} needs more than 32 KiB of workgroup memory: lower ROWS ` +
@@ -349,13 +354,17 @@ export function checkMatvec(shape: MatvecShape, c: MatvecConstants, b: MatvecBin
   const cols = Math.max(shape.batch, z);
   need("x", b.x, 4 * (xOff + (cols - 1) * xStride + shape.k));
   need("y", b.y, 4 * (yOff + (cols - 1) * yStride + shape.n));
-  if (c.NORM) {
+  if (c.NORM === 1) {
     checkShape(
       b.nw !== undefined && b.xn !== undefined,
       "Kernel matvec: NORM=1 needs the nw and xn bindings",
     );
     need("nw", b.nw!, 4 * shape.k);
     need("xn", b.xn!, 4 * (xOff + (cols - 1) * xStride + shape.k));
+  }
+  if (c.NORM === 2) {
+    checkShape(b.nw !== undefined, "Kernel matvec: NORM=2 needs the nw binding (the norm weight)");
+    need("nw", b.nw!, 4 * shape.k);
   }
 }
 

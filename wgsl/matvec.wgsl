@@ -5,12 +5,14 @@
 //   weights array<u32>  W ne=[K, N] of type TYPE, raw GGUF block bytes; row n starts at byte w_off + n·row_bytes
 //   x       array<vec4<f32>>  ne=[K, BATCH]; element (k, b) at x_off + b·x_stride + k (x_off, x_stride % 4 == 0)
 //   y       array<f32>  ne=[N, BATCH]; element (n, b) at y_off + b·y_stride + n
-//   nw      array<vec4<f32>>  ne=[K]  RMSNorm weight (NORM; otherwise bind any buffer of ≥ 16 bytes)
-//   xn      array<vec4<f32>>  ne=[K]  read_write: the normed x at x_off (NORM; otherwise any unaliased buffer)
+//   nw      array<vec4<f32>>  ne=[K]  RMSNorm weight (NORM 1 or 2; otherwise bind any buffer of ≥ 16 bytes)
+//   xn      array<vec4<f32>>  ne=[K]  read_write: the normed x at x_off (NORM 1; otherwise any unaliased buffer)
 // NORM = 1 (batch 1) multiplies by the RMSNorm of x first (spec §5): every workgroup sums x² itself in the
 // order of rms_norm.wgsl with WG = 256 (invocation i takes k = i, i + 256, ..., then lib/rms.wgsl), so its
 // normed values equal rms_norm's bit for bit; workgroup 0 also writes them to xn for the block's other
-// readers. That saves the norm's own dispatch. ACC = 1 adds into y (y += W·x): the residual add of an
+// readers. That saves the norm's own dispatch. NORM = 2 (any batch) multiplies x by the norm weight alone
+// (y = W·(x ⊙ nw)) and leaves the RMSNorm's scale, one factor per column, to the reader of y: the MoE router,
+// whose moe_route scales each token's logits (engine/blocks/moe.ts says why). ACC = 1 adds into y (y += W·x): the residual add of an
 // output projection, with the same rounding as residual_add (h + t).
 // A workgroup (256 invocations) owns WG_ROWS = (256 / TEAM) · ROWS consecutive rows; a team of TEAM invocations
 // owns ROWS rows. A row is K/8 units of 8 weights (4 units per 32-weight chunk, lib/quant.wgsl); invocation t
@@ -40,9 +42,9 @@
 // Constants: const TYPE: u32 (ggml id), const TEAM: u32 (power of two, 1..256), const ROWS: u32 (1..8; XR 2:
 //   1..4), const BATCH: u32 (1..8; XR 2: 1..16), const UNROLL: u32 (units per loop step: 1 or 2; with SR 1, 2,
 //   4 or 8), const XR: u32 (batched path: 0 holds all columns' x quads in arrays for the rows, 1 reloads them
-//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0 or 1), const ACC: u32 (0 or 1),
+//   per row, 2 the named path above), const SR: u32 (0 or 1), const NORM: u32 (0, 1 or 2), const ACC: u32 (0 or 1),
 //   const EPS: f32 (the norm's epsilon).
-// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM) bytes ≤ 32 KiB
+// Limits: K % 32 == 0; workgroup memory 4·256·ROWS·PART_COLS + 2048 (IQ4 table) + 1024 (NORM 1) bytes ≤ 32 KiB
 // (PART_COLS: BATCH, or NB_P with XR 2).
 
 struct Params {
@@ -74,6 +76,9 @@ fn x_quad(xb: u32, e: u32) -> vec4<f32> {
   let v = x[(xb + e) >> 2u];
   if (NORM == 1u) {
     return v * nscale * nw[e >> 2u];
+  }
+  if (NORM == 2u) {
+    return v * nw[e >> 2u];
   }
   return v;
 }
@@ -445,6 +450,9 @@ fn sr_x(q: u32) -> vec4<f32> {
   let v = x[(x_off >> 2u) + q];
   if (NORM == 1u) {
     return v * nscale * nw[q];
+  }
+  if (NORM == 2u) {
+    return v * nw[q];
   }
   return v;
 }

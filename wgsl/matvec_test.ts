@@ -402,6 +402,101 @@ Deno.test("matvec columns in grid z with NORM: each column its own batch-1 dispa
   }
 });
 
+Deno.test("matvec NORM 2 (x ⊙ nw, the norm's scale left to the reader): the reference, each column its one-column dispatch's bits", async () => {
+  const rng = new Rng();
+  const { device } = await testGpu();
+  const cache = new PipelineCache(device);
+  // The fused router (F32, columns at a padded stride), a quantized type over 16 columns (XR 2, two
+  // reduction passes at ROWS 4), and one column through the strength-reduced loop (sr_x).
+  const cases = [
+    { type: "F32", k: 256, n: 9, cols: 3, sr: false },
+    { type: "Q8_0", k: 2048, n: 37, cols: 16, sr: false },
+    { type: "IQ4_XS", k: 2048, n: 13, cols: 1, sr: true },
+  ] as const;
+  for (const c of cases) {
+    const what = `matvec NORM 2 ${JSON.stringify(c)} (seed ${rng.seed})`;
+    const bytes = randomWeights(rng, c.type, c.k, c.n);
+    const x = rng.normals(c.k * c.cols, 3);
+    const nw = rng.normals(c.k);
+    const yStride = c.n + 3;
+    const weights = upload(device, bytes);
+    const xBuf = upload(device, x);
+    const nwBuf = upload(device, nw);
+    const params = device.createBuffer({
+      size: 256 * (c.cols + 1),
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    });
+    const shape: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: c.cols, yStride };
+    const opts = { weightNorm: true, ...(c.sr ? { sr: true, team: 32 } : undefined) };
+    const constants = matvecConstants(shape, opts);
+    assert.equal(constants.NORM, 2, `${what}: NORM`);
+    const y = poisoned(device, (c.cols - 1) * yStride + c.n);
+    device.queue.writeBuffer(params, 0, matvecParams(shape));
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    const bindings = (offset: number, yb: GPUBuffer, words: number) => ({
+      params: { buffer: params, offset, size: MATVEC_PARAMS_BYTES },
+      weights,
+      x: xBuf,
+      y: { buffer: yb, size: 4 * words },
+      nw: nwBuf,
+    });
+    encodeMatvec(
+      pass,
+      await prepareMatvec(cache, {
+        device,
+        shape,
+        constants,
+        bindings: bindings(0, y, (c.cols - 1) * yStride + c.n),
+      }),
+    );
+    // Each column alone: a one-column dispatch (a one-token step's router) on its x.
+    const solo: GPUBuffer[] = [];
+    for (let j = 0; j < c.cols; j++) {
+      const one: MatvecShape = { type: c.type, k: c.k, n: c.n, batch: 1, xOffset: j * c.k };
+      const yj = poisoned(device, c.n);
+      device.queue.writeBuffer(params, 256 * (j + 1), matvecParams(one));
+      encodeMatvec(
+        pass,
+        await prepareMatvec(cache, {
+          device,
+          shape: one,
+          constants: matvecConstants(one, opts),
+          bindings: bindings(256 * (j + 1), yj, c.n),
+        }),
+      );
+      solo.push(yj);
+    }
+    pass.end();
+    device.queue.submit([enc.finish()]);
+    const [yAll, ...rest] = await readAll(device, [y, ...solo]);
+    const yGot = new Float32Array(yAll!);
+    for (let j = 0; j < c.cols; j++) {
+      const xw = Float32Array.from({ length: c.k }, (_, i) => x[j * c.k + i]! * nw[i]!);
+      const { ref, mag } = refProduct(c.type, bytes, { k: c.k, n: c.n, cols: 1, x: xw });
+      const col = yGot.subarray(j * yStride, j * yStride + c.n);
+      assertDotClose(col, ref, mag, { what: `${what} column ${j}`, seed: rng.seed });
+      assert.deepEqual(
+        new Uint32Array(col.slice().buffer),
+        new Uint32Array(rest[j]!, 0, c.n),
+        `${what}: column ${j} ≢ its one-column dispatch`,
+      );
+      if (j < c.cols - 1) {
+        assertPoisoned(
+          new Uint32Array(yAll!, 4 * (j * yStride + c.n), yStride - c.n),
+          POISON_F32,
+          `${what}: y padding ${j}`,
+        );
+      }
+    }
+    assertPoisoned(
+      new Uint32Array(yAll!, 4 * ((c.cols - 1) * yStride + c.n), GUARD_WORDS),
+      POISON_F32,
+      `${what}: y guard`,
+    );
+  }
+});
+
 Deno.test("matvec SR (strength-reduced batch-1 loop) matches the reference and SR=0 bit for bit", async () => {
   const rng = new Rng();
   const { device } = await testGpu();

@@ -29,6 +29,14 @@ export type MoeRouteConstants = {
   /** XQ: the byte order of the experts' weight type (`q8Layout`); 0 otherwise. */
   readonly LAYOUT: number;
   /**
+   * With XQ: x is the post-attention RMSNorm's input and the logits the router's W·(x ⊙ nw) (matvec NORM 2):
+   * the kernel scales the logits by each token's norm scale (those past N_EXPERT in place) and rounds the
+   * normed row.
+   */
+  readonly NORM: boolean;
+  /** NORM: the norm's epsilon (0 otherwise). */
+  readonly EPS: number;
+  /**
    * The logits' stride per token (≥ N_EXPERT): N_EXPERT, or more where one mat-vec wrote each token's expert
    * logits and the shared expert's gate logit after them.
    */
@@ -39,7 +47,7 @@ export type MoeRouteConstants = {
 export const MOE_ROUTE: KernelSpec = {
   name: "moe_route",
   url: new URL("./moe_route.wgsl", import.meta.url),
-  lib: ["route", "q8pack"],
+  lib: ["route", "q8pack", "rms"],
   constants: {
     N_EXPERT: "u32",
     N_EXPERT_USED: "u32",
@@ -48,16 +56,18 @@ export const MOE_ROUTE: KernelSpec = {
     XQ: "bool",
     KC: "u32",
     LAYOUT: "u32",
+    NORM: "bool",
+    EPS: "f32",
     LOGITS_COL: "u32",
   },
 };
 
 /**
- * Binding order: logits f32 ne=[LOGITS_COL, nTokens]; ids u32 ne=[N_EXPERT_USED, nTokens];
+ * Binding order: logits f32 ne=[LOGITS_COL, nTokens] (read_write); ids u32 ne=[N_EXPERT_USED, nTokens];
  * weights f32 ne=[N_EXPERT_USED, nTokens]; x f32 ne=[32·KC, nTokens] and xq u32 ne=[9·KC, nTokens] (XQ;
- * otherwise any buffer, and for xq one not bound elsewhere).
+ * otherwise any buffer not bound elsewhere); nw f32 ne=[32·KC] (NORM; otherwise any buffer of ≥ 16 bytes).
  */
-export const MOE_ROUTE_BINDINGS = ["logits", "ids", "weights", "x", "xq"] as const;
+export const MOE_ROUTE_BINDINGS = ["logits", "ids", "weights", "x", "xq", "nw"] as const;
 
 /** Buffers of one `moe_route` dispatch, by binding name. */
 export type MoeRouteBuffers = Readonly<Record<(typeof MOE_ROUTE_BINDINGS)[number], Binding>>;
@@ -82,6 +92,10 @@ export function checkMoeRoute(c: MoeRouteConstants, nTokens: number): void {
     checkInt("moe_route: KC (K / 32 with XQ)", c.KC, 1, 1 << 20);
     checkInt("moe_route: LAYOUT", c.LAYOUT, 0, 1);
   }
+  checkShape(
+    !c.NORM || (c.XQ && Number.isFinite(c.EPS) && c.EPS > 0),
+    `moe_route: NORM needs XQ (the token's row in workgroup memory) and the norm's EPS > 0`,
+  );
 }
 
 /**
@@ -112,14 +126,18 @@ export function moeRouteBindGroup(
     checkBinding("moe_route", "x", b.x, [32 * c.KC, n]);
     checkBinding("moe_route", "xq", b.xq, [9 * c.KC, n]);
   }
+  if (c.NORM) checkBinding("moe_route", "nw", b.nw, [32 * c.KC]);
   return bindGroup(device, opts.pipeline, MOE_ROUTE_BINDINGS.map((name) => b[name]));
 }
 
-/** Workgroup memory of a moe_route variant in bytes: the logits, the selection and (XQ) the token's x. */
+/**
+ * Workgroup memory of a moe_route variant in bytes: the logits, the selection, (XQ) the token's x and (NORM)
+ * the norm's partial sums.
+ */
 export function moeRouteWorkgroupBytes(
-  c: Pick<MoeRouteConstants, "N_EXPERT" | "N_EXPERT_USED" | "KC">,
+  c: Pick<MoeRouteConstants, "N_EXPERT" | "N_EXPERT_USED" | "KC" | "NORM" | "WG">,
 ): number {
-  return 4 * c.N_EXPERT + 8 * c.N_EXPERT_USED + 128 * c.KC;
+  return 4 * c.N_EXPERT + 8 * c.N_EXPERT_USED + 128 * c.KC + (c.NORM ? 4 * c.WG : 0);
 }
 
 /** Dispatch grid: one workgroup per token. */

@@ -73,6 +73,11 @@ export interface MatvecOptions {
    */
   zNorm?: boolean;
   /**
+   * The RMSNorm weight that x (the norm's input, not its output) is multiplied by, the norm's scale left to
+   * the reader of y (matvec NORM 2, f32 x, mat-vec columns): the MoE router's form (engine/blocks/moe.ts).
+   */
+  weightNorm?: GpuTensor;
+  /**
    * int8 x over 2 to 16 columns: quantize x in both byte orders, for a later mat-vec of the same x whose
    * weights read the other (attention's v after q and k).
    */
@@ -97,8 +102,13 @@ export async function matvec(
   // A deferred norm whose output this mat-vec reads: computed in its prologue (every dispatch below),
   // unless the mat-vec is so tall that its workgroups re-summing the norm cost more than a dispatch.
   const allRows = opts.rows ?? (w.parts.reduce((s, p) => s + p.nRows, 0) - (opts.rowStart ?? 0));
+  assert(
+    opts.weightNorm === undefined || (opts.f32 === true && cols <= g.maxCols && !opts.acc),
+    `${label}: a norm weight alone (NORM 2) is for f32 mat-vec columns`,
+  );
   const zOk = opts.zNorm === true && cols >= 2 && cols <= g.maxCols && w.parts.length === 1 && !opts.acc;
-  const norm = g.pending && g.pending.y === x && (cols === 1 || zOk) && allRows <= g.opts.normPrologueMaxRows
+  const norm = !opts.weightNorm && g.pending && g.pending.y === x && (cols === 1 || zOk) &&
+      allRows <= g.opts.normPrologueMaxRows
     ? g.pending
     : undefined;
   // The columns in grid z, each a batch-1 dispatch's code with the norm in its prologue.
@@ -189,6 +199,7 @@ export async function matvec(
       };
       const c = matvecConstants(shape, {
         norm: norm ? { eps: g.hp.rmsEps } : undefined,
+        weightNorm: opts.weightNorm !== undefined,
         acc: opts.acc,
         ...(batch === 1 ? { team: g.opts.matvecTuning?.team, rows: g.opts.matvecTuning?.rows } : undefined),
         ...(opts.sum === undefined ? undefined : { team: opts.sum.team }),
@@ -199,7 +210,7 @@ export async function matvec(
         p.buffer,
         x,
         y,
-        norm ? part0(norm.w) : x,
+        norm ? part0(norm.w) : opts.weightNorm ? part0(opts.weightNorm) : x,
         norm ? norm.y : g.scratch(),
       ], matvecGrid(shape, c));
     }
@@ -499,7 +510,14 @@ export async function fusedMatvec(
   ws: readonly GpuTensor[],
   x: GPUBuffer,
   out: GPUBuffer,
-  opts: { joined?: GpuTensor; f32?: boolean; yStride?: number; zNorm?: boolean; q8Both?: boolean } = {},
+  opts: {
+    joined?: GpuTensor;
+    f32?: boolean;
+    yStride?: number;
+    zNorm?: boolean;
+    q8Both?: boolean;
+    weightNorm?: GpuTensor;
+  } = {},
 ): Promise<number[]> {
   const cols = g.n;
   if (cols !== 1 && (opts.yStride === undefined || cols > g.maxCols)) return [];
@@ -525,8 +543,14 @@ export async function fusedMatvec(
     yStride: cols > 1 ? opts.yStride : undefined,
     zNorm: opts.zNorm,
     q8Both: opts.q8Both,
+    weightNorm: opts.weightNorm,
   });
   return offsets;
+}
+
+/** Whether {@linkcode fusedMatvec} runs all of `ws` as one mat-vec (given a column stride that fits). */
+export function fusesAll(ws: readonly GpuTensor[]): boolean {
+  return fusedRun(ws, undefined).offsets.length === ws.length;
 }
 
 /** The leading run of `ws` that {@linkcode fusedMatvec} fuses: each tensor's first output row, and all its rows. */

@@ -19,7 +19,7 @@ import {
   sub,
   typeName,
 } from "../graph/builder.ts";
-import { fusedMatvec, matvec, roundX } from "./linear.ts";
+import { fusedMatvec, fusesAll, matvec, roundX } from "./linear.ts";
 import { normConstants } from "./norm.ts";
 import {
   checkGroupedMatmul,
@@ -78,8 +78,74 @@ import { RESIDUAL_ADD, type ResidualAddConstants, residualAddGrid } from "../../
  */
 export const ROUTER_Z_NORM_MAX_COLS = 8;
 
+/** Workgroup size of moe_route: one expert per invocation (the rank count is a serial loop over all experts). */
+const MOE_ROUTE_WG = 256;
+
 /** Fewest routed tokens per expert on average at which thin prefill chunks run grouped mat-vecs (moe_gmv). */
 const GROUPED_MATVEC_MIN_TOKENS_PER_EXPERT = 4;
+
+type ExpertSet = { gate: GpuTensor; up: GpuTensor; down: GpuTensor };
+
+function routedExperts(lw: LayerWeights): ExpertSet {
+  return { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
+}
+
+function sharedExpert(lw: LayerWeights): ExpertSet {
+  return { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
+}
+
+/** Whether the shared expert's tensors follow the routed ones in their buffers: one expert more per pass. */
+function sharedPacked(exps: ExpertSet, shexp: ExpertSet): boolean {
+  const follows = (a: GpuTensor, b: GpuTensor) =>
+    a.parts.length === 1 && b.parts.length === 1 && a.parts[0]!.buffer === b.parts[0]!.buffer &&
+    b.parts[0]!.offsetBytes === a.parts[0]!.offsetBytes + a.parts[0]!.sizeBytes;
+  return follows(exps.gate, shexp.gate) && follows(exps.up, shexp.up) && follows(exps.down, shexp.down);
+}
+
+/**
+ * Whether moe_route rounds each token's x for the gate·up passes (int8Experts): the passes take int8 x, the
+ * routing has a dispatch of its own, and its workgroup memory holds the token's x (with `norm`, the norm's
+ * sums too).
+ */
+function routeRoundsX(g: GraphBuilder, exps: ExpertSet, norm: boolean): boolean {
+  const hp = g.hp;
+  const bytes = moeRouteWorkgroupBytes({
+    N_EXPERT: hp.nExpert,
+    N_EXPERT_USED: hp.nExpertUsed,
+    KC: hp.nEmbd / 32,
+    NORM: norm,
+    WG: MOE_ROUTE_WG,
+  });
+  return g.opts.int8Experts && g.n <= g.maxCols && !(g.n === 1 && g.opts.fuseDecodeRoute) &&
+    bytes <= g.device.limits.maxComputeWorkgroupStorageSize &&
+    moeMatvecQ8Fits(gateUpShape(g, exps, hp.nExpertUsed, g.n, hp.nExpert, false));
+}
+
+/**
+ * Whether layer lw's MoE block takes the post-attention norm into its router and routing, so that the norm
+ * has no dispatch (nor mat-vec prologue) of its own. The router's mat-vec reads h times the norm weight
+ * (matvec NORM 2: W·(h ⊙ w)); moe_route (NORM) sums each token's h², scales its logits by the norm's scale s
+ * (the shared expert's gate logit in place) and rounds the normed row h·s·w for the gate·up passes, so
+ * nothing reads a normed f32 row. Needs int8 x for every gate·up pass from moe_route, the router fused
+ * with the shared expert's gate, and no routing fused into gate·up (fuseDecodeRoute) at any width.
+ * Why: a batched step's norm had a dispatch of its own past 8 columns (0.41 of a 14.2 GPU-ms 16-slot step
+ * on the H100), up to 8 columns grid-z routers that read the router's weights once per column, and summing
+ * the norm in the router's prologue in rms_norm's order cost more than the dispatch (docs/PERF.md, the
+ * thirtieth and fortieth sessions). The logits differ from the norm-first form's by f32 rounding. The rule
+ * depends on the options and the model, not on the width up to the mat-vec columns: batched steps keep
+ * their solo bits.
+ */
+export function moeTakesNorm(g: GraphBuilder, lw: LayerWeights): boolean {
+  if (g.opts.fuseDecodeRoute) return false;
+  const exps = routedExperts(lw);
+  if (!routeRoundsX(g, exps, true)) return false;
+  if (!fusesAll([lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")])) return false;
+  const shexp = sharedExpert(lw);
+  if (sharedPacked(exps, shexp)) return true;
+  // A shared expert of its own: its gate·up pass must take moe_route's int8 x too (experts()).
+  return moeMatvecQ8Fits(gateUpShape(g, shexp, 1, g.n, 1, false)) &&
+    q8Layout(typeName(shexp.gate)) === q8Layout(typeName(exps.gate));
+}
 
 /** The MoE block of layer l; `norm`: the next block's norm, written by the combine. */
 export async function moe(
@@ -94,6 +160,11 @@ export async function moe(
   const A = cx.act;
   const K = hp.nExpertUsed;
   const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
+  const exps = routedExperts(lw);
+  // The post-attention norm in the router and the routing (moeTakesNorm): the router reads h itself.
+  const takesNorm = moeTakesNorm(g, lw);
+  const x = takesNorm ? A.h! : A.m!;
+  const postNorm = lw.t("post_attention_norm");
   // The router keeps f32 x under int8Experts: a deferred norm rides on this mat-vec, and the expert
   // passes round A.m themselves (moe_matvec_q8 XIN). Mat-vec columns (a batched step, a short chunk) fuse
   // too: each column's nExpert logits and then its shared expert's gate logit (one dispatch less per layer;
@@ -102,12 +173,19 @@ export async function moe(
   // each a one-token step's dispatch with the norm in its prologue, instead of a norm dispatch of its own
   // and one mat-vec reading the router's weights once for all columns.
   const col = hp.nExpert + 1;
-  const zNorm = n <= ROUTER_Z_NORM_MAX_COLS;
-  const routerFused = await fusedMatvec(g, `L${l}.ffn_gate_inp+shexp`, routerWs, A.m!, A.router!, {
-    f32: true,
-    yStride: col,
-    zNorm,
-  });
+  const zNorm = n <= ROUTER_Z_NORM_MAX_COLS && !takesNorm;
+  const routerFused = await fusedMatvec(
+    g,
+    takesNorm ? `L${l}.ffn_gate_inp+shexp+post_attention_norm` : `L${l}.ffn_gate_inp+shexp`,
+    routerWs,
+    x,
+    A.router!,
+    { f32: true, yStride: col, zNorm, weightNorm: takesNorm ? postNorm : undefined },
+  );
+  assert(
+    !takesNorm || routerFused.length === 2,
+    `L${l}: the router takes the norm only fused with shexp's gate`,
+  );
   if (routerFused.length === 0) {
     await matvec(g, `L${l}.ffn_gate_inp`, routerWs[0]!, A.m!, A.router!, n, { f32: true, zNorm });
   }
@@ -130,13 +208,9 @@ export async function moe(
     wScale: moeWeightsScale(hp.expertWeightsScale),
   };
   const fuseRoute = n === 1 && g.opts.fuseDecodeRoute;
-  const exps = { gate: lw.t("ffn_gate_exps"), up: lw.t("ffn_up_exps"), down: lw.t("ffn_down_exps") };
   // int8Experts: moe_route also rounds each token's x for the gate·up passes that read int8 x (once,
   // instead of in every gate·up workgroup's prologue), where its workgroup memory holds the token's x.
-  const xqBytes = moeRouteWorkgroupBytes({ N_EXPERT: hp.nExpert, N_EXPERT_USED: K, KC: hp.nEmbd / 32 });
-  const xq8 = g.opts.int8Experts && n <= g.maxCols && !fuseRoute &&
-      xqBytes <= g.device.limits.maxComputeWorkgroupStorageSize &&
-      moeMatvecQ8Fits(gateUpShape(g, exps, K, n, hp.nExpert, false))
+  const xq8 = takesNorm || routeRoundsX(g, exps, false)
     ? {
       type: typeName(exps.gate),
       binding: g.q8Region(`L${l}.ffn_exps.gate_up`, hp.nEmbd, typeName(exps.gate), n, "in"),
@@ -146,33 +220,39 @@ export async function moe(
     const rc: MoeRouteConstants = {
       N_EXPERT: hp.nExpert,
       N_EXPERT_USED: K,
-      WG: 256, // one expert per invocation: the rank count is a serial loop over all experts
+      WG: MOE_ROUTE_WG,
       W_SCALE: route.wScale,
       XQ: xq8 !== undefined,
       KC: xq8 ? hp.nEmbd / 32 : 1,
       LAYOUT: xq8 ? q8Layout(xq8.type) : 0,
+      NORM: takesNorm,
+      EPS: takesNorm ? hp.rmsEps : 0,
       LOGITS_COL: logitsCol,
     };
-    await g.checked(`L${l}.moe_route`, MOE_ROUTE, rc, (pipeline) =>
-      moeRouteBindGroup(g.device, {
-        pipeline,
-        constants: rc,
-        nTokens: n,
-        buffers: {
-          logits: A.router!,
-          ids: A.ids!,
-          weights: A.wts!,
-          x: xq8 ? A.m! : A.router!,
-          xq: xq8?.binding ?? g.scratch(),
-        },
-      }), moeRouteGrid(n));
+    await g.checked(
+      takesNorm ? `L${l}.moe_route+post_attention_norm` : `L${l}.moe_route`,
+      MOE_ROUTE,
+      rc,
+      (pipeline) =>
+        moeRouteBindGroup(g.device, {
+          pipeline,
+          constants: rc,
+          nTokens: n,
+          buffers: {
+            logits: A.router!,
+            ids: A.ids!,
+            weights: A.wts!,
+            // Without XQ any read-only buffer: the router's weights.
+            x: xq8 ? x : part0(routerWs[0]!),
+            xq: xq8?.binding ?? g.scratch(),
+            nw: part0(postNorm),
+          },
+        }),
+      moeRouteGrid(n),
+    );
   }
-  const shexp = { gate: lw.t("ffn_gate_shexp"), up: lw.t("ffn_up_shexp"), down: lw.t("ffn_down_shexp") };
-  const follows = (a: GpuTensor, b: GpuTensor) =>
-    a.parts.length === 1 && b.parts.length === 1 && a.parts[0]!.buffer === b.parts[0]!.buffer &&
-    b.parts[0]!.offsetBytes === a.parts[0]!.offsetBytes + a.parts[0]!.sizeBytes;
-  const fused = follows(exps.gate, shexp.gate) && follows(exps.up, shexp.up) &&
-    follows(exps.down, shexp.down);
+  const shexp = sharedExpert(lw);
+  const fused = sharedPacked(exps, shexp);
   // Shared activations and outputs follow the routed ones: columns [K·n, (K+1)·n) of act and eo.
   let sho: Binding = { buffer: A.eo!, offset: 4 * hp.nEmbd * K * n, size: 4 * hp.nEmbd * n };
   if (fused) {

@@ -17,7 +17,7 @@ import {
 import { attention } from "../blocks/attention.ts";
 import { deltaNet, type DeltaNetInputsOf } from "../blocks/deltanet.ts";
 import { matvec, outProjAdds } from "../blocks/linear.ts";
-import { moe } from "../blocks/moe.ts";
+import { moe, moeTakesNorm } from "../blocks/moe.ts";
 import { norm, residual } from "../blocks/norm.ts";
 import { GET_ROWS, getRowsConstants, getRowsGrid, getRowsParams } from "../../wgsl/get_rows.ts";
 
@@ -82,11 +82,13 @@ export async function buildHybrid(g: GraphBuilder, cx: BuildContext, model: Hybr
     if (i === 0 || !fuseNorms) await norm(g, `L${l}.attn_norm`, A.h!, lw.t("attn_norm"), A.a!);
     if (lw.attention) await attention(g, cx, l, lw);
     else await deltaNet(g, cx, l, lw, model.deltaNetInputs);
+    // Where the router and the routing take the post-attention norm (moeTakesNorm), nothing writes its rows.
+    const postNorm = !moeTakesNorm(g, lw);
     if (outProjAdds(g)) {
-      await norm(g, `L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
-    } else if (!fuseNorms) {
+      if (postNorm) await norm(g, `L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
+    } else if (!fuseNorms || !postNorm) {
       await residual(g, `L${l}.residual_mixer`, A.t!, A.h!);
-      await norm(g, `L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
+      if (postNorm) await norm(g, `L${l}.post_attention_norm`, A.h!, lw.t("post_attention_norm"), A.m!);
     } else {
       await residual(g, `L${l}.residual_mixer+post_attention_norm`, A.t!, A.h!, {
         w: lw.t("post_attention_norm"),

@@ -9,7 +9,8 @@
  * batched steps (StageOptions.moeTuning.batchedQ8Rows: the same bits as the default), `--q8b-rows R` the
  * ROWS of the batched int8 mat-vecs (StageOptions.matvecTuning.q8bRows, the same bits), `--gdn-split S` the
  * SPLIT of the batched steps' gdn_step (StageOptions.gdnBatchedSplit: 2, 4 or 8, the same bits),
- * `--stop-points` gives each
+ * `--router-norm off` StageOptions.routerTakesNorm false (the post-attention norm's own dispatch or the
+ * one-token router's prologue, as before the router took it; other bits), `--stop-points` gives each
  * batched item an abort signal, as the service does (a rewind point per slot at each readback batch's start), `--matvec` those of the batch-1 mat-vecs, `--norm-max-rows N`
  * StageOptions.normPrologueMaxRows, `--combine-norm-min-rows N` StageOptions.combineNormMinRows (default 17: batched
  * steps of up to 16 slots add over many workgroups and norm in a dispatch of their own; 2: they fuse), `--fuse-route` sets StageOptions.fuseDecodeRoute; the
@@ -59,6 +60,7 @@ const { values: args } = parseArgs({
     "batched-q8-rows": { type: "string" },
     "q8b-rows": { type: "string" },
     "gdn-split": { type: "string" },
+    "router-norm": { type: "string" },
     "q8b-xsum": { type: "string" },
     "stop-points": { type: "boolean", default: false },
     "norm-max-rows": { type: "string" },
@@ -157,6 +159,7 @@ const stage = await Stage.load(gpu, file, {
     : Number(args["combine-norm-min-rows"]),
   maxStatePoolBytes: statePoolMax,
   gdnBatchedSplit: args["gdn-split"] === undefined ? undefined : Number(args["gdn-split"]),
+  routerTakesNorm: args["router-norm"] === undefined ? undefined : args["router-norm"] !== "off",
 });
 emit("load", {
   path,

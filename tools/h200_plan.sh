@@ -77,6 +77,9 @@
 #              about 160 s once the model is written (another 20 s)
 #   rowsq      #20: solo, 8 and 16 slots with the defaults (DECODE_FLAGS: the knobs that give an older tree's
 #              run the same numerics and ROWS, for an A/B with H200_TREE)
+#   takenorm   #20: 1, 8 and 16 slots with the router taking the post-attention norm (the default) and with
+#              --router-norm off (the norm's own dispatch, or the router's prologue at one token), twice in
+#              turn, then batch_bits at 16 and 8 slots
 #   rowsq4     #20: the same with matvec_q8b at ROWS 4 (--q8b-rows 4), and batch_bits with the defaults and at
 #              ROWS 4 (bits at real K; soloDigest)
 #   mvsweep    #20: the dense mat-vecs of a batched step alone at 8 and 16 columns (bench/matvec.ts
@@ -321,6 +324,18 @@ for step in "$@"; do
       run q8c 90 $D bench/batch_bits.ts --model "$model" --slots 8
       run q8c 90 $D bench/batch_bits.ts --model "$model" --slots 16
       run q8c 90 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 --slots 1,8,16
+      ;;
+    takenorm)
+      # The router taking the post-attention norm (StageOptions.routerTakesNorm, the default) against the
+      # norm's own dispatch or the one-token router's prologue (--router-norm off), alternating, then the
+      # default's batched ≡ solo bits at 16 and 8 slots.
+      ensure_model
+      for f in on off on off; do
+        run takenorm 80 $D bench/decode.ts --model "$model" --prompt 64 --n 128 --prefill 64 --chunk 64 \
+          --slots 1,8,16 --router-norm "$f"
+      done
+      run takenorm 60 $D bench/batch_bits.ts --model "$model" --slots 16
+      run takenorm 60 $D bench/batch_bits.ts --model "$model" --slots 8
       ;;
     rowsq4)
       ensure_model

@@ -136,7 +136,7 @@ function routeRoundsX(g: GraphBuilder, exps: ExpertSet, norm: boolean): boolean 
  * their solo bits.
  */
 export function moeTakesNorm(g: GraphBuilder, lw: LayerWeights): boolean {
-  if (g.opts.fuseDecodeRoute) return false;
+  if (g.opts.fuseDecodeRoute || !g.opts.routerTakesNorm) return false;
   const exps = routedExperts(lw);
   if (!routeRoundsX(g, exps, true)) return false;
   if (!fusesAll([lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")])) return false;

@@ -28,6 +28,8 @@ export interface GraphSettings {
   readonly combineNormMinRows: number;
   /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
   readonly gdnBatchedSplit?: number;
+  /** StageOptions.routerTakesNorm (default true). */
+  readonly routerTakesNorm: boolean;
   /** StageOptions.gdnCompactSolve, by default whether the adapter is a CPU one (gdnCompactSolve). */
   readonly gdnCompactSolve: boolean;
   readonly groupedMinTokensPerExpert: number;
@@ -103,6 +105,7 @@ export function checkLoadOptions(
     normPrologueMaxRows: npr ?? NORM_PROLOGUE_MAX_ROWS,
     combineNormMinRows: cnr ?? COMBINE_NORM_MIN_ROWS,
     gdnBatchedSplit: gs,
+    routerTakesNorm: opts.routerTakesNorm ?? true,
     gdnCompactSolve: opts.gdnCompactSolve ?? gdnCompactSolve(device.adapterInfo),
     groupedMinTokensPerExpert: gmt ?? GROUPED_MIN_TOKENS_PER_EXPERT,
     groupedMatvecMaxTokensPerExpert: gmv ?? GROUPED_MATVEC_MAX_TOKENS_PER_EXPERT,

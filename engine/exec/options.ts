@@ -68,6 +68,15 @@ export interface StageOptions {
    */
   readonly gdnBatchedSplit?: number;
   /**
+   * The MoE router and routing take the post-attention norm where they can (`moeTakesNorm` in
+   * engine/blocks/moe.ts: every gate·up pass reads moe_route's int8 x, the router is fused with the shared
+   * expert's gate): the router reads h times the norm's weight, moe_route applies each token's scale, and the
+   * norm has no dispatch or mat-vec prologue of its own in any step. Default on; false keeps the norm's own
+   * dispatch (or the one-token router's prologue), whose logits differ by f32 rounding. A benchmark knob
+   * (bench/decode.ts `--router-norm off`); every stage of a split keeps the default.
+   */
+  readonly routerTakesNorm?: boolean;
+  /**
    * The chunked DeltaNet prefill's forward substitution (`gdn_chunk_prep`) as loops instead of written out:
    * the same sums in the same order, compiled in under 2 s instead of about 30 s by LLVM on a CPU adapter
    * (lavapipe). Default: true on CPU (fallback) adapters, false on GPUs. A benchmark knob elsewhere

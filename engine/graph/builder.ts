@@ -145,6 +145,8 @@ export interface GraphOptions {
   readonly combineNormMinRows: number;
   /** StageOptions.gdnBatchedSplit (undefined: the solo step's SPLIT). */
   readonly gdnBatchedSplit?: number;
+  /** StageOptions.routerTakesNorm: the MoE router and routing may take the post-attention norm. */
+  readonly routerTakesNorm: boolean;
   /** The chunked prefill's prep solves by loops (StageOptions.gdnCompactSolve). */
   readonly gdnCompactSolve: boolean;
   readonly moeTuning?: {

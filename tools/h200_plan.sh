@@ -9,8 +9,9 @@
 # Every step ran on 2026-12-05 (docs/PERF.md; the twenty-third to twenty-fifth sessions' calls on an H100).
 # The fortieth session's H100 calls (the then `routernorm` / `routerquick` steps) measured the router's column
 # norms (matvec NORM 2) slower than the norm's own dispatch, and the path was removed (docs/PERF.md).
-# What the next call should measure first: `rowsq rowsq` on an H200 (the 16-slot ratio at the default, 5.01-5.03x
-# on the H100s). The thirty-eighth session's H100 call (docs/PERF.md) put llama.cpp's
+# The forty-first session's H100 calls (`takenorm`, `confirm`) measured the router taking the post-attention norm:
+# 16 slots +2.3%, 5.09-5.24x. What the next call should measure first: `confirm` on an H200 (every #20 goal at
+# the default; one stream's HTTP TTFT read +16.7 ms over the engine's on that H100). The thirty-eighth session's H100 call (docs/PERF.md) put llama.cpp's
 # CUDA batched bench and this engine on one file in one call (`llamaref`: 8 / 16 slots 4.08x / 5.02x, 1.20x /
 # 1.31x llama.cpp), kept gdn_step's batched SPLIT 4 (`gdnquick`) and the prep's written-out solve on GPUs
 # (`prepsolve`). That session built llama.cpp from the 4.5 MB .llama of the time in a call of its own (`bash

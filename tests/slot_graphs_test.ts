@@ -84,14 +84,18 @@ Deno.test("warmIdle prepares every slot as the last request's was: a request on 
     const gen = async (slot: number) =>
       (await d.generate([{ slot, prompt, opts: { nNew: 6 } }], { batch: 4 }))[0]!.tokens;
     const want = await gen(0);
-    // Slots 1 and 2 lack slot 0's solo step and its graphs of width 12 (prompt) and 1 (decode step).
-    let steps = 0;
-    while (await d.warmIdle()) assert.ok(++steps <= 8, `warmIdle ends (seed ${rng.seed})`);
-    // Two solo steps (each clones its slot's decode graph), then the width-12 graph for each.
-    assert.equal(steps, 4, `seed ${rng.seed}`);
+    // Slots 1 and 2 lack slot 0's solo step and its graphs of width 12 (prompt) and 1 (decode step). In the
+    // order given (the slot the next request takes first), each slot whole before the next: its solo step
+    // (which clones its decode graph), then its width-12 graph. Two steps prepare slot 2.
+    assert.equal(await d.warmIdle([2, 1, 0]), true);
+    assert.equal(await d.warmIdle([2, 1, 0]), true);
     const before = built();
     assert.deepEqual(await gen(2), want, `slot 2's ids (seed ${rng.seed})`);
     assert.equal(built(), before, `slot 2 built no graph in its request (seed ${rng.seed})`);
+    // Then slot 1's two (the default order: every slot), and nothing is left.
+    let steps = 0;
+    while (await d.warmIdle()) assert.ok(++steps <= 8, `warmIdle ends (seed ${rng.seed})`);
+    assert.equal(steps, 2, `seed ${rng.seed}`);
     // A cold slot's first request builds (so the count above could fail): a width no slot has used.
     await d.generate([{ slot: 1, prompt: prompt.slice(0, 7), opts: { nNew: 2 } }], { batch: 4 });
     assert.ok(built() > before, "a new width is built");

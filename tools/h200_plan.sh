@@ -111,6 +111,8 @@
 #   latequick  the late 2,048-token prompt among 7 streams alone (direct)
 #   servesolo  one stream 7 times in turn over HTTP, directly and in the engine (medians; the service's piece
 #              order timed in the engine), then 2 and 8 streams
+#   servetrace servesolo's one stream alone with LLM_TRACE_DECODE=1: the runner's idle steps (idle-step: how
+#              long each took) and what a request waited for one (idle-wait), beside its first chunk's trace
 #   serve8     #20: 8 streams through the service (direct) against the engine, nothing else
 #   trace      #20: 8 streams through the service (direct) with LLM_TRACE_DECODE=1: each landed batch, decode
 #              call and runner turn on stderr, beside the engine's own batched run
@@ -436,6 +438,13 @@ for step in "$@"; do
       ensure_model
       export LLM_TRACE_DECODE=1
       run trace 200 $D bench/serve.ts --model "$model" --levels 8 --n 128 --prompt 64 --ctx 4096 --modes direct
+      unset LLM_TRACE_DECODE
+      ;;
+    servetrace)
+      ensure_model
+      export LLM_TRACE_DECODE=1
+      run servetrace 100 $D bench/serve.ts --model "$model" --levels 1 --n 128 --prompt 64 --ctx 4096 \
+        --modes http,direct --solo 7 --head-flags="--cached-only"
       unset LLM_TRACE_DECODE
       ;;
     trace2)

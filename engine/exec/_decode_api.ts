@@ -51,10 +51,11 @@ export interface DecodeBuffers {
   /** The stage's staging buffers (a prompt's first readback, read early: engine/gpu/readback.ts). */
   readonly stagings: StagingPool;
   /**
-   * Idle-time work: clones for one slot a graph of a width another slot used last (SlotGraphs.spread); whether
-   * it did. Off while logging int8 decisions (each graph logs its own).
+   * Idle-time work: clones for the first of `order` (default every slot) that lacks one a graph of a width
+   * another slot used last (SlotGraphs.spread); whether it did. Off while logging int8 decisions (each graph
+   * logs its own).
    */
-  spreadGraph(): boolean;
+  spreadGraph(order?: readonly number[]): boolean;
   /** The solo graph of `n` tokens on `slot` (of `layers` only: a piece's part); `onLayer` while built fresh. */
   graph(
     slot: number,

@@ -66,13 +66,14 @@ export class SlotGraphs {
   }
 
   /**
-   * Clones, for one of slots 0..nSlots-1 that lacks it, a graph of a width used last ({@linkcode RECENT_WIDTHS}
-   * of them) from the slot that built it; returns whether it did. Idle-time work: the next request on that slot
-   * then builds nothing before its prefill (a clone of a 40-layer graph takes milliseconds).
+   * Clones, for the first slot of `slots` that lacks one, a graph of a width used last ({@linkcode RECENT_WIDTHS}
+   * of them, newest first) from the slot that built it; returns whether it did. Idle-time work: the next
+   * request on that slot then builds nothing before its prefill (a clone of a 40-layer graph takes
+   * milliseconds).
    */
-  spread(nSlots: number): boolean {
-    for (const key of this.#recent) {
-      for (let slot = 0; slot < nSlots; slot++) {
+  spread(slots: Iterable<number>): boolean {
+    for (const slot of slots) {
+      for (const key of this.#recent) {
         if (!this.#graphs.has(`${slot}/${key}`) && this.#clone(slot, key)) return true;
       }
     }

@@ -175,15 +175,22 @@ export class DecodeDriver implements SlotDecoder {
     return this.#parts.queue(slot, tokens, base, { snapAt, idle: blockUntilIdle, onDone });
   }
 
-  /** Idle-time work (SlotDecoder.warmIdle): a slot's solo step as the latest one's, else a recent graph. */
-  async warmIdle(): Promise<boolean> {
+  /**
+   * Idle-time work (SlotDecoder.warmIdle), slot by slot in `order`: a slot's solo step as the latest one's,
+   * then its recent graphs, one per call.
+   */
+  async warmIdle(
+    order: readonly number[] = Array.from({ length: this.nSlots }, (_, s) => s),
+  ): Promise<boolean> {
     const t = this.#lastSolo;
-    for (let slot = 0; t && slot < this.nSlots; slot++) {
-      if (this.#solo.has(soloKey(slot, t))) continue;
-      await this.#soloStep(slot, t.S, t.top, t.sampling);
-      return true;
+    for (const slot of order) {
+      if (t && !this.#solo.has(soloKey(slot, t))) {
+        await this.#soloStep(slot, t.S, t.top, t.sampling);
+        return true;
+      }
+      if (this.#b.spreadGraph([slot])) return true;
     }
-    return this.#b.spreadGraph();
+    return false;
   }
 
   /** Saves `slot`'s state to a new snapshot; returns its id. */

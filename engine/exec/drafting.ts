@@ -215,8 +215,8 @@ export class DraftingDecoder implements SlotDecoder {
   }
 
   /** Idle-time work (SlotDecoder.warmIdle): the inner decoder's; it prepares the slots frames run on too. */
-  warmIdle(): Promise<boolean> {
-    return this.#inner.warmIdle?.() ?? Promise.resolve(false);
+  warmIdle(order?: readonly number[]): Promise<boolean> {
+    return this.#inner.warmIdle?.(order) ?? Promise.resolve(false);
   }
 
   /**

@@ -153,8 +153,10 @@ export interface SlotDecoder {
    * Idle-time work, asked while the scheduler holds no request: prepares one slot the way another was
    * prepared for its last request (its chunk graph of a recent width, its solo decode step), so that the next
    * request there builds nothing before its prefill. Returns whether it did any (false: nothing left).
+   * @param order the slots in the order the next requests take them (the scheduler's least recently used
+   *   first): each is prepared whole before the next; default 0, 1, ...
    */
-  warmIdle?(): Promise<boolean>;
+  warmIdle?(order?: readonly number[]): Promise<boolean>;
   /** Saves `slot`'s state to a new snapshot; returns its id. */
   snapshot(slot: number): number;
   /** Restores snapshot `id` into `slot`. */

@@ -232,7 +232,7 @@ export class Stage {
       unusedMask: this.#unusedMask,
       stagings: this.#spares.stagings,
       graph: (slot, n, rows, layers, onLayer) => this.#graph(slot, n, rows, layers, onLayer),
-      spreadGraph: () => !this.#int8Log && this.#graphs.spread(this.#length.length),
+      spreadGraph: (order) => !this.#int8Log && this.#graphs.spread(order ?? this.#length.keys()),
       batchGraph: (slots) => this.#batchGraph(slots),
       setLength: (slot, n) => this.#length[slot] = n,
       slotCheck: (slot) => this.#slotCheck(slot),

@@ -274,7 +274,11 @@ export class SlotRunner {
       // Requests submitted in the same task (the worker hands over all that waited) start in one call.
       await Promise.resolve();
       // One slot's preparation (milliseconds): the decoder is not shared mid-step. Its failure is #idle's.
-      await this.#idleStep?.catch(() => {});
+      if (this.#idleStep) {
+        const t0 = performance.now();
+        await this.#idleStep.catch(() => {});
+        trace("idle-wait", { ms: Math.round((performance.now() - t0) * 1000) / 1000 });
+      }
       while (this.#sweep()) {
         // Prompt pieces of the new requests, oldest first, up to the round's budget in all (short pieces up to
         // a snapshot point of several requests share one), then one decode turn of everything generating: a
@@ -340,8 +344,11 @@ export class SlotRunner {
     if (!warm || this.#idleStep) return;
     try {
       while (this.#jobs.length === 0 && !this.#looping) {
-        this.#idleStep = warm();
-        if (!await this.#idleStep) break;
+        const t0 = performance.now();
+        this.#idleStep = warm(this.#pickOrder());
+        const did = await this.#idleStep;
+        trace("idle-step", { did, ms: Math.round((performance.now() - t0) * 1000) / 1000 });
+        if (!did) break;
         await nextTask();
       }
     } catch {
@@ -349,6 +356,13 @@ export class SlotRunner {
     } finally {
       this.#idleStep = undefined;
     }
+  }
+
+  /** The slots in the order requests without a prefix hit take them: least recently used first (#pick). */
+  #pickOrder(): number[] {
+    return this.#lastUsed.map((at, s) => ({ at, s })).sort((a, b) => a.at - b.at || a.s - b.s).map((x) =>
+      x.s
+    );
   }
 
   /**

@@ -720,9 +720,12 @@ Deno.test("runner: the decoder's idle work runs while no request is held, never 
     const log: string[] = [];
     const inner = logged(stage.decoder, log, false, true);
     let calls = 0;
-    // Each step takes a few ms; the fourth says nothing is left.
-    const warmIdle = async () => {
+    // Each step takes a few ms; the fourth says nothing is left. Each is told the order the next requests
+    // take the slots in (least recently used first).
+    const orders: (readonly number[] | undefined)[] = [];
+    const warmIdle = async (order?: readonly number[]) => {
       log.push("W");
+      orders.push(order);
       await new Promise((r) => setTimeout(r, 5));
       return ++calls < 4;
     };
@@ -733,6 +736,9 @@ Deno.test("runner: the decoder's idle work runs while no request is held, never 
     for (let i = 0; i < 100 && calls < 4; i++) await new Promise((r) => setTimeout(r, 5));
     const n = prompts[0]!.length - 8;
     assert.deepEqual(log, ["W", `G0@${n}`, "G0", "W", "W", "W"], `(seed ${rng.seed}) ${log.join(" ")}`);
+    const all = Array.from({ length: stage.decoder.nSlots }, (_, s) => s);
+    assert.deepEqual(orders[0], all, "before any request: slot 0 first");
+    assert.deepEqual(orders.at(-1), [...all.slice(1), 0], "after slot 0's request: slot 0 last");
     // A failing step: the idle work stops, and a request arriving during it runs as usual.
     const failing = new SlotRunner({
       ...inner,

@@ -175,15 +175,10 @@ export class DecodeDriver implements SlotDecoder {
     return this.#parts.queue(slot, tokens, base, { snapAt, idle: blockUntilIdle, onDone });
   }
 
-  /**
-   * Idle-time work (SlotDecoder.warmIdle), slot by slot in `order`: a slot's solo step as the latest one's,
-   * then its recent graphs, one per call.
-   */
-  async warmIdle(
-    order: readonly number[] = Array.from({ length: this.nSlots }, (_, s) => s),
-  ): Promise<boolean> {
+  /** Idle-time work (SlotDecoder.warmIdle), slot by slot: its solo step as the latest, then recent graphs. */
+  async warmIdle(order?: readonly number[]): Promise<boolean> {
     const t = this.#lastSolo;
-    for (const slot of order) {
+    for (const slot of order ?? Array.from({ length: this.nSlots }, (_, s) => s)) {
       if (t && !this.#solo.has(soloKey(slot, t))) {
         await this.#soloStep(slot, t.S, t.top, t.sampling);
         return true;

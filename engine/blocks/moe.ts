@@ -161,17 +161,18 @@ export async function moe(
   const K = hp.nExpertUsed;
   const routerWs = [lw.t("ffn_gate_inp"), lw.t("ffn_gate_inp_shexp")];
   const exps = routedExperts(lw);
-  // The post-attention norm in the router and the routing (moeTakesNorm): the router reads h itself.
+  // The post-attention norm in the router and the routing (moeTakesNorm): the router reads h times the
+  // norm's weight, moe_route applies each token's scale, and nothing writes the normed rows A.m.
   const takesNorm = moeTakesNorm(g, lw);
   const x = takesNorm ? A.h! : A.m!;
   const postNorm = lw.t("post_attention_norm");
-  // The router keeps f32 x under int8Experts: a deferred norm rides on this mat-vec, and the expert
-  // passes round A.m themselves (moe_matvec_q8 XIN). Mat-vec columns (a batched step, a short chunk) fuse
-  // too: each column's nExpert logits and then its shared expert's gate logit (one dispatch less per layer;
-  // TEAM follows K and N, 257 rows either way, so every column keeps the bits of a one-token step). A
-  // deferred norm rides on it for up to ROUTER_Z_NORM_MAX_COLS mat-vec columns too: the columns in grid z,
-  // each a one-token step's dispatch with the norm in its prologue, instead of a norm dispatch of its own
-  // and one mat-vec reading the router's weights once for all columns.
+  // Otherwise the router reads A.m and keeps f32 x under int8Experts: a deferred norm rides on this
+  // mat-vec, and the expert passes round A.m themselves (moe_matvec_q8 XIN). Mat-vec columns (a batched
+  // step, a short chunk) fuse too: each column's nExpert logits and then its shared expert's gate logit (one
+  // dispatch less per layer; TEAM follows K and N, 257 rows either way, so every column keeps the bits of a
+  // one-token step). A deferred norm rides on it for up to ROUTER_Z_NORM_MAX_COLS mat-vec columns too: the
+  // columns in grid z, each a one-token step's dispatch with the norm in its prologue, instead of a norm
+  // dispatch of its own and one mat-vec reading the router's weights once for all columns.
   const col = hp.nExpert + 1;
   const zNorm = n <= ROUTER_Z_NORM_MAX_COLS && !takesNorm;
   const routerFused = await fusedMatvec(

@@ -34,6 +34,22 @@ function refNorm(x: ArrayLike<number>, nw: ArrayLike<number>, eps: number): Floa
   return Float64Array.from({ length: x.length }, (_, i) => x[i]! * scale * nw[i]!);
 }
 
+/** y's padding between its `cols` columns of `n` rows (`yStride` apart) and its guard after them: never written. */
+function assertPaddingPoisoned(y: ArrayBuffer, n: number, cols: number, yStride: number, what: string): void {
+  for (let j = 0; j < cols - 1; j++) {
+    assertPoisoned(
+      new Uint32Array(y, 4 * (j * yStride + n), yStride - n),
+      POISON_F32,
+      `${what}: y padding ${j}`,
+    );
+  }
+  assertPoisoned(
+    new Uint32Array(y, 4 * ((cols - 1) * yStride + n), GUARD_WORDS),
+    POISON_F32,
+    `${what}: y guard`,
+  );
+}
+
 /** The cases of one type: debug, one block, odd row counts, every batch size, slices with offsets. */
 function cases(rng: Rng, type: GgmlTypeName): Case[] {
   const be = Math.max(32, typeInfo(type).blockElems);
@@ -385,20 +401,8 @@ Deno.test("matvec columns in grid z with NORM: each column its own batch-1 dispa
           `${what}: xn[${j}][${i}]`,
         );
       }
-      // The padding between y columns is never written.
-      if (j < c.cols - 1) {
-        assertPoisoned(
-          new Uint32Array(yz!, 4 * (j * yStride + c.n), yStride - c.n),
-          POISON_F32,
-          `${what}: y padding ${j}`,
-        );
-      }
     }
-    assertPoisoned(
-      new Uint32Array(yz!, 4 * ((c.cols - 1) * yStride + c.n), GUARD_WORDS),
-      POISON_F32,
-      `${what}: y guard`,
-    );
+    assertPaddingPoisoned(yz!, c.n, c.cols, yStride, what);
   }
 });
 
@@ -481,19 +485,8 @@ Deno.test("matvec NORM 2 (x ⊙ nw, the norm's scale left to the reader): the re
         new Uint32Array(rest[j]!, 0, c.n),
         `${what}: column ${j} ≢ its one-column dispatch`,
       );
-      if (j < c.cols - 1) {
-        assertPoisoned(
-          new Uint32Array(yAll!, 4 * (j * yStride + c.n), yStride - c.n),
-          POISON_F32,
-          `${what}: y padding ${j}`,
-        );
-      }
     }
-    assertPoisoned(
-      new Uint32Array(yAll!, 4 * ((c.cols - 1) * yStride + c.n), GUARD_WORDS),
-      POISON_F32,
-      `${what}: y guard`,
-    );
+    assertPaddingPoisoned(yAll!, c.n, c.cols, yStride, what);
   }
 });
 

@@ -275,9 +275,9 @@ export class SlotRunner {
       await Promise.resolve();
       // One slot's preparation (milliseconds): the decoder is not shared mid-step. Its failure is #idle's.
       if (this.#idleStep) {
-        const t0 = performance.now();
+        const t0 = this.#now();
         await this.#idleStep.catch(() => {});
-        trace("idle-wait", { ms: Math.round((performance.now() - t0) * 1000) / 1000 });
+        trace("idle-wait", { ms: this.#now() - t0 });
       }
       while (this.#sweep()) {
         // Prompt pieces of the new requests, oldest first, up to the round's budget in all (short pieces up to
@@ -344,10 +344,10 @@ export class SlotRunner {
     if (!warm || this.#idleStep) return;
     try {
       while (this.#jobs.length === 0 && !this.#looping) {
-        const t0 = performance.now();
+        const t0 = this.#now();
         this.#idleStep = warm(this.#pickOrder());
         const did = await this.#idleStep;
-        trace("idle-step", { did, ms: Math.round((performance.now() - t0) * 1000) / 1000 });
+        trace("idle-step", { did, ms: this.#now() - t0 });
         if (!did) break;
         await nextTask();
       }
@@ -358,11 +358,10 @@ export class SlotRunner {
     }
   }
 
-  /** The slots in the order requests without a prefix hit take them: least recently used first (#pick). */
+  /** Every slot in the order requests without a prefix hit take them: least recently used first. */
   #pickOrder(): number[] {
-    return this.#lastUsed.map((at, s) => ({ at, s })).sort((a, b) => a.at - b.at || a.s - b.s).map((x) =>
-      x.s
-    );
+    const at = this.#lastUsed;
+    return at.map((_, s) => s).sort((a, b) => at[a]! - at[b]! || a - b);
   }
 
   /**
@@ -560,10 +559,7 @@ export class SlotRunner {
       for (let i = 0; i < h.length; i++) if (h[i] !== prompt[i]) return false;
       return true;
     };
-    let lru = -1;
-    for (let s = 0; s < this.#lastUsed.length; s++) {
-      if (!this.#owned.has(s) && (lru < 0 || this.#lastUsed[s]! < this.#lastUsed[lru]!)) lru = s;
-    }
+    const lru = this.#pickOrder().find((s) => !this.#owned.has(s)) ?? -1;
     assert(lru >= 0, "a free slot for every admitted request");
     let best: { slot: number; base: number; snap?: number } = { slot: lru, base: 0 };
     for (const [s, h] of this.#history.entries()) {
